@@ -1,0 +1,169 @@
+"""`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow) and `recipes`.
+
+`ptrun train` composes the config ONCE here, validates it, writes the resolved YAML into the run directory
+and launches the workers, which only read that file. Bad input ends with one line on stderr naming the
+key or file and what is allowed, exit code 2, and the run directory as it was.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ptrun.config import ConfigError, PtrunConfig, schema_keys, validate
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+EXIT_BAD_INPUT = 2
+# Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
+HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
+                    "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}
+
+USAGE = """usage: ptrun SUBCOMMAND [args]
+
+subcommands:
+  train [overrides]   train a recipe, e.g. `ptrun train recipe=digits_vit train.epochs=5`
+                      (Hydra: `ptrun train --help`, `--cfg job`, `-m key=a,b` for a sweep)
+  recipes             list the recipes, one line each
+"""
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "NoReturn":  # noqa: F821
+    print(f"ptrun: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def _register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="ptrun_schema", node=PtrunConfig)
+
+
+def recipe_summaries() -> dict[str, str]:
+    """Recipe name -> its first descriptive comment line."""
+    out = {}
+    for path in sorted((CONFIG_DIR / "recipe").glob("*.yaml")):
+        lines = [l[1:].strip() for l in path.read_text().splitlines() if l.startswith("#") and "@package" not in l]
+        out[path.stem] = lines[0] if lines else ""
+    return out
+
+
+def explain(exc: BaseException) -> str:
+    """Turn a Hydra / OmegaConf composition error into one line naming the key and what is allowed."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        full_key = getattr(e, "full_key", None)
+        if isinstance(e, (ConfigKeyError, ConfigAttributeError)) and full_key:
+            parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+            siblings = sorted({k[len(parent) + 1:].split(".")[0] if parent else k.split(".")[0]
+                               for k in schema_keys() if not parent or k.startswith(parent + ".")})
+            close = difflib.get_close_matches(full_key.rsplit(".", 1)[-1], siblings, n=1)
+            hint = f"; did you mean '{(parent + '.') if parent else ''}{close[0]}'?" if close else ""
+            return f"unknown key '{full_key}'{hint} ({parent or 'the config'} has: {', '.join(siblings)})"
+        if isinstance(e, OmegaConfBaseException) and full_key:
+            msg = str(e).splitlines()[0]
+            return f"{full_key}: {msg}"
+    text = str(exc)
+    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if m:
+        group, name = m.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        return f"unknown {group} '{name}' (available: {', '.join(options) or 'none'})"
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        return f"unknown key '{m.group(1)}'"
+    if exc.__class__.__name__ == "OverrideParseException":
+        return f"cannot parse the override {getattr(exc, 'override', '')!r}: {text.splitlines()[0]}"
+    return next((l.strip() for l in text.splitlines() if l.strip()), exc.__class__.__name__)
+
+
+def preflight(overrides: list[str]) -> None:
+    """Compose with Hydra's compose API and validate, so bad input fails before Hydra creates anything."""
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = compose(config_name="train", overrides=overrides)
+    except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
+        _fail(explain(e))
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _check_run_dir(run_dir: Path, resume: bool) -> None:
+    has_ckpt = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+    if has_ckpt and not resume:
+        raise ConfigError(f"run directory {run_dir} already holds a run; continue it with train.resume=true "
+                          f"or choose another hydra.run.dir")
+
+
+def train_task(cfg: DictConfig) -> None:
+    """Hydra's task function: runs once per job (once, or once per sweep point with -m)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from ptrun.launch import LaunchFailed, launch
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    created_now = not any(run_dir.iterdir())
+    try:
+        OmegaConf.resolve(cfg)
+        cfg.run_dir = str(run_dir)
+        typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+        validate(typed)
+        _check_run_dir(run_dir, typed.train.resume)
+        config_path = run_dir / "config.yaml"
+        tmp = run_dir / ".config.yaml.tmp"
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.structured(typed)))
+        os.replace(tmp, config_path)
+    except ConfigError as e:
+        if created_now and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        _fail(str(e))
+    try:
+        launch(typed, config_path)
+    except LaunchFailed as e:
+        _fail(str(e), code=1)
+
+
+def run_train(args: list[str]) -> None:
+    import hydra
+
+    _register_schema()
+    if not HYDRA_INFO_FLAGS.intersection(args):
+        preflight(args)
+    app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(train_task)
+    sys.argv = ["ptrun train", *args]
+    app()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        try:
+            run_train(rest)
+        except KeyboardInterrupt:
+            _fail("interrupted", code=130)
+    elif command == "recipes":
+        for name, summary in recipe_summaries().items():
+            print(f"{name:<22} {summary}")
+    else:
+        _fail(f"unknown subcommand '{command}' (allowed: train, recipes)")
+
+
+if __name__ == "__main__":
+    main()

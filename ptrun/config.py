@@ -1,0 +1,283 @@
+"""The config schema: one dataclass per group, a docstring per field, and range checks.
+
+Hydra composes `ptrun/configs/` (groups and `recipe/` presets) on top of this schema, so an unknown key
+or a value of the wrong type fails at composition; `validate` then checks ranges and cross-field rules.
+Workers never compose: they load the resolved YAML the launcher wrote (`load_resolved`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; its message is one line naming the key and what is allowed."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_tiny_patch16_224"
+    """timm model name (any `vit_*` / `deit_*`) or a BERT name (`bert-tiny`, `bert-mini`, `bert-small`,
+    `bert-base`, `bert-large`, or a local Hugging Face directory given as `pretrained`)."""
+    family: Optional[str] = None
+    """`vit` or `bert`; None = inferred from `name`."""
+    task: str = "classification"
+    """`classification` (images, GLUE) or `qa` (SQuAD-style span extraction, BERT only)."""
+    pretrained: Optional[str] = None
+    """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
+    Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""
+    num_classes: Optional[int] = None
+    """Classes of the task head; None = taken from the dataset."""
+    img_size: Optional[int] = None
+    """ViT input resolution in pixels; None = the data's resolution."""
+    patch_size: Optional[int] = None
+    """ViT patch size in pixels; None = the timm default for `name`."""
+    in_chans: Optional[int] = None
+    """ViT input channels; None = the data's channel count."""
+    embed_dim: Optional[int] = None
+    """Width (ViT embed_dim / BERT hidden_size); None = the default for `name`."""
+    depth: Optional[int] = None
+    """Number of transformer blocks L (ViT depth / BERT num_hidden_layers); None = the default for `name`."""
+    num_heads: Optional[int] = None
+    """Attention heads; None = the default for `name`."""
+    mlp_ratio: Optional[float] = None
+    """MLP hidden size as a multiple of the width (BERT intermediate_size / hidden_size)."""
+    vocab_size: Optional[int] = None
+    """BERT vocabulary size; None = the tokenizer's (or BERT's 30522)."""
+    max_position_embeddings: Optional[int] = None
+    """BERT maximum sequence length the position table holds; None = 512."""
+    dropout: float = 0.0
+    """Dropout probability: ViT head dropout (timm drop_rate); BERT hidden and attention dropout."""
+    drop_path: float = 0.0
+    """Stochastic depth rate (ViT only)."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"
+    """Dataset source: `digits` (scikit-learn's 1,797 real 8x8 handwritten digits; ships with the package,
+    the offline default) or `imagefolder` (a local directory of class folders, see `path`)."""
+    path: Optional[str] = None
+    """Local dataset directory. For `imagefolder`: `path/train/<class>/*.png` and `path/val/<class>/*`
+    (or class folders directly under `path`, split by `eval_fraction`)."""
+    eval_fraction: float = 0.2
+    """Held-out fraction when the source has no evaluation split of its own (stratified, fixed by `split_seed`)."""
+    split_seed: int = 0
+    """Seed of the train/eval split; independent of `train.seed` so every run evaluates on the same samples."""
+    image_size: Optional[int] = None
+    """Resize images to this many pixels a side; None = the source's own size."""
+    augment: bool = False
+    """Random crop + flip for training images (imagefolder); digits has no augmentation."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    """Number of passes over the training set."""
+    global_batch_size: int = 32
+    """Samples per optimizer step over all data-parallel replicas (the batch the loss is averaged over)."""
+    seed: int = 0
+    """Seed for model initialisation and the per-epoch data order."""
+    grad_clip: float = 0.0
+    """Clip gradients to this global L2 norm over all parameters of all stages and replicas; 0 = off."""
+    max_steps_per_epoch: Optional[int] = None
+    """Stop each epoch after this many optimizer steps (quick tests); None = the whole epoch."""
+    eval_every_epochs: int = 1
+    """Evaluate on the held-out split every this many epochs (and always after the last)."""
+    resume: bool = False
+    """Continue the run in `hydra.run.dir` from its newest valid checkpoint (automatic after an elastic restart)."""
+    log_every_steps: int = 10
+    """Progress-bar and log refresh interval, in optimizer steps."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """`adamw` or `sgd` (momentum)."""
+    lr: float = 5e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.05
+    """Decoupled weight decay (AdamW) / L2 penalty (SGD); not applied to biases, norms and embeddings tokens."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    schedule: str = "cosine"
+    """Learning-rate schedule after warm-up: `cosine` (to zero), `linear` (to zero) or `constant`."""
+    warmup_fraction: float = 0.1
+    """Fraction of all optimizer steps spent in linear warm-up from zero."""
+
+
+@dataclass
+class PipeConfig:
+    length: int = 1
+    """Pipeline stages K per replica; the data-parallel width is world_size / K."""
+    microbatches: int = 1
+    """Micro-batches M each replica's batch is split into (GPipe chunks); must divide the per-replica batch."""
+    schedule: str = "GPipe"
+    """torch.distributed.pipelining schedule: `GPipe` or `1F1B`."""
+
+
+@dataclass
+class LauncherConfig:
+    nproc_per_node: int = 2
+    """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU)."""
+    nnodes: str = "1"
+    """Number of machines, `N` or `MIN:MAX` for an elastic job."""
+    rdzv_endpoint: str = "localhost:0"
+    """c10d rendezvous `host:port`; `localhost:0` binds loopback on a free port (single machine)."""
+    rdzv_id: Optional[str] = None
+    """Rendezvous id shared by all machines of one job; None = the run directory's name."""
+    max_restarts: int = 3
+    """Elastic restarts of the worker group after a failure before the job fails."""
+    monitor_interval: float = 0.5
+    """Seconds between the elastic agent's health checks of its workers."""
+    threads_per_worker: int = 1
+    """Intra-op threads per worker (CPU); one per emulated device avoids oversubscription."""
+    backend: str = "auto"
+    """Process-group backend: `auto` (nccl with CUDA, else gloo), `gloo` or `nccl`."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_epochs: int = 1
+    """Write a checkpoint every this many epochs (and after the last); 0 = never."""
+    keep: int = 2
+    """Checkpoints kept in the run directory; older ones are deleted after a newer one is complete."""
+
+
+@dataclass
+class PtrunConfig:
+    """The whole run. `recipe` names the preset that was applied (informational)."""
+
+    recipe: Optional[str] = None
+    """The preset applied from `configs/recipe/` (set by choosing `recipe=NAME`)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    pipe: PipeConfig = field(default_factory=PipeConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run_dir: str = MISSING
+    """Where the resolved config, log, metrics and checkpoints go (`hydra.run.dir`)."""
+
+
+SCHEDULES = ("GPipe", "1F1B")
+OPTIMIZERS = ("adamw", "sgd")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+DATA_SOURCES = ("digits", "imagefolder")
+TASKS = ("classification", "qa")
+
+
+def _require(ok: bool, key: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def parse_nnodes(nnodes: str) -> tuple[int, int]:
+    """`"2"` -> (2, 2); `"1:4"` -> (1, 4)."""
+    parts = str(nnodes).split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        lo, hi = 0, 0
+    _require(1 <= lo <= hi, "launcher.nnodes", "N or MIN:MAX with 1 <= MIN <= MAX", nnodes)
+    return lo, hi
+
+
+def validate(cfg: PtrunConfig | DictConfig) -> None:
+    """Range and cross-field checks that the type system cannot express. Raises ConfigError."""
+    m, d, t, o, p, lc, ck = cfg.model, cfg.data, cfg.train, cfg.optim, cfg.pipe, cfg.launcher, cfg.checkpoint
+    _require(m.task in TASKS, "model.task", f"one of {', '.join(TASKS)}", m.task)
+    _require(m.family in (None, "vit", "bert"), "model.family", "vit, bert or null", m.family)
+    _require(0.0 <= m.dropout < 1.0, "model.dropout", "0 <= p < 1", m.dropout)
+    _require(0.0 <= m.drop_path < 1.0, "model.drop_path", "0 <= p < 1", m.drop_path)
+    for key in ("num_classes", "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+        v = getattr(m, key)
+        _require(v is None or v >= 1, f"model.{key}", "a positive integer or null", v)
+    _require(d.name in DATA_SOURCES, "data.name", f"one of {', '.join(DATA_SOURCES)}", d.name)
+    _require(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", "0 < f < 1", d.eval_fraction)
+    _require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
+    _require(t.global_batch_size >= 1, "train.global_batch_size", "an integer >= 1", t.global_batch_size)
+    _require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
+    _require(t.eval_every_epochs >= 1, "train.eval_every_epochs", "an integer >= 1", t.eval_every_epochs)
+    _require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)
+    _require(t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
+             "an integer >= 1 or null", t.max_steps_per_epoch)
+    _require(o.name in OPTIMIZERS, "optim.name", f"one of {', '.join(OPTIMIZERS)}", o.name)
+    _require(o.lr > 0, "optim.lr", "a learning rate > 0", o.lr)
+    _require(o.weight_decay >= 0, "optim.weight_decay", "a value >= 0", o.weight_decay)
+    _require(o.schedule in LR_SCHEDULES, "optim.schedule", f"one of {', '.join(LR_SCHEDULES)}", o.schedule)
+    _require(0.0 <= o.warmup_fraction < 1.0, "optim.warmup_fraction", "0 <= f < 1", o.warmup_fraction)
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)",
+             list(o.betas))
+    _require(p.schedule in SCHEDULES, "pipe.schedule", f"one of {', '.join(SCHEDULES)}", p.schedule)
+    _require(p.length >= 1, "pipe.length", "an integer >= 1", p.length)
+    _require(p.microbatches >= 1, "pipe.microbatches", "an integer >= 1", p.microbatches)
+    _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
+    _require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
+    _require(lc.threads_per_worker >= 1, "launcher.threads_per_worker", "an integer >= 1", lc.threads_per_worker)
+    _require(lc.backend in ("auto", "gloo", "nccl"), "launcher.backend", "auto, gloo or nccl", lc.backend)
+    _require(ck.every_epochs >= 0, "checkpoint.every_epochs", "an integer >= 0", ck.every_epochs)
+    _require(ck.keep >= 1, "checkpoint.keep", "an integer >= 1", ck.keep)
+    lo, hi = parse_nnodes(lc.nnodes)
+    if hi == 1:
+        world = lc.nproc_per_node
+        _require(world % p.length == 0, "pipe.length",
+                 f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes)", p.length)
+        dp = world // p.length
+        _require(t.global_batch_size % dp == 0, "train.global_batch_size",
+                 f"a multiple of the data-parallel width {dp}", t.global_batch_size)
+        per_replica = t.global_batch_size // dp
+        _require(per_replica % p.microbatches == 0, "pipe.microbatches",
+                 f"a divisor of the per-replica batch {per_replica}", p.microbatches)
+        if p.schedule == "1F1B":
+            _require(p.microbatches >= p.length, "pipe.microbatches",
+                     f"at least pipe.length={p.length} for 1F1B", p.microbatches)
+    if d.name == "imagefolder":
+        _require(d.path is not None, "data.path", "a directory of class folders for data.name=imagefolder",
+                 d.path)
+    if d.path is not None and not Path(d.path).expanduser().is_dir():
+        raise ConfigError(f"data.path={d.path!r}: no such directory")
+    if m.pretrained is not None and not Path(m.pretrained).expanduser().exists():
+        raise ConfigError(f"model.pretrained={m.pretrained!r}: no such file or directory")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> docstring, read from this module's source (used by `ptrun --help` style listings)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[attr-defined]
+    return docs
+
+
+def schema_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, e.g. `train.epochs`."""
+    keys = []
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if default is not None and hasattr(default, "__dataclass_fields__"):
+            keys += schema_keys(type(default), f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def load_resolved(path: str | os.PathLike) -> PtrunConfig:
+    """Load the resolved YAML written by the launcher, typed by the schema (workers call this)."""
+    merged = OmegaConf.merge(OmegaConf.structured(PtrunConfig), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]

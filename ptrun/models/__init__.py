@@ -1,0 +1,54 @@
+"""Models as layered units: `build_model(cfg.model, ...)` -> LayeredModel.
+
+timm and transformers are imported only when a model of their family is built (each costs seconds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ptrun.config import ConfigError, ModelConfig
+from ptrun.models.layered import LayeredModel, run_units
+
+__all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
+
+
+def model_family(cfg: ModelConfig) -> str:
+    """`cfg.family`, or inferred: `vit_*` / `deit*` -> vit; `bert*` or a Hugging Face directory -> bert."""
+    from ptrun.models.bert import is_hf_dir
+
+    if cfg.family is not None:
+        return cfg.family
+    if cfg.name.startswith(("vit_", "deit")):
+        return "vit"
+    if cfg.name.startswith("bert") or is_hf_dir(cfg.pretrained):
+        return "bert"
+    raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
+                      f"a BERT name (bert-tiny ... bert-large) or set model.family")
+
+
+def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = None,
+                in_chans: int | None = None, vocab_size: int | None = None) -> LayeredModel:
+    """Build the model `cfg` names, sized by cfg where set and by the data's facts otherwise.
+
+    `cfg.pretrained` is loaded here too: a Hugging Face directory through `from_pretrained` (BERT), a weights
+    file through `load_pretrained`. Nothing is ever downloaded.
+    """
+    from ptrun.models.bert import is_hf_dir
+
+    if model_family(cfg) == "vit":
+        from ptrun.models.vit import build_vit
+
+        if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():
+            raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ViT takes a weights file, "
+                              f"not a directory")
+        layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
+    else:
+        from ptrun.models.bert import build_bert
+
+        layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
+    if cfg.pretrained is not None and not is_hf_dir(cfg.pretrained):
+        from ptrun.models.weights import load_pretrained
+
+        load_pretrained(layered, cfg.pretrained)
+    return layered

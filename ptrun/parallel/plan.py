@@ -1,0 +1,103 @@
+"""The Plan: one epoch's layout as a small immutable value.
+
+Everything that reshapes training (partitioning, freezing, the controller, the planner and reports) speaks
+of plans; only the runtime applies them. Ranks map to coordinates as `rank = replica * pp + stage`, so the
+ranks of one pipeline are contiguous (on GPUs they share a machine and its fast links).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ptrun.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Plan:
+    num_units: int
+    """Units of the layered model (embedding, 2L block halves, head)."""
+    frozen_units: int
+    """Length of the frozen prefix (0 = everything trains)."""
+    pp: int
+    """Pipeline length K (stages per replica)."""
+    dp: int
+    """Data-parallel width (number of pipeline replicas)."""
+    stage_bounds: tuple[tuple[int, int], ...]
+    """Half-open unit ranges [lo, hi) per stage, contiguous and covering all units."""
+    microbatches: int
+    """Micro-batches M per replica batch."""
+    schedule: str
+    """Pipeline schedule name."""
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """rank -> (replica, stage)."""
+        return divmod(rank, self.pp)
+
+    def rank_of(self, replica: int, stage: int) -> int:
+        return replica * self.pp + stage
+
+    def pipeline_ranks(self, replica: int) -> list[int]:
+        return [self.rank_of(replica, s) for s in range(self.pp)]
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        return [self.rank_of(r, stage) for r in range(self.dp)]
+
+    def stage_of_unit(self, unit: int) -> int:
+        return next(s for s, (lo, hi) in enumerate(self.stage_bounds) if lo <= unit < hi)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stage_bounds"] = [list(b) for b in self.stage_bounds]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        return cls(**{**d, "stage_bounds": tuple(tuple(b) for b in d["stage_bounds"])})
+
+    def check(self) -> "Plan":
+        """Raise ConfigError unless the plan is internally consistent; returns self."""
+        if len(self.stage_bounds) != self.pp:
+            raise ConfigError(f"pipe.length={self.pp} but {len(self.stage_bounds)} stage ranges were given")
+        if self.pp > self.num_units:
+            raise ConfigError(f"pipe.length={self.pp} is more than the model's {self.num_units} units")
+        edges = [lo for lo, _ in self.stage_bounds] + [self.stage_bounds[-1][1]]
+        if edges[0] != 0 or edges[-1] != self.num_units or any(
+            hi != lo2 for (_, hi), (lo2, _) in zip(self.stage_bounds, self.stage_bounds[1:])
+        ) or any(lo >= hi for lo, hi in self.stage_bounds):
+            raise ConfigError(
+                f"stages {list(map(list, self.stage_bounds))} must be non-empty, contiguous and cover units 0..{self.num_units}"
+            )
+        if not 0 <= self.frozen_units < self.num_units:
+            raise ConfigError(f"frozen units {self.frozen_units} must leave the head trainable (< {self.num_units})")
+        return self
+
+
+def even_bounds(num_units: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """Split units into pp contiguous ranges whose sizes differ by at most one (earlier stages larger)."""
+    base, extra = divmod(num_units, pp)
+    bounds, lo = [], 0
+    for s in range(pp):
+        hi = lo + base + (1 if s < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return tuple(bounds)
+
+
+def initial_plan(num_units: int, world_size: int, pp: int, microbatches: int, schedule: str) -> Plan:
+    """The starting layout: everything trainable, units evenly split over pp stages, dp = world / pp."""
+    if world_size % pp:
+        raise ConfigError(f"pipe.length={pp} must divide the world size {world_size}")
+    return Plan(
+        num_units=num_units,
+        frozen_units=0,
+        pp=pp,
+        dp=world_size // pp,
+        stage_bounds=even_bounds(num_units, pp),
+        microbatches=microbatches,
+        schedule=schedule,
+    ).check()

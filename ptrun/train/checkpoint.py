@@ -1,0 +1,130 @@
+"""Topology-free checkpoints: parameters and optimizer state keyed by the library model's own parameter
+names, so a checkpoint written under one Plan (any K, DP width, world size) loads under any other.
+
+Layout of `run_dir/checkpoints/step_NNNNNNNN/`:
+  params-stageS.safetensors   the parameters of stage S's units (written by the stage's replica 0)
+  optim-stageS.pt             {param name: {state name: tensor}} (loaded with weights_only=True)
+  trainer.json                progress (epoch, step in epoch, global step), the plan, the model's identity
+  manifest.json               sha256 and size of every file above; written last
+The directory is assembled under a `.tmp` name and renamed into place once complete, so a crash mid-write
+leaves no half checkpoint behind; a checkpoint whose files do not match its manifest is skipped with a
+warning in favour of the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from ptrun.config import ConfigError
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+TRAINER = "trainer.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save(run_dir: str | Path, *, global_step: int, named_params: dict[str, torch.Tensor],
+         optim_state: dict[str, dict[str, torch.Tensor]], writer: bool, stage: int,
+         trainer_state: dict[str, Any], keep: int) -> Path:
+    """Collective over all ranks. `writer` ranks (one per stage) write their stage's tensors; rank 0 then
+    writes trainer.json and the manifest and renames the directory into place."""
+    root = checkpoint_root(run_dir)
+    final = root / f"step_{global_step:08d}"
+    tmp = root / f".tmp_step_{global_step:08d}"
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    if writer:
+        save_file({n: t.detach().cpu().contiguous() for n, t in named_params.items()},
+                  str(tmp / f"params-stage{stage}.safetensors"))
+        torch.save({n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()},
+                   tmp / f"optim-stage{stage}.pt")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _write_json(tmp / TRAINER, trainer_state)
+        files = sorted(p.name for p in tmp.iterdir())
+        _write_json(tmp / MANIFEST, {"format": 1, "files": {
+            name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}})
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoint directories, oldest first."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+
+def verify(ckpt: Path) -> str | None:
+    """None if every file matches the manifest, else what is wrong (one line)."""
+    try:
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+        for name, meta in manifest["files"].items():
+            path = ckpt / name
+            if not path.is_file():
+                return f"{path} is missing"
+            if path.stat().st_size != meta["bytes"] or _sha256(path) != meta["sha256"]:
+                return f"{path} does not match its checksum"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{ckpt / MANIFEST} is unreadable ({e.__class__.__name__})"
+    return None
+
+
+def latest_valid(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint that passes `verify`; newer broken ones are reported and skipped."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problem = verify(ckpt)
+        if problem is None:
+            return ckpt
+        log.warning("skipping checkpoint %s: %s", ckpt.name, problem)
+    return None
+
+
+def load(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+    """(all parameters by name, all optimizer state by parameter name, trainer state)."""
+    params: dict[str, torch.Tensor] = {}
+    optim: dict[str, dict[str, torch.Tensor]] = {}
+    try:
+        for f in sorted(ckpt.glob("params-stage*.safetensors")):
+            params.update(load_file(str(f)))
+        for f in sorted(ckpt.glob("optim-stage*.pt")):
+            optim.update(torch.load(f, map_location="cpu", weights_only=True))
+        state = json.loads((ckpt / TRAINER).read_text())
+    except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
+        raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+    return params, optim, state

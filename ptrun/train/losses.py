@@ -1,0 +1,42 @@
+"""Task losses that see sample weights, so padded samples (weight 0) count for nothing.
+
+A pipeline schedule hands its loss function one micro-batch's output and target; the target therefore
+carries the label(s) and the sample weight in one int64 tensor, `[..., label(s), weight]`. Each
+micro-batch's loss is divided by the total weight of the *global* batch, so summing micro-batch losses
+over stages' replicas gives exactly the global mean, whatever the layout (K, M, DP width).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LABEL_KEYS = {"classification": ("labels",), "qa": ("start_positions", "end_positions")}
+
+
+def make_target(batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
+    """Stack the task's labels and the 0/1 sample weight into one int64 tensor [b, n_labels + 1]."""
+    cols = [batch[k].long() for k in LABEL_KEYS[task]] + [batch["weight"].round().long()]
+    return torch.stack(cols, dim=1)
+
+
+def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
+    """Unweighted loss of every sample in the micro-batch, shape [b]."""
+    if task == "classification":
+        return F.cross_entropy(output.float(), target[:, 0], reduction="none")
+    # qa: logits [b, T, 2]; the loss is the mean of the start and end cross-entropies (BERT's QA loss).
+    start = F.cross_entropy(output[..., 0].float(), target[:, 0], reduction="none")
+    end = F.cross_entropy(output[..., 1].float(), target[:, 1], reduction="none")
+    return (start + end) / 2
+
+
+class WeightedLoss:
+    """The schedule's loss_fn. Set `denominator` (the global batch's total weight) before each step."""
+
+    def __init__(self, task: str):
+        self.task = task
+        self.denominator = 1.0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        weight = target[:, -1].to(torch.float32)
+        return (per_sample_loss(output, target, self.task) * weight).sum() / self.denominator

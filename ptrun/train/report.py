@@ -1,0 +1,85 @@
+"""What rank 0 tells the user and the run record: `metrics.jsonl`, the log, and the terminal.
+
+`metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
+  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
+  {"event": "plan", "epoch": E, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
+   "microbatches": M, "schedule": ...}
+  {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "lr": ...,
+   "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated}
+  {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+class MetricsLog:
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / "metrics.jsonl"
+
+    def write(self, event: str, **fields: Any) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}) + "\n")
+
+
+def setup_logging(run_dir: str | Path, rank: int) -> None:
+    """Rank 0 logs to run_dir/train.log and stderr; other ranks log warnings to stderr only."""
+    root = logging.getLogger()
+    root.handlers.clear()
+    fmt = logging.Formatter(f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(logging.WARNING)
+    err.setFormatter(fmt)
+    root.addHandler(err)
+    if rank == 0:
+        fh = logging.FileHandler(Path(run_dir) / "train.log")
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+    root.setLevel(logging.INFO)
+    # torch.distributed.pipelining logs every schedule it builds at INFO; keep it for the file only.
+    logging.getLogger("torch").setLevel(logging.WARNING)
+
+
+class ProgressView:
+    """A rich progress bar on a terminal; one plain line per epoch otherwise (CI, log files)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.console = Console(highlight=False)
+        self.live = enabled and self.console.is_terminal
+        self.progress: Progress | None = None
+        self.task = None
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
+        if not self.live:
+            return
+        self.progress = Progress(
+            TextColumn(f"epoch {epoch + 1}/{epochs}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} samples/s"),
+            TimeRemainingColumn(), console=self.console, transient=True,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=steps, loss="-", speed="-")
+
+    def update(self, step: int, loss: float | None, speed: float) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, speed=f"{speed:.0f}",
+                                 loss="-" if loss is None else f"{loss:.4f}")
+
+    def end_epoch(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def print(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(message) if self.live else print(message, flush=True)

@@ -1,0 +1,60 @@
+"""Shared fixtures: compose configs with Hydra's compose API, and run real workers through elastic_launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ptrun.cli import CONFIG_DIR, _register_schema
+from ptrun.config import PtrunConfig, validate
+
+# A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
+TINY = [
+    "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
+    "launcher.max_restarts=0", "checkpoint.keep=5",
+]
+
+
+def compose_config(overrides: list[str], run_dir: Path) -> PtrunConfig:
+    from hydra import compose, initialize_config_dir
+
+    _register_schema()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="train", overrides=overrides)
+    cfg.recipe = "test"
+    cfg.run_dir = str(run_dir)
+    typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(typed)
+    return typed
+
+
+def write_config(cfg: PtrunConfig) -> Path:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    return path
+
+
+def run_workers(overrides: list[str], run_dir: Path) -> dict:
+    """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher."""
+    from ptrun.launch import launch
+
+    cfg = compose_config(overrides, run_dir)
+    return launch(cfg, write_config(cfg))
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    from ptrun.train import checkpoint
+
+    ckpt = checkpoint.latest_valid(run_dir)
+    assert ckpt is not None, f"no checkpoint in {run_dir}"
+    return checkpoint.load(ckpt)[0]
+
+
+@pytest.fixture
+def tiny() -> list[str]:
+    return list(TINY)

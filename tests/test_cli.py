@@ -1,0 +1,88 @@
+"""The command line: composition of every recipe, Hydra conventions, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_config
+from ptrun.cli import recipe_summaries
+
+
+def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ptrun.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("recipe", sorted(recipe_summaries()))
+def test_every_recipe_composes_and_validates(recipe, tmp_path):
+    cfg = compose_config([f"recipe={recipe}"], tmp_path)
+    assert cfg.train.epochs >= 1 and cfg.launcher.nproc_per_node >= 1
+
+
+def test_recipes_lists_each_with_a_summary(tmp_path):
+    out = ptrun("recipes", cwd=tmp_path)
+    assert out.returncode == 0
+    for name in recipe_summaries():
+        line = next(l for l in out.stdout.splitlines() if l.startswith(name))
+        assert len(line.split(None, 1)[1]) > 10
+
+
+def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
+    out = ptrun("train", "--cfg", "job", "optim.lr=0.123", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "lr: 0.123" in out.stdout and "global_batch_size:" in out.stdout
+
+
+def test_help_lists_recipes_and_groups(tmp_path):
+    out = ptrun("train", "--help", cwd=tmp_path)
+    assert out.returncode == 0
+    assert "recipe: digits_vit" in out.stdout and "optim: adamw, sgd" in out.stdout
+
+
+BAD_INPUT = [
+    (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
+    (["train.epochs=abc"], "train.epochs: Value 'abc'"),
+    (["train.epochs=0"], "train.epochs=0 is not allowed"),
+    (["recipe=nope"], "unknown recipe 'nope' (available: digits_vit"),
+    (["model=nope"], "unknown model 'nope'"),
+    (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed"),
+    (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
+    (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
+    (["train.global_batch_size=33"], "train.global_batch_size=33 is not allowed: a multiple of the data-parallel width 2"),
+    (["optim.name=lamb"], "optim.name='lamb' is not allowed: one of adamw, sgd"),
+    (["data.path=/does/not/exist"], "data.path='/does/not/exist': no such directory"),
+    (["model.pretrained=/does/not/exist.safetensors"], "model.pretrained='/does/not/exist.safetensors': no such file"),
+    (["train.epochs=[3"], "cannot parse the override 'train.epochs=[3'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path):
+    run_dir = tmp_path / "run"
+    out = ptrun("train", *args, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ptrun: error: "), out.stderr
+    assert message in lines[0]
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not run_dir.exists()
+
+
+def test_existing_run_is_not_overwritten_without_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("precious: true\n")
+    out = ptrun("train", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "already holds a run; continue it with train.resume=true" in out.stderr
+    assert (run_dir / "config.yaml").read_text() == "precious: true\n"
+    assert sorted(p.name for p in run_dir.rglob("*")) == ["checkpoints", "config.yaml", "step_00000001"]
+
+
+def test_unknown_subcommand(tmp_path):
+    out = ptrun("fly", cwd=tmp_path)
+    assert out.returncode == 2 and "unknown subcommand 'fly' (allowed: train, recipes)" in out.stderr

@@ -1,0 +1,184 @@
+"""The layered-model contract: units reproduce the library forward and backward exactly, own every parameter
+once, can be cut anywhere, and pretrained weights load (or fail) as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ptrun.config import ConfigError, ModelConfig
+from ptrun.models import LayeredModel, build_model, run_units
+
+VIT = dict(name="vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=3, num_heads=2)
+BERT = dict(name="bert-tiny", depth=2, embed_dim=32, num_heads=2, vocab_size=100)
+KINDS = ["vit", "bert-classification", "bert-qa"]
+
+
+def make(kind: str, seed: int = 0, **overrides) -> LayeredModel:
+    torch.manual_seed(seed)
+    fields = dict(VIT) if kind == "vit" else dict(BERT, task=kind.split("-")[1])
+    return build_model(ModelConfig(**{**fields, **overrides}), num_classes=10)
+
+
+def inputs(kind: str) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(1)
+    if kind == "vit":
+        return (torch.randn(4, 1, 8, 8, generator=g),)
+    ids = torch.randint(0, 100, (4, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # padded rows, so the additive mask matters
+    mask[3, 2:] = 0
+    token_types = (torch.arange(9) >= 4).long().expand(4, 9)
+    return ids, mask, token_types
+
+
+def library_logits(layered: LayeredModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The library model's own forward, as the logits the units return."""
+    if layered.family == "vit":
+        return layered.model(*xs)
+    out = layered.model(**dict(zip(layered.input_names, xs)))
+    return out.logits if layered.task == "classification" else torch.stack([out.start_logits, out.end_logits], -1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_units_equal_library_forward(kind):
+    layered = make(kind).eval()
+    xs = inputs(kind)
+    with torch.no_grad():
+        assert torch.equal(layered(*xs), library_logits(layered, xs))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_units_equal_library_gradients(kind):
+    layered = make(kind).train()  # dropout 0 by default, so train mode is deterministic
+    xs = inputs(kind)
+    grads = []
+    for forward in (lambda: layered(*xs), lambda: library_logits(layered, xs)):
+        layered.zero_grad()
+        out = forward()
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in layered.model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_units_partition_parameters(kind):
+    layered = make(kind)
+    depth = VIT["depth"] if kind == "vit" else BERT["depth"]
+    n = len(layered.units)
+    assert layered.num_blocks == depth and n == 2 * depth + 2 == len(layered.unit_names)
+    assert layered.unit_names[:3] == ["embed", "block.0.attn", "block.0.mlp"] and layered.unit_names[-1] == "head"
+    assert [layered.unit_block(i) for i in range(n)] == [None] + [b for b in range(depth) for _ in "am"] + [None]
+    owned = [name for i in range(n) for name in layered.unit_param_names(i)]
+    assert sorted(owned) == sorted(name for name, _ in layered.model.named_parameters())
+    assert len(owned) == len(set(owned))
+    assert list(layered._modules) == ["model"]  # units are not registered: each parameter is registered once
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_cut_gives_the_same_output(kind):
+    layered = make(kind).eval()
+    xs = inputs(kind)
+    params = dict(layered.model.named_parameters())
+    with torch.no_grad():
+        full = layered(*xs)
+        for k in range(1, len(layered.units)):  # both sides non-empty, as two stages
+            front, back = nn.ModuleList(layered.units[:k]), nn.ModuleList(layered.units[k:])  # like stages
+            carry = run_units(front, *xs)
+            assert torch.equal(run_units(back, *(carry if isinstance(carry, tuple) else (carry,))), full)
+            # a stage holding these units holds exactly their parameters
+            names = [name for i in range(k, len(layered.units)) for name in layered.unit_param_names(i)]
+            assert {id(p) for p in back.parameters()} == {id(params[name]) for name in names}
+
+
+def test_cfg_sizes_win_over_data_facts():
+    layered = build_model(ModelConfig(**VIT, num_classes=5), num_classes=10, img_size=32, in_chans=3)
+    assert layered.model.head.out_features == 5
+    assert layered(torch.randn(2, 1, 8, 8)).shape == (2, 5)
+    bert = build_model(ModelConfig(name="bert-mini", depth=1, mlp_ratio=2), num_classes=3, vocab_size=50)
+    config = bert.model.config
+    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size) == (1, 256, 512, 50)
+    assert config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("name", ["vit_no_such_model", "resnet50", "bert-huge"])
+def test_unknown_model_is_a_config_error(name):
+    with pytest.raises(ConfigError, match=f"model.name='{name}' is not a known model"):
+        build_model(ModelConfig(name=name), num_classes=2)
+
+
+def test_load_pretrained_round_trip(tmp_path):
+    from safetensors.torch import save_file
+
+    source = make("vit", seed=0).eval()
+    path = tmp_path / "vit.safetensors"
+    save_file(source.model.state_dict(), str(path))
+    loaded = make("vit", seed=1, pretrained=str(path)).eval()
+    x = inputs("vit")
+    assert torch.equal(loaded(*x), source(*x))
+
+    # another class count: the head is re-initialised, everything else loads
+    other = make("vit", seed=1, pretrained=str(path), num_classes=3)
+    src = source.model.state_dict()
+    for name, value in other.model.state_dict().items():
+        if name.startswith("head."):
+            assert value.shape[0] == 3
+        else:
+            assert torch.equal(value, src[name]), name
+
+
+def test_load_pretrained_torch_file_with_prefix(tmp_path):
+    source = make("bert-classification", seed=0).eval()
+    path = tmp_path / "ckpt.pt"
+    torch.save({"state_dict": {f"module.{k}": v for k, v in source.model.state_dict().items()}}, path)
+    loaded = make("bert-classification", seed=1, pretrained=str(path)).eval()
+    xs = inputs("bert-classification")
+    assert torch.equal(loaded(*xs), source(*xs))
+
+
+def test_load_pretrained_errors(tmp_path):
+    from safetensors.torch import save_file
+
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"not safetensors at all")
+    with pytest.raises(ConfigError, match=f"model.pretrained='{corrupt}': cannot read weights"):
+        make("vit", pretrained=str(corrupt))
+
+    state = make("vit").model.state_dict()
+    del state["blocks.1.attn.qkv.weight"]
+    missing = tmp_path / "missing.safetensors"
+    save_file(state, str(missing))
+    with pytest.raises(ConfigError, match="blocks.1.attn.qkv.weight is missing"):
+        make("vit", pretrained=str(missing))
+
+    wrong = tmp_path / "wrong.safetensors"
+    save_file(make("vit", embed_dim=16).model.state_dict(), str(wrong))
+    with pytest.raises(ConfigError, match="cls_token has shape"):
+        make("vit", pretrained=str(wrong))
+
+
+def test_bert_from_hugging_face_directory(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=4, attn_implementation="eager")
+    source = BertForSequenceClassification(config).eval()
+    source.save_pretrained(tmp_path)
+    cfg = dict(name="my-bert", family="bert", pretrained=str(tmp_path))
+
+    torch.manual_seed(1)
+    layered = build_model(ModelConfig(**cfg), num_classes=4).eval()
+    xs = inputs("bert-classification")
+    with torch.no_grad():
+        assert torch.equal(layered(*xs), source(*xs).logits)
+
+    qa = build_model(ModelConfig(**cfg, task="qa"), num_classes=4)  # classifier dropped, qa_outputs new
+    assert qa.model.qa_outputs.out_features == 2
+    assert torch.equal(qa.model.bert.embeddings.word_embeddings.weight, source.bert.embeddings.word_embeddings.weight)
+
+    with pytest.raises(ConfigError, match="model.depth=3 is not allowed"):
+        build_model(ModelConfig(**cfg, depth=3), num_classes=4)

@@ -1,0 +1,130 @@
+"""Real worker processes (gloo, elastic_launch on localhost) against a plain single-process reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import compose_config, final_params, run_workers
+from ptrun.data import EpochSampler, build_datasets
+from ptrun.models import build_model
+from ptrun.train.optim import build_optimizer, set_lr
+
+pytestmark = pytest.mark.dist
+
+
+def reference_params(cfg, steps: int) -> dict[str, torch.Tensor]:
+    """Train `steps` optimizer steps in one process with a textbook loop: whole global batch, mean loss
+    over the real samples, global-norm clip, the optimizer. Shares no code with the pipeline engine."""
+    data = build_datasets(cfg.data)
+    torch.manual_seed(cfg.train.seed)
+    layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.in_chans)
+    model = layered.model
+    opt = build_optimizer(list(model.named_parameters()), cfg.optim)
+    sampler = EpochSampler(len(data.train), cfg.train.global_batch_size, cfg.train.seed)
+    total = cfg.train.epochs * min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)
+    step = 0
+    for epoch in range(cfg.train.epochs):
+        for s in range(min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)):
+            idx, w = sampler.global_batch(epoch, s)
+            batch = data.train[idx]
+            set_lr(opt, step, total, cfg.optim)
+            out = model(batch["pixel_values"])
+            loss = (F.cross_entropy(out, batch["labels"], reduction="none") * w).sum() / w.sum()
+            loss.backward()
+            if cfg.train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def assert_params_close(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("optim", ["adamw", "sgd"])
+def test_two_workers_match_one_process(tmp_path, tiny, optim):
+    """DP = 2 over real processes gives the parameters of a single-process run on the same global batch,
+    across an epoch boundary (new permutation) and a padded last batch (1437 train samples, batch 16)."""
+    overrides = tiny + [f"optim={optim}", "train.epochs=2", "train.max_steps_per_epoch=4", "train.grad_clip=0.5",
+                        "launcher.nproc_per_node=2"]
+    run_workers(overrides, tmp_path / "dp2")
+    cfg = compose_config(overrides, tmp_path / "ref")
+    assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg, steps=8))
+
+
+def test_padded_last_batch_matches_reference(tmp_path, tiny):
+    """A full epoch ends in a batch padded with weight-0 samples; the result still equals the reference."""
+    overrides = tiny + ["train.epochs=1", "train.global_batch_size=256", "launcher.nproc_per_node=2",
+                        "data.eval_fraction=0.5"]  # 898 train samples: 3 full batches + 130 real in the last
+    run_workers(overrides, tmp_path / "dp2")
+    cfg = compose_config(overrides, tmp_path / "ref")
+    metrics = [json.loads(l) for l in (tmp_path / "dp2" / "metrics.jsonl").read_text().splitlines()]
+    epoch = next(m for m in metrics if m["event"] == "epoch")
+    assert epoch["samples"] == 898 and epoch["steps"] == 4
+    assert 0 <= epoch["eval"]["top1"] <= 100
+    assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg, steps=4))
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """Direct children of `parent` that are spawned multiprocessing workers."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and "multiprocessing.spawn" in cmd and "spawn_main" in cmd:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def test_killed_worker_restarts_and_resumes(tmp_path, tiny):
+    """SIGKILL one worker after the first checkpoint: the elastic agent restarts the group, the workers
+    resume from the checkpoint, and the final parameters equal an uninterrupted run's."""
+    overrides = tiny + ["train.epochs=4", "train.max_steps_per_epoch=30", "launcher.nproc_per_node=2",
+                        "launcher.max_restarts=2"]
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "ptrun.cli", "train", *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 240
+    killed = None
+    while time.time() < deadline and proc.poll() is None:
+        if (run_dir / "checkpoints").is_dir() and any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir()):
+            workers = _worker_pids(proc.pid)
+            if workers:
+                killed = workers[-1]
+                os.kill(killed, signal.SIGKILL)
+                break
+        time.sleep(0.05)
+    assert killed is not None, "never saw a checkpoint and a worker to kill"
+    proc.wait(timeout=240)
+    reader.join(timeout=5)
+    assert proc.returncode == 0, "".join(output)[-3000:]
+    starts = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    starts = [m for m in starts if m["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed_from"], starts
+
+    run_workers(overrides, tmp_path / "clean")
+    assert_params_close(final_params(run_dir), final_params(tmp_path / "clean"))
