@@ -29,6 +29,9 @@ def run_worker(config_path: str) -> dict:
     cfg = load_resolved(config_path)
     # elastic_launch, unlike torchrun, does not set OMP_NUM_THREADS: one intra-op thread per emulated device.
     torch.set_num_threads(cfg.launcher.threads_per_worker)
+    # Late in training, tiny gradients and optimizer moments become denormal floats, which run tens of
+    # times slower on x86 CPUs; flushing them to zero costs nothing in accuracy.
+    torch.set_flush_denormal(True)
     device, backend = pick_device(cfg.launcher.backend)
     dist.init_process_group(backend, timeout=timedelta(minutes=10),
                             device_id=device if device.type == "cuda" else None)
