@@ -102,10 +102,15 @@ def preflight(overrides: list[str]) -> None:
 
 
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
-    has_ckpt = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
-    if has_ckpt and not resume:
+    """Never start over an existing run by accident, and never resume from nothing but broken checkpoints."""
+    from ptrun.train import checkpoint
+
+    existing = checkpoint.list_checkpoints(run_dir)
+    if existing and not resume:
         raise ConfigError(f"run directory {run_dir} already holds a run; continue it with train.resume=true "
                           f"or choose another hydra.run.dir")
+    if existing and resume and all(checkpoint.verify(c) is not None for c in existing):
+        raise ConfigError(f"no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}")
 
 
 def train_task(cfg: DictConfig) -> None:

@@ -14,14 +14,18 @@ if [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
   mkdir -p "$root"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --upgrade pip >&2
   # torch 2.14.1 + torchvision 0.29.1 are pinned by the constraints file (the newest this project uses).
-  "$venv/bin/pip" install --quiet -c "$repo/requirements/constraints.txt" -e "$repo[dev]" >&2
+  # pip's output goes to a log beside the venv, shown only if the install fails.
+  if ! "$venv/bin/pip" install -c "$repo/requirements/constraints.txt" -e "$repo[dev]" > "$venv.log" 2>&1; then
+    tail -n 40 "$venv.log" >&2
+    echo "set-up failed; full log: $venv.log" >&2
+    exit 1
+  fi
   touch "$venv/.complete"
   # Keep only the newest few venvs so the disk does not fill up.
-  ls -1dt "$root"/*/ 2>/dev/null | tail -n +4 | xargs -r rm -rf
+  ls -1dt "$root"/*/ 2>/dev/null | tail -n +4 | sed 's:/$::' | while read -r old; do rm -rf "$old" "$old.log"; done
 fi
-# The checkout itself is installed editable-free into the cached venv; reinstall it (fast, no deps) so the
-# venv always runs this clone's code.
-"$venv/bin/pip" install --quiet --no-deps --no-build-isolation --force-reinstall -e "$repo" >&2
+# The cached venv is shared by clones: point its editable install at this clone (fast, no dependencies).
+"$venv/bin/pip" install --quiet --no-deps --no-build-isolation --force-reinstall -e "$repo" >> "$venv.log" 2>&1 \
+  || { tail -n 20 "$venv.log" >&2; exit 1; }
 echo "$venv"

@@ -23,7 +23,7 @@ from ptrun.train.optim import build_optimizer, set_lr
 pytestmark = pytest.mark.dist
 
 
-def reference_params(cfg, steps: int) -> dict[str, torch.Tensor]:
+def reference_params(cfg) -> dict[str, torch.Tensor]:
     """Train `steps` optimizer steps in one process with a textbook loop: whole global batch, mean loss
     over the real samples, global-norm clip, the optimizer. Shares no code with the pipeline engine."""
     data = build_datasets(cfg.data)
@@ -64,7 +64,7 @@ def test_two_workers_match_one_process(tmp_path, tiny, optim):
                         "launcher.nproc_per_node=2"]
     run_workers(overrides, tmp_path / "dp2")
     cfg = compose_config(overrides, tmp_path / "ref")
-    assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg, steps=8))
+    assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg))
 
 
 def test_padded_last_batch_matches_reference(tmp_path, tiny):
@@ -77,7 +77,7 @@ def test_padded_last_batch_matches_reference(tmp_path, tiny):
     epoch = next(m for m in metrics if m["event"] == "epoch")
     assert epoch["samples"] == 898 and epoch["steps"] == 4
     assert 0 <= epoch["eval"]["top1"] <= 100
-    assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg, steps=4))
+    assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg))
 
 
 def _worker_pids(parent: int) -> list[int]:
@@ -128,3 +128,14 @@ def test_killed_worker_restarts_and_resumes(tmp_path, tiny):
 
     run_workers(overrides, tmp_path / "clean")
     assert_params_close(final_params(run_dir), final_params(tmp_path / "clean"))
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_two_stage_pipeline_matches_one_process(tmp_path, tiny, schedule):
+    """K = 2 stages on 2 real processes, M = 4 micro-batches: the same parameters as the plain reference."""
+    overrides = tiny + ["train.epochs=1", "train.max_steps_per_epoch=4", "train.grad_clip=0.5",
+                        "launcher.nproc_per_node=2", "pipe.length=2", "pipe.microbatches=4",
+                        f"pipe.schedule={schedule}"]
+    run_workers(overrides, tmp_path / "pp2")
+    cfg = compose_config(overrides, tmp_path / "ref")
+    assert_params_close(final_params(tmp_path / "pp2"), reference_params(cfg))

@@ -1,0 +1,58 @@
+"""Checkpoint files: atomic, checksummed, the newest broken one skipped, resume refused on broken ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ptrun.train import checkpoint
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real (single-rank) gloo process group: checkpoint.save is a collective."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _save(run_dir, step, value):
+    params = {"w": torch.full((3,), float(value))}
+    optim = {"w": {"exp_avg": torch.full((3,), value / 10), "step": torch.tensor(float(step))}}
+    return checkpoint.save(run_dir, global_step=step, named_params=params, optim_state=optim, writer=True,
+                           stage=0, trainer_state={"epoch": step, "global_step": step}, keep=2)
+
+
+def test_round_trip_keep_and_corruption_fallback(tmp_path, one_rank_group):
+    run_dir = tmp_path / "run"
+    for step in (1, 2, 3):
+        _save(run_dir, step, step)
+    assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step_00000002", "step_00000003"]
+    assert not list((run_dir / "checkpoints").glob(".tmp*"))
+    params, optim, state = checkpoint.load(checkpoint.latest_valid(run_dir))
+    assert torch.equal(params["w"], torch.full((3,), 3.0)) and state["global_step"] == 3
+    assert torch.equal(optim["w"]["exp_avg"], torch.full((3,), 0.3))
+
+    newest = checkpoint.list_checkpoints(run_dir)[-1] / "params-stage0.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 0xFF  # flip one bit of the tensor data
+    newest.write_bytes(bytes(data))
+    assert "does not match its checksum" in checkpoint.verify(newest.parent)
+    assert checkpoint.latest_valid(run_dir).name == "step_00000002"
+
+
+def test_resume_from_only_broken_checkpoints_is_refused(tmp_path, one_rank_group):
+    run_dir = tmp_path / "run"
+    ckpt = _save(run_dir, 1, 1.0)
+    (ckpt / "optim-stage0.pt").write_bytes(b"not a checkpoint")
+    before = sorted((p.name, p.stat().st_size) for p in run_dir.rglob("*"))
+    out = subprocess.run([sys.executable, "-m", "ptrun.cli", "train", "train.resume=true",
+                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no valid checkpoint to resume from" in lines[0] and "optim-stage0.pt" in lines[0]
+    assert sorted((p.name, p.stat().st_size) for p in run_dir.rglob("*")) == before
