@@ -139,3 +139,12 @@ def test_two_stage_pipeline_matches_one_process(tmp_path, tiny, schedule):
     run_workers(overrides, tmp_path / "pp2")
     cfg = compose_config(overrides, tmp_path / "ref")
     assert_params_close(final_params(tmp_path / "pp2"), reference_params(cfg))
+
+
+def test_pipeline_times_data_parallel_on_four_workers(tmp_path, tiny):
+    """K = 2 stages x DP = 2 replicas (4 real processes): the same parameters as the plain reference."""
+    overrides = tiny + ["train.epochs=1", "train.max_steps_per_epoch=3", "train.grad_clip=0.5",
+                        "launcher.nproc_per_node=4", "pipe.length=2", "pipe.microbatches=2", "pipe.schedule=1F1B"]
+    run_workers(overrides, tmp_path / "pp2dp2")
+    cfg = compose_config(overrides, tmp_path / "ref")
+    assert_params_close(final_params(tmp_path / "pp2dp2"), reference_params(cfg))
