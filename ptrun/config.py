@@ -251,20 +251,6 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         raise ConfigError(f"model.pretrained={m.pretrained!r}: no such file or directory")
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> docstring, read from this module's source (used by `ptrun --help` style listings)."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(cls))
-    docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[attr-defined]
-    return docs
-
-
 def schema_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
     """Every dotted key of the schema, e.g. `train.epochs`."""
     keys = []
