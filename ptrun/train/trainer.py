@@ -123,12 +123,7 @@ class Trainer:
         inputs = tuple(batch[k].to(self.device, non_blocking=True) for k in self.layered.input_names)
         return inputs, make_target(batch, self.cfg.model.task).to(self.device)
 
-    def _batch_weight(self, sampler: EpochSampler, num_samples: int, step: int) -> float:
-        """Real (weight-1) samples in global batch `step`: all but the last batch of an epoch are full."""
-        return float(min(sampler.global_batch_size, num_samples - step * sampler.global_batch_size))
-
     def train_epoch(self) -> dict:
-        n = len(self.data.train)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples, t0 = 0.0, time.perf_counter()
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
@@ -136,7 +131,8 @@ class Trainer:
         for step, batch in iterate_batches(self.data.train, self.train_sampler, self.epoch, self.replica,
                                            self.plan.dp, max_steps=self.steps_per_epoch):
             inputs, target = self._inputs_and_target(batch)
-            self.loss.denominator = self._batch_weight(self.train_sampler, n, step)
+            # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
+            self.loss.denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
             lr = set_lr(self.optimizer, self.global_step, self.total_steps, self.cfg.optim)
             loss_sum += self.runtime.forward_backward(inputs, target).double()
             self.runtime.sync_and_clip(self.cfg.train.grad_clip)
