@@ -27,7 +27,8 @@ class ModelConfig:
     family: Optional[str] = None
     """`vit` or `bert`; None = inferred from `name`."""
     task: str = "classification"
-    """`classification` (images, GLUE) or `qa` (SQuAD-style span extraction, BERT only)."""
+    """`classification` (images, GLUE), `qa` (SQuAD-style span extraction, BERT only) or `mlm` (masked
+    language modelling, BERT only; the decoder is tied to the word embedding)."""
     pretrained: Optional[str] = None
     """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
     Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""
@@ -122,7 +123,22 @@ class PipeConfig:
     microbatches: int = 1
     """Micro-batches M each replica's batch is split into (GPipe chunks); must divide the per-replica batch."""
     schedule: str = "GPipe"
-    """torch.distributed.pipelining schedule: `GPipe` or `1F1B`."""
+    """torch.distributed.pipelining schedule: `GPipe`, `1F1B` (one stage per rank), or `Interleaved1F1B`,
+    `LoopedBFS`, `InterleavedZeroBubble` (looped: rank r holds stages r, r+K, ...), `ZBVZeroBubble`,
+    `DualPipeV` (V-shaped: rank r holds stages r and 2K-1-r; `stages_per_rank` must be 2)."""
+    stages_per_rank: int = 1
+    """Stages each pipeline rank holds: 1 for GPipe / 1F1B, 2 for the V-shaped schedules, 1+ for the looped
+    ones. The model is split into `length x stages_per_rank` stages."""
+    partition: str = "params"
+    """How units are split into stages: `uniform` (equal unit counts), `params` (balanced trainable parameter
+    size, a frozen unit counted at 1/6), `time` (balanced forward + backward time, profiled on this device),
+    `pipetransformer` (the paper's greedy mean + variance rule on parameter size), `pipedream` (PipeDream's
+    dynamic program on profiled time plus activation transfer), or `explicit` (`stages`)."""
+    stages: Optional[list[list[int]]] = None
+    """Explicit stage ranges `[[lo, hi], ...]` in units (half-open) for `partition=explicit`."""
+    recompute: str = "none"
+    """Activation recomputation: `none`, `stage` (keep only stage-boundary activations and recompute each
+    stage in backward: GPipe's re-materialization) or `every:N` (a checkpoint every N units)."""
 
 
 @dataclass
@@ -170,7 +186,9 @@ class PtrunConfig:
     """Where the resolved config, log, metrics and checkpoints go (`hydra.run.dir`)."""
 
 
-SCHEDULES = ("GPipe", "1F1B")
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+             "DualPipeV")
+PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DATA_SOURCES = ("digits", "imagefolder")
@@ -191,6 +209,36 @@ def parse_nnodes(nnodes: str) -> tuple[int, int]:
         lo, hi = 0, 0
     _require(1 <= lo <= hi, "launcher.nnodes", "N or MIN:MAX with 1 <= MIN <= MAX", nnodes)
     return lo, hi
+
+
+def parse_recompute(spec: str) -> int | None:
+    """`pipe.recompute`: `none` -> None (keep activations), `stage` -> 0 (recompute the whole stage, GPipe's
+    re-materialization), `every:N` -> N (one checkpoint per N units)."""
+    if spec == "none":
+        return None
+    if spec == "stage":
+        return 0
+    if spec.startswith("every:") and spec[6:].isdigit() and int(spec[6:]) >= 1:
+        return int(spec[6:])
+    raise ConfigError(f"pipe.recompute={spec!r} is not allowed: none, stage or every:N with N >= 1")
+
+
+def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches: int) -> tuple | None:
+    """The first rule a (schedule, K, stages per rank, M) layout breaks, as (key, allowed, value); None if
+    it is valid. Shared by config validation and `Plan.check`, so a plan the controller makes obeys the same
+    rules as one a user writes."""
+    stages = pp * stages_per_rank
+    if schedule in ("GPipe", "1F1B") and stages_per_rank != 1:
+        return "pipe.stages_per_rank", f"1 for {schedule}", stages_per_rank
+    if schedule in ("ZBVZeroBubble", "DualPipeV") and stages_per_rank != 2:
+        return "pipe.stages_per_rank", f"2 for {schedule} (a V of two stages per rank)", stages_per_rank
+    if schedule == "1F1B" and microbatches < pp:
+        return "pipe.microbatches", f"at least pipe.length={pp} for 1F1B", microbatches
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and microbatches % pp:
+        return "pipe.microbatches", f"a multiple of pipe.length={pp} for {schedule}", microbatches
+    if schedule in ("ZBVZeroBubble", "DualPipeV") and microbatches < stages:
+        return "pipe.microbatches", f"at least 2 x pipe.length={stages} for {schedule}", microbatches
+    return None
 
 
 def validate(cfg: PtrunConfig | DictConfig) -> None:
@@ -222,6 +270,27 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     _require(p.schedule in SCHEDULES, "pipe.schedule", f"one of {', '.join(SCHEDULES)}", p.schedule)
     _require(p.length >= 1, "pipe.length", "an integer >= 1", p.length)
     _require(p.microbatches >= 1, "pipe.microbatches", "an integer >= 1", p.microbatches)
+    _require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
+    _require(p.partition in PARTITIONS, "pipe.partition", f"one of {', '.join(PARTITIONS)}", p.partition)
+    _require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
+             "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit", p.stages)
+    num_stages = p.length * p.stages_per_rank
+    num_units = 2 * m.depth + 2 if m.depth else None  # embedding, two halves per block, head
+    if p.stages is not None:
+        ranges = [list(r) for r in p.stages]
+        _require(len(ranges) == num_stages, "pipe.stages",
+                 f"{num_stages} ranges (pipe.length x pipe.stages_per_rank)", ranges)
+        edges = [r[0] for r in ranges if len(r) == 2] + [ranges[-1][-1]]
+        _require(all(len(r) == 2 and r[0] < r[1] for r in ranges) and edges[0] == 0
+                 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+                 and (num_units is None or edges[-1] == num_units), "pipe.stages",
+                 f"contiguous non-empty [lo, hi) unit ranges from 0 to the model's "
+                 f"{num_units if num_units else 'unit count'}", ranges)
+    if num_units is not None:
+        _require(num_stages <= num_units, "pipe.length",
+                 f"at most {num_units} stages in all (the model's units; pipe.length x pipe.stages_per_rank "
+                 f"= {num_stages})", p.length)
+    parse_recompute(p.recompute)
     _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
     _require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
     _require(lc.threads_per_worker >= 1, "launcher.threads_per_worker", "an integer >= 1", lc.threads_per_worker)
@@ -239,9 +308,9 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         per_replica = t.global_batch_size // dp
         _require(per_replica % p.microbatches == 0, "pipe.microbatches",
                  f"a divisor of the per-replica batch {per_replica}", p.microbatches)
-        if p.schedule == "1F1B":
-            _require(p.microbatches >= p.length, "pipe.microbatches",
-                     f"at least pipe.length={p.length} for 1F1B", p.microbatches)
+    problem = schedule_problem(p.schedule, p.length, p.stages_per_rank, p.microbatches)
+    if problem:
+        _require(False, *problem)
     if d.name == "imagefolder":
         _require(d.path is not None, "data.path", "a directory of class folders for data.name=imagefolder",
                  d.path)

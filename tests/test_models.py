@@ -1,7 +1,10 @@
 """The layered-model contract: units reproduce the library forward and backward exactly, own every parameter
-once, can be cut anywhere, and pretrained weights load (or fail) as documented."""
+once (a declared tied parameter is owned by its first unit and shared by the others), can be cut anywhere,
+and pretrained weights load (or fail) as documented."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -12,7 +15,8 @@ from ptrun.models import LayeredModel, build_model, run_units
 
 VIT = dict(name="vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=3, num_heads=2)
 BERT = dict(name="bert-tiny", depth=2, embed_dim=32, num_heads=2, vocab_size=100)
-KINDS = ["vit", "bert-classification", "bert-qa"]
+KINDS = ["vit", "bert-classification", "bert-qa", "bert-mlm"]
+WORD_EMB = "bert.embeddings.word_embeddings.weight"
 
 
 def make(kind: str, seed: int = 0, **overrides) -> LayeredModel:
@@ -38,7 +42,7 @@ def library_logits(layered: LayeredModel, xs: tuple[torch.Tensor, ...]) -> torch
     if layered.family == "vit":
         return layered.model(*xs)
     out = layered.model(**dict(zip(layered.input_names, xs)))
-    return out.logits if layered.task == "classification" else torch.stack([out.start_logits, out.end_logits], -1)
+    return torch.stack([out.start_logits, out.end_logits], -1) if layered.task == "qa" else out.logits
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -89,9 +93,93 @@ def test_any_cut_gives_the_same_output(kind):
             front, back = nn.ModuleList(layered.units[:k]), nn.ModuleList(layered.units[k:])  # like stages
             carry = run_units(front, *xs)
             assert torch.equal(run_units(back, *(carry if isinstance(carry, tuple) else (carry,))), full)
-            # a stage holding these units holds exactly their parameters
-            names = [name for i in range(k, len(layered.units)) for name in layered.unit_param_names(i)]
+            # a stage holding these units holds exactly their parameters: owned, plus replicas of tied ones
+            names = [name for i in range(k, len(layered.units))
+                     for name in layered.unit_param_names(i) + layered.unit_shared_param_names(i)]
             assert {id(p) for p in back.parameters()} == {id(params[name]) for name in names}
+
+
+@pytest.mark.parametrize("kind", ["vit", "bert-classification", "bert-qa"])
+def test_no_tied_parameters_outside_mlm(kind):
+    layered = make(kind)
+    assert layered.tied == {} and layered.tied_parameter_names() == []
+    assert all(layered.unit_shared_param_names(i) == [] for i in range(len(layered.units)))
+
+
+def test_mlm_ties_word_embeddings_to_the_decoder():
+    layered = make("bert-mlm")
+    model, last = layered.model, len(layered.units) - 1
+    assert type(model).__name__ == "BertForMaskedLM" and model.bert.pooler is None
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert layered.tied == {WORD_EMB: (0, last)}
+    assert layered.tied_parameter_names() == [WORD_EMB] == layered.tied_parameter_names(range(last, last + 1))
+    assert layered.tied_parameter_names(range(1, last)) == []
+    assert WORD_EMB in layered.unit_param_names(0)
+    assert all(WORD_EMB not in layered.unit_param_names(i) for i in range(1, last + 1))
+    assert layered.unit_shared_param_names(last) == [WORD_EMB]
+    assert all(layered.unit_shared_param_names(i) == [] for i in range(last))
+    # the owned names cover the model's parameters exactly once each (the tie counted once)
+    owned = [name for i in range(last + 1) for name in layered.unit_param_names(i)]
+    assert len(owned) == len(set(owned)) and set(owned) == {name for name, _ in model.named_parameters()}
+    xs = inputs("bert-mlm")
+    assert layered.eval()(*xs).shape == (4, 9, BERT["vocab_size"])
+
+
+def test_mlm_gradient_step_updates_the_tied_weight_once():
+    layered = make("bert-mlm").train()
+    decoder = layered.model.cls.predictions.decoder.weight
+    before = decoder.detach().clone()
+    opt = torch.optim.SGD(layered.model.parameters(), lr=0.1)  # parameters() yields the tied tensor once
+    out = layered(*inputs("bert-mlm"))
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    opt.step()
+    assert decoder is layered.model.bert.embeddings.word_embeddings.weight  # still one object
+    assert not torch.equal(decoder, before)
+    # one update with the gradient summed over both uses (applied twice it would be off by 0.1 * grad)
+    torch.testing.assert_close(decoder.detach(), before - 0.1 * decoder.grad, rtol=0, atol=1e-6)
+
+
+def test_mlm_tied_replicas_on_two_stages_sum_to_the_full_gradient():
+    """What the pipeline runtime does: each stage holds a replica; their gradients summed are the true one."""
+    layered = make("bert-mlm").train()
+    xs = inputs("bert-mlm")
+    weight = dict(layered.model.named_parameters())[WORD_EMB]
+    out = layered(*xs)
+    probe = torch.linspace(-1, 1, out.numel()).view_as(out)
+    (out * probe).sum().backward()
+    full = weight.grad.clone()
+
+    k = len(layered.units) // 2
+    memo: dict = {}  # deepcopy's memo maps the original Parameter to each stage's replica
+    front = copy.deepcopy(nn.ModuleList(layered.units[:k]), memo)
+    front_weight = memo[id(weight)]
+    memo = {}
+    back = copy.deepcopy(nn.ModuleList(layered.units[k:]), memo)
+    back_weight = memo[id(weight)]
+    assert front_weight is not back_weight and torch.equal(front_weight, back_weight)
+    carry = run_units(front, *xs)
+    sent = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in carry)  # the stage boundary
+    (run_units(back, *sent) * probe).sum().backward()
+    torch.autograd.backward([t for t in carry if t.requires_grad],
+                            [s.grad for s in sent if s.requires_grad])
+    assert not torch.equal(front_weight.grad, full) and not torch.equal(back_weight.grad, full)
+    torch.testing.assert_close(front_weight.grad + back_weight.grad, full, rtol=1e-5, atol=1e-6)
+
+
+def test_undeclared_sharing_between_units_is_an_error():
+    layered = make("bert-classification")
+    units = list(layered.units)
+    units[-1].shared = units[0].embeddings.word_embeddings  # accidental reuse in the head
+    with pytest.raises(RuntimeError, match=f"{WORD_EMB} is not owned once"):
+        LayeredModel(layered.model, family="bert", task="classification", units=units,
+                     input_names=layered.input_names)
+    tied = LayeredModel(layered.model, family="bert", task="classification", units=units,
+                        input_names=layered.input_names, tied=[WORD_EMB])  # declared: allowed
+    assert tied.tied == {WORD_EMB: (0, len(units) - 1)}
+    del units[-1].shared
+    with pytest.raises(RuntimeError, match="parameters in no unit"):
+        LayeredModel(layered.model, family="bert", task="classification", units=units[:-1] + [nn.Identity()],
+                     input_names=layered.input_names)
 
 
 def test_cfg_sizes_win_over_data_facts():
@@ -182,3 +270,23 @@ def test_bert_from_hugging_face_directory(tmp_path):
 
     with pytest.raises(ConfigError, match="model.depth=3 is not allowed"):
         build_model(ModelConfig(**cfg, depth=3), num_classes=4)
+
+
+def test_bert_mlm_from_hugging_face_directory(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, attn_implementation="eager")
+    source = BertForMaskedLM(config).eval()
+    source.save_pretrained(tmp_path)  # writes the tied weight once
+
+    torch.manual_seed(1)
+    layered = build_model(ModelConfig(name="my-bert", family="bert", task="mlm", pretrained=str(tmp_path)),
+                          num_classes=4).eval()
+    model = layered.model
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert layered.tied == {WORD_EMB: (0, len(layered.units) - 1)}
+    xs = inputs("bert-mlm")
+    with torch.no_grad():
+        assert torch.equal(layered(*xs), source(*xs).logits)

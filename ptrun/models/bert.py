@@ -1,9 +1,14 @@
-"""transformers BERT adapter: embed | (attention half, MLP half) x L | head, for classification and QA.
+"""transformers BERT adapter: embed | (attention half, MLP half) x L | head, for classification, QA and MLM.
 
 Every unit after the embedding takes and returns `(hidden, ext_mask)`, so the additive attention mask
 reaches every pipeline stage. Attention is always `eager`: it adds the mask to the scores exactly as
 transformers' own forward does, which makes the split bitwise equal to the library model.
 transformers is imported inside the functions: importing it costs seconds per process.
+
+Masked-LM (`task: mlm`) ties the decoder weight to the word-embedding matrix (one Parameter, used by the
+embed unit and the head unit); the adapter declares it to LayeredModel as tied (see layered.py for how a
+pipeline keeps the two stages' replicas equal). The decoder bias is also an alias (`cls.predictions.bias`),
+but both names live in the head unit, so it needs no declaration.
 """
 
 from __future__ import annotations
@@ -82,6 +87,20 @@ class BertClassifierHead(nn.Module):
         return self.classifier(self.dropout(self.pooler(hidden)))
 
 
+class BertMlmHead(nn.Module):
+    """BertOnlyMLMHead (`model.cls`): transform (dense, activation, LayerNorm) -> decoder: logits (B, T, vocab).
+
+    The decoder weight is the word-embedding weight (tied); the attention mask is not needed.
+    """
+
+    def __init__(self, cls: nn.Module) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def forward(self, hidden: torch.Tensor, ext_mask: torch.Tensor) -> torch.Tensor:
+        return self.cls(hidden)
+
+
 class BertQAHead(nn.Module):
     """qa_outputs: logits (B, T, 2), start in [..., 0] and end in [..., 1]."""
 
@@ -123,11 +142,27 @@ def _check_against_dir(cfg: ModelConfig, hf_config) -> None:
                               f"has {value!r}; leave it null")
 
 
-def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) -> LayeredModel:
-    """BertForSequenceClassification (task classification) or BertForQuestionAnswering (task qa)."""
-    from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+def _tied_decoder(model: nn.Module) -> list[nn.Parameter]:
+    """The MLM decoder weight, checked to be the word-embedding Parameter itself when the config ties them.
 
-    cls = BertForQuestionAnswering if cfg.task == "qa" else BertForSequenceClassification
+    transformers ties them in `post_init` (fresh model) and again after `from_pretrained`; a copy instead of
+    the same object would train two diverging matrices, so it is an error rather than silently untied.
+    """
+    decoder = model.cls.predictions.decoder.weight
+    if not model.config.tie_word_embeddings:
+        return []  # a checkpoint that trained them untied: two ordinary parameters, nothing to declare
+    if decoder is not model.bert.embeddings.word_embeddings.weight:
+        raise RuntimeError("BertForMaskedLM: tie_word_embeddings is set but the decoder weight is not the "
+                           "word-embedding Parameter")
+    return [decoder]
+
+
+def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) -> LayeredModel:
+    """BertForSequenceClassification (task classification), BertForQuestionAnswering (task qa) or
+    BertForMaskedLM (task mlm, whose word-embedding / decoder weight is declared tied)."""
+    from transformers import BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification
+
+    cls = {"qa": BertForQuestionAnswering, "mlm": BertForMaskedLM}.get(cfg.task, BertForSequenceClassification)
     num_labels = 2 if cfg.task == "qa" else (cfg.num_classes or num_classes)
     dropout = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if is_hf_dir(cfg.pretrained):
@@ -149,6 +184,12 @@ def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) ->
     units: list[nn.Module] = [BertEmbed(model.bert.embeddings)]
     for layer in model.bert.encoder.layer:
         units += [BertAttnHalf(layer.attention), BertMlpHalf(layer.intermediate, layer.output)]
-    units.append(BertQAHead(model.qa_outputs) if cfg.task == "qa"
-                 else BertClassifierHead(model.bert.pooler, model.dropout, model.classifier))
-    return LayeredModel(model, family="bert", task=cfg.task, units=units, input_names=INPUT_NAMES)
+    tied: list[nn.Parameter] = []
+    if cfg.task == "qa":
+        units.append(BertQAHead(model.qa_outputs))
+    elif cfg.task == "mlm":
+        units.append(BertMlmHead(model.cls))
+        tied = _tied_decoder(model)
+    else:
+        units.append(BertClassifierHead(model.bert.pooler, model.dropout, model.classifier))
+    return LayeredModel(model, family="bert", task=cfg.task, units=units, input_names=INPUT_NAMES, tied=tied)

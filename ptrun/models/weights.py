@@ -52,8 +52,13 @@ def load_pretrained(layered: LayeredModel, path: str) -> None:
     state = read_state_dict(path)
     own = layered.model.state_dict()
     head = set(layered.unit_param_names(len(layered.units) - 1))
+    # state_dict() also lists a tied weight under its alias (e.g. the MLM decoder's weight, which is the word
+    # embedding): load it once, through the name named_parameters() gives it.
+    primary = {n for n, _ in layered.model.named_parameters()} | {n for n, _ in layered.model.named_buffers()}
     load, skipped = {}, []
     for key, target in own.items():
+        if key not in primary:
+            continue
         value = state.get(key)
         if value is not None and value.shape == target.shape:
             load[key] = value

@@ -7,7 +7,7 @@ group in the same order, even the groups it is not part of.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -22,6 +22,8 @@ class Groups:
     """This rank's stage across replicas: gradients are all-reduced here."""
     owned: list[dist.ProcessGroup]
     """Every group this rank created (all must be destroyed, including ones it is not a member of)."""
+    tied: dict[str, dist.ProcessGroup] = field(default_factory=dict)
+    """Tied weight name -> the ranks of this replica holding a copy, when that is more than this rank."""
 
     def destroy(self) -> None:
         for group in self.owned:
@@ -30,8 +32,19 @@ class Groups:
         self.owned.clear()
 
 
-def build_groups(plan: Plan, rank: int) -> Groups:
+def build_groups(plan: Plan, rank: int, tied: dict[str, tuple[int, ...]] | None = None) -> Groups:
+    """Groups for `plan`; `tied` maps a tied weight's name to the units that use it."""
     replica, stage = plan.coords(rank)
     pp_groups = [dist.new_group(plan.pipeline_ranks(r)) for r in range(plan.dp)]
     dp_groups = [dist.new_group(plan.stage_ranks(s)) for s in range(plan.pp)]
-    return Groups(pp=pp_groups[replica], dp=dp_groups[stage], owned=pp_groups + dp_groups)
+    owned = pp_groups + dp_groups
+    mine: dict[str, dist.ProcessGroup] = {}
+    for r in range(plan.dp):
+        for name, units in sorted((tied or {}).items()):
+            ranks = sorted({plan.rank_of_stage(r, plan.stage_of_unit(u)) for u in units})
+            if len(ranks) > 1:
+                group = dist.new_group(ranks)
+                owned.append(group)
+                if rank in ranks:
+                    mine[name] = group
+    return Groups(pp=pp_groups[replica], dp=dp_groups[stage], owned=owned, tied=mine)

@@ -1,9 +1,9 @@
-"""One rank's share of a Plan: its stage (a slice of units) run by a torch.distributed.pipelining schedule,
-plus the data-parallel gradient all-reduce and the global-norm clip.
+"""One rank's share of a Plan: its stages (slices of units) run by a torch.distributed.pipelining schedule,
+plus the data-parallel gradient all-reduce, the tied-weight all-reduce and the global-norm clip.
 
 K = 1 is the same code path (a one-stage GPipe schedule), so pure data parallelism and pipelines never
 diverge. Schedules run with `scale_grads=False`: the loss function already divides by the global batch
-weight, so gradients are exact global means for any K, M and DP width.
+weight, so gradients are exact global means for any K, M, schedule and DP width.
 """
 
 from __future__ import annotations
@@ -14,46 +14,109 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
+)
+from torch.utils.checkpoint import checkpoint
 
+from ptrun.config import parse_recompute
 from ptrun.models.layered import run_units
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.plan import Plan
 from ptrun.train.losses import WeightedLoss
 
-SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+SINGLE_STAGE_SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+"""Schedules that drive exactly one stage per rank."""
+MULTI_STAGE_SCHEDULES = {
+    "Interleaved1F1B": ScheduleInterleaved1F1B,
+    "LoopedBFS": ScheduleLoopedBFS,
+    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+    "ZBVZeroBubble": ScheduleZBVZeroBubble,
+    "DualPipeV": ScheduleDualPipeV,
+}
+"""Schedules that drive a list of stages per rank (`pipe.stages_per_rank`)."""
 
 
 class StageModule(nn.Module):
-    """A contiguous slice of units, run in order; each unit's output is splatted into the next."""
+    """A contiguous slice of units, run in order; each unit's output is splatted into the next.
 
-    def __init__(self, units: Sequence[nn.Module]):
+    With recomputation on, the forward pass keeps only the inputs of each checkpointed chunk and the backward
+    pass runs the chunk again (non-reentrant checkpointing, which restores the RNG state so dropout masks
+    match)."""
+
+    def __init__(self, units: Sequence[nn.Module], recompute: int | None = None):
         super().__init__()
         self.units = nn.ModuleList(units)
+        self.recompute = recompute
 
     def forward(self, *carry):
-        return run_units(self.units, *carry)
+        if self.recompute is None or not (self.training and torch.is_grad_enabled()):
+            return run_units(self.units, *carry)
+        size = self.recompute or len(self.units)
+        out = carry
+        for lo in range(0, len(self.units), size):
+            chunk = list(self.units[lo : lo + size])
+            out = checkpoint(run_units, chunk, *(out if isinstance(out, tuple) else (out,)), use_reentrant=False)
+        return out
 
 
 class PipelineRuntime:
-    """Builds and runs this rank's stage of `plan` for the given layered model."""
+    """Builds and runs this rank's stages of `plan` for the given layered model."""
 
-    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss):
+    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
+                 recompute: str = "none"):
         self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
-        self.replica, self.stage_index = plan.coords(rank)
-        lo, hi = plan.stage_bounds[self.stage_index]
-        self.unit_range = range(lo, hi)
-        self.module = StageModule(layered.units[lo:hi]).to(device)
-        self.stage = PipelineStage(self.module, self.stage_index, plan.pp, device, group=groups.pp)
-        self.schedule = SCHEDULE_CLASSES[plan.schedule](
-            self.stage, n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False
-        )
-        self.is_first = self.stage_index == 0
-        self.is_last = self.stage_index == plan.pp - 1
+        self.replica, stage_rank = plan.coords(rank)
+        self.stage_indices = plan.local_stages(stage_rank)
+        every = parse_recompute(recompute)
+        self.modules = [StageModule(layered.units[slice(*plan.stage_bounds[s])], every).to(device)
+                        for s in self.stage_indices]
+        self.stages = [PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
+                       for m, s in zip(self.modules, self.stage_indices)]
+        kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
+        if plan.schedule in SINGLE_STAGE_SCHEDULES:
+            self.schedule = SINGLE_STAGE_SCHEDULES[plan.schedule](self.stages[0], **kwargs)
+        else:
+            self.schedule = MULTI_STAGE_SCHEDULES[plan.schedule](self.stages, **kwargs)
+        self.is_first = 0 in self.stage_indices
+        self.is_last = plan.num_stages - 1 in self.stage_indices
+        self.unit_indices = [u for s in self.stage_indices for u in range(*plan.stage_bounds[s])]
+        # A tied weight's gradient is norm-counted on the rank holding its owner (first) unit only.
+        self._norm_excluded = {id(_param(layered, name)) for name, units in layered.tied.items()
+                               if units[0] not in self.unit_indices}
+        self._tied_names = sorted(groups.tied)
+        self._layered = layered
+
+    # ---- parameters ---------------------------------------------------------------------------------
+    def _unique_parameters(self) -> list[nn.Parameter]:
+        seen, out = set(), []
+        for m in self.modules:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
+        """This rank's parameters that train (a tied weight held by two local stages is listed once)."""
+        return [p for p in self._unique_parameters() if p.requires_grad]
 
+    def zero_grad(self) -> None:
+        for m in self.modules:
+            m.zero_grad(set_to_none=True)
+
+    def train(self, mode: bool = True) -> None:
+        for m in self.modules:
+            m.train(mode)
+
+    # ---- running ------------------------------------------------------------------------------------
     def _run(self, run, inputs: tuple, target: torch.Tensor | None, losses: list | None):
         args = inputs if self.is_first else ()
         kwargs = {"target": target, "losses": losses} if self.is_last and target is not None else {}
@@ -62,7 +125,7 @@ class PipelineRuntime:
     def forward_backward(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:
         """One pipelined forward + backward over the replica batch. Returns this rank's share of the
         global mean loss (non-zero on last stages only; summing over all ranks gives the global loss)."""
-        self.module.train()
+        self.train(True)
         losses: list[torch.Tensor] = []
         self._run(self.schedule.step, inputs, target, losses)
         if self.is_last:
@@ -73,15 +136,21 @@ class PipelineRuntime:
     def forward_only(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor | None:
         """Forward the replica batch through the pipeline; returns the merged output on the last stage.
         (The schedule computes its loss on the way, so it needs the target even here.)"""
-        self.module.eval()
+        self.train(False)
         out = self._run(self.schedule.eval, inputs, target, None)
         return out if self.is_last else None
 
+    # ---- gradients ----------------------------------------------------------------------------------
     def sync_and_clip(self, max_norm: float) -> torch.Tensor:
-        """All-reduce gradients over the DP group (one flat buffer), then clip by the global norm over all
-        stages (replicas hold identical gradients after the all-reduce, so the PP group suffices).
-        Returns the global pre-clip gradient norm."""
-        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None]
+        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm.
+
+        1. All-reduce over the DP group (one flat buffer): the replicas' partial sums.
+        2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
+           the embedding's and the decoder's contributions add up, and both copies step identically.
+        3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
+           weight once."""
+        params = [p for p in self.trainable_parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
         if self.plan.dp > 1 and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.groups.dp)
@@ -89,9 +158,18 @@ class PipelineRuntime:
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+        for name in self._tied_names:
+            p = _param(self._layered, name)
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=self.groups.tied[name])
+        params = [p for p in self.trainable_parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for g in grads:
-            sq += g.detach().double().pow(2).sum()
+        for p in params:
+            if id(p) not in self._norm_excluded:
+                sq += p.grad.detach().double().pow(2).sum()
         if self.plan.pp > 1:
             dist.all_reduce(sq, group=self.groups.pp)
         norm = sq.sqrt()
@@ -101,3 +179,7 @@ class PipelineRuntime:
                 for g in grads:
                     g.mul_(coef)
         return norm.float()
+
+
+def _param(layered, name: str) -> nn.Parameter:
+    return layered.model.get_parameter(name)

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ptrun.config import ConfigError
+from ptrun.config import ConfigError, schedule_problem
+
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+"""Schedules that place two stages per rank in a V (rank r holds stages r and 2K-1-r)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,19 @@ class Plan:
     """Micro-batches M per replica batch."""
     schedule: str
     """Pipeline schedule name."""
+    stages_per_rank: int = 1
+    """Stages each pipeline rank holds (2+ for the looped and V-shaped schedules); K * this = stage count."""
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    def local_stages(self, stage_rank: int) -> list[int]:
+        """Stage indices held by pipeline position `stage_rank`: V-shaped schedules fold the pipeline back
+        (rank r holds r and 2K-1-r), the others loop (rank r holds r, r+K, r+2K, ...)."""
+        if self.schedule in V_SCHEDULES:
+            return [stage_rank, 2 * self.pp - 1 - stage_rank]
+        return [stage_rank + i * self.pp for i in range(self.stages_per_rank)]
 
     @property
     def world_size(self) -> int:
@@ -47,6 +63,10 @@ class Plan:
     def stage_ranks(self, stage: int) -> list[int]:
         return [self.rank_of(r, stage) for r in range(self.dp)]
 
+    def rank_of_stage(self, replica: int, stage: int) -> int:
+        """The rank holding stage index `stage` (of num_stages) in `replica`."""
+        return self.rank_of(replica, next(r for r in range(self.pp) if stage in self.local_stages(r)))
+
     def stage_of_unit(self, unit: int) -> int:
         return next(s for s, (lo, hi) in enumerate(self.stage_bounds) if lo <= unit < hi)
 
@@ -61,10 +81,12 @@ class Plan:
 
     def check(self) -> "Plan":
         """Raise ConfigError unless the plan is internally consistent; returns self."""
-        if len(self.stage_bounds) != self.pp:
-            raise ConfigError(f"pipe.length={self.pp} but {len(self.stage_bounds)} stage ranges were given")
-        if self.pp > self.num_units:
-            raise ConfigError(f"pipe.length={self.pp} is more than the model's {self.num_units} units")
+        if len(self.stage_bounds) != self.num_stages:
+            raise ConfigError(f"pipe.length={self.pp} x pipe.stages_per_rank={self.stages_per_rank} needs "
+                              f"{self.num_stages} stage ranges, not {len(self.stage_bounds)}")
+        if self.num_stages > self.num_units:
+            raise ConfigError(f"{self.num_stages} stages (pipe.length x pipe.stages_per_rank) are more than the "
+                              f"model's {self.num_units} units")
         edges = [lo for lo, _ in self.stage_bounds] + [self.stage_bounds[-1][1]]
         if edges[0] != 0 or edges[-1] != self.num_units or any(
             hi != lo2 for (_, hi), (lo2, _) in zip(self.stage_bounds, self.stage_bounds[1:])
@@ -72,6 +94,10 @@ class Plan:
             raise ConfigError(
                 f"stages {list(map(list, self.stage_bounds))} must be non-empty, contiguous and cover units 0..{self.num_units}"
             )
+        problem = schedule_problem(self.schedule, self.pp, self.stages_per_rank, self.microbatches)
+        if problem:
+            key, allowed, value = problem
+            raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
         if not 0 <= self.frozen_units < self.num_units:
             raise ConfigError(f"frozen units {self.frozen_units} must leave the head trainable (< {self.num_units})")
         return self
@@ -88,8 +114,9 @@ def even_bounds(num_units: int, pp: int) -> tuple[tuple[int, int], ...]:
     return tuple(bounds)
 
 
-def initial_plan(num_units: int, world_size: int, pp: int, microbatches: int, schedule: str) -> Plan:
-    """The starting layout: everything trainable, units evenly split over pp stages, dp = world / pp."""
+def initial_plan(num_units: int, world_size: int, pp: int, microbatches: int, schedule: str,
+                 stages_per_rank: int = 1) -> Plan:
+    """The starting layout: everything trainable, units evenly split over the stages, dp = world / pp."""
     if world_size % pp:
         raise ConfigError(f"pipe.length={pp} must divide the world size {world_size}")
     return Plan(
@@ -97,7 +124,8 @@ def initial_plan(num_units: int, world_size: int, pp: int, microbatches: int, sc
         frozen_units=0,
         pp=pp,
         dp=world_size // pp,
-        stage_bounds=even_bounds(num_units, pp),
+        stage_bounds=even_bounds(num_units, pp * stages_per_rank),
         microbatches=microbatches,
         schedule=schedule,
+        stages_per_rank=stages_per_rank,
     ).check()

@@ -11,19 +11,39 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-LABEL_KEYS = {"classification": ("labels",), "qa": ("start_positions", "end_positions")}
+LABEL_KEYS = {"classification": ("labels",), "qa": ("start_positions", "end_positions"), "mlm": ("labels",)}
+IGNORE_INDEX = -100
+"""MLM label of a token that is not predicted (transformers' convention)."""
 
 
 def make_target(batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
-    """Stack the task's labels and the 0/1 sample weight into one int64 tensor [b, n_labels + 1]."""
-    cols = [batch[k].long() for k in LABEL_KEYS[task]] + [batch["weight"].round().long()]
-    return torch.stack(cols, dim=1)
+    """Stack the task's labels and the 0/1 sample weight into one int64 tensor [b, n_labels + 1]
+    (for `mlm`, the labels are the [b, T] token labels, so the target is [b, T + 1])."""
+    weight = batch["weight"].round().long()[:, None]
+    if task == "mlm":
+        return torch.cat([batch["labels"].long(), weight], dim=1)
+    return torch.cat([batch[k].long()[:, None] for k in LABEL_KEYS[task]] + [weight], dim=1)
+
+
+def loss_weight(target: torch.Tensor, task: str) -> torch.Tensor:
+    """What this target adds to the loss denominator: the real samples, or for `mlm` the predicted tokens
+    of the real samples (the MLM loss is a mean over predicted tokens, as in BERT)."""
+    weight = target[:, -1].to(torch.float64)
+    if task == "mlm":
+        return ((target[:, :-1] != IGNORE_INDEX).to(torch.float64) * weight[:, None]).sum()
+    return weight.sum()
 
 
 def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
-    """Unweighted loss of every sample in the micro-batch, shape [b]."""
+    """Unweighted loss of every sample in the micro-batch, shape [b] (for `mlm`: summed over its predicted
+    tokens)."""
     if task == "classification":
         return F.cross_entropy(output.float(), target[:, 0], reduction="none")
+    if task == "mlm":
+        labels = target[:, :-1]
+        token = F.cross_entropy(output.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX,
+                                reduction="none")
+        return token.sum(dim=1)
     # qa: logits [b, T, 2]; the loss is the mean of the start and end cross-entropies (BERT's QA loss).
     start = F.cross_entropy(output[..., 0].float(), target[:, 0], reduction="none")
     end = F.cross_entropy(output[..., 1].float(), target[:, 1], reduction="none")
@@ -31,7 +51,7 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> to
 
 
 class WeightedLoss:
-    """The schedule's loss_fn. Set `denominator` (the global batch's total weight) before each step."""
+    """The schedule's loss_fn. Set `denominator` (the global batch's `loss_weight`) before each step."""
 
     def __init__(self, task: str):
         self.task = task

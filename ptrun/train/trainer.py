@@ -19,7 +19,9 @@ from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
 from ptrun.parallel.pipeline import PipelineRuntime
-from ptrun.parallel.plan import Plan, initial_plan
+from ptrun.parallel.layout import NEEDS_PROFILE, first_plan
+from ptrun.parallel.plan import Plan
+from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint
 from ptrun.train.losses import WeightedLoss, make_target, per_sample_loss
 from ptrun.train.optim import build_optimizer, set_lr
@@ -38,10 +40,9 @@ class Trainer:
                                    in_chans=self.data.in_chans)
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
         self.loss = WeightedLoss(cfg.model.task)
-        self.plan = initial_plan(len(self.layered.units), world_size, cfg.pipe.length, cfg.pipe.microbatches,
-                                 cfg.pipe.schedule)
         batch = cfg.train.global_batch_size
         self.train_sampler = EpochSampler(len(self.data.train), batch, cfg.train.seed)
+        self.plan = self.first_plan()
         self.eval_sampler = EpochSampler(len(self.data.eval), batch, cfg.train.seed, shuffle=False)
         self.steps_per_epoch = min(self.train_sampler.steps_per_epoch,
                                    cfg.train.max_steps_per_epoch or self.train_sampler.steps_per_epoch)
@@ -55,18 +56,33 @@ class Trainer:
         self.resumed_from = self.resume() if resume else None
 
     # ---- layout -------------------------------------------------------------------------------------
+    def first_plan(self) -> Plan:
+        """The starting layout; the time-based partitioners profile every unit on one micro-batch first."""
+        pipe = self.cfg.pipe
+        if pipe.partition not in NEEDS_PROFILE:
+            return first_plan(pipe, self.layered, self.world_size)
+        dp = self.world_size // pipe.length
+        micro = max(1, self.cfg.train.global_batch_size // dp // pipe.microbatches)
+        ids, _ = self.train_sampler.global_batch(0, 0)
+        batch = dict(self.data.train[ids[:micro].tolist()])
+        inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
+        prof = agree(profile_units(self.layered, inputs, self.device), self.device)
+        return first_plan(pipe, self.layered, self.world_size, profile=prof,
+                          bandwidth=measure_bandwidth(self.device))
+
     def apply_plan(self, plan: Plan) -> None:
-        """Build process groups, this rank's stage and its optimizer for `plan`."""
+        """Build process groups, this rank's stages and its optimizer for `plan`."""
         self.plan = plan
-        self.groups = build_groups(plan, self.rank)
-        self.runtime = PipelineRuntime(self.layered, plan, self.rank, self.groups, self.device, self.loss)
+        self.groups = build_groups(plan, self.rank, self.layered.tied)
+        self.runtime = PipelineRuntime(self.layered, plan, self.rank, self.groups, self.device, self.loss,
+                                       recompute=self.cfg.pipe.recompute)
         named = [(self.param_name[id(p)], p) for p in self.runtime.trainable_parameters()]
         self.optimizer = build_optimizer(named, self.cfg.optim)
         self.replica, self.stage = plan.coords(self.rank)
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def stage_param_names(self) -> list[str]:
-        return [n for u in self.runtime.unit_range for n in self.layered.unit_param_names(u)]
+        return [n for u in self.runtime.unit_indices for n in self.layered.unit_param_names(u)]
 
     def save_checkpoint(self) -> None:
         params = dict(self.layered.model.named_parameters())
@@ -138,7 +154,7 @@ class Trainer:
             self.runtime.sync_and_clip(self.cfg.train.grad_clip)
             if self.optimizer is not None:
                 self.optimizer.step()
-            self.runtime.module.zero_grad(set_to_none=True)
+            self.runtime.zero_grad()
             self.global_step += 1
             samples += self.loss.denominator
             if (step + 1) % self.cfg.train.log_every_steps == 0 and self.view.live:

@@ -1,0 +1,33 @@
+"""The automatic parts of PipeTransformer: the freeze policies (`freeze`) and AutoPipe's next layout
+(`autopipe`). Both are pure decision code (no torch, no process groups): the runtime calls them at epoch
+boundaries and applies the Plan they return."""
+
+from ptrun.auto.autopipe import (
+    PAPER_MICROBATCHES,
+    batch_sizes,
+    min_microbatches,
+    next_plan,
+    pick_microbatches,
+    starting_max,
+)
+from ptrun.auto.freeze import (
+    POLICIES,
+    FreezePolicy,
+    blocks_of_units,
+    frozen_units_for_blocks,
+    make_policy,
+)
+
+__all__ = [
+    "PAPER_MICROBATCHES",
+    "POLICIES",
+    "FreezePolicy",
+    "batch_sizes",
+    "blocks_of_units",
+    "frozen_units_for_blocks",
+    "make_policy",
+    "min_microbatches",
+    "next_plan",
+    "pick_microbatches",
+    "starting_max",
+]

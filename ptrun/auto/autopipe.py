@@ -1,0 +1,185 @@
+"""AutoPipe and AutoDP as pure functions: after a freeze, the next Plan (pipeline length K, stage
+boundaries, data-parallel width and micro-batch count).
+
+The paper's compression rule (SPEC section 2): let `start_max` be the largest stage of the starting layout
+(nothing frozen, K0 pipeline ranks). After a freeze, try K/2: partition the units into K/2 x
+stages_per_rank stages, charging frozen units `FROZEN_COST` of their cost; if the largest stage is at most
+`start_max`, the shorter pipeline fits wherever the starting one did, so halve K and try again, down to K = 1
+(pure data parallelism). Every freed device becomes another pipeline replica: DP = world_size / K (AutoDP).
+
+Stage sizes are always measured in parameter costs (the paper's proxy for memory and compute), whatever
+`partition_method` places the boundaries; `start_max` must be computed with the same method
+(`starting_max`) so the comparison is like for like. Nothing here touches torch or process groups: every
+rank computes the same Plan from the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from ptrun.config import ConfigError, schedule_problem
+from ptrun.parallel.partition import partition, stage_sums, weighted_costs
+from ptrun.parallel.plan import Plan
+
+PAPER_MICROBATCHES: dict[int, int] = {8: 16, 4: 16, 2: 16, 1: 4}
+"""Best micro-batch count per pipeline length in the paper's profiling (SPEC section 2): 2K at K = 8, 4K at
+K = 4, 8K at K = 2, and 4 at K = 1 (where micro-batching only bounds activation memory)."""
+
+BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
+"""`fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the optimization is
+independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global batch grows
+with DP (the paper's setting, with no learning-rate change)."""
+
+_TOL = 1e-9
+"""Relative slack when comparing a stage sum with `start_max`: both are float sums, and a layout exactly as
+large as the start must count as fitting."""
+
+def min_microbatches(schedule: str, pp: int, stages_per_rank: int = 1) -> int:
+    """The fewest micro-batches `schedule` accepts at pipeline length `pp` (too few hangs or raises in some
+    runtimes, SPEC section 9), by the same rule config validation applies (`schedule_problem`)."""
+    return next(m for m in range(1, 4 * pp * stages_per_rank + 1)
+                if _schedule_accepts(schedule, pp, stages_per_rank, m))
+
+
+def _schedule_accepts(schedule: str, pp: int, stages_per_rank: int, m: int) -> bool:
+    """Whether `schedule` runs with m micro-batches: one rule for user layouts and controller layouts."""
+    return schedule_problem(schedule, pp, stages_per_rank, m) is None
+
+
+def _table_target(pp: int, table: Optional[Mapping[Any, int]]) -> int:
+    """The wanted M at length pp: a profiled entry, else the paper's, else GPipe's 4K. Keys may be strings
+    (a table read back from JSON)."""
+    if table:
+        for key, value in table.items():
+            if int(key) == pp:
+                if int(value) < 1:
+                    raise ConfigError(f"micro-batch table entry {pp}: {value} is not allowed: an integer >= 1")
+                return int(value)
+    return PAPER_MICROBATCHES.get(pp, 4 * pp)
+
+
+def pick_microbatches(pp: int, per_replica_batch: int, schedule: str, table: Optional[Mapping[Any, int]] = None,
+                      *, stages_per_rank: int = 1) -> int:
+    """Micro-batches M for a replica batch at pipeline length pp.
+
+    The target is the profiled `table`'s entry for pp (entries override the paper's per length; lengths the
+    table lacks fall back), else `PAPER_MICROBATCHES`, else 4 x pp. The answer is the largest M <= target
+    that divides `per_replica_batch` (micro-batches must be equal) and that the schedule accepts
+    (`schedule_problem`: the rules config validation applies). If every such M is
+    above the target (the schedule needs more), the smallest acceptable one is taken; if there is none
+    (the batch is smaller than the schedule's minimum), ConfigError.
+    """
+    if pp < 1 or stages_per_rank < 1:
+        raise ConfigError(f"pipe.length={pp} x stages_per_rank={stages_per_rank} is not allowed: integers >= 1")
+    if per_replica_batch < 1:
+        raise ConfigError(f"the per-replica batch {per_replica_batch} is not allowed: at least one sample")
+    target = _table_target(pp, table)
+    ok = [m for m in range(1, per_replica_batch + 1)
+          if per_replica_batch % m == 0 and _schedule_accepts(schedule, pp, stages_per_rank, m)]
+    if not ok:
+        raise ConfigError(f"pipe.schedule={schedule} at pipe.length={pp} needs at least "
+                          f"{min_microbatches(schedule, pp, stages_per_rank)} equal micro-batches, but the "
+                          f"per-replica batch is {per_replica_batch}")
+    below = [m for m in ok if m <= target]
+    return max(below) if below else min(ok)
+
+
+def batch_sizes(dp: int, *, batch_policy: str = "fixed_global", global_batch: Optional[int] = None,
+                per_pipeline_batch: Optional[int] = None) -> tuple[int, int]:
+    """(per-replica batch, global batch) at data-parallel width dp.
+
+    `fixed_global` needs `global_batch`, which dp must divide; `fixed_per_pipeline` needs
+    `per_pipeline_batch` (the batch of one replica, kept at every width) and returns
+    per_pipeline_batch x dp as the global batch. Raises ConfigError otherwise.
+    """
+    if dp < 1:
+        raise ConfigError(f"data-parallel width {dp} is not allowed: an integer >= 1")
+    if batch_policy == "fixed_global":
+        if global_batch is None or global_batch < 1:
+            raise ConfigError(f"batch policy fixed_global needs a global batch >= 1, got {global_batch}")
+        if global_batch % dp:
+            raise ConfigError(f"train.global_batch_size={global_batch} is not allowed: a multiple of the "
+                              f"data-parallel width {dp}")
+        return global_batch // dp, global_batch
+    if batch_policy == "fixed_per_pipeline":
+        if per_pipeline_batch is None or per_pipeline_batch < 1:
+            raise ConfigError(f"batch policy fixed_per_pipeline needs a per-pipeline batch >= 1, "
+                              f"got {per_pipeline_batch}")
+        return per_pipeline_batch, per_pipeline_batch * dp
+    raise ConfigError(f"batch policy {batch_policy!r} is not allowed: one of {', '.join(BATCH_POLICIES)}")
+
+
+def _layout(method: str, pp: int, stages_per_rank: int, param_costs: Sequence[float], frozen_units: int,
+            partition_kwargs: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    bounds = partition(method, pp * stages_per_rank, num_units=len(param_costs), param_costs=param_costs,
+                       frozen_units=frozen_units, **partition_kwargs)
+    return tuple(tuple(b) for b in bounds)  # type: ignore[misc]
+
+
+def starting_max(param_costs: Sequence[float], pp: int, stages_per_rank: int = 1,
+                 partition_method: str = "pipetransformer", **partition_kwargs: Any) -> float:
+    """The paper's M0: the largest stage's parameter cost in the starting layout (nothing frozen,
+    pp x stages_per_rank stages placed by `partition_method`). `partition_kwargs` (time_costs, activation,
+    bandwidth, stages) go to `partition` for the methods that need them."""
+    bounds = _layout(partition_method, pp, stages_per_rank, param_costs, 0, partition_kwargs)
+    return max(stage_sums(bounds, [float(c) for c in param_costs]))
+
+
+def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *, world_size: int,
+              start_max: float, global_batch: Optional[int] = None, batch_policy: str = "fixed_global",
+              per_pipeline_batch: Optional[int] = None, partition_method: str = "pipetransformer",
+              compress: bool = True, table: Optional[Mapping[Any, int]] = None,
+              **partition_kwargs: Any) -> Plan:
+    """The layout after the frozen prefix grew to `frozen_units` units.
+
+    With `compress` (AutoPipe on), K starts at `current.pp` and halves while it is even and the layout
+    at K/2 (same stages_per_rank, frozen prefix charged `FROZEN_COST`) has no stage above `start_max`
+    and the batch can still be split at the doubled DP width (a K whose batch does not divide stops the
+    halving). Without `compress`, K stays and only the boundaries move. Then DP = world_size / K.
+
+    The batch: `fixed_global` splits `global_batch` over the DP replicas; `fixed_per_pipeline` gives every
+    replica `per_pipeline_batch` (the global batch grows with DP; see `batch_sizes`). M is re-picked with
+    `pick_microbatches` when K or DP changed, or when the current M no longer fits; otherwise the current M
+    (perhaps the user's own choice) is kept. The schedule and stages_per_rank carry over. `world_size` may
+    differ from the current plan's (an elastic restart) but must be a multiple of `current.pp`.
+    `partition_kwargs` go to `partition`. Returns a checked Plan; raises ConfigError when no valid layout
+    exists.
+    """
+    n = current.num_units
+    if len(param_costs) != n:
+        raise ConfigError(f"{len(param_costs)} parameter costs for a model of {n} units")
+    if not 0 <= frozen_units < n:
+        raise ConfigError(f"frozen units {frozen_units} must leave the head trainable (0 <= f < {n})")
+    if world_size < 1 or world_size % current.pp:
+        raise ConfigError(f"pipe.length={current.pp} is not allowed: a divisor of the world size {world_size}")
+    spr, schedule = current.stages_per_rank, current.schedule
+    batch = dict(batch_policy=batch_policy, global_batch=global_batch, per_pipeline_batch=per_pipeline_batch)
+    costs = weighted_costs(param_costs, frozen_units)
+    limit = start_max * (1 + _TOL)
+
+    pp, bounds = current.pp, None
+    while compress and pp > 1 and pp % 2 == 0:
+        half = pp // 2
+        trial = _layout(partition_method, half, spr, param_costs, frozen_units, partition_kwargs)
+        if max(stage_sums(trial, costs)) > limit:
+            break
+        try:  # a length whose batch cannot be split is no option (a longer one will not split either)
+            per_replica, _ = batch_sizes(world_size // half, **batch)
+            pick_microbatches(half, per_replica, schedule, table, stages_per_rank=spr)
+        except ConfigError:
+            break
+        pp, bounds = half, trial
+    if bounds is None:
+        bounds = _layout(partition_method, pp, spr, param_costs, frozen_units, partition_kwargs)
+
+    dp = world_size // pp
+    per_replica, _ = batch_sizes(dp, **batch)
+    m = current.microbatches
+    if (pp, dp) != (current.pp, current.dp) or per_replica % m or not _schedule_accepts(schedule, pp, spr, m):
+        m = pick_microbatches(pp, per_replica, schedule, table, stages_per_rank=spr)
+    return Plan(num_units=n, frozen_units=frozen_units, pp=pp, dp=dp, stage_bounds=bounds, microbatches=m,
+                schedule=schedule, stages_per_rank=spr).check()
+
+
+__all__ = ["BATCH_POLICIES", "PAPER_MICROBATCHES", "batch_sizes", "min_microbatches", "next_plan",
+           "pick_microbatches", "starting_max"]

@@ -1,0 +1,338 @@
+"""Freeze policies: how many leading transformer blocks to freeze at each epoch boundary.
+
+Freezing is always a prefix of whole blocks. With F frozen blocks the frozen units are the embedding and
+blocks 0..F-1 (`frozen_units_for_blocks`); the final norm and task head always train, so F = L (every block
+frozen) still leaves the head trainable.
+
+When a policy decides
+---------------------
+The runtime calls `policy.decide(epoch, frozen_blocks, grad_norms)` at every epoch boundary, just before
+epoch `epoch` (0-based) starts, with `grad_norms` accumulated over the epoch that just finished (`epoch - 1`).
+The return value is the frozen block count for epoch `epoch`. A policy only changes the count on *decision
+epochs*: `epoch > start` and `(epoch - start) % every_epochs == 0`. The freeze step of a decision epoch is
+`T = (epoch - start) // every_epochs`, so with the defaults (start = 0, every_epochs = 1) T equals the epoch
+and the paper's sequence for L = 12, alpha = 1/3 is 0, 4, 7, 9, 10, 11, 11, 12 over epochs 0..7. Epoch 0
+never decides (there is no finished epoch to judge). Calling `decide` on the other epochs is still required
+by `autofreeze`, which compares consecutive epochs' gradient norms.
+
+Whatever a policy proposes, `decide` returns a value that is never below the current count (a frozen block
+never thaws: its optimizer state is gone and the cache depends on it) and never above the cap
+`floor(max_fraction * L)`; if the current count is already above the cap (a resumed run with a smaller
+`max_fraction`) it is kept.
+
+`grad_norms` is a list of L per-block gradient norms summed over the finished epoch's steps (all stages and
+replicas), or None when they were not collected. Entries of frozen blocks are ignored.
+
+Policies (`make_policy(name, ...)`): `none`, `alpha` (the paper's closed form), `pipetransformer` (the
+paper's full rule with the gradient-norm term the released code never ran), `autofreeze` (AutoFreeze's
+median rule on the relative change of gradient norms) and `linear` (a baseline ramp). Their state
+round-trips through `state_dict()` / `load_state_dict()` as JSON-able dicts, so a checkpoint resumes the
+same decisions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, ClassVar, Optional, Sequence
+
+from ptrun.config import ConfigError
+
+EPS = 1e-9
+"""Tolerance for rounding real-valued block counts: 12 * (1 - 2/3) and 10 * 0.3 evaluate to 4.0 and
+3.0000000000000004, and a bare ceil would freeze one block too many (floor, for the cap, one too few)."""
+
+
+def ceil_tol(x: float) -> int:
+    """ceil(x), treating values within EPS above an integer as that integer (3.0000000000000004 -> 3)."""
+    return math.ceil(x - EPS)
+
+
+def floor_tol(x: float) -> int:
+    """floor(x), treating values within EPS below an integer as that integer (28.999999999999996 -> 29)."""
+    return math.floor(x + EPS)
+
+
+def frozen_units_for_blocks(frozen_blocks: int) -> int:
+    """Length of the frozen unit prefix for F frozen blocks: 0 if F == 0, else 1 + 2F (the embedding,
+    then each block's attention and MLP halves). The embedding freezes together with the first block:
+    below the first block nothing else feeds it, and freezing it alone would save almost nothing."""
+    if frozen_blocks < 0:
+        raise ValueError(f"frozen block count {frozen_blocks} must be >= 0")
+    return 0 if frozen_blocks == 0 else 1 + 2 * frozen_blocks
+
+
+def blocks_of_units(frozen_units: int) -> int:
+    """The number of whole blocks inside a frozen unit prefix (the inverse of `frozen_units_for_blocks`
+    on its values; a prefix that ends inside a block, or holds only the embedding, counts the whole
+    blocks only: 1 -> 0, 2 -> 0, 3 -> 1, 4 -> 1)."""
+    if frozen_units < 0:
+        raise ValueError(f"frozen unit count {frozen_units} must be >= 0")
+    return 0 if frozen_units <= 1 else (frozen_units - 1) // 2
+
+
+def num_units_for_blocks(num_blocks: int) -> int:
+    """Units of a model with L blocks: embedding + 2L halves + head = 2L + 2."""
+    return 2 * num_blocks + 2
+
+
+class FreezePolicy:
+    """Base of all policies: the decision-epoch gate, the clamp to [current, cap] and the state protocol.
+
+    Subclasses implement `_propose` (the raw proposal on a decision epoch) and, when they keep state,
+    `_observe`, `_state` and `_load`.
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, num_blocks: int, *, every_epochs: int = 1, max_fraction: float = 1.0, start: int = 0):
+        if num_blocks < 1:
+            raise ConfigError(f"freeze: the model has {num_blocks} blocks; a policy needs at least 1")
+        if every_epochs < 1:
+            raise ConfigError(f"freeze every_epochs={every_epochs} is not allowed: an integer >= 1")
+        if not 0.0 <= max_fraction <= 1.0:
+            raise ConfigError(f"freeze max_fraction={max_fraction} is not allowed: 0 <= f <= 1")
+        if start < 0:
+            raise ConfigError(f"freeze start={start} is not allowed: an epoch >= 0")
+        self.num_blocks = num_blocks
+        self.every_epochs = every_epochs
+        self.max_fraction = max_fraction
+        self.start = start
+
+    @property
+    def cap(self) -> int:
+        """The most blocks this policy will ever freeze: floor(max_fraction * L)."""
+        return floor_tol(self.max_fraction * self.num_blocks)
+
+    def is_decision_epoch(self, epoch: int) -> bool:
+        """True when the count may change before `epoch`: epoch > start and (epoch - start) % every == 0."""
+        return epoch > self.start and (epoch - self.start) % self.every_epochs == 0
+
+    def freeze_step(self, epoch: int) -> int:
+        """The paper's freeze step T in force at `epoch`: (epoch - start) // every_epochs, 0 up to start."""
+        return max(0, epoch - self.start) // self.every_epochs
+
+    def decide(self, epoch: int, frozen_blocks: int, grad_norms: Optional[Sequence[float]] = None) -> int:
+        """The frozen block count for epoch `epoch`, given the current count and the finished epoch's
+        per-block gradient norms (or None). Call it at every epoch boundary; see the module docstring."""
+        if epoch < 0:
+            raise ValueError(f"epoch {epoch} must be >= 0")
+        if not 0 <= frozen_blocks <= self.num_blocks:
+            raise ValueError(f"frozen block count {frozen_blocks} must be in 0..{self.num_blocks}")
+        if grad_norms is not None:
+            if len(grad_norms) != self.num_blocks:
+                raise ValueError(f"grad_norms has {len(grad_norms)} entries for {self.num_blocks} blocks")
+            grad_norms = [float(g) for g in grad_norms]
+            if any(g < 0 for g in grad_norms):
+                raise ValueError(f"gradient norms must be >= 0, got {grad_norms}")
+        proposal = frozen_blocks
+        if self.is_decision_epoch(epoch) and frozen_blocks < self.num_blocks:
+            proposal = self._propose(epoch, frozen_blocks, grad_norms)
+        self._observe(epoch, grad_norms)
+        return max(frozen_blocks, min(proposal, self.cap))
+
+    def _propose(self, epoch: int, frozen_blocks: int, grad_norms: Optional[list[float]]) -> int:
+        raise NotImplementedError
+
+    def _observe(self, epoch: int, grad_norms: Optional[list[float]]) -> None:
+        """Record what later decisions need (called on every `decide`, after the proposal)."""
+
+    def _state(self) -> dict[str, Any]:
+        return {}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the policy name, L (both checked on load) and the policy's own state."""
+        return {"policy": self.name, "num_blocks": self.num_blocks, **self._state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` output; refuses a state written by another policy or for another depth,
+        whose gradient history would not mean the same thing."""
+        if state.get("policy") != self.name or state.get("num_blocks") != self.num_blocks:
+            raise ValueError(f"freeze state for policy {state.get('policy')!r} with {state.get('num_blocks')} "
+                             f"blocks cannot load into {self.name!r} with {self.num_blocks} blocks")
+        self._load(state)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_blocks={self.num_blocks}, every_epochs={self.every_epochs}, "
+                f"max_fraction={self.max_fraction}, start={self.start})")
+
+
+class NoFreeze(FreezePolicy):
+    """`none`: never freezes (and, like every policy, never thaws what is already frozen)."""
+
+    name = "none"
+
+    def _propose(self, epoch, frozen_blocks, grad_norms):
+        return frozen_blocks
+
+
+def _check_alpha(alpha: float) -> float:
+    if not 0.0 < alpha < 1.0:
+        raise ConfigError(f"freeze alpha={alpha} is not allowed: 0 < alpha < 1")
+    return float(alpha)
+
+
+class AlphaFreeze(FreezePolicy):
+    """`alpha`: the paper's closed form F_T = ceil(L * (1 - (1 - alpha)^T)), the first term of the rule
+    alone (what the released code ran). It depends only on T, so it needs no state and resumes exactly."""
+
+    name = "alpha"
+
+    def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
+        super().__init__(num_blocks, **kw)
+        self.alpha = _check_alpha(alpha)
+
+    def target(self, step: int) -> int:
+        """F_T for freeze step T (before the clamp)."""
+        return ceil_tol(self.num_blocks * (1.0 - (1.0 - self.alpha) ** step))
+
+    def _propose(self, epoch, frozen_blocks, grad_norms):
+        return self.target(self.freeze_step(epoch))
+
+
+class PipeTransformerFreeze(FreezePolicy):
+    """`pipetransformer`: the paper's full rule
+    F_T = min(ceil(F_{T-1} + alpha * (L - F_{T-1})), argmin_{l >= F_{T-1}} ||g_l|| + 1).
+
+    Choices where the paper is loose:
+    - The first term is applied to the actual current count (the recursion), rounded up with `ceil_tol`.
+      Rounding up guarantees at least one block of progress per decision while blocks remain; rounding
+      down would stall once alpha * (L - F) < 1. Because the rounding compounds, without gradients the
+      sequence is 0, 4, 7, 9, 10, 11, 12 for L = 12, alpha = 1/3 (the closed form reaches 12 one step later).
+    - Blocks are 0-based and `l` ranges over the active blocks F_{T-1}..L-1. "Freeze up to the argmin
+      layer" freezes that layer too: F = l + 1. The layer with the smallest gradient is the one the rule
+      deems converged; reading it as F = l would leave that very layer training, and when the first active
+      block has the smallest norm (common in fine-tuning, where lower layers move least) the rule would
+      make no progress at all, step after step. Ties go to the lowest block.
+    - Non-finite norms (an overflowed epoch) never win the argmin; if no active norm is finite, or
+      `grad_norms` is None, only the first term applies.
+    """
+
+    name = "pipetransformer"
+
+    def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
+        super().__init__(num_blocks, **kw)
+        self.alpha = _check_alpha(alpha)
+
+    def bound(self, frozen_blocks: int) -> int:
+        """The first term: the current count plus a fraction alpha of the active blocks, rounded up."""
+        return ceil_tol(frozen_blocks + self.alpha * (self.num_blocks - frozen_blocks))
+
+    def _propose(self, epoch, frozen_blocks, grad_norms):
+        bound = self.bound(frozen_blocks)
+        if grad_norms is None:
+            return bound
+        finite = [l for l in range(frozen_blocks, self.num_blocks) if math.isfinite(grad_norms[l])]
+        if not finite:
+            return bound
+        argmin = min(finite, key=lambda l: (grad_norms[l], l))
+        return min(bound, argmin + 1)
+
+
+class AutoFreeze(FreezePolicy):
+    """`autofreeze` (AutoFreeze, Liu et al. 2021): per active block, the relative change of its gradient
+    norm between consecutive epochs, |n_t - n_{t-1}| / n_{t-1}; freeze every block before the first active
+    block whose change is at or above the median change over the active blocks (that block keeps
+    training). Slowly changing blocks at the bottom are the converged ones.
+
+    It needs the previous epoch's norms, so the first decision (and any decision after an epoch whose norms
+    were not collected) freezes nothing. `decide` must be called every epoch so consecutive epochs are
+    compared even with every_epochs > 1. A previous norm of 0 gives an infinite change (unless the new one
+    is 0 too), as does a non-finite norm. The median is `statistics.median` (the mean of the middle pair
+    for an even count). Norms summed over steps scale with the number of steps, so the caller should keep
+    the steps per epoch fixed (or normalise) across layout changes.
+    """
+
+    name = "autofreeze"
+
+    def __init__(self, num_blocks: int, **kw: Any):
+        super().__init__(num_blocks, **kw)
+        self.prev_norms: Optional[list[float]] = None
+        self.prev_epoch: Optional[int] = None
+        """The epoch `prev_norms` were accumulated over."""
+
+    @staticmethod
+    def relative_change(new: float, old: float) -> float:
+        """|new - old| / old, with 0/0 = 0 and x/0 = inf (a block that just started moving is not converged)."""
+        if not (math.isfinite(new) and math.isfinite(old)):
+            return math.inf
+        if old == 0.0:
+            return 0.0 if new == 0.0 else math.inf
+        return abs(new - old) / old
+
+    def _propose(self, epoch, frozen_blocks, grad_norms):
+        # The norms passed at `epoch` come from epoch - 1; the stored ones must come from epoch - 2.
+        if grad_norms is None or self.prev_norms is None or self.prev_epoch != epoch - 2:
+            return frozen_blocks
+        active = range(frozen_blocks, self.num_blocks)
+        change = {l: self.relative_change(grad_norms[l], self.prev_norms[l]) for l in active}
+        median = statistics.median(change.values())
+        # The largest change is >= the median, so a threshold block always exists.
+        return next(l for l in active if change[l] >= median)
+
+    def _observe(self, epoch, grad_norms):
+        if grad_norms is None:
+            self.prev_norms, self.prev_epoch = None, None
+        else:
+            self.prev_norms, self.prev_epoch = list(grad_norms), epoch - 1
+
+    def _state(self):
+        # JSON has no inf/nan literals: store non-finite norms as strings ("inf", "nan").
+        norms = None if self.prev_norms is None else [g if math.isfinite(g) else str(g) for g in self.prev_norms]
+        return {"prev_norms": norms, "prev_epoch": self.prev_epoch}
+
+    def _load(self, state):
+        norms = state.get("prev_norms")
+        self.prev_norms = None if norms is None else [float(g) for g in norms]
+        self.prev_epoch = state.get("prev_epoch")
+
+
+class LinearFreeze(FreezePolicy):
+    """`linear`: a baseline ramp. The frozen fraction rises linearly from 0 at epoch `start` to
+    `max_fraction` at the last epoch (`total_epochs - 1`): F(e) = floor(max_fraction * L * (e - start) /
+    (total_epochs - 1 - start)). Evaluated on decision epochs only, so with every_epochs > 1 the count
+    holds between them. If the ramp has no length (start >= total_epochs - 1) it never freezes."""
+
+    name = "linear"
+
+    def __init__(self, num_blocks: int, *, total_epochs: Optional[int] = None, **kw: Any):
+        super().__init__(num_blocks, **kw)
+        if total_epochs is None or total_epochs < 1:
+            raise ConfigError(f"freeze policy linear needs total_epochs >= 1, got {total_epochs}")
+        self.total_epochs = total_epochs
+
+    def target(self, epoch: int) -> int:
+        """F(epoch) on the ramp (before the clamp)."""
+        span = self.total_epochs - 1 - self.start
+        if span <= 0:
+            return 0
+        fraction = self.max_fraction * min(1.0, max(0.0, (epoch - self.start) / span))
+        return floor_tol(fraction * self.num_blocks)
+
+    def _propose(self, epoch, frozen_blocks, grad_norms):
+        return self.target(epoch)
+
+
+POLICIES: dict[str, type[FreezePolicy]] = {
+    cls.name: cls for cls in (NoFreeze, AlphaFreeze, PipeTransformerFreeze, AutoFreeze, LinearFreeze)
+}
+"""Policy classes by name."""
+
+
+def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every_epochs: int = 1,
+                max_fraction: float = 1.0, start: int = 0, total_epochs: Optional[int] = None) -> FreezePolicy:
+    """Build the policy called `name` for a model of `num_blocks` blocks. `alpha` is used by `alpha` and
+    `pipetransformer`, `total_epochs` (required) by `linear`; the others ignore what they do not use.
+    Raises ConfigError for an unknown name or an out-of-range parameter."""
+    if name not in POLICIES:
+        raise ConfigError(f"freeze policy {name!r} is not allowed: one of {', '.join(POLICIES)}")
+    common: dict[str, Any] = dict(every_epochs=every_epochs, max_fraction=max_fraction, start=start)
+    cls = POLICIES[name]
+    if cls in (AlphaFreeze, PipeTransformerFreeze):
+        return cls(num_blocks, alpha=alpha, **common)
+    if cls is LinearFreeze:
+        return cls(num_blocks, total_epochs=total_epochs, **common)
+    return cls(num_blocks, **common)

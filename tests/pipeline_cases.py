@@ -1,0 +1,148 @@
+"""Pipeline equivalence cases run inside real worker processes (imported by name by the spawned workers).
+
+Each case trains two optimizer steps of a tiny model under one layout (schedule, K, DP, stages per rank,
+recompute) through ptrun's PipelineRuntime, and writes what each rank holds: its parameters, the global
+loss and the pre-clip gradient norm of every step. The test compares them with a plain single-process
+reference on the same global batches.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ptrun.config import ModelConfig, OptimConfig
+from ptrun.models import build_model
+from ptrun.parallel.groups import build_groups
+from ptrun.parallel.pipeline import PipelineRuntime
+from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.train.losses import WeightedLoss, loss_weight, make_target
+from ptrun.train.optim import build_optimizer
+
+GLOBAL_BATCH = 16
+STEPS = 2
+CLIP = 0.25  # below every reference step's gradient norm (0.31 .. 3.1), so the global-norm clip is exercised
+OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, schedule="constant", warmup_fraction=0.0)
+SEQ, VOCAB = 12, 100
+MODELS = {
+    "vit": dict(name="vit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=3, embed_dim=32, depth=4,
+                num_heads=2, dropout=0.0, drop_path=0.0),
+    "bert": dict(name="bert-tiny", embed_dim=32, depth=4, num_heads=2, vocab_size=VOCAB,
+                 max_position_embeddings=32, dropout=0.0),
+    "bert_mlm": dict(name="bert-tiny", task="mlm", embed_dim=32, depth=4, num_heads=2, vocab_size=VOCAB,
+                     max_position_embeddings=32, dropout=0.0),
+}
+NUM_CLASSES = {"vit": 10, "bert": 3, "bert_mlm": 2}
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    schedule: str
+    pp: int
+    dp: int
+    stages_per_rank: int = 1
+    microbatches: int = 0  # 0 = 2K, which every schedule accepts
+    recompute: str = "none"
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.schedule}-K{self.pp}-DP{self.dp}-v{self.stages_per_rank}-{self.recompute}"
+
+    @property
+    def m(self) -> int:
+        return self.microbatches or 2 * self.pp
+
+
+def model(kind: str):
+    torch.manual_seed(0)  # every process builds the same initial weights
+    return build_model(ModelConfig(**MODELS[kind]), num_classes=NUM_CLASSES[kind], vocab_size=VOCAB)
+
+
+def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
+    """The global batch of `step`: seeded by (kind, step); step 1 ends with 3 padding samples (weight 0)."""
+    g = torch.Generator().manual_seed(1000 + 7 * step + len(kind))
+    b = GLOBAL_BATCH
+    weight = torch.ones(b)
+    if step == 1:
+        weight[-3:] = 0
+    if kind == "vit":
+        return {"pixel_values": torch.randn(b, 3, 16, 16, generator=g),
+                "labels": torch.randint(0, 10, (b,), generator=g), "weight": weight}
+    ids = torch.randint(1, VOCAB, (b, SEQ), generator=g)
+    lengths = torch.randint(4, SEQ + 1, (b,), generator=g)
+    mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+    types = (torch.arange(SEQ)[None, :] >= lengths[:, None] // 2).long() * mask
+    out = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types, "weight": weight}
+    if kind == "bert":
+        out["labels"] = torch.randint(0, 3, (b,), generator=g)
+    else:
+        chosen = (torch.rand(b, SEQ, generator=g) < 0.3) & mask.bool()
+        chosen[:, 0] = True  # every sample predicts at least one token
+        out["labels"] = torch.where(chosen, torch.randint(1, VOCAB, (b, SEQ), generator=g), -100)
+    return out
+
+
+def task(kind: str) -> str:
+    return "mlm" if kind == "bert_mlm" else "classification"
+
+
+def run_case(case: Case, rank: int, out_dir: Path) -> None:
+    layered = model(case.kind)
+    n = len(layered.units)
+    plan = Plan(num_units=n, frozen_units=0, pp=case.pp, dp=case.dp,
+                stage_bounds=even_bounds(n, case.pp * case.stages_per_rank), microbatches=case.m,
+                schedule=case.schedule, stages_per_rank=case.stages_per_rank).check()
+    groups = build_groups(plan, rank, layered.tied)
+    loss = WeightedLoss(task(case.kind))
+    runtime = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss, recompute=case.recompute)
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], OPTIM)
+    replica, _ = plan.coords(rank)
+    per_replica = GLOBAL_BATCH // plan.dp
+    rows = slice(replica * per_replica, (replica + 1) * per_replica)
+    losses, norms = [], []
+    for step in range(STEPS):
+        full = batch(case.kind, step)
+        loss.denominator = float(loss_weight(make_target(full, loss.task), loss.task))
+        local = {k: v[rows] for k, v in full.items()}
+        inputs = tuple(local[k] for k in layered.input_names)
+        share = runtime.forward_backward(inputs, make_target(local, loss.task)).double()
+        norms.append(runtime.sync_and_clip(CLIP).item())
+        optimizer.step()
+        runtime.zero_grad()
+        dist.all_reduce(share)
+        losses.append(share.item())
+    held = {name for u in runtime.unit_indices
+            for name in layered.unit_param_names(u) + layered.unit_shared_param_names(u)}
+    params = dict(layered.model.named_parameters())
+    torch.save({"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms},
+               out_dir / f"{case.name}.rank{rank}.pt")
+    groups.destroy()
+
+
+def worker(cases: list[dict], out_dir: str) -> None:
+    """Entry point of one spawned worker: run every case in order in the same process group."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    try:
+        for c in cases:
+            run_case(Case(**c), dist.get_rank(), Path(out_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
+    """Run `cases` on `nproc` real processes started by torch.distributed.elastic on localhost."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"cases-{os.getpid()}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.2)
+    elastic_launch(config, worker)([asdict(c) for c in cases], str(out_dir))

@@ -1,0 +1,200 @@
+"""Freeze policies: the paper's closed form and full rule, AutoFreeze's median rule, the linear baseline,
+the decision-epoch gate, the clamp to [current, cap], state round trips and the unit helpers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ptrun.auto.freeze import (
+    POLICIES,
+    blocks_of_units,
+    ceil_tol,
+    floor_tol,
+    frozen_units_for_blocks,
+    make_policy,
+    num_units_for_blocks,
+)
+from ptrun.config import ConfigError
+
+PAPER = [0, 4, 7, 9, 10, 11, 11, 12]
+"""SPEC section 1: L = 12, alpha = 1/3 over epochs 0..7."""
+
+
+def run(policy, epochs, norms=None, start_blocks=0):
+    """Call decide at every epoch boundary like the runtime does; the count in force at each epoch."""
+    out, f = [], start_blocks
+    for e in range(epochs):
+        f = policy.decide(e, f, None if norms is None else norms[e])
+        out.append(f)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ alpha
+
+def test_closed_form_paper_sequence():
+    p = make_policy("alpha", 12, alpha=1 / 3)
+    assert [p.target(t) for t in range(8)] == PAPER
+    assert run(p, 8) == PAPER
+
+
+def test_closed_form_rounding_guard():
+    # 10 * (1 - 0.7) evaluates to 3.0000000000000004: a bare ceil would freeze 4 blocks.
+    assert math.ceil(10 * (1 - (1 - 0.3) ** 1)) == 4
+    assert make_policy("alpha", 10, alpha=0.3).target(1) == 3
+    assert ceil_tol(4.0000000001) == 4
+    assert ceil_tol(4.01) == 5
+    assert floor_tol(28.999999999999996) == 29
+    # 0.29 * 100 evaluates to 28.999999999999996: the cap must still be 29.
+    assert make_policy("alpha", 100, max_fraction=0.29).cap == 29
+
+
+def test_monotone_and_capped_by_max_fraction():
+    p = make_policy("alpha", 12, max_fraction=0.5)
+    assert p.cap == 6
+    assert run(p, 8) == [0, 4, 6, 6, 6, 6, 6, 6]
+    # never below the current count (closed form at T = 1 is 4)
+    assert make_policy("alpha", 12).decide(1, 9, None) == 9
+    # a count already above the cap (a resumed run with a smaller max_fraction) is kept, not thawed
+    assert p.decide(3, 8, None) == 8
+
+
+def test_every_epochs_and_start():
+    assert run(make_policy("alpha", 12, every_epochs=2), 8) == [0, 0, 4, 4, 7, 7, 9, 9]
+    assert run(make_policy("alpha", 12, every_epochs=2, start=1), 8) == [0, 0, 0, 4, 4, 7, 7, 9]
+    p = make_policy("alpha", 12, every_epochs=3, start=2)
+    assert [e for e in range(12) if p.is_decision_epoch(e)] == [5, 8, 11]
+    assert [p.freeze_step(e) for e in (5, 8, 11)] == [1, 2, 3]
+
+
+def test_epoch_zero_never_decides():
+    p = make_policy("alpha", 12, alpha=0.9)
+    assert not p.is_decision_epoch(0)
+    assert p.decide(0, 0, None) == 0
+
+
+# ------------------------------------------------------------------------------------- pipetransformer
+
+def test_full_rule_without_gradients_is_the_rounded_recursion():
+    # ceil(F + alpha (L - F)) on the actual count: one step ahead of the closed form at T = 6.
+    assert run(make_policy("pipetransformer", 12), 8) == [0, 4, 7, 9, 10, 11, 12, 12]
+
+
+def test_full_rule_stops_at_smallest_gradient_layer():
+    p = make_policy("pipetransformer", 12)
+    norms = [5.0, 0.5, 3.0, 4.0, 6.0, 7.0, 8.0, 9.0, 9.5, 10.0, 11.0, 12.0]
+    # argmin is block 1, below the alpha bound 4: freeze blocks 0 and 1
+    assert p.decide(1, 0, norms) == 2
+    # argmin above the bound: the bound wins
+    high = [5.0, 4.0, 3.0, 4.0, 6.0, 7.0, 8.0, 9.0, 9.5, 0.1, 11.0, 12.0]
+    assert p.decide(1, 0, high) == 4
+
+
+def test_full_rule_progresses_when_argmin_is_the_boundary():
+    p = make_policy("pipetransformer", 12)
+    # 3 frozen (their norms are 0 and ignored); the first active block 3 has the smallest norm
+    norms = [0.0, 0.0, 0.0, 0.2, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert p.decide(1, 3, norms) == 4
+    norms[4] = 0.1  # now block 4: freeze through it
+    assert p.decide(1, 3, norms) == 5
+    # ties go to the lowest block
+    assert p.decide(1, 3, [0.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.5] + [2.0] * 5) == 6
+    # a non-finite norm never wins the argmin
+    assert p.decide(1, 3, [0.0, 0.0, 0.0, math.nan, 3.0, 0.7, 2.0] + [2.0] * 5) == 6
+    # bound = ceil(3 + 9/3) = 6 caps a late argmin
+    assert p.decide(1, 3, [0.0] * 3 + [9.0] * 8 + [0.1]) == 6
+
+
+def test_grad_norms_length_checked():
+    with pytest.raises(ValueError):
+        make_policy("pipetransformer", 12).decide(1, 0, [1.0] * 11)
+
+
+# ------------------------------------------------------------------------------------------ autofreeze
+
+def test_autofreeze_median_rule():
+    p = make_policy("autofreeze", 6)
+    e0 = [10.0] * 6
+    e1 = [9.0, 9.5, 8.0, 5.0, 6.0, 4.0]  # changes 0.1 0.05 0.2 0.5 0.4 0.6 -> median 0.3 -> block 3
+    e2 = [0.0, 0.0, 0.0, 4.9, 3.0, 3.9]  # active 3..5: 0.02 0.5 0.025 -> median 0.025 -> block 4
+    assert p.decide(1, 0, e0) == 0  # first decision: nothing to compare with
+    assert p.decide(2, 0, e1) == 3
+    assert p.decide(3, 3, e2) == 4
+
+
+def test_autofreeze_needs_consecutive_epochs():
+    p = make_policy("autofreeze", 6)
+    assert p.decide(1, 0, [10.0] * 6) == 0
+    assert p.decide(2, 0, None) == 0  # not collected: the chain breaks
+    assert p.decide(3, 0, [9.0, 9.5, 8.0, 5.0, 6.0, 4.0]) == 0
+    # epoch 3's norms (from epoch 2) were recorded: epoch 4 compares epochs 3 and 2
+    assert p.decide(4, 0, [8.91, 14.25, 12.0, 7.5, 9.0, 6.0]) == 1  # 0.01 then 0.5 x 5: median 0.5 -> block 1
+    # a skipped boundary (no call at epoch 5): epoch 6's norms (epoch 5) are not compared with epoch 3's
+    # (against them block 1 would change 0.01 and blocks 2..5 0.5: the rule would answer 2)
+    assert p.decide(6, 1, [8.91, 14.3925, 18.0, 11.25, 13.5, 9.0]) == 1
+    assert p.decide(7, 1, [8.91, 14.3925, 18.0, 16.875, 27.0, 27.0]) == 3  # 0 0 0.5 1 2 -> block 3
+
+
+def test_autofreeze_observes_between_decisions():
+    # every_epochs = 2: epoch 3 is no decision but its norms are recorded, so epoch 4 compares 3 and 2.
+    p = make_policy("autofreeze", 4, every_epochs=2)
+    assert p.decide(1, 0, [1.0, 1.0, 1.0, 1.0]) == 0
+    assert p.decide(2, 0, [1.0, 1.0, 1.0, 1.0]) == 0  # all changes 0: the first block is the threshold
+    assert p.decide(3, 0, [4.0, 4.0, 4.0, 4.0]) == 0  # not a decision epoch
+    assert p.decide(4, 0, [4.0, 4.2, 6.0, 8.0]) == 2  # 0 0.05 0.5 1 -> median 0.275 -> block 2
+
+
+# --------------------------------------------------------------------------------------- linear, none
+
+def test_linear_ramp():
+    assert run(make_policy("linear", 12, total_epochs=7, max_fraction=0.5), 7) == [0, 1, 2, 3, 4, 5, 6]
+    assert run(make_policy("linear", 12, total_epochs=10, start=2), 10) == [0, 0, 0, 1, 3, 5, 6, 8, 10, 12]
+    # no ramp length: never freezes
+    assert run(make_policy("linear", 12, total_epochs=3, start=2), 3) == [0, 0, 0]
+    with pytest.raises(ConfigError):
+        make_policy("linear", 12)
+
+
+def test_none_never_freezes():
+    p = make_policy("none", 12)
+    assert run(p, 6, norms=[[0.1] * 12] * 6) == [0] * 6
+    assert p.decide(3, 5, None) == 5  # and never thaws
+
+
+# ---------------------------------------------------------------------------------------- state, misc
+
+def test_state_round_trip_through_json():
+    a = make_policy("autofreeze", 6)
+    a.decide(1, 0, [10.0, 10.0, 10.0, 10.0, 10.0, math.inf])
+    state = json.loads(json.dumps(a.state_dict()))
+    assert state == {"policy": "autofreeze", "num_blocks": 6, "prev_norms": [10.0] * 5 + ["inf"], "prev_epoch": 0}
+    b = make_policy("autofreeze", 6)
+    b.load_state_dict(state)
+    assert b.prev_norms == a.prev_norms and b.prev_epoch == 0
+    e1 = [9.0, 9.5, 8.0, 5.0, 6.0, 4.0]
+    assert b.decide(2, 0, e1) == a.decide(2, 0, e1) == 3
+    assert make_policy("alpha", 12).state_dict() == {"policy": "alpha", "num_blocks": 12}
+    with pytest.raises(ValueError):
+        make_policy("alpha", 12).load_state_dict(state)
+    with pytest.raises(ValueError):
+        make_policy("autofreeze", 7).load_state_dict(state)
+
+
+def test_make_policy_rejects_bad_parameters():
+    assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer"]
+    for bad in (dict(name="fast"), dict(name="alpha", alpha=0.0), dict(name="alpha", alpha=1.0),
+                dict(name="alpha", every_epochs=0), dict(name="alpha", max_fraction=1.5),
+                dict(name="alpha", start=-1)):
+        with pytest.raises(ConfigError):
+            make_policy(num_blocks=12, **bad)
+
+
+def test_unit_helpers():
+    assert [frozen_units_for_blocks(f) for f in (0, 1, 4, 12)] == [0, 3, 9, 25]
+    assert [blocks_of_units(u) for u in (0, 1, 2, 3, 4, 9, 25)] == [0, 0, 0, 1, 1, 4, 12]
+    assert num_units_for_blocks(12) == 26
+    # every block frozen still leaves the head (the last unit) training
+    assert frozen_units_for_blocks(12) == num_units_for_blocks(12) - 1
+    assert all(blocks_of_units(frozen_units_for_blocks(f)) == f for f in range(30))
