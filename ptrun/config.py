@@ -142,6 +142,47 @@ class PipeConfig:
 
 
 @dataclass
+class FreezeConfig:
+    policy: str = "pipetransformer"
+    """Which bottom blocks to freeze at each epoch boundary: `pipetransformer` (the paper's rule: the smaller
+    of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha`
+    (the closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms,
+    up to the first block at or above the median), `linear` (frozen fraction rising linearly after
+    `start`), `schedule` (the frozen block count per epoch from `blocks`) or `none`."""
+    alpha: float = 0.3333333333333333
+    """Freeze rate: a freeze step freezes at most this fraction of the still-active blocks (paper: 1/3)."""
+    every_epochs: int = 1
+    """Decide every this many epochs (freeze step T = (epoch - start) / every_epochs)."""
+    max_fraction: float = 1.0
+    """At most this fraction of the blocks is ever frozen (the head and final norm always train)."""
+    start: int = 0
+    """No freezing before the end of this epoch (the first decision is at epoch start + every_epochs)."""
+    blocks: Optional[list[int]] = None
+    """For `policy=schedule`: frozen block count at the start of each epoch, e.g. [0, 2, 4, 4] (held after
+    the list ends). Useful to reproduce a run's freeze sequence exactly."""
+
+
+@dataclass
+class AutoConfig:
+    freeze: bool = True
+    """Progressive freezing (off = the policy never freezes)."""
+    pipe: bool = True
+    """AutoPipe: repartition the stages after a freeze (frozen units charged at 1/6) and, with `dp`, halve
+    the pipeline length while the largest stage stays within the starting one."""
+    dp: bool = True
+    """AutoDP: turn the workers a shorter pipeline frees into more data-parallel replicas. Off, the pipeline
+    length stays (ptrun keeps every worker busy; a shorter pipeline with idle workers is not offered)."""
+    microbatch_table: Optional[dict[int, int]] = None
+    """Micro-batches M to use at each pipeline length K after a change, e.g. {2: 2, 1: 1}; lengths not
+    listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1). The closest count that divides the
+    per-replica batch and suits the schedule is taken."""
+    batch: str = "fixed_global"
+    """Batch policy when DP widens: `fixed_global` (the global batch stays, each replica's share shrinks:
+    the optimization does not depend on the layout) or `fixed_per_pipeline` (the paper: each replica keeps
+    its batch, so the global batch grows with DP and an epoch has fewer steps)."""
+
+
+@dataclass
 class LauncherConfig:
     nproc_per_node: int = 2
     """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU)."""
@@ -180,6 +221,8 @@ class PtrunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     pipe: PipeConfig = field(default_factory=PipeConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run_dir: str = MISSING
@@ -188,6 +231,8 @@ class PtrunConfig:
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
              "DualPipeV")
+FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "linear", "schedule", "none")
+BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -244,6 +289,20 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
 def validate(cfg: PtrunConfig | DictConfig) -> None:
     """Range and cross-field checks that the type system cannot express. Raises ConfigError."""
     m, d, t, o, p, lc, ck = cfg.model, cfg.data, cfg.train, cfg.optim, cfg.pipe, cfg.launcher, cfg.checkpoint
+    fr, au = cfg.freeze, cfg.auto
+    _require(fr.policy in FREEZE_POLICIES, "freeze.policy", f"one of {', '.join(FREEZE_POLICIES)}", fr.policy)
+    _require(0.0 < fr.alpha < 1.0, "freeze.alpha", "0 < alpha < 1", fr.alpha)
+    _require(fr.every_epochs >= 1, "freeze.every_epochs", "an integer >= 1", fr.every_epochs)
+    _require(0.0 <= fr.max_fraction <= 1.0, "freeze.max_fraction", "0 <= f <= 1", fr.max_fraction)
+    _require(fr.start >= 0, "freeze.start", "an epoch >= 0", fr.start)
+    _require((fr.blocks is not None) == (fr.policy == "schedule"), "freeze.blocks",
+             "a list of frozen block counts per epoch exactly when freeze.policy=schedule", fr.blocks)
+    if fr.blocks is not None:
+        blocks = list(fr.blocks)
+        _require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
+                 and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
+                 f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
+    _require(au.batch in BATCH_POLICIES, "auto.batch", f"one of {', '.join(BATCH_POLICIES)}", au.batch)
     _require(m.task in TASKS, "model.task", f"one of {', '.join(TASKS)}", m.task)
     _require(m.family in (None, "vit", "bert"), "model.family", "vit, bert or null", m.family)
     _require(0.0 <= m.dropout < 1.0, "model.dropout", "0 <= p < 1", m.dropout)

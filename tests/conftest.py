@@ -14,7 +14,8 @@ from ptrun.config import PtrunConfig, validate
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
     "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
-    "launcher.max_restarts=0", "checkpoint.keep=5",
+    "launcher.max_restarts=0", "checkpoint.keep=5", "freeze.policy=none", "pipe.length=1", "pipe.microbatches=1",
+    "pipe.schedule=GPipe",
 ]
 
 

@@ -146,3 +146,94 @@ def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=0.2)
     elastic_launch(config, worker)([asdict(c) for c in cases], str(out_dir))
+
+
+# ---- AutoDP transitions inside one job ------------------------------------------------------------------
+
+TRANSITIONS = [  # (K, DP, frozen units): 4 x 1 -> 2 x 2 (embedding + block 0 frozen) -> 1 x 4 (+ block 1)
+    (4, 1, 0), (2, 2, 3), (1, 4, 5),
+]
+
+
+def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
+    return [Plan(num_units=n, frozen_units=f, pp=k, dp=dp, stage_bounds=even_bounds(n, k), microbatches=k,
+                 schedule=schedule).check() for k, dp, f in TRANSITIONS]
+
+
+def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
+    """One clipped AdamW step under each plan of TRANSITIONS, changing layout in between exactly as the
+    trainer does; after each step every rank saves what it holds (parameters and optimizer state)."""
+    from ptrun.auto.autodp import build_layout, change_layout, optimizer_state_by_name
+
+    layered = model(kind)
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    loss = WeightedLoss(task(kind))
+    plans = transition_plans(len(layered.units))
+    layout = None
+    for step, plan in enumerate(plans):
+        if layout is None:
+            layout = build_layout(layered, plan, rank, torch.device("cpu"), loss, OPTIM, name_of)
+        else:
+            layout = change_layout(layered, layout, plan, rank, torch.device("cpu"), loss, OPTIM, name_of)
+        replica, _ = plan.coords(rank)
+        per_replica = GLOBAL_BATCH // plan.dp
+        full = batch(kind, step)
+        loss.denominator = float(loss_weight(make_target(full, loss.task), loss.task))
+        local = {k: v[replica * per_replica:(replica + 1) * per_replica] for k, v in full.items()}
+        layout.runtime.forward_backward(tuple(local[k] for k in layered.input_names), make_target(local, loss.task))
+        layout.runtime.sync_and_clip(CLIP)
+        if layout.optimizer is not None:
+            layout.optimizer.step()
+        layout.runtime.zero_grad()
+        held = {n for u in layout.runtime.unit_indices
+                for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)}
+        params = dict(layered.model.named_parameters())
+        torch.save({"params": {k: params[k].detach().clone() for k in held},
+                    "optim": optimizer_state_by_name(layout.optimizer, name_of)},
+                   out_dir / f"transition-{kind}-step{step}.rank{rank}.pt")
+    layout.groups.destroy()
+
+
+def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
+    """Open file descriptors and threads after 2 and after `changes` layout changes (4x1 <-> 2x2)."""
+    import threading
+
+    from ptrun.auto.autodp import build_layout, change_layout
+
+    layered = model("vit")
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    loss = WeightedLoss("classification")
+    n = len(layered.units)
+    plans = [Plan(n, 0, 4, 1, even_bounds(n, 4), 4, "GPipe").check(),
+             Plan(n, 0, 2, 2, even_bounds(n, 2), 2, "1F1B").check()]
+    layout = build_layout(layered, plans[0], rank, torch.device("cpu"), loss, OPTIM, name_of)
+    counts = []
+    for i in range(1, changes + 1):
+        layout = change_layout(layered, layout, plans[i % 2], rank, torch.device("cpu"), loss, OPTIM, name_of)
+        if i in (2, changes):
+            dist.barrier()
+            counts.append({"fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+                           "tasks": len(os.listdir("/proc/self/task"))})
+    layout.groups.destroy()
+    torch.save(counts, out_dir / f"leaks.rank{rank}.pt")
+
+
+def transition_worker(kinds: list[str], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    try:
+        for kind in kinds:
+            run_transitions(kind, dist.get_rank(), Path(out_dir))
+        count_leaks(dist.get_rank(), Path(out_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_transitions(kinds: list[str], out_dir: Path) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4, run_id=f"transitions-{os.getpid()}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.2)
+    elastic_launch(config, transition_worker)(kinds, str(out_dir))

@@ -183,7 +183,7 @@ def test_state_round_trip_through_json():
 
 
 def test_make_policy_rejects_bad_parameters():
-    assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer"]
+    assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer", "schedule"]
     for bad in (dict(name="fast"), dict(name="alpha", alpha=0.0), dict(name="alpha", alpha=1.0),
                 dict(name="alpha", every_epochs=0), dict(name="alpha", max_fraction=1.5),
                 dict(name="alpha", start=-1)):
@@ -198,3 +198,19 @@ def test_unit_helpers():
     # every block frozen still leaves the head (the last unit) training
     assert frozen_units_for_blocks(12) == num_units_for_blocks(12) - 1
     assert all(blocks_of_units(frozen_units_for_blocks(f)) == f for f in range(30))
+
+
+def test_schedule_policy_follows_its_list_and_holds_the_last_count():
+    from ptrun.config import FREEZE_POLICIES
+
+    assert sorted(FREEZE_POLICIES) == sorted(POLICIES)  # the config accepts exactly the implemented policies
+    policy = make_policy("schedule", 6, blocks=[0, 2, 4])
+    frozen, seen = 0, []
+    for epoch in range(6):
+        frozen = policy.decide(epoch, frozen)
+        seen.append(frozen)
+    assert seen == [0, 2, 4, 4, 4, 4]
+    assert make_policy("schedule", 6, blocks=[0, 5], max_fraction=0.5).decide(1, 0) == 3  # capped
+    for bad in ([], [0, 7], [-1]):
+        with pytest.raises(ConfigError):
+            make_policy("schedule", 6, blocks=bad)

@@ -23,18 +23,31 @@ from ptrun.train.optim import build_optimizer, set_lr
 pytestmark = pytest.mark.dist
 
 
-def reference_params(cfg) -> dict[str, torch.Tensor]:
-    """Train `steps` optimizer steps in one process with a textbook loop: whole global batch, mean loss
-    over the real samples, global-norm clip, the optimizer. Shares no code with the pipeline engine."""
+def reference_params(cfg, freeze_blocks: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """Train in one process with a textbook loop: whole global batch, mean loss over the real samples,
+    global-norm clip, the optimizer. With `freeze_blocks` (frozen block count per epoch), the embedding and
+    that many blocks stop training at the epoch's start and leave the optimizer, which keeps the others'
+    state. Shares no code with the pipeline engine."""
     data = build_datasets(cfg.data)
     torch.manual_seed(cfg.train.seed)
     layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.in_chans)
     model = layered.model
+    name_of = {id(p): n for n, p in model.named_parameters()}
     opt = build_optimizer(list(model.named_parameters()), cfg.optim)
     sampler = EpochSampler(len(data.train), cfg.train.global_batch_size, cfg.train.seed)
     total = cfg.train.epochs * min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)
     step = 0
     for epoch in range(cfg.train.epochs):
+        if freeze_blocks and freeze_blocks[epoch]:
+            frozen_units = 1 + 2 * freeze_blocks[epoch]
+            frozen = {id(p) for u in layered.units[:frozen_units] for p in u.parameters()}
+            for p in model.parameters():
+                p.requires_grad_(id(p) not in frozen)
+            state = {name_of[id(p)]: s for p, s in opt.state.items()}
+            opt = build_optimizer([(n, p) for n, p in model.named_parameters() if p.requires_grad], cfg.optim)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    opt.state[p] = state[name_of[id(p)]]
         for s in range(min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)):
             idx, w = sampler.global_batch(epoch, s)
             batch = data.train[idx]

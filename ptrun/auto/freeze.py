@@ -316,14 +316,36 @@ class LinearFreeze(FreezePolicy):
         return self.target(epoch)
 
 
+class ScheduledFreeze(FreezePolicy):
+    """`schedule`: the frozen block count of each epoch read from a list (`blocks[epoch]`, the last entry
+    held after the list ends). Reproduces a run's freeze sequence exactly, for tests and benchmarks; it
+    ignores every_epochs and start (the list says everything)."""
+
+    name = "schedule"
+
+    def __init__(self, num_blocks: int, *, blocks: Optional[Sequence[int]] = None, **kw: Any):
+        super().__init__(num_blocks, **kw)
+        if not blocks or any(b < 0 or b > num_blocks for b in blocks):
+            raise ConfigError(f"freeze.blocks={list(blocks or [])} is not allowed: counts in 0..{num_blocks}")
+        self.blocks = [int(b) for b in blocks]
+
+    def is_decision_epoch(self, epoch: int) -> bool:
+        return True
+
+    def _propose(self, epoch, frozen_blocks, grad_norms):
+        return self.blocks[min(epoch, len(self.blocks) - 1)]
+
+
 POLICIES: dict[str, type[FreezePolicy]] = {
-    cls.name: cls for cls in (NoFreeze, AlphaFreeze, PipeTransformerFreeze, AutoFreeze, LinearFreeze)
+    cls.name: cls for cls in (NoFreeze, AlphaFreeze, PipeTransformerFreeze, AutoFreeze, LinearFreeze,
+                              ScheduledFreeze)
 }
 """Policy classes by name."""
 
 
 def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every_epochs: int = 1,
-                max_fraction: float = 1.0, start: int = 0, total_epochs: Optional[int] = None) -> FreezePolicy:
+                max_fraction: float = 1.0, start: int = 0, total_epochs: Optional[int] = None,
+                blocks: Optional[Sequence[int]] = None) -> FreezePolicy:
     """Build the policy called `name` for a model of `num_blocks` blocks. `alpha` is used by `alpha` and
     `pipetransformer`, `total_epochs` (required) by `linear`; the others ignore what they do not use.
     Raises ConfigError for an unknown name or an out-of-range parameter."""
@@ -335,4 +357,6 @@ def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every_epoch
         return cls(num_blocks, alpha=alpha, **common)
     if cls is LinearFreeze:
         return cls(num_blocks, total_epochs=total_epochs, **common)
+    if cls is ScheduledFreeze:
+        return cls(num_blocks, blocks=blocks, **common)
     return cls(num_blocks, **common)

@@ -57,13 +57,21 @@ class StageModule(nn.Module):
         self.recompute = recompute
 
     def forward(self, *carry):
-        if self.recompute is None or not (self.training and torch.is_grad_enabled()):
-            return run_units(self.units, *carry)
-        size = self.recompute or len(self.units)
-        out = carry
-        for lo in range(0, len(self.units), size):
-            chunk = list(self.units[lo : lo + size])
-            out = checkpoint(run_units, chunk, *(out if isinstance(out, tuple) else (out,)), use_reentrant=False)
+        training = self.training and torch.is_grad_enabled()
+        if self.recompute is None or not training:
+            out = run_units(self.units, *carry)
+        else:
+            size = self.recompute or len(self.units)
+            out = carry
+            for lo in range(0, len(self.units), size):
+                chunk = list(self.units[lo : lo + size])
+                out = checkpoint(run_units, chunk, *(out if isinstance(out, tuple) else (out,)),
+                                 use_reentrant=False)
+        head = out[0] if isinstance(out, tuple) else out
+        if training and head.is_floating_point() and not head.requires_grad:
+            # A stage of only frozen units (a frozen prefix on stage 0) computes its output without
+            # autograd; the schedule still runs its backward, which needs an output that takes a gradient.
+            head.requires_grad_(True)
         return out
 
 
@@ -141,14 +149,15 @@ class PipelineRuntime:
         return out if self.is_last else None
 
     # ---- gradients ----------------------------------------------------------------------------------
-    def sync_and_clip(self, max_norm: float) -> torch.Tensor:
+    def sync_and_clip(self, max_norm: float, record: dict | None = None) -> torch.Tensor:
         """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm.
 
         1. All-reduce over the DP group (one flat buffer): the replicas' partial sums.
         2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
            the embedding's and the decoder's contributions add up, and both copies step identically.
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
-           weight once."""
+           weight once.
+        `record`, when given, receives id(parameter) -> its squared gradient norm before clipping."""
         params = [p for p in self.trainable_parameters() if p.grad is not None]
         grads = [p.grad for p in params]
         if self.plan.dp > 1 and grads:
@@ -169,7 +178,10 @@ class PipelineRuntime:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in params:
             if id(p) not in self._norm_excluded:
-                sq += p.grad.detach().double().pow(2).sum()
+                p_sq = p.grad.detach().double().pow(2).sum()
+                sq += p_sq
+                if record is not None:
+                    record[id(p)] = p_sq
         if self.plan.pp > 1:
             dist.all_reduce(sq, group=self.groups.pp)
         norm = sq.sqrt()

@@ -1,8 +1,10 @@
-"""The training loop of one worker: build data, model, plan and stage; train epochs; evaluate; checkpoint.
+"""The training loop of one worker: build data, model, plan and stages; train epochs; evaluate; checkpoint;
+and at every epoch boundary let the controller freeze, repartition and widen data parallelism.
 
 Every rank holds the whole layered model in host memory (built from the same seed, so identical) and runs
-only its stage's units on its device. The layout is a Plan value; here it is fixed for the run, and the
-PipeTransformer controller will replace it at epoch boundaries.
+only its stages' units on its device. The layout is a Plan value; a transition first makes every rank's host
+copy current (parameters and optimizer state from each stage's owner), then builds the new plan's groups,
+stages and optimizer in the same processes.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ptrun.auto.autodp import Layout, build_layout, change_layout
+from ptrun.auto.controller import Controller
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
-from ptrun.parallel.groups import build_groups
-from ptrun.parallel.pipeline import PipelineRuntime
-from ptrun.parallel.layout import NEEDS_PROFILE, first_plan
+from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint
-from ptrun.train.losses import WeightedLoss, make_target, per_sample_loss
-from ptrun.train.optim import build_optimizer, set_lr
+from ptrun.train.losses import WeightedLoss, loss_weight, make_target, per_sample_loss
+from ptrun.train.optim import set_lr
 from ptrun.train.report import MetricsLog, ProgressView
 
 log = logging.getLogger(__name__)
@@ -40,20 +42,28 @@ class Trainer:
                                    in_chans=self.data.in_chans)
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
         self.loss = WeightedLoss(cfg.model.task)
-        batch = cfg.train.global_batch_size
-        self.train_sampler = EpochSampler(len(self.data.train), batch, cfg.train.seed)
-        self.plan = self.first_plan()
-        self.eval_sampler = EpochSampler(len(self.data.eval), batch, cfg.train.seed, shuffle=False)
-        self.steps_per_epoch = min(self.train_sampler.steps_per_epoch,
-                                   cfg.train.max_steps_per_epoch or self.train_sampler.steps_per_epoch)
-        self.total_steps = cfg.train.epochs * self.steps_per_epoch
+        self.eval_sampler = EpochSampler(len(self.data.eval), cfg.train.global_batch_size, cfg.train.seed,
+                                         shuffle=False)
+        self.train_sampler = EpochSampler(len(self.data.train), cfg.train.global_batch_size, cfg.train.seed)
+        # The learning-rate schedule runs on epoch progress measured in the first layout's steps, so it
+        # is the same curve whatever the batch policy does to the steps of later epochs.
+        self.base_steps = self._steps_for(self.train_sampler)
+        self.total_steps = cfg.train.epochs * self.base_steps
+        self.partition_kwargs: dict = {}
+        first = self._first = self.first_plan()
+        self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), first,
+                                     self.partition_kwargs)
         self.epoch = self.global_step = 0
         self.metrics = MetricsLog(cfg.run_dir) if self.is_main else None
         self.view = ProgressView(enabled=self.is_main)
         self.best_eval: dict = {}
         self.last_eval: dict = {}
-        self.apply_plan(self.plan)
-        self.resumed_from = self.resume() if resume else None
+        self.resumed_from, plan, states = self.resume() if resume else (None, first, {})
+        self.apply_plan(plan, states)
+
+    def _steps_for(self, sampler: EpochSampler) -> int:
+        limit = self.cfg.train.max_steps_per_epoch
+        return min(sampler.steps_per_epoch, limit or sampler.steps_per_epoch)
 
     # ---- layout -------------------------------------------------------------------------------------
     def first_plan(self) -> Plan:
@@ -67,18 +77,36 @@ class Trainer:
         batch = dict(self.data.train[ids[:micro].tolist()])
         inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
         prof = agree(profile_units(self.layered, inputs, self.device), self.device)
+        self.partition_kwargs = dict(time_costs=prof.time_s, activation=prof.activation_bytes,
+                                     bandwidth=measure_bandwidth(self.device))
         return first_plan(pipe, self.layered, self.world_size, profile=prof,
-                          bandwidth=measure_bandwidth(self.device))
+                          bandwidth=self.partition_kwargs["bandwidth"])
 
-    def apply_plan(self, plan: Plan) -> None:
-        """Build process groups, this rank's stages and its optimizer for `plan`."""
-        self.plan = plan
-        self.groups = build_groups(plan, self.rank, self.layered.tied)
-        self.runtime = PipelineRuntime(self.layered, plan, self.rank, self.groups, self.device, self.loss,
-                                       recompute=self.cfg.pipe.recompute)
-        named = [(self.param_name[id(p)], p) for p in self.runtime.trainable_parameters()]
-        self.optimizer = build_optimizer(named, self.cfg.optim)
-        self.replica, self.stage = plan.coords(self.rank)
+    def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
+        """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
+        self._use(build_layout(self.layered, plan, self.rank, self.device, self.loss, self.cfg.optim,
+                               self.param_name, self.cfg.pipe.recompute, optimizer_states))
+
+    def transition(self, plan: Plan) -> float:
+        """Apply `plan` in the running job (collective); returns its wall time in seconds."""
+        t0 = time.perf_counter()
+        self._use(change_layout(self.layered, self.layout, plan, self.rank, self.device, self.loss,
+                                self.cfg.optim, self.param_name, self.cfg.pipe.recompute))
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    def _use(self, layout: Layout) -> None:
+        self.layout = layout
+        self.plan, self.groups, self.runtime, self.optimizer = layout.plan, layout.groups, layout.runtime, \
+            layout.optimizer
+        self.replica, self.stage = self.plan.coords(self.rank)
+        global_batch = self.controller.global_batch(self.plan)
+        if global_batch != self.train_sampler.global_batch_size:
+            self.train_sampler = EpochSampler(len(self.data.train), global_batch, self.cfg.train.seed)
+            self.eval_sampler = EpochSampler(len(self.data.eval), global_batch, self.cfg.train.seed, shuffle=False)
+        self.steps_per_epoch = self._steps_for(self.train_sampler)
+        self._block_of = {id(p): self.layered.unit_block(u) for u in self.runtime.unit_indices
+                          for p in self.layered.units[u].parameters() if self.layered.unit_block(u) is not None}
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def stage_param_names(self) -> list[str]:
@@ -91,6 +119,7 @@ class Trainer:
         if self.optimizer is not None:
             optim_state = {self.param_name[id(p)]: s for p, s in self.optimizer.state.items()}
         state = {"epoch": self.epoch, "global_step": self.global_step, "plan": self.plan.to_dict(),
+                 "controller": self.controller.state_dict(),
                  "model": {"name": self.cfg.model.name, "num_units": len(self.layered.units)},
                  "best_eval": self.best_eval, "last_eval": self.last_eval}
         path = checkpoint.save(self.cfg.run_dir, global_step=self.global_step,
@@ -99,12 +128,15 @@ class Trainer:
                                keep=self.cfg.checkpoint.keep)
         log.info("checkpoint written: %s", path)
 
-    def resume(self) -> str | None:
+    def resume(self) -> tuple[str | None, Plan, dict]:
+        """Load the newest valid checkpoint into the host model. Returns (its path, the plan to continue
+        with, the optimizer state by parameter name). The saved plan is reused when the world size is the
+        same; otherwise AutoPipe re-plans the saved frozen prefix for this world."""
         ckpt = checkpoint.latest_valid(self.cfg.run_dir)
         if ckpt is None:
             if self.is_main:
                 log.warning("no checkpoint to resume from in %s; starting from scratch", self.cfg.run_dir)
-            return None
+            return None, self._first, {}
         params, optim_state, state = checkpoint.load(ckpt)
         if state["model"]["num_units"] != len(self.layered.units) or state["model"]["name"] != self.cfg.model.name:
             raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
@@ -116,17 +148,20 @@ class Trainer:
         with torch.no_grad():
             for name, p in own.items():
                 p.copy_(params[name])
-        if self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    saved = optim_state.get(self.param_name[id(p)])
-                    if saved:
-                        self.optimizer.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in saved.items()}
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.best_eval, self.last_eval = state.get("best_eval", {}), state.get("last_eval", {})
+        self.controller.load_state_dict(state.get("controller", {}))
+        saved = Plan.from_dict(state["plan"])
+        if saved.world_size == self.world_size:
+            plan = saved
+        else:
+            from ptrun.auto.freeze import blocks_of_units
+
+            plan = self.controller.plan_for(self._first, blocks_of_units(saved.frozen_units), self.world_size)
         if self.is_main:
-            log.info("resumed from %s at epoch %d (step %d)", ckpt, self.epoch, self.global_step)
-        return str(ckpt)
+            log.info("resumed from %s at epoch %d (step %d), %d units frozen", ckpt, self.epoch,
+                     self.global_step, plan.frozen_units)
+        return str(ckpt), plan, optim_state
 
     # ---- collectives --------------------------------------------------------------------------------
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
@@ -141,6 +176,10 @@ class Trainer:
 
     def train_epoch(self) -> dict:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        # How often each training sample was used this epoch (counted on each replica's first stage).
+        seen = torch.zeros(len(self.data.train), dtype=torch.float64)
+        block_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64)
+        want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
         samples, t0 = 0.0, time.perf_counter()
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
         lr = 0.0
@@ -149,14 +188,24 @@ class Trainer:
             inputs, target = self._inputs_and_target(batch)
             # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
             self.loss.denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
-            lr = set_lr(self.optimizer, self.global_step, self.total_steps, self.cfg.optim)
+            progress = self.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
+            lr = set_lr(self.optimizer, progress, self.total_steps, self.cfg.optim)
             loss_sum += self.runtime.forward_backward(inputs, target).double()
-            self.runtime.sync_and_clip(self.cfg.train.grad_clip)
+            param_sq = {} if want_norms else None
+            self.runtime.sync_and_clip(self.cfg.train.grad_clip, record=param_sq)
+            if want_norms:
+                step_sq = torch.zeros_like(block_norms)
+                for pid, sq in param_sq.items():
+                    if pid in self._block_of:
+                        step_sq[self._block_of[pid]] += float(sq)
+                block_norms += step_sq.sqrt()
             if self.optimizer is not None:
                 self.optimizer.step()
             self.runtime.zero_grad()
             self.global_step += 1
             samples += self.loss.denominator
+            if self.runtime.is_first:
+                seen.index_add_(0, batch["index"], batch["weight"].double())
             if (step + 1) % self.cfg.train.log_every_steps == 0 and self.view.live:
                 running = self.all_sum(loss_sum).item() / (step + 1)
                 self.view.update(step + 1, running, samples / (time.perf_counter() - t0))
@@ -164,8 +213,12 @@ class Trainer:
         self.view.end_epoch()
         steps = self.steps_per_epoch
         train_loss = self.all_sum(loss_sum).item() / steps
+        seen = self.all_sum(seen)
+        # Each block's gradient norm, averaged over the epoch's steps and summed over the stages holding it.
+        self.grad_norms = (self.all_sum(block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
         return {"train_loss": train_loss, "samples_per_s": samples / elapsed, "epoch_time_s": elapsed,
-                "lr": lr, "steps": steps, "samples": int(samples)}
+                "lr": lr, "steps": steps, "samples": int(samples),
+                "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item())}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -203,9 +256,10 @@ class Trainer:
                 f"{len(self.data.train)} train / {len(self.data.eval)} eval samples; {self.world_size} workers, "
                 f"run dir {cfg.run_dir}")
         t_start = time.perf_counter()
+        transition_s = 0.0
         while self.epoch < cfg.train.epochs:
             if self.is_main:
-                self.metrics.write("plan", epoch=self.epoch, **self.plan.to_dict())
+                self.metrics.write("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict())
             stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1
             ev = self.evaluate() if last or (self.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
@@ -223,6 +277,20 @@ class Trainer:
                                 f"{stats['samples_per_s']:.0f} samples/s  {stats['epoch_time_s']:.1f}s  {shown}  "
                                 f"[K={self.plan.pp} DP={self.plan.dp} M={self.plan.microbatches}]")
             self.epoch += 1
+            transition_s = 0.0
+            if not last:
+                # The boundary: decide the next layout and move to it before the checkpoint, so a restart
+                # resumes in the layout the next epoch was meant to run in.
+                plan = self.controller.decide(self.epoch, self.plan, self.grad_norms)
+                if plan != self.plan:
+                    old = self.plan
+                    transition_s = self.transition(plan)
+                    if self.is_main:
+                        self.view.print(
+                            f"epoch {self.epoch + 1}: {plan.frozen_units} of {plan.num_units} units frozen (was "
+                            f"{old.frozen_units}); K {old.pp} -> {plan.pp}, DP {old.dp} -> {plan.dp}, M "
+                            f"{old.microbatches} -> {plan.microbatches}; stages {list(map(list, plan.stage_bounds))}; "
+                            f"transition {transition_s:.2f}s")
             every = cfg.checkpoint.every_epochs
             if every and (self.epoch % every == 0 or last):
                 self.save_checkpoint()
@@ -236,4 +304,5 @@ class Trainer:
         return self.last_eval
 
     def close(self) -> None:
-        self.groups.destroy()
+        if getattr(self, "groups", None) is not None:
+            self.groups.destroy()

@@ -1,0 +1,82 @@
+"""The PipeTransformer controller: at an epoch boundary, Freeze -> AutoPipe -> AutoDP as one decision.
+
+It reads like the paper: the freeze policy looks at the last epoch's per-block gradient norms and says how
+many bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
+halves the pipeline while the largest stage fits in the starting one; AutoDP turns the freed workers into
+more replicas (DP = world / K). The result is the next Plan; applying it (moving weights and optimizer
+state, rebuilding groups and stages, resharding the samples) is the trainer's job. Every input here is
+identical on every rank, so every rank computes the same Plan; rank 0's is broadcast anyway, so a
+disagreement could never deadlock the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional, Sequence
+
+import torch.distributed as dist
+
+from ptrun.auto.autopipe import next_plan, starting_max
+from ptrun.auto.freeze import FreezePolicy, blocks_of_units, frozen_units_for_blocks, make_policy
+from ptrun.config import PtrunConfig
+from ptrun.parallel.plan import Plan
+
+GRAD_NORM_POLICIES = ("pipetransformer", "autofreeze")
+"""Policies that read per-block gradient norms (the trainer only collects them for these)."""
+
+
+class Controller:
+    def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
+                 partition_kwargs: Optional[dict[str, Any]] = None):
+        self.cfg = cfg
+        fr = cfg.freeze
+        name = fr.policy if cfg.auto.freeze else "none"
+        self.policy: FreezePolicy = make_policy(name, num_blocks, alpha=fr.alpha, every_epochs=fr.every_epochs,
+                                                max_fraction=fr.max_fraction, start=fr.start,
+                                                total_epochs=cfg.train.epochs, blocks=fr.blocks)
+        self.param_costs = list(param_costs)
+        # An explicit layout cannot be re-derived for other stage counts: AutoPipe balances parameters then.
+        self.method = cfg.pipe.partition if cfg.pipe.partition != "explicit" else "params"
+        self.partition_kwargs = partition_kwargs or {}
+        self.start_max = starting_max(self.param_costs, first.pp, first.stages_per_rank, self.method,
+                                      **self.partition_kwargs)
+        self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
+
+    @property
+    def wants_grad_norms(self) -> bool:
+        return self.policy.name in GRAD_NORM_POLICIES
+
+    def global_batch(self, plan: Plan) -> int:
+        """The global batch under `plan`'s DP width (it grows with DP under `fixed_per_pipeline`)."""
+        if self.cfg.auto.batch == "fixed_per_pipeline":
+            return self.per_pipeline_batch * plan.dp
+        return self.cfg.train.global_batch_size
+
+    def plan_for(self, current: Plan, frozen_blocks: int, world_size: int) -> Plan:
+        """The layout for `frozen_blocks` frozen blocks, starting from `current` (pure)."""
+        frozen_units = frozen_units_for_blocks(frozen_blocks)
+        if frozen_units == current.frozen_units and world_size == current.world_size:
+            return current
+        if not self.cfg.auto.pipe:
+            return replace(current, frozen_units=frozen_units).check()
+        return next_plan(current, frozen_units, self.param_costs, world_size=world_size, start_max=self.start_max,
+                         global_batch=self.cfg.train.global_batch_size, batch_policy=self.cfg.auto.batch,
+                         per_pipeline_batch=self.per_pipeline_batch, partition_method=self.method,
+                         compress=self.cfg.auto.dp, table=self.cfg.auto.microbatch_table, **self.partition_kwargs)
+
+    def decide(self, epoch: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
+        """At the boundary before `epoch`: the freeze decision, then the next Plan; agreed by broadcast."""
+        frozen_blocks = self.policy.decide(epoch, blocks_of_units(current.frozen_units), grad_norms)
+        plan = self.plan_for(current, frozen_blocks, current.world_size)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            box = [plan.to_dict()]
+            dist.broadcast_object_list(box, src=0)
+            plan = Plan.from_dict(box[0])
+        return plan
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("policy"):
+            self.policy.load_state_dict(state["policy"])
