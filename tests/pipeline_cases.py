@@ -88,6 +88,23 @@ def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def textbook_loss(net, kind: str, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The reference loss with the library model on a whole global batch, written out with plain
+    F.cross_entropy (no ptrun loss code): the mean over real samples, or for MLM over their predicted
+    tokens."""
+    import torch.nn.functional as F
+
+    w = b["weight"]
+    if kind == "vit":
+        return (F.cross_entropy(net(b["pixel_values"]), b["labels"], reduction="none") * w).sum() / w.sum()
+    logits = net(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                 token_type_ids=b["token_type_ids"]).logits
+    if kind == "bert":
+        return (F.cross_entropy(logits, b["labels"], reduction="none") * w).sum() / w.sum()
+    counted = (b["labels"] != -100).float() * w[:, None]
+    return (F.cross_entropy(logits.transpose(1, 2), b["labels"], reduction="none") * counted).sum() / counted.sum()
+
+
 def task(kind: str) -> str:
     return "mlm" if kind == "bert_mlm" else "classification"
 

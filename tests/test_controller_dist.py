@@ -13,7 +13,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import pipeline_cases as pc
 from conftest import final_params, run_workers
@@ -50,19 +49,7 @@ def reference_steps(kind: str) -> list[tuple[dict, dict]]:
             for p in group["params"]:
                 if name_of[id(p)] in state:
                     optimizer.state[p] = state[name_of[id(p)]]
-        b = pc.batch(kind, step)
-        w = b["weight"]
-        if kind == "vit":
-            loss = (F.cross_entropy(net(b["pixel_values"]), b["labels"], reduction="none") * w).sum() / w.sum()
-        else:
-            logits = net(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                         token_type_ids=b["token_type_ids"]).logits
-            if kind == "bert":
-                loss = (F.cross_entropy(logits, b["labels"], reduction="none") * w).sum() / w.sum()
-            else:
-                counted = (b["labels"] != -100).float() * w[:, None]
-                loss = (F.cross_entropy(logits.transpose(1, 2), b["labels"], reduction="none") * counted).sum() \
-                    / counted.sum()
+        loss = pc.textbook_loss(net, kind, pc.batch(kind, step))
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in net.parameters() if p.requires_grad], pc.CLIP)
         optimizer.step()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import pipeline_cases as pc
 from pipeline_cases import Case
@@ -45,20 +44,7 @@ def reference(kind: str) -> tuple[list[float], list[float], dict[str, torch.Tens
     optimizer = build_optimizer(list(net.named_parameters()), pc.OPTIM)
     losses, norms = [], []
     for step in range(pc.STEPS):
-        b = pc.batch(kind, step)
-        w = b["weight"]
-        if kind == "vit":
-            per = F.cross_entropy(net(b["pixel_values"]), b["labels"], reduction="none")
-            loss = (per * w).sum() / w.sum()
-        else:
-            logits = net(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                         token_type_ids=b["token_type_ids"]).logits
-            if kind == "bert":
-                loss = (F.cross_entropy(logits, b["labels"], reduction="none") * w).sum() / w.sum()
-            else:
-                per_token = F.cross_entropy(logits.transpose(1, 2), b["labels"], reduction="none")
-                counted = (b["labels"] != -100).float() * w[:, None]
-                loss = (per_token * counted).sum() / counted.sum()
+        loss = pc.textbook_loss(net, kind, pc.batch(kind, step))
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(net.parameters(), pc.CLIP).item())
         optimizer.step()
