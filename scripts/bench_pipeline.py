@@ -49,6 +49,18 @@ def optimizer_for(params):
     return torch.optim.AdamW(params, lr=1e-4)
 
 
+def ptrun_step(rt, opt, inputs: tuple, target):
+    """One training step through ptrun's runtime: pipelined forward + backward, gradient sync, update."""
+
+    def step():
+        rt.forward_backward(inputs, target)
+        rt.sync_and_clip(0.0)
+        opt.step()
+        rt.zero_grad()
+
+    return step
+
+
 def _timed(fn, warmup: int, steps: int) -> float:
     for _ in range(warmup):
         fn()
@@ -97,13 +109,7 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
     x, y = data[0]
     target = make_target({"labels": y, "weight": torch.ones(len(y))}, "classification")
 
-    def step():
-        rt.forward_backward((x,), target)
-        rt.sync_and_clip(0.0)
-        opt.step()
-        rt.zero_grad()
-
-    wall = _timed(step, args["warmup"], args["steps"])
+    wall = _timed(ptrun_step(rt, opt, (x,), target), args["warmup"], args["steps"])
     # This stage's input for one micro-batch: the preceding units run locally (every rank has the model).
     mb = args["batch"] // m
     carry = (x[:mb],)
@@ -139,13 +145,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
     opt = optimizer_for(rt.trainable_parameters())
     target = make_target({"labels": y, "weight": torch.ones(len(y))}, "classification")
 
-    def ptrun_step():
-        rt.forward_backward((x,), target)
-        rt.sync_and_clip(0.0)
-        opt.step()
-        rt.zero_grad()
-
-    t_ptrun = _timed(ptrun_step, args["warmup"], args["steps"])
+    t_ptrun = _timed(ptrun_step(rt, opt, (x,), target), args["warmup"], args["steps"])
     groups.destroy()
 
     ddp = DistributedDataParallel(build(args).model)

@@ -71,7 +71,8 @@ def share_everything(layered, plan: Plan, optimizer: torch.optim.Optimizer | Non
         if rank == src:
             parts = [params[n].detach().reshape(-1).float() for n in names]
             parts += [mine[n][k].detach().reshape(-1).float() for n, k, _ in tensors]
-            flat.copy_(torch.cat(parts) if parts else flat)
+            if parts:
+                flat.copy_(torch.cat(parts))
             steps.copy_(torch.tensor([float(mine[n][k]) for n, k in scalars], dtype=torch.float64))
         dist.broadcast(flat, src=src)
         dist.broadcast(steps, src=src)

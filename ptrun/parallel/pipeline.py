@@ -97,10 +97,10 @@ class PipelineRuntime:
         self.is_last = plan.num_stages - 1 in self.stage_indices
         self.unit_indices = [u for s in self.stage_indices for u in range(*plan.stage_bounds[s])]
         # A tied weight's gradient is norm-counted on the rank holding its owner (first) unit only.
-        self._norm_excluded = {id(_param(layered, name)) for name, units in layered.tied.items()
+        self._norm_excluded = {id(layered.model.get_parameter(name)) for name, units in layered.tied.items()
                                if units[0] not in self.unit_indices}
-        self._tied_names = sorted(groups.tied)
-        self._layered = layered
+        # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
+        self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
     # ---- parameters ---------------------------------------------------------------------------------
     def _unique_parameters(self) -> list[nn.Parameter]:
@@ -158,6 +158,9 @@ class PipelineRuntime:
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
            weight once.
         `record`, when given, receives id(parameter) -> its squared gradient norm before clipping."""
+        for p, _ in self._tied:
+            if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
+                p.grad = torch.zeros_like(p)
         params = [p for p in self.trainable_parameters() if p.grad is not None]
         grads = [p.grad for p in params]
         if self.plan.dp > 1 and grads:
@@ -167,14 +170,9 @@ class PipelineRuntime:
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
-        for name in self._tied_names:
-            p = _param(self._layered, name)
+        for p, group in self._tied:
             if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=self.groups.tied[name])
-        params = [p for p in self.trainable_parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
+                dist.all_reduce(p.grad, group=group)
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in params:
             if id(p) not in self._norm_excluded:
@@ -191,7 +189,3 @@ class PipelineRuntime:
                 for g in grads:
                     g.mul_(coef)
         return norm.float()
-
-
-def _param(layered, name: str) -> nn.Parameter:
-    return layered.model.get_parameter(name)

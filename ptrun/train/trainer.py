@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ptrun.auto.autodp import Layout, build_layout, change_layout
 from ptrun.auto.controller import Controller
+from ptrun.auto.freeze import blocks_of_units
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
@@ -25,7 +26,7 @@ from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint
-from ptrun.train.losses import WeightedLoss, loss_weight, make_target, per_sample_loss
+from ptrun.train.losses import WeightedLoss, make_target, per_sample_loss
 from ptrun.train.optim import set_lr
 from ptrun.train.report import MetricsLog, ProgressView
 
@@ -49,16 +50,15 @@ class Trainer:
         # is the same curve whatever the batch policy does to the steps of later epochs.
         self.base_steps = self._steps_for(self.train_sampler)
         self.total_steps = cfg.train.epochs * self.base_steps
-        self.partition_kwargs: dict = {}
-        first = self._first = self.first_plan()
-        self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), first,
-                                     self.partition_kwargs)
+        self._first, partition_kwargs = self._starting_plan()
+        self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), self._first,
+                                     partition_kwargs)
         self.epoch = self.global_step = 0
         self.metrics = MetricsLog(cfg.run_dir) if self.is_main else None
         self.view = ProgressView(enabled=self.is_main)
         self.best_eval: dict = {}
         self.last_eval: dict = {}
-        self.resumed_from, plan, states = self.resume() if resume else (None, first, {})
+        self.resumed_from, plan, states = self.resume() if resume else (None, self._first, {})
         self.apply_plan(plan, states)
 
     def _steps_for(self, sampler: EpochSampler) -> int:
@@ -66,21 +66,21 @@ class Trainer:
         return min(sampler.steps_per_epoch, limit or sampler.steps_per_epoch)
 
     # ---- layout -------------------------------------------------------------------------------------
-    def first_plan(self) -> Plan:
-        """The starting layout; the time-based partitioners profile every unit on one micro-batch first."""
+    def _starting_plan(self) -> tuple[Plan, dict]:
+        """The starting layout, plus what AutoPipe needs to re-partition the same way later (the profile of
+        the time-based partitioners, measured on one micro-batch; nothing for the others)."""
         pipe = self.cfg.pipe
         if pipe.partition not in NEEDS_PROFILE:
-            return first_plan(pipe, self.layered, self.world_size)
+            return first_plan(pipe, self.layered, self.world_size), {}
         dp = self.world_size // pipe.length
         micro = max(1, self.cfg.train.global_batch_size // dp // pipe.microbatches)
         ids, _ = self.train_sampler.global_batch(0, 0)
         batch = dict(self.data.train[ids[:micro].tolist()])
         inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
         prof = agree(profile_units(self.layered, inputs, self.device), self.device)
-        self.partition_kwargs = dict(time_costs=prof.time_s, activation=prof.activation_bytes,
-                                     bandwidth=measure_bandwidth(self.device))
-        return first_plan(pipe, self.layered, self.world_size, profile=prof,
-                          bandwidth=self.partition_kwargs["bandwidth"])
+        bandwidth = measure_bandwidth(self.device)
+        plan = first_plan(pipe, self.layered, self.world_size, profile=prof, bandwidth=bandwidth)
+        return plan, dict(time_costs=prof.time_s, activation=prof.activation_bytes, bandwidth=bandwidth)
 
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
@@ -95,10 +95,20 @@ class Trainer:
         dist.barrier()
         return time.perf_counter() - t0
 
+    @property
+    def plan(self) -> Plan:
+        return self.layout.plan
+
+    @property
+    def runtime(self):
+        return self.layout.runtime
+
+    @property
+    def optimizer(self):
+        return self.layout.optimizer
+
     def _use(self, layout: Layout) -> None:
         self.layout = layout
-        self.plan, self.groups, self.runtime, self.optimizer = layout.plan, layout.groups, layout.runtime, \
-            layout.optimizer
         self.replica, self.stage = self.plan.coords(self.rank)
         global_batch = self.controller.global_batch(self.plan)
         if global_batch != self.train_sampler.global_batch_size:
@@ -155,8 +165,6 @@ class Trainer:
         if saved.world_size == self.world_size:
             plan = saved
         else:
-            from ptrun.auto.freeze import blocks_of_units
-
             plan = self.controller.plan_for(self._first, blocks_of_units(saved.frozen_units), self.world_size)
         if self.is_main:
             log.info("resumed from %s at epoch %d (step %d), %d units frozen", ckpt, self.epoch,
@@ -178,7 +186,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         # How often each training sample was used this epoch (counted on each replica's first stage).
         seen = torch.zeros(len(self.data.train), dtype=torch.float64)
-        block_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64)
+        block_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64, device=self.device)
         want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
         samples, t0 = 0.0, time.perf_counter()
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
@@ -197,7 +205,7 @@ class Trainer:
                 step_sq = torch.zeros_like(block_norms)
                 for pid, sq in param_sq.items():
                     if pid in self._block_of:
-                        step_sq[self._block_of[pid]] += float(sq)
+                        step_sq[self._block_of[pid]] += sq  # stays on the device: no sync per parameter
                 block_norms += step_sq.sqrt()
             if self.optimizer is not None:
                 self.optimizer.step()
@@ -304,5 +312,5 @@ class Trainer:
         return self.last_eval
 
     def close(self) -> None:
-        if getattr(self, "groups", None) is not None:
-            self.groups.destroy()
+        if getattr(self, "layout", None) is not None:
+            self.layout.groups.destroy()
