@@ -69,6 +69,9 @@ BAD_INPUT = [
     (["pipe.partition=explicit", "pipe.stages=[[0,5],[6,14]]"], "is not allowed: contiguous non-empty [lo, hi) unit ranges"),
     (["pipe.partition=explicit", "pipe.stages=[[0,5],[5,12]]"], "from 0 to the model's 14"),
     (["pipe.stages_per_rank=8"], "pipe.length=2 is not allowed: at most 14 stages"),
+    (["freeze.policy=fast"], "freeze.policy='fast' is not allowed: one of pipetransformer, alpha"),
+    (["freeze.policy=schedule", "freeze.blocks=[1,2]"], "freeze.blocks=[1, 2] is not allowed: non-decreasing counts"),
+    (["auto.batch=huge"], "auto.batch='huge' is not allowed: one of fixed_global, fixed_per_pipeline"),
     (["pipe.recompute=sometimes"], "pipe.recompute='sometimes' is not allowed: none, stage or every:N"),
 ]
 
