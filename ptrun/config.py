@@ -62,10 +62,16 @@ class ModelConfig:
 class DataConfig:
     name: str = "digits"
     """Dataset source: `digits` (scikit-learn's 1,797 real 8x8 handwritten digits; ships with the package,
-    the offline default) or `imagefolder` (a local directory of class folders, see `path`)."""
+    the offline default), `imagefolder` (a local directory of class folders, see `path`), `cifar10` /
+    `cifar100` (train + test), `glue` (the GLUE task `task`: train + dev) or `squad` (SQuAD v1.1: train +
+    dev). All read `path`; nothing is downloaded."""
     path: Optional[str] = None
     """Local dataset directory. For `imagefolder`: `path/train/<class>/*.png` and `path/val/<class>/*`
-    (or class folders directly under `path`, split by `eval_fraction`)."""
+    (or class folders directly under `path`, split by `eval_fraction`). For `cifar10` / `cifar100`: the
+    python-pickle folder (`cifar-10-batches-py/`, `cifar-100-python/`, or its contents), a
+    `save_to_disk` DatasetDict, or `train*.parquet` + `test*.parquet`. For `glue`: the GLUE TSV layout
+    (`SST-2/train.tsv` + `dev.tsv`; MNLI `dev_matched.tsv`) or `train*.parquet` + `validation*.parquet`
+    (or .jsonl/.json) with the Hugging Face column names. For `squad`: `train-v1.1.json` + `dev-v1.1.json`."""
     eval_fraction: float = 0.2
     """Held-out fraction when the source has no evaluation split of its own (stratified, fixed by `split_seed`)."""
     split_seed: int = 0
@@ -73,7 +79,16 @@ class DataConfig:
     image_size: Optional[int] = None
     """Resize images to this many pixels a side; None = the source's own size."""
     augment: bool = False
-    """Random crop + flip for training images (imagefolder); digits has no augmentation."""
+    """Random crop + flip for training images (imagefolder, cifar10, cifar100); digits has no augmentation."""
+    task: Optional[str] = None
+    """GLUE task for `name=glue`: cola, sst2, mrpc, qqp, stsb (regression), mnli (dev matched), qnli, rte
+    or wnli."""
+    tokenizer: Optional[str] = None
+    """Local Hugging Face tokenizer directory for `glue` / `squad`; None = `model.pretrained`'s directory."""
+    max_length: Optional[int] = None
+    """Tokens per text sample (padded and truncated to it); None = 128 for `glue`, 384 for `squad`."""
+    doc_stride: int = 128
+    """`squad`: tokens shared by consecutive windows over a context longer than `max_length`."""
 
 
 @dataclass
@@ -180,6 +195,33 @@ class AutoConfig:
     """Batch policy when DP widens: `fixed_global` (the global batch stays, each replica's share shrinks:
     the optimization does not depend on the layout) or `fixed_per_pipeline` (the paper: each replica keeps
     its batch, so the global batch grows with DP and an epoch has fewer steps)."""
+    cache: bool = False
+    """AutoCache: once the frozen prefix is at least `cache.min_frozen_units` long, compute its output once
+    per sample, keep it in node-shared memory (disk beyond `cache.max_memory`) and start later epochs from
+    it, so the frozen units leave the pipeline altogether (see `cache`)."""
+
+
+@dataclass
+class CacheConfig:
+    min_frozen_units: Optional[int] = None
+    """Cache only once this many units are frozen; None = the units of a quarter of the blocks, rounded up
+    (the paper started at 3 of 12 blocks for ViT-B and 5 of 24 for BERT-large). Below it, recomputing a
+    short prefix costs less than filling the cache."""
+    max_memory: str = "50%"
+    """Node-wide memory budget of the cache: a share of the machine's RAM (`50%`) or a size (`8GB`,
+    `512MB`). Samples beyond it go to the disk tier under `dir`."""
+    dir: Optional[str] = None
+    """Disk tier directory; None = `RUN_DIR/cache`. The memory tier lives in /dev/shm."""
+    dtype: str = "float32"
+    """Storage dtype of cached activations: `float32` (exact), `bfloat16` or `float16` (half the memory; the
+    first active unit then sees inputs rounded to 8 or 11 significant bits). Masks are stored exactly."""
+    augment: str = "fixed"
+    """With random augmentation on (`data.augment`): `fixed` caches the one augmented view a sample had
+    when it was cached (later epochs see that view again), `off` loads training samples without random
+    augmentation while the cache is in use. Evaluation never augments."""
+    keep: bool = False
+    """Keep the cache files at the end of the run (a later run of the same model and data revalidates and
+    reuses them); by default they are deleted."""
 
 
 @dataclass
@@ -223,6 +265,7 @@ class PtrunConfig:
     pipe: PipeConfig = field(default_factory=PipeConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
     auto: AutoConfig = field(default_factory=AutoConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run_dir: str = MISSING
@@ -238,6 +281,8 @@ OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DATA_SOURCES = ("digits", "imagefolder")
 TASKS = ("classification", "qa")
+CACHE_DTYPES = ("float32", "bfloat16", "float16")
+CACHE_AUGMENT = ("fixed", "off")
 
 
 def _require(ok: bool, key: str, allowed: str, value: Any) -> None:
@@ -254,6 +299,29 @@ def parse_nnodes(nnodes: str) -> tuple[int, int]:
         lo, hi = 0, 0
     _require(1 <= lo <= hi, "launcher.nnodes", "N or MIN:MAX with 1 <= MIN <= MAX", nnodes)
     return lo, hi
+
+
+def parse_memory(spec: str, total: int | None = None) -> int:
+    """`cache.max_memory` in bytes: `50%` of `total` (the machine's RAM when None), or `8GB`, `512MB`,
+    `64KB`, `1024` (bytes)."""
+    text = str(spec).strip().upper()
+    units = {"TB": 1 << 40, "GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10, "B": 1}
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 < share <= 100:
+                raise ValueError
+            if total is None:
+                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            return int(total * share / 100)
+        unit = next((u for u in units if text.endswith(u)), "B")
+        value = float(text[: len(text) - len(unit)] if text.endswith(unit) else text)
+        if value < 0:
+            raise ValueError
+        return int(value * units[unit])
+    except ValueError:
+        raise ConfigError(f"cache.max_memory={spec!r} is not allowed: a share of RAM such as 50% (0-100] or "
+                          f"a size such as 8GB, 512MB, 4096") from None
 
 
 def parse_recompute(spec: str) -> int | None:
@@ -302,6 +370,14 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         _require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
                  and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
                  f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
+    ca = cfg.cache
+    _require(ca.dtype in CACHE_DTYPES, "cache.dtype", f"one of {', '.join(CACHE_DTYPES)}", ca.dtype)
+    _require(ca.augment in CACHE_AUGMENT, "cache.augment", f"one of {', '.join(CACHE_AUGMENT)}", ca.augment)
+    _require(ca.min_frozen_units is None or ca.min_frozen_units >= 1, "cache.min_frozen_units",
+             "an integer >= 1 or null", ca.min_frozen_units)
+    parse_memory(ca.max_memory)
+    _require(ca.dir is None or not Path(ca.dir).expanduser().exists() or Path(ca.dir).expanduser().is_dir(),
+             "cache.dir", "a directory (created when missing)", ca.dir)
     _require(au.batch in BATCH_POLICIES, "auto.batch", f"one of {', '.join(BATCH_POLICIES)}", au.batch)
     _require(m.task in TASKS, "model.task", f"one of {', '.join(TASKS)}", m.task)
     _require(m.family in (None, "vit", "bert"), "model.family", "vit, bert or null", m.family)

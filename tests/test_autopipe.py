@@ -203,3 +203,52 @@ def test_bad_inputs():
         next_plan(start_plan(), 0, EQUAL[:-1], world_size=8, start_max=5.0, global_batch=64)
     with pytest.raises(ConfigError):  # the head must train
         next_plan(start_plan(), 18, EQUAL, world_size=8, start_max=5.0, global_batch=64)
+
+
+# ------------------------------------------------------------------------------------------- AutoCache
+
+def test_a_cached_prefix_runs_in_no_stage_and_costs_nothing():
+    shorter = False
+    for blocks in range(1, 8):
+        f = frozen_units_for_blocks(blocks)
+        plain = plan_after(blocks)
+        cached = plan_after(blocks, cached_units=f)
+        assert cached.cached_units == f and cached.stage_bounds[0][0] == 0
+        assert cached.active_range(0) == (f, cached.stage_bounds[0][1])
+        # the units after the prefix are split exactly as the partitioner splits them on their own
+        active = [(max(lo, f) - f, hi - f) for lo, hi in cached.stage_bounds]
+        assert active == [tuple(b) for b in partition("params", cached.num_stages, num_units=18 - f,
+                                                      param_costs=EQUAL[f:])]
+        assert cached.pp <= plain.pp
+        shorter |= cached.pp < plain.pp
+    assert shorter  # a prefix that is never run lets AutoPipe shorten the pipeline sooner
+
+
+def test_plan_rejects_a_cache_beyond_the_frozen_prefix_or_the_first_stage():
+    from dataclasses import replace
+
+    plan = plan_after(2)
+    assert plan.frozen_units == 5
+    with pytest.raises(ConfigError, match="cached units 6"):
+        replace(plan, cached_units=6).check()
+    tight = replace(plan, frozen_units=plan.stage_bounds[0][1], cached_units=plan.stage_bounds[0][1])
+    with pytest.raises(ConfigError, match="leaves the first stage a unit"):
+        tight.check()
+
+
+def test_controller_caches_from_the_threshold_and_respects_fixed_stages():
+    from ptrun.auto.controller import Controller
+    from ptrun.config import PtrunConfig
+
+    cfg = PtrunConfig(run_dir="unused")
+    cfg.auto.cache = True
+    cfg.train.global_batch_size = 64
+    first = start_plan()
+    controller = Controller(cfg, 8, EQUAL, first)
+    assert controller.min_cache_units == 5  # a quarter of 8 blocks: the embedding and 2 blocks
+    assert controller.plan_for(first, 1, 8).cached_units == 0
+    assert controller.plan_for(first, 2, 8).cached_units == 5
+    cfg.auto.pipe = False
+    fixed = Controller(cfg, 8, EQUAL, first).plan_for(first, 7, 8)
+    assert fixed.stage_bounds == first.stage_bounds and fixed.frozen_units == 15
+    assert fixed.cached_units == first.stage_bounds[0][1] - 1  # the first stage keeps one unit to run

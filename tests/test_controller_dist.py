@@ -121,3 +121,37 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     got = final_params(tmp_path)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path, tiny):
+    """AutoCache on 4 workers through K = 4 -> 2 -> 1: the frozen prefix leaves the pipeline, is computed
+    once (epoch 1), advanced by the newly frozen units only (epoch 2) and read from then on (epoch 3), and
+    training ends where the single-process reference without any cache does (float32 storage). The cache
+    files are gone after the run."""
+    overrides = tiny + ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe",
+                        "pipe.partition=params", "train.epochs=4", "freeze.policy=schedule",
+                        "freeze.blocks=[0,1,2,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
+                        "data.eval_fraction=0.9", "auto.cache=true", "cache.min_frozen_units=3"]
+    run_workers(overrides, tmp_path)
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    plans = [e for e in events if e["event"] == "plan"]
+    assert [(p["frozen_units"], p["cached_units"]) for p in plans] == [(0, 0), (3, 3), (5, 5), (5, 5)]
+    assert [p["pp"] for p in plans][0] == 4 and all(p["pp"] < 4 for p in plans[1:])
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert [(e["sample_uses_min"], e["sample_uses_max"]) for e in epochs] == [(1, 1)] * 4
+    train = epochs[1]["samples"]
+    fill, advance, read = (e["cache"] for e in epochs[1:])
+    # (padding rows repeat the epoch's first samples: those read what step 0 wrote, and are never written)
+    assert fill["written"] == train and fill["computed"] == train and fill["advanced"] == 0
+    assert advance["advanced"] == advance["written"] == train and advance["computed"] == 0
+    assert read["computed"] + read["advanced"] + read["written"] == 0 and read["hits"] >= train
+    assert fill["memory_bytes"] > 0 and not (tmp_path / "cache").exists()
+
+    from test_train_dist import reference_params
+
+    from conftest import compose_config
+
+    want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=[0, 1, 2, 2])
+    got = final_params(tmp_path)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")

@@ -110,10 +110,20 @@ def batch_sizes(dp: int, *, batch_policy: str = "fixed_global", global_batch: Op
 
 
 def _layout(method: str, pp: int, stages_per_rank: int, param_costs: Sequence[float], frozen_units: int,
-            partition_kwargs: dict[str, Any]) -> tuple[tuple[int, int], ...]:
-    bounds = partition(method, pp * stages_per_rank, num_units=len(param_costs), param_costs=param_costs,
-                       frozen_units=frozen_units, **partition_kwargs)
-    return tuple(tuple(b) for b in bounds)  # type: ignore[misc]
+            partition_kwargs: dict[str, Any], cached_units: int = 0) -> tuple[tuple[int, int], ...]:
+    """Stage bounds over all units. A cached prefix runs in no stage, so only units [cached, n) are
+    partitioned; stage 0's range is then widened down to unit 0 (it owns the cached weights)."""
+    c = cached_units
+    n = len(param_costs)
+    if n - c < pp * stages_per_rank:
+        raise ConfigError(f"{n - c} uncached units cannot fill {pp * stages_per_rank} stages")
+    sliced = {k: (list(v)[c:] if k in ("time_costs", "activation") and v is not None else v)
+              for k, v in partition_kwargs.items()}
+    bounds = partition(method, pp * stages_per_rank, num_units=n - c, param_costs=list(param_costs)[c:],
+                       frozen_units=frozen_units - c, **sliced)
+    out = [(lo + c, hi + c) for lo, hi in bounds]
+    out[0] = (0, out[0][1])
+    return tuple(out)
 
 
 def starting_max(param_costs: Sequence[float], pp: int, stages_per_rank: int = 1,
@@ -128,7 +138,7 @@ def starting_max(param_costs: Sequence[float], pp: int, stages_per_rank: int = 1
 def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *, world_size: int,
               start_max: float, global_batch: Optional[int] = None, batch_policy: str = "fixed_global",
               per_pipeline_batch: Optional[int] = None, partition_method: str = "pipetransformer",
-              compress: bool = True, table: Optional[Mapping[Any, int]] = None,
+              compress: bool = True, table: Optional[Mapping[Any, int]] = None, cached_units: int = 0,
               **partition_kwargs: Any) -> Plan:
     """The layout after the frozen prefix grew to `frozen_units` units.
 
@@ -142,8 +152,9 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
     `pick_microbatches` when K or DP changed, or when the current M no longer fits; otherwise the current M
     (perhaps the user's own choice) is kept. The schedule and stages_per_rank carry over. `world_size` may
     differ from the current plan's (an elastic restart) but must be a multiple of `current.pp`.
-    `partition_kwargs` go to `partition`. Returns a checked Plan; raises ConfigError when no valid layout
-    exists.
+    `partition_kwargs` go to `partition`. With `cached_units` (AutoCache), that prefix runs in no stage
+    and costs nothing: only the units after it are partitioned and weighed against `start_max`.
+    Returns a checked Plan; raises ConfigError when no valid layout exists.
     """
     n = current.num_units
     if len(param_costs) != n:
@@ -154,13 +165,16 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
         raise ConfigError(f"pipe.length={current.pp} is not allowed: a divisor of the world size {world_size}")
     spr, schedule = current.stages_per_rank, current.schedule
     batch = dict(batch_policy=batch_policy, global_batch=global_batch, per_pipeline_batch=per_pipeline_batch)
+    if not 0 <= cached_units <= frozen_units:
+        raise ConfigError(f"cached units {cached_units} must be a frozen prefix (0 <= c <= {frozen_units})")
     costs = weighted_costs(param_costs, frozen_units)
+    costs = [0.0] * cached_units + costs[cached_units:]  # a cached unit is never run
     limit = start_max * (1 + _TOL)
 
     pp, bounds = current.pp, None
     while compress and pp > 1 and pp % 2 == 0:
         half = pp // 2
-        trial = _layout(partition_method, half, spr, param_costs, frozen_units, partition_kwargs)
+        trial = _layout(partition_method, half, spr, param_costs, frozen_units, partition_kwargs, cached_units)
         if max(stage_sums(trial, costs)) > limit:
             break
         try:  # a length whose batch cannot be split is no option (a longer one will not split either)
@@ -170,7 +184,7 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
             break
         pp, bounds = half, trial
     if bounds is None:
-        bounds = _layout(partition_method, pp, spr, param_costs, frozen_units, partition_kwargs)
+        bounds = _layout(partition_method, pp, spr, param_costs, frozen_units, partition_kwargs, cached_units)
 
     dp = world_size // pp
     per_replica, _ = batch_sizes(dp, **batch)
@@ -178,7 +192,7 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
     if (pp, dp) != (current.pp, current.dp) or per_replica % m or not _schedule_accepts(schedule, pp, spr, m):
         m = pick_microbatches(pp, per_replica, schedule, table, stages_per_rank=spr)
     return Plan(num_units=n, frozen_units=frozen_units, pp=pp, dp=dp, stage_bounds=bounds, microbatches=m,
-                schedule=schedule, stages_per_rank=spr).check()
+                schedule=schedule, stages_per_rank=spr, cached_units=cached_units).check()
 
 
 __all__ = ["BATCH_POLICIES", "PAPER_MICROBATCHES", "batch_sizes", "min_microbatches", "next_plan",

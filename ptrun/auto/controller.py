@@ -3,7 +3,8 @@
 It reads like the paper: the freeze policy looks at the last epoch's per-block gradient norms and says how
 many bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
 halves the pipeline while the largest stage fits in the starting one; AutoDP turns the freed workers into
-more replicas (DP = world / K). The result is the next Plan; applying it (moving weights and optimizer
+more replicas (DP = world / K). With AutoCache on, a frozen prefix past the threshold is cached: it leaves
+the pipeline and costs nothing in the partition (`cached_units`). The result is the next Plan; applying it (moving weights and optimizer
 state, rebuilding groups and stages, resharding the samples) is the trainer's job. Every input here is
 identical on every rank, so every rank computes the same Plan; rank 0's is broadcast anyway, so a
 disagreement could never deadlock the pipeline.
@@ -12,13 +13,15 @@ disagreement could never deadlock the pipeline.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import torch.distributed as dist
 
+from ptrun.auto.autocache import default_min_units
 from ptrun.auto.autopipe import next_plan, starting_max
 from ptrun.auto.freeze import FreezePolicy, blocks_of_units, frozen_units_for_blocks, make_policy
-from ptrun.config import PtrunConfig
+from ptrun.config import ConfigError, PtrunConfig
 from ptrun.parallel.plan import Plan
 
 GRAD_NORM_POLICIES = ("pipetransformer", "autofreeze")
@@ -41,6 +44,7 @@ class Controller:
         self.start_max = starting_max(self.param_costs, first.pp, first.stages_per_rank, self.method,
                                       **self.partition_kwargs)
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
+        self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
 
     @property
     def wants_grad_norms(self) -> bool:
@@ -52,17 +56,33 @@ class Controller:
             return self.per_pipeline_batch * plan.dp
         return self.cfg.train.global_batch_size
 
+    def cached_units_for(self, frozen_units: int) -> int:
+        """AutoCache's depth for a frozen prefix: all of it once it reaches the threshold, else none."""
+        if not self.cfg.auto.cache or frozen_units < self.min_cache_units:
+            return 0
+        return frozen_units
+
     def plan_for(self, current: Plan, frozen_blocks: int, world_size: int) -> Plan:
         """The layout for `frozen_blocks` frozen blocks, starting from `current` (pure)."""
         frozen_units = frozen_units_for_blocks(frozen_blocks)
         if frozen_units == current.frozen_units and world_size == current.world_size:
             return current
+        cached = self.cached_units_for(frozen_units)
         if not self.cfg.auto.pipe:
-            return replace(current, frozen_units=frozen_units).check()
-        return next_plan(current, frozen_units, self.param_costs, world_size=world_size, start_max=self.start_max,
-                         global_batch=self.cfg.train.global_batch_size, batch_policy=self.cfg.auto.batch,
-                         per_pipeline_batch=self.per_pipeline_batch, partition_method=self.method,
-                         compress=self.cfg.auto.dp, table=self.cfg.auto.microbatch_table, **self.partition_kwargs)
+            # the stages stay; the cache may serve at most what leaves the first stage a unit to run
+            cached = min(cached, current.stage_bounds[0][1] - 1)
+            return replace(current, frozen_units=frozen_units, cached_units=cached).check()
+        plan = partial(next_plan, current, frozen_units, self.param_costs, world_size=world_size,
+                       start_max=self.start_max, global_batch=self.cfg.train.global_batch_size,
+                       batch_policy=self.cfg.auto.batch, per_pipeline_batch=self.per_pipeline_batch,
+                       partition_method=self.method, compress=self.cfg.auto.dp,
+                       table=self.cfg.auto.microbatch_table, **self.partition_kwargs)
+        try:
+            return plan(cached_units=cached)
+        except ConfigError:
+            if not cached:
+                raise
+            return plan(cached_units=0)  # too few uncached units for the pipeline: run the prefix instead
 
     def decide(self, epoch: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
         """At the boundary before `epoch`: the freeze decision, then the next Plan; agreed by broadcast."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from torch import Tensor
 
@@ -16,12 +16,14 @@ _DONE = object()  # end-of-epoch marker in the prefetch queue
 
 
 def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp: int,
-                    start_step: int = 0, max_steps: int | None = None) -> Iterator[tuple[int, dict[str, Tensor]]]:
+                    start_step: int = 0, max_steps: int | None = None,
+                    prepare: Callable[[dict], dict] | None = None) -> Iterator[tuple[int, dict[str, Tensor]]]:
     """Yield `(step, batch)` for steps `start_step .. min(steps_per_epoch, max_steps) - 1` of `epoch`.
 
     `batch` is `dataset[ids]` (every column as a stacked tensor) plus `weight` (float32 [b], 0 for padding)
-    and `index` (int64 [b], the sample ids). The thread starts on the first `next()` and is stopped and
-    joined when the generator finishes or is closed; an exception while loading is raised here.
+    and `index` (int64 [b], the sample ids), passed through `prepare` when given (in the loading thread:
+    AutoCache reads its entries there). The thread starts on the first `next()` and is stopped and joined
+    when the generator finishes or is closed; an exception while loading is raised here.
     """
     end = sampler.steps_per_epoch if max_steps is None else min(sampler.steps_per_epoch, max_steps)
     ready: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
@@ -32,7 +34,7 @@ def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp
         batch = dict(dataset[ids.tolist()])
         batch["weight"] = weight
         batch["index"] = ids
-        return batch
+        return prepare(batch) if prepare is not None else batch
 
     def offer(item) -> bool:
         """Put `item` unless the consumer has gone; polls so a closed generator never leaves us blocked."""

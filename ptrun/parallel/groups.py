@@ -41,7 +41,8 @@ def build_groups(plan: Plan, rank: int, tied: dict[str, tuple[int, ...]] | None 
     mine: dict[str, dist.ProcessGroup] = {}
     for r in range(plan.dp):
         for name, units in sorted((tied or {}).items()):
-            ranks = sorted({plan.rank_of_stage(r, plan.stage_of_unit(u)) for u in units})
+            # a cached unit runs nowhere (its output is read from the cache), so it holds no replica
+            ranks = sorted({plan.rank_of_stage(r, plan.stage_of_unit(u)) for u in units if u >= plan.cached_units})
             if len(ranks) > 1:
                 group = dist.new_group(ranks)
                 owned.append(group)

@@ -56,6 +56,15 @@ class StageModule(nn.Module):
         self.units = nn.ModuleList(units)
         self.recompute = recompute
 
+    def train(self, mode: bool = True) -> "StageModule":
+        """Frozen units stay in eval mode (no dropout or stochastic depth): a frozen layer is a fixed
+        function, the same here as in AutoCache's prefix, so caching it changes nothing."""
+        super().train(mode)
+        for unit in self.units:
+            if not any(p.requires_grad for p in unit.parameters()):
+                unit.train(False)
+        return self
+
     def forward(self, *carry):
         training = self.training and torch.is_grad_enabled()
         if self.recompute is None or not training:
@@ -84,7 +93,7 @@ class PipelineRuntime:
         self.replica, stage_rank = plan.coords(rank)
         self.stage_indices = plan.local_stages(stage_rank)
         every = parse_recompute(recompute)
-        self.modules = [StageModule(layered.units[slice(*plan.stage_bounds[s])], every).to(device)
+        self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every).to(device)
                         for s in self.stage_indices]
         self.stages = [PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
                        for m, s in zip(self.modules, self.stage_indices)]
@@ -95,7 +104,7 @@ class PipelineRuntime:
             self.schedule = MULTI_STAGE_SCHEDULES[plan.schedule](self.stages, **kwargs)
         self.is_first = 0 in self.stage_indices
         self.is_last = plan.num_stages - 1 in self.stage_indices
-        self.unit_indices = [u for s in self.stage_indices for u in range(*plan.stage_bounds[s])]
+        self.unit_indices = [u for s in self.stage_indices for u in range(*plan.active_range(s))]
         # A tied weight's gradient is norm-counted on the rank holding its owner (first) unit only.
         self._norm_excluded = {id(layered.model.get_parameter(name)) for name, units in layered.tied.items()
                                if units[0] not in self.unit_indices}

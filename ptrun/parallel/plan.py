@@ -34,6 +34,15 @@ class Plan:
     """Pipeline schedule name."""
     stages_per_rank: int = 1
     """Stages each pipeline rank holds (2+ for the looped and V-shaped schedules); K * this = stage count."""
+    cached_units: int = 0
+    """Length of the prefix served by AutoCache (at most `frozen_units`): these units run in no stage; the
+    first stage starts at this unit, reading their output per sample from the cache. Stage 0's range
+    still starts at 0 (it owns the cached units' weights)."""
+
+    def active_range(self, stage: int) -> tuple[int, int]:
+        """The units stage `stage` runs: its range less the cached prefix."""
+        lo, hi = self.stage_bounds[stage]
+        return max(lo, self.cached_units), hi
 
     @property
     def num_stages(self) -> int:
@@ -100,6 +109,9 @@ class Plan:
             raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
         if not 0 <= self.frozen_units < self.num_units:
             raise ConfigError(f"frozen units {self.frozen_units} must leave the head trainable (< {self.num_units})")
+        if not 0 <= self.cached_units <= self.frozen_units or self.cached_units >= self.stage_bounds[0][1]:
+            raise ConfigError(f"cached units {self.cached_units} must be a frozen prefix (<= {self.frozen_units}) "
+                              f"that leaves the first stage a unit to run (< {self.stage_bounds[0][1]})")
         return self
 
 

@@ -3,9 +3,11 @@
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
   {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
   {"event": "plan", "epoch": E, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
-   "microbatches": M, "schedule": ...}
+   "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...}
   {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "lr": ...,
-   "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated}
+   "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
+   "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",
+             "disk_bytes"} with auto.cache only}
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
 """
 

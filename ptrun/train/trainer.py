@@ -9,13 +9,18 @@ stages and optimizer in the same processes.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
+from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Layout, build_layout, change_layout
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import blocks_of_units
@@ -54,6 +59,7 @@ class Trainer:
         self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), self._first,
                                      partition_kwargs)
         self.epoch = self.global_step = 0
+        self.cache = self._make_cache() if cfg.auto.cache else None
         self.metrics = MetricsLog(cfg.run_dir) if self.is_main else None
         self.view = ProgressView(enabled=self.is_main)
         self.best_eval: dict = {}
@@ -64,6 +70,31 @@ class Trainer:
     def _steps_for(self, sampler: EpochSampler) -> int:
         limit = self.cfg.train.max_steps_per_epoch
         return min(sampler.steps_per_epoch, limit or sampler.steps_per_epoch)
+
+    def _make_cache(self) -> AutoCache:
+        """AutoCache for this worker. Its entries are keyed by everything that shapes a cached activation
+        besides the frozen weights: the model and data configuration and the augmentation mode."""
+        cfg = self.cfg
+        self.plain_train = self.data.train
+        if cfg.data.augment:
+            if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
+                self.plain_train = build_datasets(replace(cfg.data, augment=False)).train
+            elif self.is_main:
+                log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
+                            "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
+                            "without random augmentation")
+        tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
+                          "seed": cfg.train.seed}, sort_keys=True)
+        return AutoCache(self.layered, cfg.cache, tag=tag, num_train=len(self.data.train),
+                         num_eval=len(self.data.eval), device=self.device, run_dir=cfg.run_dir)
+
+    @property
+    def caching(self) -> bool:
+        """Whether this rank reads its inputs from AutoCache (the first stage, while a prefix is cached)."""
+        return self.cache is not None and self.plan.cached_units > 0 and self.runtime.is_first
+
+    def _train_source(self):
+        return self.plain_train if self.caching else self.data.train
 
     # ---- layout -------------------------------------------------------------------------------------
     def _starting_plan(self) -> tuple[Plan, dict]:
@@ -115,12 +146,19 @@ class Trainer:
             self.train_sampler = EpochSampler(len(self.data.train), global_batch, self.cfg.train.seed)
             self.eval_sampler = EpochSampler(len(self.data.eval), global_batch, self.cfg.train.seed, shuffle=False)
         self.steps_per_epoch = self._steps_for(self.train_sampler)
+        if self.cache is not None and self.runtime.is_first:
+            probe = dict(self.data.train[[0]])
+            self.cache.set_depth(self.plan.cached_units, tuple(probe[k] for k in self.layered.input_names))
         self._block_of = {id(p): self.layered.unit_block(u) for u in self.runtime.unit_indices
                           for p in self.layered.units[u].parameters() if self.layered.unit_block(u) is not None}
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def stage_param_names(self) -> list[str]:
-        return [n for u in self.runtime.unit_indices for n in self.layered.unit_param_names(u)]
+        """The parameters this rank's stages own; the first stage also owns the cached prefix's."""
+        units = self.runtime.unit_indices
+        if self.runtime.is_first:
+            units = list(range(self.plan.cached_units)) + units
+        return [n for u in units for n in self.layered.unit_param_names(u)]
 
     def save_checkpoint(self) -> None:
         params = dict(self.layered.model.named_parameters())
@@ -178,9 +216,20 @@ class Trainer:
         return t
 
     # ---- train / eval -------------------------------------------------------------------------------
-    def _inputs_and_target(self, batch: dict) -> tuple[tuple, torch.Tensor]:
+    def _inputs_and_target(self, batch: dict, split: str) -> tuple[tuple, torch.Tensor]:
         inputs = tuple(batch[k].to(self.device, non_blocking=True) for k in self.layered.input_names)
+        if self.caching:
+            inputs = self.cache.inputs(split, batch, inputs)
         return inputs, make_target(batch, self.cfg.model.task).to(self.device)
+
+    def _batches(self, split: str, **kwargs):
+        """This replica's batches of `split` (AutoCache entries read in the loading thread when caching)."""
+        if split == "train":
+            data, sampler, epoch, steps = self._train_source(), self.train_sampler, self.epoch, self.steps_per_epoch
+        else:
+            data, sampler, epoch, steps = self.data.eval, self.eval_sampler, 0, None
+        prepare = partial(self.cache.lookup, split) if self.caching else None
+        return iterate_batches(data, sampler, epoch, self.replica, self.plan.dp, max_steps=steps, prepare=prepare)
 
     def train_epoch(self) -> dict:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -189,11 +238,12 @@ class Trainer:
         block_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64, device=self.device)
         want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
         samples, t0 = 0.0, time.perf_counter()
+        if self.cache is not None:
+            self.cache.take_stats()  # count this epoch's training batches only
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
         lr = 0.0
-        for step, batch in iterate_batches(self.data.train, self.train_sampler, self.epoch, self.replica,
-                                           self.plan.dp, max_steps=self.steps_per_epoch):
-            inputs, target = self._inputs_and_target(batch)
+        for step, batch in self._batches("train"):
+            inputs, target = self._inputs_and_target(batch, "train")
             # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
             self.loss.denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
             progress = self.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
@@ -226,14 +276,24 @@ class Trainer:
         self.grad_norms = (self.all_sum(block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
         return {"train_loss": train_loss, "samples_per_s": samples / elapsed, "epoch_time_s": elapsed,
                 "lr": lr, "steps": steps, "samples": int(samples),
-                "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item())}
+                "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
+                **self._cache_stats()}
+
+    def _cache_stats(self) -> dict:
+        """AutoCache counters of the epoch summed over the workers, and this node's cache size in bytes."""
+        if self.cache is None:
+            return {}
+        own = self.cache.take_stats()
+        total = self.all_sum(list(own.values())).long().tolist()
+        return {"cache": {**dict(zip(own, total)), "cached_units": self.plan.cached_units,
+                          "memory_bytes": self.cache.memory_bytes, "disk_bytes": self.cache.disk_bytes}}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
         n = len(self.data.eval)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
-        for step, batch in iterate_batches(self.data.eval, self.eval_sampler, 0, self.replica, self.plan.dp):
-            inputs, target = self._inputs_and_target(batch)
+        for step, batch in self._batches("eval"):
+            inputs, target = self._inputs_and_target(batch, "eval")
             out = self.runtime.forward_only(inputs, target)
             if out is None:
                 continue
@@ -281,6 +341,11 @@ class Trainer:
             if self.is_main:
                 self.metrics.write("epoch", epoch=self.epoch, eval=ev, **stats)
                 shown = " ".join(f"eval_{k} {v:.2f}" for k, v in ev.items())
+                if stats.get("cache", {}).get("cached_units"):
+                    c = stats["cache"]
+                    used = c["hits"] + c["advanced"] + c["computed"]
+                    shown += (f"  cache {c['cached_units']} units, {100 * c['hits'] / max(used, 1):.0f}% hits "
+                              f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)")
                 self.view.print(f"epoch {self.epoch + 1}/{cfg.train.epochs}  loss {stats['train_loss']:.4f}  "
                                 f"{stats['samples_per_s']:.0f} samples/s  {stats['epoch_time_s']:.1f}s  {shown}  "
                                 f"[K={self.plan.pp} DP={self.plan.dp} M={self.plan.microbatches}]")
@@ -303,6 +368,9 @@ class Trainer:
             if every and (self.epoch % every == 0 or last):
                 self.save_checkpoint()
         total = time.perf_counter() - t_start
+        if self.cache is not None:
+            dist.barrier()  # every worker is done with the cache before one per node deletes it
+            self.cache.close(remove=not cfg.cache.keep and int(os.environ.get("LOCAL_RANK", "0")) == 0)
         if self.is_main:
             self.metrics.write("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=self.last_eval,
                                best_eval=self.best_eval)

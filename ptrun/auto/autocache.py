@@ -1,0 +1,180 @@
+"""AutoCache: the frozen prefix's output for each sample, computed once and read in later epochs, so the
+frozen units leave the pipeline altogether.
+
+When the controller's Plan says `cached_units = C` (> 0), the first pipeline stage starts at unit C and its
+rank asks this class for each batch's inputs: the output of units [0, C) per sample. A sample is found in
+the node's `ActivationStore` under a key that names exactly what the entry holds:
+
+    key(d) = hash(data transform and model tag, the weights and buffers of units 0 .. d-1, d)
+
+so an entry is valid only for the same prefix depth, the same frozen weights and the same preprocessing; a
+restart, a new run with `cache.keep`, or a changed recipe revalidates every entry by the key alone. Keys
+of every shallower depth are known too: when the prefix grows from d to C, an entry still holding depth d
+is advanced by running only units [d, C) on it (the incremental update); only a missing, corrupt or
+foreign entry is recomputed from the raw input. Results are written back for the batch's real samples
+(weight 1: each appears once per epoch, so every slot has one writer); padding duplicates are not.
+
+Frozen units run in eval mode (no dropout, no stochastic depth) wherever they run, in the cache and in a
+pipeline stage alike, so a cached activation is exactly what the prefix computes: the cache changes speed,
+not results (with `cache.dtype=float32`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from ptrun.auto.cache_store import ActivationStore, entry_specs
+from ptrun.auto.freeze import frozen_units_for_blocks
+from ptrun.config import CacheConfig, parse_memory
+from ptrun.models.layered import run_units
+
+STAT_NAMES = ("hits", "advanced", "computed", "corrupt", "written")
+"""Per-epoch counters: read as is, advanced from a shallower depth, computed from the raw input, found
+corrupt (then computed), and written back."""
+
+
+def default_min_units(num_blocks: int) -> int:
+    """The paper's threshold (3 of 12 blocks for ViT-B, 5 of 24 for BERT-large), as a quarter of the blocks
+    rounded up, in units."""
+    return frozen_units_for_blocks(-(-num_blocks // 4))
+
+
+def shared_memory_root() -> Path:
+    """/dev/shm where the OS has it (memory every process of the node can map), else the temp directory."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _as_tuple(out) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+class AutoCache:
+    """The frozen-prefix cache of one worker. `tag` names the data transform and model configuration (any
+    change to it must change the tag); train samples use slots [0, num_train), eval samples the next
+    num_eval."""
+
+    def __init__(self, layered, cfg: CacheConfig, *, tag: str, num_train: int, num_eval: int,
+                 device: torch.device, run_dir: str | Path):
+        self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
+        self.disk_dir = Path(cfg.dir).expanduser() if cfg.dir else Path(run_dir) / "cache"
+        # The memory tier is found from the disk tier's path, so workers of a node (and a later run with
+        # cache.keep and the same cache.dir) all map the same files.
+        node_key = hashlib.blake2b(str(self.disk_dir.resolve()).encode(), digest_size=6).hexdigest()
+        self.mem_dir = shared_memory_root() / f"ptrun-cache-{node_key}"
+        self.max_memory = parse_memory(cfg.max_memory)
+        self.storage_dtype = getattr(torch, cfg.dtype)
+        self.offset = {"train": 0, "eval": num_train}
+        self.num_slots = num_train + num_eval
+        self.depth = 0
+        self.keys: dict[int, int] = {}  # key -> the prefix depth it stands for
+        self.key = 0
+        self.store: ActivationStore | None = None
+        self.stats: Counter = Counter()
+
+    # ---- depth --------------------------------------------------------------------------------------
+    def depth_keys(self, depth: int) -> dict[int, int]:
+        """key -> d for every d in 1..depth, from one pass over the prefix's weights (a running hash)."""
+        running = hashlib.blake2b(self.tag.encode(), digest_size=8)
+        keys = {}
+        for d, unit in enumerate(self.layered.units[:depth], start=1):
+            for name, value in unit.state_dict().items():
+                running.update(name.encode())
+                running.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            at = running.copy()
+            at.update(f"depth={d}".encode())
+            keys[int.from_bytes(at.digest(), "little") | 1] = d  # | 1: never 0, the empty slot's key
+        return keys
+
+    def set_depth(self, depth: int, probe: tuple[torch.Tensor, ...]) -> None:
+        """Serve the output of units [0, depth) from now on (0 = the cache is not used). `probe` is one
+        sample's raw inputs (batch dimension 1), run once to learn the entry's shapes."""
+        if depth == self.depth:
+            return
+        self.depth = depth
+        if depth == 0:
+            return
+        prefix = self.layered.units[:depth]
+        for unit in prefix:
+            unit.to(self.device).eval()
+        self.keys = self.depth_keys(depth)
+        self.key = next(k for k, d in self.keys.items() if d == depth)
+        with torch.no_grad():
+            sample = _as_tuple(run_units(prefix, *(t.to(self.device) for t in probe)))
+        specs = entry_specs(tuple(t[0] for t in sample), self.storage_dtype)
+        if self.store is None or self.store.specs != specs:
+            if self.store is not None:
+                self.store.close()
+            self.store = ActivationStore(self.mem_dir, self.disk_dir, specs, self.num_slots, self.max_memory)
+
+    # ---- batches ------------------------------------------------------------------------------------
+    def lookup(self, split: str, batch: dict) -> dict:
+        """Read the batch's entries (I/O only: the prefetch thread calls this). Adds `cache_found` (the key
+        found per sample, 0 = miss) and `cache_tensors`."""
+        if self.depth:
+            ids = (batch["index"] + self.offset[split]).tolist()
+            batch["cache_found"], batch["cache_tensors"], batch["cache_corrupt"] = self.store.read(ids, self.keys)
+        return batch
+
+    @torch.no_grad()
+    def inputs(self, split: str, batch: dict, raw: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The first active unit's inputs for `batch`: entries found by `lookup` at the current depth as
+        they are, shallower ones advanced by the missing units, the rest computed from `raw`; new results
+        written back for the real samples."""
+        if "cache_found" not in batch:
+            self.lookup(split, batch)
+        depth_of = [self.keys.get(k, 0) for k in batch.pop("cache_found")]
+        out = [t.to(self.device) for t in batch.pop("cache_tensors")]
+        self.stats["corrupt"] += batch.pop("cache_corrupt")
+        ids = (batch["index"] + self.offset[split]).tolist()
+        real = batch["weight"] > 0
+        for start in sorted(set(depth_of) - {self.depth}):
+            rows = [i for i, d in enumerate(depth_of) if d == start]
+            index = torch.tensor(rows, device=self.device)
+            carry = tuple(r.index_select(0, index) for r in raw) if start == 0 else \
+                tuple(t.index_select(0, index) for t in out)
+            result = _as_tuple(run_units(self.layered.units[start:self.depth], *carry))
+            for t, r in zip(out, result):
+                t.index_copy_(0, index, r.to(t.dtype))
+            self.stats["computed" if start == 0 else "advanced"] += len(rows)
+            host = [r.cpu() for r in result]
+            for j, row in enumerate(rows):
+                if real[row]:
+                    self.store.write(ids[row], [h[j] for h in host], self.key)
+                    self.stats["written"] += 1
+        self.stats["hits"] += sum(d == self.depth for d in depth_of)
+        return tuple(out)
+
+    def take_stats(self) -> dict[str, int]:
+        """This worker's counters since the last call (then reset)."""
+        out = {name: int(self.stats[name]) for name in STAT_NAMES}
+        self.stats.clear()
+        return out
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.store.memory_bytes if self.store else 0
+
+    @property
+    def disk_bytes(self) -> int:
+        return self.store.disk_bytes if self.store else 0
+
+    def close(self, remove: bool) -> None:
+        """Unmap the store; with `remove`, delete its files (one process per node should)."""
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
+        if remove:
+            for path in list(self.mem_dir.glob("entries-*")) + list(self.disk_dir.glob("entries-*")):
+                path.unlink(missing_ok=True)
+            for folder in (self.mem_dir, self.disk_dir):
+                try:
+                    folder.rmdir()  # only if nothing else lives there (a user's own cache.dir keeps its files)
+                except OSError:
+                    pass

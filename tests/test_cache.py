@@ -1,0 +1,238 @@
+"""AutoCache: the store's tiers and integrity, and the prefix cache's exactness (single process; the
+4-worker run is in test_controller_dist.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import pipeline_cases as pc
+from ptrun.auto.autocache import AutoCache, default_min_units
+from ptrun.auto.cache_store import HEADER_BYTES, ActivationStore, TensorSpec, entry_specs
+from ptrun.config import CacheConfig, ConfigError, parse_memory
+from ptrun.models.layered import run_units
+
+B = 8  # samples per test batch
+
+
+def make_cache(layered, tmp_path: Path, **cfg) -> AutoCache:
+    return AutoCache(layered, CacheConfig(dir=str(tmp_path / "cache"), **cfg), tag="test", num_train=2 * B,
+                     num_eval=B, device=torch.device("cpu"), run_dir=tmp_path)
+
+
+def make_batch(kind: str, first_id: int = 0, padding: int = 0) -> tuple[dict, tuple[torch.Tensor, ...]]:
+    b = pc.batch(kind, 0)
+    raw = tuple(b[k][:B] for k in pc.model(kind).input_names)
+    weight = torch.ones(B)
+    if padding:
+        weight[-padding:] = 0
+    return {"index": torch.arange(first_id, first_id + B), "weight": weight}, raw
+
+
+def prefix(layered, depth: int, raw) -> tuple[torch.Tensor, ...]:
+    for unit in layered.units[:depth]:
+        unit.eval()
+    with torch.no_grad():
+        out = run_units(layered.units[:depth], *raw)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def inputs(cache: AutoCache, batch: dict, raw, split: str = "train"):
+    return cache.inputs(split, dict(batch), raw)
+
+
+@pytest.fixture(autouse=True)
+def _remove_shared_memory(tmp_path):
+    yield
+    for cache_dir in (tmp_path / "cache",):
+        # the memory tier lives in /dev/shm; remove it whatever a test left behind
+        AutoCache(pc.model("vit"), CacheConfig(dir=str(cache_dir)), tag="", num_train=1, num_eval=0,
+                  device=torch.device("cpu"), run_dir=tmp_path).close(remove=True)
+
+
+@pytest.mark.parametrize("kind", ["vit", "bert"])
+def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind):
+    layered = pc.model(kind)
+    cache = make_cache(layered, tmp_path)
+    batch, raw = make_batch(kind)
+    cache.set_depth(3, tuple(r[:1] for r in raw))
+    want = prefix(layered, 3, raw)
+    first = inputs(cache, batch, raw)
+    assert cache.take_stats() == {"hits": 0, "advanced": 0, "computed": B, "corrupt": 0, "written": B}
+    again = inputs(cache, batch, raw)
+    assert cache.take_stats()["hits"] == B
+    for a, b, w in zip(first, again, want):
+        assert torch.equal(a, w) and torch.equal(b, w)
+
+
+@pytest.mark.parametrize("kind", ["vit", "bert"])
+def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind):
+    layered = pc.model(kind)
+    cache = make_cache(layered, tmp_path)
+    batch, raw = make_batch(kind)
+    probe = tuple(r[:1] for r in raw)
+    cache.set_depth(3, probe)
+    inputs(cache, batch, raw)
+    cache.set_depth(5, probe)
+    cache.take_stats()
+    advanced = inputs(cache, batch, raw)
+    assert cache.take_stats()["advanced"] == B  # units 3 and 4 only, on the cached depth-3 tensors
+    for got, want in zip(advanced, prefix(layered, 5, raw)):
+        assert torch.equal(got, want)
+    inputs(cache, batch, raw)
+    assert cache.take_stats()["hits"] == B  # the advanced entries were written back at depth 5
+
+
+def test_entries_written_by_one_process_are_read_by_another(tmp_path):
+    specs = (TensorSpec((5, 4), torch.float32, torch.float32),)
+    mem, disk = tmp_path / "mem", tmp_path / "disk"
+    writer = textwrap.dedent(f"""
+        import torch
+        from ptrun.auto.cache_store import ActivationStore, TensorSpec
+        store = ActivationStore({str(mem)!r}, {str(disk)!r}, (TensorSpec((5, 4), torch.float32, torch.float32),),
+                                6, 3 * 1024)
+        g = torch.Generator().manual_seed(7)
+        for sample in range(6):
+            store.write(sample, [torch.randn(5, 4, generator=g)], key=99)
+    """)
+    subprocess.run([sys.executable, "-c", writer], check=True, timeout=120)
+    store = ActivationStore(mem, disk, specs, 6, 3 * 1024)
+    found, (tensor,), corrupt = store.read(list(range(6)), {99})
+    g = torch.Generator().manual_seed(7)
+    assert found == [99] * 6 and corrupt == 0
+    assert torch.equal(tensor, torch.stack([torch.randn(5, 4, generator=g) for _ in range(6)]))
+
+
+def test_the_memory_budget_holds_and_overflow_goes_to_disk_and_reads_back_equal(tmp_path):
+    specs = (TensorSpec((16,), torch.float32, torch.float32),)
+    store = ActivationStore(tmp_path / "mem", tmp_path / "disk", specs, 10, max_memory=3 * 128 + 100)
+    assert store.slot_bytes == 128  # 16-byte header + 64 bytes of data, rounded up to 64
+    assert store.memory_slots == 3
+    assert store.mem_path.stat().st_size == 3 * 128 <= 3 * 128 + 100  # within the budget
+    assert store.disk_path.stat().st_size == 7 * 128
+    values = torch.randn(10, 16)
+    for sample in range(10):
+        store.write(sample, [values[sample]], key=5)
+    found, (got,), _ = store.read(list(range(10)), {5})
+    assert found == [5] * 10 and torch.equal(got, values)
+    # sample 7 lives in the disk file (slot 4 there): damage it there and only sample 7 goes bad
+    with open(store.disk_path, "r+b") as f:
+        f.seek(4 * 128 + HEADER_BYTES + 3)
+        f.write(b"\xff")
+    found, _, corrupt = store.read(list(range(10)), {5})
+    assert corrupt == 1 and found == [5] * 7 + [0] + [5] * 2
+
+
+def test_a_corrupted_entry_is_detected_and_recomputed(tmp_path):
+    layered = pc.model("vit")
+    cache = make_cache(layered, tmp_path)
+    batch, raw = make_batch("vit")
+    cache.set_depth(3, tuple(r[:1] for r in raw))
+    inputs(cache, batch, raw)
+    store = cache.store
+    with open(store.mem_path, "r+b") as f:  # flip one byte in sample 2's data
+        f.seek(2 * store.slot_bytes + HEADER_BYTES + 11)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x40]))
+    cache.take_stats()
+    got = inputs(cache, batch, raw)
+    assert cache.take_stats() == {"hits": B - 1, "advanced": 0, "computed": 1, "corrupt": 1, "written": 1}
+    assert torch.equal(got[0], prefix(layered, 3, raw)[0])
+    inputs(cache, batch, raw)
+    assert cache.take_stats()["hits"] == B  # repaired
+
+
+def test_a_torn_write_reads_as_a_miss(tmp_path):
+    specs = (TensorSpec((4,), torch.float32, torch.float32),)
+    store = ActivationStore(tmp_path / "m", tmp_path / "d", specs, 2, 1 << 20)
+    store.write(0, [torch.ones(4)], key=3)
+    store.write(1, [torch.ones(4)], key=3)
+    # a writer killed between clearing the key and setting it again leaves key 0: empty, never read
+    store._slot(1)[:8] = 0
+    assert store.read([0, 1], {3})[0] == [3, 0]
+
+
+def test_a_restart_revalidates_entries_by_the_frozen_weights(tmp_path):
+    layered = pc.model("vit")
+    batch, raw = make_batch("vit")
+    probe = tuple(r[:1] for r in raw)
+    cache = make_cache(layered, tmp_path)
+    cache.set_depth(3, probe)
+    inputs(cache, batch, raw)
+    cache.close(remove=False)
+
+    same = make_cache(layered, tmp_path)  # a restarted worker with the same weights: every entry is valid
+    same.set_depth(3, probe)
+    inputs(same, batch, raw)
+    assert same.take_stats()["hits"] == B
+    same.close(remove=False)
+
+    with torch.no_grad():
+        next(layered.units[1].parameters()).add_(1e-3)  # other frozen weights: nothing may be reused
+    changed = make_cache(layered, tmp_path)
+    changed.set_depth(3, probe)
+    got = inputs(changed, batch, raw)
+    assert changed.take_stats()["computed"] == B
+    assert torch.equal(got[0], prefix(layered, 3, raw)[0])
+
+
+def test_padding_duplicates_are_not_written_and_eval_has_its_own_slots(tmp_path):
+    layered = pc.model("vit")
+    cache = make_cache(layered, tmp_path)
+    batch, raw = make_batch("vit", padding=3)
+    cache.set_depth(3, tuple(r[:1] for r in raw))
+    inputs(cache, batch, raw)
+    assert cache.take_stats()["written"] == B - 3
+    inputs(cache, batch, raw, split="eval")  # same ids, other split: slots 16.. are still empty
+    assert cache.take_stats()["computed"] == B
+
+
+def test_half_precision_storage_rounds_the_hidden_states_and_keeps_masks_exact(tmp_path):
+    layered = pc.model("bert")
+    cache = make_cache(layered, tmp_path, dtype="float16")
+    batch, raw = make_batch("bert")
+    cache.set_depth(3, tuple(r[:1] for r in raw))
+    assert cache.store.specs[0].stored == torch.float16 and cache.store.specs[1].stored == torch.float32
+    inputs(cache, batch, raw)
+    hidden, mask = inputs(cache, batch, raw)
+    want_hidden, want_mask = prefix(layered, 3, raw)
+    assert torch.equal(mask, want_mask)  # -3.4e38 would be -inf in float16
+    torch.testing.assert_close(hidden, want_hidden, rtol=1e-3, atol=1e-3)
+    assert not torch.equal(hidden, want_hidden)
+
+
+def test_close_removes_both_tiers_unless_kept(tmp_path):
+    layered = pc.model("vit")
+    batch, raw = make_batch("vit")
+    kept = make_cache(layered, tmp_path, keep=True)
+    kept.set_depth(3, tuple(r[:1] for r in raw))
+    files = [kept.store.mem_path, kept.store.disk_path]
+    kept.close(remove=False)
+    assert all(f.exists() for f in files)
+    removed = make_cache(layered, tmp_path)
+    removed.close(remove=True)
+    assert not any(f.exists() for f in files) and not removed.mem_dir.exists()
+
+
+def test_an_unusable_cache_dir_is_one_clear_error(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    specs = (TensorSpec((4,), torch.float32, torch.float32),)
+    with pytest.raises(ConfigError, match=r"cache.dir: cannot create the directory .*a_file/sub"):
+        ActivationStore(tmp_path / "m", tmp_path / "a_file" / "sub", specs, 4, 0)
+
+
+def test_defaults_and_memory_sizes():
+    assert default_min_units(12) == 7 and default_min_units(24) == 13 and default_min_units(6) == 5
+    assert parse_memory("50%", total=1000) == 500
+    assert parse_memory("2GB") == 2 << 30 and parse_memory("512MB") == 512 << 20 and parse_memory("4096") == 4096
+    for bad in ("0%", "150%", "lots", "-1GB"):
+        with pytest.raises(ConfigError, match="cache.max_memory"):
+            parse_memory(bad)
+    specs = entry_specs((torch.zeros(3, 4), torch.zeros(1, 1, 3)), torch.bfloat16)
+    assert [s.stored for s in specs] == [torch.bfloat16, torch.float32]
