@@ -1,4 +1,4 @@
-"""`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow) and `recipes`.
+"""`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow), `recipes` and `report`.
 
 `ptrun train` composes the config ONCE here, validates it, writes the resolved YAML into the run directory
 and launches the workers, which only read that file. Bad input ends with one line on stderr naming the
@@ -29,6 +29,9 @@ subcommands:
   train [overrides]   train a recipe, e.g. `ptrun train recipe=digits_vit train.epochs=5`
                       (Hydra: `ptrun train --help`, `--cfg job`, `-m key=a,b` for a sweep)
   recipes             list the recipes, one line each
+  report RUN_DIR [RUN_DIR ...] [--out DIR]
+                      figures and report.md for runs or sweep dirs (the first run is the baseline;
+                      default --out: the first RUN_DIR's report/)
 """
 
 
@@ -152,6 +155,35 @@ def run_train(args: list[str]) -> None:
     app()
 
 
+def run_report(args: list[str]) -> None:
+    """`ptrun report RUN_DIR [RUN_DIR ...] [--out DIR]`: figures and report.md (see ptrun/report)."""
+    from ptrun.report import ReportError, write_report
+
+    paths, out = [], None
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            print(USAGE, end="")
+            return
+        if arg == "--out" or arg.startswith("--out="):
+            out = arg[len("--out="):] if "=" in arg else (args.pop(0) if args else _fail("--out needs a directory"))
+        elif arg.startswith("-"):
+            _fail(f"unknown option '{arg}' for report (allowed: --out DIR)")
+        else:
+            paths.append(arg)
+    if not paths:
+        _fail("report needs at least one RUN_DIR")
+    out = Path(out) if out else Path(paths[0]) / "report"
+    try:
+        written = write_report(paths, out)
+    except ReportError as e:
+        _fail(str(e))
+    except OSError as e:  # e.g. --out names a file, or a directory we may not write
+        _fail(f"cannot write the report to {out}: {e.strerror or e}")
+    for path in written.values():
+        print(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -166,8 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "recipes":
         for name, summary in recipe_summaries().items():
             print(f"{name:<22} {summary}")
+    elif command == "report":
+        run_report(rest)
     else:
-        _fail(f"unknown subcommand '{command}' (allowed: train, recipes)")
+        _fail(f"unknown subcommand '{command}' (allowed: train, recipes, report)")
 
 
 if __name__ == "__main__":

@@ -268,6 +268,9 @@ class PtrunConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: str = "jsonl"
+    """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) or
+    `tensorboard` (also TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`)."""
     run_dir: str = MISSING
     """Where the resolved config, log, metrics and checkpoints go (`hydra.run.dir`)."""
 
@@ -279,7 +282,10 @@ BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-DATA_SOURCES = ("digits", "imagefolder")
+DATA_SOURCES = ("digits", "imagefolder", "cifar10", "cifar100", "glue", "squad")
+TEXT_SOURCES = ("glue", "squad")
+GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli")
+"""GLUE tasks ptrun trains (STS-B, a regression, is not one yet: the loss is a classification loss)."""
 TASKS = ("classification", "qa")
 CACHE_DTYPES = ("float32", "bfloat16", "float16")
 CACHE_AUGMENT = ("fixed", "off")
@@ -370,6 +376,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         _require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
                  and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
                  f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
+    _require(cfg.logger in ("jsonl", "tensorboard"), "logger", "jsonl or tensorboard", cfg.logger)
     ca = cfg.cache
     _require(ca.dtype in CACHE_DTYPES, "cache.dtype", f"one of {', '.join(CACHE_DTYPES)}", ca.dtype)
     _require(ca.augment in CACHE_AUGMENT, "cache.augment", f"one of {', '.join(CACHE_AUGMENT)}", ca.augment)
@@ -446,6 +453,24 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     problem = schedule_problem(p.schedule, p.length, p.stages_per_rank, p.microbatches)
     if problem:
         _require(False, *problem)
+    if d.name in ("cifar10", "cifar100") + TEXT_SOURCES:
+        _require(d.path is not None, "data.path", f"the local dataset directory for data.name={d.name}", d.path)
+    if d.name in TEXT_SOURCES:
+        _require(m.family == "bert" or (m.family is None and m.name.startswith("bert")) or m.pretrained is not None,
+                 "model.name", f"a BERT model for the text source data.name={d.name}", m.name)
+        want_task = "qa" if d.name == "squad" else "classification"
+        _require(m.task == want_task, "model.task", f"{want_task} for data.name={d.name}", m.task)
+        _require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null",
+                 d.max_length)
+        if d.name == "squad":
+            _require(1 <= d.doc_stride < (d.max_length or 384), "data.doc_stride",
+                     "an integer >= 1 and below data.max_length", d.doc_stride)
+        _require(d.tokenizer is not None or m.pretrained is not None, "data.tokenizer",
+                 "a local tokenizer directory (or model.pretrained, a Hugging Face model directory)", d.tokenizer)
+    if d.name == "glue":
+        _require(d.task in GLUE_TASKS, "data.task", f"one of {', '.join(GLUE_TASKS)} for data.name=glue", d.task)
+    if d.tokenizer is not None and not Path(d.tokenizer).expanduser().is_dir():
+        raise ConfigError(f"data.tokenizer={d.tokenizer!r}: no such directory")
     if d.name == "imagefolder":
         _require(d.path is not None, "data.path", "a directory of class folders for data.name=imagefolder",
                  d.path)

@@ -17,10 +17,36 @@ def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+NEEDS_LOCAL_FILES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}
+"""Recipes of the paper's workloads: they read a dataset (and weights) from local paths the user gives."""
+
+PAPER = {  # recipe -> (model, data source, optimizer, lr, epochs, starting K, schedule) from SPEC section 5
+    "vit_imagenet": ("vit_base_patch16_224", "imagefolder", "sgd", 0.03, 10, 8, "cosine"),
+    "vit_cifar100": ("vit_base_patch16_224", "cifar100", "sgd", 0.1, 10, 8, "cosine"),
+    "vit_cifar10": ("vit_base_patch16_224", "cifar10", "sgd", 0.1, 10, 8, "cosine"),
+    "bert_squad": ("bert-large", "squad", "adamw", 3e-5, 3, 8, "linear"),
+    "bert_sst2": ("bert-base", "glue", "adamw", 2e-5, 3, 4, "linear"),
+}
+
+
 @pytest.mark.parametrize("recipe", sorted(recipe_summaries()))
 def test_every_recipe_composes_and_validates(recipe, tmp_path):
-    cfg = compose_config([f"recipe={recipe}"], tmp_path)
+    overrides = [f"recipe={recipe}"]
+    if recipe in NEEDS_LOCAL_FILES:
+        overrides += [f"data.path={tmp_path}", f"model.pretrained={tmp_path}"]
+    cfg = compose_config(overrides, tmp_path)
     assert cfg.train.epochs >= 1 and cfg.launcher.nproc_per_node >= 1
+    if recipe in PAPER:
+        got = (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.optim.lr, cfg.train.epochs, cfg.pipe.length,
+               cfg.optim.schedule)
+        assert got == PAPER[recipe]
+        assert cfg.freeze.policy == "pipetransformer" and cfg.freeze.alpha == pytest.approx(1 / 3)
+        assert cfg.auto.cache and cfg.train.grad_clip == 1.0
+
+
+def test_paper_recipes_say_which_local_files_they_need(tmp_path):
+    out = ptrun("train", "recipe=bert_squad", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and "data.path=None is not allowed: the local dataset directory" in out.stderr
 
 
 def test_recipes_lists_each_with_a_summary(tmp_path):
@@ -40,14 +66,15 @@ def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
 def test_help_lists_recipes_and_groups(tmp_path):
     out = ptrun("train", "--help", cwd=tmp_path)
     assert out.returncode == 0
-    assert "recipe: digits_vit" in out.stdout and "optim: adamw, sgd" in out.stdout
+    assert "digits_vit" in next(l for l in out.stdout.splitlines() if l.startswith("recipe: "))
+    assert "optim: adamw, sgd" in out.stdout
 
 
 BAD_INPUT = [
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
-    (["recipe=nope"], "unknown recipe 'nope' (available: digits_vit"),
+    (["recipe=nope"], "unknown recipe 'nope' (available: bert_glue, bert_squad, bert_sst2, digits_vit"),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed"),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
@@ -106,4 +133,4 @@ def test_existing_run_is_not_overwritten_without_resume(tmp_path):
 
 def test_unknown_subcommand(tmp_path):
     out = ptrun("fly", cwd=tmp_path)
-    assert out.returncode == 2 and "unknown subcommand 'fly' (allowed: train, recipes)" in out.stderr
+    assert out.returncode == 2 and "unknown subcommand 'fly' (allowed: train, recipes, report)" in out.stderr

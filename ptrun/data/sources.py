@@ -1,15 +1,17 @@
 """Dataset sources: each turns a `DataConfig` into train/eval `datasets.Dataset`s that yield torch tensors.
 
-Everything loads from local files (no downloads). Both sources produce the columns `pixel_values`
-(float32, C x H x W, normalised) and `labels` (int64); the label mapping comes from the sorted class names
-and is the same for both splits.
+Everything loads from local files (no downloads). The image sources (`digits`, `imagefolder` here;
+`cifar10`, `cifar100` in cifar.py) produce the columns `pixel_values` (float32, C x H x W, normalised) and
+`labels` (int64); for class folders the label mapping comes from the sorted class names and is the same for
+both splits. The text sources (`glue`, `squad` in text.py) produce `input_ids`, `attention_mask`,
+`token_type_ids` plus `labels` (GLUE) or `start_positions` / `end_positions` (SQuAD).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import datasets
 import numpy as np
@@ -18,6 +20,9 @@ from sklearn.model_selection import train_test_split
 from torchvision.transforms import v2
 
 from ptrun.config import ConfigError, DataConfig
+
+if TYPE_CHECKING:
+    from ptrun.data.text import QAEvalData
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -41,11 +46,19 @@ class DataSplits:
     image_size: int | None
     """H == W of `pixel_values`."""
     in_chans: int | None
+    vocab_size: int | None = None
+    """Tokenizer vocabulary size of a text source (the BERT embedding rows); None for images."""
+    qa_eval: QAEvalData | None = None
+    """SQuAD only: what turns the eval features' start/end logits into answer texts (see text.py)."""
 
 
 def build_datasets(cfg: DataConfig) -> DataSplits:
     """Build the splits of `cfg.name`; raises ConfigError for an unknown source or a bad `cfg.path`."""
-    builders = {"digits": _digits, "imagefolder": _imagefolder}
+    # imported here: both modules import DataSplits from this one
+    from ptrun.data import cifar, text
+
+    builders = {"digits": _digits, "imagefolder": _imagefolder, "cifar10": cifar.build_cifar10,
+                "cifar100": cifar.build_cifar100, "glue": text.build_glue, "squad": text.build_squad}
     if cfg.name not in builders:
         raise ConfigError(f"data.name={cfg.name!r} is not allowed: one of {', '.join(builders)}")
     return builders[cfg.name](cfg)

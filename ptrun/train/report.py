@@ -25,12 +25,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class MetricsLog:
-    def __init__(self, run_dir: str | Path):
+    """Appends events to `metrics.jsonl` (always) and, with `tensorboard`, mirrors them as TensorBoard
+    scalars in the run directory."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.tensorboard = None
+        if tensorboard:
+            from ptrun.report.tensorboard import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(run_dir)
 
     def write(self, event: str, **fields: Any) -> None:
+        record = {"time": round(time.time(), 3), **fields}
         with open(self.path, "a") as f:
-            f.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}) + "\n")
+            f.write(json.dumps({"event": event, **record}) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(event, **record)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def setup_logging(run_dir: str | Path, rank: int) -> None:

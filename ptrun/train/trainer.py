@@ -24,7 +24,7 @@ from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Layout, build_layout, change_layout
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import blocks_of_units
-from ptrun.config import ConfigError, PtrunConfig
+from ptrun.config import ConfigError, DataConfig, PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
@@ -32,20 +32,35 @@ from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint
 from ptrun.train.losses import WeightedLoss, make_target, per_sample_loss
+from ptrun.train.metrics import glue_metrics, squad_metrics
 from ptrun.train.optim import set_lr
 from ptrun.train.report import MetricsLog, ProgressView
 
 log = logging.getLogger(__name__)
 
 
+def data_config(cfg: PtrunConfig) -> DataConfig:
+    """The data configuration as the sources need it: a text source's tokenizer defaults to the model's own
+    directory (`model.pretrained`)."""
+    if cfg.data.tokenizer is None and cfg.model.pretrained is not None:
+        return replace(cfg.data, tokenizer=cfg.model.pretrained)
+    return cfg.data
+
+
+def metric_key(result: dict) -> str:
+    """The eval number that ranks checkpoints: the GLUE score, SQuAD F1 or top-1 when there is one (higher
+    is better), else the loss (lower is better)."""
+    return next((k for k in ("score", "f1", "top1") if k in result), "loss")
+
+
 class Trainer:
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         self.is_main = rank == 0
-        self.data = build_datasets(cfg.data)
+        self.data = build_datasets(data_config(cfg))
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.layered = build_model(cfg.model, num_classes=self.data.num_classes, img_size=self.data.image_size,
-                                   in_chans=self.data.in_chans)
+                                   in_chans=self.data.in_chans, vocab_size=self.data.vocab_size)
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
         self.loss = WeightedLoss(cfg.model.task)
         self.eval_sampler = EpochSampler(len(self.data.eval), cfg.train.global_batch_size, cfg.train.seed,
@@ -60,7 +75,7 @@ class Trainer:
                                      partition_kwargs)
         self.epoch = self.global_step = 0
         self.cache = self._make_cache() if cfg.auto.cache else None
-        self.metrics = MetricsLog(cfg.run_dir) if self.is_main else None
+        self.metrics = MetricsLog(cfg.run_dir, tensorboard=cfg.logger == "tensorboard") if self.is_main else None
         self.view = ProgressView(enabled=self.is_main)
         self.best_eval: dict = {}
         self.last_eval: dict = {}
@@ -78,7 +93,7 @@ class Trainer:
         self.plain_train = self.data.train
         if cfg.data.augment:
             if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-                self.plain_train = build_datasets(replace(cfg.data, augment=False)).train
+                self.plain_train = build_datasets(replace(data_config(cfg), augment=False)).train
             elif self.is_main:
                 log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
                             "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
@@ -292,11 +307,16 @@ class Trainer:
     def evaluate(self) -> dict:
         n = len(self.data.eval)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
+        # GLUE and SQuAD metrics need every eval output at once: (sample ids, outputs) of the real samples
+        outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for step, batch in self._batches("eval"):
             inputs, target = self._inputs_and_target(batch, "eval")
             out = self.runtime.forward_only(inputs, target)
             if out is None:
                 continue
+            if self.cfg.data.name in ("glue", "squad"):
+                real = batch["weight"] > 0
+                outputs.append((batch["index"][real], out[real.to(out.device)].float().cpu()))
             weight = target[:, -1].double()
             sums[0] += (per_sample_loss(out, target, self.cfg.model.task).double() * weight).sum()
             if self.cfg.model.task == "classification":
@@ -308,7 +328,32 @@ class Trainer:
         result = {"loss": loss / count}
         if self.cfg.model.task == "classification":
             result["top1"] = 100.0 * correct / count
+        if self.cfg.data.name in ("glue", "squad"):
+            result.update(self._task_metrics(outputs))
         return result
+
+    def _task_metrics(self, outputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        """GLUE's metrics for its task, or SQuAD's exact match and F1 (answers from the n-best spans of each
+        example's windows), from every last stage's outputs; computed on rank 0 and shared."""
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, outputs)
+        box: list = [None]
+        if self.is_main:
+            pairs = [pair for part in gathered for pair in part]
+            ids = torch.cat([i for i, _ in pairs])
+            order = ids.argsort()
+            values = torch.cat([o for _, o in pairs])[order]
+            assert torch.equal(ids[order], torch.arange(len(self.data.eval))), "eval outputs do not cover the set"
+            if self.cfg.data.name == "glue":
+                labels = self.data.eval[:]["labels"]
+                box[0] = glue_metrics(self.cfg.data.task, values, labels)
+            else:
+                from ptrun.data.text import postprocess_qa
+
+                predictions = postprocess_qa(self.data.qa_eval, values[..., 0].numpy(), values[..., 1].numpy())
+                box[0] = squad_metrics(predictions, self.data.qa_eval.references())
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     # ---- the run ------------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -333,8 +378,8 @@ class Trainer:
             ev = self.evaluate() if last or (self.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
             if ev:
                 self.last_eval = ev
-                key = "top1" if "top1" in ev else "loss"
-                better = (ev[key] > self.best_eval.get(key, -1)) if key == "top1" else \
+                key = metric_key(ev)
+                better = (ev[key] > self.best_eval.get(key, -1)) if key != "loss" else \
                     (ev[key] < self.best_eval.get(key, float("inf")))
                 if better:
                     self.best_eval = {**ev, "epoch": self.epoch}
@@ -380,5 +425,7 @@ class Trainer:
         return self.last_eval
 
     def close(self) -> None:
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
         if getattr(self, "layout", None) is not None:
             self.layout.groups.destroy()

@@ -1,0 +1,78 @@
+"""`TensorBoardLog`: the `metrics.jsonl` events as TensorBoard scalars, written as a run goes.
+
+It mirrors `MetricsLog.write(event, **fields)`, so the trainer can call both with the same arguments:
+
+  plan  -> layout/K, layout/DP, layout/frozen_units, layout/microbatches, layout/transition_s and, when the
+           plan has it, layout/cached_units
+  epoch -> train/loss, train/samples_per_s, train/epoch_time_s, train/lr, train/sample_uses_min,
+           train/sample_uses_max, eval/<key> for every number in `eval` (eval/top1, eval/loss) and
+           cache/<key> for every number in `cache` (AutoCache's hits, computed, memory_bytes, ...)
+  start -> the text "run/start" (the event as JSON)
+  end   -> the scalar run/total_time_s and the text "run/end"
+  other events are ignored.
+
+The step of an epoch's scalars (and of the plan it ran in) is `epoch + 1`, the 1-based epoch the terminal
+and `ptrun report` show; the end event's step is `epochs`. Wall times are the events' `time` when given
+(as `MetricsLog` writes it), now otherwise. The event file goes into the run directory itself, so
+`tensorboard --logdir runs` lists each run under its directory name. A resumed run adds a second event
+file beside the first; TensorBoard shows the repeated epochs of both.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+# metrics.jsonl field -> scalar tag, per event
+PLAN_SCALARS = {"pp": "layout/K", "dp": "layout/DP", "frozen_units": "layout/frozen_units",
+                "microbatches": "layout/microbatches", "cached_units": "layout/cached_units",
+                "transition_s": "layout/transition_s"}
+EPOCH_SCALARS = {"train_loss": "train/loss", "samples_per_s": "train/samples_per_s",
+                 "epoch_time_s": "train/epoch_time_s", "lr": "train/lr",
+                 "sample_uses_min": "train/sample_uses_min", "sample_uses_max": "train/sample_uses_max"}
+
+
+class TensorBoardLog:
+    def __init__(self, run_dir: str | Path):
+        # torch's writer needs the `tensorboard` package; import it only when a run asks for this logger.
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = Path(run_dir)
+        self.writer = SummaryWriter(log_dir=str(self.run_dir))
+
+    def write(self, event: str, **fields: Any) -> None:
+        wall = fields.get("time", time.time())
+        if event == "plan":
+            self._scalars(PLAN_SCALARS, fields, fields["epoch"] + 1, wall)
+        elif event == "epoch":
+            step = fields["epoch"] + 1
+            self._scalars(EPOCH_SCALARS, fields, step, wall)
+            for group in ("eval", "cache"):
+                for key, value in (fields.get(group) or {}).items():
+                    if isinstance(value, (int, float)):
+                        self.writer.add_scalar(f"{group}/{key}", value, step, walltime=wall)
+            self.writer.flush()  # once an epoch: a TensorBoard open beside the run follows it live
+        elif event == "start":
+            self.writer.add_text("run/start", json.dumps(fields), 0, walltime=wall)
+        elif event == "end":
+            if "total_time_s" in fields:
+                self.writer.add_scalar("run/total_time_s", fields["total_time_s"], fields.get("epochs", 0),
+                                       walltime=wall)
+            self.writer.add_text("run/end", json.dumps(fields), fields.get("epochs", 0), walltime=wall)
+            self.writer.flush()
+
+    def _scalars(self, tags: dict[str, str], fields: dict[str, Any], step: int, wall: float) -> None:
+        for key, tag in tags.items():
+            if isinstance(fields.get(key), (int, float)):
+                self.writer.add_scalar(tag, fields[key], step, walltime=wall)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def __enter__(self) -> "TensorBoardLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
