@@ -116,13 +116,21 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
         raise ConfigError(f"no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}")
 
 
+SWEEP_JOBS: list[tuple[Path, list[str]]] = []
+"""(run directory, the sweep's overrides) of each job of a `-m` sweep, in order, for its closing summary."""
+
+
 def train_task(cfg: DictConfig) -> None:
     """Hydra's task function: runs once per job (once, or once per sweep point with -m)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from ptrun.launch import LaunchFailed, launch
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        SWEEP_JOBS.append((run_dir, list(hydra_cfg.overrides.task)))
     created_now = not any(run_dir.iterdir())
     try:
         OmegaConf.resolve(cfg)
@@ -153,6 +161,25 @@ def run_train(args: list[str]) -> None:
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(train_task)
     sys.argv = ["ptrun train", *args]
     app()
+    if SWEEP_JOBS:
+        print_sweep_summary(SWEEP_JOBS)
+
+
+def print_sweep_summary(jobs: list[tuple[Path, list[str]]]) -> None:
+    """After a sweep: one line per point (the overrides that vary across points, final eval, time,
+    speedup over the first point)."""
+    from ptrun.report import ReportError, load_run
+    from ptrun.report.summary import sweep_table
+
+    try:
+        runs = [load_run(run_dir) for run_dir, _ in jobs]
+    except ReportError as e:
+        print(f"ptrun: no sweep summary: {e}", file=sys.stderr)
+        return
+    print("\nsweep summary (`ptrun report " + str(jobs[0][0].parent) + "` draws the figures):")
+    varying = [o for o in dict.fromkeys(o for _, overrides in jobs for o in overrides)
+               if not all(o in overrides for _, overrides in jobs)]
+    print(sweep_table(runs, [" ".join(o for o in overrides if o in varying) for _, overrides in jobs]))
 
 
 def run_report(args: list[str]) -> None:

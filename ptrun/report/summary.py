@@ -171,3 +171,16 @@ def markdown(runs: list[Run], figures: dict[str, Path], out_dir: Path) -> str:
         for title, path in figures.items():
             lines += [f"![{title}]({path.relative_to(out_dir) if path.is_relative_to(out_dir) else path})", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def sweep_table(runs: list[Run], settings: list[str]) -> str:
+    """A sweep's closing summary as markdown: each point's setting, final eval, training time, and its
+    speedup in training time over the first point (the sweep's baseline)."""
+    sums = [summarize(r) for r in runs]
+    base = sums[0]["train_time_s"] if sums else None
+    lines = ["| point | setting | final eval | training time (s) | speedup vs point 0 |", "|---|---|---|---|---|"]
+    for n, (s, setting) in enumerate(zip(sums, settings)):
+        final = f"{s['metric']} {s['final']:.2f}" if s["final"] is not None else "-"
+        speedup = f"{base / s['train_time_s']:.2f}x" if base and s["train_time_s"] else "-"
+        lines.append(f"| {n} | {setting} | {final} | {s['train_time_s']:.1f} | {speedup} |")
+    return "\n".join(lines)
