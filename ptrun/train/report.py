@@ -100,3 +100,46 @@ class ProgressView:
     def print(self, message: str) -> None:
         if self.enabled:
             self.console.print(message) if self.live else print(message, flush=True)
+
+    def show_layout(self, plan, unit_names: list[str]) -> None:
+        """The layout a run trains in: a table of its stages on a terminal, one line otherwise."""
+        if not self.enabled:
+            return
+        if self.live:
+            self.console.print(layout_table(plan, unit_names))
+        else:
+            print(layout_line(plan), flush=True)
+
+
+def _stage_rows(plan) -> list[tuple[int, int, int, int, int]]:
+    """(stage, rank position, first unit, end unit, of which frozen, of which cached) per stage."""
+    rows = []
+    for s, (lo, hi) in enumerate(plan.stage_bounds):
+        position = next(r for r in range(plan.pp) if s in plan.local_stages(r))
+        frozen = max(0, min(hi, plan.frozen_units) - lo)
+        cached = max(0, min(hi, plan.cached_units) - lo)
+        rows.append((s, position, lo, hi, frozen, cached))
+    return rows
+
+
+def layout_line(plan) -> str:
+    """One plain line: K, DP, M and each stage's unit range with its frozen / cached share."""
+    stages = " ".join(f"[{lo},{hi})" + (f"f{frozen}" if frozen else "") + (f"c{cached}" if cached else "")
+                      for _, _, lo, hi, frozen, cached in _stage_rows(plan))
+    return (f"layout: K={plan.pp} DP={plan.dp} M={plan.microbatches} {plan.schedule}; frozen "
+            f"{plan.frozen_units}/{plan.num_units} units, cached {plan.cached_units}; stages {stages}")
+
+
+def layout_table(plan, unit_names: list[str]):
+    """A rich Table: one row per stage (rank position, units by name, frozen and cached units)."""
+    from rich.table import Table
+
+    table = Table(title=f"K={plan.pp} x DP={plan.dp}, M={plan.microbatches} ({plan.schedule}); "
+                        f"{plan.frozen_units} of {plan.num_units} units frozen, {plan.cached_units} cached",
+                  title_justify="left")
+    for column in ("stage", "rank", "units", "frozen", "cached"):
+        table.add_column(column)
+    for s, position, lo, hi, frozen, cached in _stage_rows(plan):
+        table.add_row(str(s), str(position), f"{unit_names[lo]} .. {unit_names[hi - 1]} [{lo},{hi})", str(frozen),
+                      str(cached))
+    return table

@@ -370,6 +370,7 @@ class Trainer:
                 f"run dir {cfg.run_dir}")
         t_start = time.perf_counter()
         transition_s = 0.0
+        self.view.show_layout(self.plan, self.layered.unit_names)
         while self.epoch < cfg.train.epochs:
             if self.is_main:
                 self.metrics.write("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict())
@@ -409,6 +410,7 @@ class Trainer:
                             f"{old.frozen_units}); K {old.pp} -> {plan.pp}, DP {old.dp} -> {plan.dp}, M "
                             f"{old.microbatches} -> {plan.microbatches}; stages {list(map(list, plan.stage_bounds))}; "
                             f"transition {transition_s:.2f}s")
+                        self.view.show_layout(plan, self.layered.unit_names)
             every = cfg.checkpoint.every_epochs
             if every and (self.epoch % every == 0 or last):
                 self.save_checkpoint()
