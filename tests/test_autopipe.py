@@ -252,3 +252,16 @@ def test_controller_caches_from_the_threshold_and_respects_fixed_stages():
     fixed = Controller(cfg, 8, EQUAL, first).plan_for(first, 7, 8)
     assert fixed.stage_bounds == first.stage_bounds and fixed.frozen_units == 15
     assert fixed.cached_units == first.stage_bounds[0][1] - 1  # the first stage keeps one unit to run
+
+
+def test_a_prefix_too_long_for_the_pipeline_is_cached_shorter_not_dropped():
+    from ptrun.auto.controller import Controller
+    from ptrun.config import PtrunConfig
+
+    cfg = PtrunConfig(run_dir="unused")
+    cfg.auto.cache, cfg.auto.dp = True, False  # K stays 4: 4 stages need 4 uncached units
+    cfg.train.global_batch_size = 64
+    first = start_plan()
+    plan = Controller(cfg, 8, EQUAL, first).plan_for(first, 8, 8)  # 17 of 18 units frozen
+    assert plan.pp == 4 and plan.frozen_units == 17
+    assert plan.cached_units == 18 - 4  # one uncached unit per stage, the rest served by the cache

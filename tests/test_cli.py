@@ -74,7 +74,7 @@ BAD_INPUT = [
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
-    (["recipe=nope"], "unknown recipe 'nope' (available: bert_glue, bert_squad, bert_sst2, digits_vit"),
+    (["recipe=nope"], "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, digits_vit"),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed"),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
@@ -133,4 +133,4 @@ def test_existing_run_is_not_overwritten_without_resume(tmp_path):
 
 def test_unknown_subcommand(tmp_path):
     out = ptrun("fly", cwd=tmp_path)
-    assert out.returncode == 2 and "unknown subcommand 'fly' (allowed: train, recipes, report)" in out.stderr
+    assert out.returncode == 2 and "unknown subcommand 'fly' (allowed: train, recipes, report" in out.stderr

@@ -155,3 +155,13 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     got = final_params(tmp_path)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+
+    # The exported model is a plain timm model holding the same final weights.
+    import timm
+    from safetensors.torch import load_file
+
+    library_cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    vit = timm.create_model(pretrained=False, **library_cfg)
+    vit.load_state_dict(load_file(str(tmp_path / "model" / "model.safetensors")))
+    for name, value in vit.named_parameters():
+        assert torch.equal(value, got[name]), name

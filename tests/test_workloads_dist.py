@@ -54,3 +54,18 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
     assert ev["accuracy"] == pytest.approx(ev["top1"])  # torchmetrics' accuracy = ptrun's own count
     correct = ev["accuracy"] / 100 * len(SST2_ROWS)
     assert correct == pytest.approx(round(correct))
+
+    # The exported model loads with transformers alone and holds the run's final weights.
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from conftest import final_params
+
+    model = AutoModelForSequenceClassification.from_pretrained(run / "model")
+    exported = dict(model.named_parameters())
+    final = final_params(run)
+    assert set(final) <= set(exported)
+    for name, value in final.items():
+        assert torch.equal(exported[name], value), name
+    assert AutoTokenizer.from_pretrained(run / "model")("a fine film")["input_ids"] == \
+        AutoTokenizer.from_pretrained(tokenizer)("a fine film")["input_ids"]

@@ -77,12 +77,15 @@ class Controller:
                        batch_policy=self.cfg.auto.batch, per_pipeline_batch=self.per_pipeline_batch,
                        partition_method=self.method, compress=self.cfg.auto.dp,
                        table=self.cfg.auto.microbatch_table, **self.partition_kwargs)
-        try:
-            return plan(cached_units=cached)
-        except ConfigError:
-            if not cached:
-                raise
-            return plan(cached_units=0)  # too few uncached units for the pipeline: run the prefix instead
+        # Too few uncached units for the pipeline: cache a shorter prefix (one unit left per stage), or none.
+        shorter = min(cached, current.num_units - current.num_stages)
+        for depth in dict.fromkeys((cached, shorter if shorter >= self.min_cache_units else 0, 0)):
+            try:
+                return plan(cached_units=depth)
+            except ConfigError:
+                if depth == 0:
+                    raise
+        raise AssertionError("unreachable: depth 0 either returns or raises")
 
     def decide(self, epoch: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
         """At the boundary before `epoch`: the freeze decision, then the next Plan; agreed by broadcast."""

@@ -68,6 +68,8 @@ class LayeredModel(nn.Module):
         self.input_names = input_names
         self.tied: dict[str, tuple[int, ...]] = {}
         self._param_names, self._shared_names = self._partition(tied)
+        self.library_config: dict = {}
+        """How the library rebuilds `model` (timm: the `create_model` arguments), for the export."""
 
     def _declared_tied(self, tied: Iterable[nn.Parameter | str]) -> set[int]:
         """Object ids of the declared tied parameters; each must be a parameter of `model`."""

@@ -93,4 +93,6 @@ def build_vit(cfg: ModelConfig, *, num_classes: int, img_size: int | None, in_ch
     for block in vit.blocks:
         units += [VitAttnHalf(block), VitMlpHalf(block)]
     units.append(VitHead(vit))
-    return LayeredModel(vit, family="vit", task="classification", units=units, input_names=("pixel_values",))
+    layered = LayeredModel(vit, family="vit", task="classification", units=units, input_names=("pixel_values",))
+    layered.library_config = {"model_name": cfg.name, **{k: v for k, v in kwargs.items() if v is not None}}
+    return layered

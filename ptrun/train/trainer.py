@@ -21,12 +21,13 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import AutoCache
-from ptrun.auto.autodp import Layout, build_layout, change_layout
+from ptrun.auto.autodp import Layout, build_layout, change_layout, share_everything
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import blocks_of_units
 from ptrun.config import ConfigError, DataConfig, PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
+from ptrun.models.export import export_model
 from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
@@ -415,6 +416,8 @@ class Trainer:
             if every and (self.epoch % every == 0 or last):
                 self.save_checkpoint()
         total = time.perf_counter() - t_start
+        if cfg.train.export:
+            self.export()
         if self.cache is not None:
             dist.barrier()  # every worker is done with the cache before one per node deletes it
             self.cache.close(remove=not cfg.cache.keep and int(os.environ.get("LOCAL_RANK", "0")) == 0)
@@ -425,6 +428,13 @@ class Trainer:
             self.view.print(f"done: {cfg.train.epochs} epochs in {total:.1f}s; final eval: {final}; "
                             f"metrics in {Path(cfg.run_dir) / 'metrics.jsonl'}")
         return self.last_eval
+
+    def export(self) -> None:
+        """Collective: make every rank's host model current, then rank 0 writes it in the library's format."""
+        share_everything(self.layered, self.plan, self.optimizer, self.param_name, self.device)
+        if self.is_main:
+            out = export_model(self.layered, Path(self.cfg.run_dir) / "model", data_config(self.cfg).tokenizer)
+            self.view.print(f"model saved for {self.layered.family} libraries without ptrun: {out}")
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:

@@ -1,0 +1,36 @@
+"""The trained model in its library's own format, usable without ptrun (written at the end of a run to
+`RUN_DIR/model/`).
+
+- BERT: `save_pretrained` (config.json + model.safetensors) plus the tokenizer the run used, so
+  `transformers.AutoModelForSequenceClassification.from_pretrained(RUN_DIR/model)` (or ...ForQuestionAnswering,
+  ...ForMaskedLM) and `AutoTokenizer.from_pretrained(RUN_DIR/model)` load it.
+- ViT: timm's state dict as `model.safetensors` plus `config.json` holding the `timm.create_model` arguments:
+  `timm.create_model(**cfg, pretrained=True, pretrained_cfg_overlay={"file": "RUN_DIR/model/model.safetensors"})`
+  with `cfg = json.load(open("RUN_DIR/model/config.json"))`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ptrun.models.layered import LayeredModel
+
+
+def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None) -> Path:
+    """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if layered.family == "bert":
+        layered.model.save_pretrained(out)
+        if tokenizer_dir is not None:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+        return out
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in layered.model.state_dict().items()},
+              str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(layered.library_config, indent=1) + "\n")
+    return out

@@ -1,0 +1,20 @@
+"""`ptrun plan`: project ptrun's speedup to a cluster without running it.
+
+- `costs`: per-unit parameters, forward FLOPs and activation bytes of a ViT or BERT from its config
+  (or measured seconds from a profile JSON);
+- `cluster`: the machines (device FLOP/s, links, host memory and disk for AutoCache), presets `paper`
+  and `this_machine`;
+- `simulate`: runs the real `Controller` over the recipe's epochs for each component combination of the
+  paper's Figure 9 and prices every epoch's Plan with a small time model (its assumptions are in that
+  module's docstring).
+
+What the simulated numbers are, next to the paper's, and which assumption explains each difference:
+docs/simulator.md.
+"""
+
+from ptrun.sim.cluster import PRESETS, Cluster, get_cluster
+from ptrun.sim.costs import ModelCosts, bert_costs, costs_from_config, load_profile, save_profile, vit_costs
+from ptrun.sim.simulate import COMBINATIONS, EpochRecord, report, simulate, speedups
+
+__all__ = ["COMBINATIONS", "Cluster", "EpochRecord", "ModelCosts", "PRESETS", "bert_costs", "costs_from_config",
+           "get_cluster", "load_profile", "report", "save_profile", "simulate", "speedups", "vit_costs"]

@@ -1,0 +1,235 @@
+"""Per-unit costs of a layered model, from its config alone (no weights) or from a measured profile.
+
+Units are those of `ptrun/models/layered.py`: `embed`, then `block.i.attn` and `block.i.mlp` for each of
+the L blocks, then `head` (2L + 2 units). For each unit, per sample:
+
+- `params`: parameter elements the unit owns (a tied weight counts on every unit holding a copy, as
+  `ptrun.parallel.layout.param_costs` counts it);
+- `fwd_flops`: forward FLOPs of its matrix multiplications (2 per multiply-add). Layer norms, softmax,
+  GELU, biases, residual adds and embedding lookups are left out: they are memory-bound and small next to
+  the GEMMs of a ViT-B or BERT-large block (a few per cent);
+- `act_bytes`: bytes of the unit's output (what crosses a stage boundary placed after it, and what
+  AutoCache stores when the cache ends there), fp32.
+
+Formulas (N tokens, width D, MLP hidden H = mlp_ratio x D, C input channels, P patch size):
+
+    ViT   N = (img / P)^2 + 1 (the class token)
+          embed  params C P^2 D + D (patch conv)  + D (cls token) + N D (position table)
+                 flops  2 (N - 1) C P^2 D
+          attn   params 4 D^2 + 4 D (qkv, proj + biases) + 2 D (norm1)
+                 flops  4 N D^2 x 2 (qkv and proj) + 2 N^2 D x 2 (q k^T and attn v)
+          mlp    params 2 D H + H + D (fc1, fc2) + 2 D (norm2)
+                 flops  2 N D H x 2
+          head   params 2 D (norm) + D classes + classes;  flops 2 D classes (on the pooled token)
+    BERT  N = the sequence length; the same halves (its norm is post-norm: LN after the residual, same
+          size); embed = word (V D) + position (512 D) + token type (2 D) tables + LN (2 D), 0 FLOPs;
+          every unit but the head also passes on the additive mask (N fp32 values a sample).
+          head: qa 2 D + 2 params, 2 N D 2 FLOPs; classification pooler + classifier; mlm transform +
+          the tied decoder (V D, counted again: the head's stage holds a replica).
+
+A measured profile (`load_profile`) replaces the FLOP model by per-unit forward + backward seconds per
+sample measured on the target device (e.g. `ptrun.parallel.profile.profile_units` on one micro-batch,
+written with `save_profile`); the parameter counts still come from the config unless the file has them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ptrun.config import ConfigError, DataConfig, ModelConfig
+
+FP32 = 4
+"""Bytes of an fp32 value: activations, gradients and the cache's default dtype."""
+
+VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
+             "huge": (1280, 32, 16)}
+"""timm ViT size -> (width D, depth L, heads) for names such as `vit_base_patch16_224`."""
+
+BERT_SIZES = {"bert-tiny": (2, 128), "bert-mini": (4, 256), "bert-small": (4, 512), "bert-medium": (8, 512),
+              "bert-base": (12, 768), "bert-large": (24, 1024)}
+"""BERT name -> (layers L, hidden D), as `ptrun.models.bert.PRESETS`."""
+
+DATA_IMAGES = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3, 100), "imagefolder": (224, 3, 1000)}
+"""Image source -> (native size in pixels, channels, classes); imagefolder is taken to be ImageNet-1k."""
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """Per-unit costs of one model, per sample (see the module docstring)."""
+
+    names: tuple[str, ...]
+    params: tuple[float, ...]
+    act_bytes: tuple[float, ...]
+    fwd_flops: Optional[tuple[float, ...]] = None
+    """Analytic forward FLOPs per sample; None when the costs come from a measured profile."""
+    fb_seconds: Optional[tuple[float, ...]] = None
+    """Measured forward + backward seconds per sample; when set it is used instead of `fwd_flops`."""
+
+    @property
+    def num_units(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_blocks(self) -> int:
+        return (self.num_units - 2) // 2
+
+
+def unit_names(num_blocks: int) -> tuple[str, ...]:
+    """The unit names of `LayeredModel` for L blocks."""
+    return ("embed", *(f"block.{b}.{h}" for b in range(num_blocks) for h in ("attn", "mlp")), "head")
+
+
+def attention_flops(tokens: int, width: int) -> float:
+    """Forward FLOPs of one attention half: q, k, v and output projections (4 N D^2 multiply-adds) plus
+    q k^T and attn v (2 N^2 D multiply-adds), at 2 FLOPs each."""
+    return 2.0 * (4 * tokens * width**2 + 2 * tokens**2 * width)
+
+
+def mlp_flops(tokens: int, width: int, hidden: int) -> float:
+    """Forward FLOPs of one MLP half: two N x D x H matrix multiplications."""
+    return 2.0 * 2 * tokens * width * hidden
+
+
+def _blocks(num_blocks: int, tokens: int, width: int, hidden: int, carry: float) -> tuple[list, list, list]:
+    """params, flops and output bytes of the 2L block halves (pre- or post-norm: same sizes)."""
+    attn_p = 4 * width**2 + 4 * width + 2 * width
+    mlp_p = 2 * width * hidden + hidden + width + 2 * width
+    act = tokens * width * FP32 + carry
+    params, flops, acts = [], [], []
+    for _ in range(num_blocks):
+        params += [attn_p, mlp_p]
+        flops += [attention_flops(tokens, width), mlp_flops(tokens, width, hidden)]
+        acts += [act, act]
+    return params, flops, acts
+
+
+def vit_costs(*, img_size: int, patch_size: int, embed_dim: int, depth: int, mlp_ratio: float = 4.0,
+              num_classes: int = 1000, in_chans: int = 3) -> ModelCosts:
+    """Costs of a timm VisionTransformer (class token, pre-norm blocks, qkv bias, token pooling)."""
+    if img_size % patch_size:
+        raise ConfigError(f"model.patch_size={patch_size} is not allowed: a divisor of the image size {img_size}")
+    n, d, h = (img_size // patch_size) ** 2 + 1, embed_dim, int(embed_dim * mlp_ratio)
+    bp, bf, ba = _blocks(depth, n, d, h, 0.0)
+    patch = in_chans * patch_size**2 * d
+    params = [patch + d + d + n * d, *bp, 2 * d + d * num_classes + num_classes]
+    flops = [2.0 * (n - 1) * patch, *bf, 2.0 * d * num_classes]
+    acts = [n * d * FP32, *ba, num_classes * FP32]
+    return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops))
+
+
+def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, vocab_size: int = 30522,
+               max_positions: int = 512, task: str = "qa", num_labels: int = 2) -> ModelCosts:
+    """Costs of a Hugging Face BERT as ptrun splits it (the mask travels with the hidden state)."""
+    t, d = seq_len, hidden
+    mask = t * FP32
+    bp, bf, ba = _blocks(depth, t, d, intermediate, mask)
+    embed_p = vocab_size * d + max_positions * d + 2 * d + 2 * d
+    if task == "qa":
+        head = (2 * d + 2, 2.0 * t * d * 2, t * 2 * FP32)
+    elif task == "mlm":
+        head = (d * d + d + 2 * d + vocab_size * d + vocab_size, 2.0 * t * (d * d + d * vocab_size),
+                t * vocab_size * FP32)
+    else:
+        head = (d * d + d + d * num_labels + num_labels, 2.0 * (d * d + d * num_labels), num_labels * FP32)
+    params = [embed_p, *bp, head[0]]
+    flops = [0.0, *bf, head[1]]
+    acts = [t * d * FP32 + mask, *ba, head[2]]
+    return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops))
+
+
+def _family(model: ModelConfig) -> str:
+    return model.family or ("bert" if model.name.startswith("bert") else "vit")
+
+
+def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
+    """The sizes in a Hugging Face directory's config.json (`model.pretrained`), which the model is built
+    from; {} when there is none."""
+    path = Path(model.pretrained).expanduser() / "config.json" if model.pretrained else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        hf = json.loads(path.read_text())
+        return dict(depth=hf["num_hidden_layers"], width=hf["hidden_size"], hidden=hf["intermediate_size"],
+                    vocab=hf.get("vocab_size"), positions=hf.get("max_position_embeddings"))
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
+                          f"({e})") from None
+
+
+def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
+    """Analytic costs of the model a config would build: `model.*` fields first, then a Hugging Face
+    `model.pretrained` directory's config.json, then the name's defaults (timm's `vit_SIZE_patchP_IMG`,
+    ptrun's BERT presets), then the data source (image size, channels, classes, sequence length). Raises
+    ConfigError naming the key that is missing."""
+    if _family(model) == "bert":
+        hf = _hf_sizes(model)
+        layers, width = BERT_SIZES.get(model.name, (hf.get("depth"), hf.get("width")))
+        if hf:
+            layers, width = hf["depth"], hf["width"]
+        depth, width = model.depth or layers, model.embed_dim or width
+        if not (depth and width):
+            raise ConfigError(f"model.name={model.name!r}: the simulator knows {', '.join(BERT_SIZES)}; "
+                              f"set model.depth and model.embed_dim for another BERT")
+        hidden = int(width * model.mlp_ratio) if model.mlp_ratio else hf.get("hidden") or 4 * width
+        labels = model.num_classes or (3 if data.task == "mnli" else 2)
+        return bert_costs(seq_len=data.max_length or (384 if data.name == "squad" else 128), hidden=width,
+                          depth=depth, intermediate=hidden, vocab_size=model.vocab_size or hf.get("vocab") or 30522,
+                          max_positions=model.max_position_embeddings or hf.get("positions") or 512,
+                          task=model.task, num_labels=labels)
+    m = re.match(r"(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)_(\d+)", model.name)
+    width, depth, _ = VIT_SIZES[m.group(1)] if m else (None, None, None)
+    native, chans, classes = DATA_IMAGES.get(data.name, (None, 3, None))
+    sizes = dict(embed_dim=model.embed_dim or width, depth=model.depth or depth,
+                 patch_size=model.patch_size or (int(m.group(2)) if m else None),
+                 img_size=model.img_size or data.image_size or native or (int(m.group(3)) if m else None),
+                 num_classes=model.num_classes or classes)
+    missing = [k for k, v in sizes.items() if v is None]
+    if missing:
+        raise ConfigError(f"model.{missing[0]}=None is not allowed: the simulator cannot infer it for "
+                          f"model.name={model.name!r} and data.name={data.name!r}; set it")
+    return vit_costs(mlp_ratio=model.mlp_ratio or 4.0, in_chans=model.in_chans or chans,
+                     **sizes)  # type: ignore[arg-type]
+
+
+def save_profile(profile: Any, batch: int, path: str | Path, params: Optional[Sequence[float]] = None) -> None:
+    """Write a `UnitProfile` (`time_s` and `activation_bytes` for one micro-batch of `batch` samples) as the
+    JSON `load_profile` reads; `params` (per-unit parameter counts) is optional."""
+    doc = {"batch": batch, "time_s": list(profile.time_s), "activation_bytes": list(profile.activation_bytes)}
+    if params is not None:
+        doc["params"] = list(params)
+    Path(path).write_text(json.dumps(doc, indent=1))
+
+
+def load_profile(path: str | Path, base: ModelCosts) -> ModelCosts:
+    """`base` with its compute and activation sizes replaced by a measured profile (JSON: `batch`, the
+    micro-batch the times were measured on; `time_s`, forward + backward seconds per unit for that batch;
+    `activation_bytes`, each unit's output bytes for that batch; optional `params`). Raises ConfigError."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--profile {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ConfigError(f"--profile {path}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or not {"batch", "time_s", "activation_bytes"} <= set(doc):
+        raise ConfigError(f"--profile {path}: needs the keys batch, time_s and activation_bytes")
+    batch = doc["batch"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"--profile {path}: batch={batch!r} is not allowed: the micro-batch size, an integer >= 1")
+    vectors = {k: doc[k] for k in ("time_s", "activation_bytes", "params") if k in doc}
+    for key, vec in vectors.items():
+        if not isinstance(vec, list) or len(vec) != base.num_units or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in vec):
+            raise ConfigError(f"--profile {path}: {key} must list {base.num_units} finite numbers >= 0 "
+                              f"(one per unit of the recipe's model)")
+    return replace(base, fb_seconds=tuple(t / batch for t in doc["time_s"]),
+                   act_bytes=tuple(a / batch for a in doc["activation_bytes"]),
+                   params=tuple(map(float, vectors.get("params", base.params))))
+
+
+__all__ = ["ModelCosts", "attention_flops", "bert_costs", "costs_from_config", "load_profile", "mlp_flops",
+           "save_profile", "unit_names", "vit_costs"]
