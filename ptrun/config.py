@@ -110,6 +110,9 @@ class TrainConfig:
     """Continue the run in `hydra.run.dir` from its newest valid checkpoint (automatic after an elastic restart)."""
     log_every_steps: int = 10
     """Progress-bar and log refresh interval, in optimizer steps."""
+    timeline_step: Optional[int] = None
+    """Record when each stage runs each micro-batch's forward and backward in this (0-based) step of the
+    first epoch, into RUN_DIR/timeline.json; `ptrun report` draws it as a Gantt chart. None = off."""
     export: bool = True
     """At the end, save the trained model in its library's own format into RUN_DIR/model (timm: weights +
     `create_model` arguments; BERT: `save_pretrained` with the tokenizer), usable without ptrun."""

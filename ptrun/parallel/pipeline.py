@@ -9,6 +9,7 @@ weight, so gradients are exact global means for any K, M, schedule and DP width.
 from __future__ import annotations
 
 import math
+import time
 from typing import Sequence
 
 import torch
@@ -156,6 +157,34 @@ class PipelineRuntime:
         self.train(False)
         out = self._run(self.schedule.eval, inputs, target, None)
         return out if self.is_last else None
+
+    # ---- timeline -----------------------------------------------------------------------------------
+    def record_timeline(self) -> list[dict]:
+        """Time every forward / backward (/ weight-gradient) pass of this rank's stages from now on, until
+        `stop_timeline`; returns the list the events go into ({stage, microbatch, kind, start_s, end_s},
+        wall-clock seconds, so the ranks of one machine share the clock)."""
+        events: list[dict] = []
+        self._timed = []
+        for stage, index in zip(self.stages, self.stage_indices):
+            for method, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"),
+                                 ("backward_weight_one_chunk", "W")):
+                original = getattr(stage, method)
+
+                def timed(chunk, *args, _run=original, _kind=kind, _stage=index, **kwargs):
+                    start = time.time()
+                    out = _run(chunk, *args, **kwargs)
+                    events.append({"stage": _stage, "microbatch": chunk, "kind": _kind, "start_s": start,
+                                   "end_s": time.time()})
+                    return out
+
+                setattr(stage, method, timed)  # an instance attribute shadows the class's method
+                self._timed.append((stage, method))
+        return events
+
+    def stop_timeline(self) -> None:
+        for stage, method in getattr(self, "_timed", []):
+            delattr(stage, method)
+        self._timed = []
 
     # ---- gradients ----------------------------------------------------------------------------------
     def sync_and_clip(self, max_norm: float, record: dict | None = None) -> torch.Tensor:

@@ -31,6 +31,26 @@ def write_report(paths: list[str | Path], out_dir: str | Path) -> dict[str, Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = run_figures(runs, out)
+    figures.update(timelines(runs, out))
     report = out / "report.md"
     report.write_text(markdown(runs, figures, out))
     return {"report": report, **figures}
+
+
+def timelines(runs, out: Path) -> dict[str, Path]:
+    """A Gantt chart of the profiled step of each run that recorded one (`train.timeline_step`)."""
+    import json
+
+    from ptrun.report.figures import timeline_figure
+
+    drawn = {}
+    for run in runs:
+        source = Path(run.path) / "timeline.json"
+        if source.is_file():
+            record = json.loads(source.read_text())
+            plan = record["plan"]
+            path = out / (f"timeline_{run.label.replace('/', '_')}.png" if len(runs) > 1 else "timeline.png")
+            timeline_figure(record["events"], path, title=f"{run.label}: step {record['step']}, K={plan['pp']} "
+                                                          f"M={plan['microbatches']} {plan['schedule']}")
+            drawn[f"Pipeline timeline ({run.label})"] = path
+    return drawn

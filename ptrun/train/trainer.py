@@ -264,7 +264,12 @@ class Trainer:
             self.loss.denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
             progress = self.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
             lr = set_lr(self.optimizer, progress, self.total_steps, self.cfg.optim)
+            timed = self.global_step == self.cfg.train.timeline_step
+            events = self.runtime.record_timeline() if timed else None
             loss_sum += self.runtime.forward_backward(inputs, target).double()
+            if timed:
+                self.runtime.stop_timeline()
+                self._write_timeline(events)
             param_sq = {} if want_norms else None
             self.runtime.sync_and_clip(self.cfg.train.grad_clip, record=param_sq)
             if want_norms:
@@ -294,6 +299,16 @@ class Trainer:
                 "lr": lr, "steps": steps, "samples": int(samples),
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
                 **self._cache_stats()}
+
+    def _write_timeline(self, events: list[dict]) -> None:
+        """Collective: every rank's recorded passes of one step, written by rank 0 to RUN_DIR/timeline.json
+        (only replica 0's pipeline: the replicas run the same schedule)."""
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, events if self.replica == 0 else [])
+        if self.is_main:
+            plan = self.plan.to_dict()
+            (Path(self.cfg.run_dir) / "timeline.json").write_text(json.dumps(
+                {"step": self.global_step, "plan": plan, "events": [e for part in gathered for e in part]}))
 
     def _cache_stats(self) -> dict:
         """AutoCache counters of the epoch summed over the workers, and this node's cache size in bytes."""
