@@ -236,3 +236,36 @@ def test_defaults_and_memory_sizes():
             parse_memory(bad)
     specs = entry_specs((torch.zeros(3, 4), torch.zeros(1, 1, 3)), torch.bfloat16)
     assert [s.stored for s in specs] == [torch.bfloat16, torch.float32]
+
+
+def test_the_loader_reads_raw_inputs_only_for_samples_the_cache_cannot_serve(tmp_path):
+    """With class folders (decoded and transformed on access), a batch served by the cache carries no raw
+    pixels at all; a miss gets exactly the pixels the plain loader would give it."""
+    from PIL import Image
+
+    from ptrun.config import DataConfig
+    from ptrun.data import build_datasets
+
+    rng = torch.Generator().manual_seed(3)
+    for c in ("cat", "dog"):
+        (tmp_path / "img" / c).mkdir(parents=True)
+        for i in range(4):
+            pixels = (torch.rand(16, 16, 3, generator=rng) * 255).byte().numpy()
+            Image.fromarray(pixels).save(tmp_path / "img" / c / f"{i}.png")
+    data = build_datasets(DataConfig(name="imagefolder", path=str(tmp_path / "img"), image_size=16,
+                                     eval_fraction=0.25))
+    layered = pc.model("vit")
+    cache = make_cache(layered, tmp_path)
+    ids = torch.arange(len(data.train))
+    plain = dict(data.train[ids.tolist()])
+    cache.set_depth(3, (plain["pixel_values"][:1],))
+
+    cold = cache.fetch("train", data.train, ids, ("pixel_values",), ("labels",))
+    assert torch.equal(cold["pixel_values"], plain["pixel_values"]) and torch.equal(cold["labels"], plain["labels"])
+    cold["weight"] = torch.ones(len(ids))
+    first = cache.inputs("train", cold, (cold["pixel_values"],))
+
+    warm = cache.fetch("train", data.train, ids, ("pixel_values",), ("labels",))
+    assert "pixel_values" not in warm and torch.equal(warm["labels"], plain["labels"])
+    warm["weight"] = torch.ones(len(ids))
+    assert torch.equal(cache.inputs("train", warm, ())[0], first[0])

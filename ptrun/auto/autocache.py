@@ -114,6 +114,26 @@ class AutoCache:
             self.store = ActivationStore(self.mem_dir, self.disk_dir, specs, self.num_slots, self.max_memory)
 
     # ---- batches ------------------------------------------------------------------------------------
+    def fetch(self, split: str, dataset, ids: torch.Tensor, input_names: tuple[str, ...],
+              label_names: tuple[str, ...]) -> dict:
+        """The batch of `ids` for the first stage while the cache serves it (the loading thread calls this):
+        the cache's entries, the labels, and raw inputs only for the samples no entry serves. Reading,
+        decoding and augmenting a hit's raw input would be wasted work. Raw input rows of the other samples
+        are zeros (never read)."""
+        batch = {"index": ids}
+        self.lookup(split, batch)
+        labels = dataset.select_columns(list(label_names))[ids.tolist()]
+        batch.update({k: torch.as_tensor(labels[k]) for k in label_names})
+        misses = [row for row, key in enumerate(batch["cache_found"]) if self.keys.get(key, 0) == 0]
+        if misses:
+            raw = dataset[ids[misses].tolist()]
+            for name in input_names:
+                column = torch.as_tensor(raw[name])
+                full = column.new_zeros((len(ids), *column.shape[1:]))
+                full[misses] = column
+                batch[name] = full
+        return batch
+
     def lookup(self, split: str, batch: dict) -> dict:
         """Read the batch's entries (I/O only: the prefetch thread calls this). Adds `cache_found` (the key
         found per sample, 0 = miss) and `cache_tensors`."""

@@ -189,7 +189,9 @@ def _transform(size: int, augment: bool) -> Callable[[dict], dict[str, torch.Ten
                            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
     def transform(batch: dict) -> dict[str, torch.Tensor]:
-        pixels = torch.stack([pipeline(_as_tensor(image)) for image in batch["image"]])
-        return {"pixel_values": pixels, "labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
+        out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
+        if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
+            out["pixel_values"] = torch.stack([pipeline(_as_tensor(image)) for image in batch["image"]])
+        return out
 
     return transform

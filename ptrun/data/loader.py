@@ -17,13 +17,13 @@ _DONE = object()  # end-of-epoch marker in the prefetch queue
 
 def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp: int,
                     start_step: int = 0, max_steps: int | None = None,
-                    prepare: Callable[[dict], dict] | None = None) -> Iterator[tuple[int, dict[str, Tensor]]]:
+                    fetch: Callable[[Tensor], dict] | None = None) -> Iterator[tuple[int, dict[str, Tensor]]]:
     """Yield `(step, batch)` for steps `start_step .. min(steps_per_epoch, max_steps) - 1` of `epoch`.
 
-    `batch` is `dataset[ids]` (every column as a stacked tensor) plus `weight` (float32 [b], 0 for padding)
-    and `index` (int64 [b], the sample ids), passed through `prepare` when given (in the loading thread:
-    AutoCache reads its entries there). The thread starts on the first `next()` and is stopped and joined
-    when the generator finishes or is closed; an exception while loading is raised here.
+    `batch` is `dataset[ids]` (every column as a stacked tensor), or `fetch(ids)` when given (AutoCache reads
+    its entries instead of the raw inputs there), plus `weight` (float32 [b], 0 for padding) and `index`
+    (int64 [b], the sample ids). Loading runs in a background thread, which starts on the first `next()` and
+    is stopped and joined when the generator finishes or is closed; an exception while loading is raised here.
     """
     end = sampler.steps_per_epoch if max_steps is None else min(sampler.steps_per_epoch, max_steps)
     ready: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
@@ -31,10 +31,10 @@ def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp
 
     def load(step: int) -> dict[str, Tensor]:
         ids, weight = sampler.replica_batch(epoch, step, replica, dp)
-        batch = dict(dataset[ids.tolist()])
+        batch = fetch(ids) if fetch is not None else dict(dataset[ids.tolist()])
         batch["weight"] = weight
         batch["index"] = ids
-        return prepare(batch) if prepare is not None else batch
+        return batch
 
     def offer(item) -> bool:
         """Put `item` unless the consumer has gone; polls so a closed generator never leaves us blocked."""

@@ -181,7 +181,9 @@ def _image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, tor
                            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
     def transform(batch: dict) -> dict[str, torch.Tensor]:
-        pixels = torch.stack([pipeline(image.convert("RGB")) for image in batch["image"]])
-        return {"pixel_values": pixels, "labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
+        out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
+        if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
+            out["pixel_values"] = torch.stack([pipeline(image.convert("RGB")) for image in batch["image"]])
+        return out
 
     return transform

@@ -32,7 +32,7 @@ from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint
-from ptrun.train.losses import WeightedLoss, make_target, per_sample_loss
+from ptrun.train.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample_loss
 from ptrun.train.metrics import glue_metrics, squad_metrics
 from ptrun.train.optim import set_lr
 from ptrun.train.report import MetricsLog, ProgressView
@@ -233,8 +233,9 @@ class Trainer:
 
     # ---- train / eval -------------------------------------------------------------------------------
     def _inputs_and_target(self, batch: dict, split: str) -> tuple[tuple, torch.Tensor]:
-        inputs = tuple(batch[k].to(self.device, non_blocking=True) for k in self.layered.input_names)
-        if self.caching:
+        names = self.layered.input_names
+        inputs = tuple(batch[k].to(self.device, non_blocking=True) for k in names if k in batch)
+        if self.caching:  # raw inputs are there only for samples the cache does not serve
             inputs = self.cache.inputs(split, batch, inputs)
         return inputs, make_target(batch, self.cfg.model.task).to(self.device)
 
@@ -244,8 +245,11 @@ class Trainer:
             data, sampler, epoch, steps = self._train_source(), self.train_sampler, self.epoch, self.steps_per_epoch
         else:
             data, sampler, epoch, steps = self.data.eval, self.eval_sampler, 0, None
-        prepare = partial(self.cache.lookup, split) if self.caching else None
-        return iterate_batches(data, sampler, epoch, self.replica, self.plan.dp, max_steps=steps, prepare=prepare)
+        fetch = None
+        if self.caching:
+            fetch = partial(self.cache.fetch, split, data, input_names=self.layered.input_names,
+                            label_names=LABEL_KEYS[self.cfg.model.task])
+        return iterate_batches(data, sampler, epoch, self.replica, self.plan.dp, max_steps=steps, fetch=fetch)
 
     def train_epoch(self) -> dict:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
