@@ -8,7 +8,7 @@ samples/s, and the ideal speedup the run's own freeze schedule allows: the model
 cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.sim.costs`; a frozen unit
 counted at nothing), and how much of that ideal the run reached.
 
-    python scripts/bench_speedup.py [--recipe digits_vit] [--out runs/bench_speedup] [--reuse] [overrides ...]
+    python scripts/bench_speedup.py [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse] [overrides ...]
 
 Without AutoDP, ptrun keeps the pipeline length (it never leaves workers idle), so "freeze + AutoPipe +
 AutoCache" moves stage boundaries and caches, but does not shorten the pipeline as the paper's did.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,7 @@ PAPER = {"freeze only": 0.95, "freeze + AutoPipe + AutoCache": 1.26, "freeze + A
 """Figure 9's speedups (ViT-B/16 on ImageNet, 2 x 8 GPUs), for the shape only."""
 
 
-def train(out: Path, name: str, overrides: list[str], reuse: bool) -> Path:
-    run_dir = out / name.replace(" + ", "+").replace(" ", "_")
+def train(run_dir: Path, overrides: list[str], reuse: bool) -> Path:
     if reuse and (run_dir / "metrics.jsonl").is_file():
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -58,16 +58,8 @@ def ideal_speedup(run_dir: Path) -> float:
     return len(frozen) * sum(flops) / sum(sum(flops[f:]) for f in frozen)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="digits_vit")
-    parser.add_argument("--out", default="runs/bench_speedup")
-    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
-    args, extra = parser.parse_known_args()
-    out = Path(args.out)
-    dirs = {name: train(out, name, [f"recipe={args.recipe}", "train.export=false", *extra, *overrides], args.reuse)
-            for name, overrides in COMBINATIONS.items()}
-
+def measure(dirs: dict[str, Path]) -> list[dict]:
+    """One repeat's row per combination; speedups against this repeat's own baseline."""
     from ptrun.report import load_run
     from ptrun.report.summary import summarize, time_to_accuracy
 
@@ -75,31 +67,70 @@ def main() -> None:
     for run, name in zip(runs, dirs):
         run.label = name
     sums = [summarize(r) for r in runs]
-    tta = {row["label"]: row for row in time_to_accuracy(runs)["runs"]}
+    target = time_to_accuracy(runs)
+    tta = {row["label"]: row for row in target["runs"]}
     base = sums[0]["train_time_s"]
     rows = []
-    for name, s, d in zip(dirs, sums, dirs.values()):
-        ideal = ideal_speedup(d)
-        speedup = base / s["train_time_s"]
-        rows.append({"combination": name, "train_time_s": s["train_time_s"], "speedup": speedup,
+    for name, summary, run_dir in zip(dirs, sums, dirs.values()):
+        ideal = ideal_speedup(run_dir)
+        speedup = base / summary["train_time_s"]
+        rows.append({"combination": name, "train_time_s": summary["train_time_s"], "speedup": speedup,
                      "time_to_target_s": tta[name]["time_s"], "speedup_to_target": tta[name]["speedup"],
-                     "final": s["final"], "metric": s["metric"], "mean_samples_per_s": s["mean_samples_per_s"],
-                     "ideal_speedup": ideal, "share_of_ideal": speedup / ideal if ideal > 1 else None,
-                     "paper_speedup": PAPER.get(name), "run_dir": str(d)})
-    target = time_to_accuracy(runs)
-    print(f"\n{args.recipe}: {len(runs[0].epochs)} epochs each; target = the baseline's final "
-          f"{target['metric']} {target['target']:.2f}\n")
-    print("| combination | training time (s) | speedup | time to target (s) | speedup to target | "
-          f"final {target['metric']} | ideal speedup | share of ideal | paper (Fig. 9) |")
+                     "final": summary["final"], "metric": summary["metric"], "target": target["target"],
+                     "mean_samples_per_s": summary["mean_samples_per_s"], "ideal_speedup": ideal,
+                     "share_of_ideal": speedup / ideal if ideal > 1 else None,
+                     "paper_speedup": PAPER.get(name), "run_dir": str(run_dir)})
+    return rows
+
+
+def median(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="digits_vit")
+    parser.add_argument("--out", default="runs/bench_speedup")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of all five runs, interleaved (a slow spell of the machine hits every "
+                             "combination alike); the table shows medians and the speedups' range")
+    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    args, extra = parser.parse_known_args()
+    out = Path(args.out)
+    repeats = []
+    for r in range(args.repeats):
+        dirs = {name: train(out / f"round{r}" / name.replace(" + ", "+").replace(" ", "_"),
+                            [f"recipe={args.recipe}", "train.export=false", *extra, *overrides], args.reuse)
+                for name, overrides in COMBINATIONS.items()}
+        repeats.append(measure(dirs))
+
+    rows = []
+    for i, name in enumerate(COMBINATIONS):
+        runs = [rep[i] for rep in repeats]
+        row = {k: median([r[k] for r in runs]) for k in ("train_time_s", "speedup", "time_to_target_s",
+                                                          "speedup_to_target", "final", "ideal_speedup",
+                                                          "share_of_ideal")}
+        speedups = [r["speedup"] for r in runs]
+        row.update(combination=name, speedup_range=(min(speedups), max(speedups)), paper_speedup=PAPER.get(name),
+                   metric=runs[0]["metric"], runs=runs)
+        rows.append(row)
+    metric, target = rows[0]["metric"], median([rep[0]["target"] for rep in repeats])
+    print(f"\n{args.recipe}: {args.repeats} round(s) of five runs; medians; target = the baseline's final "
+          f"{metric} (median {target:.2f})\n")
+    print("| combination | training time (s) | speedup (range) | time to target (s) | speedup to target | "
+          f"final {metric} | ideal speedup | share of ideal | paper (Fig. 9) |")
     print("|---|---|---|---|---|---|---|---|---|")
     fmt = lambda v, f=".2f", suffix="": "-" if v is None else f"{v:{f}}{suffix}"  # noqa: E731
     for r in rows:
-        print(f"| {r['combination']} | {r['train_time_s']:.1f} | {r['speedup']:.2f}x | {fmt(r['time_to_target_s'], '.1f')} "
-              f"| {fmt(r['speedup_to_target'], '.2f', 'x')} | {fmt(r['final'])} | {r['ideal_speedup']:.2f}x "
-              f"| {fmt(r['share_of_ideal'] and 100 * r['share_of_ideal'], '.0f', '%')} "
+        low, high = r["speedup_range"]
+        spread = f" ({low:.2f}-{high:.2f})" if args.repeats > 1 else ""
+        print(f"| {r['combination']} | {r['train_time_s']:.1f} | {r['speedup']:.2f}x{spread} "
+              f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['speedup_to_target'], '.2f', 'x')} | {fmt(r['final'])} "
+              f"| {r['ideal_speedup']:.2f}x | {fmt(r['share_of_ideal'] and 100 * r['share_of_ideal'], '.0f', '%')} "
               f"| {fmt(r['paper_speedup'], '.2f', 'x')} |")
-    (out / "bench_speedup.json").write_text(json.dumps({"recipe": args.recipe, "overrides": extra, "rows": rows},
-                                                       indent=1))
+    (out / "bench_speedup.json").write_text(json.dumps({"recipe": args.recipe, "overrides": extra,
+                                                        "repeats": args.repeats, "rows": rows}, indent=1))
     print(f"\nwritten: {out / 'bench_speedup.json'}")
 
 
