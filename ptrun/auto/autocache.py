@@ -77,6 +77,7 @@ class AutoCache:
         self.key = 0
         self.store: ActivationStore | None = None
         self.stats: Counter = Counter()
+        self._label_views: dict[str, object] = {}
 
     # ---- depth --------------------------------------------------------------------------------------
     def depth_keys(self, depth: int) -> dict[int, int]:
@@ -122,7 +123,10 @@ class AutoCache:
         are zeros (never read)."""
         batch = {"index": ids}
         self.lookup(split, batch)
-        labels = dataset.select_columns(list(label_names))[ids.tolist()]
+        view = self._label_views.get(split)
+        if view is None:  # one label-only view per split, not one per batch
+            view = self._label_views[split] = dataset.select_columns(list(label_names))
+        labels = view[ids.tolist()]
         batch.update({k: torch.as_tensor(labels[k]) for k in label_names})
         misses = [row for row, key in enumerate(batch["cache_found"]) if self.keys.get(key, 0) == 0]
         if misses:

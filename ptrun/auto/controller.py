@@ -79,13 +79,12 @@ class Controller:
                        table=self.cfg.auto.microbatch_table, **self.partition_kwargs)
         # Too few uncached units for the pipeline: cache a shorter prefix (one unit left per stage), or none.
         shorter = min(cached, current.num_units - current.num_stages)
-        for depth in dict.fromkeys((cached, shorter if shorter >= self.min_cache_units else 0, 0)):
+        for depth in dict.fromkeys(d for d in (cached, shorter) if d >= self.min_cache_units):
             try:
                 return plan(cached_units=depth)
             except ConfigError:
-                if depth == 0:
-                    raise
-        raise AssertionError("unreachable: depth 0 either returns or raises")
+                pass
+        return plan(cached_units=0)
 
     def decide(self, epoch: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
         """At the boundary before `epoch`: the freeze decision, then the next Plan; agreed by broadcast."""
