@@ -1,8 +1,9 @@
 """`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow), `recipes`, `report` and `plan`.
 
-`ptrun train` composes the config ONCE here, validates it, writes the resolved YAML into the run directory
-and launches the workers, which only read that file. Bad input ends with one line on stderr naming the
-key or file and what is allowed, exit code 2, and the run directory as it was.
+`ptrun train` composes the config ONCE here, validates it, writes the resolved YAML to a private file and
+launches the workers, which only read that file (rank 0 copies it to RUN_DIR/config.yaml once the run has
+started). Bad input ends with one line on stderr naming the key or file and what is allowed, exit code 2,
+and the run directory as it was (docs/errors.md lists the cases).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import difflib
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -41,7 +43,8 @@ subcommands:
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "NoReturn":  # noqa: F821
-    print(f"ptrun: error: {message}", file=sys.stderr, flush=True)
+    # one line, whatever the message quotes (a library's multi-line exception text, say)
+    print(f"ptrun: error: {' '.join(message.splitlines())}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
@@ -105,25 +108,44 @@ def preflight(overrides: list[str]) -> None:
 
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="train", overrides=overrides)
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+            run_dir = cfg.hydra.run.dir
     except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
         _fail(explain(e))
     try:
         validate(cfg)
+        _check_run_dir_path(run_dir)
     except ConfigError as e:
         _fail(str(e))
 
 
+def _check_run_dir_path(path: str) -> None:
+    """Hydra creates the run directory and its missing parents: the nearest of them that exists must be a
+    directory we may write into (Hydra would otherwise fail with a traceback)."""
+    target = Path(path).expanduser()
+    nearest = next(p for p in (target, *target.parents) if p.exists())  # "/" or "." at the latest
+    if not nearest.is_dir() or not os.access(nearest, os.W_OK | os.X_OK):
+        raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into "
+                          f"({nearest} is {'not writable' if nearest.is_dir() else 'a file'})")
+
+
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
-    """Never start over an existing run by accident, and never resume from nothing but broken checkpoints."""
+    """Never start over an existing run by accident, and never resume from nothing or from broken checkpoints
+    alone."""
     from ptrun.train import checkpoint
 
     existing = checkpoint.list_checkpoints(run_dir)
     if existing and not resume:
         raise ConfigError(f"run directory {run_dir} already holds a run; continue it with train.resume=true "
                           f"or choose another hydra.run.dir")
-    if existing and resume and all(checkpoint.verify(c) is not None for c in existing):
-        raise ConfigError(f"no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}")
+    # An explicit resume needs something to resume (a restart after a failure, by contrast, may find no
+    # checkpoint yet and starts over: the worker decides that).
+    if resume and not existing:
+        raise ConfigError(f"train.resume=true: {run_dir} holds no checkpoint to resume from; leave train.resume "
+                          f"off to start a new run, or set hydra.run.dir to the run to continue")
+    if resume and all(checkpoint.verify(c) is not None for c in existing):
+        raise ConfigError(f"train.resume=true: no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}; "
+                          f"restore it, or start a new run in another hydra.run.dir")
 
 
 SWEEP_JOBS: list[tuple[Path, list[str]]] = []
@@ -135,7 +157,7 @@ def train_task(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ptrun.launch import LaunchFailed, launch
+    from ptrun.launch import LaunchFailed, check_rendezvous, launch
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
@@ -148,18 +170,28 @@ def train_task(cfg: DictConfig) -> None:
         typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
         validate(typed)
         _check_run_dir(run_dir, typed.train.resume)
-        config_path = run_dir / "config.yaml"
-        tmp = run_dir / ".config.yaml.tmp"
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.structured(typed)))
-        os.replace(tmp, config_path)
+        check_rendezvous(typed.launcher)
     except ConfigError as e:
-        if created_now and not any(run_dir.iterdir()):
-            run_dir.rmdir()
-        _fail(str(e))
-    try:
-        launch(typed, config_path)
-    except LaunchFailed as e:
-        _fail(str(e), code=1)
+        _fail_start(str(e), run_dir, created_now)
+    # The workers read the resolved config from a private copy; rank 0 writes it to RUN_DIR/config.yaml once
+    # the run has started, so a start that fails on bad input leaves the run directory as it was.
+    with tempfile.TemporaryDirectory(prefix="ptrun-") as tmp:
+        config_path = Path(tmp) / "config.yaml"
+        config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(typed)))
+        try:
+            launch(typed, config_path)
+        except ConfigError as e:  # bad input a worker found
+            _fail_start(str(e), run_dir, created_now)
+        except LaunchFailed as e:
+            _fail(str(e), code=1)
+
+
+def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
+    """Bad input: the one-line error, and the run directory Hydra created for this start removed again
+    (if nothing was written into it)."""
+    if created_now and run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
+    _fail(message)
 
 
 def run_train(args: list[str]) -> None:

@@ -113,6 +113,10 @@ class TrainConfig:
     timeline_step: Optional[int] = None
     """Record when each stage runs each micro-batch's forward and backward in this (0-based) step of the
     first epoch, into RUN_DIR/timeline.json; `ptrun report` draws it as a Gantt chart. None = off."""
+    precision: str = "fp32"
+    """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
+    loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and
+    optimizer state stay float32; activations cross stage boundaries in the compute dtype."""
     export: bool = True
     """At the end, save the trained model in its library's own format into RUN_DIR/model (timm: weights +
     `create_model` arguments; BERT: `save_pretrained` with the tokenizer), usable without ptrun."""
@@ -219,9 +223,10 @@ class CacheConfig:
     `512MB`). Samples beyond it go to the disk tier under `dir`."""
     dir: Optional[str] = None
     """Disk tier directory; None = `RUN_DIR/cache`. The memory tier lives in /dev/shm."""
-    dtype: str = "float32"
-    """Storage dtype of cached activations: `float32` (exact), `bfloat16` or `float16` (half the memory; the
-    first active unit then sees inputs rounded to 8 or 11 significant bits). Masks are stored exactly."""
+    dtype: str = "auto"
+    """Storage dtype of cached activations: `auto` (the compute dtype of `train.precision`: what a stage
+    boundary would send), `float32` (exact), `bfloat16` or `float16` (half the memory; the first active unit
+    then sees inputs rounded to 8 or 11 significant bits). Masks are stored exactly."""
     augment: str = "fixed"
     """With random augmentation on (`data.augment`): `fixed` caches the one augmented view a sample had
     when it was cached (later epochs see that view again), `off` loads training samples without random
@@ -241,8 +246,12 @@ class LauncherConfig:
     """c10d rendezvous `host:port`; `localhost:0` binds loopback on a free port (single machine)."""
     rdzv_id: Optional[str] = None
     """Rendezvous id shared by all machines of one job; None = the run directory's name."""
+    rdzv_last_call: int = 30
+    """Seconds an elastic rendezvous (`nnodes=MIN:MAX`) that has MIN machines waits for more before the job
+    (re)starts without them; a machine that joins later is taken in at the next restart boundary."""
     max_restarts: int = 3
-    """Elastic restarts of the worker group after a failure before the job fails."""
+    """Elastic restarts of the worker group after a failure (a worker dying, a machine lost) before the job
+    fails; taking in a machine that joins does not count."""
     monitor_interval: float = 0.5
     """Seconds between the elastic agent's health checks of its workers."""
     threads_per_worker: int = 1
@@ -252,9 +261,27 @@ class LauncherConfig:
 
 
 @dataclass
+class DeviceConfig:
+    """GPU switches (no effect on the CPU)."""
+
+    tf32: bool = True
+    """Let float32 matmuls and convolutions use TF32 tensor cores on Ampere and newer GPUs
+    (`torch.backends.cuda.matmul.allow_tf32`, `torch.backends.cudnn.allow_tf32`): several times faster, with
+    10-bit mantissas inside the matmul."""
+    cudnn_benchmark: bool = True
+    """Let cuDNN time its convolution algorithms once per input shape and keep the fastest
+    (`torch.backends.cudnn.benchmark`); input shapes are fixed here, so it pays off."""
+    pin_memory: bool = True
+    """Load input batches into pinned (page-locked) host memory, so their copy to the GPU is asynchronous."""
+
+
+@dataclass
 class CheckpointConfig:
     every_epochs: int = 1
     """Write a checkpoint every this many epochs (and after the last); 0 = never."""
+    every_steps: int = 0
+    """Also write a checkpoint every this many optimizer steps within an epoch, so a failure loses at most that
+    many steps (a restart resumes at the exact step, with the epoch's sample order and sums); 0 = off."""
     keep: int = 2
     """Checkpoints kept in the run directory; older ones are deleted after a newer one is complete."""
 
@@ -275,6 +302,7 @@ class PtrunConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
     logger: str = "jsonl"
     """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) or
     `tensorboard` (also TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`)."""
@@ -296,7 +324,8 @@ TEXT_SOURCES = ("glue", "squad") + PACKAGED_TEXT_SOURCES
 GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 """GLUE tasks ptrun trains (STS-B, a similarity score, with `model.task=regression`)."""
 TASKS = ("classification", "regression", "qa")
-CACHE_DTYPES = ("float32", "bfloat16", "float16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 CACHE_AUGMENT = ("fixed", "off")
 
 
@@ -404,6 +433,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         _require(v is None or v >= 1, f"model.{key}", "a positive integer or null", v)
     _require(d.name in DATA_SOURCES, "data.name", f"one of {', '.join(DATA_SOURCES)}", d.name)
     _require(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", "0 < f < 1", d.eval_fraction)
+    _require(t.precision in PRECISIONS, "train.precision", f"one of {', '.join(PRECISIONS)}", t.precision)
     _require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
     _require(t.global_batch_size >= 1, "train.global_batch_size", "an integer >= 1", t.global_batch_size)
     _require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
@@ -444,10 +474,12 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     parse_recompute(p.recompute)
     _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
     _require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
+    _require(lc.rdzv_last_call >= 1, "launcher.rdzv_last_call", "whole seconds >= 1", lc.rdzv_last_call)
     _require(lc.threads_per_worker >= 1, "launcher.threads_per_worker", "an integer >= 1", lc.threads_per_worker)
     _require(lc.backend in ("auto", "gloo", "nccl"), "launcher.backend", "auto, gloo or nccl", lc.backend)
     _require(ck.every_epochs >= 0, "checkpoint.every_epochs", "an integer >= 0", ck.every_epochs)
     _require(ck.keep >= 1, "checkpoint.keep", "an integer >= 1", ck.keep)
+    _require(ck.every_steps >= 0, "checkpoint.every_steps", "an integer >= 0 (0 = off)", ck.every_steps)
     lo, hi = parse_nnodes(lc.nnodes)
     if hi == 1:
         world = lc.nproc_per_node

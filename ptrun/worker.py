@@ -2,18 +2,26 @@
 
 Started by torch.distributed.elastic (see launch.py), which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
 and MASTER_PORT, and TORCHELASTIC_RESTART_COUNT after a restart (then the worker resumes automatically).
+
+The run has started once the trainer is built (data read, checkpoint resumed, layout placed): only then
+does rank 0 write `config.yaml` and `train.log` into the run directory, so a start that fails on bad input
+leaves an existing run directory exactly as it was.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
+import shutil
 from datetime import timedelta
+from logging.handlers import MemoryHandler
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ptrun.config import ConfigError, load_resolved
+from ptrun.launch import EXIT_BAD_INPUT
 
 
 def pick_device(backend: str) -> tuple[torch.device, str]:
@@ -25,7 +33,7 @@ def pick_device(backend: str) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def run_worker(config_path: str) -> dict:
+def run_worker(config_path: str, errors: str) -> dict:
     cfg = load_resolved(config_path)
     # elastic_launch, unlike torchrun, does not set OMP_NUM_THREADS: one intra-op thread per emulated device.
     torch.set_num_threads(cfg.launcher.threads_per_worker)
@@ -40,18 +48,60 @@ def run_worker(config_path: str) -> dict:
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer
 
+    log_file = Path(cfg.run_dir) / "train.log"
+    log_existed = log_file.exists()
     setup_logging(cfg.run_dir, rank)
+    held = _hold_file_log(log_file, log_existed) if rank == 0 else None
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     trainer = None
     try:
         trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted)
+        if rank == 0:
+            _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
+        if held is not None:
+            _release_file_log(held)
         return trainer.fit()
     except ConfigError as e:
-        # A user-facing problem found only in a worker (e.g. a checkpoint of another model): one line, no traceback.
-        if rank == 0:
-            print(f"ptrun: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):
+        # its one line goes to the launcher, which prints it once, and the exit code tells it not to restart.
+        if held is not None:
+            held.setTarget(None)  # a start that failed logs nothing (logging.shutdown would flush the records)
+        Path(errors, f"rank{rank:05d}").write_text(str(e))
+        raise SystemExit(EXIT_BAD_INPUT)
     finally:
         if trainer is not None:
             trainer.close()
         dist.destroy_process_group()
+
+
+def _publish(config_path: Path, target: Path) -> None:
+    """The resolved config the launcher wrote becomes the run directory's `config.yaml` (atomically)."""
+    if config_path.resolve() != target.resolve():
+        tmp = target.with_name(".config.yaml.tmp")
+        shutil.copyfile(config_path, tmp)
+        os.replace(tmp, target)
+
+
+def _hold_file_log(path: Path, existed: bool) -> MemoryHandler | None:
+    """Keep rank 0's records for `path` (train.log, which `setup_logging` opened) in memory until the run
+    has started; the file is removed again if opening it created it."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, logging.FileHandler)), None)
+    if handler is None:
+        return None
+    handler.close()  # reopened (appending) by its first record, after the start
+    if not existed:
+        path.unlink(missing_ok=True)
+    held = MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1, target=handler, flushOnClose=False)
+    root.removeHandler(handler)
+    root.addHandler(held)
+    return held
+
+
+def _release_file_log(held: MemoryHandler) -> None:
+    """The run has started: write the held records and log to the file directly from now on."""
+    root = logging.getLogger()
+    Path(held.target.baseFilename).touch()  # a started run has its log, even before the first record
+    held.flush()
+    root.removeHandler(held)
+    root.addHandler(held.target)

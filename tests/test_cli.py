@@ -100,11 +100,13 @@ BAD_INPUT = [
     (["freeze.policy=schedule", "freeze.blocks=[1,2]"], "freeze.blocks=[1, 2] is not allowed: non-decreasing counts"),
     (["auto.batch=huge"], "auto.batch='huge' is not allowed: one of fixed_global, fixed_per_pipeline"),
     (["pipe.recompute=sometimes"], "pipe.recompute='sometimes' is not allowed: none, stage or every:N"),
-    (["cache.dtype=int8"], "cache.dtype='int8' is not allowed: one of float32, bfloat16, float16"),
+    (["cache.dtype=int8"], "cache.dtype='int8' is not allowed: one of auto, float32, bfloat16, float16"),
     (["cache.max_memory=lots"], "cache.max_memory='lots' is not allowed: a share of RAM such as 50%"),
     (["cache.augment=random"], "cache.augment='random' is not allowed: one of fixed, off"),
     (["cache.min_frozen_units=0"], "cache.min_frozen_units=0 is not allowed: an integer >= 1 or null"),
     (["cache.dir=/etc/hostname"], "cache.dir='/etc/hostname' is not allowed: a directory"),
+    (["train.precision=fp8"], "train.precision='fp8' is not allowed: one of fp32, bf16, fp16"),
+    (["checkpoint.every_steps=-5"], "checkpoint.every_steps=-5 is not allowed: an integer >= 0 (0 = off)"),
 ]
 
 

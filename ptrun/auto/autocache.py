@@ -33,6 +33,7 @@ from ptrun.auto.cache_store import ActivationStore, entry_specs
 from ptrun.auto.freeze import frozen_units_for_blocks
 from ptrun.config import CacheConfig, parse_memory
 from ptrun.models.layered import run_units
+from ptrun.train.precision import autocast
 
 STAT_NAMES = ("hits", "advanced", "computed", "corrupt", "written")
 """Per-epoch counters: read as is, advanced from a shallower depth, computed from the raw input, found
@@ -61,15 +62,16 @@ class AutoCache:
     num_eval."""
 
     def __init__(self, layered, cfg: CacheConfig, *, tag: str, num_train: int, num_eval: int,
-                 device: torch.device, run_dir: str | Path):
+                 device: torch.device, run_dir: str | Path, compute_dtype: torch.dtype | None = None):
         self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
+        self.compute_dtype = compute_dtype  # the prefix runs as it would in a stage: under the same autocast
         self.disk_dir = Path(cfg.dir).expanduser() if cfg.dir else Path(run_dir) / "cache"
         # The memory tier is found from the disk tier's path, so workers of a node (and a later run with
         # cache.keep and the same cache.dir) all map the same files.
         node_key = hashlib.blake2b(str(self.disk_dir.resolve()).encode(), digest_size=6).hexdigest()
         self.mem_dir = shared_memory_root() / f"ptrun-cache-{node_key}"
         self.max_memory = parse_memory(cfg.max_memory)
-        self.storage_dtype = getattr(torch, cfg.dtype)
+        self.storage_dtype = (compute_dtype or torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
         self.offset = {"train": 0, "eval": num_train}
         self.num_slots = num_train + num_eval
         self.depth = 0
@@ -106,7 +108,7 @@ class AutoCache:
             unit.to(self.device).eval()
         self.keys = self.depth_keys(depth)
         self.key = next(k for k, d in self.keys.items() if d == depth)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.device, self.compute_dtype):
             sample = _as_tuple(run_units(prefix, *(t.to(self.device) for t in probe)))
         specs = entry_specs(tuple(t[0] for t in sample), self.storage_dtype)
         if self.store is None or self.store.specs != specs:
@@ -163,7 +165,8 @@ class AutoCache:
             index = torch.tensor(rows, device=self.device)
             carry = tuple(r.index_select(0, index) for r in raw) if start == 0 else \
                 tuple(t.index_select(0, index) for t in out)
-            result = _as_tuple(run_units(self.layered.units[start:self.depth], *carry))
+            with autocast(self.device, self.compute_dtype):
+                result = _as_tuple(run_units(self.layered.units[start:self.depth], *carry))
             for t, r in zip(out, result):
                 t.index_copy_(0, index, r.to(t.dtype))
             self.stats["computed" if start == 0 else "advanced"] += len(rows)

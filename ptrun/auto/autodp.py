@@ -12,7 +12,7 @@ pipeline shrinks, is covered by the same step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -112,21 +112,27 @@ def set_frozen(layered, frozen_units: int) -> None:
 
 
 def build_layout(layered, plan: Plan, rank: int, device: torch.device, loss, optim_cfg, name_of: dict[int, str],
-                 recompute: str = "none", states: OptimState | None = None) -> Layout:
+                 recompute: str = "none", states: OptimState | None = None,
+                 compute_dtype: torch.dtype | None = None) -> Layout:
     """Collective: freeze the plan's prefix, make its groups, this rank's stages and their optimizer, and give
     each trainable parameter its optimizer state by name (frozen parameters hold none)."""
     set_frozen(layered, plan.frozen_units)
     groups = build_groups(plan, rank, layered.tied)
-    runtime = PipelineRuntime(layered, plan, rank, groups, device, loss, recompute=recompute)
+    runtime = PipelineRuntime(layered, plan, rank, groups, device, loss, recompute=recompute,
+                              compute_dtype=compute_dtype)
     optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], optim_cfg)
     load_optimizer_state(optimizer, states or {}, name_of)
     return Layout(plan, groups, runtime, optimizer)
 
 
 def change_layout(layered, old: Layout, plan: Plan, rank: int, device: torch.device, loss, optim_cfg,
-                  name_of: dict[int, str], recompute: str = "none") -> Layout:
+                  name_of: dict[int, str], recompute: str = "none", compute_dtype: torch.dtype | None = None,
+                  midway: Callable[[], None] | None = None) -> Layout:
     """Collective, between two optimizer steps: move every unit's weights and optimizer state to everyone,
-    destroy the old groups (undestroyed groups leak file descriptors and threads), build the new layout."""
+    destroy the old groups (undestroyed groups leak file descriptors and threads), build the new layout.
+    `midway` runs between the two (fault-injection tests stop a worker there)."""
     states = share_everything(layered, old.plan, old.optimizer, name_of, device)
     old.groups.destroy()
-    return build_layout(layered, plan, rank, device, loss, optim_cfg, name_of, recompute, states)
+    if midway is not None:
+        midway()
+    return build_layout(layered, plan, rank, device, loss, optim_cfg, name_of, recompute, states, compute_dtype)

@@ -69,7 +69,7 @@ def _allocate(path: Path, size: int) -> None:
                     if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate
                         os.ftruncate(fd, size)
                     else:
-                        os.ftruncate(fd, 0)
+                        os.unlink(path)  # nothing maps a file of the wrong size: leave no empty file behind
                         raise
     finally:
         os.close(fd)

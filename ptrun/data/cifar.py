@@ -91,9 +91,14 @@ def _unpickle(path: Path) -> dict:
     """One file of the original distribution: a pickled dict with bytes keys (written by Python 2)."""
     with open(path, "rb") as f:
         try:
-            return pickle.load(f, encoding="bytes")
-        except (pickle.UnpicklingError, EOFError, ValueError) as e:
-            raise ConfigError(f"data.path: {str(path)!r} is not a CIFAR python pickle ({e})") from e
+            batch = pickle.load(f, encoding="bytes")
+        except Exception as e:  # garbage makes the unpickler raise almost anything (EOFError, KeyError, ...)
+            problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+            raise ConfigError(f"data.path: {str(path)!r} is not a CIFAR python pickle ({problem})") from None
+    if not isinstance(batch, dict):
+        raise ConfigError(f"data.path: {str(path)!r} is not a CIFAR python pickle (it holds a "
+                          f"{type(batch).__name__}, not a dict)")
+    return batch
 
 
 def _from_pickles(folder: Path, variant: Variant) -> tuple[datasets.Dataset, datasets.Dataset, list[str]]:
@@ -109,6 +114,9 @@ def _from_pickles(folder: Path, variant: Variant) -> tuple[datasets.Dataset, dat
             labels = np.concatenate([np.asarray(b[variant.label_key.encode()], dtype=np.int64) for b in batches])
         except KeyError as e:
             raise ConfigError(f"data.path: {str(folder)!r} pickles lack the key {e}; {variant.layout()}") from e
+        except (ValueError, TypeError) as e:  # e.g. rows that are not 3,072 bytes each
+            raise ConfigError(f"data.path: {str(folder)!r} pickles do not hold rows of {PIXELS} uint8 pixels "
+                              f"({' '.join(str(e).split())[:200]}); {variant.layout()}") from e
         # One fixed-size binary value per image: the transform gets cheap `bytes`, not 3,072 Python ints.
         images = pa.FixedSizeBinaryArray.from_buffers(pa.binary(PIXELS), len(pixels),
                                                       [None, pa.py_buffer(np.ascontiguousarray(pixels))])

@@ -17,13 +17,15 @@ _DONE = object()  # end-of-epoch marker in the prefetch queue
 
 def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp: int,
                     start_step: int = 0, max_steps: int | None = None,
-                    fetch: Callable[[Tensor], dict] | None = None) -> Iterator[tuple[int, dict[str, Tensor]]]:
+                    fetch: Callable[[Tensor], dict] | None = None,
+                    pin_memory: bool = False) -> Iterator[tuple[int, dict[str, Tensor]]]:
     """Yield `(step, batch)` for steps `start_step .. min(steps_per_epoch, max_steps) - 1` of `epoch`.
 
     `batch` is `dataset[ids]` (every column as a stacked tensor), or `fetch(ids)` when given (AutoCache reads
     its entries instead of the raw inputs there), plus `weight` (float32 [b], 0 for padding) and `index`
     (int64 [b], the sample ids). Loading runs in a background thread, which starts on the first `next()` and
     is stopped and joined when the generator finishes or is closed; an exception while loading is raised here.
+    With `pin_memory` (CUDA) the loading thread also pins each tensor, so the copy to the GPU can overlap.
     """
     end = sampler.steps_per_epoch if max_steps is None else min(sampler.steps_per_epoch, max_steps)
     ready: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
@@ -34,6 +36,8 @@ def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp
         batch = fetch(ids) if fetch is not None else dict(dataset[ids.tolist()])
         batch["weight"] = weight
         batch["index"] = ids
+        if pin_memory:
+            batch = {k: v.pin_memory() if isinstance(v, Tensor) else v for k, v in batch.items()}
         return batch
 
     def offer(item) -> bool:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import datasets
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 from torchvision.transforms import v2
 
 from ptrun.config import ConfigError, DataConfig
@@ -67,6 +66,8 @@ def build_datasets(cfg: DataConfig) -> DataSplits:
 
 def _stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Train and eval positions into `labels`, stratified by class and fixed by `cfg.split_seed`."""
+    from sklearn.model_selection import train_test_split  # ~2 s to import: only sources that split pay it
+
     positions = np.arange(len(labels))
     try:
         train, held_out = train_test_split(positions, test_size=cfg.eval_fraction, random_state=cfg.split_seed,
@@ -138,7 +139,10 @@ def _imagefolder(cfg: DataConfig) -> DataSplits:
         train_paths, train_labels = [train_paths[i] for i in train_pos], [train_labels[i] for i in train_pos]
 
     size = cfg.image_size or DEFAULT_IMAGE_SIZE
-    features = datasets.Features({"image": datasets.Image(), "labels": datasets.ClassLabel(names=class_names)})
+    # Decoded by the transform (`_decode_image`), so a file that is not a readable image is named in a
+    # one-line error instead of failing deep inside `datasets` mid-epoch.
+    features = datasets.Features({"image": datasets.Image(decode=False),
+                                  "labels": datasets.ClassLabel(names=class_names)})
 
     def split(paths: list[str], labels: list[int], augment: bool) -> datasets.Dataset:
         ds = datasets.Dataset.from_dict({"image": paths, "labels": labels}, features=features)
@@ -183,7 +187,20 @@ def _image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, tor
     def transform(batch: dict) -> dict[str, torch.Tensor]:
         out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
         if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
-            out["pixel_values"] = torch.stack([pipeline(image.convert("RGB")) for image in batch["image"]])
+            out["pixel_values"] = torch.stack([pipeline(_decode_image(image)) for image in batch["image"]])
         return out
 
     return transform
+
+
+_IMAGE = datasets.Image()  # datasets' own decoder (EXIF orientation applied), as `Image()` features decode
+
+
+def _decode_image(value: dict):
+    """One image file (`{"path", "bytes"}`) as an RGB PIL image; a file that does not decode is bad input."""
+    try:
+        return _IMAGE.decode_example(value).convert("RGB")
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...: the file's fault
+        problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(f"data.path: {value['path']!r} is not a readable image ({problem}); replace or remove "
+                          f"it") from None

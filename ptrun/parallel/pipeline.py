@@ -32,6 +32,7 @@ from ptrun.models.layered import run_units
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.plan import Plan
 from ptrun.train.losses import WeightedLoss
+from ptrun.train.precision import autocast
 
 SINGLE_STAGE_SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
 """Schedules that drive exactly one stage per rank."""
@@ -50,12 +51,17 @@ class StageModule(nn.Module):
 
     With recomputation on, the forward pass keeps only the inputs of each checkpointed chunk and the backward
     pass runs the chunk again (non-reentrant checkpointing, which restores the RNG state so dropout masks
-    match)."""
+    match).
 
-    def __init__(self, units: Sequence[nn.Module], recompute: int | None = None):
+    With a `compute_dtype` (bf16 / fp16) the units run under autocast and the stage's main output (the hidden
+    states; masks stay as they are) leaves in that dtype, so half the bytes cross to the next stage."""
+
+    def __init__(self, units: Sequence[nn.Module], recompute: int | None = None,
+                 compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.units = nn.ModuleList(units)
         self.recompute = recompute
+        self.compute_dtype = compute_dtype
 
     def train(self, mode: bool = True) -> "StageModule":
         """Frozen units stay in eval mode (no dropout or stochastic depth): a frozen layer is a fixed
@@ -68,16 +74,24 @@ class StageModule(nn.Module):
 
     def forward(self, *carry):
         training = self.training and torch.is_grad_enabled()
-        if self.recompute is None or not training:
-            out = run_units(self.units, *carry)
-        else:
-            size = self.recompute or len(self.units)
-            out = carry
-            for lo in range(0, len(self.units), size):
-                chunk = list(self.units[lo : lo + size])
-                out = checkpoint(run_units, chunk, *(out if isinstance(out, tuple) else (out,)),
-                                 use_reentrant=False)
+        if self.compute_dtype is not None and carry[0].dtype == self.compute_dtype:
+            # Received in the compute dtype, the residual stream goes on in float32 as autocast keeps it in
+            # one process: one rounding per boundary rather than bf16 sums through the rest of the model.
+            carry = (carry[0].float(), *carry[1:])
+        with autocast(carry[0].device, self.compute_dtype):
+            if self.recompute is None or not training:
+                out = run_units(self.units, *carry)
+            else:
+                size = self.recompute or len(self.units)
+                out = carry
+                for lo in range(0, len(self.units), size):
+                    chunk = list(self.units[lo : lo + size])
+                    out = checkpoint(run_units, chunk, *(out if isinstance(out, tuple) else (out,)),
+                                     use_reentrant=False)
         head = out[0] if isinstance(out, tuple) else out
+        if self.compute_dtype is not None and head.is_floating_point() and head.dtype != self.compute_dtype:
+            head = head.to(self.compute_dtype)  # autocast keeps residual streams in float32
+            out = (head, *out[1:]) if isinstance(out, tuple) else head
         if training and head.is_floating_point() and not head.requires_grad:
             # A stage of only frozen units (a frozen prefix on stage 0) computes its output without
             # autograd; the schedule still runs its backward, which needs an output that takes a gradient.
@@ -89,12 +103,12 @@ class PipelineRuntime:
     """Builds and runs this rank's stages of `plan` for the given layered model."""
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none"):
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None):
         self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
         self.replica, stage_rank = plan.coords(rank)
         self.stage_indices = plan.local_stages(stage_rank)
         every = parse_recompute(recompute)
-        self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every).to(device)
+        self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype).to(device)
                         for s in self.stage_indices]
         self.stages = [PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
                        for m, s in zip(self.modules, self.stage_indices)]
@@ -142,12 +156,13 @@ class PipelineRuntime:
 
     def forward_backward(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:
         """One pipelined forward + backward over the replica batch. Returns this rank's share of the
-        global mean loss (non-zero on last stages only; summing over all ranks gives the global loss)."""
+        global mean loss (non-zero on last stages only; summing over all ranks gives the global loss),
+        without the loss scale."""
         self.train(True)
         losses: list[torch.Tensor] = []
         self._run(self.schedule.step, inputs, target, losses)
         if self.is_last:
-            return torch.stack([l.detach() for l in losses]).sum()
+            return torch.stack([l.detach().float() for l in losses]).sum() / self.loss.scale
         return torch.zeros((), device=self.device)
 
     @torch.no_grad()
@@ -187,15 +202,17 @@ class PipelineRuntime:
         self._timed = []
 
     # ---- gradients ----------------------------------------------------------------------------------
-    def sync_and_clip(self, max_norm: float, record: dict | None = None) -> torch.Tensor:
-        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm.
+    def sync_and_clip(self, max_norm: float, record: dict | None = None, inv_scale: float = 1.0) -> torch.Tensor:
+        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
+        same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
 
         1. All-reduce over the DP group (one flat buffer): the replicas' partial sums.
         2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
            the embedding's and the decoder's contributions add up, and both copies step identically.
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
            weight once.
-        `record`, when given, receives id(parameter) -> its squared gradient norm before clipping."""
+        `inv_scale` undoes fp16's loss scale before the norm. `record`, when given, receives id(parameter) ->
+        its squared gradient norm before clipping."""
         for p, _ in self._tied:
             if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
                 p.grad = torch.zeros_like(p)
@@ -211,6 +228,9 @@ class PipelineRuntime:
         for p, group in self._tied:
             if p.requires_grad:
                 dist.all_reduce(p.grad, group=group)
+        if inv_scale != 1.0:
+            for g in grads:
+                g.mul_(inv_scale)
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in params:
             if id(p) not in self._norm_excluded:

@@ -85,6 +85,7 @@ GLUE_SAMPLES = {"cola": 8_551, "sst2": 67_349, "mrpc": 3_668, "qqp": 363_846, "m
                 "rte": 2_490, "wnli": 635}
 
 CACHE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def default_samples(cfg: PtrunConfig) -> Optional[int]:
@@ -268,7 +269,8 @@ def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     read = fill = 0.0
     c = plan.cached_units
     if c:
-        entry = costs.act_bytes[c - 1] * CACHE_DTYPE_BYTES[cfg.cache.dtype] / FP32
+        stored = PRECISION_BYTES[cfg.train.precision] if cfg.cache.dtype == "auto" else CACHE_DTYPE_BYTES[cfg.cache.dtype]
+        entry = costs.act_bytes[c - 1] * stored / FP32
         io = cache_io_seconds(per_replica * entry, cache_memory_share(cfg, cluster, entry, samples),
                               cache_readers(plan, cluster), cluster)
         start = filled if filled <= c else 0

@@ -4,6 +4,8 @@ names, so a checkpoint written under one Plan (any K, DP width, world size) load
 Layout of `run_dir/checkpoints/step_NNNNNNNN/`:
   params-stageS.safetensors   the parameters of stage S's units (written by the stage's replica 0)
   optim-stageS.pt             {param name: {state name: tensor}} (loaded with weights_only=True)
+  rng-rankR.safetensors       rank R's random number generator states (restored when the world size is the same)
+  progress.safetensors        a mid-epoch checkpoint's partial epoch sums (sample uses, gradient norms, loss)
   trainer.json                progress (epoch, step in epoch, global step), the plan, the model's identity
   manifest.json               sha256 and size of every file above; written last
 The directory is assembled under a `.tmp` name and renamed into place once complete, so a crash mid-write
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
+from ptrun.train import faults
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -51,11 +54,26 @@ def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def rng_states() -> dict[str, torch.Tensor]:
+    """This process's torch generator states (CPU, and the current GPU's)."""
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["cpu"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
 def save(run_dir: str | Path, *, global_step: int, named_params: dict[str, torch.Tensor],
          optim_state: dict[str, dict[str, torch.Tensor]], writer: bool, stage: int,
-         trainer_state: dict[str, Any], keep: int) -> Path:
-    """Collective over all ranks. `writer` ranks (one per stage) write their stage's tensors; rank 0 then
-    writes trainer.json and the manifest and renames the directory into place."""
+         trainer_state: dict[str, Any], keep: int, progress: dict[str, torch.Tensor] | None = None) -> Path:
+    """Collective over all ranks. `writer` ranks (one per stage) write their stage's tensors and every rank
+    its generator states; rank 0 then writes `progress` (if any), trainer.json and the manifest, and renames
+    the directory into place."""
     root = checkpoint_root(run_dir)
     final = root / f"step_{global_step:08d}"
     tmp = root / f".tmp_step_{global_step:08d}"
@@ -63,13 +81,18 @@ def save(run_dir: str | Path, *, global_step: int, named_params: dict[str, torch
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
+    rank = dist.get_rank()
     if writer:
         save_file({n: t.detach().cpu().contiguous() for n, t in named_params.items()},
                   str(tmp / f"params-stage{stage}.safetensors"))
         torch.save({n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()},
                    tmp / f"optim-stage{stage}.pt")
+    save_file(rng_states(), str(tmp / f"rng-rank{rank}.safetensors"))
+    faults.reached("checkpoint", global_step)
     dist.barrier()
-    if dist.get_rank() == 0:
+    if rank == 0:
+        if progress:
+            save_file({k: v.detach().cpu().contiguous() for k, v in progress.items()}, str(tmp / "progress.safetensors"))
         _write_json(tmp / TRAINER, trainer_state)
         files = sorted(p.name for p in tmp.iterdir())
         _write_json(tmp / MANIFEST, {"format": 1, "files": {
@@ -113,6 +136,12 @@ def latest_valid(run_dir: str | Path) -> Path | None:
             return ckpt
         log.warning("skipping checkpoint %s: %s", ckpt.name, problem)
     return None
+
+
+def load_extra(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
+    """A small safetensors file of the checkpoint (`progress`, `rng-rank3`), or None if it was not written."""
+    path = ckpt / f"{name}.safetensors"
+    return load_file(str(path)) if path.is_file() else None
 
 
 def load(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:

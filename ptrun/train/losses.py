@@ -57,12 +57,14 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> to
 
 
 class WeightedLoss:
-    """The schedule's loss_fn. Set `denominator` (the global batch's `loss_weight`) before each step."""
+    """The schedule's loss_fn. Set `denominator` (the global batch's `loss_weight`) before each step, and
+    `scale` (fp16's loss scale; 1 otherwise), which multiplies the loss backward starts from."""
 
     def __init__(self, task: str):
         self.task = task
         self.denominator = 1.0
+        self.scale = 1.0
 
     def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         weight = target[:, -1].to(torch.float32)
-        return (per_sample_loss(output, target, self.task) * weight).sum() / self.denominator
+        return (per_sample_loss(output, target, self.task) * weight).sum() / self.denominator * self.scale

@@ -31,10 +31,10 @@ from ptrun.models.export import export_model
 from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
-from ptrun.train import checkpoint
+from ptrun.train import checkpoint, faults
 from ptrun.train.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample_loss
-from ptrun.train.metrics import glue_metrics, squad_metrics
 from ptrun.train.optim import set_lr
+from ptrun.train.precision import LossScaler, compute_dtype, step_or_skip
 from ptrun.train.report import MetricsLog, ProgressView
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,10 @@ class Trainer:
                                    in_chans=self.data.in_chans, vocab_size=self.data.vocab_size)
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
         self.loss = WeightedLoss(cfg.model.task)
+        self.compute_dtype = compute_dtype(cfg.train.precision)
+        self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
+        # Pinned host batches make their copy to the GPU asynchronous (`non_blocking` below).
+        self.pin_memory = device.type == "cuda" and cfg.device.pin_memory
         self.eval_sampler = EpochSampler(len(self.data.eval), cfg.train.global_batch_size, cfg.train.seed,
                                          shuffle=False)
         self.train_sampler = EpochSampler(len(self.data.train), cfg.train.global_batch_size, cfg.train.seed)
@@ -75,13 +79,17 @@ class Trainer:
         self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), self._first,
                                      partition_kwargs)
         self.epoch = self.global_step = 0
+        self.step_in_epoch = 0  # where the current epoch resumes (non-zero only after a mid-epoch checkpoint)
+        self.epoch_sums: dict[str, torch.Tensor] = {}  # that checkpoint's partial epoch sums
+        self.last_checkpoint_step = 0
         self.cache = self._make_cache() if cfg.auto.cache else None
-        self.metrics = MetricsLog(cfg.run_dir, tensorboard=cfg.logger == "tensorboard") if self.is_main else None
         self.view = ProgressView(enabled=self.is_main)
         self.best_eval: dict = {}
         self.last_eval: dict = {}
         self.resumed_from, plan, states = self.resume() if resume else (None, self._first, {})
         self.apply_plan(plan, states)
+        # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
+        self.metrics = MetricsLog(cfg.run_dir, tensorboard=cfg.logger == "tensorboard") if self.is_main else None
 
     def _steps_for(self, sampler: EpochSampler) -> int:
         limit = self.cfg.train.max_steps_per_epoch
@@ -100,9 +108,10 @@ class Trainer:
                             "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
                             "without random augmentation")
         tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
-                          "seed": cfg.train.seed}, sort_keys=True)
+                          "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
         return AutoCache(self.layered, cfg.cache, tag=tag, num_train=len(self.data.train),
-                         num_eval=len(self.data.eval), device=self.device, run_dir=cfg.run_dir)
+                         num_eval=len(self.data.eval), device=self.device, run_dir=cfg.run_dir,
+                         compute_dtype=self.compute_dtype)
 
     @property
     def caching(self) -> bool:
@@ -132,13 +141,14 @@ class Trainer:
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
         self._use(build_layout(self.layered, plan, self.rank, self.device, self.loss, self.cfg.optim,
-                               self.param_name, self.cfg.pipe.recompute, optimizer_states))
+                               self.param_name, self.cfg.pipe.recompute, optimizer_states, self.compute_dtype))
 
     def transition(self, plan: Plan) -> float:
         """Apply `plan` in the running job (collective); returns its wall time in seconds."""
         t0 = time.perf_counter()
         self._use(change_layout(self.layered, self.layout, plan, self.rank, self.device, self.loss,
-                                self.cfg.optim, self.param_name, self.cfg.pipe.recompute))
+                                self.cfg.optim, self.param_name, self.cfg.pipe.recompute, self.compute_dtype,
+                                midway=lambda: faults.reached("transition", self.global_step)))
         dist.barrier()
         return time.perf_counter() - t0
 
@@ -176,20 +186,25 @@ class Trainer:
             units = list(range(self.plan.cached_units)) + units
         return [n for u in units for n in self.layered.unit_param_names(u)]
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None) -> None:
+        """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch with the epoch's sums so far
+        (`progress`, already summed over the ranks)."""
         params = dict(self.layered.model.named_parameters())
         names = self.stage_param_names()
         optim_state = {}
         if self.optimizer is not None:
             optim_state = {self.param_name[id(p)]: s for p, s in self.optimizer.state.items()}
-        state = {"epoch": self.epoch, "global_step": self.global_step, "plan": self.plan.to_dict(),
+        state = {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                 "global_batch": self.train_sampler.global_batch_size, "world_size": self.world_size,
+                 "plan": self.plan.to_dict(),
                  "controller": self.controller.state_dict(),
                  "model": {"name": self.cfg.model.name, "num_units": len(self.layered.units)},
-                 "best_eval": self.best_eval, "last_eval": self.last_eval}
+                 "best_eval": self.best_eval, "last_eval": self.last_eval, "loss_scale": self.scaler.state_dict()}
         path = checkpoint.save(self.cfg.run_dir, global_step=self.global_step,
                                named_params={n: params[n] for n in names}, optim_state=optim_state,
                                writer=self.replica == 0, stage=self.stage, trainer_state=state,
-                               keep=self.cfg.checkpoint.keep)
+                               keep=self.cfg.checkpoint.keep, progress=progress)
+        self.last_checkpoint_step = self.global_step
         log.info("checkpoint written: %s", path)
 
     def resume(self) -> tuple[str | None, Plan, dict]:
@@ -204,25 +219,41 @@ class Trainer:
         params, optim_state, state = checkpoint.load(ckpt)
         if state["model"]["num_units"] != len(self.layered.units) or state["model"]["name"] != self.cfg.model.name:
             raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
-                              f"{state['model']['num_units']} units, not {self.cfg.model.name}")
+                              f"{state['model']['num_units']} units, not {self.cfg.model.name} with "
+                              f"{len(self.layered.units)} units; resume with the run's model settings or choose "
+                              f"another hydra.run.dir")
         own = dict(self.layered.model.named_parameters())
         missing = sorted(set(own) - set(params))
         if missing:
-            raise ConfigError(f"checkpoint {ckpt} lacks parameter {missing[0]}")
+            raise ConfigError(f"checkpoint {ckpt} lacks parameter {missing[0]}; resume with the run's model "
+                              f"settings or choose another hydra.run.dir")
+        wrong = next((n for n, p in own.items() if params[n].shape != p.shape), None)
+        if wrong is not None:
+            raise ConfigError(f"checkpoint {ckpt}: {wrong} has shape {tuple(params[wrong].shape)}, the model "
+                              f"{tuple(own[wrong].shape)}; resume with the run's model settings or choose "
+                              f"another hydra.run.dir")
         with torch.no_grad():
             for name, p in own.items():
                 p.copy_(params[name])
         self.epoch, self.global_step = state["epoch"], state["global_step"]
+        self.last_checkpoint_step = self.global_step
+        self.step_in_epoch = state.get("step_in_epoch", 0)
+        self.epoch_sums = checkpoint.load_extra(ckpt, "progress") or {}
+        rng = checkpoint.load_extra(ckpt, f"rng-rank{self.rank}")
+        if rng is not None and state.get("world_size") == self.world_size:
+            checkpoint.set_rng_states(rng)  # dropout continues as it would have
         self.best_eval, self.last_eval = state.get("best_eval", {}), state.get("last_eval", {})
         self.controller.load_state_dict(state.get("controller", {}))
+        self.scaler.load_state_dict(state.get("loss_scale", {}))
         saved = Plan.from_dict(state["plan"])
         if saved.world_size == self.world_size:
             plan = saved
         else:
             plan = self.controller.plan_for(self._first, blocks_of_units(saved.frozen_units), self.world_size)
         if self.is_main:
-            log.info("resumed from %s at epoch %d (step %d), %d units frozen", ckpt, self.epoch,
-                     self.global_step, plan.frozen_units)
+            log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
+                     self.epoch, self.step_in_epoch, self.global_step, plan.frozen_units)
+        self._saved_global_batch = state.get("global_batch")
         return str(ckpt), plan, optim_state
 
     # ---- collectives --------------------------------------------------------------------------------
@@ -237,10 +268,11 @@ class Trainer:
         inputs = tuple(batch[k].to(self.device, non_blocking=True) for k in names if k in batch)
         if self.caching:  # raw inputs are there only for samples the cache does not serve
             inputs = self.cache.inputs(split, batch, inputs)
-        return inputs, make_target(batch, self.cfg.model.task).to(self.device)
+        return inputs, make_target(batch, self.cfg.model.task).to(self.device, non_blocking=True)
 
-    def _batches(self, split: str, **kwargs):
-        """This replica's batches of `split` (AutoCache entries read in the loading thread when caching)."""
+    def _batches(self, split: str, start_step: int = 0):
+        """This replica's batches of `split` from `start_step` (AutoCache entries read in the loading thread
+        when caching)."""
         if split == "train":
             data, sampler, epoch, steps = self._train_source(), self.train_sampler, self.epoch, self.steps_per_epoch
         else:
@@ -249,20 +281,54 @@ class Trainer:
         if self.caching:
             fetch = partial(self.cache.fetch, split, data, input_names=self.layered.input_names,
                             label_names=LABEL_KEYS[self.cfg.model.task])
-        return iterate_batches(data, sampler, epoch, self.replica, self.plan.dp, max_steps=steps, fetch=fetch)
+        return iterate_batches(data, sampler, epoch, self.replica, self.plan.dp, start_step=start_step,
+                               max_steps=steps, fetch=fetch, pin_memory=self.pin_memory)
+
+    def _resume_step(self) -> int:
+        """The step of the current epoch to start at: 0, or where a mid-epoch checkpoint left off. If the
+        global batch changed with the world size (`auto.batch=fixed_per_pipeline`), the step that starts at
+        or before the same sample offset: up to one batch of samples is trained twice, none is skipped."""
+        start, saved = self.step_in_epoch, getattr(self, "_saved_global_batch", None)
+        if start and saved and saved != self.train_sampler.global_batch_size:
+            offset = start * saved
+            start = offset // self.train_sampler.global_batch_size
+            if self.is_main:
+                log.warning("the global batch changed from %d to %d on resuming: epoch %d restarts at step %d "
+                            "(%d samples of it are trained twice)", saved, self.train_sampler.global_batch_size,
+                            self.epoch, start, offset - start * self.train_sampler.global_batch_size)
+        return start
+
+    def _partial_sums(self, loss_sum, block_norms, seen, samples: float) -> dict[str, torch.Tensor]:
+        """Collective: the epoch's sums so far over all ranks, for a mid-epoch checkpoint."""
+        return {"loss_sum": self.all_sum(loss_sum.reshape(1)).cpu(), "block_norms": self.all_sum(block_norms).cpu(),
+                "seen": self.all_sum(seen).cpu(), "samples": torch.tensor([samples], dtype=torch.float64)}
+
+    def _checkpoint_due(self, step: int) -> bool:
+        """A mid-epoch checkpoint after `step`: `checkpoint.every_steps` steps since the last one, and not
+        the epoch's last step (the epoch boundary decides about that one)."""
+        every = self.cfg.checkpoint.every_steps
+        return bool(every) and self.global_step - self.last_checkpoint_step >= every \
+            and step + 1 < self.steps_per_epoch
 
     def train_epoch(self) -> dict:
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        start = self._resume_step()
+        # Sums over the epoch; a resumed epoch starts from the checkpoint's (held by rank 0 alone, so the
+        # all-reduce at the end counts them once).
+        carried = self.epoch_sums if (start and self.is_main) else {}
+        loss_sum = carried.get("loss_sum", torch.zeros(1, dtype=torch.float64))[0].to(self.device)
         # How often each training sample was used this epoch (counted on each replica's first stage).
-        seen = torch.zeros(len(self.data.train), dtype=torch.float64)
-        block_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64, device=self.device)
+        seen = carried.get("seen", torch.zeros(len(self.data.train), dtype=torch.float64)).clone()
+        block_norms = carried.get("block_norms", torch.zeros(self.layered.num_blocks, dtype=torch.float64)).to(self.device)
+        samples_before = float(self.epoch_sums["samples"][0]) if start and "samples" in self.epoch_sums else 0.0
+        self.epoch_sums, self.step_in_epoch = {}, 0
         want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
         samples, t0 = 0.0, time.perf_counter()
+        skipped_before = self.scaler.skipped
         if self.cache is not None:
             self.cache.take_stats()  # count this epoch's training batches only
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
         lr = 0.0
-        for step, batch in self._batches("train"):
+        for step, batch in self._batches("train", start_step=start):
             inputs, target = self._inputs_and_target(batch, "train")
             # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
             self.loss.denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
@@ -270,25 +336,28 @@ class Trainer:
             lr = set_lr(self.optimizer, progress, self.total_steps, self.cfg.optim)
             timed = self.global_step == self.cfg.train.timeline_step
             events = self.runtime.record_timeline() if timed else None
+            self.loss.scale = self.scaler.scale
             loss_sum += self.runtime.forward_backward(inputs, target).double()
             if timed:
                 self.runtime.stop_timeline()
                 self._write_timeline(events)
             param_sq = {} if want_norms else None
-            self.runtime.sync_and_clip(self.cfg.train.grad_clip, record=param_sq)
-            if want_norms:
+            stepped = step_or_skip(self.runtime, self.optimizer, self.scaler, self.cfg.train.grad_clip, param_sq)
+            if want_norms and stepped:
                 step_sq = torch.zeros_like(block_norms)
                 for pid, sq in param_sq.items():
                     if pid in self._block_of:
                         step_sq[self._block_of[pid]] += sq  # stays on the device: no sync per parameter
                 block_norms += step_sq.sqrt()
-            if self.optimizer is not None:
-                self.optimizer.step()
-            self.runtime.zero_grad()
             self.global_step += 1
             samples += self.loss.denominator
             if self.runtime.is_first:
                 seen.index_add_(0, batch["index"], batch["weight"].double())
+            faults.reached("step", self.global_step)
+            if self._checkpoint_due(step):
+                self.step_in_epoch = step + 1
+                self.save_checkpoint(self._partial_sums(loss_sum, block_norms, seen, samples_before + samples))
+                self.step_in_epoch = 0
             if (step + 1) % self.cfg.train.log_every_steps == 0 and self.view.live:
                 running = self.all_sum(loss_sum).item() / (step + 1)
                 self.view.update(step + 1, running, samples / (time.perf_counter() - t0))
@@ -299,10 +368,17 @@ class Trainer:
         seen = self.all_sum(seen)
         # Each block's gradient norm, averaged over the epoch's steps and summed over the stages holding it.
         self.grad_norms = (self.all_sum(block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
+        resumed = {"resumed_at_step": start} if start else {}
         return {"train_loss": train_loss, "samples_per_s": samples / elapsed, "epoch_time_s": elapsed,
-                "lr": lr, "steps": steps, "samples": int(samples),
+                "lr": lr, "steps": steps, "samples": int(samples_before + samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
-                **self._cache_stats()}
+                **self._cache_stats(), **self._scaler_stats(skipped_before)}
+
+    def _scaler_stats(self, skipped_before: int) -> dict:
+        """fp16: the loss scale at the epoch's end and the overflowed steps it skipped."""
+        if not self.scaler.enabled:
+            return {}
+        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped - skipped_before}
 
     def _write_timeline(self, events: list[dict]) -> None:
         """Collective: every rank's recorded passes of one step, written by rank 0 to RUN_DIR/timeline.json
@@ -359,6 +435,8 @@ class Trainer:
         dist.all_gather_object(gathered, outputs)
         box: list = [None]
         if self.is_main:
+            from ptrun.train.metrics import glue_metrics, squad_metrics  # torchmetrics: 4 s to import, so here
+
             pairs = [pair for part in gathered for pair in part]
             ids = torch.cat([i for i, _ in pairs])
             order = ids.argsort()
@@ -382,12 +460,13 @@ class Trainer:
             self.metrics.write("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
                                num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
                                train_samples=len(self.data.train), eval_samples=len(self.data.eval),
-                               resumed_from=self.resumed_from, device=str(self.device))
+                               resumed_from=self.resumed_from, device=str(self.device),
+                               precision=cfg.train.precision)
             self.view.print(
                 f"ptrun: {cfg.model.name} ({len(self.layered.units)} units, "
                 f"{sum(p.numel() for p in self.layered.model.parameters()) / 1e6:.2f} M params) on "
-                f"{len(self.data.train)} train / {len(self.data.eval)} eval samples; {self.world_size} workers, "
-                f"run dir {cfg.run_dir}")
+                f"{len(self.data.train)} train / {len(self.data.eval)} eval samples; {self.world_size} workers "
+                f"on {self.device.type}, precision {cfg.train.precision}; run dir {cfg.run_dir}")
         t_start = time.perf_counter()
         transition_s = 0.0
         self.view.show_layout(self.plan, self.layered.unit_names)
@@ -432,7 +511,9 @@ class Trainer:
                             f"transition {transition_s:.2f}s")
                         self.view.show_layout(plan, self.layered.unit_names)
             every = cfg.checkpoint.every_epochs
-            if every and (self.epoch % every == 0 or last):
+            steps_due = cfg.checkpoint.every_steps and \
+                self.global_step - self.last_checkpoint_step >= cfg.checkpoint.every_steps
+            if (every and (self.epoch % every == 0 or last)) or steps_due:
                 self.save_checkpoint()
         total = time.perf_counter() - t_start
         if cfg.train.export:

@@ -1,0 +1,83 @@
+"""Mixed precision: the dtype stages compute in, and fp16's loss scale.
+
+Under `train.precision=bf16|fp16` every stage runs its forward pass (and the last stage its loss) under
+`torch.autocast`; parameters, gradients and optimizer state stay float32 (the master weights), so the
+optimizer step is the fp32 one. Activations leave a stage in the compute dtype, which halves what crosses a
+stage boundary (and what AutoCache stores by default).
+
+fp16's range ends at 65504, so small gradients underflow unless the loss is scaled up before backward and the
+gradients scaled down after. A scale that is too large overflows instead; then the step must be skipped and
+the scale lowered. In a pipeline the overflow may happen on one stage only, so the decision is taken from the
+global gradient norm, which is all-reduced over every stage and replica anyway: every rank sees the same
+norm, hence the same verdict, steps or skips together, and keeps the same scale. (torch.amp.GradScaler checks
+each rank's own gradients only, which would let the stages' weights drift apart.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""`train.precision` -> the autocast dtype (None: plain float32)."""
+
+
+def compute_dtype(precision: str) -> torch.dtype | None:
+    return PRECISIONS[precision]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """torch.autocast for `dtype` on `device`'s type, or nothing for float32."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class LossScaler:
+    """fp16's dynamic loss scale (torch.amp.GradScaler's defaults and update rule), driven by a verdict all
+    ranks agree on. Disabled (fp32, bf16) it is a constant 1 that never skips a step."""
+
+    def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = init_scale if enabled else 1.0
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self.good_steps = 0
+        self.skipped = 0
+
+    def update(self, finite: bool) -> bool:
+        """Record one step's verdict (the global gradient norm is finite); returns whether to step."""
+        if not self.enabled:
+            return True
+        if not finite:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            self.skipped += 1
+            return False
+        self.good_steps += 1
+        if self.good_steps == self.growth_interval:
+            self.scale *= self.growth_factor
+            self.good_steps = 0
+        return True
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.enabled and state:
+            self.scale, self.good_steps, self.skipped = state["scale"], state["good_steps"], state["skipped"]
+
+
+def step_or_skip(runtime, optimizer: torch.optim.Optimizer | None, scaler: LossScaler, grad_clip: float,
+                 record: dict | None = None) -> bool:
+    """After a forward + backward: make the gradients global, undo the loss scale, clip, and step unless
+    fp16's gradients overflowed somewhere (then no rank steps and the scale drops). Returns whether it
+    stepped. Collective over every rank of the job."""
+    norm = runtime.sync_and_clip(grad_clip, record=record, inv_scale=1.0 / scaler.scale)
+    stepped = not scaler.enabled or scaler.update(math.isfinite(norm.item()))
+    if optimizer is not None and stepped:
+        optimizer.step()
+    runtime.zero_grad()
+    return stepped

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The first commands to run on a GPU machine (2 GPUs or more), each a short job on the embedded default:
+#   1. a 2-GPU pipeline (K = 2, 1F1B, fp32 with TF32), no freezing
+#   2. a freeze transition: 4 of 6 blocks (9 of 14 units) frozen after epoch 1, repacked to K = 1, DP = 2,
+#      the frozen prefix served from AutoCache
+#   3. bf16 autocast, then fp16 with its loss scale
+# Each line of output says what to look for. Run dirs go under $1 (default: a new temporary directory).
+# PTRUN_SMOKE_ALLOW_CPU=1 runs the same commands without GPUs (gloo, one CPU process per device), to check
+# the script itself.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=$("$repo/scripts/setup.sh")
+out=${1:-$(mktemp -d -t ptrun-smoke-XXXX)}
+gpus=$("$venv/bin/python" -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -lt 2 ] && [ "${PTRUN_SMOKE_ALLOW_CPU:-0}" != 1 ]; then
+    echo "gpu_smoke: found $gpus CUDA device(s), need 2 (PTRUN_SMOKE_ALLOW_CPU=1 runs it on the CPU)" >&2
+    exit 2
+fi
+ptrun() { "$venv/bin/ptrun" train launcher.nproc_per_node=2 "$@"; }
+
+echo "== 1/4 two-GPU pipeline: expect 'layout: K=2 DP=1 M=2 1F1B' and 'device cuda:0' in $out/pipeline/metrics.jsonl"
+ptrun auto.freeze=false train.epochs=2 hydra.run.dir="$out/pipeline"
+grep -o '"device": "[^"]*"' "$out/pipeline/metrics.jsonl"
+
+echo "== 2/4 freeze transition: expect '9 of 14 units frozen (was 0); K 2 -> 1, DP 1 -> 2', then 'cache 9 units, 100% hits' in epoch 3"
+ptrun train.epochs=3 freeze.policy=schedule 'freeze.blocks=[0,4]' hydra.run.dir="$out/freeze"
+
+echo "== 3/4 bf16: expect 'precision bf16' and the losses of 1/4 to about 2 decimals"
+ptrun auto.freeze=false train.epochs=2 train.precision=bf16 hydra.run.dir="$out/bf16"
+
+echo "== 4/4 fp16: expect the losses of 1/4 to about 2 decimals, and a loss scale with few skipped steps per epoch"
+ptrun auto.freeze=false train.epochs=2 train.precision=fp16 hydra.run.dir="$out/fp16"
+grep -o '"loss_scale": [0-9.]*, "skipped_steps": [0-9]*' "$out/fp16/metrics.jsonl"
+echo "gpu_smoke: all four jobs finished; run dirs in $out"

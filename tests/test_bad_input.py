@@ -1,0 +1,283 @@
+"""Bad input beyond the config keys of test_cli.BAD_INPUT: data files, checkpoints, the environment and the
+run directory. Each case runs the real CLI (`python -m ptrun.cli train ...`) and must end with its exit code,
+one line `ptrun: error: ...` naming the key or file and what is allowed, no traceback, and the files that
+were in the run directory before byte for byte as they were. docs/errors.md lists every message."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import BAD_INPUT
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.epochs=1", "train.max_steps_per_epoch=2",
+        "train.global_batch_size=16", "train.export=false"]
+# Data errors surface in the workers: one worker is enough and halves the start-up cost.
+ONE_WORKER = ["launcher.nproc_per_node=1", "pipe.length=1", "pipe.microbatches=1"]
+TINY_BERT = ["model=bert_base", "model.pretrained=null"]  # sized by TINY
+DIST = pytest.mark.dist  # cases with worker processes (~15 s each) or a real run's checkpoints
+IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, or "
+                      "path/<class>/*.png)")
+
+# The key part of each case's error line (paths vary, so they are left out). docs/errors.md quotes them all.
+MESSAGES = {
+    "imagefolder_without_images": "found no images; " + IMAGEFOLDER_LAYOUT,
+    "imagefolder_corrupt_image": "is not a readable image (UnidentifiedImageError: cannot identify image file",
+    "cifar10_garbage": "is not a CIFAR python pickle (",
+    "glue_without_task_files": "found no sst2 train and eval files; expected the GLUE TSV layout "
+                               "(path/SST-2/train.tsv + dev.tsv)",
+    "squad_not_json": "is not SQuAD JSON (JSONDecodeError: Expecting value: line 1 column 1 (char 0)); "
+                      "expected SQuAD v1.1 JSON",
+    "resume_another_model": "is of model vit_tiny_patch16_224 with 6 units, not vit_tiny_patch16_224 with 8 units; resume with the run's model settings or choose another hydra.run.dir",
+    "resume_corrupt_checkpoint": "params-stage0.safetensors does not match its checksum; restore it, or start a "
+                                 "new run in another hydra.run.dir",
+    "resume_manifest_not_json": "manifest.json is unreadable (JSONDecodeError); restore it, or start a new run "
+                                "in another hydra.run.dir",
+    "resume_without_checkpoint": "holds no checkpoint to resume from; leave train.resume off to start a new run, "
+                                 "or set hydra.run.dir to the run to continue",
+    "rdzv_port_in_use": "is not free on this machine (Address already in use); choose a free port, or "
+                        "localhost:0 for any",
+    "rdzv_endpoint_unparsable": "launcher.rdzv_endpoint='localhost:http' is not allowed: host:port with a port "
+                                "0-65535 (localhost:0 picks a free one)",
+    "cache_memory_unavailable": "(File too large); lower cache.max_memory",
+    "run_dir_is_a_file": "is not allowed: a directory to create or write into (",
+}
+
+
+def changed(overrides: list[str], *changes: str) -> list[str]:
+    """`overrides` with the keys of `changes` set to their new values."""
+    keys = {c.split("=", 1)[0] for c in changes}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + list(changes)
+
+
+def ptrun_train(*args: str, cwd: Path, limit_file_size: int | None = None) -> subprocess.CompletedProcess:
+    """`ptrun train ARGS` in a fresh process (of this checkout's ptrun), optionally with RLIMIT_FSIZE set."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
+
+    return subprocess.run([sys.executable, "-m", "ptrun.cli", "train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=limit if limit_file_size else None)
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    """Every file under `path` (or `path` itself, a file) -> sha256 of its bytes; directories -> 'dir'."""
+    if path.is_file():
+        return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(path.rglob("*"))}
+
+
+def assert_one_line(out: subprocess.CompletedProcess, case: str, code: int = 2) -> None:
+    assert out.returncode == code, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ptrun: error: "), out.stderr
+    print(lines[0])  # `pytest -rP` shows every case's line (docs/errors.md quotes them)
+    assert MESSAGES[case] in lines[0], lines[0]
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def run_case(case: str, run_dir: Path, *args: str, may_add: bool = False, **kwargs) -> tuple[str, set[str]]:
+    """Run the CLI on `run_dir`, check the one-line error, and that every file the run directory held before
+    is unchanged. A failed start adds nothing either, unless `may_add` (a run that had started before it met
+    the bad input). Returns the error line and the files added."""
+    before = snapshot(run_dir) if run_dir.exists() else {}
+    out = ptrun_train(*args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, **kwargs)
+    assert_one_line(out, case)
+    after = snapshot(run_dir) if run_dir.exists() else {}
+    assert {k: after.get(k) for k in before} == before
+    if not may_add:
+        assert after == before and (before or not run_dir.exists())
+    return out.stderr.strip(), set(after) - set(before)
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    """A run directory that already holds something of the user's (but no checkpoint, so a run may start)."""
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / "notes.txt").write_text("the data moved to /scratch on monday\n")
+    return path
+
+
+# ---- data paths and formats ---------------------------------------------------------------------------
+
+@DIST
+def test_imagefolder_without_images(tmp_path, run_dir):
+    data = tmp_path / "images"
+    (data / "cats").mkdir(parents=True)  # a class folder without images, and a stray file
+    (data / "dogs").mkdir()
+    (data / "dogs" / "README.txt").write_text("images to follow\n")
+    run_case("imagefolder_without_images", run_dir, "data=imagefolder", f"data.path={data}", "auto.cache=false",
+             *TINY, *ONE_WORKER)
+
+
+@DIST
+def test_imagefolder_with_a_corrupt_image(tmp_path, run_dir):
+    """Images are decoded as they are read (ImageNet has 1.28 M of them), so a corrupt one is found while
+    training: the run has started, and stops at that file."""
+    from PIL import Image
+
+    data = tmp_path / "images"
+    for c, name in enumerate(("cats", "dogs")):
+        (data / name).mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (8, 8), (30 * i, 100 * c, 0)).save(data / name / f"{i}.png")
+    (data / "cats" / "3.png").write_bytes(b"this is not a PNG\n" * 10)
+    line, _ = run_case("imagefolder_corrupt_image", run_dir, "data=imagefolder", f"data.path={data}",
+                       "data.image_size=8", "auto.cache=false", *TINY, *ONE_WORKER, may_add=True)
+    assert str(data / "cats" / "3.png") in line
+
+
+@DIST
+def test_cifar10_folder_of_garbage(tmp_path, run_dir):
+    folder = tmp_path / "cifar" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    noise = random.Random(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        (folder / name).write_bytes(noise.randbytes(4096))
+    line, _ = run_case("cifar10_garbage", run_dir, "data=cifar10", f"data.path={folder.parent}", *TINY, *ONE_WORKER)
+    assert str(folder) in line
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> str:
+    """A BERT WordPiece tokenizer directory the text sources load (written by hand: no transformers import)."""
+    path = tmp_path_factory.mktemp("tokenizer")
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film"]) + "\n")
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                            "do_lower_case": True}))
+    return str(path)
+
+
+@DIST
+def test_glue_folder_without_the_tasks_files(tmp_path, tokenizer):
+    """With a run directory that did not exist: the failed start removes the one Hydra made for it."""
+    data = tmp_path / "glue"
+    (data / "CoLA").mkdir(parents=True)  # another task's folder
+    (data / "CoLA" / "train.tsv").write_text("gj04\t1\t\tour friends won't buy this analysis.\n")
+    run_case("glue_without_task_files", tmp_path / "run", "data=glue", "data.task=sst2", f"data.path={data}",
+             f"data.tokenizer={tokenizer}", *TINY_BERT, *TINY, *ONE_WORKER)
+
+
+@DIST
+def test_squad_file_that_is_not_json(tmp_path, run_dir, tokenizer):
+    data = tmp_path / "squad"
+    data.mkdir()
+    (data / "train-v1.1.json").write_text("<html>404 Not Found</html>\n")  # a failed download
+    (data / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": []}))
+    line, _ = run_case("squad_not_json", run_dir, "data=squad", "model.task=qa", f"data.path={data}",
+                       f"data.tokenizer={tokenizer}", *TINY_BERT, *TINY, *ONE_WORKER)
+    assert str(data / "train-v1.1.json") in line
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------------
+
+BASE_RUN = [*changed(TINY, "train.epochs=2"), *ONE_WORKER, "freeze.policy=schedule", "freeze.blocks=[0,1]",
+            "cache.min_frozen_units=1", "auto.cache=true"]
+"""A real two-epoch run (one worker, to save time) that freezes a block after the first epoch and then trains
+from AutoCache, so its checkpoints hold a plan with a cached prefix. The resumes keep the default
+launcher.max_restarts=3: bad input must not be restarted into."""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("trained") / "run"
+    out = ptrun_train(*BASE_RUN, f"hydra.run.dir={run}", cwd=run.parent)
+    assert out.returncode == 0, out.stderr
+    latest = sorted((run / "checkpoints").iterdir())[-1]
+    assert json.loads((latest / "trainer.json").read_text())["plan"]["cached_units"] > 0
+    return run
+
+
+@pytest.fixture
+def copy_of_run(trained, tmp_path) -> Path:
+    return Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+@DIST
+def test_resume_with_another_model(copy_of_run):
+    """With the default two workers as a 2-stage pipeline (a resume may change the world size): both workers
+    find the mismatch, and one line is printed."""
+    two_workers = [o for o in BASE_RUN if o not in ONE_WORKER]
+    run_case("resume_another_model", copy_of_run, *changed(two_workers, "model.depth=3"), "train.resume=true")
+
+
+@DIST  # the checkpoints are a real run's
+@pytest.mark.parametrize("case", ["resume_corrupt_checkpoint", "resume_manifest_not_json"])
+def test_resume_with_only_broken_checkpoints(case, copy_of_run):
+    for ckpt in (copy_of_run / "checkpoints").iterdir():
+        if case == "resume_corrupt_checkpoint":
+            params = ckpt / "params-stage0.safetensors"
+            data = bytearray(params.read_bytes())
+            data[-64:] = bytes(b ^ 0xFF for b in data[-64:])  # flipped bits in the tensor data
+            params.write_bytes(bytes(data))
+        else:
+            (ckpt / "manifest.json").write_text("{'files': truncated")
+    run_case(case, copy_of_run, *BASE_RUN, "train.resume=true")
+
+
+def test_resume_without_a_checkpoint(run_dir):
+    run_case("resume_without_checkpoint", run_dir, *TINY, "train.resume=true")
+
+
+# ---- environment ----------------------------------------------------------------------------------------
+
+def test_rendezvous_port_in_use(run_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line, _ = run_case("rdzv_port_in_use", run_dir, *TINY, f"launcher.rdzv_endpoint=localhost:{port}")
+    assert f"launcher.rdzv_endpoint='localhost:{port}': port {port}" in line
+
+
+def test_rendezvous_endpoint_that_does_not_parse(run_dir):
+    run_case("rdzv_endpoint_unparsable", run_dir, *TINY, "launcher.rdzv_endpoint=localhost:http")
+
+
+@DIST
+def test_no_room_for_the_activation_cache(copy_of_run):
+    """Resuming into the cached plan reserves the cache's memory tier (~4 MB) at once; a file-size limit of
+    1 MB makes the kernel refuse it (EFBIG), as a full /dev/shm would (ENOSPC). Nothing of the run changes,
+    but the store's lock file in cache.dir (RUN_DIR/cache by default) stays behind: other workers may be
+    waiting on it, so only a run that finishes removes it."""
+    line, added = run_case("cache_memory_unavailable", copy_of_run, *BASE_RUN, "train.resume=true",
+                           may_add=True, limit_file_size=1 << 20)
+    assert line.startswith("ptrun: error: cache.max_memory: cannot reserve ")
+    lock = next(iter(added - {"cache"}), "")
+    assert added == {"cache", lock} and lock.startswith("cache/entries-") and lock.endswith(".lock")
+
+
+# ---- the run directory ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", [".", "sub"])
+def test_run_dir_that_is_a_file(where, tmp_path):
+    path = tmp_path / "run"
+    path.write_text("not a directory\n")
+    target = path if where == "." else path / where
+    before = snapshot(path)
+    out = ptrun_train(*TINY, f"hydra.run.dir={target}", cwd=tmp_path)
+    assert_one_line(out, "run_dir_is_a_file")
+    assert f"({path} is a file)" in out.stderr and snapshot(path) == before
+
+
+# ---- the catalogue ---------------------------------------------------------------------------------------
+
+def test_every_message_is_in_the_catalogue():
+    doc = (REPO / "docs" / "errors.md").read_text()
+    missing = [m for _, m in BAD_INPUT if m not in doc] + [m for m in MESSAGES.values() if m not in doc]
+    assert not missing, missing
