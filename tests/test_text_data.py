@@ -2,7 +2,9 @@
 JSON, doc-stride windows, answer positions, postprocessing) and CIFAR-10/100 (pickle, parquet, save_to_disk)."""
 
 import json
+import os
 import pickle
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -547,3 +549,21 @@ def test_bad_cifar_paths_raise_one_line_config_errors(tmp_path, cifar10_dir, pro
     expected = {"missing_dir": "cifar-10-batches-py/", "empty_dir": "train*.parquet",
                 "missing_batch": "['data_batch_3']", "cifar100_labels_as_10": "outside 0..9"}[problem]
     assert expected in message
+
+
+class _RunsCode:
+    """A pickle that calls a function while it loads: what a hostile file would do."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["PTRUN_PICKLE_CANARY"]),))
+
+
+def test_cifar_pickle_that_names_a_function_is_refused_unrun(tmp_path, cifar10_dir, monkeypatch):
+    root = cifar10_dir[0] / "cifar-10-batches-py"
+    canary = tmp_path / "canary"
+    monkeypatch.setenv("PTRUN_PICKLE_CANARY", str(canary))
+    with open(root / "data_batch_2", "wb") as f:
+        pickle.dump({b"data": _RunsCode(), b"labels": [0]}, f)
+    with pytest.raises(ConfigError, match=r"is not a CIFAR python pickle \(UnpicklingError: it names pathlib"):
+        build_datasets(DataConfig(name="cifar10", path=str(cifar10_dir[0])))
+    assert not canary.exists()  # the function was never called

@@ -87,11 +87,25 @@ def _build(cfg: DataConfig, variant: Variant) -> DataSplits:
 
 # ---- the three layouts -------------------------------------------------------------------------------
 
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """Unpickles plain data and numpy arrays, nothing else: a pickle may name any function to call while it
+    loads, so a file from elsewhere must not get to name one."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype")} | {
+        (module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR file never does")
+
+
 def _unpickle(path: Path) -> dict:
     """One file of the original distribution: a pickled dict with bytes keys (written by Python 2)."""
     with open(path, "rb") as f:
         try:
-            batch = pickle.load(f, encoding="bytes")
+            batch = _DataOnlyUnpickler(f, encoding="bytes").load()
         except Exception as e:  # garbage makes the unpickler raise almost anything (EOFError, KeyError, ...)
             problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
             raise ConfigError(f"data.path: {str(path)!r} is not a CIFAR python pickle ({problem})") from None
