@@ -82,6 +82,7 @@ class Trainer:
         self.step_in_epoch = 0  # where the current epoch resumes (non-zero only after a mid-epoch checkpoint)
         self.epoch_sums: dict[str, torch.Tensor] = {}  # that checkpoint's partial epoch sums
         self.last_checkpoint_step = 0
+        self.saved_global_batch: int | None = None  # the resumed checkpoint's, to map its step if it differs
         self.cache = self._make_cache() if cfg.auto.cache else None
         self.view = ProgressView(enabled=self.is_main)
         self.best_eval: dict = {}
@@ -253,7 +254,7 @@ class Trainer:
         if self.is_main:
             log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
                      self.epoch, self.step_in_epoch, self.global_step, plan.frozen_units)
-        self._saved_global_batch = state.get("global_batch")
+        self.saved_global_batch = state.get("global_batch")
         return str(ckpt), plan, optim_state
 
     # ---- collectives --------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ class Trainer:
         """The step of the current epoch to start at: 0, or where a mid-epoch checkpoint left off. If the
         global batch changed with the world size (`auto.batch=fixed_per_pipeline`), the step that starts at
         or before the same sample offset: up to one batch of samples is trained twice, none is skipped."""
-        start, saved = self.step_in_epoch, getattr(self, "_saved_global_batch", None)
+        start, saved = self.step_in_epoch, self.saved_global_batch
         if start and saved and saved != self.train_sampler.global_batch_size:
             offset = start * saved
             start = offset // self.train_sampler.global_batch_size
