@@ -49,6 +49,31 @@ def check_rendezvous(lc: LauncherConfig) -> None:
                           f"({os.strerror(e.errno)}); choose a free port, or localhost:0 for any") from None
 
 
+def launch_config(cfg: PtrunConfig, **overrides):
+    """torch.distributed.elastic's LaunchConfig for `cfg.launcher` (c10d rendezvous); `overrides` replace
+    fields (`start_method`, say). Also sets the environment restarts need."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    # torch 2.13/2.14: restarted gloo workers fail in connectFullMesh when the agent shares its TCP store
+    # with them (the store still holds the previous attempt's addresses); a separate store fixes restarts.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    lc = cfg.launcher
+    min_nodes, max_nodes = parse_nnodes(lc.nnodes)
+    return LaunchConfig(**{
+        "min_nodes": min_nodes,
+        "max_nodes": max_nodes,
+        "nproc_per_node": lc.nproc_per_node,
+        "run_id": lc.rdzv_id or f"{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:8]}",
+        "rdzv_backend": "c10d",
+        "rdzv_endpoint": lc.rdzv_endpoint,
+        # c10d: how long machines may take to join, and how long a rendezvous with MIN of them waits for more
+        "rdzv_configs": {"join_timeout": 900, "last_call_timeout": lc.rdzv_last_call},
+        "max_restarts": lc.max_restarts,
+        "monitor_interval": lc.monitor_interval,
+        **overrides,
+    })
+
+
 def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     """Run `ptrun.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
 
@@ -56,27 +81,12 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     LaunchFailed when the workers failed otherwise more often than `launcher.max_restarts` allows."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     from ptrun.worker import run_worker  # spawned workers import it by name
 
-    # torch 2.13/2.14: restarted gloo workers fail in connectFullMesh when the agent shares its TCP store
-    # with them (the store still holds the previous attempt's addresses); a separate store fixes restarts.
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    config = launch_config(cfg)
     lc = cfg.launcher
-    min_nodes, max_nodes = parse_nnodes(lc.nnodes)
-    config = LaunchConfig(
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        nproc_per_node=lc.nproc_per_node,
-        run_id=lc.rdzv_id or f"{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=lc.rdzv_endpoint,
-        # c10d: how long machines may take to join, and how long a rendezvous with MIN of them waits for more
-        rdzv_configs={"join_timeout": 900, "last_call_timeout": lc.rdzv_last_call},
-        max_restarts=lc.max_restarts,
-        monitor_interval=lc.monitor_interval,
-    )
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
     with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _final_on_bad_input(Path(tmp)) as errors:
         try:

@@ -209,7 +209,9 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     when nothing leaked. `start_method="forkserver"` forks the workers from a server that imported the trainer
     once, which saves each (re)start its ~10 s of imports (ptrun's launcher spawns)."""
     from omegaconf import OmegaConf
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
+
+    from ptrun.launch import launch_config
 
     kill_points(transitions, restarts, checkpoint_every)  # fail before starting anything
     run_dir = Path(run_dir).resolve()
@@ -222,12 +224,7 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
     # As `ptrun.launch.launch` does, with the soak's worker as the entry point.
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    lc = cfg.launcher
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=lc.nproc_per_node,
-                          run_id=f"soak-{os.getpid()}", rdzv_backend="c10d", rdzv_endpoint=lc.rdzv_endpoint,
-                          rdzv_configs={"timeout": 900}, max_restarts=lc.max_restarts,
-                          monitor_interval=lc.monitor_interval, start_method=start_method)
+    config = launch_config(cfg, run_id=f"soak-{os.getpid()}", start_method=start_method)
     if start_method == "forkserver":
         multiprocessing.set_forkserver_preload([worker.__module__, "ptrun.train.trainer"])
     agent_before = usage()
@@ -269,7 +266,7 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     return {"transitions": transitions, "restarts": restarts, "checkpoint_every": checkpoint_every,
             "warmup": warmup, "memory_limit_mib_per_100": memory_limit, "overrides": OVERRIDES + list(overrides),
             "plans": json.loads((samples_dir / "plans.json").read_text()), "wall_s": wall,
-            "transitions_run": len(moved) // lc.nproc_per_node, "transition_s_mean": sum(moved) / len(moved),
+            "transitions_run": len(moved) // cfg.launcher.nproc_per_node, "transition_s_mean": sum(moved) / len(moved),
             "agent": {"before": agent_before, "after": agent_after, "at_attempt_start": at_start},
             "rows": rows, "problems": problems, "samples": samples}
 

@@ -196,7 +196,6 @@ class Trainer:
         if self.optimizer is not None:
             optim_state = {self.param_name[id(p)]: s for p, s in self.optimizer.state.items()}
         state = {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                 "global_batch": self.train_sampler.global_batch_size, "world_size": self.world_size,
                  "plan": self.plan.to_dict(),
                  "controller": self.controller.state_dict(),
                  "model": {"name": self.cfg.model.name, "num_units": len(self.layered.units)},
@@ -240,21 +239,21 @@ class Trainer:
         self.last_checkpoint_step = self.global_step
         self.step_in_epoch = state.get("step_in_epoch", 0)
         self.epoch_sums = checkpoint.load_extra(ckpt, "progress") or {}
-        rng = checkpoint.load_extra(ckpt, f"rng-rank{self.rank}")
-        if rng is not None and state.get("world_size") == self.world_size:
-            checkpoint.set_rng_states(rng)  # dropout continues as it would have
         self.best_eval, self.last_eval = state.get("best_eval", {}), state.get("last_eval", {})
         self.controller.load_state_dict(state.get("controller", {}))
         self.scaler.load_state_dict(state.get("loss_scale", {}))
         saved = Plan.from_dict(state["plan"])
+        self.saved_global_batch = self.controller.global_batch(saved)
         if saved.world_size == self.world_size:
             plan = saved
+            rng = checkpoint.load_extra(ckpt, f"rng-rank{self.rank}")
+            if rng is not None:
+                checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
         else:
             plan = self.controller.plan_for(self._first, blocks_of_units(saved.frozen_units), self.world_size)
         if self.is_main:
             log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
                      self.epoch, self.step_in_epoch, self.global_step, plan.frozen_units)
-        self.saved_global_batch = state.get("global_batch")
         return str(ckpt), plan, optim_state
 
     # ---- collectives --------------------------------------------------------------------------------
