@@ -21,6 +21,8 @@ from ptrun.config import ConfigError, PtrunConfig, schema_keys, validate
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 EXIT_BAD_INPUT = 2
+# What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
+UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1 or auto"}
 # Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
 HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
                     "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}
@@ -87,6 +89,8 @@ def explain(exc: BaseException) -> str:
             return f"unknown key '{full_key}'{hint} ({parent or 'the config'} has: {', '.join(siblings)})"
         if isinstance(e, OmegaConfBaseException) and full_key:
             msg = str(e).splitlines()[0]
+            if full_key in UNION_ALLOWED and " is incompatible with type hint" in msg:
+                msg = f"{msg.split(' is incompatible')[0]} is not allowed: {UNION_ALLOWED[full_key]}"
             return f"{full_key}: {msg}"
     text = str(exc)
     m = re.search(r"Could not find '([^/']+)/([^']+)'", text)

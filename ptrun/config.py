@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -146,12 +146,19 @@ class OptimConfig:
 class PipeConfig:
     length: int = 1
     """Pipeline stages K per replica; the data-parallel width is world_size / K."""
-    microbatches: int = 1
-    """Micro-batches M each replica's batch is split into (GPipe chunks); must divide the per-replica batch."""
+    microbatches: Union[int, str] = 1
+    """Micro-batches M each replica's batch is split into (GPipe chunks): an integer that divides the
+    per-replica batch, or `auto`: before training, time a few steps (forward + backward, no optimizer step) at
+    each candidate M (K, 2K, ..., 6K that divide the per-replica batch and suit the schedule; 1-6 at K = 1)
+    for every pipeline length K the run may use, and take the fastest, within 3% the fewer. Measured once per
+    model and machine and cached in `~/.cache/ptrun/microtune` (`PTRUN_MICROTUNE_DIR` moves it); the first
+    `plan` event says what was chosen and why."""
     schedule: str = "GPipe"
     """torch.distributed.pipelining schedule: `GPipe`, `1F1B` (one stage per rank), or `Interleaved1F1B`,
     `LoopedBFS`, `InterleavedZeroBubble` (looped: rank r holds stages r, r+K, ...), `ZBVZeroBubble`,
-    `DualPipeV` (V-shaped: rank r holds stages r and 2K-1-r; `stages_per_rank` must be 2)."""
+    `DualPipeV` (V-shaped: rank r holds stages r and 2K-1-r; `stages_per_rank` must be 2); or `pipedream`
+    (ptrun's asynchronous 1F1B without flushes: each stage updates its weights after every mini-batch's
+    backward, with bounded staleness; `microbatches` must be 1; see docs/pipedream.md)."""
     stages_per_rank: int = 1
     """Stages each pipeline rank holds: 1 for GPipe / 1F1B, 2 for the V-shaped schedules, 1+ for the looped
     ones. The model is split into `length x stages_per_rank` stages."""
@@ -165,6 +172,14 @@ class PipeConfig:
     recompute: str = "none"
     """Activation recomputation: `none`, `stage` (keep only stage-boundary activations and recompute each
     stage in backward: GPipe's re-materialization) or `every:N` (a checkpoint every N units)."""
+    weight_stashing: bool = True
+    """`pipedream` only: run each mini-batch's backward pass with the weight version its forward pass used
+    (PipeDream's weight stashing, one stashed copy of a stage's weights per version in flight). Off, the
+    backward uses whatever the weights are by then: less memory, mismatched gradients."""
+    vertical_sync: bool = False
+    """`pipedream` only, with weight stashing: every stage runs a mini-batch with the weight version the
+    input stage chose for it (PipeDream's vertical sync), so all stages see one version per mini-batch;
+    later stages keep the older versions they may still be asked for."""
 
 
 @dataclass
@@ -200,8 +215,9 @@ class AutoConfig:
     length stays (ptrun keeps every worker busy; a shorter pipeline with idle workers is not offered)."""
     microbatch_table: dict[int, int] = field(default_factory=dict)
     """Micro-batches M to use at each pipeline length K after a change, e.g. {2: 2, 1: 1}; lengths not
-    listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1). The closest count that divides the
-    per-replica batch and suits the schedule is taken."""
+    listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1), or with `pipe.microbatches=auto` the
+    measured choice (an entry here still wins at its K; the first layout takes the measured M). The closest
+    count that divides the per-replica batch and suits the schedule is taken."""
     batch: str = "fixed_global"
     """Batch policy when DP widens: `fixed_global` (the global batch stays, each replica's share shrinks:
     the optimization does not depend on the layout) or `fixed_per_pipeline` (the paper: each replica keeps
@@ -311,7 +327,7 @@ class PtrunConfig:
 
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-             "DualPipeV")
+             "DualPipeV", "pipedream")
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "linear", "schedule", "none")
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
@@ -385,10 +401,13 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
     it is valid. Shared by config validation and `Plan.check`, so a plan the controller makes obeys the same
     rules as one a user writes."""
     stages = pp * stages_per_rank
-    if schedule in ("GPipe", "1F1B") and stages_per_rank != 1:
+    if schedule in ("GPipe", "1F1B", "pipedream") and stages_per_rank != 1:
         return "pipe.stages_per_rank", f"1 for {schedule}", stages_per_rank
     if schedule in ("ZBVZeroBubble", "DualPipeV") and stages_per_rank != 2:
         return "pipe.stages_per_rank", f"2 for {schedule} (a V of two stages per rank)", stages_per_rank
+    if schedule == "pipedream" and microbatches != 1:
+        return ("pipe.microbatches", "1 for pipedream (a mini-batch is one replica batch; the pipeline stays "
+                "full across steps instead)", microbatches)
     if schedule == "1F1B" and microbatches < pp:
         return "pipe.microbatches", f"at least pipe.length={pp} for 1F1B", microbatches
     if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and microbatches % pp:
@@ -450,7 +469,9 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
              list(o.betas))
     _require(p.schedule in SCHEDULES, "pipe.schedule", f"one of {', '.join(SCHEDULES)}", p.schedule)
     _require(p.length >= 1, "pipe.length", "an integer >= 1", p.length)
-    _require(p.microbatches >= 1, "pipe.microbatches", "an integer >= 1", p.microbatches)
+    auto_m = p.microbatches == "auto"
+    _require(auto_m or (isinstance(p.microbatches, int) and p.microbatches >= 1), "pipe.microbatches",
+             "an integer >= 1 or auto", p.microbatches)
     _require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
     _require(p.partition in PARTITIONS, "pipe.partition", f"one of {', '.join(PARTITIONS)}", p.partition)
     _require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
@@ -472,6 +493,14 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
                  f"at most {num_units} stages in all (the model's units; pipe.length x pipe.stages_per_rank "
                  f"= {num_stages})", p.length)
     parse_recompute(p.recompute)
+    if p.schedule == "pipedream":
+        _require(p.recompute == "none", "pipe.recompute", "none with pipe.schedule=pipedream (a stashed weight "
+                 "version is used once per pass)", p.recompute)
+        _require(t.precision != "fp16", "train.precision", "fp32 or bf16 with pipe.schedule=pipedream (fp16's "
+                 "loss scale needs every stage to step or skip together; pipedream stages step apart)",
+                 t.precision)
+    _require(not p.vertical_sync or p.weight_stashing, "pipe.vertical_sync",
+             "false unless pipe.weight_stashing=true (vertical sync picks among stashed versions)", p.vertical_sync)
     _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
     _require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
     _require(lc.rdzv_last_call >= 1, "launcher.rdzv_last_call", "whole seconds >= 1", lc.rdzv_last_call)
@@ -481,6 +510,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     _require(ck.keep >= 1, "checkpoint.keep", "an integer >= 1", ck.keep)
     _require(ck.every_steps >= 0, "checkpoint.every_steps", "an integer >= 0 (0 = off)", ck.every_steps)
     lo, hi = parse_nnodes(lc.nnodes)
+    per_replica = None
     if hi == 1:
         world = lc.nproc_per_node
         _require(world % p.length == 0, "pipe.length",
@@ -489,11 +519,23 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         _require(t.global_batch_size % dp == 0, "train.global_batch_size",
                  f"a multiple of the data-parallel width {dp}", t.global_batch_size)
         per_replica = t.global_batch_size // dp
-        _require(per_replica % p.microbatches == 0, "pipe.microbatches",
+        _require(auto_m or per_replica % p.microbatches == 0, "pipe.microbatches",
                  f"a divisor of the per-replica batch {per_replica}", p.microbatches)
-    problem = schedule_problem(p.schedule, p.length, p.stages_per_rank, p.microbatches)
-    if problem:
-        _require(False, *problem)
+    if auto_m:
+        # `auto` needs one count that works: the schedule's stage rules still apply, its micro-batch rules
+        # only narrow the candidates (on several machines the batch per replica is known only at start).
+        counts = [m for m in range(1, per_replica + 1) if per_replica % m == 0] if per_replica else \
+            range(1, 4 * num_stages + 1)
+        problems = [schedule_problem(p.schedule, p.length, p.stages_per_rank, m) for m in counts]
+        if all(problems):
+            _require(False, *next((pr for pr in problems if pr[0] != "pipe.microbatches"), (
+                "pipe.microbatches", f"a count that suits {p.schedule} at pipe.length={p.length}"
+                + (f" and divides the per-replica batch {per_replica}" if per_replica else "") + "; none does",
+                p.microbatches)))
+    else:
+        problem = schedule_problem(p.schedule, p.length, p.stages_per_rank, p.microbatches)
+        if problem:
+            _require(False, *problem)
     if d.name in ("cifar10", "cifar100", "glue", "squad"):
         _require(d.path is not None, "data.path", f"the local dataset directory for data.name={d.name}", d.path)
     if d.name in TEXT_SOURCES:

@@ -2,9 +2,10 @@
 
 Runs one recipe five times with the same seed and data: the baseline (the starting layout, no freezing)
 and each component combination of the paper's Figure 9. Prints and writes (`bench_speedup.json` beside the
-runs) per combination: training time for the recipe's epoch budget (the Table-1 measure) and its speedup,
-wall time to the baseline's final accuracy (the stricter measure) and its speedup, final accuracy, mean
-samples/s, and the ideal speedup the run's own freeze schedule allows: the model's training cost over the
+runs, with the command line; `readme_results.py` makes the README's table from it) per combination:
+training time for the recipe's epoch budget (the Table-1 measure) and its speedup, wall time to the
+baseline's final accuracy (the stricter measure) and its speedup, final accuracy, mean samples/s, and the
+ideal speedup the run's own freeze schedule allows: the model's training cost over the
 cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.sim.costs`; a frozen unit
 counted at nothing), and how much of that ideal the run reached.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -36,7 +38,14 @@ PAPER = {"freeze only": 0.95, "freeze + AutoPipe + AutoCache": 1.26, "freeze + A
 """Figure 9's speedups (ViT-B/16 on ImageNet, 2 x 8 GPUs), for the shape only."""
 
 
+def command_line() -> str:
+    """This invocation as typed (`python`, the script's path, its arguments): every benchmark stores it in its
+    JSON, so the README tables generated from that JSON name the command that produced them."""
+    return shlex.join(["python", *sys.argv])
+
+
 def train(run_dir: Path, overrides: list[str], reuse: bool) -> Path:
+    """One `ptrun train` run into `run_dir` (or, with `reuse`, the one already there)."""
     if reuse and (run_dir / "metrics.jsonl").is_file():
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -58,8 +67,9 @@ def ideal_speedup(run_dir: Path) -> float:
     return len(frozen) * sum(flops) / sum(sum(flops[f:]) for f in frozen)
 
 
-def measure(dirs: dict[str, Path]) -> list[dict]:
-    """One repeat's row per combination; speedups against this repeat's own baseline."""
+def measure(dirs: dict[str, Path], paper: dict[str, float] = PAPER) -> list[dict]:
+    """One repeat's row per run, labelled by its key in `dirs`; speedups and the time-to-accuracy target
+    against the first run (the baseline) of this repeat."""
     from ptrun.report import load_run
     from ptrun.report.summary import summarize, time_to_accuracy
 
@@ -79,13 +89,77 @@ def measure(dirs: dict[str, Path]) -> list[dict]:
                      "final": summary["final"], "metric": summary["metric"], "target": target["target"],
                      "mean_samples_per_s": summary["mean_samples_per_s"], "ideal_speedup": ideal,
                      "share_of_ideal": speedup / ideal if ideal > 1 else None,
-                     "paper_speedup": PAPER.get(name), "run_dir": str(run_dir)})
+                     "paper_speedup": paper.get(name), "run_dir": str(run_dir)})
     return rows
 
 
 def median(values: list) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def dir_name(label: str) -> str:
+    """A run's directory under a round: its label without spaces or slashes ("all four" -> "all_four",
+    "alpha 1/3" -> "alpha_1-3"), readable in `ls` and safe inside a Hydra override."""
+    return label.replace(" + ", "+").replace(" ", "_").replace("/", "-")
+
+
+def run_rounds(out: Path, runs: dict[str, list[str]], common: list[str], repeats: int, reuse: bool,
+               paper: dict[str, float] = PAPER) -> list[list[dict]]:
+    """`repeats` rounds of every run in `runs` (label -> overrides; the first is the baseline), each run with
+    `common` before its own overrides, measured round by round. Rounds are interleaved rather than each run
+    repeated in a row, so a slow spell of the shared machine hits every run alike."""
+    rounds = []
+    for r in range(repeats):
+        dirs = {name: train(out / f"round{r}" / dir_name(name), [*common, *overrides], reuse)
+                for name, overrides in runs.items()}
+        rounds.append(measure(dirs, paper))
+    return rounds
+
+
+def aggregate(rounds: list[list[dict]], paper: dict[str, float] = PAPER) -> list[dict]:
+    """One row per run: the medians over the rounds, the speedups' range and every round's own row."""
+    rows = []
+    for i, first in enumerate(rounds[0]):
+        runs = [rep[i] for rep in rounds]
+        row = {k: median([r[k] for r in runs]) for k in ("train_time_s", "speedup", "time_to_target_s",
+                                                          "speedup_to_target", "final", "ideal_speedup",
+                                                          "share_of_ideal")}
+        speedups = [r["speedup"] for r in runs]
+        row.update(combination=first["combination"], speedup_range=(min(speedups), max(speedups)),
+                   paper_speedup=paper.get(first["combination"]), metric=first["metric"], runs=runs)
+        rows.append(row)
+    return rows
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    """A number for a table cell; "-" for a value that does not exist (no ideal, never reached the target)."""
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def caption(result: dict) -> str:
+    """The line above the table: what was run and what the target is."""
+    metric = result["rows"][0]["metric"]
+    target = median([run["target"] for run in result["rows"][0]["runs"]])
+    return (f"{result['recipe']}: {result['repeats']} round(s) of five runs; medians; target = the baseline's final "
+            f"{metric} (median {target:.2f})")
+
+
+def table(result: dict) -> str:
+    """The Markdown table of a `bench_speedup.json` (printed by this script, put in the README by
+    `readme_results.py`)."""
+    lines = ["| combination | training time (s) | speedup (range) | time to target (s) | speedup to target | "
+             f"final {result['rows'][0]['metric']} | ideal speedup | share of ideal | paper (Fig. 9) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        low, high = r["speedup_range"]
+        spread = f" ({low:.2f}-{high:.2f})" if result["repeats"] > 1 else ""
+        share = r["share_of_ideal"] and 100 * r["share_of_ideal"]
+        lines.append(f"| {r['combination']} | {r['train_time_s']:.1f} | {r['speedup']:.2f}x{spread} "
+                     f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['speedup_to_target'], '.2f', 'x')} "
+                     f"| {fmt(r['final'])} | {r['ideal_speedup']:.2f}x | {fmt(share, '.0f', '%')} "
+                     f"| {fmt(r['paper_speedup'], '.2f', 'x')} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -98,39 +172,14 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
     args, extra = parser.parse_known_args()
     out = Path(args.out)
-    repeats = []
-    for r in range(args.repeats):
-        dirs = {name: train(out / f"round{r}" / name.replace(" + ", "+").replace(" ", "_"),
-                            [f"recipe={args.recipe}", "train.export=false", *extra, *overrides], args.reuse)
-                for name, overrides in COMBINATIONS.items()}
-        repeats.append(measure(dirs))
-
-    rows = []
-    for i, name in enumerate(COMBINATIONS):
-        runs = [rep[i] for rep in repeats]
-        row = {k: median([r[k] for r in runs]) for k in ("train_time_s", "speedup", "time_to_target_s",
-                                                          "speedup_to_target", "final", "ideal_speedup",
-                                                          "share_of_ideal")}
-        speedups = [r["speedup"] for r in runs]
-        row.update(combination=name, speedup_range=(min(speedups), max(speedups)), paper_speedup=PAPER.get(name),
-                   metric=runs[0]["metric"], runs=runs)
-        rows.append(row)
-    metric, target = rows[0]["metric"], median([rep[0]["target"] for rep in repeats])
-    print(f"\n{args.recipe}: {args.repeats} round(s) of five runs; medians; target = the baseline's final "
-          f"{metric} (median {target:.2f})\n")
-    print("| combination | training time (s) | speedup (range) | time to target (s) | speedup to target | "
-          f"final {metric} | ideal speedup | share of ideal | paper (Fig. 9) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    fmt = lambda v, f=".2f", suffix="": "-" if v is None else f"{v:{f}}{suffix}"  # noqa: E731
-    for r in rows:
-        low, high = r["speedup_range"]
-        spread = f" ({low:.2f}-{high:.2f})" if args.repeats > 1 else ""
-        print(f"| {r['combination']} | {r['train_time_s']:.1f} | {r['speedup']:.2f}x{spread} "
-              f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['speedup_to_target'], '.2f', 'x')} | {fmt(r['final'])} "
-              f"| {r['ideal_speedup']:.2f}x | {fmt(r['share_of_ideal'] and 100 * r['share_of_ideal'], '.0f', '%')} "
-              f"| {fmt(r['paper_speedup'], '.2f', 'x')} |")
-    (out / "bench_speedup.json").write_text(json.dumps({"recipe": args.recipe, "overrides": extra,
-                                                        "repeats": args.repeats, "rows": rows}, indent=1))
+    repeats = run_rounds(out, COMBINATIONS, [f"recipe={args.recipe}", "train.export=false", *extra],
+                         args.repeats, args.reuse)
+    rows = aggregate(repeats)
+    result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
+              "rows": rows}
+    print(f"\n{caption(result)}\n")
+    print(table(result))
+    (out / "bench_speedup.json").write_text(json.dumps(result, indent=1))
     print(f"\nwritten: {out / 'bench_speedup.json'}")
 
 

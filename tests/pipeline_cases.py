@@ -154,15 +154,20 @@ def worker(cases: list[dict], out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
-    """Run `cases` on `nproc` real processes started by torch.distributed.elastic on localhost."""
+def run_elastic(fn, nproc: int, name: str, *args) -> None:
+    """Run `fn(*args)` on `nproc` real processes started by torch.distributed.elastic on localhost."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"cases-{os.getpid()}",
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"{name}-{os.getpid()}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=0.2)
-    elastic_launch(config, worker)([asdict(c) for c in cases], str(out_dir))
+    elastic_launch(config, fn)(*args)
+
+
+def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
+    """Run `cases` on `nproc` real worker processes."""
+    run_elastic(worker, nproc, "cases", [asdict(c) for c in cases], str(out_dir))
 
 
 # ---- AutoDP transitions inside one job ------------------------------------------------------------------
@@ -247,10 +252,4 @@ def transition_worker(kinds: list[str], out_dir: str) -> None:
 
 
 def launch_transitions(kinds: list[str], out_dir: Path) -> None:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4, run_id=f"transitions-{os.getpid()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.2)
-    elastic_launch(config, transition_worker)(kinds, str(out_dir))
+    run_elastic(transition_worker, 4, "transitions", kinds, str(out_dir))

@@ -91,6 +91,8 @@ BAD_INPUT = [
     (["pipe.schedule=ZBVZeroBubble", "pipe.stages_per_rank=2", "pipe.microbatches=2"],
      "pipe.microbatches=2 is not allowed: at least 2 x pipe.length=4"),
     (["pipe.length=1", "pipe.microbatches=3"], "pipe.microbatches=3 is not allowed: a divisor of the per-replica batch 8"),
+    (["pipe.microbatches=fast"], "pipe.microbatches='fast' is not allowed: an integer >= 1 or auto"),
+    (["pipe.microbatches=2.5"], "pipe.microbatches: Value '2.5' of type 'float' is not allowed: an integer >= 1 or auto"),
     (["pipe.partition=explicit"], "pipe.stages=None is not allowed"),
     (["pipe.partition=greedy"], "pipe.partition='greedy' is not allowed: one of uniform, params"),
     (["pipe.partition=explicit", "pipe.stages=[[0,5],[6,14]]"], "is not allowed: contiguous non-empty [lo, hi) unit ranges"),
@@ -107,6 +109,11 @@ BAD_INPUT = [
     (["cache.dir=/etc/hostname"], "cache.dir='/etc/hostname' is not allowed: a directory"),
     (["train.precision=fp8"], "train.precision='fp8' is not allowed: one of fp32, bf16, fp16"),
     (["checkpoint.every_steps=-5"], "checkpoint.every_steps=-5 is not allowed: an integer >= 0 (0 = off)"),
+    (["pipe.schedule=pipedream"], "pipe.microbatches=2 is not allowed: 1 for pipedream"),
+    (["pipe.schedule=pipedream", "pipe.microbatches=1", "train.precision=fp16"],
+     "train.precision='fp16' is not allowed: fp32 or bf16 with pipe.schedule=pipedream"),
+    (["pipe.vertical_sync=true", "pipe.weight_stashing=false"],
+     "pipe.vertical_sync=True is not allowed: false unless pipe.weight_stashing=true"),
 ]
 
 

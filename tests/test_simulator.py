@@ -16,8 +16,8 @@ from ptrun.parallel.plan import Plan
 from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile, simulate, speedups, vit_costs
 from ptrun.sim.cluster import Cluster
 from ptrun.sim.costs import ModelCosts, bert_costs
-from ptrun.sim.simulate import (COMBINATIONS, combination_config, plan_epochs, plannable, stand_in, step_time,
-                                total_seconds)
+from ptrun.sim.simulate import (COMBINATIONS, combination_config, frozen_grad_seconds, pipeline_seconds, plan_epochs,
+                                plannable, sharing_slowdown, stand_in, step_time, total_seconds, update_seconds)
 
 ONE_TFLOP = Cluster("test", nodes=1, gpus_per_node=4, peak_tflops=1.0, efficiency=1.0, intra_gbs=1.0,
                     inter_gbs=0.5, host_gbs=1.0, host_memory_gb=1.0, disk_gbs=1.0, transition_s=0.0)
@@ -105,13 +105,17 @@ def test_step_time_of_a_hand_made_plan(tmp_path):
     stage0 = 2 * (3e-3 + 6e-3) + 2 * (2 * 100 / 1e9)  # compute + activation out and gradient back
     stage1 = 2 * (9e-3 + 3e-3)
     assert st.stage_s == pytest.approx((stage0, stage1), rel=1e-12)
-    assert st.pipeline_s == pytest.approx((2 + 2 - 1) * stage1, rel=1e-12)  # (M + K - 1) x slowest
+    # Fill and drain once (both stages), then M - 1 = 1 more micro-batch at the slower stage's pace. (Changed
+    # from (M + K - 1) x slowest = 3 x stage1: the two agree only for balanced stages.)
+    assert st.pipeline_s == pytest.approx(stage0 + stage1 + stage1, rel=1e-12)
     assert st.allreduce_s == pytest.approx(1 * 4 * 70 / 1e9)  # ring 2(DP-1)/DP = 1, the larger stage's fp32
     assert st.total_s == pytest.approx(st.pipeline_s + st.allreduce_s, rel=1e-12)
+    assert st.update_s == 0 and st.slowdown == 1  # no measured update, no CPU sharing
 
-    # Units 0-1 frozen: forward only (1 x), no gradient comes back to stage 0, nothing of it to all-reduce.
+    # Units 0-1 frozen: forward only (1 x), nothing of it to all-reduce. The gradient still comes back to
+    # stage 0 (changed from 1 move: stage 1's received activation requires a gradient, so it sends one).
     st = step_time(toy_plan(frozen_units=2), TOY, ONE_TFLOP, cfg, per_replica=4, samples=100, filled=0)
-    assert st.stage_s[0] == pytest.approx(2 * (1e-3 + 2e-3) + 2 * 100 / 1e9, rel=1e-12)
+    assert st.stage_s[0] == pytest.approx(2 * (1e-3 + 2e-3) + 2 * (2 * 100 / 1e9), rel=1e-12)
     assert st.allreduce_s == pytest.approx(4 * 70 / 1e9)
 
     # Replicas on two nodes: every stage's ring crosses the one inter-node link, which carries all stages.
@@ -129,6 +133,177 @@ def test_cached_prefix_costs_a_read_and_a_fill_once(tmp_path):
     assert hit.cache_fill_s == 0 and hit.cache_read_s == pytest.approx(4 * 100 / 1e9)
     assert hit.stage_s[0] == pytest.approx(2 * 6e-3 + 2 * 2 * 100 / 1e9)  # unit 0 runs in no stage
     assert hit.total_s == pytest.approx(max(hit.cache_read_s, hit.pipeline_s) + hit.allreduce_s)
+
+
+MEASURED = replace(TOY, fb_seconds=(3e-3, 6e-3, 9e-3, 3e-3), fwd_seconds=(0.5e-3, 1.5e-3, 2e-3, 1e-3),
+                   frozen_seconds=(2e-3, 5e-3, 7e-3, 2e-3), update_seconds=(1e-3, 2e-3, 3e-3, 4e-3))
+"""TOY with a measured profile: per-sample forward + backward, forward alone, frozen with an input gradient
+(per sample), and the optimizer update per step of each unit."""
+
+
+def test_a_measured_profile_prices_a_known_plan(tmp_path):
+    cfg, _ = paper_config("vit_cifar100", tmp_path)
+    costs = replace(ONE_TFLOP, microbatch_overhead_s=1e-3, link_latency_s=1e-4, loader_batch_s=2e-3,
+                    loader_samples_s=1000.0, step_overhead_s=5e-4, overlap_io=False)
+    st = step_time(toy_plan(), MEASURED, costs, cfg, per_replica=4, samples=100, filled=0)
+    # micro-batches of 2: overhead + compute + (activation out, gradient back: latency + bytes each)
+    stage0 = 1e-3 + 2 * (3e-3 + 6e-3) + 2 * (1e-4 + 2 * 100 / 1e9)
+    stage1 = 1e-3 + 2 * (9e-3 + 3e-3)
+    assert st.stage_s == pytest.approx((stage0, stage1), rel=1e-12)
+    assert st.pipeline_s == pytest.approx(stage0 + stage1 + (2 - 1) * stage1, rel=1e-12)
+    # ring of 2 replicas: 2 steps of latency + the larger stage's fp32 bytes; the clip's norm over K = 2: 2 more
+    assert st.allreduce_s == pytest.approx(2 * 1e-4 + 4 * 70 / 1e9 + 2 * 1e-4, rel=1e-12)
+    assert st.update_s == pytest.approx(3e-3 + 4e-3)  # the slower rank: units 2 and 3
+    assert st.load_s == pytest.approx(2e-3 + 4 / 1000.0)  # a batch of 4 raw samples
+    # nothing overlaps on this cluster: loading, then the pipeline, the all-reduce, the update, the overhead
+    assert st.total_s == pytest.approx(st.load_s + st.pipeline_s + st.allreduce_s + st.update_s + 5e-4, rel=1e-12)
+
+
+def test_a_frozen_unit_costs_its_forward_on_the_first_stage_only(tmp_path):
+    cfg, _ = paper_config("vit_cifar100", tmp_path)
+    # units 0-2 frozen: 0 and 1 on stage 0 (forward only), 2 on stage 1, whose input needs a gradient
+    st = step_time(toy_plan(frozen_units=3), MEASURED, ONE_TFLOP, cfg, per_replica=4, samples=100, filled=0)
+    assert st.stage_s[0] == pytest.approx(2 * (0.5e-3 + 1.5e-3) + 2 * (2 * 100 / 1e9), rel=1e-12)
+    assert st.stage_s[1] == pytest.approx(2 * (7e-3 + 3e-3), rel=1e-12)
+    assert st.update_s == pytest.approx(4e-3)  # only the head trains
+    # Without measured forward / frozen times: forward = fb / 3 and frozen = forward + half the backward
+    st = step_time(toy_plan(frozen_units=3), TOY, ONE_TFLOP, cfg, per_replica=4, samples=100, filled=0)
+    assert st.stage_s[0] == pytest.approx(2 * (1e-3 + 2e-3) + 2 * (2 * 100 / 1e9), rel=1e-12)
+    assert st.stage_s[1] == pytest.approx(2 * (2 * 3e-3 + 3e-3), rel=1e-12)
+    assert frozen_grad_seconds(TOY, ONE_TFLOP) == pytest.approx([2e-3, 4e-3, 6e-3, 2e-3])
+
+
+def test_the_cache_term_replaces_raw_loading_on_the_first_stage(tmp_path):
+    cfg, _ = paper_config("vit_cifar100", tmp_path)
+    cpu = replace(ONE_TFLOP, loader_batch_s=2e-3, loader_samples_s=1000.0, cache_batch_s=1e-3,
+                  cache_sample_s=1e-4, overlap_io=False)
+    raw = 2e-3 + 4 / 1000.0
+    entry_io = 4 * 100 / 1e9 + 4 * 1e-4  # bytes from memory + the per-entry cost
+    # K = 2, a settled cache: stage 0 reads the entries, stage 1 still loads the raw batch (for its labels)
+    hit = step_time(toy_plan(frozen_units=1, cached_units=1), MEASURED, cpu, cfg, per_replica=4, samples=100,
+                    filled=1)
+    assert hit.cache_read_s == pytest.approx(1e-3 + entry_io) and hit.cache_fill_s == 0
+    assert hit.total_s == pytest.approx(max(hit.cache_read_s, raw) + hit.pipeline_s + hit.allreduce_s
+                                        + hit.update_s, rel=1e-12)
+    # K = 1: the only stage is the first, so no raw samples are loaded at all
+    k1 = Plan(num_units=4, frozen_units=1, cached_units=1, pp=1, dp=4, stage_bounds=((0, 4),), microbatches=1,
+              schedule="GPipe").check()
+    st = step_time(k1, MEASURED, cpu, cfg, per_replica=4, samples=100, filled=1)
+    assert st.pipeline_s == pytest.approx(4 * (6e-3 + 9e-3 + 3e-3), rel=1e-12)  # unit 0 runs nowhere
+    assert st.total_s == pytest.approx(st.cache_read_s + st.pipeline_s + st.allreduce_s + st.update_s, rel=1e-12)
+    # The fill epoch: the raw batch is loaded for the misses, the prefix runs forward, the entries are written
+    fill = step_time(k1, MEASURED, cpu, cfg, per_replica=4, samples=100, filled=0)
+    assert fill.cache_read_s == pytest.approx(1e-3)
+    assert fill.cache_fill_s == pytest.approx(4 * 0.5e-3 + entry_io)
+    assert fill.total_s == pytest.approx(raw + 1e-3 + fill.cache_fill_s + fill.pipeline_s + fill.allreduce_s
+                                         + fill.update_s, rel=1e-12)
+
+
+def test_pipeline_makespan_and_per_rank_updates():
+    plan = Plan(num_units=6, frozen_units=0, pp=3, dp=1, stage_bounds=((0, 2), (2, 4), (4, 6)), microbatches=4,
+                schedule="1F1B").check()
+    assert pipeline_seconds(plan, [1.0, 3.0, 2.0]) == pytest.approx(1 + 3 + 2 + 3 * 3)  # sum + (M - 1) max
+    assert pipeline_seconds(plan, [2.0, 2.0, 2.0]) == pytest.approx((4 + 3 - 1) * 2)  # balanced: (M + K - 1) t
+    costs = replace(MEASURED, names=tuple(f"u{i}" for i in range(6)), params=(1.0,) * 6, act_bytes=(1.0,) * 6,
+                    update_seconds=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0))
+    assert update_seconds(replace(plan, frozen_units=3), costs) == [0.0, 4.0, 11.0]
+
+
+def test_cpu_sharing_stretches_a_busy_step_more():
+    shared = replace(ONE_TFLOP, nodes=1, gpus_per_node=2, cores_per_node=2.0, background_load=1.0)
+    k1 = Plan(num_units=4, frozen_units=0, pp=1, dp=2, stage_bounds=((0, 4),), microbatches=1,
+              schedule="GPipe").check()
+    k2 = toy_plan(dp=1)
+    # two replicas busy the whole step + 1 background process on 2 cores: 1.5 x
+    assert sharing_slowdown(k1, shared, busy_s=1.0, step_s=1.0) == pytest.approx(1.5)
+    # a pipeline whose two ranks are busy 1.2 of the step's seconds between them: (1.2 + 1) / 2
+    assert sharing_slowdown(k2, shared, busy_s=1.2, step_s=1.0) == pytest.approx(1.1)
+    assert sharing_slowdown(k2, shared, busy_s=0.5, step_s=1.0) == 1.0  # enough cores: no stretch
+    assert sharing_slowdown(k1, replace(shared, background_load=0.0), busy_s=1.0, step_s=1.0) == 1.0
+    # cores worth less than one per worker (two workers slow each other down): a busy step stretches alone
+    assert sharing_slowdown(k1, replace(shared, background_load=0.0, cores_per_node=1.6), busy_s=1.0,
+                            step_s=1.0) == pytest.approx(2 / 1.6)
+    assert sharing_slowdown(k1, replace(shared, cores_per_node=0.0), busy_s=1.0, step_s=1.0) == 1.0
+
+
+def test_measured_profile_round_trip(tmp_path):
+    from types import SimpleNamespace
+
+    path = tmp_path / "p.json"
+    prof = SimpleNamespace(time_s=[0.4, 0.8, 1.2, 0.4], activation_bytes=[400.0] * 4, forward_s=[0.1] * 4,
+                           frozen_s=[0.3] * 4)
+    save_profile(prof, 4, path, update_s=[0.5, 0.5, 0.5, 0.0])
+    costs = load_profile(path, TOY)
+    assert costs.fwd_seconds == (0.025,) * 4 and costs.frozen_seconds == (0.075,) * 4  # per sample
+    assert costs.update_seconds == (0.5, 0.5, 0.5, 0.0)  # per step, not divided by the batch
+    doc = json.loads(path.read_text())
+    doc["update_s"] = [1.0]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="update_s must list 4 finite numbers"):
+        load_profile(path, TOY)
+
+
+def test_profile_units_detail_times_frozen_and_forward_passes(tmp_path):
+    import torch
+
+    from ptrun.models import build_model
+    from ptrun.parallel.profile import profile_units
+
+    cfg, _ = paper_config("digits_vit", tmp_path)
+    model = build_model(replace(cfg.model, pretrained=None), num_classes=10, img_size=8, in_chans=1)
+    model.units[1].requires_grad_(False)  # a frozen unit stays frozen, the others stay trainable
+    prof = profile_units(model, (torch.zeros(2, 1, 8, 8),), torch.device("cpu"), repeats=1, detail=True)
+    assert len(prof.forward_s) == len(prof.frozen_s) == len(prof.time_s) == len(model.units)
+    assert all(t > 0 for t in prof.forward_s + prof.frozen_s)
+    assert [all(p.requires_grad for p in u.parameters()) for u in model.units] == \
+        [u != 1 for u in range(len(model.units))]
+    assert all(p.grad is None for p in model.parameters())
+    assert profile_units(model, (torch.zeros(2, 1, 8, 8),), torch.device("cpu"), repeats=1).forward_s is None
+
+
+def load_validator():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "validate_simulator.py"
+    spec = importlib.util.spec_from_file_location("validate_simulator", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_path):
+    from conftest import write_config
+    from ptrun.sim.simulate import simulate_one
+
+    vs = load_validator()
+    run = tmp_path / "round0" / "all_four"
+    # The run's own policy (pipetransformer from epoch 8) would freeze nothing in 4 epochs: the validator must
+    # take [0, 0, 2, 4] from the run's plan events.
+    cfg = compose_config(["recipe=digits_vit", "train.epochs=4"], run)
+    write_config(cfg)
+    cluster = get_cluster("this_machine")
+    costs = costs_from_config(cfg.model, cfg.data)
+    replayed = replace(cfg, freeze=replace(cfg.freeze, policy="schedule", blocks=[0, 0, 2, 4], max_fraction=1.0))
+    records = simulate_one(costs, cluster, replayed, 1437)
+    lines = [{"event": "start", "train_samples": 1437}]
+    for r in records:  # "measured": 1.25 x the simulated epoch
+        lines.append({"event": "plan", "epoch": r.epoch, "transition_s": r.transition_s, **r.plan.to_dict()})
+        lines.append({"event": "epoch", "epoch": r.epoch, "epoch_time_s": 1.25 * r.time_s - r.transition_s,
+                      "steps": r.steps})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report = vs.validate_combination("all_four", [run], None, cluster, 0.15)
+    assert report["freeze_blocks"] == [0, 0, 2, 4] and not report["notes"]
+    assert all(e["plan_matches"] for e in report["epochs"])
+    assert [e["plan"]["cached_units"] for e in report["epochs"]] == [0, 0, 5, 9]  # AutoCache replayed too
+    assert [e["error"] for e in report["epochs"]] == pytest.approx([1 / 1.25 - 1] * 4)
+    # The machine's load fitted on the epochs before the first freeze makes those come out as measured
+    load, at_zero = vs.fit_load([run], {0, 1}, None, cluster)
+    assert at_zero == pytest.approx(1 / 1.25 - 1) and load > 0
+    fitted = vs.validate_combination("all_four", [run], None, replace(cluster, background_load=load), 0.15, {0, 1})
+    assert sum(e["predicted_s"] for e in fitted["epochs"][:2]) == pytest.approx(
+        sum(e["measured_s"] for e in fitted["epochs"][:2]), rel=1e-6)
+    assert [e["role"] for e in fitted["epochs"]] == ["calibration"] * 2 + ["validation"] * 2
 
 
 # ---- the simulation: the real Controller's plans -------------------------------------------------------

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from ptrun.parallel.groups import Groups, build_groups
-from ptrun.parallel.pipeline import PipelineRuntime
+from ptrun.parallel.pipedream import AsyncPipelineRuntime
+from ptrun.parallel.pipeline import PipelineRuntime, StageRuntime
 from ptrun.parallel.plan import Plan
 from ptrun.train.optim import build_optimizer
 
@@ -97,7 +98,7 @@ class Layout:
 
     plan: Plan
     groups: Groups
-    runtime: PipelineRuntime
+    runtime: StageRuntime
     optimizer: torch.optim.Optimizer | None
 
 
@@ -113,13 +114,19 @@ def set_frozen(layered, frozen_units: int) -> None:
 
 def build_layout(layered, plan: Plan, rank: int, device: torch.device, loss, optim_cfg, name_of: dict[int, str],
                  recompute: str = "none", states: OptimState | None = None,
-                 compute_dtype: torch.dtype | None = None) -> Layout:
+                 compute_dtype: torch.dtype | None = None, *, weight_stashing: bool = True,
+                 vertical_sync: bool = False) -> Layout:
     """Collective: freeze the plan's prefix, make its groups, this rank's stages and their optimizer, and give
-    each trainable parameter its optimizer state by name (frozen parameters hold none)."""
+    each trainable parameter its optimizer state by name (frozen parameters hold none). A `pipedream` plan
+    gets the asynchronous runtime (with `weight_stashing` and `vertical_sync`), any other a flushing one."""
     set_frozen(layered, plan.frozen_units)
     groups = build_groups(plan, rank, layered.tied)
-    runtime = PipelineRuntime(layered, plan, rank, groups, device, loss, recompute=recompute,
-                              compute_dtype=compute_dtype)
+    if plan.schedule == "pipedream":
+        runtime = AsyncPipelineRuntime(layered, plan, rank, groups, device, loss, compute_dtype=compute_dtype,
+                                       weight_stashing=weight_stashing, vertical_sync=vertical_sync)
+    else:
+        runtime = PipelineRuntime(layered, plan, rank, groups, device, loss, recompute=recompute,
+                                  compute_dtype=compute_dtype)
     optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], optim_cfg)
     load_optimizer_state(optimizer, states or {}, name_of)
     return Layout(plan, groups, runtime, optimizer)
@@ -127,12 +134,14 @@ def build_layout(layered, plan: Plan, rank: int, device: torch.device, loss, opt
 
 def change_layout(layered, old: Layout, plan: Plan, rank: int, device: torch.device, loss, optim_cfg,
                   name_of: dict[int, str], recompute: str = "none", compute_dtype: torch.dtype | None = None,
-                  midway: Callable[[], None] | None = None) -> Layout:
+                  midway: Callable[[], None] | None = None, **runtime_options) -> Layout:
     """Collective, between two optimizer steps: move every unit's weights and optimizer state to everyone,
     destroy the old groups (undestroyed groups leak file descriptors and threads), build the new layout.
-    `midway` runs between the two (fault-injection tests stop a worker there)."""
+    `midway` runs between the two (fault-injection tests stop a worker there). An asynchronous pipeline
+    must have drained first (its training loop drains at the end of every epoch)."""
     states = share_everything(layered, old.plan, old.optimizer, name_of, device)
     old.groups.destroy()
     if midway is not None:
         midway()
-    return build_layout(layered, plan, rank, device, loss, optim_cfg, name_of, recompute, states, compute_dtype)
+    return build_layout(layered, plan, rank, device, loss, optim_cfg, name_of, recompute, states, compute_dtype,
+                        **runtime_options)

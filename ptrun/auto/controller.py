@@ -45,6 +45,9 @@ class Controller:
                                       **self.partition_kwargs)
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
         self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
+        self.microbatch_table: dict[int, int] = dict(cfg.auto.microbatch_table)
+        """M per pipeline length for AutoPipe's picks: `auto.microbatch_table`; with `pipe.microbatches=auto`
+        the trainer replaces it by the measured table (with the explicit entries laid over it)."""
 
     @property
     def wants_grad_norms(self) -> bool:
@@ -76,7 +79,7 @@ class Controller:
                        start_max=self.start_max, global_batch=self.cfg.train.global_batch_size,
                        batch_policy=self.cfg.auto.batch, per_pipeline_batch=self.per_pipeline_batch,
                        partition_method=self.method, compress=self.cfg.auto.dp,
-                       table=self.cfg.auto.microbatch_table, **self.partition_kwargs)
+                       table=self.microbatch_table, **self.partition_kwargs)
         # Too few uncached units for the pipeline: cache a shorter prefix (one unit left per stage), or none.
         shorter = min(cached, current.num_units - current.num_stages)
         for depth in dict.fromkeys(d for d in (cached, shorter) if d >= self.min_cache_units):

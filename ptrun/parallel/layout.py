@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ptrun.auto.autopipe import pick_microbatches
 from ptrun.config import ConfigError, PipeConfig
 from ptrun.models.layered import LayeredModel
 from ptrun.parallel.partition import partition
@@ -18,9 +19,24 @@ def param_costs(layered: LayeredModel) -> list[float]:
     return [float(sum(p.numel() for p in unit.parameters())) for unit in layered.units]
 
 
+def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, table=None) -> int:
+    """The first plan's M before anything is measured: `pipe.microbatches` when it is a number; for `auto`,
+    what AutoPipe would pick at the starting length from `table` (`auto.microbatch_table`, else the paper's).
+    The trainer then replaces it with the measured choice (`ptrun.parallel.microtune`); `ptrun plan`, which
+    measures nothing, keeps it."""
+    if pipe.microbatches != "auto":
+        return int(pipe.microbatches)
+    per_replica = global_batch // (world_size // pipe.length)
+    return pick_microbatches(pipe.length, per_replica, pipe.schedule, table, stages_per_rank=pipe.stages_per_rank)
+
+
 def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, profile: UnitProfile | None = None,
-               bandwidth: float | None = None) -> Plan:
-    """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`."""
+               bandwidth: float | None = None, microbatches: int | None = None) -> Plan:
+    """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with
+    `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`)."""
+    microbatches = pipe.microbatches if microbatches is None else microbatches
+    if not isinstance(microbatches, int):
+        raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")
     if world_size % pipe.length:
         raise ConfigError(f"pipe.length={pipe.length} is not allowed: a divisor of the world size {world_size}")
     num_units = len(layered.units)
@@ -33,5 +49,5 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
                        activation=profile.activation_bytes if profile else None, bandwidth=bandwidth,
                        stages=[list(r) for r in pipe.stages] if pipe.stages is not None else None)
     return Plan(num_units=num_units, frozen_units=0, pp=pipe.length, dp=world_size // pipe.length,
-                stage_bounds=tuple(tuple(b) for b in bounds), microbatches=pipe.microbatches,
+                stage_bounds=tuple(tuple(b) for b in bounds), microbatches=microbatches,
                 schedule=pipe.schedule, stages_per_rank=pipe.stages_per_rank).check()

@@ -99,8 +99,14 @@ class StageModule(nn.Module):
         return out
 
 
-class PipelineRuntime:
-    """Builds and runs this rank's stages of `plan` for the given layered model."""
+class StageRuntime:
+    """What every runtime of one rank's stages shares: the stage modules, their parameters, and the
+    gradient all-reduce and clip. `PipelineRuntime` runs them with a flushing schedule; the asynchronous
+    `ptrun.parallel.pipedream.AsyncPipelineRuntime` without flushes."""
+
+    clip_over_pipeline = True
+    """Whether the clipping norm spans every stage (a flushing schedule: all stages are at the same step)
+    or this stage alone (asynchronous stages step apart)."""
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
                  recompute: str = "none", compute_dtype: torch.dtype | None = None):
@@ -110,13 +116,6 @@ class PipelineRuntime:
         every = parse_recompute(recompute)
         self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype).to(device)
                         for s in self.stage_indices]
-        self.stages = [PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
-                       for m, s in zip(self.modules, self.stage_indices)]
-        kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
-        if plan.schedule in SINGLE_STAGE_SCHEDULES:
-            self.schedule = SINGLE_STAGE_SCHEDULES[plan.schedule](self.stages[0], **kwargs)
-        else:
-            self.schedule = MULTI_STAGE_SCHEDULES[plan.schedule](self.stages, **kwargs)
         self.is_first = 0 in self.stage_indices
         self.is_last = plan.num_stages - 1 in self.stage_indices
         self.unit_indices = [u for s in self.stage_indices for u in range(*plan.active_range(s))]
@@ -147,6 +146,69 @@ class PipelineRuntime:
     def train(self, mode: bool = True) -> None:
         for m in self.modules:
             m.train(mode)
+
+    # ---- gradients ----------------------------------------------------------------------------------
+    def sync_and_clip(self, max_norm: float, record: dict | None = None, inv_scale: float = 1.0) -> torch.Tensor:
+        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
+        same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
+
+        1. All-reduce over the DP group (one flat buffer): the replicas' partial sums.
+        2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
+           the embedding's and the decoder's contributions add up, and both copies step identically.
+        3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
+           weight once; over this rank's stage alone when `clip_over_pipeline` is off.
+        `inv_scale` undoes fp16's loss scale before the norm. `record`, when given, receives id(parameter) ->
+        its squared gradient norm before clipping."""
+        for p, _ in self._tied:
+            if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
+                p.grad = torch.zeros_like(p)
+        params = [p for p in self.trainable_parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        if self.plan.dp > 1 and grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.groups.dp)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        for p, group in self._tied:
+            if p.requires_grad:
+                dist.all_reduce(p.grad, group=group)
+        if inv_scale != 1.0:
+            for g in grads:
+                g.mul_(inv_scale)
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in params:
+            if id(p) not in self._norm_excluded:
+                p_sq = p.grad.detach().double().pow(2).sum()
+                sq += p_sq
+                if record is not None:
+                    record[id(p)] = p_sq
+        if self.plan.pp > 1 and self.clip_over_pipeline:
+            dist.all_reduce(sq, group=self.groups.pp)
+        norm = sq.sqrt()
+        if max_norm > 0 and math.isfinite(norm.item()):
+            coef = max_norm / (norm.item() + 1e-6)
+            if coef < 1:
+                for g in grads:
+                    g.mul_(coef)
+        return norm.float()
+
+
+class PipelineRuntime(StageRuntime):
+    """Builds and runs this rank's stages of `plan` with a torch.distributed.pipelining schedule, which
+    flushes the pipeline every step."""
+
+    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None):
+        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
+        self.stages = [PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
+                       for m, s in zip(self.modules, self.stage_indices)]
+        kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
+        if plan.schedule in SINGLE_STAGE_SCHEDULES:
+            self.schedule = SINGLE_STAGE_SCHEDULES[plan.schedule](self.stages[0], **kwargs)
+        else:
+            self.schedule = MULTI_STAGE_SCHEDULES[plan.schedule](self.stages, **kwargs)
 
     # ---- running ------------------------------------------------------------------------------------
     def _run(self, run, inputs: tuple, target: torch.Tensor | None, losses: list | None):
@@ -200,50 +262,3 @@ class PipelineRuntime:
         for stage, method in getattr(self, "_timed", []):
             delattr(stage, method)
         self._timed = []
-
-    # ---- gradients ----------------------------------------------------------------------------------
-    def sync_and_clip(self, max_norm: float, record: dict | None = None, inv_scale: float = 1.0) -> torch.Tensor:
-        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
-        same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
-
-        1. All-reduce over the DP group (one flat buffer): the replicas' partial sums.
-        2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
-           the embedding's and the decoder's contributions add up, and both copies step identically.
-        3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
-           weight once.
-        `inv_scale` undoes fp16's loss scale before the norm. `record`, when given, receives id(parameter) ->
-        its squared gradient norm before clipping."""
-        for p, _ in self._tied:
-            if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
-                p.grad = torch.zeros_like(p)
-        params = [p for p in self.trainable_parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
-        if self.plan.dp > 1 and grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.groups.dp)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-        for p, group in self._tied:
-            if p.requires_grad:
-                dist.all_reduce(p.grad, group=group)
-        if inv_scale != 1.0:
-            for g in grads:
-                g.mul_(inv_scale)
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in params:
-            if id(p) not in self._norm_excluded:
-                p_sq = p.grad.detach().double().pow(2).sum()
-                sq += p_sq
-                if record is not None:
-                    record[id(p)] = p_sq
-        if self.plan.pp > 1:
-            dist.all_reduce(sq, group=self.groups.pp)
-        norm = sq.sqrt()
-        if max_norm > 0 and math.isfinite(norm.item()):
-            coef = max_norm / (norm.item() + 1e-6)
-            if coef < 1:
-                for g in grads:
-                    g.mul_(coef)
-        return norm.float()

@@ -25,16 +25,33 @@ Presets (`PRESETS`), and why their numbers:
 - The input pipeline is assumed to keep up (`loader_samples_s=0`); see docs/simulator.md for what a
   slow JPEG decoder would do.
 
-`this_machine`: this container, 1 node x 2 CPU workers of one thread each (PLATFORM.md).
-- Peak 80 GFLOP/s per one-thread worker (torch fp32 matmul: 150-190 GFLOP/s on 2 threads); achieved 60%
-  (ViT-tiny trained at 46 samples/s x 2.1 GFLOP = 97 GFLOP/s on 2 threads).
-- 12 ms fixed per stage and micro-batch: the digits recipe's 2-stage 1F1B ran 380 samples/s at M = 2 and
-  240 at M = 4 (batch 16), i.e. 42 and 67 ms a step, ~12 ms per micro-batch slot either way; its compute
-  is under 2 ms.
-- Loopback gloo ~2.5 GB/s between the workers for large tensors (there is no second node: inter = intra;
-  smaller messages get less: 0.8 MB took 0.74 ms). The cache is a memcpy from /dev/shm, 5 GB/s per
-  worker; 23 GB of RAM, disk 1 GB/s; a layout change took 0.15-0.25 s on a 4-5 M parameter model. Reads
-  are not overlapped with compute: the prefetch thread competes with the two busy workers for two cores.
+`this_machine`: this container, 1 node x 2 CPU workers of one thread each (PLATFORM.md). The fixed costs come from
+`python scripts/measure_cpu_costs.py --out docs/results/cpu_costs_digits_vit.json --passes 7 --repeats 10`
+(2026-11-22 12:20, the digits recipe's model; that file's `cluster` block), which also wrote the per-unit
+profile to pass as `--profile docs/results/cpu_costs_digits_vit.json`. The machine was shared with another
+benchmark (load ~3) while it ran: compute is in the workers' CPU seconds, messages the fastest of 10.
+- 1.89 cores' worth for the two workers (`cores_per_node`): the whole model's forward + backward took 18.2
+  ms of CPU on one worker alone and 19.3 ms on each of the two at once.
+- 1.35 ms fixed per stage and micro-batch: a one-stage schedule step (K = 1, M = 1, micro-batch 8) took
+  21.5 ms against 19.4 ms for its units alone (the schedule's bookkeeping, the loss, autograd's start).
+  (It was 12 ms, fitted to the recipe's 380 / 240 samples/s at M = 2 / 4, which also held every cost the
+  model had no term for: the update, the loading, the other jobs.)
+- 0.51 ms per message and 3.8 GB/s (`link_latency_s`, `intra_gbs`): a gloo send + recv between the workers,
+  half the fastest round trip, at 35 kB (0.52 ms) and 4 MB (1.62 ms). There is no second node: inter = intra.
+  A gloo all-reduce of the 0.8 MB gradient took 0.90 ms (the model: 2 x 0.51 + 0.21 = 1.24 ms).
+- 1.16 ms a batch + 1 / 4214 s a sample to load raw digits (`dataset[ids]`, HF datasets): 3.05 ms for 8,
+  4.95 ms for 16. AutoCache hits: 1.06 ms a batch + 34 us an entry (`AutoCache.fetch` + `inputs`: 1.33 ms
+  for 8, 1.61 ms for 16). Reads are not overlapped with compute: the prefetch thread competes with the
+  two busy workers for two cores. The bytes go at `host_gbs` (a memcpy from /dev/shm, 5 GB/s).
+- `background_load` 0: a machine to itself. The benchmarks ran beside other people's (the digits runs of
+  /tmp/bench3 took 2.7-11.7 s for the same epoch and plan); scripts/validate_simulator.py fits it per run.
+- Not measured: `step_overhead_s` (the trainer's own Python per step) stays 0; the fit absorbs it.
+- Without a profile the FLOP model prices compute: peak 80 GFLOP/s per one-thread worker (torch fp32
+  matmul: 150-190 GFLOP/s on 2 threads), achieved 60% (ViT-tiny trained at 46 samples/s x 2.1 GFLOP = 97
+  GFLOP/s on 2 threads). For the digits model it is 5x too fast (0.44 ms a sample against 2.4 measured:
+  tiny units are dominated by per-op costs), so use the profile there.
+- 23 GB of RAM, disk 1 GB/s; a layout change took 0.15-0.25 s on a 4-5 M parameter model (PLATFORM.md; the
+  digits runs logged 0.05-0.27 s).
 """
 
 from __future__ import annotations
@@ -77,6 +94,23 @@ class Cluster:
     """Samples per second one replica's loading thread delivers (decode, augment); 0 = never the limit."""
     overlap_io: bool = True
     """Loading and cache reads overlap the previous step's compute (the loader's prefetch thread)."""
+    link_latency_s: float = 0.0
+    """Seconds each message costs besides its bytes: a stage boundary's send of an activation or a gradient,
+    and each of a ring all-reduce's 2(n - 1) steps."""
+    loader_batch_s: float = 0.0
+    """Fixed seconds a loading thread spends per batch of raw samples (indexing, collation), besides
+    `loader_samples_s`'s per-sample time."""
+    cache_batch_s: float = 0.0
+    """Fixed seconds per batch the first stage reads from AutoCache (its label lookup, unpacking)."""
+    cache_sample_s: float = 0.0
+    """Seconds per AutoCache entry read or written besides its bytes (the slot's lookup and checksum)."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step outside the terms above (the trainer's own per-step work)."""
+    cores_per_node: float = 0.0
+    """CPU cores a node's workers run on when they are CPU processes (0: each worker has a device of its own
+    and nothing is shared)."""
+    background_load: float = 0.0
+    """Runnable processes of other jobs on a node, on average, sharing `cores_per_node` with the workers."""
 
     @property
     def world_size(self) -> int:
@@ -96,11 +130,14 @@ PRESETS: dict[str, Cluster] = {
                      inter_gbs=5.0, host_gbs=10.0, host_memory_gb=512.0, disk_gbs=2.0, transition_s=20.0,
                      microbatch_overhead_s=0.002),
     "this_machine": Cluster("this_machine", nodes=1, gpus_per_node=2, peak_tflops=0.08, efficiency=0.6,
-                            intra_gbs=2.5, inter_gbs=2.5, host_gbs=5.0, host_memory_gb=23.0, disk_gbs=1.0,
-                            transition_s=0.25, microbatch_overhead_s=0.012, overlap_io=False),
+                            intra_gbs=3.8, inter_gbs=3.8, host_gbs=5.0, host_memory_gb=23.0, disk_gbs=1.0,
+                            transition_s=0.25, microbatch_overhead_s=0.00135, overlap_io=False,
+                            link_latency_s=0.00051, loader_batch_s=0.00116, loader_samples_s=4214.0,
+                            cache_batch_s=0.00106, cache_sample_s=3.4e-05, cores_per_node=1.89),
 }
 
-ZERO_OK = ("transition_s", "microbatch_overhead_s", "loader_samples_s")
+ZERO_OK = ("transition_s", "microbatch_overhead_s", "loader_samples_s", "link_latency_s", "loader_batch_s",
+           "cache_batch_s", "cache_sample_s", "step_overhead_s", "cores_per_node", "background_load")
 """Fields for which 0 is meaningful (no cost, no limit)."""
 
 

@@ -30,6 +30,10 @@ Formulas (N tokens, width D, MLP hidden H = mlp_ratio x D, C input channels, P p
 A measured profile (`load_profile`) replaces the FLOP model by per-unit forward + backward seconds per
 sample measured on the target device (e.g. `ptrun.parallel.profile.profile_units` on one micro-batch,
 written with `save_profile`); the parameter counts still come from the config unless the file has them.
+Optionally it also holds, per unit: the forward alone (`forward_s`, else forward + backward / 3), the
+forward + input-gradient backward of the unit frozen (`frozen_s`), and the optimizer update of its
+parameters per step (`update_s`, seconds per step, not per sample; else 0). scripts/measure_cpu_costs.py
+measures all of them.
 """
 
 from __future__ import annotations
@@ -69,6 +73,13 @@ class ModelCosts:
     """Analytic forward FLOPs per sample; None when the costs come from a measured profile."""
     fb_seconds: Optional[tuple[float, ...]] = None
     """Measured forward + backward seconds per sample; when set it is used instead of `fwd_flops`."""
+    fwd_seconds: Optional[tuple[float, ...]] = None
+    """Measured forward-only (no_grad) seconds per sample; None: forward + backward / 3."""
+    frozen_seconds: Optional[tuple[float, ...]] = None
+    """Measured seconds per sample of the unit frozen with its input needing a gradient (forward + the input
+    gradient's backward: a frozen unit on a later pipeline stage); None: derived (`ptrun.sim.simulate`)."""
+    update_seconds: Optional[tuple[float, ...]] = None
+    """Measured seconds per optimizer step of each unit's parameters (clip work + optimizer); None: 0."""
 
     @property
     def num_units(self) -> int:
@@ -196,19 +207,27 @@ def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
                      **sizes)  # type: ignore[arg-type]
 
 
-def save_profile(profile: Any, batch: int, path: str | Path, params: Optional[Sequence[float]] = None) -> None:
-    """Write a `UnitProfile` (`time_s` and `activation_bytes` for one micro-batch of `batch` samples) as the
-    JSON `load_profile` reads; `params` (per-unit parameter counts) is optional."""
+def save_profile(profile: Any, batch: int, path: str | Path, params: Optional[Sequence[float]] = None,
+                 update_s: Optional[Sequence[float]] = None) -> None:
+    """Write a `UnitProfile` (`time_s` and `activation_bytes` for one micro-batch of `batch` samples, and
+    `forward_s` / `frozen_s` when it has them) as the JSON `load_profile` reads; `params` (per-unit parameter
+    counts) and `update_s` (per-unit optimizer seconds per step) are optional."""
     doc = {"batch": batch, "time_s": list(profile.time_s), "activation_bytes": list(profile.activation_bytes)}
+    for key in ("forward_s", "frozen_s"):
+        if getattr(profile, key, None) is not None:
+            doc[key] = list(getattr(profile, key))
     if params is not None:
         doc["params"] = list(params)
+    if update_s is not None:
+        doc["update_s"] = list(update_s)
     Path(path).write_text(json.dumps(doc, indent=1))
 
 
 def load_profile(path: str | Path, base: ModelCosts) -> ModelCosts:
     """`base` with its compute and activation sizes replaced by a measured profile (JSON: `batch`, the
     micro-batch the times were measured on; `time_s`, forward + backward seconds per unit for that batch;
-    `activation_bytes`, each unit's output bytes for that batch; optional `params`). Raises ConfigError."""
+    `activation_bytes`, each unit's output bytes for that batch; optional `forward_s` and `frozen_s` for that
+    batch, `update_s` per step, and `params`). Other keys are ignored. Raises ConfigError."""
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as e:
@@ -220,15 +239,20 @@ def load_profile(path: str | Path, base: ModelCosts) -> ModelCosts:
     batch = doc["batch"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"--profile {path}: batch={batch!r} is not allowed: the micro-batch size, an integer >= 1")
-    vectors = {k: doc[k] for k in ("time_s", "activation_bytes", "params") if k in doc}
+    vectors = {k: doc[k] for k in ("time_s", "activation_bytes", "params", "forward_s", "frozen_s", "update_s")
+               if k in doc}
     for key, vec in vectors.items():
         if not isinstance(vec, list) or len(vec) != base.num_units or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in vec):
             raise ConfigError(f"--profile {path}: {key} must list {base.num_units} finite numbers >= 0 "
                               f"(one per unit of the recipe's model)")
-    return replace(base, fb_seconds=tuple(t / batch for t in doc["time_s"]),
-                   act_bytes=tuple(a / batch for a in doc["activation_bytes"]),
-                   params=tuple(map(float, vectors.get("params", base.params))))
+    def per_sample(key: str) -> Optional[tuple[float, ...]]:
+        return tuple(t / batch for t in vectors[key]) if key in vectors else None
+
+    return replace(base, fb_seconds=per_sample("time_s"), act_bytes=per_sample("activation_bytes"),
+                   params=tuple(map(float, vectors.get("params", base.params))),
+                   fwd_seconds=per_sample("forward_s"), frozen_seconds=per_sample("frozen_s"),
+                   update_seconds=tuple(map(float, vectors["update_s"])) if "update_s" in vectors else None)
 
 
 __all__ = ["ModelCosts", "attention_flops", "bert_costs", "costs_from_config", "load_profile", "mlp_flops",

@@ -8,40 +8,59 @@ each combination of the paper's Figure 9 (`COMBINATIONS`). Only the *time* of a 
 The time model and its assumptions
 ----------------------------------
 1. Compute. A unit's forward time per sample is its matmul FLOPs over the device's achieved FLOP/s
-   (`Cluster.flops`), or a measured profile's forward + backward time / 3. A trainable unit costs forward +
-   backward = 3 x forward (backward computes input and weight gradients, 2 x forward). A frozen unit that
-   still runs in a stage costs its forward only (1 x: no gradients, run under no_grad). With `pipe.recompute`
-   a trainable unit runs its forward once more in backward (4 x). A unit served by AutoCache costs nothing in
-   the pipeline. Compute is linear in the micro-batch size: no efficiency loss for small GEMMs (the only fixed
-   cost is assumption 2's per micro-batch overhead).
+   (`Cluster.flops`), or a measured profile's forward time (`forward_s`; else its forward + backward / 3). A
+   trainable unit costs forward + backward (3 x forward with FLOPs: backward computes input and weight
+   gradients, 2 x forward). A frozen unit that still runs in a stage costs its forward only on the first stage
+   (its input carries no gradient, so no graph is built) and forward + the input gradient on a later one (the
+   pipeline marks received activations as requiring a gradient, so the unit back-propagates to its input
+   without weight gradients: 2 x forward with FLOPs, measured `frozen_s` with a profile). With
+   `pipe.recompute` a trainable unit runs its forward once more in backward (+1 x forward). A unit served by
+   AutoCache costs nothing in the pipeline. Compute is linear in the micro-batch size: no efficiency loss for
+   small GEMMs (the only fixed cost is assumption 2's per micro-batch overhead). With a measured profile each
+   trainable unit also costs its optimizer update once per step (`update_s`: the clip's per-parameter work and
+   the optimizer step); the slowest rank's update follows the pipeline.
 2. Pipeline. A stage's micro-batch time is the cluster's fixed `microbatch_overhead_s`, plus its units'
-   compute for one micro-batch, plus sending its output to the next stage (and receiving the gradient back,
-   when the stage trains something), at the intra-node bandwidth, or the inter-node one where consecutive
-   stages sit on different nodes. A rank holding several stages (looped or V schedules) runs them one after
-   the other. A step of M micro-batches over K ranks takes (M + K - 1) x the slowest rank's micro-batch time
-   (GPipe's fill and drain; 1F1B has the same bubble; interleaved schedules do better, so this is an upper
-   bound for them).
+   compute for one micro-batch, plus sending its output to the next stage and receiving the gradient back
+   (always: the next stage's input requires one), each a message of `link_latency_s` plus its bytes at the
+   intra-node bandwidth, or the inter-node one where consecutive stages sit on different nodes. A rank
+   holding several stages (looped or V schedules) runs them one after the other. A step of M micro-batches
+   over K ranks takes the sum of the ranks' micro-batch times (the first micro-batch's way through, GPipe's
+   fill and drain) + (M - 1) x the slowest rank's: the makespan of GPipe and of 1F1B, (M + K - 1) x the
+   slowest when the ranks are balanced. Interleaved schedules do better, so this is an upper bound for them.
 3. Data parallelism. After the pipeline, each stage's replicas all-reduce the gradients of its trainable
    parameters (fp32, ptrun's manual all-reduce after `schedule.step()`, not overlapped) with a ring:
-   2(DP-1)/DP x bytes / bandwidth. If a stage's replicas span nodes, the rings of all K stages share each
-   node's one inter-node link, so the time is that factor x all trainable bytes / inter-node bandwidth; within
-   a node, the largest stage's bytes / intra-node bandwidth.
+   2(DP-1)/DP x bytes / bandwidth, plus the ring's 2(DP-1) latencies. If a stage's replicas span nodes, the
+   rings of all K stages share each node's one inter-node link, so the time is that factor x all trainable
+   bytes / inter-node bandwidth; within a node, the largest stage's bytes / intra-node bandwidth. The clip's
+   norm is one number all-reduced over the pipeline's K ranks: 2(K-1) latencies.
 4. AutoCache. The first stage of each replica reads its batch's cached activations (the output of the cached
    prefix, in `cache.dtype`) from the node's memory at `Cluster.host_gbs` per device, or from the disk tier at
    the node's `disk_gbs` shared by the node's replicas, for the share of samples beyond `cache.max_memory` of
-   the node's RAM. Every node caches the whole training set (samples are reshuffled over all replicas every
-   epoch). Reads happen in the loader's prefetch thread during the previous step (`overlap_io`): the step
-   takes the longer of loading + reading and the compute. In an epoch whose cached depth C is deeper than what
-   the cache holds (depth d < C, or nothing), the first stage also runs units [d, C) forward on the batch and
-   writes the results (AutoCache's incremental update) before the pipeline starts; that is not overlapped.
+   the node's RAM, plus `cache_sample_s` per entry and `cache_batch_s` per batch. Every node caches the whole
+   training set (samples are reshuffled over all replicas every epoch). A first stage the cache serves loads
+   no raw samples (`AutoCache.fetch`), except for the misses of a fill from scratch; the other ranks of a
+   pipeline still load the raw batch (for the labels). Loading and reads happen in the loader's prefetch
+   thread during the previous step (`overlap_io`): the step takes the longer of the slowest rank's loading
+   and the compute; without `overlap_io` (this machine's 2 cores) they add up. In an epoch whose cached depth
+   C is deeper than what the cache holds (depth d < C, or nothing), the first stage also runs units [d, C)
+   forward on the batch and writes the results (AutoCache's incremental update) before the pipeline starts;
+   that is not overlapped.
 5. Epoch. Steps = ceil(samples / global batch), where the global batch is the Controller's: fixed, or
    per-pipeline batch x DP under `auto.batch=fixed_per_pipeline` (the paper's policy, so wider DP means fewer
    steps). A layout change at an epoch boundary costs `Cluster.transition_s`. Evaluation and start-up are not
-   counted; loading raw samples costs per_replica / `loader_samples_s` in the prefetch thread (0, the presets'
-   value, means the input pipeline always keeps up).
+   counted; loading raw samples costs `loader_batch_s` + per_replica / `loader_samples_s` in the prefetch
+   thread (0, the GPU preset's value, means the input pipeline always keeps up). `step_overhead_s` is added
+   to every step.
 6. Freezing. No gradient norms exist in a simulation: a policy that reads them (`pipetransformer`) is replaced
    by the closed form of its first term (`alpha`, the paper's schedule and what the released code ran);
    `autofreeze` cannot be simulated.
+7. CPU sharing. When the workers are CPU processes on `cores_per_node` cores, shared among themselves (two
+   busy workers on this machine's 2 cores get 1.89 cores' worth) and with `background_load` runnable
+   processes of other jobs (other people's benchmarks), a step stretches by (the node's busy workers on
+   average + the background) / cores when that exceeds 1. The busy workers are the replicas' CPU seconds in
+   a step (micro-batches, update, loading, fill) over its time on cores of their own: a pipeline whose ranks
+   wait in its bubble leaves room for the others, data-parallel replicas that compute the whole step do not.
+   `cores_per_node` 0 (the GPU preset) = nothing shared.
 """
 
 from __future__ import annotations
@@ -53,7 +72,7 @@ from typing import Optional, Sequence
 
 from ptrun.auto.controller import Controller
 from ptrun.config import ConfigError, PtrunConfig, parse_memory
-from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
+from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs, starting_microbatches
 from ptrun.parallel.partition import stage_sums
 from ptrun.parallel.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
@@ -107,7 +126,11 @@ class StepTime:
     cache_read_s: float
     cache_fill_s: float
     load_s: float
-    """The loading thread's time for a replica batch (0 when the loader is never the limit)."""
+    """A loading thread's time for a replica batch of raw samples (0 when the loader is never the limit)."""
+    update_s: float
+    """The slowest rank's optimizer update (measured profiles only; else 0)."""
+    slowdown: float
+    """The factor CPU sharing with other jobs stretched the step by (assumption 7; 1 on devices)."""
     total_s: float
 
 
@@ -160,7 +183,8 @@ def profile_kwargs(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> dic
     if cfg.pipe.partition not in NEEDS_PROFILE:
         return {}
     dp = cluster.world_size // cfg.pipe.length
-    micro = max(1, cfg.train.global_batch_size // dp // cfg.pipe.microbatches)
+    m = starting_microbatches(cfg.pipe, cluster.world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
+    micro = max(1, cfg.train.global_batch_size // dp // m)
     fb, _ = unit_seconds(costs, cluster)
     return dict(time_costs=[t * micro for t in fb], activation=[a * micro for a in costs.act_bytes],
                 bandwidth=cluster.intra_gbs * GB)
@@ -173,7 +197,10 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig) -> tuple[
     layered = stand_in(costs)
     kwargs = profile_kwargs(cfg, costs, cluster)
     prof = SimpleNamespace(time_s=kwargs["time_costs"], activation_bytes=kwargs["activation"]) if kwargs else None
-    first = first_plan(cfg.pipe, layered, cluster.world_size, profile=prof, bandwidth=kwargs.get("bandwidth"))
+    # Nothing is measured here: `pipe.microbatches=auto` plans with the M AutoPipe's table gives at K0.
+    m = starting_microbatches(cfg.pipe, cluster.world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
+    first = first_plan(cfg.pipe, layered, cluster.world_size, profile=prof, bandwidth=kwargs.get("bandwidth"),
+                       microbatches=m)
     controller = Controller(cfg, costs.num_blocks, param_costs(layered), first, kwargs)
     plans = [first]
     for epoch in range(1, cfg.train.epochs):
@@ -185,18 +212,60 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig) -> tuple[
 
 
 def unit_seconds(costs: ModelCosts, cluster: Cluster) -> tuple[list[float], list[float]]:
-    """(forward + backward, forward) seconds per sample of each unit on one device (assumption 1)."""
+    """(forward + backward, forward) seconds per sample of each unit on one device (assumption 1): a
+    profile's measured times (its forward, or forward + backward / 3 when it has none), else FLOPs over the
+    device's achieved FLOP/s, with backward = 2 x forward."""
     if costs.fb_seconds is not None:
-        return list(costs.fb_seconds), [t / 3 for t in costs.fb_seconds]
+        fwd = costs.fwd_seconds if costs.fwd_seconds is not None else [t / 3 for t in costs.fb_seconds]
+        return list(costs.fb_seconds), list(fwd)
     fwd = [f / cluster.flops for f in costs.fwd_flops or ()]
     return [3 * t for t in fwd], fwd
 
 
-def unit_work(plan: Plan, fb: Sequence[float], fwd: Sequence[float], recompute: bool = False) -> list[float]:
+def frozen_grad_seconds(costs: ModelCosts, cluster: Cluster) -> list[float]:
+    """Seconds per sample of a frozen unit whose input needs a gradient (assumption 1: a frozen unit on a
+    later stage): forward + the input gradient's backward. Measured (`frozen_s`), else forward + half the
+    backward (a matmul's input gradient is one of its backward's two products: 2 x forward with FLOPs)."""
+    if costs.frozen_seconds is not None:
+        return list(costs.frozen_seconds)
+    fb, fwd = unit_seconds(costs, cluster)
+    return [f + (t - f) / 2 for t, f in zip(fb, fwd)]
+
+
+def unit_work(plan: Plan, fb: Sequence[float], fwd: Sequence[float], recompute: bool = False,
+              frozen_grad: Optional[Sequence[float]] = None) -> list[float]:
     """Seconds per sample each unit costs in the pipeline: trainable fb (plus another forward with
-    `pipe.recompute`), frozen fwd, cached 0."""
-    return [0.0 if u < plan.cached_units else fwd[u] if u < plan.frozen_units else fb[u] + recompute * fwd[u]
+    `pipe.recompute`), cached 0, frozen fwd on the first stage (its input carries no gradient) and
+    `frozen_grad` on a later one (the pipeline's received activations require a gradient, so a frozen unit
+    there still back-propagates to its input; without `frozen_grad`, fwd)."""
+    def frozen(u: int) -> float:
+        return fwd[u] if frozen_grad is None or plan.stage_of_unit(u) == 0 else frozen_grad[u]
+
+    return [0.0 if u < plan.cached_units else frozen(u) if u < plan.frozen_units else fb[u] + recompute * fwd[u]
             for u in range(plan.num_units)]
+
+
+def update_seconds(plan: Plan, costs: ModelCosts) -> list[float]:
+    """Each pipeline rank's optimizer update per step: the measured `update_s` of the trainable units its
+    stages hold (0 without a measured profile: on a GPU it is milliseconds against seconds)."""
+    if costs.update_seconds is None:
+        return [0.0] * plan.pp
+    per_rank = []
+    for r in range(plan.pp):
+        units = [u for s in plan.local_stages(r) for u in range(*plan.stage_bounds[s]) if u >= plan.frozen_units]
+        per_rank.append(math.fsum(costs.update_seconds[u] for u in units))
+    return per_rank
+
+
+def sharing_slowdown(plan: Plan, cluster: Cluster, busy_s: float, step_s: float) -> float:
+    """How much a step stretches when the workers are CPU processes sharing `cores_per_node` cores (among
+    themselves, and with `background_load` runnable processes of other jobs; assumption 7): (the node's
+    busy workers on average + the background) / cores, when above 1. `busy_s` is one replica's CPU seconds
+    a step, summed over its ranks; `step_s` the step's time on cores of its own."""
+    if not cluster.cores_per_node or step_s <= 0:
+        return 1.0
+    ours = min(cluster.gpus_per_node, plan.dp * busy_s / step_s / cluster.nodes)
+    return max(1.0, (ours + cluster.background_load) / cluster.cores_per_node)
 
 
 def boundary_bandwidth(plan: Plan, stage: int, cluster: Cluster) -> float:
@@ -208,35 +277,47 @@ def boundary_bandwidth(plan: Plan, stage: int, cluster: Cluster) -> float:
 
 def stage_seconds(plan: Plan, work: Sequence[float], act_bytes: Sequence[float], micro: float,
                   cluster: Cluster) -> list[float]:
-    """Micro-batch seconds of each stage: the cluster's fixed overhead, compute, plus the output sent on
-    and, if the stage trains, the gradient received back (assumption 2)."""
+    """Micro-batch seconds of each stage: the cluster's fixed overhead, compute, plus the output sent on and
+    its gradient received back, each a message of `link_latency_s` plus its bytes (assumption 2). The
+    gradient comes back even to a frozen stage: the next stage's received activations require one."""
     out = []
     for s, compute in enumerate(stage_sums(plan.stage_bounds, list(work))):
         hi = plan.stage_bounds[s][1]
-        moves = 0 if s == plan.num_stages - 1 else 2 if hi > plan.frozen_units else 1
-        transfer = moves * act_bytes[hi - 1] / boundary_bandwidth(plan, s, cluster) if moves else 0.0
-        out.append(cluster.microbatch_overhead_s + micro * (compute + transfer))
+        last = s == plan.num_stages - 1
+        transfer = 0.0 if last else 2 * (cluster.link_latency_s
+                                          + micro * act_bytes[hi - 1] / boundary_bandwidth(plan, s, cluster))
+        out.append(cluster.microbatch_overhead_s + micro * compute + transfer)
     return out
 
 
 def pipeline_seconds(plan: Plan, stage_s: Sequence[float]) -> float:
-    """(M + K - 1) x the slowest rank's micro-batch time; a rank runs its stages one after the other."""
+    """A flushing schedule's step: the first micro-batch passes every rank once (fill and drain), the other
+    M - 1 follow at the slowest rank's pace: sum of the ranks' micro-batch times + (M - 1) x the slowest
+    (GPipe's and 1F1B's makespan; (M + K - 1) x the slowest when the ranks are balanced). A rank runs its
+    stages one after the other. PipeDream's asynchronous 1F1B never flushes: in the steady state a step
+    takes the slowest rank's time (its K - 1 warm-up steps happen once per epoch and are left out)."""
     per_rank = [math.fsum(stage_s[i] for i in plan.local_stages(r)) for r in range(plan.pp)]
-    return (plan.microbatches + plan.pp - 1) * max(per_rank)
+    if plan.schedule == "pipedream":
+        return max(per_rank)
+    return math.fsum(per_rank) + (plan.microbatches - 1) * max(per_rank)
 
 
 def allreduce_seconds(plan: Plan, params: Sequence[float], cluster: Cluster) -> float:
-    """Ring all-reduce of each pipeline position's trainable fp32 gradients over its DP group (assumption 3)."""
+    """Ring all-reduce of each pipeline position's trainable fp32 gradients over its DP group (assumption 3),
+    plus the latency of the ring's 2(DP - 1) steps and of the clip's one-number all-reduce over the K ranks
+    of a pipeline."""
+    norm = 2 * (plan.pp - 1) * cluster.link_latency_s
     if plan.dp == 1:
-        return 0.0
+        return norm
+    norm += 2 * (plan.dp - 1) * cluster.link_latency_s
     trainable = [FP32 * p if u >= plan.frozen_units else 0.0 for u, p in enumerate(params)]
     per_stage = stage_sums(plan.stage_bounds, trainable)
     per_rank = [math.fsum(per_stage[i] for i in plan.local_stages(r)) for r in range(plan.pp)]
     ring = 2 * (plan.dp - 1) / plan.dp
     spans = any(len({cluster.node_of(rank) for rank in plan.stage_ranks(r)}) > 1 for r in range(plan.pp))
     if spans:
-        return ring * math.fsum(per_rank) / (cluster.inter_gbs * GB)
-    return ring * max(per_rank) / (cluster.intra_gbs * GB)
+        return norm + ring * math.fsum(per_rank) / (cluster.inter_gbs * GB)
+    return norm + ring * max(per_rank) / (cluster.intra_gbs * GB)
 
 
 def cache_readers(plan: Plan, cluster: Cluster) -> int:
@@ -262,24 +343,34 @@ def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     """One optimizer step under `plan` with `per_replica` samples a replica; `filled` is the cache depth
     the entries hold when the epoch starts (0: nothing cached yet)."""
     fb, fwd = unit_seconds(costs, cluster)
-    work = unit_work(plan, fb, fwd, recompute=cfg.pipe.recompute != "none")
+    work = unit_work(plan, fb, fwd, recompute=cfg.pipe.recompute != "none",
+                     frozen_grad=frozen_grad_seconds(costs, cluster))
     stages = stage_seconds(plan, work, costs.act_bytes, per_replica / plan.microbatches, cluster)
     pipe = pipeline_seconds(plan, stages)
     allreduce = allreduce_seconds(plan, costs.params, cluster)
-    read = fill = 0.0
+    # Every rank's loading thread loads its replica batch's raw samples, except a first stage the cache
+    # serves: it reads the entries instead (and loads raw samples only for the misses of a fill from scratch).
+    raw = cluster.loader_batch_s + (per_replica / cluster.loader_samples_s if cluster.loader_samples_s else 0.0)
+    first_raw, read, fill = raw, 0.0, 0.0
     c = plan.cached_units
     if c:
         stored = PRECISION_BYTES[cfg.train.precision] if cfg.cache.dtype == "auto" else CACHE_DTYPE_BYTES[cfg.cache.dtype]
         entry = costs.act_bytes[c - 1] * stored / FP32
         io = cache_io_seconds(per_replica * entry, cache_memory_share(cfg, cluster, entry, samples),
-                              cache_readers(plan, cluster), cluster)
+                              cache_readers(plan, cluster), cluster) + per_replica * cluster.cache_sample_s
         start = filled if filled <= c else 0
-        read = io if start else 0.0
+        read = cluster.cache_batch_s + (io if start else 0.0)
+        first_raw = 0.0 if start else raw
         fill = per_replica * math.fsum(fwd[start:c]) + io if start < c else 0.0
-    load = per_replica / cluster.loader_samples_s if cluster.loader_samples_s else 0.0
+    loading = max(first_raw + read, raw if plan.pp > 1 else 0.0)  # the ranks load side by side
     busy = fill + pipe
-    total = (max(load + read, busy) if cluster.overlap_io else load + read + busy) + allreduce
-    return StepTime(tuple(stages), pipe, allreduce, read, fill, load, total)
+    update = update_seconds(plan, costs)
+    total = (max(loading, busy) if cluster.overlap_io else loading + busy) + allreduce + max(update) \
+        + cluster.step_overhead_s
+    cpu = (plan.microbatches * math.fsum(stages) + fill + math.fsum(update) + first_raw + read
+           + (plan.pp - 1) * raw + plan.pp * cluster.step_overhead_s)
+    slowdown = sharing_slowdown(plan, cluster, cpu, total)
+    return StepTime(tuple(stages), pipe, allreduce, read, fill, raw, max(update), slowdown, total * slowdown)
 
 
 def epoch_records(plans: Sequence[Plan], controller: Controller, costs: ModelCosts, cluster: Cluster,
@@ -384,6 +475,7 @@ def report(recipe: Optional[str], results: dict[str, list[EpochRecord]]) -> str:
 
 
 __all__ = ["COMBINATIONS", "DATASET_SAMPLES", "EpochRecord", "PAPER_FIG9", "PAPER_TABLE1", "StepTime",
-           "allreduce_seconds", "combination_config", "default_samples", "epoch_records", "pipeline_seconds",
-           "plan_epochs", "report", "simulate", "simulate_one", "speedups", "stage_seconds", "step_time",
-           "summary", "total_seconds", "unit_seconds"]
+           "allreduce_seconds", "combination_config", "default_samples", "epoch_records", "frozen_grad_seconds",
+           "pipeline_seconds", "plan_epochs", "report", "simulate", "simulate_one", "speedups", "stage_seconds",
+           "sharing_slowdown", "step_time", "summary", "total_seconds", "unit_seconds", "unit_work",
+           "update_seconds"]

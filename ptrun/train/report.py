@@ -3,7 +3,10 @@
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
   {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
   {"event": "plan", "epoch": E, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
-   "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...}
+   "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
+   with pipe.microbatches=auto on a run's first plan also "microbatches_reason": "M=2 at K=2: ...",
+   "microbatch_tuning": {"source": measured|cached|no choice, "seconds", "chosen": {K: M}, "table": {K: M},
+   "samples_per_s": {K: {M: ...}}, "cache_file"}}
   {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "lr": ...,
    "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
    "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -28,7 +28,10 @@ from ptrun.config import ConfigError, DataConfig, PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.models.export import export_model
-from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs
+from ptrun.parallel import microtune
+from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs, starting_microbatches
+from ptrun.parallel.partition import partition
+from ptrun.parallel.pipedream import AsyncPipelineRuntime, Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint, faults
@@ -38,6 +41,23 @@ from ptrun.train.precision import LossScaler, compute_dtype, step_or_skip
 from ptrun.train.report import MetricsLog, ProgressView
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpochSums:
+    """What one rank adds up over an epoch."""
+
+    loss: torch.Tensor
+    """This rank's share of the summed step losses (last stages only)."""
+    seen: torch.Tensor
+    """Uses of each training sample (first stages only)."""
+    block_norms: torch.Tensor
+    """Each block's gradient norm, summed over the steps (replica 0 only)."""
+    samples_before: float = 0.0
+    """Samples the epoch had trained before a mid-epoch resume."""
+    samples: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+    lr: float = 0.0
 
 
 def data_config(cfg: PtrunConfig) -> DataConfig:
@@ -78,6 +98,12 @@ class Trainer:
         self._first, partition_kwargs = self._starting_plan()
         self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), self._first,
                                      partition_kwargs)
+        # pipe.microbatches=auto: measure (or read from the disk cache) the fastest M per pipeline length
+        # before anything trains; the first plan and AutoPipe's later picks use it.
+        self.tuning = self._tune_microbatches() if cfg.pipe.microbatches == "auto" else None
+        if self.tuning is not None:
+            self._first = replace(self._first, microbatches=self.tuning.choices[self._first.pp].microbatches).check()
+            self.controller.microbatch_table = self.tuning.table
         self.epoch = self.global_step = 0
         self.step_in_epoch = 0  # where the current epoch resumes (non-zero only after a mid-epoch checkpoint)
         self.epoch_sums: dict[str, torch.Tensor] = {}  # that checkpoint's partial epoch sums
@@ -85,6 +111,10 @@ class Trainer:
         self.saved_global_batch: int | None = None  # the resumed checkpoint's, to map its step if it differs
         self.cache = self._make_cache() if cfg.auto.cache else None
         self.view = ProgressView(enabled=self.is_main)
+        # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
+        self.live_view = bool(self.all_sum([float(self.view.live)]).item())
+        self._timeline: list[dict] | None = None
+        self._epoch_base = 0
         self.best_eval: dict = {}
         self.last_eval: dict = {}
         self.resumed_from, plan, states = self.resume() if resume else (None, self._first, {})
@@ -127,31 +157,77 @@ class Trainer:
         """The starting layout, plus what AutoPipe needs to re-partition the same way later (the profile of
         the time-based partitioners, measured on one micro-batch; nothing for the others)."""
         pipe = self.cfg.pipe
+        # With pipe.microbatches=auto, a stand-in until tuning (which needs this layout) replaces it.
+        m = starting_microbatches(pipe, self.world_size, self.cfg.train.global_batch_size,
+                                  self.cfg.auto.microbatch_table)
         if pipe.partition not in NEEDS_PROFILE:
-            return first_plan(pipe, self.layered, self.world_size), {}
+            return first_plan(pipe, self.layered, self.world_size, microbatches=m), {}
         dp = self.world_size // pipe.length
-        micro = max(1, self.cfg.train.global_batch_size // dp // pipe.microbatches)
+        micro = max(1, self.cfg.train.global_batch_size // dp // m)
         ids, _ = self.train_sampler.global_batch(0, 0)
         batch = dict(self.data.train[ids[:micro].tolist()])
         inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
         prof = agree(profile_units(self.layered, inputs, self.device), self.device)
         bandwidth = measure_bandwidth(self.device)
-        plan = first_plan(pipe, self.layered, self.world_size, profile=prof, bandwidth=bandwidth)
+        plan = first_plan(pipe, self.layered, self.world_size, profile=prof, bandwidth=bandwidth, microbatches=m)
         return plan, dict(time_costs=prof.time_s, activation=prof.activation_bytes, bandwidth=bandwidth)
+
+    def _tune_microbatches(self) -> microtune.Tuning:
+        """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
+        starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
+        cfg, first, c = self.cfg, self._first, self.controller
+        lengths = microtune.candidates(first.pp, self.world_size, cfg.train.global_batch_size, first.schedule,
+                                       stages_per_rank=first.stages_per_rank, batch_policy=cfg.auto.batch,
+                                       shrinks=microtune.shrinking(cfg))
+
+        def plan_at(pp: int, m: int) -> Plan:
+            bounds = first.stage_bounds if pp == first.pp else partition(
+                c.method, pp * first.stages_per_rank, num_units=first.num_units, param_costs=c.param_costs,
+                **c.partition_kwargs)
+            return replace(first, pp=pp, dp=self.world_size // pp, microbatches=m,
+                           stage_bounds=tuple(tuple(b) for b in bounds)).check()
+
+        build = partial(build_layout, self.layered, rank=self.rank, device=self.device, loss=self.loss,
+                        optim_cfg=cfg.optim, name_of=self.param_name, recompute=cfg.pipe.recompute,
+                        compute_dtype=self.compute_dtype, **self._runtime_options)
+        batches = partial(microtune.training_batches, self.data.train, rank=self.rank, seed=cfg.train.seed,
+                          input_names=self.layered.input_names, task=cfg.model.task, device=self.device)
+        probe = dict(self.data.train[[0]])
+        shapes = {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in self.layered.input_names if k in probe}
+        fields = microtune.cache_fields(
+            model=asdict(cfg.model), input_shapes=shapes, lengths=lengths, world_size=self.world_size,
+            schedule=first.schedule, stages_per_rank=first.stages_per_rank,
+            partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
+            recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=cfg.launcher.threads_per_worker,
+            device=self.device)
+        measure = partial(microtune.measure, lengths, plan_at=plan_at, build=build, batches=batches,
+                          model=self.layered.model, loss=self.loss, device=self.device)
+        tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
+                                device=self.device)
+        if self.is_main:
+            log.info("%s", tuning.summary())
+        return tuning
 
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
         self._use(build_layout(self.layered, plan, self.rank, self.device, self.loss, self.cfg.optim,
-                               self.param_name, self.cfg.pipe.recompute, optimizer_states, self.compute_dtype))
+                               self.param_name, self.cfg.pipe.recompute, optimizer_states, self.compute_dtype,
+                               **self._runtime_options))
 
     def transition(self, plan: Plan) -> float:
         """Apply `plan` in the running job (collective); returns its wall time in seconds."""
         t0 = time.perf_counter()
         self._use(change_layout(self.layered, self.layout, plan, self.rank, self.device, self.loss,
                                 self.cfg.optim, self.param_name, self.cfg.pipe.recompute, self.compute_dtype,
-                                midway=lambda: faults.reached("transition", self.global_step)))
+                                midway=lambda: faults.reached("transition", self.global_step),
+                                **self._runtime_options))
         dist.barrier()
         return time.perf_counter() - t0
+
+    @property
+    def _runtime_options(self) -> dict:
+        """The asynchronous runtime's options (`pipe.schedule=pipedream`)."""
+        return {"weight_stashing": self.cfg.pipe.weight_stashing, "vertical_sync": self.cfg.pipe.vertical_sync}
 
     @property
     def plan(self) -> Plan:
@@ -304,10 +380,11 @@ class Trainer:
                 "seen": self.all_sum(seen).cpu(), "samples": torch.tensor([samples], dtype=torch.float64)}
 
     def _checkpoint_due(self, step: int) -> bool:
-        """A mid-epoch checkpoint after `step`: `checkpoint.every_steps` steps since the last one, and not
-        the epoch's last step (the epoch boundary decides about that one)."""
+        """A mid-epoch checkpoint after `step` of this epoch: `checkpoint.every_steps` steps since the last
+        one, and not the epoch's last step (the epoch boundary decides about that one). Known before the
+        step is trained (an asynchronous pipeline drains up to it)."""
         every = self.cfg.checkpoint.every_steps
-        return bool(every) and self.global_step - self.last_checkpoint_step >= every \
+        return bool(every) and self._epoch_base + step + 1 - self.last_checkpoint_step >= every \
             and step + 1 < self.steps_per_epoch
 
     def train_epoch(self) -> dict:
@@ -315,64 +392,96 @@ class Trainer:
         # Sums over the epoch; a resumed epoch starts from the checkpoint's (held by rank 0 alone, so the
         # all-reduce at the end counts them once).
         carried = self.epoch_sums if (start and self.is_main) else {}
-        loss_sum = carried.get("loss_sum", torch.zeros(1, dtype=torch.float64))[0].to(self.device)
-        # How often each training sample was used this epoch (counted on each replica's first stage).
-        seen = carried.get("seen", torch.zeros(len(self.data.train), dtype=torch.float64)).clone()
-        block_norms = carried.get("block_norms", torch.zeros(self.layered.num_blocks, dtype=torch.float64)).to(self.device)
-        samples_before = float(self.epoch_sums["samples"][0]) if start and "samples" in self.epoch_sums else 0.0
+        sums = EpochSums(
+            loss=carried.get("loss_sum", torch.zeros(1, dtype=torch.float64))[0].to(self.device),
+            # How often each training sample was used this epoch (counted on each replica's first stage).
+            seen=carried.get("seen", torch.zeros(len(self.data.train), dtype=torch.float64)).clone(),
+            block_norms=carried.get("block_norms",
+                                    torch.zeros(self.layered.num_blocks, dtype=torch.float64)).to(self.device),
+            samples_before=float(self.epoch_sums["samples"][0]) if start and "samples" in self.epoch_sums else 0.0)
         self.epoch_sums, self.step_in_epoch = {}, 0
-        want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
-        samples, t0 = 0.0, time.perf_counter()
+        self._epoch_base = self.global_step - start  # the global step before this epoch's step 0
         skipped_before = self.scaler.skipped
         if self.cache is not None:
             self.cache.take_stats()  # count this epoch's training batches only
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
-        lr = 0.0
-        for step, batch in self._batches("train", start_step=start):
-            inputs, target = self._inputs_and_target(batch, "train")
-            # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
-            self.loss.denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
-            progress = self.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
-            lr = set_lr(self.optimizer, progress, self.total_steps, self.cfg.optim)
-            timed = self.global_step == self.cfg.train.timeline_step
-            events = self.runtime.record_timeline() if timed else None
-            self.loss.scale = self.scaler.scale
-            loss_sum += self.runtime.forward_backward(inputs, target).double()
-            if timed:
-                self.runtime.stop_timeline()
-                self._write_timeline(events)
-            param_sq = {} if want_norms else None
-            stepped = step_or_skip(self.runtime, self.optimizer, self.scaler, self.cfg.train.grad_clip, param_sq)
-            if want_norms and stepped:
-                step_sq = torch.zeros_like(block_norms)
-                for pid, sq in param_sq.items():
-                    if pid in self._block_of:
-                        step_sq[self._block_of[pid]] += sq  # stays on the device: no sync per parameter
-                block_norms += step_sq.sqrt()
-            self.global_step += 1
-            samples += self.loss.denominator
-            if self.runtime.is_first:
-                seen.index_add_(0, batch["index"], batch["weight"].double())
-            faults.reached("step", self.global_step)
-            if self._checkpoint_due(step):
-                self.step_in_epoch = step + 1
-                self.save_checkpoint(self._partial_sums(loss_sum, block_norms, seen, samples_before + samples))
-                self.step_in_epoch = 0
-            if (step + 1) % self.cfg.train.log_every_steps == 0 and self.view.live:
-                running = self.all_sum(loss_sum).item() / (step + 1)
-                self.view.update(step + 1, running, samples / (time.perf_counter() - t0))
-        elapsed = time.perf_counter() - t0
+        steps = (self._step(step, batch) for step, batch in self._batches("train", start_step=start))
+        if isinstance(self.runtime, AsyncPipelineRuntime):
+            self.runtime.stash_bytes_peak = 0
+            # Drain before a mid-epoch checkpoint (it must hold every update up to its step) and at the end.
+            self.runtime.train_steps(steps, ends_segment=lambda s: self._checkpoint_due(s.step),
+                                     after_backward=partial(self._finish_step, sums))
+        else:
+            for item in steps:
+                self.loss.denominator = item.denominator
+                self.loss.scale = self.scaler.scale
+                self._finish_step(sums, item, self.runtime.forward_backward(item.inputs, item.target))
+        elapsed = time.perf_counter() - sums.t0
         self.view.end_epoch()
         steps = self.steps_per_epoch
-        train_loss = self.all_sum(loss_sum).item() / steps
-        seen = self.all_sum(seen)
+        train_loss = self.all_sum(sums.loss).item() / steps
+        seen = self.all_sum(sums.seen)
         # Each block's gradient norm, averaged over the epoch's steps and summed over the stages holding it.
-        self.grad_norms = (self.all_sum(block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
+        self.grad_norms = (self.all_sum(sums.block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
         resumed = {"resumed_at_step": start} if start else {}
-        return {"train_loss": train_loss, "samples_per_s": samples / elapsed, "epoch_time_s": elapsed,
-                "lr": lr, "steps": steps, "samples": int(samples_before + samples), **resumed,
+        return {"train_loss": train_loss, "samples_per_s": sums.samples / elapsed, "epoch_time_s": elapsed,
+                "lr": sums.lr, "steps": steps, "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
-                **self._cache_stats(), **self._scaler_stats(skipped_before)}
+                **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats()}
+
+    def _step(self, step: int, batch: dict) -> Step:
+        """One step's mini-batch, as the runtime takes it; starts the timeline when this is the step to
+        record (the runtime's passes from this step's forward to its update)."""
+        inputs, target = self._inputs_and_target(batch, "train")
+        if self._epoch_base + step == self.cfg.train.timeline_step:
+            self._timeline = self.runtime.record_timeline()
+        # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
+        denominator = float(self.train_sampler.global_batch(self.epoch, step)[1].sum())
+        return Step(step, inputs, target, denominator, extra=batch)
+
+    def _finish_step(self, sums: "EpochSums", item: Step, loss: torch.Tensor | None) -> None:
+        """After one step's backward pass on this rank: the update (learning rate, gradient sync and clip,
+        optimizer step), the epoch's sums, and whatever is due after the step (a fault point, a mid-epoch
+        checkpoint, the live view)."""
+        step, batch = item.step, item.extra
+        if self._timeline is not None:
+            self.runtime.stop_timeline()
+            self._write_timeline(self._timeline)
+            self._timeline = None
+        if loss is not None:
+            sums.loss += loss.double()
+        progress = self.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
+        sums.lr = set_lr(self.optimizer, progress, self.total_steps, self.cfg.optim)
+        want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
+        param_sq = {} if want_norms else None
+        stepped = step_or_skip(self.runtime, self.optimizer, self.scaler, self.cfg.train.grad_clip, param_sq)
+        if want_norms and stepped:
+            step_sq = torch.zeros_like(sums.block_norms)
+            for pid, sq in param_sq.items():
+                if pid in self._block_of:
+                    step_sq[self._block_of[pid]] += sq  # stays on the device: no sync per parameter
+            sums.block_norms += step_sq.sqrt()
+        self.global_step += 1
+        sums.samples += item.denominator
+        if self.runtime.is_first:
+            sums.seen.index_add_(0, batch["index"], batch["weight"].double())
+        faults.reached("step", self.global_step)
+        if self._checkpoint_due(step):
+            self.step_in_epoch = step + 1
+            self.save_checkpoint(self._partial_sums(sums.loss, sums.block_norms, sums.seen,
+                                                    sums.samples_before + sums.samples))
+            self.step_in_epoch = 0
+        if (step + 1) % self.cfg.train.log_every_steps == 0 and self.live_view:
+            running = self.all_sum(sums.loss).item() / (step + 1)
+            self.view.update(step + 1, running, sums.samples / (time.perf_counter() - sums.t0))
+
+    def _stash_stats(self) -> dict:
+        """pipedream: the most bytes of weight copies (stashed versions) any rank held during the epoch."""
+        if not isinstance(self.runtime, AsyncPipelineRuntime):
+            return {}
+        peak = torch.tensor([float(self.runtime.stash_bytes_peak)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return {"stash_bytes_peak": int(peak.item())}
 
     def _scaler_stats(self, skipped_before: int) -> dict:
         """fp16: the loss scale at the epoch's end and the overflowed steps it skipped."""
@@ -467,12 +576,17 @@ class Trainer:
                 f"{sum(p.numel() for p in self.layered.model.parameters()) / 1e6:.2f} M params) on "
                 f"{len(self.data.train)} train / {len(self.data.eval)} eval samples; {self.world_size} workers "
                 f"on {self.device.type}, precision {cfg.train.precision}; run dir {cfg.run_dir}")
+            if self.tuning is not None:
+                self.view.print(self.tuning.summary())
+        tuned = self.tuning.event_fields() if self.tuning is not None else {}  # on this process's first plan
         t_start = time.perf_counter()
         transition_s = 0.0
         self.view.show_layout(self.plan, self.layered.unit_names)
         while self.epoch < cfg.train.epochs:
             if self.is_main:
-                self.metrics.write("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict())
+                self.metrics.write("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict(),
+                                   **tuned)
+                tuned = {}
             stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1
             ev = self.evaluate() if last or (self.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}

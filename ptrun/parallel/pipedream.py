@@ -1,0 +1,362 @@
+"""PipeDream's asynchronous 1F1B (SOSP 2019): a pipeline that never flushes between mini-batches.
+
+Each stage keeps up to `K - s` mini-batches in flight (stage s of K), alternates one forward and one backward
+pass once the pipeline is full, and updates its weights right after each backward pass, so every stage is
+busy in the steady state and there is no bubble. The price is staleness: stage s runs mini-batch t's forward
+pass with the weights of `K - s - 1` updates ago (the later mini-batches' updates have not come back yet).
+
+- **Weight stashing** (`pipe.weight_stashing`): the forward pass runs on a snapshot of the stage's weights
+  (one per version in flight, shared by the mini-batches of that version); the backward pass differentiates
+  through the same snapshot, so each mini-batch's gradient is the true gradient of the function its forward
+  pass computed. The gradient is then applied to the current weights. Off, one working copy is refreshed in
+  place after every update, so a backward pass sees weights newer than its forward pass did.
+- **Vertical sync** (`pipe.vertical_sync`): the input stage's version number travels with each mini-batch,
+  and every later stage runs it with its own weights of that version (kept until no mini-batch can ask for
+  them), so all stages agree on one version per mini-batch.
+
+Here a mini-batch is one replica's batch of a step (M = 1), and one update per stage per step keeps the
+step count, the learning-rate schedule and the loss normalisation of the flushing schedules; replicas of a
+stage all-reduce their gradients at the same step, as in data parallelism. The pipeline drains (every
+mini-batch in flight finishes its backward pass and its update) wherever the caller ends a segment: at every
+epoch's end, before a layout change, and before a mid-epoch checkpoint. Activations and gradients cross stage
+boundaries by point-to-point send/recv: sends are asynchronous, receives block, and every stage follows the
+same order of mini-batches, so the pipeline cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.func import functional_call
+
+from ptrun.config import ConfigError
+from ptrun.parallel.groups import Groups
+from ptrun.parallel.pipeline import StageRuntime
+from ptrun.parallel.plan import Plan
+from ptrun.train.losses import WeightedLoss
+
+_END = object()
+
+
+def async_1f1b(limit: int, items: Iterable, ends_segment: Callable[[Any], bool]) -> Iterator[tuple[str, Any]]:
+    """PipeDream's 1F1B order for one stage: yields ("F", item) and ("B", item).
+
+    A forward pass is taken whenever fewer than `limit` items are in flight and the segment is open; else
+    the oldest item's backward pass. An item for which `ends_segment` is true closes the segment: nothing
+    after it starts until everything in flight has finished (a drain). Items are pulled lazily, so the
+    caller may decide `ends_segment` from state that earlier backward passes changed."""
+    items = iter(items)
+    in_flight: deque = deque()
+    segment_open, exhausted = True, False
+    while True:
+        if segment_open and not exhausted and len(in_flight) < limit:
+            item = next(items, _END)
+            if item is _END:
+                exhausted = True
+                continue
+            in_flight.append(item)
+            segment_open = not ends_segment(item)
+            yield "F", item
+        elif in_flight:
+            yield "B", in_flight.popleft()
+        elif exhausted:
+            return
+        else:
+            segment_open = True
+
+
+@dataclass
+class Step:
+    """One mini-batch as the trainer hands it to the pipeline."""
+
+    step: int
+    """The step of the epoch."""
+    inputs: tuple
+    """The model inputs (read by the first stage)."""
+    target: torch.Tensor
+    """Labels and sample weights (read by the last stage)."""
+    denominator: float
+    """The global batch's loss weight: the loss is a mean over exactly these samples."""
+    extra: Any = None
+    """Whatever the caller wants back after the step's update (its batch)."""
+
+
+@dataclass
+class _InFlight:
+    step: Step
+    version: int
+    weights: dict[str, torch.Tensor] | None  # the tensors the forward pass ran on (None: the live parameters)
+    inputs: tuple = ()
+    output: torch.Tensor | None = None  # the stage's output head, or the loss on the last stage
+    loss: torch.Tensor | None = None
+    trace: dict = field(default_factory=dict)
+
+
+# ---- point-to-point messages --------------------------------------------------------------------------
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.bool,
+           torch.uint8]
+_MAX_TENSORS, _MAX_DIMS = 4, 6
+_HEADER = 2 + _MAX_TENSORS * (2 + _MAX_DIMS)
+_TAG_FORWARD, _TAG_BACKWARD = 1, 2
+
+
+def _header(tensors: tuple, version: int) -> torch.Tensor:
+    """[version, count, (dtype code, ndim, dims...) per tensor], so the receiver can allocate."""
+    if len(tensors) > _MAX_TENSORS or any(t.dim() > _MAX_DIMS for t in tensors):
+        raise ValueError(f"a stage may pass at most {_MAX_TENSORS} tensors of at most {_MAX_DIMS} dimensions")
+    head = torch.zeros(_HEADER, dtype=torch.int64)
+    head[0], head[1] = version, len(tensors)
+    for i, t in enumerate(tensors):
+        base = 2 + i * (2 + _MAX_DIMS)
+        head[base], head[base + 1] = _DTYPES.index(t.dtype), t.dim()
+        head[base + 2 : base + 2 + t.dim()] = torch.tensor(t.shape)
+    return head
+
+
+def _parse_header(head: torch.Tensor) -> tuple[int, list[tuple[torch.dtype, tuple[int, ...]]]]:
+    values = head.tolist()
+    specs = []
+    for i in range(values[1]):
+        base = 2 + i * (2 + _MAX_DIMS)
+        specs.append((_DTYPES[values[base]], tuple(values[base + 2 : base + 2 + values[base + 1]])))
+    return values[0], specs
+
+
+class AsyncPipelineRuntime(StageRuntime):
+    """This rank's stage of `plan`, run with PipeDream's asynchronous 1F1B (`pipe.schedule=pipedream`).
+
+    `train_steps` runs a stream of mini-batches and calls back after each update; `forward_only` evaluates
+    (synchronously: evaluation changes no weights). The optimizer belongs to the caller, which steps it in
+    the callback; the version counter here counts those updates."""
+
+    clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
+
+    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
+                 compute_dtype: torch.dtype | None = None, weight_stashing: bool = True,
+                 vertical_sync: bool = False):
+        super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype)
+        for name, units in layered.tied.items():
+            holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
+            if len(holders) > 1:
+                raise ConfigError(f"pipe.schedule=pipedream is not allowed for this model: {name} is tied across "
+                                  f"stages {sorted(holders)}, which step apart; use a flushing schedule (1F1B)")
+        if vertical_sync and not weight_stashing:
+            raise ConfigError("pipe.vertical_sync=True is not allowed: false unless pipe.weight_stashing=true")
+        self.module = self.modules[0]
+        self.stage = self.stage_indices[0]
+        self.prev_rank = plan.rank_of(self.replica, self.stage - 1) if not self.is_first else None
+        self.next_rank = plan.rank_of(self.replica, self.stage + 1) if not self.is_last else None
+        self.limit = plan.pp - self.stage  # mini-batches in flight: the 1F1B warm-up depth of this stage
+        self.weight_stashing = weight_stashing
+        self.vertical_sync = vertical_sync and not self.is_first  # the input stage's own version is the one
+        self.version = 0  # updates applied since this layout was built (every stage starts drained at 0)
+        self._live = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+        # A stage with one mini-batch in flight finishes its backward pass before its next update, so it can
+        # run on the live weights; so can a frozen stage. Otherwise the forward pass runs on copies.
+        self._copies = bool(self._live) and (self.limit > 1 or self.vertical_sync)
+        self._stash: dict[int, dict[str, torch.Tensor]] = {}  # version -> snapshot (weight stashing)
+        self._working: dict[str, torch.Tensor] | None = None  # the one copy refreshed in place (no stashing)
+        self._newest_requested = 0  # vertical sync: no later mini-batch asks for an older version than this
+        self._sends: list = []  # (work, tensors) of asynchronous sends not yet known complete
+        self.stash_bytes_peak = 0
+        self.trace: list[dict] | None = None  # tests: per pass, the version and a fingerprint of the weights used
+
+    # ---- weights ------------------------------------------------------------------------------------
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone().requires_grad_(True) for n, p in self._live.items()}
+
+    def _weights_for(self, version: int) -> dict[str, torch.Tensor] | None:
+        if not self._copies:
+            return None
+        if not self.weight_stashing:
+            if self._working is None:
+                self._working = self._snapshot()
+                self.stash_bytes_peak = max(self.stash_bytes_peak, self.stash_bytes)
+            return self._working
+        if version not in self._stash:
+            if version != self.version:
+                raise RuntimeError(f"stage {self.stage}: weight version {version} was asked for but not kept "
+                                   f"(current {self.version})")
+            self._stash[version] = self._snapshot()
+            self.stash_bytes_peak = max(self.stash_bytes_peak, self.stash_bytes)
+        return self._stash[version]
+
+    def _after_update(self, in_flight: deque) -> None:
+        """Bump the version and keep exactly the snapshots a mini-batch in flight or still to come may use."""
+        self.version += 1
+        if not self._copies:
+            return
+        if not self.weight_stashing:
+            for n, w in self._working.items():
+                # `.data` bypasses autograd's version check on purpose: the backward passes in flight then
+                # see the new weights, which is what running without weight stashing means.
+                w.data.copy_(self._live[n].data)
+            self.stash_bytes_peak = max(self.stash_bytes_peak, self.stash_bytes)
+            return
+        if self.vertical_sync:
+            self._stash[self.version] = self._snapshot()  # a later mini-batch may ask for this version
+        keep = {r.version for r in in_flight}
+        if self.vertical_sync:
+            keep |= {v for v in self._stash if v >= self._newest_requested}
+        else:
+            keep.add(self.version)
+        for v in [v for v in self._stash if v not in keep]:
+            del self._stash[v]
+        self.stash_bytes_peak = max(self.stash_bytes_peak, self.stash_bytes)
+
+    @property
+    def stash_bytes(self) -> int:
+        """Bytes of weight copies held now (stashed versions, or the one working copy)."""
+        copies = list(self._stash.values()) + ([self._working] if self._working is not None else [])
+        return sum(t.numel() * t.element_size() for snap in copies for t in snap.values())
+
+    def _fingerprint(self, weights: dict[str, torch.Tensor] | None) -> float:
+        tensors = (weights or self._live).values()
+        return float(sum(t.detach().double().abs().sum() + t.detach().double().sum() * 1e-3 for t in tensors))
+
+    # ---- messages -----------------------------------------------------------------------------------
+    def _send(self, tensors: tuple, dst: int, tag: int, version: int | None = None) -> None:
+        tensors = tuple(t.detach().contiguous() for t in tensors)
+        if version is not None:
+            tensors = (_header(tensors, version).to(self.device), *tensors)
+        for t in tensors:
+            self._sends.append((dist.isend(t, dst, tag=tag), t))
+        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
+
+    def _recv_activations(self) -> tuple[int, tuple]:
+        head = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+        dist.recv(head, self.prev_rank, tag=_TAG_FORWARD)
+        version, specs = _parse_header(head.cpu())
+        tensors = []
+        for dtype, shape in specs:
+            t = torch.empty(shape, dtype=dtype, device=self.device)
+            dist.recv(t, self.prev_rank, tag=_TAG_FORWARD)
+            tensors.append(t)
+        return version, tuple(tensors)
+
+    def _wait_sends(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+    # ---- passes -------------------------------------------------------------------------------------
+    def _run_module(self, weights: dict[str, torch.Tensor] | None, carry: tuple):
+        if weights is None:
+            return self.module(*carry)
+        return functional_call(self.module, weights, carry, strict=False)
+
+    def _forward(self, step: Step) -> _InFlight:
+        version, carry = self.version, step.inputs
+        if not self.is_first:
+            sent, carry = self._recv_activations()
+            if self.vertical_sync:
+                version = sent
+                self._newest_requested = sent
+            # a leaf that takes the gradient this stage sends back
+            carry = (carry[0].requires_grad_(carry[0].is_floating_point()), *carry[1:])
+        weights = self._weights_for(version)
+        record = _InFlight(step, version, weights, inputs=carry)
+        out = self._run_module(weights, carry)
+        if self.is_last:
+            self.loss.denominator = step.denominator
+            record.loss = self.loss(out, step.target)
+            record.output = record.loss
+        else:
+            out = out if isinstance(out, tuple) else (out,)
+            record.output = out[0]
+            self._send(out, self.next_rank, _TAG_FORWARD, version=version if self.vertical_sync else self.version)
+        if self.trace is not None:
+            record.trace = {"stage": self.stage, "step": step.step, "version": version,
+                            "forward_fingerprint": self._fingerprint(weights)}
+        return record
+
+    def _backward(self, record: _InFlight) -> None:
+        if self.is_last:
+            grad = None
+        else:
+            out = record.output
+            grad = torch.empty(out.shape, dtype=out.dtype, device=self.device)
+            dist.recv(grad, self.next_rank, tag=_TAG_BACKWARD)
+        if record.output.requires_grad:
+            torch.autograd.backward(record.output, grad)
+        if not self.is_first:
+            head = record.inputs[0]
+            self._send((head.grad if head.grad is not None else torch.zeros_like(head),), self.prev_rank,
+                       _TAG_BACKWARD)
+        if record.weights is not None:  # the gradient of the copy is the gradient for the live weights
+            for n, w in record.weights.items():
+                if w.grad is not None:
+                    live = self._live[n]
+                    live.grad = w.grad if live.grad is None else live.grad + w.grad
+                    w.grad = None
+        if self.trace is not None:
+            self.trace.append({**record.trace, "backward_fingerprint": self._fingerprint(record.weights),
+                               "grads": {n: p.grad.detach().clone() for n, p in self._live.items()
+                                         if p.grad is not None}})
+
+    def train_steps(self, steps: Iterable[Step], ends_segment: Callable[[Step], bool],
+                    after_backward: Callable[[Step, torch.Tensor | None], None]) -> None:
+        """Train on `steps` with PipeDream's 1F1B. After each step's backward pass on this stage,
+        `after_backward(step, loss)` must apply the update (the loss is set on the last stage only; it is
+        this replica's share of the global mean loss); the pipeline drains after every step for which
+        `ends_segment` is true and after the last."""
+        self.train(True)
+        records: deque[_InFlight] = deque()
+        for kind, step in async_1f1b(self.limit, steps, ends_segment):
+            if kind == "F":
+                records.append(self._forward(step))
+                continue
+            record = records.popleft()
+            self._backward(record)
+            after_backward(step, record.loss.detach() if record.loss is not None else None)
+            self._after_update(records)
+            if not records:
+                self._wait_sends()  # drained: nothing of this segment is left on the wire
+        self._stash.clear()
+        self._working = None  # rebuilt from the current weights when training resumes
+
+    @torch.no_grad()
+    def forward_only(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor | None:
+        """Forward one replica batch through the pipeline with the current weights; returns the output on
+        the last stage."""
+        self.train(False)
+        carry = inputs if self.is_first else self._recv_activations()[1]
+        out = self.module(*carry)
+        if self.is_last:
+            return out
+        self._send(out if isinstance(out, tuple) else (out,), self.next_rank, _TAG_FORWARD, version=self.version)
+        self._wait_sends()
+        return None
+
+    # ---- timeline -----------------------------------------------------------------------------------
+    def record_timeline(self) -> list[dict]:
+        """Time every forward and backward pass of this stage until `stop_timeline` (steps of the epoch
+        in place of micro-batches)."""
+        events: list[dict] = []
+        self._timed_originals = (self._forward, self._backward)
+
+        def forward(step: Step) -> _InFlight:
+            start = time.time()
+            record = self._timed_originals[0](step)
+            events.append({"stage": self.stage, "microbatch": step.step, "kind": "F", "start_s": start,
+                           "end_s": time.time()})
+            return record
+
+        def backward(record: _InFlight) -> None:
+            start = time.time()
+            self._timed_originals[1](record)
+            events.append({"stage": self.stage, "microbatch": record.step.step, "kind": "B", "start_s": start,
+                           "end_s": time.time()})
+
+        self._forward, self._backward = forward, backward
+        return events
+
+    def stop_timeline(self) -> None:
+        if getattr(self, "_timed_originals", None):
+            del self._forward, self._backward
+            self._timed_originals = None

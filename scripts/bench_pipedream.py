@@ -1,0 +1,85 @@
+"""PipeDream's asynchronous 1F1B against the flushing 1F1B at K = 2, side by side in one invocation.
+
+Runs the recipe (default: the embedded default) with `pipe.schedule=1F1B` (the recipe's own) and with
+`pipe.schedule=pipedream pipe.microbatches=1` (with and without vertical sync), same seed and data, in
+interleaved rounds; once as the recipe is (freezing packs the pipeline into K = 1 later on, where pipedream
+runs synchronously) and once without freezing (K = 2 throughout). Reports per run: the median samples/s of
+the K = 2 epochs (the schedules' own speed), training time, wall time to the flushing run's final accuracy,
+final accuracy, and the most memory the stashed weight versions took.
+
+    python scripts/bench_pipedream.py [--repeats 2] [--out DIR] [--reuse] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_speedup import aggregate, fmt, median, run_rounds  # noqa: E402
+
+SCHEDULES = {
+    "1F1B": [],
+    "pipedream": ["pipe.schedule=pipedream", "pipe.microbatches=1"],
+    "pipedream + vertical sync": ["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.vertical_sync=true"],
+}
+SETTINGS = {"the recipe (freezing on)": [], "no freezing (K = 2 throughout)": ["auto.freeze=false", "auto.cache=false"]}
+
+
+def pipelined_stats(run_dir: str) -> dict:
+    """The median samples/s over the epochs that ran as a K = 2 pipeline, and the stash's peak bytes."""
+    from ptrun.report import load_run
+
+    run = load_run(Path(run_dir))
+    k2 = [e for e in run.epochs if (run.plan_for(e["epoch"]) or {}).get("pp") == 2]
+    return {"k2_epochs": len(k2),
+            "k2_samples_per_s": statistics.median(e["samples_per_s"] for e in k2) if k2 else None,
+            "stash_bytes_peak": max((e.get("stash_bytes_peak", 0) for e in run.epochs), default=0)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| setting | schedule | samples/s, K = 2 epochs | training time (s) | time to target (s) | "
+             "speedup to target | final top-1 | stashed weights (KiB) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['combination']} | {fmt(r['k2_samples_per_s'], '.0f')} "
+                     f"({r['k2_epochs']} epochs) | {r['train_time_s']:.1f} | {fmt(r['time_to_target_s'], '.1f')} "
+                     f"| {fmt(r['speedup_to_target'], '.2f', 'x')} | {fmt(r['final'])} "
+                     f"| {r['stash_bytes_peak'] / 1024:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="digits_vit")
+    parser.add_argument("--out", default="runs/bench_pipedream")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds; the table shows medians")
+    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser.add_argument("--no-vertical", action="store_true", help="leave out the vertical-sync runs")
+    args, extra = parser.parse_known_args()
+    out = Path(args.out)
+    rows = []
+    for s, (setting, overrides) in enumerate(SETTINGS.items()):
+        schedules = {k: v for k, v in SCHEDULES.items() if not (args.no_vertical and "vertical" in k)}
+        rounds = run_rounds(out / f"setting{s}", schedules,
+                            [f"recipe={args.recipe}", "train.export=false", *overrides, *extra], args.repeats,
+                            args.reuse, paper={})
+        for row in aggregate(rounds, paper={}):
+            stats = [pipelined_stats(r["run_dir"]) for r in row["runs"]]
+            row.update(setting=setting, k2_epochs=stats[0]["k2_epochs"],
+                       k2_samples_per_s=median([x["k2_samples_per_s"] for x in stats]),
+                       stash_bytes_peak=max(x["stash_bytes_peak"] for x in stats))
+            rows.append(row)
+    result = {"command": " ".join(["python", *sys.argv]), "recipe": args.recipe, "repeats": args.repeats,
+              "rows": rows}
+    print(f"\n{args.recipe}: {args.repeats} round(s); medians; target = the flushing 1F1B run's final top-1\n")
+    print(table(rows))
+    (out / "bench_pipedream.json").write_text(json.dumps(result, indent=1))
+    print(f"\nwritten: {out / 'bench_pipedream.json'}")
+
+
+if __name__ == "__main__":
+    main()

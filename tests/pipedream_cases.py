@@ -1,0 +1,124 @@
+"""PipeDream cases run inside real worker processes (imported by name by the spawned workers).
+
+Each case trains a tiny model for a few steps with `AsyncPipelineRuntime` (plain SGD, no clipping), possibly
+draining mid-way and changing the layout, and saves what each rank holds (its parameters) plus the runtime's
+trace: per pass, the weight version the forward pass chose and a fingerprint of the weights the forward and
+the backward pass actually ran on. The test replays the same semantics in one process and compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import pipeline_cases as pc
+from ptrun.auto.autodp import build_layout, change_layout
+from ptrun.config import OptimConfig
+from ptrun.parallel.pipedream import Step, async_1f1b
+from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.train.losses import WeightedLoss, loss_weight, make_target
+
+CPU = torch.device("cpu")
+LR = 0.1
+SGD = OptimConfig(name="sgd", lr=LR, momentum=0.0, weight_decay=0.0, schedule="constant", warmup_fraction=0.0)
+"""Plain SGD: the reference applies theta - lr x g itself."""
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str
+    pp: int
+    dp: int
+    steps: int
+    stashing: bool = True
+    vertical: bool = False
+    drains: tuple[int, ...] = ()
+    """Steps after which the pipeline drains (a segment ends)."""
+    then: tuple[int, int, int] | None = None
+    """After the steps: change the layout to (K, DP, steps) and train that many more steps."""
+
+
+def forward_versions(pp: int, first: int, count: int, drains) -> list[dict[int, int]]:
+    """Per stage: step -> the number of updates its 1F1B order applied before that step's forward pass."""
+    out = []
+    for s in range(pp):
+        version, at = 0, {}
+        for kind, t in async_1f1b(pp - s, range(first, first + count), lambda t: t in drains):
+            if kind == "F":
+                at[t] = version
+            else:
+                version += 1
+        out.append(at)
+    return out
+
+
+def plan_for(n: int, pp: int, dp: int) -> Plan:
+    return Plan(num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=1,
+                schedule="pipedream").check()
+
+
+def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int):
+    replica, _ = plan.coords(rank)
+    per = pc.GLOBAL_BATCH // plan.dp
+    for t in range(first, first + count):
+        full = pc.batch(kind, t)
+        local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
+        yield Step(t, tuple(local[k] for k in layered.input_names), make_target(local, loss_task),
+                   float(loss_weight(make_target(full, loss_task), loss_task)))
+
+
+def run_case(case: Case, rank: int, out_dir: Path) -> None:
+    layered = pc.model(case.kind)
+    n = len(layered.units)
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    loss = WeightedLoss(pc.task(case.kind))
+    options = dict(weight_stashing=case.stashing, vertical_sync=case.vertical)
+    plan = plan_for(n, case.pp, case.dp)
+    layout = build_layout(layered, plan, rank, CPU, loss, SGD, name_of, **options)
+    traces, versions = [], []
+
+    def update(step: Step, _loss) -> None:
+        layout.runtime.sync_and_clip(0.0)
+        if layout.optimizer is not None:
+            layout.optimizer.step()
+        layout.runtime.zero_grad()
+
+    def train(first: int, count: int, drains=()) -> None:
+        layout.runtime.trace = []
+        layout.runtime.train_steps(steps(layered, loss.task, layout.plan, rank, case.kind, first, count),
+                                   ends_segment=lambda s: s.step in drains, after_backward=update)
+        traces.append([{k: v for k, v in r.items() if k != "grads"} for r in layout.runtime.trace])
+        versions.append(layout.runtime.version)
+
+    train(0, case.steps, case.drains)
+    stash_peak = layout.runtime.stash_bytes_peak
+    if case.then is not None:
+        pp, dp, count = case.then
+        layout = change_layout(layered, layout, plan_for(n, pp, dp), rank, CPU, loss, SGD, name_of, **options)
+        train(case.steps, count)
+    params = dict(layered.model.named_parameters())
+    held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}
+    torch.save({"params": {k: params[k].detach().clone() for k in held}, "traces": traces, "versions": versions,
+                "stash_peak": stash_peak, "stage": layout.runtime.stage},
+               out_dir / f"{case.name}.rank{rank}.pt")
+    layout.groups.destroy()
+
+
+def worker(cases: list[dict], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    try:
+        for c in cases:
+            run_case(Case(**{**c, "drains": tuple(c["drains"]),
+                             "then": tuple(c["then"]) if c["then"] else None}), dist.get_rank(), Path(out_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
+    pc.run_elastic(worker, nproc, "pipedream", [asdict(c) for c in cases], str(out_dir))
