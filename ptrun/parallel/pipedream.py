@@ -145,8 +145,6 @@ class AsyncPipelineRuntime(StageRuntime):
             if len(holders) > 1:
                 raise ConfigError(f"pipe.schedule=pipedream is not allowed for this model: {name} is tied across "
                                   f"stages {sorted(holders)}, which step apart; use a flushing schedule (1F1B)")
-        if vertical_sync and not weight_stashing:
-            raise ConfigError("pipe.vertical_sync=True is not allowed: false unless pipe.weight_stashing=true")
         self.module = self.modules[0]
         self.stage = self.stage_indices[0]
         self.prev_rank = plan.rank_of(self.replica, self.stage - 1) if not self.is_first else None
