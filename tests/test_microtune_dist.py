@@ -5,6 +5,7 @@ about training (the same weights, bit for bit, as a run given the chosen M)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -36,8 +37,10 @@ def test_auto_tunes_once_per_machine_and_trains_like_the_chosen_m(tmp_path, monk
     assert m in (2, 4, 8) and tuning["chosen"] == {"2": m}
     rates = {int(k): v for k, v in tuning["samples_per_s"]["2"].items()}
     # the fastest, or one within 3% of it with fewer micro-batches
-    assert rates[m] >= max(rates.values()) / 1.03 and all(rates[x] < rates[m] for x in rates if x < m)
-    assert first["microbatches_reason"].startswith(f"M={m} at K=2: {rates[m]:.0f} samples/s")
+    assert rates[m] >= max(rates.values()) / 1.03 - 0.1 and all(rates[x] <= rates[m] + 0.1 for x in rates if x < m)
+    # the reason prints the unrounded rate to 0 decimals, the event keeps it to 1: they may differ by one
+    shown = re.match(rf"M={m} at K=2: (\d+) samples/s", first["microbatches_reason"])
+    assert shown and abs(int(shown[1]) - rates[m]) <= 0.55
     assert later and all("microbatch_tuning" not in p and p["microbatches"] == m for p in later)
     assert len(list((tmp_path / "microtune").glob("*.json"))) == 1
 
