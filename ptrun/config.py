@@ -180,6 +180,13 @@ class PipeConfig:
     """`pipedream` only, with weight stashing: every stage runs a mini-batch with the weight version the
     input stage chose for it (PipeDream's vertical sync), so all stages see one version per mini-batch;
     later stages keep the older versions they may still be asked for."""
+    first_stage_replicas: int = 1
+    """`pipedream` only: PipeDream's stage replication. The first stage runs on this many workers, each later
+    stage on one worker that takes the replicas' mini-batches in turn (round robin) and sends each gradient
+    back to the replica that ran its forward pass; the world is `first_stage_replicas + length - 1` workers
+    (e.g. 2 + 1: the input stage, often the slowest, on two workers). A step is one mini-batch per replica,
+    and every stage updates once per step, so training is exactly that of `length` x `first_stage_replicas`
+    pipelines; only the placement differs. Fixes the layout: `auto.pipe` and `auto.dp` must be off."""
 
 
 @dataclass
@@ -499,6 +506,15 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         _require(t.precision != "fp16", "train.precision", "fp32 or bf16 with pipe.schedule=pipedream (fp16's "
                  "loss scale needs every stage to step or skip together; pipedream stages step apart)",
                  t.precision)
+    _require(isinstance(p.first_stage_replicas, int) and p.first_stage_replicas >= 1, "pipe.first_stage_replicas",
+             "an integer >= 1", p.first_stage_replicas)
+    if p.first_stage_replicas > 1:
+        _require(p.schedule == "pipedream", "pipe.first_stage_replicas",
+                 "1 unless pipe.schedule=pipedream (stage replication is PipeDream's)", p.first_stage_replicas)
+        for key, on in (("auto.pipe", au.pipe), ("auto.dp", au.dp)):
+            _require(not on, key, "false with pipe.first_stage_replicas > 1 (a replicated layout stays as "
+                     "placed; freezing and AutoCache still apply)", on)
+        _require(p.microbatches == 1, "pipe.microbatches", "1 with pipe.first_stage_replicas > 1", p.microbatches)
     _require(not p.vertical_sync or p.weight_stashing, "pipe.vertical_sync",
              "false unless pipe.weight_stashing=true (vertical sync picks among stashed versions)", p.vertical_sync)
     _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
@@ -513,9 +529,15 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     per_replica = None
     if hi == 1:
         world = lc.nproc_per_node
-        _require(world % p.length == 0, "pipe.length",
-                 f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes)", p.length)
-        dp = world // p.length
+        if p.first_stage_replicas > 1:
+            need = p.first_stage_replicas + p.length - 1
+            _require(world == need, "launcher.nproc_per_node", f"{need} workers for pipe.first_stage_replicas="
+                     f"{p.first_stage_replicas} at pipe.length={p.length} (replicas + length - 1)", world)
+            dp = p.first_stage_replicas
+        else:
+            _require(world % p.length == 0, "pipe.length",
+                     f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes)", p.length)
+            dp = world // p.length
         _require(t.global_batch_size % dp == 0, "train.global_batch_size",
                  f"a multiple of the data-parallel width {dp}", t.global_batch_size)
         per_replica = t.global_batch_size // dp

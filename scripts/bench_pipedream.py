@@ -7,7 +7,12 @@ runs synchronously) and once without freezing (K = 2 throughout). Reports per ru
 the K = 2 epochs (the schedules' own speed), training time, wall time to the flushing run's final accuracy,
 final accuracy, and the most memory the stashed weight versions took.
 
-    python scripts/bench_pipedream.py [--repeats 2] [--out DIR] [--reuse] [overrides ...]
+With `--placements` it compares instead where the same pipedream training runs, without freezing: K = 2
+on 2 workers, the first stage replicated on 2 workers plus 1 for the second stage (PipeDream's "2-1",
+`pipe.first_stage_replicas=2`, 3 workers) and K = 2 x DP = 2 (4 workers). All three train the same
+mathematics (one update per stage per 16-sample step), so the table is about speed per worker.
+
+    python scripts/bench_pipedream.py [--repeats 2] [--out DIR] [--reuse] [--placements] [overrides ...]
 """
 
 from __future__ import annotations
@@ -26,6 +31,14 @@ SCHEDULES = {
     "pipedream": ["pipe.schedule=pipedream", "pipe.microbatches=1"],
     "pipedream + vertical sync": ["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.vertical_sync=true"],
 }
+PIPEDREAM = ["pipe.schedule=pipedream", "pipe.microbatches=1"]
+PLACEMENTS = {
+    "K = 2": [*PIPEDREAM, "launcher.nproc_per_node=2"],
+    "2-1 (first stage replicated)": [*PIPEDREAM, "pipe.first_stage_replicas=2", "auto.pipe=false", "auto.dp=false",
+                                     "launcher.nproc_per_node=3"],
+    "K = 2 x DP = 2": [*PIPEDREAM, "launcher.nproc_per_node=4"],
+}
+"""Where the same pipedream training runs (`--placements`), label -> overrides."""
 SETTINGS = {"the recipe (freezing on)": [], "no freezing (K = 2 throughout)": ["auto.freeze=false", "auto.cache=false"]}
 
 
@@ -40,7 +53,21 @@ def pipelined_stats(run_dir: str) -> dict:
             "stash_bytes_peak": max((e.get("stash_bytes_peak", 0) for e in run.epochs), default=0)}
 
 
-def table(rows: list[dict]) -> str:
+def table(result: dict) -> str:
+    """The benchmark's table (for the terminal and `scripts/readme_results.py`)."""
+    if result.get("kind") == "placements":
+        return placement_table(result["rows"])
+    return schedule_table(result["rows"])
+
+
+def caption(result: dict) -> str:
+    if result.get("kind") == "placements":
+        return f"{result['recipe']}: {result['repeats']} round(s); medians; pipedream without freezing"
+    return (f"{result['recipe']}: {result['repeats']} round(s); medians; target = the flushing 1F1B run's final "
+            f"top-1")
+
+
+def schedule_table(rows: list[dict]) -> str:
     lines = ["| setting | schedule | samples/s, K = 2 epochs | training time (s) | time to target (s) | "
              "speedup to target | final top-1 | stashed weights (KiB) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -52,6 +79,32 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def placement_table(rows: list[dict]) -> str:
+    lines = ["| placement | workers | samples/s | samples/s per worker | training time (s) | final top-1 |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['combination']} | {r['workers']} | {r['samples_per_s']:.0f} | "
+                     f"{r['samples_per_s'] / r['workers']:.0f} | {r['train_time_s']:.1f} | {fmt(r['final'])} |")
+    return "\n".join(lines)
+
+
+def placements(args, extra: list[str]) -> None:
+    out = Path(args.out)
+    rounds = run_rounds(out / "placements", PLACEMENTS,
+                        [f"recipe={args.recipe}", "train.export=false", "auto.freeze=false", "auto.cache=false",
+                         *extra], args.repeats, args.reuse, paper={})
+    rows = aggregate(rounds, paper={})
+    for row in rows:
+        row["workers"] = int(next(o for o in PLACEMENTS[row["combination"]] if "nproc_per_node" in o).split("=")[1])
+        row["samples_per_s"] = median([r["mean_samples_per_s"] for r in row["runs"]])
+    result = {"command": " ".join(["python", *sys.argv]), "kind": "placements", "recipe": args.recipe,
+              "repeats": args.repeats, "rows": rows}
+    print(f"\n{caption(result)}\n")
+    print(table(result))
+    (out / "bench_pipedream_placement.json").write_text(json.dumps(result, indent=1))
+    print(f"\nwritten: {out / 'bench_pipedream_placement.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="digits_vit")
@@ -59,7 +112,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds; the table shows medians")
     parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
     parser.add_argument("--no-vertical", action="store_true", help="leave out the vertical-sync runs")
+    parser.add_argument("--placements", action="store_true",
+                        help="compare K = 2, 2-1 (first stage replicated) and K = 2 x DP = 2 instead")
     args, extra = parser.parse_known_args()
+    if args.placements:
+        return placements(args, extra)
     out = Path(args.out)
     rows = []
     for s, (setting, overrides) in enumerate(SETTINGS.items()):
@@ -75,8 +132,8 @@ def main() -> None:
             rows.append(row)
     result = {"command": " ".join(["python", *sys.argv]), "recipe": args.recipe, "repeats": args.repeats,
               "rows": rows}
-    print(f"\n{args.recipe}: {args.repeats} round(s); medians; target = the flushing 1F1B run's final top-1\n")
-    print(table(rows))
+    print(f"\n{caption(result)}\n")
+    print(table(result))
     (out / "bench_pipedream.json").write_text(json.dumps(result, indent=1))
     print(f"\nwritten: {out / 'bench_pipedream.json'}")
 

@@ -7,6 +7,9 @@
 2. Data parallelism: ptrun at K = 1, DP = 2 (a one-stage schedule plus one flat all-reduce) next to
    torch's DistributedDataParallel on the same model, batches and optimizer.
 
+It writes both tables' numbers, with the command line, to `--out`; `readme_results.py` makes the README's
+tables from that JSON.
+
     python scripts/bench_pipeline.py [--steps 8] [--batch 32] [--depth 8] [--dim 128] [--out bench.json]
 
 On this 2-core machine each worker is one process with one thread: stages do run in parallel, but the
@@ -24,12 +27,17 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from bench_speedup import command_line
+
+# torch is imported inside the functions that use it: `readme_results.py` imports this module for `caption`
+# and `table` alone, and importing torch would cost it seconds.
+
+WORLD = 2  # worker processes; K = 1 runs them as DP = WORLD
 
 
 def build(args):
+    import torch
+
     from ptrun.config import ModelConfig
     from ptrun.models import build_model
 
@@ -40,12 +48,16 @@ def build(args):
 
 
 def batches(args, count: int):
+    import torch
+
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(args["batch"], 3, 32, 32, generator=g), torch.randint(0, 10, (args["batch"],), generator=g))
             for _ in range(count)]
 
 
 def optimizer_for(params):
+    import torch
+
     return torch.optim.AdamW(params, lr=1e-4)
 
 
@@ -62,6 +74,8 @@ def ptrun_step(rt, opt, inputs: tuple, target):
 
 
 def _timed(fn, warmup: int, steps: int) -> float:
+    import torch.distributed as dist
+
     for _ in range(warmup):
         fn()
     dist.barrier()
@@ -75,6 +89,8 @@ def _timed(fn, warmup: int, steps: int) -> float:
 def stage_busy_time(module, inputs, target, loss_fn, is_first: bool, is_last: bool, repeats: int = 5) -> float:
     """Forward + backward of one micro-batch through this stage alone (what it does M times per step).
     Like in the pipeline, only a received activation needs an input gradient, not the first stage's data."""
+    import torch
+
     samples = []
     for _ in range(repeats + 1):
         x = tuple(t.detach().requires_grad_(t.is_floating_point() and not is_first) for t in inputs)
@@ -90,6 +106,8 @@ def stage_busy_time(module, inputs, target, loss_fn, is_first: bool, is_last: bo
 
 
 def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
+    import torch
+
     from ptrun.parallel.groups import build_groups
     from ptrun.parallel.partition import min_max
     from ptrun.parallel.pipeline import PipelineRuntime
@@ -124,6 +142,8 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
 
 
 def bench_dp(args, rank: int, world: int) -> dict:
+    import torch
+    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
     from ptrun.parallel.groups import build_groups
@@ -160,7 +180,12 @@ def bench_dp(args, rank: int, world: int) -> dict:
     return {"ptrun": args["batch"] / t_ptrun, "ddp": args["batch"] / t_ddp}
 
 
-def worker(args: dict, out: str) -> None:
+def worker(args: dict, out: str, command: str) -> None:
+    """One rank: every measurement, then rank 0 writes the JSON with `command`, the command line the
+    launching process was started with (what the README names as the table's source)."""
+    import torch
+    import torch.distributed as dist
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -178,7 +203,37 @@ def worker(args: dict, out: str) -> None:
     results["dp"] = bench_dp(args, rank, world)
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(json.dumps({"args": args, **results}, indent=2))
+        Path(out).write_text(json.dumps({"command": command, "args": args, **results}, indent=2))
+
+
+def caption(result: dict) -> str:
+    """The line above the tables: model, input, batch, workers and timed steps."""
+    a = result["args"]
+    return (f"ViT dim {a['dim']} depth {a['depth']}, 32x32, batch {a['batch']}, {WORLD} workers x 1 thread, "
+            f"{a['steps']} timed steps")
+
+
+def bubble_table(rows: list[dict]) -> str:
+    """Measured bubble per schedule and M, next to GPipe's formula."""
+    lines = ["| schedule | K | M | step (ms) | measured bubble | (K-1)/(M+K-1) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['schedule']} | {r['K']} | {r['M']} | {1000 * r['step_s']:.0f} | {r['bubble']:.2f} | "
+                     f"{r['ideal']:.2f} |")
+    return "\n".join(lines)
+
+
+def dp_table(dp: dict) -> str:
+    """ptrun's samples/s at K = 1, DP = WORLD next to DDP's."""
+    return "\n".join([f"| K = 1, DP = {WORLD} | samples/s | vs DDP |", "|---|---|---|",
+                      f"| torch DistributedDataParallel | {dp['ddp']:.0f} | 1.00 |",
+                      f"| ptrun (one-stage schedule + flat all-reduce) | {dp['ptrun']:.0f} | "
+                      f"{dp['ptrun'] / dp['ddp']:.2f} |"])
+
+
+def table(result: dict) -> str:
+    """The Markdown tables of a `bench_pipeline.json`, bubble then data parallelism, a blank line apart
+    (printed by this script, put in the README by `readme_results.py`)."""
+    return f"{bubble_table(result['bubble'])}\n\n{dp_table(result['dp'])}"
 
 
 def main() -> None:
@@ -195,20 +250,12 @@ def main() -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"bench-{os.getpid()}",
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=WORLD, run_id=f"bench-{os.getpid()}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
-    elastic_launch(config, worker)(args, out)
-    res = json.loads(Path(out).read_text())
-    print(f"ViT dim {args['dim']} depth {args['depth']}, 32x32, batch {args['batch']}, 2 workers x 1 thread, "
-          f"{args['steps']} timed steps")
-    print("\n| schedule | K | M | step (ms) | measured bubble | (K-1)/(M+K-1) |\n|---|---|---|---|---|---|")
-    for r in res["bubble"]:
-        print(f"| {r['schedule']} | {r['K']} | {r['M']} | {1000 * r['step_s']:.0f} | {r['bubble']:.2f} | "
-              f"{r['ideal']:.2f} |")
-    dp = res["dp"]
-    print("\n| K = 1, DP = 2 | samples/s | vs DDP |\n|---|---|---|")
-    print(f"| torch DistributedDataParallel | {dp['ddp']:.0f} | 1.00 |")
-    print(f"| ptrun (one-stage schedule + flat all-reduce) | {dp['ptrun']:.0f} | {dp['ptrun'] / dp['ddp']:.2f} |")
+    elastic_launch(config, worker)(args, out, command_line())
+    result = json.loads(Path(out).read_text())
+    print(f"{caption(result)}\n")
+    print(table(result))
     print(f"\nwritten: {out}")
 
 

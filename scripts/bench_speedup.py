@@ -9,7 +9,10 @@ ideal speedup the run's own freeze schedule allows: the model's training cost ov
 cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.sim.costs`; a frozen unit
 counted at nothing), and how much of that ideal the run reached.
 
-    python scripts/bench_speedup.py [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse] [overrides ...]
+    python scripts/bench_speedup.py [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse]
+        [--only 'all four'] [overrides ...]
+
+`--only` runs the baseline and just the named combinations (for a recipe too slow for all five).
 
 Without AutoDP, ptrun keeps the pipeline length (it never leaves workers idle), so "freeze + AutoPipe +
 AutoCache" moves stage boundaries and caches, but does not shorten the pipeline as the paper's did.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import shutil
 import statistics
@@ -36,6 +40,15 @@ COMBINATIONS = {
 PAPER = {"freeze only": 0.95, "freeze + AutoPipe + AutoCache": 1.26, "freeze + AutoPipe + AutoDP": 2.27,
          "all four": 2.83}
 """Figure 9's speedups (ViT-B/16 on ImageNet, 2 x 8 GPUs), for the shape only."""
+PAPER_BERT = {"all four": 2.10}
+"""Table 1's speedup for BERT-large on SQuAD v1.1 (all four components; Figure 9 breaks down ViT only)."""
+
+
+def paper_for(recipe: str) -> tuple[dict[str, float], str]:
+    """The paper's numbers to print beside a recipe's, and the column's name."""
+    if "bert" in recipe:
+        return PAPER_BERT, "paper (Table 1, BERT)"
+    return PAPER, "paper (Fig. 9)"
 
 
 def command_line() -> str:
@@ -100,8 +113,8 @@ def median(values: list) -> float | None:
 
 def dir_name(label: str) -> str:
     """A run's directory under a round: its label without spaces or slashes ("all four" -> "all_four",
-    "alpha 1/3" -> "alpha_1-3"), readable in `ls` and safe inside a Hydra override."""
-    return label.replace(" + ", "+").replace(" ", "_").replace("/", "-")
+    "alpha 1/3" -> "alpha_1-3", "K = 2" -> "K_2"), readable in `ls` and safe inside a Hydra override."""
+    return re.sub(r"[^\w+.\-]+", "_", label.replace(" + ", "+").replace("/", "-")).strip("_")
 
 
 def run_rounds(out: Path, runs: dict[str, list[str]], common: list[str], repeats: int, reuse: bool,
@@ -141,15 +154,16 @@ def caption(result: dict) -> str:
     """The line above the table: what was run and what the target is."""
     metric = result["rows"][0]["metric"]
     target = median([run["target"] for run in result["rows"][0]["runs"]])
-    return (f"{result['recipe']}: {result['repeats']} round(s) of five runs; medians; target = the baseline's final "
-            f"{metric} (median {target:.2f})")
+    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs; medians; target = the "
+            f"baseline's final {metric} (median {target:.2f})")
 
 
 def table(result: dict) -> str:
     """The Markdown table of a `bench_speedup.json` (printed by this script, put in the README by
     `readme_results.py`)."""
+    paper_column = paper_for(result["recipe"])[1]
     lines = ["| combination | training time (s) | speedup (range) | time to target (s) | speedup to target | "
-             f"final {result['rows'][0]['metric']} | ideal speedup | share of ideal | paper (Fig. 9) |",
+             f"final {result['rows'][0]['metric']} | ideal speedup | share of ideal | {paper_column} |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         low, high = r["speedup_range"]
@@ -167,14 +181,25 @@ def main() -> None:
     parser.add_argument("--recipe", default="digits_vit")
     parser.add_argument("--out", default="runs/bench_speedup")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="rounds of all five runs, interleaved (a slow spell of the machine hits every "
+                        help="rounds of all the runs, interleaved (a slow spell of the machine hits every "
                              "combination alike); the table shows medians and the speedups' range")
     parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated combinations to run beside the baseline (e.g. 'all four'), for "
+                             "recipes too slow for all five")
     args, extra = parser.parse_known_args()
     out = Path(args.out)
-    repeats = run_rounds(out, COMBINATIONS, [f"recipe={args.recipe}", "train.export=false", *extra],
-                         args.repeats, args.reuse)
-    rows = aggregate(repeats)
+    runs = COMBINATIONS
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",")]
+        unknown = [w for w in wanted if w not in COMBINATIONS]
+        if unknown:
+            parser.error(f"--only {unknown[0]!r}: not one of {', '.join(list(COMBINATIONS)[1:])}")
+        runs = {k: v for k, v in COMBINATIONS.items() if k == "baseline" or k in wanted}
+    paper = paper_for(args.recipe)[0]
+    repeats = run_rounds(out, runs, [f"recipe={args.recipe}", "train.export=false", *extra],
+                         args.repeats, args.reuse, paper)
+    rows = aggregate(repeats, paper)
     result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
               "rows": rows}
     print(f"\n{caption(result)}\n")

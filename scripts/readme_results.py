@@ -26,8 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BLOCKS = {
     "speedup": ("bench_speedup.json", "bench_speedup"),
+    "speedup-bert": ("bench_speedup_bert.json", "bench_speedup"),
     "sweep-alpha": ("sweep_alpha.json", "sweep_alpha"),
     "sweep-microbatches": ("sweep_microbatches.json", "sweep_microbatches"),
+    "pipedream": ("bench_pipedream.json", "bench_pipedream"),
+    "pipedream-placement": ("bench_pipedream_placement.json", "bench_pipedream"),
+    "autocache": ("bench_cache.json", "bench_cache"),
+    "pipeline": ("bench_pipeline.json", "bench_pipeline"),
 }
 """Marker name -> (its JSON file in the results directory, the script whose `caption` and `table` format it)."""
 

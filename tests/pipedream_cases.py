@@ -41,6 +41,13 @@ class Case:
     """Steps after which the pipeline drains (a segment ends)."""
     then: tuple[int, int, int] | None = None
     """After the steps: change the layout to (K, DP, steps) and train that many more steps."""
+    replicated: bool = False
+    """PipeDream's stage replication: the first stage on `dp` ranks, each later stage on one (dp + pp - 1
+    ranks), which must train exactly like the K x DP grid."""
+
+    @property
+    def world(self) -> int:
+        return self.dp + self.pp - 1 if self.replicated else self.pp * self.dp
 
 
 def forward_versions(pp: int, first: int, count: int, drains) -> list[dict[int, int]]:
@@ -57,14 +64,18 @@ def forward_versions(pp: int, first: int, count: int, drains) -> list[dict[int, 
     return out
 
 
-def plan_for(n: int, pp: int, dp: int) -> Plan:
+def plan_for(n: int, pp: int, dp: int, replicated: bool = False) -> Plan:
     return Plan(num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=1,
-                schedule="pipedream").check()
+                schedule="pipedream", replicate_first_only=replicated).check()
 
 
 def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int):
+    """This rank's mini-batches: its replica's share of each global batch, or all of it on a shared stage
+    (as the trainer loads them)."""
     replica, _ = plan.coords(rank)
     per = pc.GLOBAL_BATCH // plan.dp
+    if len(plan.lanes(rank)) > 1:
+        replica, per = 0, pc.GLOBAL_BATCH
     for t in range(first, first + count):
         full = pc.batch(kind, t)
         local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
@@ -78,7 +89,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss(pc.task(case.kind))
     options = dict(weight_stashing=case.stashing, vertical_sync=case.vertical)
-    plan = plan_for(n, case.pp, case.dp)
+    plan = plan_for(n, case.pp, case.dp, case.replicated)
     layout = build_layout(layered, plan, rank, CPU, loss, SGD, name_of, **options)
     traces, versions = [], []
 
@@ -104,7 +115,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}
     torch.save({"params": {k: params[k].detach().clone() for k in held}, "traces": traces, "versions": versions,
-                "stash_peak": stash_peak, "stage": layout.runtime.stage},
+                "stash_peak": stash_peak, "stage": layout.runtime.stage, "lanes": layout.runtime.lanes},
                out_dir / f"{case.name}.rank{rank}.pt")
     layout.groups.destroy()
 

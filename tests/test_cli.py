@@ -114,6 +114,12 @@ BAD_INPUT = [
      "train.precision='fp16' is not allowed: fp32 or bf16 with pipe.schedule=pipedream"),
     (["pipe.vertical_sync=true", "pipe.weight_stashing=false"],
      "pipe.vertical_sync=True is not allowed: false unless pipe.weight_stashing=true"),
+    (["pipe.first_stage_replicas=0"], "pipe.first_stage_replicas=0 is not allowed: an integer >= 1"),
+    (["pipe.first_stage_replicas=2"], "pipe.first_stage_replicas=2 is not allowed: 1 unless pipe.schedule=pipedream"),
+    (["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.first_stage_replicas=2"],
+     "auto.pipe=True is not allowed: false with pipe.first_stage_replicas > 1"),
+    (["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.first_stage_replicas=2", "auto.pipe=false",
+      "auto.dp=false"], "launcher.nproc_per_node=2 is not allowed: 3 workers for pipe.first_stage_replicas=2"),
 ]
 
 

@@ -47,3 +47,24 @@ def test_without_flushes_a_step_takes_the_slowest_stage_not_the_bubble():
     async_ = Plan(14, 0, 2, 1, bounds, 1, "pipedream").check()
     assert pipeline_seconds(async_, [0.6, 1.0]) == pytest.approx(1.0)  # the slowest stage sets the pace
     assert pipeline_seconds(flushing, [0.6, 1.0]) >= 1.6 - 1e-9  # a flushed step passes both stages in turn
+    # "2-1": a replica's step is the input stage's time, or the shared stage running both replicas' batches
+    replicated = Plan(14, 0, 2, 2, bounds, 1, "pipedream", replicate_first_only=True).check()
+    assert pipeline_seconds(replicated, [1.0, 0.3]) == pytest.approx(1.0)
+    assert pipeline_seconds(replicated, [1.0, 0.6]) == pytest.approx(1.2)
+
+
+def test_a_replicated_first_stage_places_replicas_then_one_shared_rank_per_stage():
+    from ptrun.config import ConfigError
+    from ptrun.parallel.plan import Plan, even_bounds
+
+    plan = Plan(num_units=6, frozen_units=0, pp=3, dp=2, stage_bounds=even_bounds(6, 3), microbatches=1,
+                schedule="pipedream", replicate_first_only=True).check()
+    assert plan.world_size == 4  # "2-1-1"
+    assert [plan.coords(r) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (0, 2)]
+    assert [plan.lanes(r) for r in range(4)] == [[0], [1], [0, 1], [0, 1]]
+    assert plan.pipeline_ranks(1) == [1, 2, 3] and plan.pipeline_ranks(0) == [0, 2, 3]
+    assert [plan.stage_ranks(s) for s in range(3)] == [[0, 1], [2], [3]]
+    assert Plan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(ConfigError, match="stage replication needs pipedream"):
+        Plan(num_units=6, frozen_units=0, pp=3, dp=2, stage_bounds=even_bounds(6, 3), microbatches=3,
+             schedule="1F1B", replicate_first_only=True).check()

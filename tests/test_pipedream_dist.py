@@ -9,7 +9,9 @@ it to the stage's newest weights. The pipeline must end with exactly the referen
 - without it, the backward passes of stale mini-batches see newer weights: detectable in the trace, and the
   parameters leave the stashing reference;
 - with vertical sync, every stage uses the input stage's version for a mini-batch;
-- across a drain and a layout change (K = 2 -> K = 1, DP 1 -> 2), no update is lost or applied twice.
+- across a drain and a layout change (K = 2 -> K = 1, DP 1 -> 2), no update is lost or applied twice;
+- with the first stage replicated (its replicas' mini-batches taken in turn by each later stage), the
+  parameters are those of the K x DP grid: each gradient went back to the replica whose forward pass made it.
 """
 
 from __future__ import annotations
@@ -32,9 +34,13 @@ CASES = {
         Case("vit-drain-change", "vit", 2, 1, 5, drains=(1,), then=(1, 2, 3))],
     4: [Case("vit-K4-vertical", "vit", 4, 1, 8, vertical=True),
         Case("vit-K4-stash", "vit", 4, 1, 8),
-        Case("bert-K2-DP2", "bert", 2, 2, 6)],
+        Case("bert-K2-DP2", "bert", 2, 2, 6),
+        # stage replication 2-1-1: two input-stage replicas, then two shared stages (lanes pass shared -> shared)
+        Case("bert-K3-R2-vertical", "bert", 3, 2, 6, vertical=True, replicated=True)],
+    3: [Case("vit-K2-R2", "vit", 2, 2, 6, replicated=True)],  # PipeDream's "2-1"
 }
-BY_NAME = {c.name: (world, c) for world, cases in CASES.items() for c in cases}
+BY_NAME = {c.name: (c.world, c) for cases in CASES.values() for c in cases}
+assert all(c.world == world for world, cases in CASES.items() for c in cases)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +167,36 @@ def test_a_drain_before_a_layout_change_loses_no_update(results):
         assert [r["version"] for r in after] == list(range(case.then[2]))
 
 
+@pytest.mark.parametrize("name", ["vit-K2-R2", "bert-K3-R2-vertical"])
+def test_a_replicated_first_stage_trains_like_the_grid_and_routes_each_gradient_home(results, name):
+    """The reference is the K x DP semantics on the whole batch. Had a later stage sent lane d's gradient to
+    another replica, that replica would have back-propagated it through the wrong activations and the
+    parameters would differ."""
+    _, case = BY_NAME[name]
+    ranks = load(results, name)
+    expected, used = reference(case)
+    assert_params(ranks, expected)
+    first = [s for s in ranks if s["stage"] == 0]
+    shared = [s for s in ranks if s["stage"] > 0]
+    assert [s["lanes"] for s in first] == [[d] for d in range(case.dp)]  # rank d runs replica d's input stage
+    assert sorted(s["stage"] for s in shared) == list(range(1, case.pp))
+    for saved in shared:
+        assert saved["lanes"] == list(range(case.dp))  # every replica's mini-batches, in turn
+        for rec in saved["traces"][0]:
+            if saved["stage"] == 1:  # lane d arrives from replica d's rank and its gradient goes back there
+                assert rec["from_ranks"] == list(range(case.dp))
+            assert len(rec["received_versions"]) == case.dp and len(set(rec["received_versions"])) == 1
+    for saved in ranks:
+        records = saved["traces"][0]
+        assert [r["step"] for r in records] == list(range(case.steps))
+        for rec in records:
+            assert rec["version"] == used[0][saved["stage"]][rec["step"]]
+            assert rec["forward_fingerprint"] == rec["backward_fingerprint"]
+        assert saved["versions"] == [case.steps]
+    for name_, value in first[0]["params"].items():  # the input stage's replicas all-reduce: identical weights
+        assert all(torch.equal(s["params"][name_], value) for s in first[1:]), name_
+
+
 # ---- the whole trainer: controller transitions, mid-epoch checkpoints and killed workers ----------------
 
 TRAIN_EPOCHS, TRAIN_STEPS, EVERY = 3, 20, 10
@@ -230,3 +266,42 @@ def test_drained_after_every_step_pipedream_trains_exactly_like_gpipe(tmp_path):
     want, drained = final_params(tmp_path / "gpipe"), final_params(tmp_path / "drained")
     for name, value in want.items():
         assert torch.equal(drained[name], value), name
+
+
+REPLICATED = [
+    "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
+    "pipe.length=2", "pipe.microbatches=1", "pipe.schedule=pipedream", "train.epochs=3",
+    "train.max_steps_per_epoch=8", "checkpoint.keep=2", "train.export=false",
+    "checkpoint.every_steps=4",  # the pipeline drains before each: the same points in both layouts
+    # a block more frozen at each epoch boundary; the stages stay where they are, AutoCache serves the prefix
+    "freeze.policy=schedule", "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "auto.pipe=false",
+    "auto.dp=false", "auto.cache=true",
+]
+
+
+def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp_path, monkeypatch):
+    """3 workers (the input stage on two, the last stage on one) against 4 (two 2-stage pipelines), through
+    freezing, AutoCache, a mid-epoch checkpoint and a killed shared-stage worker: the same parameters,
+    every sample used once per epoch."""
+    import json
+
+    from conftest import final_params, run_workers
+
+    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 2, "point": "step", "step": 13}]))
+    run_workers(REPLICATED + ["launcher.nproc_per_node=3", "pipe.first_stage_replicas=2",
+                              "launcher.max_restarts=1"], tmp_path / "replicated")
+    monkeypatch.delenv("PTRUN_KILL_AT")
+    run_workers(REPLICATED + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], tmp_path / "grid")
+
+    events = [json.loads(line) for line in (tmp_path / "replicated" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "start" for e in events) == 2  # the kill restarted it once
+    plans = [e for e in events if e["event"] == "plan"]
+    assert all(p["replicate_first_only"] and (p["pp"], p["dp"]) == (2, 2) for p in plans)
+    assert [p["frozen_units"] for p in plans][-1] == 5 and plans[-1]["cached_units"] > 0
+    epochs = {e["epoch"]: e for e in events if e["event"] == "epoch"}
+    assert sorted(epochs) == [0, 1, 2]
+    assert all(e["samples"] == 8 * 16 and e["sample_uses_max"] == 1 for e in epochs.values())
+    want, got = final_params(tmp_path / "grid"), final_params(tmp_path / "replicated")
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")

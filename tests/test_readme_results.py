@@ -25,6 +25,9 @@ Hand-written prose before.
 stale text
 <!-- /results:speedup -->
 
+<!-- results:speedup-bert -->
+<!-- /results:speedup-bert -->
+
 Prose between.
 
 <!-- results:sweep-alpha -->
@@ -33,6 +36,18 @@ Prose between.
 <!-- results:sweep-microbatches -->
 | old | table |
 <!-- /results:sweep-microbatches -->
+
+<!-- results:pipedream -->
+<!-- /results:pipedream -->
+
+<!-- results:pipedream-placement -->
+<!-- /results:pipedream-placement -->
+
+<!-- results:autocache -->
+<!-- /results:autocache -->
+
+<!-- results:pipeline -->
+<!-- /results:pipeline -->
 
 Prose after.
 """
@@ -81,12 +96,60 @@ def microbatch_json() -> dict:
             "skipped": [{"K": 1, "M": 5}], "rows": rows}
 
 
+def pipedream_json() -> dict:
+    def row(schedule, time_s, tta, final, k2, stash):
+        run = speedup_run(schedule, time_s, 90.0 / time_s, final, 1.0, tta)
+        return dict(run, setting="no freezing", speedup_range=[1.0, 1.0], runs=[run], k2_epochs=20,
+                    k2_samples_per_s=k2, stash_bytes_peak=stash)
+
+    return {"command": "python scripts/bench_pipedream.py --repeats 1 --out /tmp/p", "recipe": "digits_vit",
+            "repeats": 1, "rows": [row("1F1B", 90.0, 45.0, 95.75, 171.6, 0),
+                                   row("pipedream", 60.0, None, 93.25, 332.4, 815104)]}
+
+
+def placement_json() -> dict:
+    def row(name, workers, rate, time_s, final):
+        run = speedup_run(name, time_s, 1.0, final, 1.0, None)
+        return dict(run, speedup_range=[1.0, 1.0], runs=[dict(run, mean_samples_per_s=rate)], workers=workers,
+                    samples_per_s=rate)
+
+    return {"command": "python scripts/bench_pipedream.py --placements --repeats 1 --out /tmp/p",
+            "kind": "placements", "recipe": "digits_vit", "repeats": 1,
+            "rows": [row("K = 2", 2, 300.0, 80.0, 93.0), row("2-1 (first stage replicated)", 3, 450.6, 55.55, 93.5)]}
+
+
+def cache_json() -> dict:
+    def row(blocks, off, first, read, mib, top1):
+        return {"frozen_blocks": blocks, "frozen_units": 1 + 2 * blocks if blocks else 0, "epoch_s_off": off,
+                "epoch_s_on_first": first, "epoch_s_on_read": read, "speedup_read": off / read, "cache_mib": mib,
+                "top1_off": top1, "top1_on": top1}
+
+    return {"command": "python scripts/bench_cache.py --out /tmp/c", "recipe": "digits_vit", "pp": 1, "dp": 2,
+            "rows": [row(0, 4.013, 3.736, 3.624, 0.0, 60.0), row(6, 2.208, 1.041, 0.7433, 7.5679, 96.389)],
+            "total_s_off": 41.94, "total_s_on": 32.06, "hold": 2, "overrides": []}
+
+
+def pipeline_json() -> dict:
+    def row(schedule, m, step, bubble):
+        return {"schedule": schedule, "K": 2, "M": m, "step_s": step, "bubble": bubble, "ideal": 1 / (m + 1)}
+
+    return {"command": "python scripts/bench_pipeline.py --out /tmp/pl.json",
+            "args": {"steps": 8, "warmup": 2, "batch": 32, "depth": 8, "dim": 128},
+            "bubble": [row("GPipe", 1, 0.4604, 0.5512), row("1F1B", 4, 0.3316, 0.3849)],
+            "dp": {"ptrun": 100.4, "ddp": 105.2}}
+
+
 @pytest.fixture
 def tree(tmp_path):
     results = tmp_path / "docs" / "results"
     results.mkdir(parents=True)
+    bert = dict(speedup_json(), recipe="bbc_news_bert",
+                command="python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb")
+    (results / "bench_speedup_bert.json").write_text(json.dumps(bert))
     for name, data in (("bench_speedup", speedup_json()), ("sweep_alpha", alpha_json()),
-                       ("sweep_microbatches", microbatch_json())):
+                       ("sweep_microbatches", microbatch_json()), ("bench_pipedream", pipedream_json()),
+                       ("bench_pipedream_placement", placement_json()), ("bench_cache", cache_json()),
+                       ("bench_pipeline", pipeline_json())):
         (results / f"{name}.json").write_text(json.dumps(data))
     readme = tmp_path / "README.md"
     readme.write_text(README)
@@ -111,10 +174,27 @@ def test_tables_come_from_the_json(tree):
     assert "| 1 | 2 | 2 | 400 | 300 | 1.25 |" in text
     assert "| 2 | 1 | 4 | 800 | 150 | 0.75 |" in text
     assert "| 1 | 2 | 5 | - | - | - |" in text and "| 2 | 1 | 12 | - | - | - |" in text
+    # the BERT recipe's block: its own command and recipe, and as many runs as it has rows
+    assert ("`python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`; "
+            "bbc_news_bert: 1 round(s) of 2 runs") in text
+    # PipeDream: the schedules side by side (KiB of stashed weights), and the placements (rate per worker)
+    assert "| no freezing | 1F1B | 172 (20 epochs) | 90.0 | 45.0 | 0.89x | 95.75 | 0 |" in text
+    assert "| no freezing | pipedream | 332 (20 epochs) | 60.0 | - | - | 93.25 | 796 |" in text
+    assert "| 2-1 (first stage replicated) | 3 | 451 | 150 | 55.5 | 93.50 |" in text
+    # AutoCache: epoch times to 0.01 s, read vs no cache as a ratio, MiB to 0.1; totals and top-1 in the caption.
+    assert "| 0 (0) | 4.01 | 3.74 | 3.62 | 1.11x | 0.0 |" in text
+    assert "| 6 (13) | 2.21 | 1.04 | 0.74 | 2.97x | 7.6 |" in text
+    assert "training time: 41.9s without the cache, 32.1s with it (1.31x); final top-1 96.39 vs 96.39." in text
+    # Pipeline: the bubble table (step in ms), then the DP table, a blank line apart.
+    assert "| GPipe | 2 | 1 | 460 | 0.55 | 0.50 |" in text
+    assert "| 1F1B | 2 | 4 | 332 | 0.38 | 0.20 |\n\n| K = 1, DP = 2 | samples/s | vs DDP |" in text
+    assert "| ptrun (one-stage schedule + flat all-reduce) | 100 | 0.95 |" in text
     # The command that wrote each JSON, and the prose outside the markers, untouched.
     for command in ("python scripts/bench_speedup.py --repeats 1 --out /tmp/b",
                     "python scripts/sweep_alpha.py --out /tmp/a freeze.max_fraction=1.0",
-                    "python scripts/sweep_microbatches.py --out /tmp/m"):
+                    "python scripts/sweep_microbatches.py --out /tmp/m",
+                    "python scripts/bench_cache.py --out /tmp/c",
+                    "python scripts/bench_pipeline.py --out /tmp/pl.json"):
         assert f"`{command}`" in text
     assert "stale text" not in text and "| old | table |" not in text
     for prose in ("Hand-written prose before.", "Prose between.", "Prose after."):

@@ -161,8 +161,13 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
         raise ConfigError(f"{len(param_costs)} parameter costs for a model of {n} units")
     if not 0 <= frozen_units < n:
         raise ConfigError(f"frozen units {frozen_units} must leave the head trainable (0 <= f < {n})")
-    if world_size < 1 or world_size % current.pp:
+    shared = current.replicate_first_only
+    if shared and world_size != current.world_size:
+        raise ConfigError(f"pipe.first_stage_replicas={current.dp} at pipe.length={current.pp} needs "
+                          f"{current.world_size} workers, not {world_size}")
+    if not shared and (world_size < 1 or world_size % current.pp):
         raise ConfigError(f"pipe.length={current.pp} is not allowed: a divisor of the world size {world_size}")
+    compress = compress and not shared  # a replicated layout keeps its stages where they were placed
     spr, schedule = current.stages_per_rank, current.schedule
     batch = dict(batch_policy=batch_policy, global_batch=global_batch, per_pipeline_batch=per_pipeline_batch)
     if not 0 <= cached_units <= frozen_units:
@@ -186,13 +191,14 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
     if bounds is None:
         bounds = _layout(partition_method, pp, spr, param_costs, frozen_units, partition_kwargs, cached_units)
 
-    dp = world_size // pp
+    dp = current.dp if shared else world_size // pp
     per_replica, _ = batch_sizes(dp, **batch)
     m = current.microbatches
     if (pp, dp) != (current.pp, current.dp) or per_replica % m or not _schedule_accepts(schedule, pp, spr, m):
         m = pick_microbatches(pp, per_replica, schedule, table, stages_per_rank=spr)
     return Plan(num_units=n, frozen_units=frozen_units, pp=pp, dp=dp, stage_bounds=bounds, microbatches=m,
-                schedule=schedule, stages_per_rank=spr, cached_units=cached_units).check()
+                schedule=schedule, stages_per_rank=spr, cached_units=cached_units,
+                replicate_first_only=shared).check()
 
 
 __all__ = ["BATCH_POLICIES", "PAPER_MICROBATCHES", "batch_sizes", "min_microbatches", "next_plan",

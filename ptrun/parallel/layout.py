@@ -26,7 +26,7 @@ def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, 
     measures nothing, keeps it."""
     if pipe.microbatches != "auto":
         return int(pipe.microbatches)
-    per_replica = global_batch // (world_size // pipe.length)
+    per_replica = global_batch // (world_size // pipe.length)  # (auto is refused with first_stage_replicas)
     return pick_microbatches(pipe.length, per_replica, pipe.schedule, table, stages_per_rank=pipe.stages_per_rank)
 
 
@@ -37,7 +37,12 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
     microbatches = pipe.microbatches if microbatches is None else microbatches
     if not isinstance(microbatches, int):
         raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")
-    if world_size % pipe.length:
+    replicas = pipe.first_stage_replicas
+    if replicas > 1 and world_size != replicas + pipe.length - 1:
+        raise ConfigError(f"pipe.first_stage_replicas={replicas} is not allowed: {world_size} workers at "
+                          f"pipe.length={pipe.length} hold {world_size - pipe.length + 1} first-stage replicas "
+                          f"(workers = replicas + length - 1)")
+    if replicas == 1 and world_size % pipe.length:
         raise ConfigError(f"pipe.length={pipe.length} is not allowed: a divisor of the world size {world_size}")
     num_units = len(layered.units)
     num_stages = pipe.length * pipe.stages_per_rank
@@ -48,6 +53,8 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
                        time_costs=profile.time_s if profile else None,
                        activation=profile.activation_bytes if profile else None, bandwidth=bandwidth,
                        stages=[list(r) for r in pipe.stages] if pipe.stages is not None else None)
-    return Plan(num_units=num_units, frozen_units=0, pp=pipe.length, dp=world_size // pipe.length,
+    return Plan(num_units=num_units, frozen_units=0, pp=pipe.length,
+                dp=replicas if replicas > 1 else world_size // pipe.length,
                 stage_bounds=tuple(tuple(b) for b in bounds), microbatches=microbatches,
-                schedule=pipe.schedule, stages_per_rank=pipe.stages_per_rank).check()
+                schedule=pipe.schedule, stages_per_rank=pipe.stages_per_rank,
+                replicate_first_only=replicas > 1).check()

@@ -16,11 +16,19 @@ pass with the weights of `K - s - 1` updates ago (the later mini-batches' update
 
 Here a mini-batch is one replica's batch of a step (M = 1), and one update per stage per step keeps the
 step count, the learning-rate schedule and the loss normalisation of the flushing schedules; replicas of a
-stage all-reduce their gradients at the same step, as in data parallelism. The pipeline drains (every
-mini-batch in flight finishes its backward pass and its update) wherever the caller ends a segment: at every
-epoch's end, before a layout change, and before a mid-epoch checkpoint. Activations and gradients cross stage
-boundaries by point-to-point send/recv: sends are asynchronous, receives block, and every stage follows the
-same order of mini-batches, so the pipeline cannot deadlock.
+stage all-reduce their gradients at the same step, as in data parallelism.
+
+**Stage replication** (`pipe.first_stage_replicas`, a Plan with `replicate_first_only`): the first stage
+runs on R ranks and every later stage on one rank, which runs the R replicas' mini-batches of a step in turn
+(round robin: "lanes"), receiving lane d from replica d and sending lane d's gradient back to it. Its
+gradient is the sum over its lanes, so it equals what R pipelines' all-reduce would give, and the whole run
+trains exactly as K x R pipelines would: only the placement differs.
+
+The pipeline drains (every mini-batch in flight finishes its backward pass and its update) wherever the
+caller ends a segment: at every epoch's end, before a layout change, and before a mid-epoch checkpoint.
+Activations and gradients cross stage boundaries by point-to-point send/recv: sends are asynchronous,
+receives block, and every stage follows the same order of mini-batches (and lanes), so the pipeline cannot
+deadlock.
 """
 
 from __future__ import annotations
@@ -91,9 +99,9 @@ class _InFlight:
     step: Step
     version: int
     weights: dict[str, torch.Tensor] | None  # the tensors the forward pass ran on (None: the live parameters)
-    inputs: tuple = ()
-    output: torch.Tensor | None = None  # the stage's output head, or the loss on the last stage
-    loss: torch.Tensor | None = None
+    inputs: list[tuple] = field(default_factory=list)  # per lane (replica served)
+    outputs: list[torch.Tensor] = field(default_factory=list)  # per lane: the output head, or the loss (last stage)
+    loss: torch.Tensor | None = None  # the lanes' losses summed (last stage)
     trace: dict = field(default_factory=dict)
 
 
@@ -147,8 +155,12 @@ class AsyncPipelineRuntime(StageRuntime):
                                   f"stages {sorted(holders)}, which step apart; use a flushing schedule (1F1B)")
         self.module = self.modules[0]
         self.stage = self.stage_indices[0]
-        self.prev_rank = plan.rank_of(self.replica, self.stage - 1) if not self.is_first else None
-        self.next_rank = plan.rank_of(self.replica, self.stage + 1) if not self.is_last else None
+        # The replicas whose mini-batches this rank runs: its own, or (a later stage shared under PipeDream's
+        # stage replication) every replica's in turn. Each lane talks to that replica's neighbours, so a
+        # mini-batch's gradient goes back to the rank that ran its forward pass.
+        self.lanes = plan.lanes(rank)
+        self.prev_ranks = [plan.rank_of(d, self.stage - 1) for d in self.lanes] if not self.is_first else []
+        self.next_ranks = [plan.rank_of(d, self.stage + 1) for d in self.lanes] if not self.is_last else []
         self.limit = plan.pp - self.stage  # mini-batches in flight: the 1F1B warm-up depth of this stage
         self.weight_stashing = weight_stashing
         self.vertical_sync = vertical_sync and not self.is_first  # the input stage's own version is the one
@@ -226,16 +238,21 @@ class AsyncPipelineRuntime(StageRuntime):
             self._sends.append((dist.isend(t, dst, tag=tag), t))
         self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
 
-    def _recv_activations(self) -> tuple[int, tuple]:
+    def _recv_activations(self, src: int) -> tuple[int, tuple]:
         head = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-        dist.recv(head, self.prev_rank, tag=_TAG_FORWARD)
+        dist.recv(head, src, tag=_TAG_FORWARD)
         version, specs = _parse_header(head.cpu())
         tensors = []
         for dtype, shape in specs:
             t = torch.empty(shape, dtype=dtype, device=self.device)
-            dist.recv(t, self.prev_rank, tag=_TAG_FORWARD)
+            dist.recv(t, src, tag=_TAG_FORWARD)
             tensors.append(t)
         return version, tuple(tensors)
+
+    def _lane_targets(self, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A shared stage's batch is the whole global batch: lane d's share is its d-th contiguous slice,
+        the replica batch the sampler gives replica d."""
+        return torch.tensor_split(target, len(self.lanes)) if len(self.lanes) > 1 else (target,)
 
     def _wait_sends(self) -> None:
         for work, _ in self._sends:
@@ -249,43 +266,53 @@ class AsyncPipelineRuntime(StageRuntime):
         return functional_call(self.module, weights, carry, strict=False)
 
     def _forward(self, step: Step) -> _InFlight:
-        version, carry = self.version, step.inputs
-        if not self.is_first:
-            sent, carry = self._recv_activations()
-            if self.vertical_sync:
-                version = sent
-                self._newest_requested = sent
-            # a leaf that takes the gradient this stage sends back
-            carry = (carry[0].requires_grad_(carry[0].is_floating_point()), *carry[1:])
-        weights = self._weights_for(version)
-        record = _InFlight(step, version, weights, inputs=carry)
-        out = self._run_module(weights, carry)
-        if self.is_last:
-            self.loss.denominator = step.denominator
-            record.loss = self.loss(out, step.target)
-            record.output = record.loss
-        else:
-            out = out if isinstance(out, tuple) else (out,)
-            record.output = out[0]
-            self._send(out, self.next_rank, _TAG_FORWARD, version=version if self.vertical_sync else self.version)
+        version = self.version
+        record = _InFlight(step, version, None)
+        targets = self._lane_targets(step.target) if self.is_last else ()
+        sent_versions = []
+        for i in range(len(self.lanes)):
+            carry = step.inputs
+            if not self.is_first:
+                sent, carry = self._recv_activations(self.prev_ranks[i])
+                sent_versions.append(sent)
+                if self.vertical_sync and i == 0:  # the replicas of the input stage step together
+                    version = record.version = sent
+                    self._newest_requested = sent
+                # a leaf that takes the gradient this stage sends back
+                carry = (carry[0].requires_grad_(carry[0].is_floating_point()), *carry[1:])
+            if i == 0:
+                record.weights = self._weights_for(version)
+            record.inputs.append(carry)
+            out = self._run_module(record.weights, carry)
+            if self.is_last:
+                self.loss.denominator = step.denominator
+                lane_loss = self.loss(out, targets[i])
+                record.outputs.append(lane_loss)
+                record.loss = lane_loss if record.loss is None else record.loss + lane_loss
+            else:
+                out = out if isinstance(out, tuple) else (out,)
+                record.outputs.append(out[0])
+                self._send(out, self.next_ranks[i], _TAG_FORWARD,
+                           version=version if self.vertical_sync else self.version)
         if self.trace is not None:
             record.trace = {"stage": self.stage, "step": step.step, "version": version,
-                            "forward_fingerprint": self._fingerprint(weights)}
+                            "forward_fingerprint": self._fingerprint(record.weights),
+                            "lanes": list(self.lanes), "received_versions": sent_versions,
+                            "from_ranks": list(self.prev_ranks), "to_ranks": list(self.next_ranks)}
         return record
 
     def _backward(self, record: _InFlight) -> None:
-        if self.is_last:
+        for i, output in enumerate(record.outputs):
             grad = None
-        else:
-            out = record.output
-            grad = torch.empty(out.shape, dtype=out.dtype, device=self.device)
-            dist.recv(grad, self.next_rank, tag=_TAG_BACKWARD)
-        if record.output.requires_grad:
-            torch.autograd.backward(record.output, grad)
-        if not self.is_first:
-            head = record.inputs[0]
-            self._send((head.grad if head.grad is not None else torch.zeros_like(head),), self.prev_rank,
-                       _TAG_BACKWARD)
+            if not self.is_last:
+                grad = torch.empty(output.shape, dtype=output.dtype, device=self.device)
+                dist.recv(grad, self.next_ranks[i], tag=_TAG_BACKWARD)
+            if output.requires_grad:
+                torch.autograd.backward(output, grad)
+            if not self.is_first:  # back to the rank that ran this lane's forward pass on the stage before
+                head = record.inputs[i][0]
+                self._send((head.grad if head.grad is not None else torch.zeros_like(head),), self.prev_ranks[i],
+                           _TAG_BACKWARD)
         if record.weights is not None:  # the gradient of the copy is the gradient for the live weights
             for n, w in record.weights.items():
                 if w.grad is not None:
@@ -323,13 +350,19 @@ class AsyncPipelineRuntime(StageRuntime):
         """Forward one replica batch through the pipeline with the current weights; returns the output on
         the last stage."""
         self.train(False)
-        carry = inputs if self.is_first else self._recv_activations()[1]
-        out = self.module(*carry)
-        if self.is_last:
-            return out
-        self._send(out if isinstance(out, tuple) else (out,), self.next_rank, _TAG_FORWARD, version=self.version)
+        outs = []
+        for i in range(len(self.lanes)):
+            carry = inputs if self.is_first else self._recv_activations(self.prev_ranks[i])[1]
+            out = self.module(*carry)
+            if self.is_last:
+                outs.append(out)
+            else:
+                self._send(out if isinstance(out, tuple) else (out,), self.next_ranks[i], _TAG_FORWARD,
+                           version=self.version)
         self._wait_sends()
-        return None
+        if not self.is_last:
+            return None
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     # ---- timeline -----------------------------------------------------------------------------------
     def record_timeline(self) -> list[dict]:

@@ -113,6 +113,7 @@ class StageRuntime:
         self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
         self.replica, stage_rank = plan.coords(rank)
         self.stage_indices = plan.local_stages(stage_rank)
+        self.dp_peers = len(plan.stage_ranks(stage_rank))  # ranks of this stage across replicas (self included)
         every = parse_recompute(recompute)
         self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype).to(device)
                         for s in self.stage_indices]
@@ -152,7 +153,8 @@ class StageRuntime:
         """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
         same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
 
-        1. All-reduce over the DP group (one flat buffer): the replicas' partial sums.
+        1. All-reduce over the DP group (one flat buffer): the replicas' partial sums (a stage shared by all
+           replicas already holds their sum).
         2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
            the embedding's and the decoder's contributions add up, and both copies step identically.
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
@@ -164,7 +166,7 @@ class StageRuntime:
                 p.grad = torch.zeros_like(p)
         params = [p for p in self.trainable_parameters() if p.grad is not None]
         grads = [p.grad for p in params]
-        if self.plan.dp > 1 and grads:
+        if self.dp_peers > 1 and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.groups.dp)
             offset = 0

@@ -1,7 +1,8 @@
 """The Plan: one epoch's layout as a small immutable value.
 
 Everything that reshapes training (partitioning, freezing, the controller, the planner and reports) speaks
-of plans; only the runtime applies them. Ranks map to coordinates as `rank = replica * pp + stage`, so the
+of plans; only the runtime applies them. Ranks map to coordinates as `rank = replica * pp + stage` (with
+PipeDream's stage replication, `replicate_first_only`, see `coords`), so the
 ranks of one pipeline are contiguous (on GPUs they share a machine and its fast links).
 """
 
@@ -39,6 +40,12 @@ class Plan:
     first stage starts at this unit, reading their output per sample from the cache. Stage 0's range
     still starts at 0 (it owns the cached units' weights)."""
 
+    replicate_first_only: bool = False
+    """PipeDream's stage replication (`pipe.first_stage_replicas`): only stage 0 has `dp` replicas (ranks
+    0 .. dp-1); every later stage runs on one rank (dp + stage - 1) that serves the replicas' mini-batches in
+    turn (round robin), so the world is dp + pp - 1 ranks. The mathematics are those of the K x DP grid:
+    only where the work runs differs."""
+
     def active_range(self, stage: int) -> tuple[int, int]:
         """The units stage `stage` runs: its range less the cached prefix."""
         lo, hi = self.stage_bounds[stage]
@@ -57,20 +64,30 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp
+        return self.dp + self.pp - 1 if self.replicate_first_only else self.pp * self.dp
 
     def coords(self, rank: int) -> tuple[int, int]:
-        """rank -> (replica, stage)."""
+        """rank -> (replica, stage); a rank that serves every replica (`replicate_first_only`) is replica 0."""
+        if self.replicate_first_only:
+            return (rank, 0) if rank < self.dp else (0, rank - self.dp + 1)
         return divmod(rank, self.pp)
 
     def rank_of(self, replica: int, stage: int) -> int:
+        if self.replicate_first_only:
+            return replica if stage == 0 else self.dp + stage - 1
         return replica * self.pp + stage
+
+    def lanes(self, rank: int) -> list[int]:
+        """The replicas whose mini-batches `rank` runs: its own, or all of them on a shared later stage."""
+        replica, stage = self.coords(rank)
+        return list(range(self.dp)) if self.replicate_first_only and stage > 0 else [replica]
 
     def pipeline_ranks(self, replica: int) -> list[int]:
         return [self.rank_of(replica, s) for s in range(self.pp)]
 
     def stage_ranks(self, stage: int) -> list[int]:
-        return [self.rank_of(r, stage) for r in range(self.dp)]
+        """The distinct ranks running `stage` (one when the stage is shared)."""
+        return sorted({self.rank_of(r, stage) for r in range(self.dp)})
 
     def rank_of_stage(self, replica: int, stage: int) -> int:
         """The rank holding stage index `stage` (of num_stages) in `replica`."""
@@ -107,6 +124,9 @@ class Plan:
         if problem:
             key, allowed, value = problem
             raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+        if self.replicate_first_only and (self.schedule != "pipedream" or self.stages_per_rank != 1):
+            raise ConfigError(f"pipe.first_stage_replicas is not allowed with pipe.schedule={self.schedule}: "
+                              f"stage replication needs pipedream")
         if not 0 <= self.frozen_units < self.num_units:
             raise ConfigError(f"frozen units {self.frozen_units} must leave the head trainable (< {self.num_units})")
         if not 0 <= self.cached_units <= self.frozen_units or self.cached_units >= self.stage_bounds[0][1]:

@@ -295,8 +295,12 @@ def pipeline_seconds(plan: Plan, stage_s: Sequence[float]) -> float:
     M - 1 follow at the slowest rank's pace: sum of the ranks' micro-batch times + (M - 1) x the slowest
     (GPipe's and 1F1B's makespan; (M + K - 1) x the slowest when the ranks are balanced). A rank runs its
     stages one after the other. PipeDream's asynchronous 1F1B never flushes: in the steady state a step
-    takes the slowest rank's time (its K - 1 warm-up steps happen once per epoch and are left out)."""
+    takes the slowest rank's time (its K - 1 warm-up steps happen once per epoch and are left out). With
+    the first stage replicated (`replicate_first_only`), each later stage's one rank runs all DP replicas'
+    mini-batches of a step."""
     per_rank = [math.fsum(stage_s[i] for i in plan.local_stages(r)) for r in range(plan.pp)]
+    if plan.replicate_first_only:
+        per_rank = per_rank[:1] + [plan.dp * t for t in per_rank[1:]]
     if plan.schedule == "pipedream":
         return max(per_rank)
     return math.fsum(per_rank) + (plan.microbatches - 1) * max(per_rank)
@@ -313,6 +317,8 @@ def allreduce_seconds(plan: Plan, params: Sequence[float], cluster: Cluster) -> 
     trainable = [FP32 * p if u >= plan.frozen_units else 0.0 for u, p in enumerate(params)]
     per_stage = stage_sums(plan.stage_bounds, trainable)
     per_rank = [math.fsum(per_stage[i] for i in plan.local_stages(r)) for r in range(plan.pp)]
+    if plan.replicate_first_only:  # only the first stage has replicas to all-reduce with
+        per_rank = per_rank[:1]
     ring = 2 * (plan.dp - 1) / plan.dp
     spans = any(len({cluster.node_of(rank) for rank in plan.stage_ranks(r)}) > 1 for r in range(plan.pp))
     if spans:

@@ -125,11 +125,18 @@ def _stage_rows(plan) -> list[tuple[int, int, int, int, int]]:
     return rows
 
 
+def _replication(plan) -> str:
+    """PipeDream's stage replication, said where the layout is shown."""
+    if not getattr(plan, "replicate_first_only", False):
+        return ""
+    return f" (first stage on {plan.dp} workers, later stages on one each: {plan.world_size} workers)"
+
+
 def layout_line(plan) -> str:
     """One plain line: K, DP, M and each stage's unit range with its frozen / cached share."""
     stages = " ".join(f"[{lo},{hi})" + (f"f{frozen}" if frozen else "") + (f"c{cached}" if cached else "")
                       for _, _, lo, hi, frozen, cached in _stage_rows(plan))
-    return (f"layout: K={plan.pp} DP={plan.dp} M={plan.microbatches} {plan.schedule}; frozen "
+    return (f"layout: K={plan.pp} DP={plan.dp}{_replication(plan)} M={plan.microbatches} {plan.schedule}; frozen "
             f"{plan.frozen_units}/{plan.num_units} units, cached {plan.cached_units}; stages {stages}")
 
 
@@ -137,7 +144,7 @@ def layout_table(plan, unit_names: list[str]):
     """A rich Table: one row per stage (rank position, units by name, frozen and cached units)."""
     from rich.table import Table
 
-    table = Table(title=f"K={plan.pp} x DP={plan.dp}, M={plan.microbatches} ({plan.schedule}); "
+    table = Table(title=f"K={plan.pp} x DP={plan.dp}{_replication(plan)}, M={plan.microbatches} ({plan.schedule}); "
                         f"{plan.frozen_units} of {plan.num_units} units frozen, {plan.cached_units} cached",
                   title_justify="left")
     for column in ("stage", "rank", "units", "frozen", "cached"):

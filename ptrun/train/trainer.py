@@ -162,7 +162,7 @@ class Trainer:
                                   self.cfg.auto.microbatch_table)
         if pipe.partition not in NEEDS_PROFILE:
             return first_plan(pipe, self.layered, self.world_size, microbatches=m), {}
-        dp = self.world_size // pipe.length
+        dp = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else self.world_size // pipe.length
         micro = max(1, self.cfg.train.global_batch_size // dp // m)
         ids, _ = self.train_sampler.global_batch(0, 0)
         batch = dict(self.data.train[ids[:micro].tolist()])
@@ -347,8 +347,8 @@ class Trainer:
         return inputs, make_target(batch, self.cfg.model.task).to(self.device, non_blocking=True)
 
     def _batches(self, split: str, start_step: int = 0):
-        """This replica's batches of `split` from `start_step` (AutoCache entries read in the loading thread
-        when caching)."""
+        """This rank's batches of `split` from `start_step`: its replica's share, or the whole global batch on
+        a stage shared by every replica (AutoCache entries read in the loading thread when caching)."""
         if split == "train":
             data, sampler, epoch, steps = self._train_source(), self.train_sampler, self.epoch, self.steps_per_epoch
         else:
@@ -357,7 +357,9 @@ class Trainer:
         if self.caching:
             fetch = partial(self.cache.fetch, split, data, input_names=self.layered.input_names,
                             label_names=LABEL_KEYS[self.cfg.model.task])
-        return iterate_batches(data, sampler, epoch, self.replica, self.plan.dp, start_step=start_step,
+        # A stage shared by every replica (PipeDream's stage replication) runs the whole global batch, in lanes.
+        replica, dp = (0, 1) if len(self.plan.lanes(self.rank)) > 1 else (self.replica, self.plan.dp)
+        return iterate_batches(data, sampler, epoch, replica, dp, start_step=start_step,
                                max_steps=steps, fetch=fetch, pin_memory=self.pin_memory)
 
     def _resume_step(self) -> int:
