@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_speedup import command_line, fmt
+from bench_speedup import command_line, fmt, publish
 
 DEPTH = 6  # blocks of the embedded default's ViT
 
@@ -102,10 +102,7 @@ def main() -> None:
               "rows": depth_rows(off_epochs, on_epochs, args.hold),
               "total_s_off": sum(e["epoch_time_s"] for e in off_epochs),
               "total_s_on": sum(e["epoch_time_s"] for e in on_epochs), "hold": args.hold, "overrides": extra}
-    print(f"\n{caption(result)}\n")
-    print(table(result))
-    (out / "bench_cache.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwritten: {out / 'bench_cache.json'}")
+    publish(result, out / "bench_cache.json", caption, table)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,12 @@ mathematics (one update per stage per 16-sample step), so the table is about spe
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_speedup import aggregate, fmt, median, run_rounds  # noqa: E402
+from bench_speedup import aggregate, command_line, fmt, median, publish, run_rounds  # noqa: E402
 
 SCHEDULES = {
     "1F1B": [],
@@ -97,12 +96,9 @@ def placements(args, extra: list[str]) -> None:
     for row in rows:
         row["workers"] = int(next(o for o in PLACEMENTS[row["combination"]] if "nproc_per_node" in o).split("=")[1])
         row["samples_per_s"] = median([r["mean_samples_per_s"] for r in row["runs"]])
-    result = {"command": " ".join(["python", *sys.argv]), "kind": "placements", "recipe": args.recipe,
+    result = {"command": command_line(), "kind": "placements", "recipe": args.recipe,
               "repeats": args.repeats, "rows": rows}
-    print(f"\n{caption(result)}\n")
-    print(table(result))
-    (out / "bench_pipedream_placement.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwritten: {out / 'bench_pipedream_placement.json'}")
+    publish(result, out / "bench_pipedream_placement.json", caption, table)
 
 
 def main() -> None:
@@ -130,12 +126,9 @@ def main() -> None:
                        k2_samples_per_s=median([x["k2_samples_per_s"] for x in stats]),
                        stash_bytes_peak=max(x["stash_bytes_peak"] for x in stats))
             rows.append(row)
-    result = {"command": " ".join(["python", *sys.argv]), "recipe": args.recipe, "repeats": args.repeats,
+    result = {"command": command_line(), "recipe": args.recipe, "repeats": args.repeats,
               "rows": rows}
-    print(f"\n{caption(result)}\n")
-    print(table(result))
-    (out / "bench_pipedream.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwritten: {out / 'bench_pipedream.json'}")
+    publish(result, out / "bench_pipedream.json", caption, table)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,15 @@ def command_line() -> str:
     return shlex.join(["python", *sys.argv])
 
 
+def publish(result: dict, path: Path, caption, table) -> None:
+    """Print a benchmark's caption and table (what `readme_results.py` puts in the README) and write its
+    result as JSON to `path`."""
+    print(f"\n{caption(result)}\n")
+    print(table(result))
+    path.write_text(json.dumps(result, indent=1))
+    print(f"\nwritten: {path}")
+
+
 def train(run_dir: Path, overrides: list[str], reuse: bool) -> Path:
     """One `ptrun train` run into `run_dir` (or, with `reuse`, the one already there)."""
     if reuse and (run_dir / "metrics.jsonl").is_file():
@@ -202,10 +211,7 @@ def main() -> None:
     rows = aggregate(repeats, paper)
     result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
               "rows": rows}
-    print(f"\n{caption(result)}\n")
-    print(table(result))
-    (out / "bench_speedup.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwritten: {out / 'bench_speedup.json'}")
+    publish(result, out / "bench_speedup.json", caption, table)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,10 @@ Overrides after the options go to every run, the baseline included.
 from __future__ import annotations
 
 import argparse
-import json
 from fractions import Fraction
 from pathlib import Path
 
-from bench_speedup import aggregate, command_line, fmt, median, run_rounds
+from bench_speedup import aggregate, command_line, fmt, median, publish, run_rounds
 
 ALPHAS = "1/5,1/4,1/3,2/5,1/2"
 PAPER = {"1/5": (2.04, 91.33), "1/4": (2.44, 91.13), "1/3": (2.83, 90.78), "2/5": (3.29, 90.82),
@@ -115,10 +114,7 @@ def main() -> None:
                         args.reuse, paper={})
     result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
               "policy": "alpha", "alphas": alphas, "rows": sweep_rows(rounds, alphas)}
-    print(f"\n{caption(result)}\n")
-    print(table(result))
-    (out / "sweep_alpha.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwritten: {out / 'sweep_alpha.json'}")
+    publish(result, out / "sweep_alpha.json", caption, table)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from bench_speedup import command_line
+from bench_speedup import command_line, publish
 
 KS = (1, 2)
 MULTIPLES = range(1, 7)
@@ -170,10 +170,7 @@ def main() -> None:
     _, skipped = layouts(args["batch"], args["schedule"])
     result = {"command": command_line(), "args": args, "skipped": [{"K": k, "M": m} for k, m in skipped],
               "rows": result_rows(args["batch"], timed)}
-    print(f"\n{caption(result)}\n")
-    print(table(result))
-    (out / "sweep_microbatches.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwritten: {out / 'sweep_microbatches.json'}")
+    publish(result, out / "sweep_microbatches.json", caption, table)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def _stage_rows(plan) -> list[tuple[int, int, int, int, int]]:
 
 def _replication(plan) -> str:
     """PipeDream's stage replication, said where the layout is shown."""
-    if not getattr(plan, "replicate_first_only", False):
+    if not plan.replicate_first_only:
         return ""
     return f" (first stage on {plan.dp} workers, later stages on one each: {plan.world_size} workers)"
 
