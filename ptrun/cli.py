@@ -22,7 +22,7 @@ from ptrun.config import ConfigError, PtrunConfig, schema_keys, validate
 CONFIG_DIR = Path(__file__).parent / "configs"
 EXIT_BAD_INPUT = 2
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
-UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1 or auto"}
+UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto"}
 # Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
 HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
                     "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}

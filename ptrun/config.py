@@ -144,11 +144,16 @@ class OptimConfig:
 
 @dataclass
 class PipeConfig:
-    length: int = 1
-    """Pipeline stages K per replica; the data-parallel width is world_size / K."""
-    microbatches: Union[int, str] = 1
-    """Micro-batches M each replica's batch is split into (GPipe chunks): an integer that divides the
-    per-replica batch, or `auto`: before training, time a few steps (forward + backward, no optimizer step) at
+    length: Union[int, str] = "auto"
+    """Pipeline stages K per replica; the data-parallel width is world_size / K. `auto` (the default): the
+    shortest pipeline whose largest stage fits one device's memory (`device.memory`): its parameters,
+    gradients and optimizer state plus the activations of the micro-batches it holds, estimated from the
+    model's units before training. A model that fits one device trains as pure data parallelism (K = 1), as a
+    user would run it; the start line prints the estimate and the choice."""
+    microbatches: Union[int, str, None] = None
+    """Micro-batches M each replica's batch is split into (GPipe chunks): unset (the default), M follows the
+    pipeline length and the per-replica batch (`auto.microbatch_table`, else the paper's table: 1 at K = 1);
+    an integer that divides the per-replica batch; or `auto`: before training, time a few steps (forward + backward, no optimizer step) at
     each candidate M (K, 2K, ..., 6K that divide the per-replica batch and suit the schedule; 1-6 at K = 1)
     for every pipeline length K the run may use, and take the fastest, within 3% the fewer. Measured once per
     model and machine and cached in `~/.cache/ptrun/microtune` (`PTRUN_MICROTUNE_DIR` moves it); the first
@@ -296,6 +301,10 @@ class DeviceConfig:
     (`torch.backends.cudnn.benchmark`); input shapes are fixed here, so it pays off."""
     pin_memory: bool = True
     """Load input batches into pinned (page-locked) host memory, so their copy to the GPU is asynchronous."""
+    memory: Optional[str] = None
+    """Memory one device offers a stage, for `pipe.length=auto`: a size such as `80GB`, `512MB`, or a share of
+    the detected amount such as `90%`. Unset: 90% of the GPU's memory; on the CPU the host's memory divided
+    by the node's workers."""
 
 
 @dataclass
@@ -368,9 +377,9 @@ def parse_nnodes(nnodes: str) -> tuple[int, int]:
     return lo, hi
 
 
-def parse_memory(spec: str, total: int | None = None) -> int:
-    """`cache.max_memory` in bytes: `50%` of `total` (the machine's RAM when None), or `8GB`, `512MB`,
-    `64KB`, `1024` (bytes)."""
+def parse_memory(spec: str, total: int | None = None, key: str = "cache.max_memory") -> int:
+    """A memory size in bytes (`cache.max_memory`, `device.memory`): `50%` of `total` (the machine's RAM when
+    None), or `8GB`, `512MB`, `64KB`, `1024` (bytes)."""
     text = str(spec).strip().upper()
     units = {"TB": 1 << 40, "GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10, "B": 1}
     try:
@@ -387,7 +396,7 @@ def parse_memory(spec: str, total: int | None = None) -> int:
             raise ValueError
         return int(value * units[unit])
     except ValueError:
-        raise ConfigError(f"cache.max_memory={spec!r} is not allowed: a share of RAM such as 50% (0-100] or "
+        raise ConfigError(f"{key}={spec!r} is not allowed: a share such as 50% (0-100] or "
                           f"a size such as 8GB, 512MB, 4096") from None
 
 
@@ -475,15 +484,23 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)",
              list(o.betas))
     _require(p.schedule in SCHEDULES, "pipe.schedule", f"one of {', '.join(SCHEDULES)}", p.schedule)
-    _require(p.length >= 1, "pipe.length", "an integer >= 1", p.length)
-    auto_m = p.microbatches == "auto"
+    auto_k = p.length == "auto"
+    _require(auto_k or (isinstance(p.length, int) and p.length >= 1), "pipe.length", "an integer >= 1 or auto",
+             p.length)
+    # `auto` and unset: the count is chosen at start, so only "some count works" can be checked here.
+    auto_m = p.microbatches == "auto" or p.microbatches is None
     _require(auto_m or (isinstance(p.microbatches, int) and p.microbatches >= 1), "pipe.microbatches",
-             "an integer >= 1 or auto", p.microbatches)
+             "an integer >= 1, auto, or unset (follows the pipeline length)", p.microbatches)
+    if cfg.device.memory is not None:
+        parse_memory(cfg.device.memory, total=1, key="device.memory")
+    if auto_k:
+        _require(p.stages is None, "pipe.length", "an integer with pipe.stages (explicit stages fix the length)",
+                 p.length)
     _require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
     _require(p.partition in PARTITIONS, "pipe.partition", f"one of {', '.join(PARTITIONS)}", p.partition)
     _require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
              "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit", p.stages)
-    num_stages = p.length * p.stages_per_rank
+    num_stages = (1 if auto_k else p.length) * p.stages_per_rank
     num_units = 2 * m.depth + 2 if m.depth else None  # embedding, two halves per block, head
     if p.stages is not None:
         ranges = [list(r) for r in p.stages]
@@ -495,7 +512,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
                  and (num_units is None or edges[-1] == num_units), "pipe.stages",
                  f"contiguous non-empty [lo, hi) unit ranges from 0 to the model's "
                  f"{num_units if num_units else 'unit count'}", ranges)
-    if num_units is not None:
+    if num_units is not None and not auto_k:
         _require(num_stages <= num_units, "pipe.length",
                  f"at most {num_units} stages in all (the model's units; pipe.length x pipe.stages_per_rank "
                  f"= {num_stages})", p.length)
@@ -514,7 +531,10 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         for key, on in (("auto.pipe", au.pipe), ("auto.dp", au.dp)):
             _require(not on, key, "false with pipe.first_stage_replicas > 1 (a replicated layout stays as "
                      "placed; freezing and AutoCache still apply)", on)
-        _require(p.microbatches == 1, "pipe.microbatches", "1 with pipe.first_stage_replicas > 1", p.microbatches)
+        _require(p.microbatches in (1, None), "pipe.microbatches", "1 with pipe.first_stage_replicas > 1",
+                 p.microbatches)
+        _require(not auto_k, "pipe.length", "an integer with pipe.first_stage_replicas > 1 (a replicated "
+                 "placement is fixed)", p.length)
     _require(not p.vertical_sync or p.weight_stashing, "pipe.vertical_sync",
              "false unless pipe.weight_stashing=true (vertical sync picks among stashed versions)", p.vertical_sync)
     _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
@@ -527,7 +547,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     _require(ck.every_steps >= 0, "checkpoint.every_steps", "an integer >= 0 (0 = off)", ck.every_steps)
     lo, hi = parse_nnodes(lc.nnodes)
     per_replica = None
-    if hi == 1:
+    if hi == 1 and not auto_k:
         world = lc.nproc_per_node
         if p.first_stage_replicas > 1:
             need = p.first_stage_replicas + p.length - 1
@@ -543,19 +563,20 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         per_replica = t.global_batch_size // dp
         _require(auto_m or per_replica % p.microbatches == 0, "pipe.microbatches",
                  f"a divisor of the per-replica batch {per_replica}", p.microbatches)
+    k = 1 if auto_k else p.length  # with pipe.length=auto, the start re-checks at the chosen length
     if auto_m:
         # `auto` needs one count that works: the schedule's stage rules still apply, its micro-batch rules
         # only narrow the candidates (on several machines the batch per replica is known only at start).
         counts = [m for m in range(1, per_replica + 1) if per_replica % m == 0] if per_replica else \
             range(1, 4 * num_stages + 1)
-        problems = [schedule_problem(p.schedule, p.length, p.stages_per_rank, m) for m in counts]
+        problems = [schedule_problem(p.schedule, k, p.stages_per_rank, m) for m in counts]
         if all(problems):
             _require(False, *next((pr for pr in problems if pr[0] != "pipe.microbatches"), (
-                "pipe.microbatches", f"a count that suits {p.schedule} at pipe.length={p.length}"
+                "pipe.microbatches", f"a count that suits {p.schedule} at pipe.length={k}"
                 + (f" and divides the per-replica batch {per_replica}" if per_replica else "") + "; none does",
                 p.microbatches)))
     else:
-        problem = schedule_problem(p.schedule, p.length, p.stages_per_rank, p.microbatches)
+        problem = schedule_problem(p.schedule, k, p.stages_per_rank, p.microbatches)
         if problem:
             _require(False, *problem)
     if d.name in ("cifar10", "cifar100", "glue", "squad"):

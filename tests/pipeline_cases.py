@@ -1,7 +1,8 @@
 """Pipeline equivalence cases run inside real worker processes (imported by name by the spawned workers).
 
 Each case trains two optimizer steps of a tiny model under one layout (schedule, K, DP, stages per rank,
-recompute) through ptrun's PipelineRuntime, and writes what each rank holds: its parameters, the global
+recompute) through the runtime ptrun builds for the plan (a single stage run directly, DDP over its
+replicas; more stages through the schedule), and writes what each rank holds: its parameters, the global
 loss and the pre-clip gradient norm of every step. The test compares them with a plain single-process
 reference on the same global batches.
 """
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from ptrun.config import ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
-from ptrun.parallel.pipeline import PipelineRuntime
+from ptrun.parallel.pipeline import flushing_runtime
 from ptrun.parallel.plan import Plan, even_bounds
 from ptrun.train.losses import WeightedLoss, loss_weight, make_target
 from ptrun.train.optim import build_optimizer
@@ -117,7 +118,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
                 schedule=case.schedule, stages_per_rank=case.stages_per_rank).check()
     groups = build_groups(plan, rank, layered.tied)
     loss = WeightedLoss(task(case.kind))
-    runtime = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss, recompute=case.recompute)
+    runtime = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), loss, recompute=case.recompute)
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], OPTIM)
     replica, _ = plan.coords(rank)

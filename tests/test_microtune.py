@@ -169,8 +169,8 @@ def test_auto_and_numbers_compose_validate_and_load_back(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["pipe.microbatches=fast"], "pipe.microbatches='fast' is not allowed: an integer >= 1 or auto"),
-    (["pipe.microbatches=0"], "pipe.microbatches=0 is not allowed: an integer >= 1 or auto"),
+    (["pipe.microbatches=fast"], "pipe.microbatches='fast' is not allowed: an integer >= 1, auto, or unset (follows the pipeline length)"),
+    (["pipe.microbatches=0"], "pipe.microbatches=0 is not allowed: an integer >= 1, auto, or unset (follows the pipeline length)"),
     # 2 workers, K = 2, a batch of 1 sample: 1F1B needs 2 micro-batches, none divides it
     (["pipe.length=2", "pipe.schedule=1F1B", "train.global_batch_size=1", "pipe.microbatches=auto"],
      "pipe.microbatches='auto' is not allowed: a count that suits 1F1B at pipe.length=2 and divides the "

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
-from ptrun.parallel.pipeline import PipelineRuntime, StageRuntime
+from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
 from ptrun.parallel.plan import Plan
 from ptrun.train.optim import build_optimizer
 
@@ -42,8 +42,20 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer | None, states: OptimS
         for p in group["params"]:
             saved = states.get(name_of[id(p)])
             if saved:
-                optimizer.state[p] = {k: v.to(p.device) if torch.is_tensor(v) and v.ndim else v
-                                      for k, v in saved.items()}
+                optimizer.state[p] = {k: _state_value(v, p, group) for k, v in saved.items()}
+
+
+def _state_value(value, p: torch.Tensor, group: dict):
+    """A saved state entry as `group`'s implementation keeps it: tensors on the parameter's device; the
+    scalar `step` a CPU tensor for the single-tensor / foreach paths, a float32 tensor on the parameter's
+    device for the fused kernels (which read it there)."""
+    if not torch.is_tensor(value):
+        return value
+    if value.ndim:
+        return value.to(p.device)
+    if group.get("fused") or group.get("capturable"):
+        return value.to(p.device, torch.float32)
+    return value
 
 
 def share_everything(layered, plan: Plan, optimizer: torch.optim.Optimizer | None, name_of: dict[int, str],
@@ -118,15 +130,15 @@ def build_layout(layered, plan: Plan, rank: int, device: torch.device, loss, opt
                  vertical_sync: bool = False) -> Layout:
     """Collective: freeze the plan's prefix, make its groups, this rank's stages and their optimizer, and give
     each trainable parameter its optimizer state by name (frozen parameters hold none). A `pipedream` plan
-    gets the asynchronous runtime (with `weight_stashing` and `vertical_sync`), any other a flushing one."""
+    gets the asynchronous runtime (with `weight_stashing` and `vertical_sync`), a one-stage plan (K = 1) runs
+    its stage directly (DDP over the replicas), any other a flushing schedule."""
     set_frozen(layered, plan.frozen_units)
     groups = build_groups(plan, rank, layered.tied)
     if plan.schedule == "pipedream":
         runtime = AsyncPipelineRuntime(layered, plan, rank, groups, device, loss, compute_dtype=compute_dtype,
                                        weight_stashing=weight_stashing, vertical_sync=vertical_sync)
     else:
-        runtime = PipelineRuntime(layered, plan, rank, groups, device, loss, recompute=recompute,
-                                  compute_dtype=compute_dtype)
+        runtime = flushing_runtime(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
     optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], optim_cfg)
     load_optimizer_state(optimizer, states or {}, name_of)
     return Layout(plan, groups, runtime, optimizer)

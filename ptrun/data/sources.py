@@ -9,7 +9,7 @@ both splits. The text sources (`glue`, `squad` in text.py) produce `input_ids`, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -19,6 +19,7 @@ import torch
 from torchvision.transforms import v2
 
 from ptrun.config import ConfigError, DataConfig
+from ptrun.data.memory import in_memory
 
 if TYPE_CHECKING:
     from ptrun.data.text import QAEvalData
@@ -61,7 +62,8 @@ def build_datasets(cfg: DataConfig) -> DataSplits:
                 **{name: packaged_text.build_packaged_text for name in packaged_text.PACKAGED_TEXT}}
     if cfg.name not in builders:
         raise ConfigError(f"data.name={cfg.name!r} is not allowed: one of {', '.join(builders)}")
-    return builders[cfg.name](cfg)
+    splits = builders[cfg.name](cfg)
+    return replace(splits, train=in_memory(splits.train), eval=in_memory(splits.eval))
 
 
 def _stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:

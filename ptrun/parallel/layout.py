@@ -20,12 +20,12 @@ def param_costs(layered: LayeredModel) -> list[float]:
 
 
 def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, table=None) -> int:
-    """The first plan's M before anything is measured: `pipe.microbatches` when it is a number; for `auto`,
+    """The first plan's M before anything is measured: `pipe.microbatches` when it is a number; unset or `auto`,
     what AutoPipe would pick at the starting length from `table` (`auto.microbatch_table`, else the paper's).
     The trainer then replaces it with the measured choice (`ptrun.parallel.microtune`); `ptrun plan`, which
     measures nothing, keeps it."""
-    if pipe.microbatches != "auto":
-        return int(pipe.microbatches)
+    if isinstance(pipe.microbatches, int):
+        return pipe.microbatches
     per_replica = global_batch // (world_size // pipe.length)  # (auto is refused with first_stage_replicas)
     return pick_microbatches(pipe.length, per_replica, pipe.schedule, table, stages_per_rank=pipe.stages_per_rank)
 

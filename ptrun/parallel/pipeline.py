@@ -1,30 +1,24 @@
 """One rank's share of a Plan: its stages (slices of units) run by a torch.distributed.pipelining schedule,
 plus the data-parallel gradient all-reduce, the tied-weight all-reduce and the global-norm clip.
 
-K = 1 is the same code path (a one-stage GPipe schedule), so pure data parallelism and pipelines never
-diverge. Schedules run with `scale_grads=False`: the loss function already divides by the global batch
-weight, so gradients are exact global means for any K, M, schedule and DP width.
+K = 1 (pure data parallelism, what most jobs run) skips the pipelining machinery: `LocalRuntime` runs the
+one stage module directly, wrapped in torch's DistributedDataParallel so the gradient all-reduce overlaps
+the backward pass, which is the loop a user would write by hand. K > 1 runs a schedule
+(`PipelineRuntime`). Both run with the loss function dividing by the global batch weight (schedules with
+`scale_grads=False`, DDP with a summing hook), so gradients are exact global means for any K, M, schedule
+and DP width.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import time
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleDualPipeV,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleLoopedBFS,
-    ScheduleZBVZeroBubble,
-)
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from ptrun.config import parse_recompute
@@ -34,16 +28,12 @@ from ptrun.parallel.plan import Plan
 from ptrun.train.losses import WeightedLoss
 from ptrun.train.precision import autocast
 
-SINGLE_STAGE_SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 """Schedules that drive exactly one stage per rank."""
-MULTI_STAGE_SCHEDULES = {
-    "Interleaved1F1B": ScheduleInterleaved1F1B,
-    "LoopedBFS": ScheduleLoopedBFS,
-    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
-    "ZBVZeroBubble": ScheduleZBVZeroBubble,
-    "DualPipeV": ScheduleDualPipeV,
-}
-"""Schedules that drive a list of stages per rank (`pipe.stages_per_rank`)."""
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Schedules that drive a list of stages per rank (`pipe.stages_per_rank`). Both are
+torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the module
+brings in torch._dynamo, about 1.8 s of every worker's start-up."""
 
 
 class StageModule(nn.Module):
@@ -120,6 +110,8 @@ class StageRuntime:
         self.is_first = 0 in self.stage_indices
         self.is_last = plan.num_stages - 1 in self.stage_indices
         self.unit_indices = [u for s in self.stage_indices for u in range(*plan.active_range(s))]
+        # Fixed for the layout (freezing builds a new runtime): walking the modules every step costs time.
+        self._trainable = [p for p in self._unique_parameters() if p.requires_grad]
         # A tied weight's gradient is norm-counted on the rank holding its owner (first) unit only.
         self._norm_excluded = {id(layered.model.get_parameter(name)) for name, units in layered.tied.items()
                                if units[0] not in self.unit_indices}
@@ -137,64 +129,78 @@ class StageRuntime:
         return out
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """This rank's parameters that train (a tied weight held by two local stages is listed once)."""
-        return [p for p in self._unique_parameters() if p.requires_grad]
+        """This rank's parameters that train (a tied weight held by two local stages is listed once), as
+        they were when the layout was built."""
+        return list(self._trainable)
 
     def zero_grad(self) -> None:
-        for m in self.modules:
-            m.zero_grad(set_to_none=True)
+        for p in self._trainable:  # only these ever get gradients
+            p.grad = None
 
     def train(self, mode: bool = True) -> None:
+        """Set the stages' mode; a no-op when it is already set (walking every submodule each step costs a
+        few percent of a small model's step). Freezing rebuilds the runtime, so the frozen units' eval mode
+        (`StageModule.train`) is set again for every new layout."""
+        if getattr(self, "_mode", None) is mode:
+            return
         for m in self.modules:
             m.train(mode)
+        self._mode = mode
 
     # ---- gradients ----------------------------------------------------------------------------------
-    def sync_and_clip(self, max_norm: float, record: dict | None = None, inv_scale: float = 1.0) -> torch.Tensor:
+    syncs_in_backward = False
+    """Whether the data-parallel all-reduce already ran inside the backward pass (DDP's buckets)."""
+
+    def _all_reduce_dp(self, grads: list[torch.Tensor]) -> None:
+        """Sum the replicas' partial gradients over the DP group in one flat buffer."""
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.groups.dp)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor:
         """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
         same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
 
-        1. All-reduce over the DP group (one flat buffer): the replicas' partial sums (a stage shared by all
-           replicas already holds their sum).
+        1. All-reduce over the DP group: the replicas' partial sums (a stage shared by all replicas already
+           holds their sum). DDP-wrapped stages (`syncs_in_backward`) did this during the backward pass.
         2. All-reduce each tied weight over the ranks of this replica that hold a copy (DeepSpeed's rule):
            the embedding's and the decoder's contributions add up, and both copies step identically.
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
            weight once; over this rank's stage alone when `clip_over_pipeline` is off.
-        `inv_scale` undoes fp16's loss scale before the norm. `record`, when given, receives id(parameter) ->
-        its squared gradient norm before clipping."""
+        `inv_scale` undoes fp16's loss scale before the norm. With `per_parameter`, `grad_sq` holds each
+        counted parameter's squared gradient norm before clipping (float64, in the order of `grad_sq_params`).
+        Everything stays on the device: no host synchronisation."""
         for p, _ in self._tied:
             if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
                 p.grad = torch.zeros_like(p)
-        params = [p for p in self.trainable_parameters() if p.grad is not None]
+        params = [p for p in self._trainable if p.grad is not None]
         grads = [p.grad for p in params]
-        if self.dp_peers > 1 and grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.groups.dp)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+        if self.dp_peers > 1 and grads and not self.syncs_in_backward:
+            self._all_reduce_dp(grads)
         for p, group in self._tied:
             if p.requires_grad:
                 dist.all_reduce(p.grad, group=group)
-        if inv_scale != 1.0:
-            for g in grads:
-                g.mul_(inv_scale)
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in params:
-            if id(p) not in self._norm_excluded:
-                p_sq = p.grad.detach().double().pow(2).sum()
-                sq += p_sq
-                if record is not None:
-                    record[id(p)] = p_sq
+        if inv_scale != 1.0 and grads:
+            torch._foreach_mul_(grads, inv_scale)
+        counted = [p for p in params if id(p) not in self._norm_excluded]
+        # One fused kernel for every parameter's norm (what torch.nn.utils.get_total_norm runs), kept per
+        # parameter because the freeze policies read per-block norms.
+        norms = torch._foreach_norm([p.grad for p in counted]) if counted else []
+        sq = torch.stack(norms).double().pow(2) if norms else torch.zeros(0, dtype=torch.float64, device=self.device)
+        if per_parameter:
+            self.grad_sq, self.grad_sq_params = sq, counted
+        total_sq = sq.sum()
         if self.plan.pp > 1 and self.clip_over_pipeline:
-            dist.all_reduce(sq, group=self.groups.pp)
-        norm = sq.sqrt()
-        if max_norm > 0 and math.isfinite(norm.item()):
-            coef = max_norm / (norm.item() + 1e-6)
-            if coef < 1:
-                for g in grads:
-                    g.mul_(coef)
-        return norm.float()
+            dist.all_reduce(total_sq, group=self.groups.pp)
+        norm = total_sq.sqrt().float()
+        if max_norm > 0 and grads:
+            # Non-finite norms (an fp16 overflow) leave the gradients as they are: the step is skipped.
+            coef = torch.where(torch.isfinite(norm), (max_norm / (norm + 1e-6)).clamp(max=1.0), 1.0)
+            torch._foreach_mul_(grads, coef)
+        return norm
 
 
 class PipelineRuntime(StageRuntime):
@@ -204,13 +210,13 @@ class PipelineRuntime(StageRuntime):
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
                  recompute: str = "none", compute_dtype: torch.dtype | None = None):
         super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
-        self.stages = [PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
+        import torch.distributed.pipelining as pipelining
+
+        self.stages = [pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
                        for m, s in zip(self.modules, self.stage_indices)]
         kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
-        if plan.schedule in SINGLE_STAGE_SCHEDULES:
-            self.schedule = SINGLE_STAGE_SCHEDULES[plan.schedule](self.stages[0], **kwargs)
-        else:
-            self.schedule = MULTI_STAGE_SCHEDULES[plan.schedule](self.stages, **kwargs)
+        schedule = getattr(pipelining, f"Schedule{plan.schedule}")
+        self.schedule = schedule(self.stages[0] if plan.schedule in SINGLE_STAGE_SCHEDULES else self.stages, **kwargs)
 
     # ---- running ------------------------------------------------------------------------------------
     def _run(self, run, inputs: tuple, target: torch.Tensor | None, losses: list | None):
@@ -264,3 +270,91 @@ class PipelineRuntime(StageRuntime):
         for stage, method in getattr(self, "_timed", []):
             delattr(stage, method)
         self._timed = []
+
+
+def _sum_hook(group, bucket):
+    """DDP communication hook: sum a bucket over the DP group (DDP's default averages; ptrun's loss already
+    divides by the global batch, so the replicas' partial gradients must add up, as in `_all_reduce_dp`)."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class LocalRuntime(StageRuntime):
+    """K = 1: the whole (active) model is this rank's one stage, run directly: forward, loss, backward, with
+    no schedule, no shape inference and no micro-batch split unless the plan asks for M > 1 (gradient
+    accumulation; the all-reduce then runs on the last micro-batch only, through `no_sync`).
+
+    With replicas, the stage module is wrapped in DistributedDataParallel over the DP group, so its bucketed
+    all-reduce overlaps the backward pass; a module with nothing to train (never the case at K = 1 in
+    practice: the head always trains) runs unwrapped."""
+
+    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None):
+        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
+        assert plan.pp == 1 and len(self.modules) == 1, "LocalRuntime runs one stage per replica"
+        self.module = self.modules[0]
+        self.run = self.module
+        if self.dp_peers > 1 and self.trainable_parameters():
+            # init_sync off: every replica already holds the same weights (one seed, or moved by AutoDP).
+            self.run = DistributedDataParallel(self.module, process_group=groups.dp, forward_sync_buffers=False,
+                                               init_sync=False, gradient_as_bucket_view=True,
+                                               device_ids=[device.index] if device.type == "cuda" else None)
+            self.run.register_comm_hook(groups.dp, _sum_hook)
+            self.syncs_in_backward = True
+        self._events: list[dict] | None = None
+
+    def _chunks(self, inputs: tuple, target: torch.Tensor | None) -> list[tuple[tuple, torch.Tensor | None]]:
+        m = self.plan.microbatches
+        if m == 1:
+            return [(inputs, target)]
+        # The same equal split as torch.distributed.pipelining's (tensor_split along the batch dimension).
+        split = [x.tensor_split(m) for x in inputs]
+        targets = target.tensor_split(m) if target is not None else [None] * m
+        return [(tuple(parts[i] for parts in split), targets[i]) for i in range(m)]
+
+    def _timed(self, kind: str, chunk: int, fn, *args):
+        if self._events is None:
+            return fn(*args)
+        start = time.time()
+        out = fn(*args)
+        self._events.append({"stage": 0, "microbatch": chunk, "kind": kind, "start_s": start, "end_s": time.time()})
+        return out
+
+    def forward_backward(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:
+        """Forward + backward over the replica batch; returns this replica's share of the global mean loss
+        (summing over the replicas gives the global loss), without the loss scale."""
+        self.train(True)
+        chunks = self._chunks(inputs, target)
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(chunks):
+            last = i == len(chunks) - 1
+            sync = self.run.no_sync() if (self.syncs_in_backward and not last) else contextlib.nullcontext()
+            with sync:
+                loss = self._timed("F", i, lambda: self.loss(self.run(*x), y))
+                self._timed("B", i, loss.backward)
+            total += loss.detach().float()
+        return total / self.loss.scale
+
+    @torch.no_grad()
+    def forward_only(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:
+        """The model's output for the replica batch (evaluation: no DDP, nothing to synchronise)."""
+        self.train(False)
+        outs = [self.module(*x) for x, _ in self._chunks(inputs, None)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def record_timeline(self) -> list[dict]:
+        """Time every forward and backward pass from now on until `stop_timeline` (the events of
+        `PipelineRuntime.record_timeline`, all of stage 0)."""
+        self._events = []
+        return self._events
+
+    def stop_timeline(self) -> None:
+        self._events = None
+
+
+def flushing_runtime(layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
+                     recompute: str = "none", compute_dtype: torch.dtype | None = None) -> StageRuntime:
+    """The runtime of a flushing plan: a single stage runs directly (`LocalRuntime`), more stages run a
+    pipelining schedule (`PipelineRuntime`)."""
+    kind = LocalRuntime if plan.num_stages == 1 else PipelineRuntime
+    return kind(layered, plan, rank, groups, device, loss, recompute=recompute, compute_dtype=compute_dtype)

@@ -97,6 +97,8 @@ class Cluster:
     link_latency_s: float = 0.0
     """Seconds each message costs besides its bytes: a stage boundary's send of an activation or a gradient,
     and each of a ring all-reduce's 2(n - 1) steps."""
+    device_memory_gb: float = 0.0
+    """Memory of one device for `pipe.length=auto` (0: the host's memory shared by the node's devices)."""
     loader_batch_s: float = 0.0
     """Fixed seconds a loading thread spends per batch of raw samples (indexing, collation), besides
     `loader_samples_s`'s per-sample time."""
@@ -128,7 +130,7 @@ class Cluster:
 PRESETS: dict[str, Cluster] = {
     "paper": Cluster("paper", nodes=2, gpus_per_node=8, peak_tflops=11.2, efficiency=0.35, intra_gbs=10.0,
                      inter_gbs=5.0, host_gbs=10.0, host_memory_gb=512.0, disk_gbs=2.0, transition_s=20.0,
-                     microbatch_overhead_s=0.002),
+                     microbatch_overhead_s=0.002, device_memory_gb=32.0),
     "this_machine": Cluster("this_machine", nodes=1, gpus_per_node=2, peak_tflops=0.08, efficiency=0.6,
                             intra_gbs=3.8, inter_gbs=3.8, host_gbs=5.0, host_memory_gb=23.0, disk_gbs=1.0,
                             transition_s=0.25, microbatch_overhead_s=0.00135, overlap_io=False,
@@ -136,7 +138,7 @@ PRESETS: dict[str, Cluster] = {
                             cache_batch_s=0.00106, cache_sample_s=3.4e-05, cores_per_node=1.89),
 }
 
-ZERO_OK = ("transition_s", "microbatch_overhead_s", "loader_samples_s", "link_latency_s", "loader_batch_s",
+ZERO_OK = ("device_memory_gb", "transition_s", "microbatch_overhead_s", "loader_samples_s", "link_latency_s", "loader_batch_s",
            "cache_batch_s", "cache_sample_s", "step_overhead_s", "cores_per_node", "background_load")
 """Fields for which 0 is meaningful (no cost, no limit)."""
 

@@ -148,14 +148,36 @@ class EpochRecord:
 # ---- planning: the real Controller ------------------------------------------------------------------------
 
 
-def plannable(cfg: PtrunConfig) -> PtrunConfig:
-    """`cfg` with a freeze policy that needs no gradient norms (assumption 6)."""
+def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluster | None = None) -> PtrunConfig:
+    """`cfg` with a freeze policy that needs no gradient norms (assumption 6), and with `pipe.length=auto`
+    resolved for `cluster`'s devices from `costs` (what the trainer measures, estimated: see `fit_memory`)."""
+    if costs is not None and cluster is not None and (cfg.pipe.length == "auto" or cfg.pipe.microbatches is None):
+        from ptrun.parallel.fit import resolve_length
+
+        budget = parse_memory(cfg.device.memory or "100%", key="device.memory", total=int(
+            cluster.device_memory_gb * GB if cluster.device_memory_gb else
+            cluster.host_memory_gb * GB / cluster.gpus_per_node))
+        cfg, _ = resolve_length(cfg, None, (), cluster.world_size, budget, memory=fit_memory(costs, cfg))
     if cfg.freeze.policy == "autofreeze" and cfg.auto.freeze:
         raise ConfigError("freeze.policy='autofreeze' is not allowed: it needs measured gradient norms; "
                           "simulate with alpha, linear, schedule or none")
     if cfg.freeze.policy == "pipetransformer":
         return replace(cfg, freeze=replace(cfg.freeze, policy="alpha"))
     return cfg
+
+
+ACTIVATION_PER_OUTPUT = 6.0
+"""Bytes autograd keeps per byte of a unit's output, for the planner (which measures nothing). Measured with
+`ptrun.parallel.fit.measure_unit_memory` on the digits ViT: 4.4-7.6 for its attention and MLP halves."""
+
+
+def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
+    """The planner's per-unit memory: float32 parameters, gradients and optimizer state from the analytic
+    sizes; activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
+    from ptrun.parallel.fit import OPTIMIZER_COPIES, UnitMemory
+
+    copies = 2 + OPTIMIZER_COPIES.get(cfg.optim.name, 2)
+    return UnitMemory([4.0 * copies * n for n in costs.params], [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 
 def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
@@ -193,7 +215,7 @@ def profile_kwargs(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> dic
 def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig) -> tuple[Controller, list[Plan]]:
     """The Controller for `cfg` on `cluster`'s world, and the Plan of every epoch as the trainer gets them
     (`first_plan`, then `decide` before each later epoch, without gradient norms)."""
-    cfg = plannable(cfg)
+    cfg = plannable(cfg, costs, cluster)
     layered = stand_in(costs)
     kwargs = profile_kwargs(cfg, costs, cluster)
     prof = SimpleNamespace(time_s=kwargs["time_costs"], activation_bytes=kwargs["activation"]) if kwargs else None

@@ -71,11 +71,12 @@ class LossScaler:
 
 
 def step_or_skip(runtime, optimizer: torch.optim.Optimizer | None, scaler: LossScaler, grad_clip: float,
-                 record: dict | None = None) -> bool:
+                 per_parameter: bool = False) -> bool:
     """After a forward + backward: make the gradients global, undo the loss scale, clip, and step unless
     fp16's gradients overflowed somewhere (then no rank steps and the scale drops). Returns whether it
-    stepped. Collective over every rank of the job."""
-    norm = runtime.sync_and_clip(grad_clip, record=record, inv_scale=1.0 / scaler.scale)
+    stepped. Collective over every rank of the job. Only fp16 reads the norm on the host (its verdict);
+    fp32 and bf16 steps never wait for the device."""
+    norm = runtime.sync_and_clip(grad_clip, inv_scale=1.0 / scaler.scale, per_parameter=per_parameter)
     stepped = not scaler.enabled or scaler.update(math.isfinite(norm.item()))
     if optimizer is not None and stepped:
         optimizer.step()

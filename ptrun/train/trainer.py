@@ -24,11 +24,12 @@ from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Layout, build_layout, change_layout, share_everything
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import blocks_of_units
-from ptrun.config import ConfigError, DataConfig, PtrunConfig
+from ptrun.config import ConfigError, DataConfig, PtrunConfig, validate
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.parallel import microtune
+from ptrun.parallel.fit import device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs, starting_microbatches
 from ptrun.parallel.partition import partition
 from ptrun.parallel.pipedream import AsyncPipelineRuntime, Step
@@ -83,6 +84,7 @@ class Trainer:
         self.layered = build_model(cfg.model, num_classes=self.data.num_classes, img_size=self.data.image_size,
                                    in_chans=self.data.in_chans, vocab_size=self.data.vocab_size)
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
+        self.cfg = cfg = self._resolve_length(cfg)
         self.loss = WeightedLoss(cfg.model.task)
         self.compute_dtype = compute_dtype(cfg.train.precision)
         self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
@@ -121,6 +123,24 @@ class Trainer:
         self.apply_plan(plan, states)
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, tensorboard=cfg.logger == "tensorboard") if self.is_main else None
+
+    def _resolve_length(self, cfg: PtrunConfig) -> PtrunConfig:
+        """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
+        count made the one that follows the length; then the length-dependent rules checked (ConfigError).
+        Every rank takes the smallest device budget, so all choose the same layout."""
+        self.length_choice = None
+        if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
+            return cfg
+        budget = torch.tensor([float(device_budget(cfg, self.device))], dtype=torch.float64, device=self.device)
+        dist.all_reduce(budget, op=dist.ReduceOp.MIN)
+        probe = dict(self.data.train[[0]])
+        sample = tuple(probe[k] for k in self.layered.input_names if k in probe)
+        resolved, self.length_choice = resolve_length(cfg, self.layered, sample, self.world_size,
+                                                      int(budget.item()))
+        validate(resolved)
+        if self.is_main and self.length_choice is not None:
+            log.info("%s", self.length_choice.summary())
+        return resolved
 
     def _steps_for(self, sampler: EpochSampler) -> int:
         limit = self.cfg.train.max_steps_per_epoch
@@ -455,13 +475,13 @@ class Trainer:
         progress = self.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
         sums.lr = set_lr(self.optimizer, progress, self.total_steps, self.cfg.optim)
         want_norms = self.controller.wants_grad_norms and self.replica == 0  # replicas hold equal gradients
-        param_sq = {} if want_norms else None
-        stepped = step_or_skip(self.runtime, self.optimizer, self.scaler, self.cfg.train.grad_clip, param_sq)
+        stepped = step_or_skip(self.runtime, self.optimizer, self.scaler, self.cfg.train.grad_clip, want_norms)
         if want_norms and stepped:
-            step_sq = torch.zeros_like(sums.block_norms)
-            for pid, sq in param_sq.items():
-                if pid in self._block_of:
-                    step_sq[self._block_of[pid]] += sq  # stays on the device: no sync per parameter
+            blocks = [self._block_of.get(id(p)) for p in self.runtime.grad_sq_params]
+            in_block = [i for i, b in enumerate(blocks) if b is not None]
+            step_sq = torch.zeros_like(sums.block_norms)  # stays on the device: no sync per parameter
+            step_sq.index_add_(0, torch.tensor([blocks[i] for i in in_block], dtype=torch.long, device=step_sq.device),
+                               self.runtime.grad_sq[in_block])
             sums.block_norms += step_sq.sqrt()
         self.global_step += 1
         sums.samples += item.denominator
@@ -578,6 +598,8 @@ class Trainer:
                 f"{sum(p.numel() for p in self.layered.model.parameters()) / 1e6:.2f} M params) on "
                 f"{len(self.data.train)} train / {len(self.data.eval)} eval samples; {self.world_size} workers "
                 f"on {self.device.type}, precision {cfg.train.precision}; run dir {cfg.run_dir}")
+            if self.length_choice is not None:
+                self.view.print(self.length_choice.summary())
             if self.tuning is not None:
                 self.view.print(self.tuning.summary())
         tuned = self.tuning.event_fields() if self.tuning is not None else {}  # on this process's first plan

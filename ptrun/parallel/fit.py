@@ -1,0 +1,165 @@
+"""`pipe.length=auto`: the shortest pipeline whose largest stage fits one device, chosen before training.
+
+A stage needs its parameters, their gradients and the optimizer's state (AdamW: two moments, SGD: one
+momentum buffer; all float32), plus the activations autograd keeps for the micro-batches in flight. The
+activations are measured, not guessed: one sample goes through the units with a saved-tensor hook counting
+what each unit stores for its backward pass (the weights it saves are not counted twice), scaled by the
+micro-batch size. A pipeline appears only when memory asks for one; everything else trains as data
+parallelism, the layout a user would pick.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from ptrun.auto.autopipe import pick_microbatches
+from ptrun.config import ConfigError, PtrunConfig, parse_memory
+from ptrun.parallel.partition import partition
+
+OPTIMIZER_COPIES = {"adamw": 2, "sgd": 1}
+"""float32 tensors of optimizer state per parameter element."""
+
+
+@dataclass(frozen=True)
+class UnitMemory:
+    state_bytes: list[float]
+    """Bytes per unit that do not scale with the batch: parameters + gradients + optimizer state."""
+    activation_bytes: list[float]
+    """Bytes per unit autograd keeps for one sample's backward pass."""
+
+
+def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
+    """Per-unit memory from the model's own units and one sample (a batch of 1) on the host."""
+    weights = {p.untyped_storage().data_ptr() for p in layered.model.parameters()}
+    copies = 2 + OPTIMIZER_COPIES.get(optimizer, 2)  # the parameter, its gradient, the optimizer's state
+    state = [float(sum(p.numel() * p.element_size() * copies for p in unit.parameters())) for unit in layered.units]
+    activations: list[float] = []
+    carry: tuple = tuple(sample)
+    for unit in layered.units:
+        seen: set[int] = set()
+        kept = [0]
+
+        def pack(t: torch.Tensor):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weights and ptr not in seen:
+                seen.add(ptr)
+                kept[0] += t.untyped_storage().nbytes()
+            return t
+
+        # The random state is restored afterwards: measuring must not shift the run's dropout masks.
+        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = unit(*carry)
+        activations.append(float(kept[0]))
+        carry = tuple(x.detach() for x in out) if isinstance(out, tuple) else (out.detach(),)
+        carry = tuple(x.requires_grad_(True) if x.is_floating_point() else x for x in carry)
+    return UnitMemory(state, activations)
+
+
+def device_budget(cfg: PtrunConfig, device: torch.device) -> int:
+    """Bytes one device offers a stage: `device.memory`, else 90% of the GPU, else the host's memory shared by
+    the node's workers."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        default = "90%"
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        default = "100%"
+    return parse_memory(cfg.device.memory or default, total=total, key="device.memory")
+
+
+@dataclass(frozen=True)
+class LengthChoice:
+    length: int
+    microbatches: int
+    stage_bytes: float
+    """The chosen layout's largest stage, in bytes."""
+    budget: int
+    whole_bytes: float
+    """The whole model as one stage (K = 1), in bytes."""
+
+    def summary(self) -> str:
+        gib = 2**30
+        if self.length == 1:
+            return (f"pipe.length=auto: the model needs ~{self.whole_bytes / gib:.2f} GiB per device (parameters, "
+                    f"gradients, optimizer state, activations), the device offers {self.budget / gib:.1f} GiB: "
+                    f"K = 1 (data parallelism), M = {self.microbatches}")
+        return (f"pipe.length=auto: the whole model needs ~{self.whole_bytes / gib:.2f} GiB, a device offers "
+                f"{self.budget / gib:.1f} GiB: K = {self.length} (largest stage ~{self.stage_bytes / gib:.2f} GiB), "
+                f"M = {self.microbatches}")
+
+
+def follow_microbatches(pp: int, per_replica: int, cfg: PtrunConfig) -> int:
+    """The micro-batch count an unset `pipe.microbatches` takes at length `pp`: 1 for a single stage (split
+    steps only cost time there), else AutoPipe's pick (`auto.microbatch_table`, else the paper's table)."""
+    pipe = cfg.pipe
+    if pp * pipe.stages_per_rank == 1:
+        return 1
+    return pick_microbatches(pp, per_replica, pipe.schedule, cfg.auto.microbatch_table,
+                             stages_per_rank=pipe.stages_per_rank)
+
+
+def _in_flight(schedule: str, pp: int, microbatches: int) -> int:
+    """Micro-batches whose activations the first stage holds at once: all of them under GPipe (and the looped
+    schedules, conservatively), at most K under 1F1B's steady state."""
+    return min(pp, microbatches) if schedule in ("1F1B", "pipedream") else microbatches
+
+
+def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget: int) -> LengthChoice:
+    """The smallest K (a divisor of the world size the schedule accepts) whose largest stage fits `budget`,
+    with the micro-batch count that follows it (`pipe.microbatches` if set). ConfigError if none fits."""
+    pipe, num_units = cfg.pipe, len(memory.state_bytes)
+    whole = None
+    largest_seen = None
+    for pp in range(1, world_size + 1):
+        if world_size % pp or pp * pipe.stages_per_rank > num_units:
+            continue
+        if pp == 1 and pipe.stages_per_rank > 1:
+            continue  # a looped or V schedule (several stages per rank) is asked for: it needs a pipeline
+        per_replica = cfg.train.global_batch_size // (world_size // pp)
+        if per_replica < 1:
+            continue
+        if isinstance(pipe.microbatches, int):
+            m = pipe.microbatches
+        else:
+            try:
+                m = follow_microbatches(pp, per_replica, cfg)
+            except ConfigError:
+                continue
+        micro = per_replica / m
+        cost = [s + a * micro * _in_flight(pipe.schedule, pp, m)
+                for s, a in zip(memory.state_bytes, memory.activation_bytes)]
+        bounds = partition("params", pp * pipe.stages_per_rank, num_units=num_units, param_costs=cost)
+        stages = [sum(cost[lo:hi]) for lo, hi in bounds]
+        # A rank holds `stages_per_rank` stages: charge it the largest ones' sum.
+        largest = sum(sorted(stages)[-pipe.stages_per_rank:])
+        whole = sum(cost) if whole is None else whole
+        largest_seen = largest
+        if largest <= budget:
+            return LengthChoice(pp, m, largest, budget, whole)
+    gib = 2**30
+    raise ConfigError(f"pipe.length=auto: no pipeline length fits: the largest stage needs "
+                      f"~{(largest_seen or 0) / gib:.2f} GiB at the longest pipeline, a device offers "
+                      f"{budget / gib:.2f} GiB (device.memory); use more workers, a smaller batch, "
+                      f"pipe.recompute, or set device.memory")
+
+
+def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, budget: int,
+                   memory: UnitMemory | None = None) -> tuple[PtrunConfig, LengthChoice | None]:
+    """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit
+    (`memory`, else measured on `layered` with `sample`), an unset micro-batch count from the length
+    (`pick_microbatches`). Returns the choice when K was chosen."""
+    pipe = cfg.pipe
+    choice = None
+    if pipe.length == "auto":
+        memory = memory or measure_unit_memory(layered, sample, cfg.optim.name)
+        choice = choose_length(memory, cfg, world_size, budget)
+        pipe = replace(pipe, length=choice.length, microbatches=choice.microbatches
+                       if pipe.microbatches is None else pipe.microbatches)
+    if pipe.microbatches is None:
+        dp = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else world_size // pipe.length
+        pipe = replace(pipe, microbatches=follow_microbatches(
+            pipe.length, max(1, cfg.train.global_batch_size // dp), replace(cfg, pipe=pipe)))
+    return replace(cfg, pipe=pipe), choice

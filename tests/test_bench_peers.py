@@ -1,0 +1,188 @@
+"""scripts/bench_peers.py and its plain peer, scripts/peers/plain_loop.py.
+
+The peer under torchrun (2 processes, DDP) trains the same model as in one process: same global batches,
+including an uneven last one. The benchmark's arithmetic (medians, ranges, speedups against the faster plain
+peer of each round, time to target, the throughput checks) on synthetic rounds, and its README block.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_peers  # noqa: E402
+import readme_results  # noqa: E402
+
+PLAIN = REPO / "scripts" / "peers" / "plain_loop.py"
+
+
+@pytest.mark.dist
+def test_plain_ddp_matches_one_process(tmp_path):
+    # Digits: 1,437 train samples. Batch 717 gives steps of 717, 717 and 3, split 359 / 358 and 2 / 1 across the
+    # ranks, so the loss must be the global batch's mean (not the mean of the ranks' means, which moved the
+    # parameters by 2e-3 here) to match.
+    overrides = ["train.epochs=1", "train.global_batch_size=717"]
+    args = ["--recipe=digits_vit", "--threads=1", *overrides]
+    one = [sys.executable, str(PLAIN), f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
+    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(PLAIN),
+           f"--out={tmp_path / 'two.json'}", f"--save-state={tmp_path / 'two.pt'}", *args]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd in (one, two)]  # side by side: most of each is start-up
+    for p in procs:
+        output = p.communicate(timeout=300)[0]
+        assert p.returncode == 0, output[-3000:]
+    results = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two")]
+    assert [r["world_size"] for r in results] == [1, 2]
+    assert [len(r["epochs"]) for r in results] == [1, 1]
+    a, b = (torch.load(tmp_path / f"{n}.pt") for n in ("one", "two"))
+    assert len(a["losses"]) == len(b["losses"]) == 3
+    torch.testing.assert_close(b["losses"], a["losses"], rtol=1e-5, atol=1e-6)
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for name, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][name], value, rtol=1e-4, atol=1e-5, msg=name)
+    # the same model, so the same held-out accuracy (a different prediction would need a near tie)
+    assert results[0]["final_top1"] == pytest.approx(results[1]["final_top1"])
+
+
+def run(label: str, wall: float, train: float, samples_per_s: float, curve: list[list[float]]) -> dict:
+    return {"label": label, "wall_s": wall, "train_time_s": train, "samples_per_s": samples_per_s,
+            "final_top1": curve[-1][1], "curve": curve, "run_dir": "/x"}
+
+
+A, B, C, D, E = bench_peers.LABELS
+
+
+def rounds() -> list[list[dict]]:
+    """Three rounds. The plain peers' best final top-1 (the target) is 96, 97, 96. In round 2 the faster
+    plain peer by wall time (the loop) is not the faster one by training time (DDP)."""
+    return [bench_peers.measure(r) for r in (
+        [run(A, 30.0, 20.0, 100.0, [[10.0, 90.0], [20.0, 95.0]]),
+         run(B, 25.0, 15.0, 130.0, [[7.5, 93.0], [15.0, 96.0]]),
+         run(C, 40.0, 21.0, 97.0, [[10.5, 96.0], [21.0, 95.5]]),
+         run(D, 30.0, 16.0, 128.0, [[8.0, 95.0], [16.0, 96.0 - 1e-9]]),  # 96 computed in another order
+         run(E, 28.0, 10.0, 200.0, [[5.0, 94.0], [10.0, 96.5]])],
+        [run(A, 24.0, 16.0, 110.0, [[8.0, 91.0], [16.0, 97.0]]),
+         run(B, 26.0, 14.0, 140.0, [[7.0, 93.0], [14.0, 96.0]]),
+         run(C, 35.0, 17.0, 99.0, [[8.5, 96.0], [17.0, 96.5]]),
+         run(D, 33.0, 15.0, 126.0, [[7.5, 97.0], [15.0, 97.5]]),
+         run(E, 30.0, 12.0, 180.0, [[6.0, 95.0], [12.0, 97.0]])],
+        [run(A, 31.0, 21.0, 95.0, [[10.5, 90.0], [21.0, 95.0]]),
+         run(B, 27.0, 16.0, 120.0, [[8.0, 94.0], [16.0, 96.0]]),
+         run(C, 45.0, 22.0, 93.0, [[11.0, 93.0], [22.0, 94.0]]),
+         run(D, 29.0, 17.0, 110.0, [[8.5, 95.0], [17.0, 95.5]]),
+         run(E, 26.0, 11.0, 190.0, [[5.5, 96.0], [11.0, 96.5]])],
+    )]
+
+
+def test_one_round_targets_overheads_and_speedups():
+    first, second = rounds()[:2]
+    by = {r["label"]: r for r in first}
+    assert {r["target"] for r in first} == {96.0} and {r["target"] for r in second} == {97.0}
+    assert by[A]["overhead_s"] == 10.0 and by[E]["overhead_s"] == 18.0
+    # time to target: cumulative training time at the first epoch reaching it; None if never
+    assert by[A]["time_to_target_s"] is None
+    assert by[B]["time_to_target_s"] == 15.0
+    assert by[C]["time_to_target_s"] == 10.5  # reached at epoch 1, though it ends below
+    assert by[D]["time_to_target_s"] == 16.0  # within the tolerance
+    assert by[E]["time_to_target_s"] == 10.0
+    # against the faster plain peer of the round: DDP (25 s wall, 15 s training)
+    assert by[E]["speedup_wall"] == pytest.approx(25 / 28) and by[E]["speedup_train"] == pytest.approx(15 / 10)
+    assert by[A]["speedup_wall"] == pytest.approx(25 / 30) and by[B]["speedup_train"] == 1.0
+    # round 2: the loop is faster by wall time (24 s), DDP by training time (14 s)
+    by2 = {r["label"]: r for r in second}
+    assert by2[E]["speedup_wall"] == pytest.approx(24 / 30) and by2[E]["speedup_train"] == pytest.approx(14 / 12)
+    assert by2[A]["time_to_target_s"] == 16.0 and by2[D]["time_to_target_s"] == 7.5
+
+
+def test_aggregate_medians_ranges_and_checks():
+    result = bench_peers.aggregate(rounds())
+    rows = {r["label"]: r for r in result["rows"]}
+    assert [r["label"] for r in result["rows"]] == [A, B, C, D, E]
+    assert [r["kind"] for r in result["rows"]] == ["plain", "plain", "ptrun", "ptrun", "ptrun"]
+    assert result["target"] == 96.0  # median of 96, 97, 96
+    e = rows[E]
+    assert e["wall_s"] == 28.0 and e["wall_s_range"] == [26.0, 30.0]
+    assert e["train_time_s"] == 11.0 and e["train_time_s_range"] == [10.0, 12.0]
+    assert e["overhead_s"] == 18.0 and e["overhead_s_range"] == [15.0, 18.0]  # 18, 18, 15
+    assert e["final_top1"] == 96.5 and e["final_top1_range"] == [96.5, 97.0]
+    assert e["time_to_target_s"] == 10.0 and e["time_to_target_s_range"] == [5.5, 12.0]
+    # per-round speedups 25/28, 24/30, 27/26 (wall) and 15/10, 14/12, 16/11 (training)
+    assert e["speedup_wall"] == pytest.approx(25 / 28) and e["speedup_wall_range"] == pytest.approx([0.8, 27 / 26])
+    assert e["speedup_train"] == pytest.approx(16 / 11) and e["speedup_train_range"] == pytest.approx([14 / 12, 1.5])
+    # rounds that never reach the target do not count: the loop reaches it in round 2 only, the 1-worker run in 1
+    assert rows[A]["time_to_target_s"] == 16.0 and rows[A]["time_to_target_s_range"] == [16.0, 16.0]
+    assert rows[C]["time_to_target_s"] == 10.5 and rows[C]["time_to_target_s_range"] == [10.5, 10.5]
+    assert len(rows[E]["runs"]) == 3
+    checks = {c["ptrun"]: c for c in result["checks"]}
+    one, two = checks[C], checks[D]
+    assert one["peer"] == A and one["rounds"] == pytest.approx([0.97, 0.9, 93 / 95])
+    assert one["ratio"] == pytest.approx(0.97) and one["ratio_range"] == pytest.approx([0.9, 93 / 95])
+    assert one["passed"] is True
+    assert two["peer"] == B and two["rounds"] == pytest.approx([128 / 130, 0.9, 110 / 120])
+    assert two["ratio"] == pytest.approx(110 / 120) and two["passed"] is False
+
+
+def test_without_plain_peers_there_is_no_target():
+    only = [bench_peers.measure([run(E, 28.0, 10.0, 200.0, [[10.0, 96.5]])])]
+    result = bench_peers.aggregate(only)
+    row = result["rows"][0]
+    assert result["target"] is None and result["checks"] == []
+    assert row["time_to_target_s"] is None and row["speedup_wall"] is None and row["time_to_target_s_range"] is None
+    assert "| ptrun default | 28.0 | 10.0 | 18.0 | 200 | 96.50 | - | - | - |" in bench_peers.table(
+        {"recipe": "digits_vit", "repeats": 1, **result})
+
+
+def test_only_picks_labels_or_letters_in_order():
+    assert bench_peers.pick(["e,a"]) == [A, E]
+    assert bench_peers.pick([D, "plain DDP"]) == [B, D]  # a label with commas is one label
+    with pytest.raises(ValueError, match="'f'"):
+        bench_peers.pick(["a,f"])
+
+
+def result_json(repeats_rounds: list[list[dict]], recipe: str) -> dict:
+    return {"command": f"python scripts/bench_peers.py --recipe {recipe} --repeats 3 --out /tmp/p", "recipe": recipe,
+            "overrides": [], "repeats": len(repeats_rounds), **bench_peers.aggregate(repeats_rounds)}
+
+
+def test_table_and_caption():
+    result = result_json(rounds(), "digits_vit")
+    text = bench_peers.table(result)
+    assert ("| ptrun default | 28.0 (26.0-30.0) | 11.0 (10.0-12.0) | 18.0 (15.0-18.0) | 190 (180-200) "
+            "| 96.50 (96.50-97.00) | 10.0 (5.5-12.0) | 0.89x (0.80-1.04) | 1.45x (1.17-1.50) |") in text
+    assert "| plain loop | 30.0 (24.0-31.0) |" in text
+    assert "| ptrun, freezing off, 1 worker / plain loop | 0.97x (0.90-0.98) | 0.95x: yes |" in text
+    assert "| ptrun, freezing off, 2 workers / plain DDP | 0.92x (0.90-0.98) | 0.95x: **no** |" in text
+    assert bench_peers.caption(result) == (
+        "digits_vit: 3 round(s) of 5 runs, interleaved; medians (min-max over the rounds); speedups against the "
+        "faster plain peer of each round; target = the best plain peer's final top-1 (median 96.00)")
+    json.dumps(result)  # what publish() writes
+
+
+def test_readme_blocks(tmp_path, monkeypatch):
+    """The two blocks the README will carry, generated by readme_results from bench_peers' caption and table
+    (registered here only: the README has no markers for them yet)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    for recipe in ("digits_vit", "bbc_news_bert"):
+        (results / f"bench_peers_{recipe}.json").write_text(json.dumps(result_json(rounds()[:1], recipe)))
+    monkeypatch.setattr(readme_results, "BLOCKS", {
+        "peers_digits_vit": ("bench_peers_digits_vit.json", "bench_peers"),
+        "peers_bbc_news_bert": ("bench_peers_bbc_news_bert.json", "bench_peers")})
+    readme = tmp_path / "README.md"
+    readme.write_text("# t\n\n<!-- results:peers_digits_vit -->\n<!-- /results:peers_digits_vit -->\n\n"
+                      "<!-- results:peers_bbc_news_bert -->\n<!-- /results:peers_bbc_news_bert -->\n")
+    args = ["--readme", str(readme), "--results", str(results)]
+    assert readme_results.main(args) == 0
+    text = readme.read_text()
+    assert "`python scripts/bench_peers.py --recipe bbc_news_bert --repeats 3 --out /tmp/p`; bbc_news_bert: 1 round(s)" in text
+    assert "| ptrun default | 28.0 | 10.0 | 18.0 | 200 | 96.50 | 10.0 | 0.89x | 1.50x |" in text
+    assert "| ptrun, freezing off, 2 workers / plain DDP | 0.98x | 0.95x: yes |" in text
+    assert readme_results.main([*args, "--check"]) == 0

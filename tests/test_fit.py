@@ -1,0 +1,80 @@
+"""`pipe.length=auto`: the memory fit that picks the shortest pipeline whose largest stage fits a device."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
+from ptrun.models import build_model
+from ptrun.parallel.fit import LengthChoice, UnitMemory, choose_length, measure_unit_memory, resolve_length
+
+MIB = 2**20
+
+
+def config(**pipe) -> PtrunConfig:
+    cfg = PtrunConfig(run_dir="/tmp/unused")
+    cfg = replace(cfg, pipe=replace(cfg.pipe, schedule="1F1B", **pipe),
+                  train=replace(cfg.train, global_batch_size=32), auto=replace(cfg.auto, microbatch_table={2: 4, 4: 8}))
+    return cfg
+
+
+# 10 units of 10 MiB of state each; 1 MiB of activations per sample
+MEMORY = UnitMemory([10.0 * MIB] * 10, [1.0 * MIB] * 10)
+
+
+def test_a_model_that_fits_one_device_trains_as_data_parallelism():
+    choice = choose_length(MEMORY, config(), world_size=4, budget=10**12)
+    assert (choice.length, choice.microbatches) == (1, 1)
+    # K = 1 at DP = 4: a replica's batch of 8 as one micro-batch -> all ten units' state + 8 samples each
+    assert choice.stage_bytes == choice.whole_bytes == pytest.approx(100 * MIB + 10 * 8 * MIB)
+
+
+def test_the_shortest_pipeline_that_fits_is_chosen_with_its_micro_batches():
+    # K = 1 needs 180 MiB; K = 2 (DP 2, 16 per replica, M = 4 from the table, 1F1B keeps 2 of 4 in flight):
+    # 5 units x (10 + 4 samples x 2 in flight x 1) = 90 MiB per stage
+    choice = choose_length(MEMORY, config(), world_size=4, budget=120 * MIB)
+    assert (choice.length, choice.microbatches) == (2, 4)
+    assert choice.stage_bytes == pytest.approx(90 * MIB)
+    assert "K = 2" in choice.summary()
+    # a budget between what K = 2 and K = 4 need picks 4
+    assert choose_length(MEMORY, config(), world_size=4, budget=80 * MIB).length == 4
+
+
+def test_an_explicit_micro_batch_count_is_kept():
+    assert choose_length(MEMORY, config(microbatches=8), world_size=4, budget=120 * MIB).microbatches == 8
+
+
+def test_nothing_fits_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match="pipe.length=auto: no pipeline length fits.*device.memory"):
+        choose_length(MEMORY, config(), world_size=4, budget=10 * MIB)
+
+
+def test_measured_activations_scale_with_the_units_and_exclude_weights():
+    torch.manual_seed(0)
+    layered = build_model(ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=3,
+                                      embed_dim=32, depth=2, num_heads=2), num_classes=10)
+    sample = (torch.randn(1, 3, 16, 16),)
+    state_before = torch.random.get_rng_state()
+    memory = measure_unit_memory(layered, sample, "adamw")
+    assert torch.equal(torch.random.get_rng_state(), state_before), "measuring must not move the RNG"
+    params = [sum(p.numel() for p in unit.parameters()) for unit in layered.units]
+    assert memory.state_bytes == [4.0 * 4 * n for n in params]  # param + grad + two AdamW moments, fp32
+    tokens, width = 17, 32
+    for act in memory.activation_bytes[1:-1]:  # each half-block keeps several token x width tensors
+        assert 2 * tokens * width * 4 <= act <= 40 * tokens * width * 4
+    # weights (saved by the linear layers for backward) are not counted: far below the MLP's weight bytes
+    assert memory.activation_bytes[2] < params[2] * 4
+
+
+def test_resolve_length_fills_in_an_unset_micro_batch_count_for_an_explicit_length():
+    cfg, choice = resolve_length(config(length=2), None, (), world_size=4, budget=0)
+    assert choice is None and (cfg.pipe.length, cfg.pipe.microbatches) == (2, 4)
+
+
+def test_auto_length_refuses_explicit_stages():
+    cfg = config(length="auto", partition="explicit", stages=[[0, 4], [4, 14]])
+    with pytest.raises(ConfigError, match="pipe.length"):
+        validate(cfg)
