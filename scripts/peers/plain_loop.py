@@ -97,8 +97,12 @@ def main() -> None:
     # workers flush them to zero too; a peer without it would lose for a reason that is not the engine.
     torch.set_flush_denormal(True)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    # One GPU per process where there are GPUs (nccl), else the CPU (gloo): the same loop either way.
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
     # ---- preparation: ptrun's config and data split; the model built the ordinary way --------------------
     from ptrun.data import build_datasets
@@ -109,10 +113,10 @@ def main() -> None:
     columns = [c for c in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
                if c in data.train.column_names]
     # Small datasets: whole tensors in memory (token columns as int64, as the embeddings want them).
-    train, test = ({c: v if v.is_floating_point() else v.long() for c, v in split[:].items() if c in columns}
-                   for split in (data.train, data.eval))
+    train, test = ({c: (v if v.is_floating_point() else v.long()).to(device) for c, v in split[:].items()
+                    if c in columns} for split in (data.train, data.eval))
     torch.manual_seed(cfg.train.seed)
-    net = build_model(cfg, data)
+    net = build_model(cfg, data).to(device)
     net.train()
     model = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
@@ -138,11 +142,11 @@ def main() -> None:
     def evaluate() -> float:  # top-1 in percent; each rank a contiguous shard of the eval split
         net.eval()
         shard = torch.tensor_split(torch.arange(len(test["labels"])), world)[rank]
-        correct = torch.zeros(2, dtype=torch.float64)
+        correct = torch.zeros(2, dtype=torch.float64, device=device)
         with torch.no_grad():
             for ids in shard.split(128):
-                b = {k: v[ids] for k, v in test.items()}
-                correct += torch.tensor([(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)])
+                b = {k: v[ids.to(device)] for k, v in test.items()}
+                correct += torch.tensor([(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)], device=device)
         if world > 1:
             dist.all_reduce(correct)
         net.train()
@@ -157,7 +161,7 @@ def main() -> None:
         t_epoch = time.perf_counter()
         for ids in order.split(batch)[:steps]:  # the last batch may be smaller: nothing dropped
             mine = torch.tensor_split(ids, world)[rank]  # this rank's contiguous share of the global batch
-            b = {k: v[mine] for k, v in train.items()}
+            b = {k: v[mine.to(device)] for k, v in train.items()}
             # The share's summed loss over the global batch's size, times the world size: DDP's gradient
             # average is then the global batch's mean loss, even when the last batch does not split evenly.
             loss = F.cross_entropy(logits(model, b), b["labels"], reduction="sum") * (world / len(ids))
