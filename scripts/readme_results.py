@@ -33,6 +33,8 @@ BLOCKS = {
     "pipedream-placement": ("bench_pipedream_placement.json", "bench_pipedream"),
     "autocache": ("bench_cache.json", "bench_cache"),
     "pipeline": ("bench_pipeline.json", "bench_pipeline"),
+    "peers_digits_vit": ("bench_peers_digits_vit.json", "bench_peers"),
+    "peers_bbc_news_bert": ("bench_peers_bbc_news_bert.json", "bench_peers"),
 }
 """Marker name -> (its JSON file in the results directory, the script whose `caption` and `table` format it)."""
 

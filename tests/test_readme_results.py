@@ -49,6 +49,12 @@ Prose between.
 <!-- results:pipeline -->
 <!-- /results:pipeline -->
 
+<!-- results:peers_digits_vit -->
+<!-- /results:peers_digits_vit -->
+
+<!-- results:peers_bbc_news_bert -->
+<!-- /results:peers_bbc_news_bert -->
+
 Prose after.
 """
 
@@ -151,6 +157,9 @@ def tree(tmp_path):
                        ("bench_pipedream_placement", placement_json()), ("bench_cache", cache_json()),
                        ("bench_pipeline", pipeline_json())):
         (results / f"{name}.json").write_text(json.dumps(data))
+    for recipe in ("digits_vit", "bbc_news_bert"):  # the real peer results: their format is tested elsewhere
+        name = f"bench_peers_{recipe}.json"
+        (results / name).write_text((REPO / "docs" / "results" / name).read_text())
     readme = tmp_path / "README.md"
     readme.write_text(README)
     return readme, results
