@@ -83,13 +83,12 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    import ptrun.train.trainer  # noqa: F401  (imported once here, inherited by every forked worker)
-    from ptrun.worker import run_worker
+    from ptrun.worker import run_worker  # spawned workers import it by name
 
-    # Workers are forked from this process, which has imported torch (elastic needs it) and the trainer:
-    # spawned workers would import them again, about 5 s of every start and restart. Nothing here has
-    # touched CUDA or started threads a worker could need.
-    config = launch_config(cfg, start_method="fork")
+    # Spawned, not forked: forked workers (which would skip re-importing torch and the trainer, ~2.6 s of a
+    # start here) failed elastic restarts in the full test suite (a re-formed job never came up), so the
+    # workers start from a fresh interpreter, as torchrun's do.
+    config = launch_config(cfg)
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
     with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _final_on_bad_input(Path(tmp)) as errors:

@@ -94,25 +94,18 @@ def test_padded_last_batch_matches_reference(tmp_path, tiny):
 
 
 def _worker_pids(parent: int) -> list[int]:
-    """Direct children of `parent` that are its workers: forked from it, so with its command line
-    (multiprocessing's resource tracker, also a child, runs a command of its own)."""
-    def cmdline(pid) -> str | None:
-        try:
-            return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return None
-
-    own = cmdline(parent)
+    """Direct children of `parent` that are spawned multiprocessing workers."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and own is not None and cmdline(entry.name) == own:
+        if ppid == parent and "multiprocessing.spawn" in cmd and "spawn_main" in cmd:
             pids.append(int(entry.name))
     return sorted(pids)
 
