@@ -17,7 +17,7 @@ import torch
 
 from ptrun.auto.autopipe import pick_microbatches
 from ptrun.config import ConfigError, PtrunConfig, parse_memory
-from ptrun.parallel.partition import partition
+from ptrun.parallel.partition import partition, stage_sums
 
 OPTIMIZER_COPIES = {"adamw": 2, "sgd": 1}
 """float32 tensors of optimizer state per parameter element."""
@@ -132,7 +132,7 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
         cost = [s + a * micro * _in_flight(pipe.schedule, pp, m)
                 for s, a in zip(memory.state_bytes, memory.activation_bytes)]
         bounds = partition("params", pp * pipe.stages_per_rank, num_units=num_units, param_costs=cost)
-        stages = [sum(cost[lo:hi]) for lo, hi in bounds]
+        stages = stage_sums(bounds, cost)
         # A rank holds `stages_per_rank` stages: charge it the largest ones' sum.
         largest = sum(sorted(stages)[-pipe.stages_per_rank:])
         whole = sum(cost) if whole is None else whole
