@@ -17,12 +17,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ptrun.config import ConfigError, PtrunConfig, schema_keys, validate
+from ptrun import slurm
+from ptrun.config import ConfigError, PtrunConfig, check_machines, schema_keys, validate
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 EXIT_BAD_INPUT = 2
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
-UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto"}
+UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto",
+                 "launcher.nproc_per_node": "an integer >= 1 or auto"}
 # Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
 HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
                     "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}
@@ -117,7 +119,11 @@ def preflight(overrides: list[str]) -> None:
     except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
         _fail(explain(e))
     try:
+        if slurm.in_slurm(os.environ):  # checks that depend on the node count must see the job's
+            cfg.launcher = OmegaConf.structured(slurm.from_slurm(OmegaConf.to_object(cfg.launcher), os.environ,
+                                                                 slurm.explicit_fields(overrides)))
         validate(cfg)
+        check_machines(cfg.launcher)
         _check_run_dir_path(run_dir)
     except ConfigError as e:
         _fail(str(e))
@@ -161,7 +167,7 @@ def train_task(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ptrun.launch import LaunchFailed, check_rendezvous, launch
+    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
@@ -172,6 +178,11 @@ def train_task(cfg: DictConfig) -> None:
         OmegaConf.resolve(cfg)
         cfg.run_dir = str(run_dir)
         typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+        # Inside `srun`: nodes and rendezvous from SLURM (ptrun/slurm.py); launcher.* on the command line wins.
+        explicit = slurm.explicit_fields(hydra_cfg.overrides.task)
+        typed.launcher = slurm.from_slurm(typed.launcher, os.environ, explicit)
+        if (note := slurm.summary(typed.launcher, os.environ, explicit)) is not None:
+            print(note, flush=True)
         validate(typed)
         _check_run_dir(run_dir, typed.train.resume)
         check_rendezvous(typed.launcher)
@@ -188,6 +199,34 @@ def train_task(cfg: DictConfig) -> None:
             _fail_start(str(e), run_dir, created_now)
         except LaunchFailed as e:
             _fail(str(e), code=1)
+        except Stopped as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
+            _stopped(e.signum, run_dir, list(hydra_cfg.overrides.task))
+
+
+def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  # noqa: F821
+    """After the workers stopped on a signal: one line saying where the checkpoint is and the command that
+    resumes the run, and the exit code for that signal (130 after Ctrl-C; 143 after SIGTERM, which
+    schedulers can requeue on)."""
+    import json
+    import shlex
+    import signal
+
+    from ptrun.train import checkpoint
+    from ptrun.train.stop import EXIT_CODES
+
+    name, code = signal.Signals(signum).name, EXIT_CODES.get(signum, 1)
+    ckpt = checkpoint.latest_valid(run_dir)
+    if ckpt is None:
+        message = f"stopped by {name} before the first checkpoint; nothing to resume (run dir {run_dir})"
+    else:
+        state = json.loads((ckpt / checkpoint.TRAINER).read_text())
+        where = (f"in epoch {state['epoch'] + 1} after step {state['step_in_epoch']}" if state["step_in_epoch"]
+                 else f"before epoch {state['epoch'] + 1}")
+        kept = [o for o in overrides if not o.startswith(("train.resume=", "hydra.run.dir="))]
+        command = shlex.join(["ptrun", "train", *kept, "train.resume=true", f"hydra.run.dir={run_dir}"])
+        message = f"stopped by {name} {where}; checkpoint {ckpt}; resume with: {command}"
+    print(f"ptrun: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
 def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
@@ -345,6 +384,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "train":
+        from ptrun.launch import user_cache_dir
+
+        # before anything imports torch._dynamo, which makes its cache directory (see launch_config)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
         try:
             run_train(rest)
         except KeyboardInterrupt:

@@ -266,12 +266,16 @@ class CacheConfig:
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: int = 2
-    """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU)."""
+    nproc_per_node: Union[int, str] = 2
+    """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU): an integer, or
+    `auto`: one per visible GPU when the workers use CUDA (`backend` auto or nccl on a machine with a GPU),
+    else `CPU_WORKERS` (2) emulated devices. Each machine of a multi-machine job counts its own."""
     nnodes: str = "1"
-    """Number of machines, `N` or `MIN:MAX` for an elastic job."""
+    """Number of machines, `N` or `MIN:MAX` for an elastic job. With MIN > 1, `rdzv_endpoint` must be a
+    `host:port` every machine reaches (not loopback, not port 0), and the same command runs on each machine."""
     rdzv_endpoint: str = "localhost:0"
-    """c10d rendezvous `host:port`; `localhost:0` binds loopback on a free port (single machine)."""
+    """c10d rendezvous `host:port`; `localhost:0` binds loopback on a free port (single machine). For several
+    machines: one machine's name or address and a fixed free port, e.g. `node0:29400`."""
     rdzv_id: Optional[str] = None
     """Rendezvous id shared by all machines of one job; None = the run directory's name."""
     rdzv_last_call: int = 30
@@ -282,6 +286,9 @@ class LauncherConfig:
     fails; taking in a machine that joins does not count."""
     monitor_interval: float = 0.5
     """Seconds between the elastic agent's health checks of its workers."""
+    stop_timeout: int = 60
+    """Seconds the workers get after Ctrl-C or SIGTERM to finish their step and write a checkpoint before
+    they are killed (keep it below the scheduler's grace period, e.g. SLURM's `--signal=B:TERM@SECONDS`)."""
     threads_per_worker: int = 1
     """Intra-op threads per worker (CPU); one per emulated device avoids oversubscription."""
     backend: str = "auto"
@@ -336,8 +343,11 @@ class PtrunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     logger: str = "jsonl"
-    """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) or
-    `tensorboard` (also TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`)."""
+    """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) and also
+    `tensorboard` (TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`), `wandb` (a Weights & Biases
+    run, files in RUN_DIR/wandb; `WANDB_MODE=offline` sends nothing) or `mlflow` (an MLflow run in
+    $MLFLOW_TRACKING_URI, else in RUN_DIR/mlflow.db). wandb and mlflow need `pip install 'ptrun[trackers]'`;
+    see docs/trackers.md."""
     run_dir: str = MISSING
     """Where the resolved config, log, metrics and checkpoints go (`hydra.run.dir`)."""
 
@@ -375,6 +385,59 @@ def parse_nnodes(nnodes: str) -> tuple[int, int]:
         lo, hi = 0, 0
     _require(1 <= lo <= hi, "launcher.nnodes", "N or MIN:MAX with 1 <= MIN <= MAX", nnodes)
     return lo, hi
+
+
+CPU_WORKERS = 2
+"""`launcher.nproc_per_node=auto` where the workers do not use CUDA: emulated devices (worker processes) per
+machine, ptrun's default worker count."""
+
+
+def workers_per_node(lc: LauncherConfig) -> int:
+    """`launcher.nproc_per_node` as the number of workers the launcher starts on this machine: an integer as
+    given; `auto`: one per visible GPU when the workers will use CUDA (the rule of `ptrun.worker.pick_device`),
+    else CPU_WORKERS. torch is imported for `auto` only: it costs seconds, and validation runs before every
+    start."""
+    if lc.nproc_per_node != "auto":
+        return lc.nproc_per_node  # type: ignore[return-value]
+    if lc.backend in ("auto", "nccl"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+    return CPU_WORKERS
+
+
+LOCAL_HOST_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int | None] | None:
+    """`host:port`, `[v6 address]:port` or `host` -> (host, port; None = torch's default port); None when it
+    does not parse (`ptrun.launch.check_rendezvous` reports that with torch's own parser)."""
+    text = str(endpoint).strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else (None if not rest else "")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:  # a bare name, or a bare IPv6 address
+        host, port = text, None
+    if port is None:
+        return host, None
+    return (host, int(port)) if port.isdigit() else None
+
+
+def only_this_machine(host: str) -> bool:
+    """A rendezvous host no other machine can reach: a loopback or unspecified address, or localhost."""
+    import ipaddress
+
+    name = host.strip().lower()
+    if name in LOCAL_HOST_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # a host name: whether it resolves is checked at launch (check_rendezvous)
+    return address.is_loopback or address.is_unspecified
 
 
 def parse_memory(spec: str, total: int | None = None, key: str = "cache.max_memory") -> int:
@@ -449,7 +512,12 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         _require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
                  and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
                  f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
-    _require(cfg.logger in ("jsonl", "tensorboard"), "logger", "jsonl or tensorboard", cfg.logger)
+    _require(cfg.logger in ("jsonl", "tensorboard", "wandb", "mlflow"), "logger",
+             "jsonl, tensorboard, wandb or mlflow", cfg.logger)
+    if cfg.logger in ("wandb", "mlflow"):
+        from ptrun.report.trackers import check_installed  # finds the packages without importing them
+
+        check_installed(cfg.logger)  # here, not in the workers: a missing package is one line, not a crash
     ca = cfg.cache
     _require(ca.dtype in CACHE_DTYPES, "cache.dtype", f"one of {', '.join(CACHE_DTYPES)}", ca.dtype)
     _require(ca.augment in CACHE_AUGMENT, "cache.augment", f"one of {', '.join(CACHE_AUGMENT)}", ca.augment)
@@ -537,9 +605,11 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
                  "placement is fixed)", p.length)
     _require(not p.vertical_sync or p.weight_stashing, "pipe.vertical_sync",
              "false unless pipe.weight_stashing=true (vertical sync picks among stashed versions)", p.vertical_sync)
-    _require(lc.nproc_per_node >= 1, "launcher.nproc_per_node", "an integer >= 1", lc.nproc_per_node)
+    _require(lc.nproc_per_node == "auto" or (isinstance(lc.nproc_per_node, int) and lc.nproc_per_node >= 1),
+             "launcher.nproc_per_node", "an integer >= 1 or auto", lc.nproc_per_node)
     _require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
     _require(lc.rdzv_last_call >= 1, "launcher.rdzv_last_call", "whole seconds >= 1", lc.rdzv_last_call)
+    _require(lc.stop_timeout >= 1, "launcher.stop_timeout", "whole seconds >= 1", lc.stop_timeout)
     _require(lc.threads_per_worker >= 1, "launcher.threads_per_worker", "an integer >= 1", lc.threads_per_worker)
     _require(lc.backend in ("auto", "gloo", "nccl"), "launcher.backend", "auto, gloo or nccl", lc.backend)
     _require(ck.every_epochs >= 0, "checkpoint.every_epochs", "an integer >= 0", ck.every_epochs)
@@ -548,15 +618,17 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     lo, hi = parse_nnodes(lc.nnodes)
     per_replica = None
     if hi == 1 and not auto_k:
-        world = lc.nproc_per_node
+        world = workers_per_node(lc)
+        auto_note = f"; auto = {world} on this machine" if lc.nproc_per_node == "auto" else ""
         if p.first_stage_replicas > 1:
             need = p.first_stage_replicas + p.length - 1
             _require(world == need, "launcher.nproc_per_node", f"{need} workers for pipe.first_stage_replicas="
-                     f"{p.first_stage_replicas} at pipe.length={p.length} (replicas + length - 1)", world)
+                     f"{p.first_stage_replicas} at pipe.length={p.length} (replicas + length - 1{auto_note})",
+                     lc.nproc_per_node)
             dp = p.first_stage_replicas
         else:
             _require(world % p.length == 0, "pipe.length",
-                     f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes)", p.length)
+                     f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes{auto_note})", p.length)
             dp = world // p.length
         _require(t.global_batch_size % dp == 0, "train.global_batch_size",
                  f"a multiple of the data-parallel width {dp}", t.global_batch_size)
@@ -604,6 +676,137 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
         raise ConfigError(f"data.path={d.path!r}: no such directory")
     if m.pretrained is not None and not Path(m.pretrained).expanduser().exists():
         raise ConfigError(f"model.pretrained={m.pretrained!r}: no such file or directory")
+    check_model_against_data(cfg)
+
+
+def check_machines(lc: LauncherConfig) -> None:
+    """The rules of a job of several machines that only matter when it is launched (`ptrun plan` and the
+    tests compose the two-machine recipes for a cluster without naming one): with MIN > 1 in
+    `launcher.nnodes`, a rendezvous endpoint other machines can reach; with MAX > 1, a shared `rdzv_id`.
+    Called by `ptrun train` before Hydra creates the run directory (cli.preflight) and again with the
+    rendezvous checks (launch.check_rendezvous). Raises ConfigError."""
+    lo, hi = parse_nnodes(lc.nnodes)
+    endpoint = split_endpoint(lc.rdzv_endpoint)
+    if lo > 1 and endpoint is not None and (only_this_machine(endpoint[0]) or endpoint[1] == 0):
+        # The rendezvous store would listen where no other machine can connect (loopback, or a port chosen at
+        # random on this machine), so the job would wait for machines that can never join (join timeout 900 s).
+        why = " and ".join(w for w, bad in (("a loopback host", only_this_machine(endpoint[0])),
+                                            ("port 0", endpoint[1] == 0)) if bad)
+        raise ConfigError(f"launcher.nnodes={lc.nnodes!r} is not allowed with launcher.rdzv_endpoint="
+                          f"{lc.rdzv_endpoint!r} ({why}: no other machine can join); set launcher.rdzv_endpoint="
+                          f"HOST:PORT that every machine reaches and run the same command on each, or "
+                          f"launcher.nnodes=1 for one machine")
+    # Without an id each machine names its rendezvous after its own run directory plus a random suffix
+    # (launch.launch_config), so the machines of one job would never meet: each waits, or starts alone.
+    _require(hi == 1 or bool(lc.rdzv_id), "launcher.rdzv_id", f"the same id on every machine of a "
+             f"launcher.nnodes={lc.nnodes!r} job (e.g. launcher.rdzv_id=myjob-1), or launcher.nnodes=1 for one "
+             f"machine", lc.rdzv_id)
+
+
+SOURCE_IMAGES = {"digits": (8, 1), "imagefolder": (224, 3), "cifar10": (32, 3), "cifar100": (32, 3)}
+"""(side in pixels, channels) of each image source's samples when `data.image_size` is unset: scikit-learn's
+8x8 grey digits, `ptrun.data.sources.DEFAULT_IMAGE_SIZE`, `ptrun.data.cifar.CIFAR_SIZE`. Repeated here so
+that validation need not import the data stack (tests/test_cli.py checks that they agree)."""
+TEXT_MAX_LENGTH = {"glue": 128, "squad": 384, "tweet_sentiment": 64, "bbc_news": 128}
+"""Tokens per sample of each text source when `data.max_length` is unset (`ptrun.data.text.GLUE_MAX_LENGTH`,
+`SQUAD_MAX_LENGTH`, `ptrun.data.packaged_text.PACKAGED_TEXT[...].max_length`; checked alike)."""
+BERT_MAX_POSITIONS = 512
+"""The position table of ptrun's BERT presets when `model.max_position_embeddings` is unset (models/bert.py)."""
+TIMM_VIT_MODULES = ("vision_transformer", "vision_transformer_hybrid", "deit")
+"""timm modules whose registered models build a plain `VisionTransformer`, the class ptrun splits into units."""
+
+
+def _hf_config(pretrained: str | None) -> dict | None:
+    """The config.json of a Hugging Face model directory `pretrained`, or None when it is not one."""
+    import json
+
+    path = Path(pretrained).expanduser() / "config.json" if pretrained is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # the model builder reports an unreadable config.json with its own words
+
+
+def timm_vit_problem(name: str) -> str | None:
+    """What keeps timm model `name` (an optional `.tag` aside) from being a ViT ptrun can split, read from
+    timm's installed source without importing timm (that takes seconds, at every start): None when it is
+    registered in one of TIMM_VIT_MODULES with timm's pre-norm Block (no `block_fn`) and no distillation
+    token, or when timm's source cannot be read (the model builder checks again in the workers)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("timm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    models = Path(next(iter(spec.submodule_search_locations))) / "models"
+    base = name.split(".", 1)[0]
+    pattern = re.compile(rf"@register_model\s*\ndef {re.escape(base)}\(")
+    # ptrun's own modules first: a supported name is found after reading three files
+    for source in sorted(models.glob("*.py"), key=lambda f: (f.stem not in TIMM_VIT_MODULES, f.name)):
+        text = source.read_text(errors="replace")
+        found = pattern.search(text)
+        if not found:
+            continue
+        body = text[found.end():].split("@register_model", 1)[0]
+        if source.stem not in TIMM_VIT_MODULES:
+            return f"timm builds it in timm.models.{source.stem}, not as a VisionTransformer"
+        if "block_fn=" in body:
+            return "its blocks are not timm's pre-norm Block"
+        if "distilled=True" in body:
+            return "a distilled DeiT (two heads)"
+        return None
+    return "timm has no such model" if models.is_dir() else None
+
+
+def check_model_against_data(cfg: PtrunConfig | DictConfig) -> None:
+    """Cross-key checks between the model, its own config file and the data source: what the workers would
+    otherwise find out only after they started (a crash in the model's forward, restarted max_restarts times).
+    Reads the pretrained directory's config.json and timm's source files, nothing heavier."""
+    m, d = cfg.model, cfg.data
+    hf = _hf_config(m.pretrained)
+    family = m.family or ("vit" if m.name.startswith(("vit_", "deit")) else
+                          "bert" if m.name.startswith("bert") or hf is not None else None)
+    if m.embed_dim is not None and m.num_heads is not None:
+        _require(m.embed_dim % m.num_heads == 0, "model.num_heads",
+                 f"a divisor of model.embed_dim={m.embed_dim} (each head gets embed_dim / num_heads channels)",
+                 m.num_heads)
+    if family == "vit":
+        _require(m.name.startswith(("vit_", "deit")), "model.name",
+                 "a timm ViT name (vit_* or deit_*, e.g. vit_tiny_patch16_224) with model.family=vit", m.name)
+        problem = timm_vit_problem(m.name)
+        _require(problem is None, "model.name", f"a timm VisionTransformer with pre-norm Blocks, e.g. "
+                 f"vit_tiny_patch16_224 or vit_base_patch16_224 ({problem})", m.name)
+        if d.name in SOURCE_IMAGES:
+            side, chans = SOURCE_IMAGES[d.name]
+            side = d.image_size or side
+            _require(m.img_size is None or m.img_size == side, "model.img_size",
+                     f"{side}, the side of the images data.name={d.name} produces (data.image_size="
+                     f"{d.image_size}), or null to follow the data", m.img_size)
+            _require(m.in_chans is None or m.in_chans == chans, "model.in_chans",
+                     f"{chans}, the channels of data.name={d.name}'s images, or null to follow the data", m.in_chans)
+    if family == "bert":
+        if hf is not None:
+            # the same rule as the model builder's (models/bert.py _check_against_dir): sizes are the weights'
+            have = {"depth": hf.get("num_hidden_layers"), "embed_dim": hf.get("hidden_size"),
+                    "num_heads": hf.get("num_attention_heads"), "vocab_size": hf.get("vocab_size"),
+                    "max_position_embeddings": hf.get("max_position_embeddings")}
+            for key, value in have.items():
+                want = getattr(m, key)
+                if want is not None and value is not None and want != value:
+                    raise ConfigError(f"model.{key}={want!r} is not allowed: model.pretrained={m.pretrained!r} "
+                                      f"has {value!r}; leave it null")
+        if d.name in TEXT_MAX_LENGTH:
+            length = d.max_length or TEXT_MAX_LENGTH[d.name]
+            positions, where = (
+                (m.max_position_embeddings, "model.max_position_embeddings") if m.max_position_embeddings else
+                (hf["max_position_embeddings"], f"the position table of model.pretrained={m.pretrained!r}")
+                if hf is not None and hf.get("max_position_embeddings") else
+                (BERT_MAX_POSITIONS, f"the position table of model.name={m.name!r} (max_position_embeddings)"))
+            # Longer inputs index past the position embedding table: an IndexError inside every worker.
+            _require(length <= positions, "data.max_length", f"at most {positions}, {where}"
+                     + ("" if d.max_length else f" (null = {length} for data.name={d.name})"), d.max_length)
 
 
 def schema_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:

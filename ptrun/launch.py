@@ -3,39 +3,74 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
+import shutil
 import socket
+import sys
 import tempfile
 import uuid
 from pathlib import Path
 
-from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, parse_nnodes
+from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, check_machines, parse_nnodes, workers_per_node
 
 EXIT_BAD_INPUT = 2
 """A worker's exit code for bad input it found (a checkpoint of another model, a broken dataset file), after
 writing its one-line message into the launch's errors directory."""
 DEFAULT_RDZV_PORT = 29400  # torch's c10d default when the endpoint names no port
+JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
 # torch's loggers that report a failed worker (with the agent's traceback) and the shutdown of the others
 ELASTIC_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+# ... and the agent's, which reports a signal it received ("Received SIGINT death signal, shutting down
+# workers"; the launcher's own line says what happened and how to resume)
+AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+ELASTIC_LOG_DIR = "elastic"
+"""Under the run directory: elastic's per-attempt directories, where a failed worker's error.json lands
+(empty directories are removed after the launch, so a run without failures keeps none)."""
 
 
 class LaunchFailed(RuntimeError):
     """The worker group failed more often than `launcher.max_restarts` allows."""
 
 
+class Stopped(Exception):
+    """The job stopped on a signal (Ctrl-C, SIGTERM) that reached this launcher, after its workers wrote a
+    checkpoint at the step they agreed on (given `launcher.stop_timeout` seconds to)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def user_cache_dir() -> Path:
+    """ptrun's directory for caches that outlive a run: $XDG_CACHE_HOME/ptrun, by default ~/.cache/ptrun."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ptrun"
+
+
 def check_rendezvous(lc: LauncherConfig) -> None:
-    """`launcher.rdzv_endpoint` must parse, and a one-machine job must be able to host its rendezvous store.
+    """`launcher.rdzv_endpoint` must parse, its host resolve, a job of several machines name an endpoint and id
+    they can share (config.check_machines), and a one-machine job must be able to host its rendezvous store.
     torch otherwise takes a busy local port for another agent's store, connects to whatever holds it and
     waits there until the rendezvous times out (a hang, not an error). Jobs of several machines may share the
     port with an agent of the same job on this machine, so only one-machine jobs are checked."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
+    check_machines(lc)  # again here: a launch that did not come through cli.preflight
     try:
         host, port = parse_rendezvous_endpoint(lc.rdzv_endpoint, default_port=DEFAULT_RDZV_PORT)
     except ValueError:
         raise ConfigError(f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r} is not allowed: host:port with a port "
                           f"0-65535 (localhost:0 picks a free one)") from None
+    # A host that does not resolve makes torch retry inside its C++ store client until the join timeout and
+    # then print pages of stack frames; every machine of the job needs the name, this one included.
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        reason = e.strerror if isinstance(e, socket.gaierror) else "not a valid host name"
+        raise ConfigError(f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r}: host {host!r} does not resolve "
+                          f"({reason}); use a host name or address every machine resolves, or localhost:0 "
+                          f"for one machine") from None
     if parse_nnodes(lc.nnodes)[1] > 1 or port == 0 or not _matches_machine_hostname(host):
         return
     # Listen on every address, as the store will (create_server sets SO_REUSEADDR like the store does: a port
@@ -52,33 +87,58 @@ def check_rendezvous(lc: LauncherConfig) -> None:
 def launch_config(cfg: PtrunConfig, **overrides):
     """torch.distributed.elastic's LaunchConfig for `cfg.launcher` (c10d rendezvous); `overrides` replace
     fields (`start_method`, say). Also sets the environment restarts need."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     # torch 2.13/2.14: restarted gloo workers fail in connectFullMesh when the agent shares its TCP store
     # with them (the store still holds the previous attempt's addresses); a separate store fixes restarts.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Importing torch._dynamo (timm and the pipelining schedules do) creates torch's compile cache, by
+    # default /tmp/torchinductor_USER; a cache that should outlive the run belongs with the user's caches.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
     lc = cfg.launcher
     min_nodes, max_nodes = parse_nnodes(lc.nnodes)
     return LaunchConfig(**{
         "min_nodes": min_nodes,
         "max_nodes": max_nodes,
-        "nproc_per_node": lc.nproc_per_node,
+        "nproc_per_node": workers_per_node(lc),  # `auto` resolved on this machine
         "run_id": lc.rdzv_id or f"{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:8]}",
         "rdzv_backend": "c10d",
         "rdzv_endpoint": lc.rdzv_endpoint,
         # c10d: how long machines may take to join, and how long a rendezvous with MIN of them waits for more
-        "rdzv_configs": {"join_timeout": 900, "last_call_timeout": lc.rdzv_last_call},
+        "rdzv_configs": {"join_timeout": JOIN_TIMEOUT_S, "last_call_timeout": lc.rdzv_last_call},
         "max_restarts": lc.max_restarts,
         "monitor_interval": lc.monitor_interval,
+        # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed.
+        "shutdown_timeout": lc.stop_timeout,
+        # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
+        "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
         **overrides,
     })
+
+
+def say_waiting(config) -> None:
+    """Before a rendezvous of several machines, one line on stderr: what the launcher waits for, where and for
+    how long (a silent wait looks like a hang). `config` is `launch_config`'s."""
+    if config.max_nodes <= 1:
+        return
+    if config.min_nodes > 1:
+        wait, what = config.rdzv_configs["join_timeout"], f"{config.min_nodes} machines"
+        if config.max_nodes > config.min_nodes:
+            what = f"at least {what} (up to {config.max_nodes})"
+    else:  # an elastic job that may start alone: it waits last_call_timeout for others
+        wait, what = config.rdzv_configs["last_call_timeout"], f"up to {config.max_nodes} machines"
+    print(f"ptrun: waiting up to {wait} s for {what} to join at {config.rdzv_endpoint} (run the same command "
+          f"on each)", file=sys.stderr, flush=True)
 
 
 def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     """Run `ptrun.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
 
-    Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted) and
-    LaunchFailed when the workers failed otherwise more often than `launcher.max_restarts` allows."""
+    Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Stopped
+    when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
+    `launcher.max_restarts` allows."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
@@ -88,15 +148,24 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     # Spawned, not forked: forked workers (which would skip re-importing torch and the trainer, ~2.6 s of a
     # start here) failed elastic restarts in the full test suite (a re-formed job never came up), so the
     # workers start from a fresh interpreter, as torchrun's do.
+    logs = Path(cfg.run_dir) / ELASTIC_LOG_DIR
+    existed = logs.exists()
     config = launch_config(cfg)
+    say_waiting(config)
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
-    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _final_on_bad_input(Path(tmp)) as errors:
+    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _final_on_bad_input(Path(tmp)) as errors, \
+            _quiet_agent_on_signals(), _pruned(logs), _no_cache_left(cfg):
+        signum, results = 0, {}
         try:
             results = elastic_launch(config, run_worker)(str(config_path), str(errors))
+        except SignalException as e:
+            signum = int(e.sigval)
         except ChildFailedError as e:
             reports = sorted(errors.iterdir())  # named by rank: the lowest rank's report
             if reports:
+                if not existed:  # a start that failed on bad input leaves the run directory as it was
+                    shutil.rmtree(logs, ignore_errors=True)
                 raise ConfigError(reports[0].read_text().strip()) from None
             rank, failure = next(iter(e.failures.items()))
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
@@ -105,7 +174,59 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
             raise LaunchFailed(f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
                                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+    if signum:
+        # Raised outside the handler, with the agent's frames collected: they hold its worker queues, whose
+        # semaphores the resource tracker would otherwise report as leaked at exit.
+        gc.collect()
+        raise Stopped(signum)
     return results.get(0, {}) if isinstance(results, dict) else {}
+
+
+@contextlib.contextmanager
+def _no_cache_left(cfg: PtrunConfig):
+    """After the launch, however it ended: the node's AutoCache memory tier (in /dev/shm) goes unless
+    `cache.keep`. Workers remove it when a run ends; this covers workers that were killed or failed."""
+    try:
+        yield
+    finally:
+        if cfg.auto.cache and not cfg.cache.keep:
+            from ptrun.auto.autocache import cache_dirs
+
+            shutil.rmtree(cache_dirs(cfg.cache, cfg.run_dir)[1], ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _pruned(root: Path):
+    """Remove the empty directories under `root` (and `root` itself, if empty) when the block ends."""
+    try:
+        yield
+    finally:
+        # Bottom-up; os.walk skips what vanishes meanwhile (the agents of several machines may share `root`
+        # on a shared file system and prune it at the same time).
+        for folder, _, _ in os.walk(root, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only empty ones go
+
+
+@contextlib.contextmanager
+def _quiet_agent_on_signals():
+    """Once the agent has received a signal, drop its warnings about it and about passing it on to the
+    workers: the launcher's own line says what happened and how to resume."""
+    signalled = False
+
+    def quiet(record: logging.LogRecord) -> bool:
+        nonlocal signalled
+        signalled = signalled or "death signal" in record.getMessage()
+        return not signalled
+
+    loggers = [logging.getLogger(name) for name in (AGENT_LOGGER, *ELASTIC_LOGGERS)]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,12 @@ def pick_device(backend: str) -> tuple[torch.device, str]:
 
 
 def run_worker(config_path: str, errors: str) -> dict:
+    """Returns rank 0's final eval. On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a
+    checkpoint there and exit with 128 + the signal's number, as a shell reports a process the signal ended."""
+    from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
+
+    stops = StopRequests()
+    stops.install()  # first: a signal during the start is kept for the first step boundary
     cfg = load_resolved(config_path)
     # elastic_launch, unlike torchrun, does not set OMP_NUM_THREADS: one intra-op thread per emulated device.
     torch.set_num_threads(cfg.launcher.threads_per_worker)
@@ -53,14 +59,17 @@ def run_worker(config_path: str, errors: str) -> dict:
     setup_logging(cfg.run_dir, rank)
     held = _hold_file_log(log_file, log_existed) if rank == 0 else None
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    trainer = None
+    trainer, stopped = None, 0
     try:
-        trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted)
+        trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops)
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
         if held is not None:
             _release_file_log(held)
         return trainer.fit()
+    except Interrupted as e:
+        trainer.stopped(e.signum)
+        stopped = e.signum
     except ConfigError as e:
         # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):
         # its one line goes to the launcher, which prints it once, and the exit code tells it not to restart.
@@ -72,6 +81,11 @@ def run_worker(config_path: str, errors: str) -> dict:
         if trainer is not None:
             trainer.close()
         dist.destroy_process_group()
+    # Not a return value: the elastic agent that sent the signal is shutting down and reads none (a worker
+    # that returned would wait for it until killed), it waits for the workers to exit. Where the signal
+    # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
+    # from the checkpoint just written.
+    raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
 
 
 def _publish(config_path: Path, target: Path) -> None:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Create (or reuse) the virtual environment and install ptrun into it; prints the venv's path last.
+# Create (or reuse) the environment and install this clone's ptrun into it; prints the clone's venv path last.
 #
-# The venv is several GB (torch's CUDA build), so it lives outside the clone, keyed by a hash of the
-# dependency files: a change to them builds a fresh venv from scratch (a missing install step shows),
-# an unchanged set reuses it. PTRUN_VENV_ROOT moves the cache (default ~/.cache/ptrun/venvs).
+# The dependencies are several GB (torch's CUDA build), so they live in a venv outside the clone, keyed by a
+# hash of the dependency files: a change to them builds a fresh one from scratch (a missing install step
+# shows), an unchanged set reuses it. PTRUN_VENV_ROOT moves that cache (default ~/.cache/ptrun/venvs).
+# Each clone gets its own small venv, `.venv` in the clone: it sees the shared venv's packages through a
+# .pth file and holds this clone's editable ptrun, so several clones each run their own code, and deleting
+# one breaks no other (`source .venv/bin/activate` puts `ptrun` on the path).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 key=$(cat "$repo/pyproject.toml" "$repo/requirements/constraints.txt" "$repo/requirements/packaged-data.txt" \
@@ -27,7 +30,17 @@ if [ ! -f "$venv/.complete" ]; then
   # Keep only the newest few venvs so the disk does not fill up.
   ls -1dt "$root"/*/ 2>/dev/null | tail -n +4 | sed 's:/$::' | while read -r old; do rm -rf "$old" "$old.log"; done
 fi
-# The cached venv is shared by clones: point its editable install at this clone (fast, no dependencies).
-"$venv/bin/pip" install --quiet --no-deps --no-build-isolation --force-reinstall -e "$repo" >> "$venv.log" 2>&1 \
-  || { tail -n 20 "$venv.log" >&2; exit 1; }
-echo "$venv"
+# This clone's venv: the shared packages through a .pth line (a plain path: the shared venv's own .pth
+# files, such as its editable install of whichever clone built it, are not run), ptrun editable from here.
+local="$repo/.venv"
+shared_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+if [ ! -f "$local/.complete" ] || [ "$(cat "$local/.complete")" != "$venv" ]; then
+  rm -rf "$local"
+  "$venv/bin/python" -m venv --without-pip "$local"
+  local_site=$("$local/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  echo "$shared_site" > "$local_site/_ptrun_shared_venv.pth"
+  "$venv/bin/pip" --python "$local/bin/python" install --quiet --no-deps --no-build-isolation -e "$repo" \
+    >> "$venv.log" 2>&1 || { tail -n 20 "$venv.log" >&2; exit 1; }
+  echo "$venv" > "$local/.complete"
+fi
+echo "$local"

@@ -11,9 +11,11 @@ import os
 import random
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,7 @@ MESSAGES = {
                         "localhost:0 for any",
     "rdzv_endpoint_unparsable": "launcher.rdzv_endpoint='localhost:http' is not allowed: host:port with a port "
                                 "0-65535 (localhost:0 picks a free one)",
+    "rdzv_host_unknown": "does not resolve (",  # the resolver's reason varies: the rest is checked below
     "cache_memory_unavailable": "(File too large); lower cache.max_memory",
     "run_dir_is_a_file": "is not allowed: a directory to create or write into (",
 }
@@ -247,6 +250,38 @@ def test_rendezvous_port_in_use(run_dir):
 
 def test_rendezvous_endpoint_that_does_not_parse(run_dir):
     run_case("rdzv_endpoint_unparsable", run_dir, *TINY, "launcher.rdzv_endpoint=localhost:http")
+
+
+def test_rendezvous_host_that_does_not_resolve(run_dir):
+    """`.invalid` never resolves (RFC 2606). torch would retry in its store client until the join timeout and
+    then print pages of C++ stack frames."""
+    line, _ = run_case("rdzv_host_unknown", run_dir, *TINY, "launcher.rdzv_endpoint=nosuchhost.invalid:29400")
+    assert line.startswith("ptrun: error: launcher.rdzv_endpoint='nosuchhost.invalid:29400': host "
+                           "'nosuchhost.invalid' does not resolve (")
+    assert line.endswith("); use a host name or address every machine resolves, or localhost:0 for one machine")
+
+
+def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
+    """Not an error: the first machine of a two-machine job says what it waits for, where and how long, instead
+    of waiting silently. This machine's host name stands for the first machine's; no second one comes."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    endpoint = f"{socket.gethostname()}:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    agent = subprocess.Popen([sys.executable, "-m", "ptrun.cli", "train", *TINY, "launcher.nnodes=2",
+                              f"launcher.rdzv_endpoint={endpoint}", "launcher.rdzv_id=wait-test",
+                              f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    silent = threading.Timer(120, os.killpg, (agent.pid, signal.SIGKILL))  # a silent wait ends the test
+    silent.start()
+    try:
+        line = agent.stderr.readline().strip()
+    finally:
+        silent.cancel()
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+    assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on each)"
 
 
 @DIST

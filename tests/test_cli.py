@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
-from ptrun.cli import recipe_summaries
+from ptrun.cli import CONFIG_DIR, recipe_summaries
+from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, timm_vit_problem, workers_per_node
 
 
 def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -19,6 +20,9 @@ def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 NEEDS_LOCAL_FILES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}
 """Recipes of the paper's workloads: they read a dataset (and weights) from local paths the user gives."""
+
+TWO_MACHINES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad"}
+"""Recipes of the paper's 2-machine setup (launcher.nnodes=2): they need launcher.rdzv_endpoint and rdzv_id."""
 
 PAPER = {  # recipe -> (model, data source, optimizer, lr, epochs, starting K, schedule) from SPEC section 5
     "vit_imagenet": ("vit_base_patch16_224", "imagefolder", "sgd", 0.03, 10, 8, "cosine"),
@@ -34,8 +38,13 @@ def test_every_recipe_composes_and_validates(recipe, tmp_path):
     overrides = [f"recipe={recipe}"]
     if recipe in NEEDS_LOCAL_FILES:
         overrides += [f"data.path={tmp_path}", f"model.pretrained={tmp_path}"]
+        # one worker per GPU: sized here as on the paper's 8-GPU machines
+        assert "nproc_per_node: auto" in (CONFIG_DIR / "recipe" / f"{recipe}.yaml").read_text()
+        overrides += ["launcher.nproc_per_node=8"]
+    if recipe in TWO_MACHINES:  # what the user adds to run on two machines
+        overrides += ["launcher.rdzv_endpoint=node0.example:29400", "launcher.rdzv_id=paper"]
     cfg = compose_config(overrides, tmp_path)
-    assert cfg.train.epochs >= 1 and cfg.launcher.nproc_per_node >= 1
+    assert cfg.train.epochs >= 1 and workers_per_node(cfg.launcher) >= 1
     if recipe in PAPER:
         got = (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.optim.lr, cfg.train.epochs, cfg.pipe.length,
                cfg.optim.schedule)
@@ -45,8 +54,69 @@ def test_every_recipe_composes_and_validates(recipe, tmp_path):
 
 
 def test_paper_recipes_say_which_local_files_they_need(tmp_path):
-    out = ptrun("train", "recipe=bert_squad", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    # the one-machine command of an 8-GPU machine
+    out = ptrun("train", "recipe=bert_squad", "launcher.nnodes=1", "launcher.nproc_per_node=8",
+                f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 2 and "data.path=None is not allowed: the local dataset directory" in out.stderr
+
+
+def test_a_two_machine_recipe_on_one_machine_says_which_keys_to_set(tmp_path):
+    (tmp_path / "vit_b16.safetensors").write_bytes(b"")  # found, never read: the start stops before
+    out = ptrun("train", "recipe=vit_cifar10", f"data.path={tmp_path}",
+                f"model.pretrained={tmp_path}/vit_b16.safetensors", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "set launcher.rdzv_endpoint=HOST:PORT that every machine reaches" in out.stderr
+    assert "or launcher.nnodes=1 for one machine" in out.stderr and not (tmp_path / "run").exists()
+
+
+def test_nproc_per_node_auto_is_one_worker_per_gpu_else_two(tmp_path):
+    import torch
+
+    cfg = compose_config(["launcher.nproc_per_node=auto"], tmp_path)
+    assert cfg.launcher.nproc_per_node == "auto"
+    assert workers_per_node(cfg.launcher) == (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    gloo = compose_config(["launcher.nproc_per_node=auto", "launcher.backend=gloo"], tmp_path)
+    assert workers_per_node(gloo.launcher) == 2  # gloo workers run on the CPU even where there is a GPU
+    assert workers_per_node(compose_config(["launcher.nproc_per_node=3", "pipe.length=3"], tmp_path).launcher) == 3
+
+
+def test_the_validation_tables_match_the_data_sources():
+    """config.py repeats the sources' default image sizes and token lengths (importing the data stack would
+    slow every start): they must agree with the sources themselves."""
+    from ptrun.data import cifar, sources, text
+    from ptrun.data.packaged_text import PACKAGED_TEXT
+
+    assert SOURCE_IMAGES["imagefolder"][0] == sources.DEFAULT_IMAGE_SIZE
+    assert SOURCE_IMAGES["cifar10"][0] == SOURCE_IMAGES["cifar100"][0] == cifar.CIFAR_SIZE
+    from ptrun.config import DataConfig
+
+    digits = sources.build_datasets(DataConfig(name="digits"))
+    assert SOURCE_IMAGES["digits"] == (digits.image_size, digits.in_chans)
+    assert TEXT_MAX_LENGTH["glue"] == text.GLUE_MAX_LENGTH and TEXT_MAX_LENGTH["squad"] == text.SQUAD_MAX_LENGTH
+    assert all(TEXT_MAX_LENGTH[name] == spec.max_length for name, spec in PACKAGED_TEXT.items())
+
+
+VIT_NAMES = ["vit_tiny_patch16_224", "vit_base_patch16_224.augreg_in21k", "deit_tiny_patch16_224",
+             "vit_base_r50_s16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch16_18x2_224",
+             "vit_relpos_base_patch16_224", "resnet18", "vit_tiny_patch16_999"]
+
+
+def test_the_vit_name_check_agrees_with_the_model_builder():
+    """The up-front check reads timm's source; the model builder builds the model (here on the meta device,
+    so no memory is used) and checks its classes. Both must accept and refuse the same names."""
+    import torch
+
+    from ptrun.config import ConfigError, ModelConfig
+    from ptrun.models.vit import build_vit
+
+    for name in VIT_NAMES:
+        try:
+            with torch.device("meta"):
+                build_vit(ModelConfig(name=name.split(".")[0], depth=2), num_classes=10, img_size=None, in_chans=None)
+            built = True
+        except (ConfigError, TypeError):  # TypeError: a timm model that takes no ViT arguments (resnet18)
+            built = False
+        assert (timm_vit_problem(name) is None) == built, (name, timm_vit_problem(name))
 
 
 def test_recipes_lists_each_with_a_summary(tmp_path):
@@ -76,7 +146,37 @@ BAD_INPUT = [
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
     (["recipe=nope"], "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, digits_vit"),
     (["model=nope"], "unknown model 'nope'"),
-    (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed"),
+    (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed: an integer >= 1 or auto"),
+    (["launcher.nproc_per_node=many"], "launcher.nproc_per_node='many' is not allowed: an integer >= 1 or auto"),
+    (["launcher.nproc_per_node=2.5"],
+     "launcher.nproc_per_node: Value '2.5' of type 'float' is not allowed: an integer >= 1 or auto"),
+    (["launcher.nnodes=2"], "launcher.nnodes='2' is not allowed with launcher.rdzv_endpoint='localhost:0' (a loopback "
+     "host and port 0: no other machine can join); set launcher.rdzv_endpoint=HOST:PORT that every machine reaches "
+     "and run the same command on each, or launcher.nnodes=1 for one machine"),
+    (["launcher.nnodes=2:4", "launcher.rdzv_endpoint=127.0.0.1:29400"],
+     "launcher.nnodes='2:4' is not allowed with launcher.rdzv_endpoint='127.0.0.1:29400' (a loopback host: no other"),
+    (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:0"], "(port 0: no other machine can join)"),
+    (["recipe=vit_imagenet", "data.path=/tmp"],
+     "launcher.nnodes='2' is not allowed with launcher.rdzv_endpoint='localhost:0'"),
+    (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400"],
+     "launcher.rdzv_id=None is not allowed: the same id on every machine of a launcher.nnodes='2' job"),
+    (["model.name=resnet18"], "model.name='resnet18' is not allowed: a timm ViT name (vit_* or deit_*"),
+    (["model.name=vit_tiny_patch16_999"], "model.name='vit_tiny_patch16_999' is not allowed: a timm "
+     "VisionTransformer with pre-norm Blocks, e.g. vit_tiny_patch16_224 or vit_base_patch16_224 (timm has no such "
+     "model)"),
+    (["model.name=deit_tiny_distilled_patch16_224"], "(a distilled DeiT (two heads))"),
+    (["model.name=vit_small_patch16_18x2_224"], "(its blocks are not timm's pre-norm Block)"),
+    (["model.name=vit_relpos_base_patch16_224"],
+     "(timm builds it in timm.models.vision_transformer_relpos, not as a VisionTransformer)"),
+    (["model.img_size=16"], "model.img_size=16 is not allowed: 8, the side of the images data.name=digits produces "
+     "(data.image_size=None), or null to follow the data"),
+    (["model.in_chans=3"], "model.in_chans=3 is not allowed: 1, the channels of data.name=digits's images"),
+    (["model.num_heads=5"], "model.num_heads=5 is not allowed: a divisor of model.embed_dim=64"),
+    (["model=bert_base", "data=glue", "data.path=/tmp", "data.tokenizer=/tmp", "data.max_length=1024"],
+     "data.max_length=1024 is not allowed: at most 512, the position table of model.name='bert-base'"),
+    (["recipe=bbc_news_bert", "data.max_length=1024"],
+     "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained="),
+    (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
     (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
     (["pipe.length=1", "train.global_batch_size=33"], "train.global_batch_size=33 is not allowed: a multiple of the data-parallel width 2"),

@@ -52,6 +52,15 @@ def shared_memory_root() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
+def cache_dirs(cfg: CacheConfig, run_dir: str | Path) -> tuple[Path, Path]:
+    """(the disk tier, the memory tier) of a run's cache. The memory tier is found from the disk tier's path,
+    so the workers of a node (and a later run with `cache.keep` and the same `cache.dir`) all map the same
+    files, and the launcher can remove what workers that were killed left behind."""
+    disk_dir = Path(cfg.dir).expanduser() if cfg.dir else Path(run_dir) / "cache"
+    node_key = hashlib.blake2b(str(disk_dir.resolve()).encode(), digest_size=6).hexdigest()
+    return disk_dir, shared_memory_root() / f"ptrun-cache-{node_key}"
+
+
 def _as_tuple(out) -> tuple[torch.Tensor, ...]:
     return out if isinstance(out, tuple) else (out,)
 
@@ -65,11 +74,7 @@ class AutoCache:
                  device: torch.device, run_dir: str | Path, compute_dtype: torch.dtype | None = None):
         self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
         self.compute_dtype = compute_dtype  # the prefix runs as it would in a stage: under the same autocast
-        self.disk_dir = Path(cfg.dir).expanduser() if cfg.dir else Path(run_dir) / "cache"
-        # The memory tier is found from the disk tier's path, so workers of a node (and a later run with
-        # cache.keep and the same cache.dir) all map the same files.
-        node_key = hashlib.blake2b(str(self.disk_dir.resolve()).encode(), digest_size=6).hexdigest()
-        self.mem_dir = shared_memory_root() / f"ptrun-cache-{node_key}"
+        self.disk_dir, self.mem_dir = cache_dirs(cfg, run_dir)
         self.max_memory = parse_memory(cfg.max_memory)
         self.storage_dtype = (compute_dtype or torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
         self.offset = {"train": 0, "eval": num_train}

@@ -16,6 +16,9 @@ and `ptrun report` show; the end event's step is `epochs`. Wall times are the ev
 (as `MetricsLog` writes it), now otherwise. The event file goes into the run directory itself, so
 `tensorboard --logdir runs` lists each run under its directory name. A resumed run adds a second event
 file beside the first; TensorBoard shows the repeated epochs of both.
+
+`event_scalars` and `TEXT_EVENTS` hold this mapping for every mirror of the events, so the experiment
+trackers (`ptrun.report.trackers`: Weights & Biases, MLflow) show the same tags at the same steps.
 """
 
 from __future__ import annotations
@@ -34,6 +37,30 @@ EPOCH_SCALARS = {"train_loss": "train/loss", "samples_per_s": "train/samples_per
                  "sample_uses_min": "train/sample_uses_min", "sample_uses_max": "train/sample_uses_max"}
 
 
+# events whose whole record (as JSON) is kept as text under this tag, at the step `event_scalars` gives
+TEXT_EVENTS = {"start": "run/start", "end": "run/end"}
+
+
+def event_scalars(event: str, fields: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    """The step and the scalars (tag -> number) that one `metrics.jsonl` event becomes; no scalars for the
+    start event (step 0) and for events no mirror shows. Non-numbers (a missing eval, a string) are left out."""
+    if event in ("plan", "epoch"):
+        step = fields["epoch"] + 1
+        values = _numbers(PLAN_SCALARS if event == "plan" else EPOCH_SCALARS, fields)
+        if event == "epoch":
+            for group in ("eval", "cache"):
+                numbers = fields.get(group) or {}
+                values.update(_numbers({key: f"{group}/{key}" for key in numbers}, numbers))
+        return step, values
+    if event == "end":
+        return fields.get("epochs", 0), _numbers({"total_time_s": "run/total_time_s"}, fields)
+    return 0, {}
+
+
+def _numbers(tags: dict[str, str], fields: dict[str, Any]) -> dict[str, float]:
+    return {tag: fields[key] for key, tag in tags.items() if isinstance(fields.get(key), (int, float))}
+
+
 class TensorBoardLog:
     def __init__(self, run_dir: str | Path):
         # torch's writer needs the `tensorboard` package; import it only when a run asks for this logger.
@@ -44,29 +71,13 @@ class TensorBoardLog:
 
     def write(self, event: str, **fields: Any) -> None:
         wall = fields.get("time", time.time())
-        if event == "plan":
-            self._scalars(PLAN_SCALARS, fields, fields["epoch"] + 1, wall)
-        elif event == "epoch":
-            step = fields["epoch"] + 1
-            self._scalars(EPOCH_SCALARS, fields, step, wall)
-            for group in ("eval", "cache"):
-                for key, value in (fields.get(group) or {}).items():
-                    if isinstance(value, (int, float)):
-                        self.writer.add_scalar(f"{group}/{key}", value, step, walltime=wall)
+        step, values = event_scalars(event, fields)
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step, walltime=wall)
+        if event in TEXT_EVENTS:
+            self.writer.add_text(TEXT_EVENTS[event], json.dumps(fields), step, walltime=wall)
+        if event in ("epoch", "end"):
             self.writer.flush()  # once an epoch: a TensorBoard open beside the run follows it live
-        elif event == "start":
-            self.writer.add_text("run/start", json.dumps(fields), 0, walltime=wall)
-        elif event == "end":
-            if "total_time_s" in fields:
-                self.writer.add_scalar("run/total_time_s", fields["total_time_s"], fields.get("epochs", 0),
-                                       walltime=wall)
-            self.writer.add_text("run/end", json.dumps(fields), fields.get("epochs", 0), walltime=wall)
-            self.writer.flush()
-
-    def _scalars(self, tags: dict[str, str], fields: dict[str, Any], step: int, wall: float) -> None:
-        for key, tag in tags.items():
-            if isinstance(fields.get(key), (int, float)):
-                self.writer.add_scalar(tag, fields[key], step, walltime=wall)
 
     def close(self) -> None:
         self.writer.close()

@@ -28,27 +28,42 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class MetricsLog:
-    """Appends events to `metrics.jsonl` (always) and, with `tensorboard`, mirrors them as TensorBoard
-    scalars in the run directory."""
+    """Appends events to `metrics.jsonl` (always) and mirrors them to the run's `logger`: TensorBoard scalars
+    in the run directory (`tensorboard`), a Weights & Biases run (`wandb`) or an MLflow run (`mlflow`), which
+    also get `config` (the run's config). `jsonl` mirrors nothing."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
+    def __init__(self, run_dir: str | Path, logger: str = "jsonl", config: Any = None):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.tensorboard = None
-        if tensorboard:
-            from ptrun.report.tensorboard import TensorBoardLog
-
-            self.tensorboard = TensorBoardLog(run_dir)
+        self.mirror = open_mirror(logger, run_dir, config)
 
     def write(self, event: str, **fields: Any) -> None:
         record = {"time": round(time.time(), 3), **fields}
         with open(self.path, "a") as f:
             f.write(json.dumps({"event": event, **record}) + "\n")
-        if self.tensorboard is not None:
-            self.tensorboard.write(event, **record)
+        if self.mirror is not None:
+            self.mirror.write(event, **record)
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        if self.mirror is not None:
+            self.mirror.close()
+
+
+def open_mirror(logger: str, run_dir: str | Path, config: Any = None):
+    """The writer that mirrors the events for `logger` (see `ptrun.config.PtrunConfig.logger`); None for
+    `jsonl`. Each library is imported only when a run asks for it."""
+    if logger == "tensorboard":
+        from ptrun.report.tensorboard import TensorBoardLog
+
+        return TensorBoardLog(run_dir)
+    if logger == "wandb":
+        from ptrun.report.trackers import WandbLog
+
+        return WandbLog(run_dir, config)
+    if logger == "mlflow":
+        from ptrun.report.trackers import MlflowLog
+
+        return MlflowLog(run_dir, config)
+    return None
 
 
 def setup_logging(run_dir: str | Path, rank: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -40,6 +41,7 @@ from ptrun.train.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample
 from ptrun.train.optim import set_lr
 from ptrun.train.precision import LossScaler, compute_dtype, step_or_skip
 from ptrun.train.report import MetricsLog, ProgressView
+from ptrun.train.stop import Interrupted, StopRequests
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,11 @@ def metric_key(result: dict) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool):
+    def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
+                 stops: StopRequests | None = None):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
+        self.stops = stops or StopRequests()
         self.is_main = rank == 0
         self.data = build_datasets(data_config(cfg))
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
@@ -122,7 +127,7 @@ class Trainer:
         self.resumed_from, plan, states = self.resume() if resume else (None, self._first, {})
         self.apply_plan(plan, states)
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
-        self.metrics = MetricsLog(cfg.run_dir, tensorboard=cfg.logger == "tensorboard") if self.is_main else None
+        self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
 
     def _resolve_length(self, cfg: PtrunConfig) -> PtrunConfig:
         """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
@@ -439,6 +444,7 @@ class Trainer:
                 self.loss.scale = self.scaler.scale
                 self._finish_step(sums, item, self.runtime.forward_backward(item.inputs, item.target))
         elapsed = time.perf_counter() - sums.t0
+        self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
         self.view.end_epoch()
         steps = self.steps_per_epoch
         train_loss = self.all_sum(sums.loss).item() / steps
@@ -488,11 +494,17 @@ class Trainer:
         if self.runtime.is_first:
             sums.seen.index_add_(0, batch["index"], batch["weight"].double())
         faults.reached("step", self.global_step)
-        if self._checkpoint_due(step):
+        # A stop is decided between the steps of a synchronous runtime; PipeDream's asynchronous one has
+        # later steps in flight, so it stops at the epoch's end (in `fit`).
+        stop = not isinstance(self.runtime, AsyncPipelineRuntime) and self.stops.poll() \
+            and step + 1 < self.steps_per_epoch
+        if self._checkpoint_due(step) or stop:
             self.step_in_epoch = step + 1
             self.save_checkpoint(self._partial_sums(sums.loss, sums.block_norms, sums.seen,
                                                     sums.samples_before + sums.samples))
             self.step_in_epoch = 0
+        if stop:
+            raise Interrupted(self.stops.agreed)
         if (step + 1) % self.cfg.train.log_every_steps == 0 and self.live_view:
             running = self.all_sum(sums.loss).item() / (step + 1)
             self.view.update(step + 1, running, sums.samples / (time.perf_counter() - sums.t0))
@@ -653,12 +665,14 @@ class Trainer:
                 self.global_step - self.last_checkpoint_step >= cfg.checkpoint.every_steps
             if (every and (self.epoch % every == 0 or last)) or steps_due:
                 self.save_checkpoint()
+            if not last and self.stops.now():
+                if self.last_checkpoint_step != self.global_step:
+                    self.save_checkpoint()
+                raise Interrupted(self.stops.agreed)
         total = time.perf_counter() - t_start
         if cfg.train.export:
             self.export()
-        if self.cache is not None:
-            dist.barrier()  # every worker is done with the cache before one per node deletes it
-            self.cache.close(remove=not cfg.cache.keep and int(os.environ.get("LOCAL_RANK", "0")) == 0)
+        self._release_cache()
         if self.is_main:
             self.metrics.write("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=self.last_eval,
                                best_eval=self.best_eval)
@@ -666,6 +680,22 @@ class Trainer:
             self.view.print(f"done: {cfg.train.epochs} epochs in {total:.1f}s; final eval: {final}; "
                             f"metrics in {Path(cfg.run_dir) / 'metrics.jsonl'}")
         return self.last_eval
+
+    def _release_cache(self) -> None:
+        """Collective: the cache's shared memory and files go (unless `cache.keep`) once every worker is done."""
+        if self.cache is not None:
+            dist.barrier()  # every worker is done with the cache before one per node deletes it
+            self.cache.close(remove=not self.cfg.cache.keep and int(os.environ.get("LOCAL_RANK", "0")) == 0)
+            self.cache = None
+
+    def stopped(self, signum: int) -> None:
+        """Collective, after `fit` raised Interrupted (its checkpoint written): release what the run holds
+        outside its directory and record where it stopped."""
+        self.view.end_epoch()
+        self._release_cache()
+        if self.is_main:
+            self.metrics.write("stopped", signal=signal.Signals(signum).name, epoch=self.epoch,
+                               global_step=self.global_step, checkpoint_step=self.last_checkpoint_step)
 
     def export(self) -> None:
         """Collective: make every rank's host model current, then rank 0 writes it in the library's format."""

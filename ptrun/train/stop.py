@@ -1,0 +1,90 @@
+"""Stopping on Ctrl-C or SIGTERM at a step boundary that every worker agrees on.
+
+A terminal's Ctrl-C reaches the launcher and every worker at once; a scheduler's SIGTERM (SLURM before a time
+limit or a preemption, Kubernetes before evicting a pod) may reach only some of them, and each worker notices
+it between two different steps. Stopping where each one noticed would leave them in different steps of one
+collective program and hang the job. So a worker's signal handler only records the signal, and the workers
+agree on it with an all-reduce (MAX) of the signal number over the world group. The all-reduce is started at
+one step boundary and read at the next, so its latency hides behind a step's compute; every worker reads the
+same value at the same boundary, so all stop after the same step and write one consistent checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""The launcher's exit code after a stop: 128 + the signal, as a shell reports a process it ended. 143 (after
+SIGTERM) is the one to requeue on: Kubeflow's training operators treat exit codes 128-255 as retryable, and a
+SLURM site lists it in `RequeueExit` (or the job script requeues itself, as scripts/slurm/ptrun.sbatch does)."""
+
+
+class Interrupted(Exception):
+    """The workers agreed to stop after `signal`; the trainer has written a checkpoint (if it could)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopRequests:
+    """Records SIGINT / SIGTERM in this worker (from `install()` on) and turns them into a decision that
+    every worker of the process group shares (`poll()`)."""
+
+    def __init__(self):
+        self.received = 0  # the signal this worker received (0: none)
+        self.agreed = 0  # the signal the workers agreed to stop on (0: go on)
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None
+
+    def install(self) -> None:
+        """Replace Python's KeyboardInterrupt (and SIGTERM's default, which ends the process at once) by a
+        record of the signal. Main thread only, as Python requires."""
+        for signum in SIGNALS:
+            signal.signal(signum, self._record)
+
+    def _record(self, signum: int, frame) -> None:
+        self.received = max(self.received, signum)
+
+    def poll(self) -> int:
+        """Collective over the world group, at a step boundary: the signal every worker agreed to stop on,
+        else 0. Reads the all-reduce started at the previous boundary and starts the next one."""
+        if self.agreed:
+            return self.agreed
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            self._pending = None
+            self.agreed = int(flag.item())
+            if self.agreed:
+                return self.agreed
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            self.agreed = self.received
+            return self.agreed
+        # gloo reduces CPU tensors; nccl needs one on the device (the world group's backend decides).
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([self.received], dtype=torch.int32, device=device)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        return 0
+
+    def settle(self) -> int:
+        """Collective: wait for the all-reduce in flight (before a collective program that must not overlap
+        it, or at the end); the agreed signal, else 0."""
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            self._pending = None
+            self.agreed = self.agreed or int(flag.item())
+        return self.agreed
+
+    def now(self) -> int:
+        """Collective, blocking: the agreed signal including what arrived up to this call (at an epoch
+        boundary, where a wait of one all-reduce is nothing)."""
+        if not self.settle():
+            self.poll()
+            self.settle()
+        return self.agreed
+
