@@ -154,7 +154,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     say_waiting(config)
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
-    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _final_on_bad_input(Path(tmp)) as errors, \
+    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _ptrun_agent(Path(tmp)) as errors, \
             _quiet_agent_on_signals(), _pruned(logs), _no_cache_left(cfg):
         signum, results = 0, {}
         try:
@@ -230,19 +230,38 @@ def _quiet_agent_on_signals():
 
 
 @contextlib.contextmanager
-def _final_on_bad_input(errors: Path):
-    """While elastic runs the workers: once one of them has reported bad input in `errors`, restarting the
-    group would only fail the same way, so no restart is made (elastic restarts after any failure); and the
-    agent's log of the failure (a traceback of its own) and of stopping the other workers is dropped, since
-    the one-line message says what happened.
+def _ptrun_agent(errors: Path):
+    """While elastic runs the workers, ptrun's agent:
+    - once a worker has reported bad input in `errors`, makes no restart (elastic restarts after any failure,
+      which would only fail the same way), and drops the agent's log of the failure (a traceback of its own)
+      and of stopping the other workers, since the one-line message says what happened;
+    - passes on to the workers only the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
+      checkpoint" (ptrun/train/stop.py). Its own stops (the rest of a failed group, a restart, a re-formed
+      job) kill them at once, as SIGTERM did before the workers handled it: a worker whose peers are gone
+      could not reach a checkpoint anyway, and would be killed only after `launcher.stop_timeout`.
 
     elastic_launch builds its agent from `torch.distributed.launcher.api.LocalElasticAgent`, so a subclass is
     put there for the duration."""
+    import signal
+
     import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     base = launcher_api.LocalElasticAgent
 
     class Agent(base):  # type: ignore[misc, valid-type]
+        signalled = False
+
+        def _invoke_run(self, *args, **kwargs):
+            try:
+                return super()._invoke_run(*args, **kwargs)
+            except SignalException:
+                self.signalled = True
+                raise
+
+        def _shutdown(self, death_sig=signal.SIGTERM, *args, **kwargs):
+            return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
+
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
             if result.is_failed() and any(errors.iterdir()):

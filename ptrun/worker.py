@@ -50,6 +50,7 @@ def run_worker(config_path: str, errors: str) -> dict:
     dist.init_process_group(backend, timeout=timedelta(minutes=10),
                             device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    stops.connect()
 
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,7 +74,9 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str]) -> lis
     """The command line of one run (its results land in `run_dir`)."""
     if label in PEERS:
         nproc, threads = PEERS[label]
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+        # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                    f"--log-dir={os.devnull}"] if nproc > 1 else []
         return [sys.executable, *launcher, str(PLAIN), f"--recipe={recipe}", f"--threads={threads}",
                 f"--out={run_dir / 'plain.json'}", *overrides]
     return [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", f"recipe={recipe}",

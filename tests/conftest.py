@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
-from omegaconf import OmegaConf
+from ptrun.launch import user_cache_dir
+
+# As `ptrun train` does, before anything imports torch._dynamo (its default cache is /tmp/torchinductor_USER).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 from ptrun.cli import CONFIG_DIR, _register_schema
 from ptrun.config import PtrunConfig, validate
@@ -59,3 +66,21 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture
 def tiny() -> list[str]:
     return list(TINY)
+
+
+LITTER = ("torchelastic_*", "ptrun-*", "torchinductor_*")
+"""What launches have left in the temp directory and /dev/shm (elastic's logs, ptrun's private files, the
+AutoCache memory tier, torch's compile cache): a test session must leave none of it."""
+
+
+def _litter() -> set[Path]:
+    roots = [Path(tempfile.gettempdir()), Path("/dev/shm")]
+    return {path for root in roots if root.is_dir() for pattern in LITTER for path in root.glob(pattern)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_litter_left():
+    before = _litter()
+    yield
+    left = sorted(str(p) for p in _litter() - before)
+    assert not left, f"the test session left these behind: {left}"

@@ -157,12 +157,14 @@ def worker(cases: list[dict], out_dir: str) -> None:
 
 def run_elastic(fn, nproc: int, name: str, *args) -> None:
     """Run `fn(*args)` on `nproc` real processes started by torch.distributed.elastic on localhost."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"{name}-{os.getpid()}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.2)
+                          monitor_interval=0.2, logs_specs=DefaultLogsSpecs(log_dir=os.devnull))
     elastic_launch(config, fn)(*args)
 
 

@@ -8,6 +8,7 @@ peer of each round, time to target, the throughput checks) on synthetic rounds, 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ def test_plain_ddp_matches_one_process(tmp_path):
     overrides = ["train.epochs=1", "train.global_batch_size=717"]
     args = ["--recipe=digits_vit", "--threads=1", *overrides]
     one = [sys.executable, str(PLAIN), f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
-    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(PLAIN),
+    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={os.devnull}",
+           str(PLAIN),
            f"--out={tmp_path / 'two.json'}", f"--save-state={tmp_path / 'two.pt'}", *args]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd in (one, two)]  # side by side: most of each is start-up

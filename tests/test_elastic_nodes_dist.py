@@ -38,7 +38,11 @@ def start_agent(run_dir: Path, port: int, log: Path, *extra: str) -> subprocess.
     cmd = [sys.executable, "-m", "ptrun.cli", "train", *JOB, "launcher.nnodes=1:2", "launcher.rdzv_last_call=3",
            f"launcher.rdzv_endpoint=localhost:{port}", "launcher.rdzv_id=loopback", f"hydra.run.dir={run_dir}",
            *extra]
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    # A node SIGKILLed as a whole cleans up nothing: its launcher's private files go to a temp dir of its own.
+    tmp = log.with_suffix(".tmp")
+    tmp.mkdir()
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
 
 
 def starts(run_dir: Path) -> list[dict]:

@@ -4,9 +4,10 @@ A terminal's Ctrl-C reaches the launcher and every worker at once; a scheduler's
 limit or a preemption, Kubernetes before evicting a pod) may reach only some of them, and each worker notices
 it between two different steps. Stopping where each one noticed would leave them in different steps of one
 collective program and hang the job. So a worker's signal handler only records the signal, and the workers
-agree on it with an all-reduce (MAX) of the signal number over the world group. The all-reduce is started at
-one step boundary and read at the next, so its latency hides behind a step's compute; every worker reads the
-same value at the same boundary, so all stop after the same step and write one consistent checkpoint.
+agree on it with an all-reduce (MAX) of the signal number over all workers, on the host through gloo. The
+all-reduce is started at one step boundary and read at the next, so its latency hides behind a step's
+compute; every worker reads the same value at the same boundary, so all stop after the same step and write
+one consistent checkpoint.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class StopRequests:
         self.received = 0  # the signal this worker received (0: none)
         self.agreed = 0  # the signal the workers agreed to stop on (0: go on)
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
+        self._group = None  # the world's gloo group (None: the default group, when that is gloo)
+
+    def connect(self) -> None:
+        """Collective, once the default process group exists: with nccl, a gloo group over the same ranks, so
+        the flag is a host tensor (reading a device tensor each step would make the host wait for the GPU)."""
+        if dist.is_initialized() and dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo")
 
     def install(self) -> None:
         """Replace Python's KeyboardInterrupt (and SIGTERM's default, which ends the process at once) by a
@@ -64,10 +72,8 @@ class StopRequests:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.agreed = self.received
             return self.agreed
-        # gloo reduces CPU tensors; nccl needs one on the device (the world group's backend decides).
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([self.received], dtype=torch.int32, device=device)
-        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        flag = torch.tensor([self.received], dtype=torch.int32)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
         return 0
 
     def settle(self) -> int:
