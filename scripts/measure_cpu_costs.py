@@ -63,17 +63,9 @@ WORLD = 2
 
 def compose(overrides: list[str]):
     """The recipe's typed config (data and weight paths are not needed: digits ships with scikit-learn)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    from ptrun.compose import compose as compose_config
 
-    from ptrun.cli import CONFIG_DIR, _register_schema
-
-    _register_schema()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = hydra_compose(config_name="train", overrides=overrides)
-    cfg.recipe, cfg.run_dir = "measure", ""
-    return OmegaConf.to_object(cfg)
+    return compose_config(overrides, recipe="measure", check=False)
 
 
 CPU = time.process_time

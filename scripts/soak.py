@@ -147,21 +147,10 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
 
 
 def compose(overrides: list[str], run_dir: Path):
-    """The resolved config `ptrun train OVERRIDES` would run (Hydra's compose API)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    """The resolved config `ptrun train OVERRIDES` would run."""
+    from ptrun.compose import compose as compose_config
 
-    from ptrun.cli import CONFIG_DIR, _register_schema
-    from ptrun.config import validate
-
-    _register_schema()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = hydra_compose(config_name="train", overrides=overrides)
-    cfg.recipe = "soak"
-    cfg.run_dir = str(run_dir)
-    typed = OmegaConf.to_object(cfg)
-    validate(typed)
-    return typed
+    return compose_config(overrides, run_dir=run_dir, recipe="soak")
 
 
 def watch(into: list, stop: threading.Event, every: float = 0.5) -> None:

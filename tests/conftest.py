@@ -15,8 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from ptrun.cli import CONFIG_DIR, _register_schema
-from ptrun.config import PtrunConfig, validate
+from ptrun.compose import compose
+from ptrun.config import PtrunConfig
 
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
@@ -27,16 +27,7 @@ TINY = [
 
 
 def compose_config(overrides: list[str], run_dir: Path) -> PtrunConfig:
-    from hydra import compose, initialize_config_dir
-
-    _register_schema()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name="train", overrides=overrides)
-    cfg.recipe = "test"
-    cfg.run_dir = str(run_dir)
-    typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    validate(typed)
-    return typed
+    return compose(overrides, run_dir=run_dir, recipe="test")
 
 
 def write_config(cfg: PtrunConfig) -> Path:

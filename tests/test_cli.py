@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
-from ptrun.cli import CONFIG_DIR, recipe_summaries
+from ptrun.cli import recipe_summaries
+from ptrun.compose import CONFIG_DIR
 from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, timm_vit_problem, workers_per_node
 
 

@@ -17,18 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ptrun.config import ConfigError, schedule_problem
+from ptrun.config import BATCH_POLICIES, ConfigError, schedule_problem
 from ptrun.parallel.partition import partition, stage_sums, weighted_costs
 from ptrun.parallel.plan import Plan
 
 PAPER_MICROBATCHES: dict[int, int] = {8: 16, 4: 16, 2: 16, 1: 4}
 """Best micro-batch count per pipeline length in the paper's profiling (SPEC section 2): 2K at K = 8, 4K at
 K = 4, 8K at K = 2, and 4 at K = 1 (where micro-batching only bounds activation memory)."""
-
-BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
-"""`fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the optimization is
-independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global batch grows
-with DP (the paper's setting, with no learning-rate change)."""
 
 _TOL = 1e-9
 """Relative slack when comparing a stage sum with `start_max`: both are float sums, and a layout exactly as

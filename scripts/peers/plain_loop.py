@@ -41,16 +41,10 @@ def compose(recipe: str, overrides: list[str]):
     """ptrun's composed config for the recipe, exactly as `ptrun train recipe=NAME overrides...` sees it."""
     from dataclasses import replace
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from ptrun.compose import compose as compose_config
 
-    from ptrun.cli import CONFIG_DIR, _register_schema
-
-    _register_schema()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name="train", overrides=[f"recipe={recipe}", *overrides])
-    cfg.recipe, cfg.run_dir = recipe, tempfile.gettempdir()  # nothing is written there
-    cfg = OmegaConf.to_object(cfg)
+    # data and model only: nothing is written to the run directory
+    cfg = compose_config([f"recipe={recipe}", *overrides], run_dir=tempfile.gettempdir(), check=False)
     if cfg.data.tokenizer is None and cfg.model.pretrained is not None:  # ptrun.train.trainer.data_config
         cfg.data = replace(cfg.data, tokenizer=cfg.model.pretrained)
     return cfg
