@@ -5,7 +5,7 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from ptrun.train.metrics import GLUE_METRICS, glue_metrics, squad_metrics
+from ptrun.data.metrics import GLUE_METRICS, glue_metrics, squad_metrics
 
 
 def ref(qid: str, *answers: str) -> dict:

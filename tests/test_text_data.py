@@ -17,7 +17,7 @@ from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
 from ptrun.data.sources import IMAGENET_MEAN, IMAGENET_STD
 from ptrun.data.text import QAEvalData, postprocess_qa
-from ptrun.train.metrics import squad_metrics
+from ptrun.data.metrics import squad_metrics
 
 SST2_ROWS = [
     ("a gripping , funny and moving film", 1),

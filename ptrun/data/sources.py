@@ -50,6 +50,9 @@ class DataSplits:
     """Tokenizer vocabulary size of a text source (the BERT embedding rows); None for images."""
     qa_eval: QAEvalData | None = None
     """SQuAD only: what turns the eval features' start/end logits into answer texts (see text.py)."""
+    metrics: Callable[[torch.Tensor, datasets.Dataset], dict] | None = None
+    """The task's own eval metrics (GLUE's per task, SQuAD's exact match and F1), from every eval output in
+    sample order and the eval split; None: the trainer reports the loss (and top-1) only."""
 
 
 def build_datasets(cfg: DataConfig) -> DataSplits:

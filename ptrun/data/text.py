@@ -9,7 +9,7 @@ keep large tasks (QQP, SQuAD) small in memory; the torch format returns int64 te
 SQuAD evaluation needs more than tensors: which example each eval feature came from, and where each token
 lies in the context. That side data is `QAEvalData` (`DataSplits.qa_eval`), indexed by eval feature (row of
 `DataSplits.eval`, i.e. the `index` the batch iterator yields), so the trainer collects start/end logits per
-feature and calls `postprocess_qa` -> `ptrun.train.metrics.squad_metrics`.
+feature and calls `postprocess_qa` -> `ptrun.data.metrics.squad_metrics`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -120,7 +121,13 @@ def build_glue(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
 
     return DataSplits(train=split(train_rows), eval=split(eval_rows), num_classes=len(spec.class_names),
                       class_names=list(spec.class_names), input_names=INPUT_NAMES, image_size=None,
-                      in_chans=None, vocab_size=len(tok))
+                      in_chans=None, vocab_size=len(tok), metrics=partial(_glue_eval_metrics, cfg.task))
+
+
+def _glue_eval_metrics(task: str, outputs, eval_split: datasets.Dataset) -> dict:
+    from ptrun.data.metrics import glue_metrics  # torchmetrics: seconds to import, so only when evaluating
+
+    return glue_metrics(task, outputs, eval_split[:]["labels"])
 
 
 def _read_glue(cfg: DataConfig) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -300,7 +307,7 @@ class QAEvalData:
     outside the context (question, special tokens, padding), which can never be part of an answer."""
 
     def references(self) -> list[dict]:
-        """The gold answers in the format `ptrun.train.metrics.squad_metrics` takes."""
+        """The gold answers in the format `ptrun.data.metrics.squad_metrics` takes."""
         return [{"id": i, "answers": a} for i, a in zip(self.ids, self.answers)]
 
 
@@ -319,7 +326,16 @@ def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
     side = QAEvalData(ids=examples["id"], contexts=examples["context"], answers=examples["answers"],
                       feature_example=feature_example, offsets=offsets)
     return DataSplits(train=train, eval=evals, num_classes=2, class_names=["start", "end"],
-                      input_names=INPUT_NAMES, image_size=None, in_chans=None, vocab_size=len(tok), qa_eval=side)
+                      input_names=INPUT_NAMES, image_size=None, in_chans=None, vocab_size=len(tok), qa_eval=side,
+                      metrics=partial(_squad_eval_metrics, side))
+
+
+def _squad_eval_metrics(side: QAEvalData, outputs, eval_split: datasets.Dataset) -> dict:
+    """Answers from the n-best spans of each example's windows, scored against the gold answers."""
+    from ptrun.data.metrics import squad_metrics  # torchmetrics: seconds to import, so only when evaluating
+
+    predictions = postprocess_qa(side, outputs[..., 0].numpy(), outputs[..., 1].numpy())
+    return squad_metrics(predictions, side.references())
 
 
 def _squad_files(cfg: DataConfig) -> tuple[Path, Path]:

@@ -546,14 +546,15 @@ class Trainer:
     def evaluate(self) -> dict:
         n = len(self.data.eval)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
-        # GLUE and SQuAD metrics need every eval output at once: (sample ids, outputs) of the real samples
+        # A task's own metrics (GLUE's, SQuAD's) need every eval output at once: (sample ids, outputs) of the
+        # real samples
         outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for step, batch in self._batches("eval"):
             inputs, target = self._inputs_and_target(batch, "eval")
             out = self.runtime.forward_only(inputs, target)
             if out is None:
                 continue
-            if self.cfg.data.name in ("glue", "squad"):
+            if self.data.metrics is not None:
                 real = batch["weight"] > 0
                 outputs.append((batch["index"][real], out[real.to(out.device)].float().cpu()))
             weight = target[:, -1].double()
@@ -567,32 +568,23 @@ class Trainer:
         result = {"loss": loss / count}
         if self.cfg.model.task == "classification":
             result["top1"] = 100.0 * correct / count
-        if self.cfg.data.name in ("glue", "squad"):
+        if self.data.metrics is not None:
             result.update(self._task_metrics(outputs))
         return result
 
     def _task_metrics(self, outputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-        """GLUE's metrics for its task, or SQuAD's exact match and F1 (answers from the n-best spans of each
-        example's windows), from every last stage's outputs; computed on rank 0 and shared."""
+        """The data source's metrics (`DataSplits.metrics`) from every last stage's outputs; computed on rank 0
+        and shared."""
         gathered: list = [None] * self.world_size
         dist.all_gather_object(gathered, outputs)
         box: list = [None]
         if self.is_main:
-            from ptrun.train.metrics import glue_metrics, squad_metrics  # torchmetrics: 4 s to import, so here
-
             pairs = [pair for part in gathered for pair in part]
             ids = torch.cat([i for i, _ in pairs])
             order = ids.argsort()
             values = torch.cat([o for _, o in pairs])[order]
             assert torch.equal(ids[order], torch.arange(len(self.data.eval))), "eval outputs do not cover the set"
-            if self.cfg.data.name == "glue":
-                labels = self.data.eval[:]["labels"]
-                box[0] = glue_metrics(self.cfg.data.task, values, labels)
-            else:
-                from ptrun.data.text import postprocess_qa
-
-                predictions = postprocess_qa(self.data.qa_eval, values[..., 0].numpy(), values[..., 1].numpy())
-                box[0] = squad_metrics(predictions, self.data.qa_eval.references())
+            box[0] = self.data.metrics(values, self.data.eval)
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
