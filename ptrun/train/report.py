@@ -12,6 +12,10 @@
    "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",
              "disk_bytes"} with auto.cache only}
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
+  {"event": "stopped", "signal": "SIGINT"|"SIGTERM", "epoch": E, "global_step": G, "checkpoint_step": G}
+
+The terminal's lines (`start_line`, `epoch_line`, `transition_line`, `done_line`) are written here too, so
+the trainer's loop holds no formatting.
 """
 
 from __future__ import annotations
@@ -168,3 +172,35 @@ def layout_table(plan, unit_names: list[str]):
         table.add_row(str(s), str(position), f"{unit_names[lo]} .. {unit_names[hi - 1]} [{lo},{hi})", str(frozen),
                       str(cached))
     return table
+
+
+# ---- the terminal's lines ---------------------------------------------------------------------------------
+
+def start_line(model: str, units: int, params: int, train: int, evals: int, workers: int, device: str,
+               precision: str, run_dir: str) -> str:
+    return (f"ptrun: {model} ({units} units, {params / 1e6:.2f} M params) on {train} train / {evals} eval "
+            f"samples; {workers} workers on {device}, precision {precision}; run dir {run_dir}")
+
+
+def epoch_line(epoch: int, epochs: int, stats: dict, ev: dict, plan) -> str:
+    """One epoch: its loss and speed, the eval (if any), the cache's use, the layout it ran in."""
+    shown = " ".join(f"eval_{k} {v:.2f}" for k, v in ev.items())
+    if stats.get("cache", {}).get("cached_units"):
+        c = stats["cache"]
+        used = c["hits"] + c["advanced"] + c["computed"]
+        shown += (f"  cache {c['cached_units']} units, {100 * c['hits'] / max(used, 1):.0f}% hits "
+                  f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)")
+    return (f"epoch {epoch + 1}/{epochs}  loss {stats['train_loss']:.4f}  {stats['samples_per_s']:.0f} samples/s  "
+            f"{stats['epoch_time_s']:.1f}s  {shown}  [K={plan.pp} DP={plan.dp} M={plan.microbatches}]")
+
+
+def transition_line(epoch: int, old, new, transition_s: float) -> str:
+    """A layout change before `epoch` (0-based)."""
+    return (f"epoch {epoch + 1}: {new.frozen_units} of {new.num_units} units frozen (was {old.frozen_units}); "
+            f"K {old.pp} -> {new.pp}, DP {old.dp} -> {new.dp}, M {old.microbatches} -> {new.microbatches}; "
+            f"stages {list(map(list, new.stage_bounds))}; transition {transition_s:.2f}s")
+
+
+def done_line(epochs: int, total_s: float, final_eval: dict, run_dir: str) -> str:
+    final = " ".join(f"{k} {v:.2f}" for k, v in final_eval.items())
+    return f"done: {epochs} epochs in {total_s:.1f}s; final eval: {final}; metrics in {Path(run_dir) / 'metrics.jsonl'}"

@@ -40,7 +40,7 @@ from ptrun.train import checkpoint, faults
 from ptrun.train.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample_loss
 from ptrun.train.optim import set_lr
 from ptrun.train.precision import LossScaler, compute_dtype, step_or_skip
-from ptrun.train.report import MetricsLog, ProgressView
+from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.stop import Interrupted, StopRequests
 
 log = logging.getLogger(__name__)
@@ -590,68 +590,27 @@ class Trainer:
 
     # ---- the run ------------------------------------------------------------------------------------
     def fit(self) -> dict:
+        """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
+        stop there if asked to. Returns the final eval."""
         cfg = self.cfg
-        if self.is_main:
-            self.metrics.write("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
-                               num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
-                               train_samples=len(self.data.train), eval_samples=len(self.data.eval),
-                               resumed_from=self.resumed_from, device=str(self.device),
-                               precision=cfg.train.precision)
-            self.view.print(
-                f"ptrun: {cfg.model.name} ({len(self.layered.units)} units, "
-                f"{sum(p.numel() for p in self.layered.model.parameters()) / 1e6:.2f} M params) on "
-                f"{len(self.data.train)} train / {len(self.data.eval)} eval samples; {self.world_size} workers "
-                f"on {self.device.type}, precision {cfg.train.precision}; run dir {cfg.run_dir}")
-            if self.length_choice is not None:
-                self.view.print(self.length_choice.summary())
-            if self.tuning is not None:
-                self.view.print(self.tuning.summary())
+        self._announce()
         tuned = self.tuning.event_fields() if self.tuning is not None else {}  # on this process's first plan
         t_start = time.perf_counter()
         transition_s = 0.0
         self.view.show_layout(self.plan, self.layered.unit_names)
         while self.epoch < cfg.train.epochs:
-            if self.is_main:
-                self.metrics.write("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict(),
-                                   **tuned)
-                tuned = {}
+            self._event("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict(), **tuned)
+            tuned = {}
             stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1
             ev = self.evaluate() if last or (self.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
-            if ev:
-                self.last_eval = ev
-                key = metric_key(ev)
-                better = (ev[key] > self.best_eval.get(key, -1)) if key != "loss" else \
-                    (ev[key] < self.best_eval.get(key, float("inf")))
-                if better:
-                    self.best_eval = {**ev, "epoch": self.epoch}
-            if self.is_main:
-                self.metrics.write("epoch", epoch=self.epoch, eval=ev, **stats)
-                shown = " ".join(f"eval_{k} {v:.2f}" for k, v in ev.items())
-                if stats.get("cache", {}).get("cached_units"):
-                    c = stats["cache"]
-                    used = c["hits"] + c["advanced"] + c["computed"]
-                    shown += (f"  cache {c['cached_units']} units, {100 * c['hits'] / max(used, 1):.0f}% hits "
-                              f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)")
-                self.view.print(f"epoch {self.epoch + 1}/{cfg.train.epochs}  loss {stats['train_loss']:.4f}  "
-                                f"{stats['samples_per_s']:.0f} samples/s  {stats['epoch_time_s']:.1f}s  {shown}  "
-                                f"[K={self.plan.pp} DP={self.plan.dp} M={self.plan.microbatches}]")
+            self._remember(ev)
+            self._event("epoch", epoch=self.epoch, eval=ev, **stats)
+            self.view.print(epoch_line(self.epoch, cfg.train.epochs, stats, ev, self.plan))
             self.epoch += 1
-            transition_s = 0.0
-            if not last:
-                # The boundary: decide the next layout and move to it before the checkpoint, so a restart
-                # resumes in the layout the next epoch was meant to run in.
-                plan = self.controller.decide(self.epoch, self.plan, self.grad_norms)
-                if plan != self.plan:
-                    old = self.plan
-                    transition_s = self.transition(plan)
-                    if self.is_main:
-                        self.view.print(
-                            f"epoch {self.epoch + 1}: {plan.frozen_units} of {plan.num_units} units frozen (was "
-                            f"{old.frozen_units}); K {old.pp} -> {plan.pp}, DP {old.dp} -> {plan.dp}, M "
-                            f"{old.microbatches} -> {plan.microbatches}; stages {list(map(list, plan.stage_bounds))}; "
-                            f"transition {transition_s:.2f}s")
-                        self.view.show_layout(plan, self.layered.unit_names)
+            # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
+            # in the layout the next epoch was meant to run in.
+            transition_s = 0.0 if last else self._next_layout()
             every = cfg.checkpoint.every_epochs
             steps_due = cfg.checkpoint.every_steps and \
                 self.global_step - self.last_checkpoint_step >= cfg.checkpoint.every_steps
@@ -665,13 +624,53 @@ class Trainer:
         if cfg.train.export:
             self.export()
         self._release_cache()
-        if self.is_main:
-            self.metrics.write("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=self.last_eval,
-                               best_eval=self.best_eval)
-            final = " ".join(f"{k} {v:.2f}" for k, v in self.last_eval.items())
-            self.view.print(f"done: {cfg.train.epochs} epochs in {total:.1f}s; final eval: {final}; "
-                            f"metrics in {Path(cfg.run_dir) / 'metrics.jsonl'}")
+        self._event("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=self.last_eval,
+                    best_eval=self.best_eval)
+        self.view.print(done_line(cfg.train.epochs, total, self.last_eval, cfg.run_dir))
         return self.last_eval
+
+    def _event(self, event: str, **fields) -> None:
+        """A record in metrics.jsonl (and the trackers); rank 0 keeps them."""
+        if self.metrics is not None:
+            self.metrics.write(event, **fields)
+
+    def _announce(self) -> None:
+        """The start event and the terminal's first lines."""
+        cfg = self.cfg
+        self._event("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
+                    num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
+                    train_samples=len(self.data.train), eval_samples=len(self.data.eval),
+                    resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
+        self.view.print(start_line(cfg.model.name, len(self.layered.units),
+                                   sum(p.numel() for p in self.layered.model.parameters()), len(self.data.train),
+                                   len(self.data.eval), self.world_size, self.device.type, cfg.train.precision,
+                                   cfg.run_dir))
+        for choice in (self.length_choice, self.tuning):
+            if choice is not None:
+                self.view.print(choice.summary())
+
+    def _remember(self, ev: dict) -> None:
+        """Keep the newest eval, and the best one by its ranking metric (`metric_key`)."""
+        if not ev:
+            return
+        self.last_eval = ev
+        key = metric_key(ev)
+        better = (ev[key] > self.best_eval.get(key, -1)) if key != "loss" else \
+            (ev[key] < self.best_eval.get(key, float("inf")))
+        if better:
+            self.best_eval = {**ev, "epoch": self.epoch}
+
+    def _next_layout(self) -> float:
+        """Collective, at the boundary before `self.epoch`: the controller's decision, moved to if it changes
+        the layout. Returns the transition's seconds (0 when the layout stays)."""
+        plan = self.controller.decide(self.epoch, self.plan, self.grad_norms)
+        if plan == self.plan:
+            return 0.0
+        old = self.plan
+        transition_s = self.transition(plan)
+        self.view.print(transition_line(self.epoch, old, plan, transition_s))
+        self.view.show_layout(plan, self.layered.unit_names)
+        return transition_s
 
     def _release_cache(self) -> None:
         """Collective: the cache's shared memory and files go (unless `cache.keep`) once every worker is done."""
@@ -685,9 +684,8 @@ class Trainer:
         outside its directory and record where it stopped."""
         self.view.end_epoch()
         self._release_cache()
-        if self.is_main:
-            self.metrics.write("stopped", signal=signal.Signals(signum).name, epoch=self.epoch,
-                               global_step=self.global_step, checkpoint_step=self.last_checkpoint_step)
+        self._event("stopped", signal=signal.Signals(signum).name, epoch=self.epoch, global_step=self.global_step,
+                    checkpoint_step=self.last_checkpoint_step)
 
     def export(self) -> None:
         """Collective: make every rank's host model current, then rank 0 writes it in the library's format."""
