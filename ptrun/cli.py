@@ -9,6 +9,7 @@ and the run directory as it was (docs/errors.md lists the cases).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -151,7 +152,6 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
     schedulers can requeue on)."""
     import json
     import shlex
-    import signal
 
     from ptrun.train import checkpoint
     from ptrun.train.stop import EXIT_CODES
@@ -319,6 +319,10 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command == "train":
         from ptrun.launch import user_cache_dir
+
+        # SIGTERM before the workers run (composing, waiting for other machines): exit as after a stop, with
+        # the private files cleaned up (elastic's own handler takes over once the workers start).
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
         # before anything imports torch._dynamo, which makes its cache directory (see launch_config)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))

@@ -268,7 +268,10 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
         s.bind(("", 0))
         port = s.getsockname()[1]
     endpoint = f"{socket.gethostname()}:{port}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # SIGKILLed below, the launcher cleans up nothing: its private files go to a temp dir of its own
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     agent = subprocess.Popen([sys.executable, "-m", "ptrun.cli", "train", *TINY, "launcher.nnodes=2",
                               f"launcher.rdzv_endpoint={endpoint}", "launcher.rdzv_id=wait-test",
                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
