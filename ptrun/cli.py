@@ -312,6 +312,16 @@ def run_plan(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except BrokenPipeError:
+        # The reader left early (`ptrun recipes | head -3`): stop quietly, as Unix tools do. stdout goes to
+        # /dev/null so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE)
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")

@@ -128,6 +128,19 @@ def test_recipes_lists_each_with_a_summary(tmp_path):
         assert len(line.split(None, 1)[1]) > 10
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`ptrun recipes | head -1`, with the reader gone before ptrun writes (closed before it starts), so its
+    write fails with EPIPE: it must end quietly, with 141 (128 + SIGPIPE) as Unix tools do."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    proc = subprocess.run([sys.executable, "-m", "ptrun.cli", "recipes"], cwd=tmp_path, stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
 def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
     out = ptrun("train", "--cfg", "job", "optim.lr=0.123", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
