@@ -60,15 +60,8 @@ class StopRequests:
     def poll(self) -> int:
         """Collective over the world group, at a step boundary: the signal every worker agreed to stop on,
         else 0. Reads the all-reduce started at the previous boundary and starts the next one."""
-        if self.agreed:
+        if self.settle():
             return self.agreed
-        if self._pending is not None:
-            work, flag = self._pending
-            work.wait()
-            self._pending = None
-            self.agreed = int(flag.item())
-            if self.agreed:
-                return self.agreed
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.agreed = self.received
             return self.agreed
