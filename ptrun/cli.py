@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ptrun import slurm
-from ptrun.compose import CONFIG_DIR, compose_dict, register_schema
+from ptrun.compose import CONFIG_DIR, RECIPE_DIR, compose_dict, register_schema
 from ptrun.config import ConfigError, PtrunConfig, check_machines, validate
 
 EXIT_BAD_INPUT = 2
@@ -51,7 +51,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> "NoReturn":  # noqa: F821
 def recipe_summaries() -> dict[str, str]:
     """Recipe name -> its first descriptive comment line."""
     out = {}
-    for path in sorted((CONFIG_DIR / "recipe").glob("*.yaml")):
+    for path in sorted(RECIPE_DIR.glob("*.yaml")):
         lines = [l[1:].strip() for l in path.read_text().splitlines() if l.startswith("#") and "@package" not in l]
         out[path.stem] = lines[0] if lines else ""
     return out

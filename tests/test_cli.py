@@ -10,7 +10,7 @@ import pytest
 
 from conftest import compose_config
 from ptrun.cli import recipe_summaries
-from ptrun.compose import CONFIG_DIR
+from ptrun.compose import RECIPE_DIR
 from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, timm_vit_problem, workers_per_node
 
 
@@ -40,7 +40,7 @@ def test_every_recipe_composes_and_validates(recipe, tmp_path):
     if recipe in NEEDS_LOCAL_FILES:
         overrides += [f"data.path={tmp_path}", f"model.pretrained={tmp_path}"]
         # one worker per GPU: sized here as on the paper's 8-GPU machines
-        assert "nproc_per_node: auto" in (CONFIG_DIR / "recipe" / f"{recipe}.yaml").read_text()
+        assert "nproc_per_node: auto" in (RECIPE_DIR / f"{recipe}.yaml").read_text()
         overrides += ["launcher.nproc_per_node=8"]
     if recipe in TWO_MACHINES:  # what the user adds to run on two machines
         overrides += ["launcher.rdzv_endpoint=node0.example:29400", "launcher.rdzv_id=paper"]
