@@ -182,7 +182,10 @@ def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  
 def run_train(args: list[str]) -> None:
     import hydra
 
-    register_schema()
+    try:
+        register_schema()
+    except ConfigError as e:
+        _fail(str(e))
     if not HYDRA_INFO_FLAGS.intersection(args):
         preflight(args)
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(train_task)

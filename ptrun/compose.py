@@ -51,8 +51,13 @@ def register_schema() -> None:
     # not in it: Hydra's config store gives the group its name instead. Each recipe is a preset over the
     # whole config (its `# @package _global_` line); its defaults list (`override /model: ...`) applies
     # as it would from a file.
+    # A recipe that does not parse fails every composition now, not only its own: one line naming it.
     for path in sorted(RECIPE_DIR.glob("*.yaml")):
-        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+        try:
+            node = OmegaConf.load(path)
+        except Exception as e:
+            raise ConfigError(f"recipe {path.stem} ({path}) does not load: {explain(e)}") from None
+        store.store(group="recipe", name=path.stem, node=node, package="_global_")
     OmegaConf.register_new_resolver("package_dir", lambda module: str(package_dir(module)), replace=True)
 
 
@@ -61,8 +66,8 @@ def compose_dict(overrides: list[str], hydra: bool = False) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    register_schema()
     try:
+        register_schema()
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             return hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=hydra)
     except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong

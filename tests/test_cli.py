@@ -154,6 +154,17 @@ def test_help_lists_recipes_and_groups(tmp_path):
     assert "optim: adamw, sgd" in out.stdout
 
 
+def test_a_recipe_that_does_not_parse_is_named_in_one_line(tmp_path, monkeypatch):
+    """The recipes are all registered before any composition, so a broken one is reported whichever is chosen."""
+    import ptrun.compose
+
+    (tmp_path / "broken.yaml").write_text("train: [1, 2\n")
+    monkeypatch.setattr(ptrun.compose, "RECIPE_DIR", tmp_path)
+    with pytest.raises(ptrun.compose.ConfigError, match=r"^recipe broken \(.*broken.yaml\) does not load: ") as e:
+        ptrun.compose.compose_dict(["recipe=digits_vit"])
+    assert len(str(e.value).splitlines()) == 1
+
+
 BAD_INPUT = [
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
