@@ -51,7 +51,8 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
-    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path).stdout.strip())
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(run(python, "-c", purelib, cwd=tmp_path).stdout.strip())
     (site / "_ptrun_dependencies.pth").write_text("\n".join(dependency_site_packages()) + "\n")
     run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", wheel, cwd=tmp_path)
 
