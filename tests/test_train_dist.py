@@ -93,21 +93,26 @@ def test_padded_last_batch_matches_reference(tmp_path, tiny):
     assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg))
 
 
-def _worker_pids(parent: int) -> list[int]:
-    """Direct children of `parent` that are spawned multiprocessing workers."""
-    pids = []
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process."""
+    procs = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and "multiprocessing.spawn" in cmd and "spawn_main" in cmd:
-            pids.append(int(entry.name))
-    return sorted(pids)
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            procs[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+    return procs
+
+
+def _worker_pids(launcher: int) -> list[int]:
+    """The launcher's workers: the children of its forkserver (or its spawned children, where workers spawn)."""
+    procs = _processes()
+    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and "multiprocessing.forkserver" in cmd}
+    return sorted(pid for pid, (ppid, cmd) in procs.items()
+                  if ppid in servers or (ppid == launcher and "spawn_main" in cmd))
 
 
 def test_killed_worker_restarts_and_resumes(tmp_path, tiny):

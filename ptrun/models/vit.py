@@ -8,13 +8,19 @@ tokens, `no_embed_class`, dynamic image size and every pooling type behave exact
 
 from __future__ import annotations
 
-import timm
 import torch
-from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
 from ptrun.config import ConfigError, ModelConfig
+from ptrun.installed import hidden
 from ptrun.models.layered import LayeredModel
+
+# timm imports wandb whenever it is installed (timm.utils.summary, for a logging option ptrun never uses). Next
+# to torch and transformers that import took 13-16 s here (pydantic inspects every loaded module), in every
+# worker at every start and restart. ptrun's own wandb tracker (logger=wandb) imports it when asked.
+with hidden("wandb"):
+    import timm
+    from timm.models.vision_transformer import Block, VisionTransformer
 
 
 class VitEmbed(nn.Module):
