@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from ptrun import slurm
 from ptrun.compose import CONFIG_DIR, RECIPE_DIR, compose_dict, register_schema
 from ptrun.config import ConfigError, PtrunConfig, check_machines, validate
+from ptrun.errors import EXIT_BAD_INPUT
 
-EXIT_BAD_INPUT = 2
 # Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
 HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
                     "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}

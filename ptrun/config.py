@@ -15,8 +15,8 @@ from typing import Any, Optional, Union
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
-class ConfigError(ValueError):
-    """A user-facing configuration problem; its message is one line naming the key and what is allowed."""
+from ptrun.errors import ConfigError
+from ptrun.installed import check_installed
 
 
 @dataclass
@@ -519,8 +519,6 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     _require(cfg.logger in ("jsonl", "tensorboard", "wandb", "mlflow"), "logger",
              "jsonl, tensorboard, wandb or mlflow", cfg.logger)
     if cfg.logger in ("wandb", "mlflow"):
-        from ptrun.report.trackers import check_installed  # finds the packages without importing them
-
         check_installed(cfg.logger)  # here, not in the workers: a missing package is one line, not a crash
     ca = cfg.cache
     _require(ca.dtype in CACHE_DTYPES, "cache.dtype", f"one of {', '.join(CACHE_DTYPES)}", ca.dtype)
@@ -709,7 +707,7 @@ def check_machines(lc: LauncherConfig) -> None:
 
 SOURCE_IMAGES = {"digits": (8, 1), "imagefolder": (224, 3), "cifar10": (32, 3), "cifar100": (32, 3)}
 """(side in pixels, channels) of each image source's samples when `data.image_size` is unset: scikit-learn's
-8x8 grey digits, `ptrun.data.sources.DEFAULT_IMAGE_SIZE`, `ptrun.data.cifar.CIFAR_SIZE`. Repeated here so
+8x8 grey digits, `ptrun.data.images.DEFAULT_IMAGE_SIZE`, `ptrun.data.cifar.CIFAR_SIZE`. Repeated here so
 that validation need not import the data stack (tests/test_cli.py checks that they agree)."""
 TEXT_MAX_LENGTH = {"glue": 128, "squad": 384, "tweet_sentiment": 64, "bbc_news": 128}
 """Tokens per sample of each text source when `data.max_length` is unset (`ptrun.data.text.GLUE_MAX_LENGTH`,

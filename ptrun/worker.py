@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ptrun.config import ConfigError, load_resolved
-from ptrun.launch import EXIT_BAD_INPUT
+from ptrun.config import load_resolved
+from ptrun.errors import EXIT_BAD_INPUT, ConfigError
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or

@@ -112,7 +112,7 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
     from ptrun.parallel.partition import min_max
     from ptrun.parallel.pipeline import PipelineRuntime
     from ptrun.parallel.plan import Plan
-    from ptrun.train.losses import WeightedLoss, make_target
+    from ptrun.models.losses import WeightedLoss, make_target
 
     layered = build(args)
     costs = [float(sum(p.numel() for p in u.parameters())) for u in layered.units]
@@ -149,7 +149,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
     from ptrun.parallel.groups import build_groups
     from ptrun.parallel.pipeline import PipelineRuntime
     from ptrun.parallel.plan import Plan
-    from ptrun.train.losses import WeightedLoss, make_target
+    from ptrun.models.losses import WeightedLoss, make_target
 
     per = args["batch"] // world
     data = batches(args, 1)

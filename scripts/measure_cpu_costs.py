@@ -93,7 +93,7 @@ def mean_over_workers(values: list[float]) -> list[float]:
 def update_seconds(unit, optim_cfg, repeats: int) -> float:
     """One unit's share of a step's update: the clip's per-parameter work in `StageRuntime.sync_and_clip`
     (squared norm in float64, then the rescale) and the optimizer step over its parameters."""
-    from ptrun.train.optim import build_optimizer
+    from ptrun.parallel.optim import build_optimizer
 
     named = [(n, p) for n, p in unit.named_parameters()]
     if not named:
@@ -168,7 +168,7 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
     from ptrun.models.layered import run_units
     from ptrun.parallel.plan import Plan
     from ptrun.parallel.profile import profile_units
-    from ptrun.train.losses import LABEL_KEYS, WeightedLoss, make_target
+    from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
 
     names = layered.input_names
     ids = torch.arange(rank * 2 * batch, (rank + 1) * 2 * batch)  # each worker its own samples

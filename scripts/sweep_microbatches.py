@@ -59,7 +59,7 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
     from ptrun.parallel.partition import min_max
     from ptrun.parallel.pipeline import PipelineRuntime
     from ptrun.parallel.plan import Plan
-    from ptrun.train.losses import WeightedLoss, make_target
+    from ptrun.models.losses import WeightedLoss, make_target
 
     layered = build(args)
     # Stages balanced by parameter count, as `pipe.partition=params` (the default) would split them.

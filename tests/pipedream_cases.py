@@ -20,7 +20,7 @@ from ptrun.auto.autodp import build_layout, change_layout
 from ptrun.config import OptimConfig
 from ptrun.parallel.pipedream import Step, async_1f1b
 from ptrun.parallel.plan import Plan, even_bounds
-from ptrun.train.losses import WeightedLoss, loss_weight, make_target
+from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 
 CPU = torch.device("cpu")
 LR = 0.1

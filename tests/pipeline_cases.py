@@ -22,8 +22,8 @@ from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
 from ptrun.parallel.pipeline import flushing_runtime
 from ptrun.parallel.plan import Plan, even_bounds
-from ptrun.train.losses import WeightedLoss, loss_weight, make_target
-from ptrun.train.optim import build_optimizer
+from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.parallel.optim import build_optimizer
 
 GLOBAL_BATCH = 16
 STEPS = 2

@@ -21,8 +21,8 @@ import pipeline_cases as pc
 from ptrun.config import OptimConfig
 from ptrun.auto.autodp import build_layout, optimizer_state_by_name
 from ptrun.parallel.plan import Plan, even_bounds
-from ptrun.train.losses import WeightedLoss, loss_weight, make_target
-from ptrun.train.precision import LossScaler, step_or_skip
+from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.parallel.precision import LossScaler, step_or_skip
 
 CPU = torch.device("cpu")
 SGD = OptimConfig(name="sgd", lr=0.1, momentum=0.9, weight_decay=0.0, schedule="constant", warmup_fraction=0.0)

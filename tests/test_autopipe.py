@@ -8,16 +8,10 @@ import math
 
 import pytest
 
-from ptrun.auto.autopipe import (
-    PAPER_MICROBATCHES,
-    batch_sizes,
-    min_microbatches,
-    next_plan,
-    pick_microbatches,
-    starting_max,
-)
+from ptrun.auto.autopipe import next_plan, starting_max
 from ptrun.auto.freeze import frozen_units_for_blocks, make_policy
 from ptrun.config import ConfigError
+from ptrun.parallel.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums, weighted_costs
 from ptrun.parallel.plan import initial_plan
 

@@ -84,10 +84,10 @@ def test_nproc_per_node_auto_is_one_worker_per_gpu_else_two(tmp_path):
 def test_the_validation_tables_match_the_data_sources():
     """config.py repeats the sources' default image sizes and token lengths (importing the data stack would
     slow every start): they must agree with the sources themselves."""
-    from ptrun.data import cifar, sources, text
+    from ptrun.data import cifar, images, sources, text
     from ptrun.data.packaged_text import PACKAGED_TEXT
 
-    assert SOURCE_IMAGES["imagefolder"][0] == sources.DEFAULT_IMAGE_SIZE
+    assert SOURCE_IMAGES["imagefolder"][0] == images.DEFAULT_IMAGE_SIZE
     assert SOURCE_IMAGES["cifar10"][0] == SOURCE_IMAGES["cifar100"][0] == cifar.CIFAR_SIZE
     from ptrun.config import DataConfig
 

@@ -16,7 +16,7 @@ import torch
 
 import pipeline_cases as pc
 from conftest import final_params, run_workers
-from ptrun.train.optim import build_optimizer
+from ptrun.parallel.optim import build_optimizer
 
 pytestmark = pytest.mark.dist
 

@@ -295,7 +295,7 @@ def test_bert_mlm_from_hugging_face_directory(tmp_path):
 def test_regression_loss_is_the_squared_error_of_each_sample():
     import torch.nn.functional as F
 
-    from ptrun.train.losses import WeightedLoss, make_target
+    from ptrun.models.losses import WeightedLoss, make_target
 
     batch = {"labels": torch.tensor([3.8, 0.25, 5.0]), "weight": torch.tensor([1.0, 1.0, 0.0])}
     target = make_target(batch, "regression")

@@ -10,7 +10,7 @@ import torch
 
 import pipeline_cases as pc
 from pipeline_cases import Case
-from ptrun.train.optim import build_optimizer
+from ptrun.parallel.optim import build_optimizer
 
 pytestmark = pytest.mark.dist
 

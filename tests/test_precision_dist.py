@@ -16,7 +16,7 @@ import torch
 
 import pipeline_cases as pc
 import precision_cases as prc
-from ptrun.train.optim import build_optimizer
+from ptrun.parallel.optim import build_optimizer
 
 pytestmark = pytest.mark.dist
 

@@ -18,7 +18,8 @@ import pytest
 from conftest import TINY, run_workers
 from ptrun.config import ConfigError
 from ptrun.report.tensorboard import event_scalars
-from ptrun.report.trackers import STATE_FILE, check_installed
+from ptrun.installed import check_installed
+from ptrun.report.trackers import STATE_FILE
 
 # Two workers, two short epochs; the second freezes a block, so the layout differs between the epochs.
 OVERRIDES = TINY + ["train.epochs=2", "train.max_steps_per_epoch=3", "launcher.nproc_per_node=2",
@@ -200,7 +201,7 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra():
 
 
 def test_mlflow_with_a_tracking_server_needs_no_sqlalchemy(monkeypatch):
-    from ptrun.report.trackers import required_modules
+    from ptrun.installed import required_modules
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert required_modules("mlflow") == ["mlflow", "sqlalchemy", "alembic"]

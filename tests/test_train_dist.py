@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from conftest import compose_config, final_params, run_workers
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
-from ptrun.train.optim import build_optimizer, set_lr
+from ptrun.parallel.optim import build_optimizer, set_lr
 
 pytestmark = pytest.mark.dist
 

@@ -2,14 +2,7 @@
 (`autopipe`). Both are pure decision code (no torch, no process groups): the runtime calls them at epoch
 boundaries and applies the Plan they return."""
 
-from ptrun.auto.autopipe import (
-    PAPER_MICROBATCHES,
-    batch_sizes,
-    min_microbatches,
-    next_plan,
-    pick_microbatches,
-    starting_max,
-)
+from ptrun.auto.autopipe import next_plan, starting_max
 from ptrun.auto.freeze import (
     POLICIES,
     FreezePolicy,
@@ -19,15 +12,11 @@ from ptrun.auto.freeze import (
 )
 
 __all__ = [
-    "PAPER_MICROBATCHES",
     "POLICIES",
     "FreezePolicy",
-    "batch_sizes",
     "blocks_of_units",
     "frozen_units_for_blocks",
     "make_policy",
-    "min_microbatches",
     "next_plan",
-    "pick_microbatches",
     "starting_max",
 ]

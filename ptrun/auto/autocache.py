@@ -33,7 +33,7 @@ from ptrun.auto.cache_store import ActivationStore, entry_specs
 from ptrun.auto.freeze import frozen_units_for_blocks
 from ptrun.config import CacheConfig, parse_memory
 from ptrun.models.layered import run_units
-from ptrun.train.precision import autocast
+from ptrun.parallel.precision import autocast
 
 STAT_NAMES = ("hits", "advanced", "computed", "corrupt", "written")
 """Per-epoch counters: read as is, advanced from a shallower depth, computed from the raw input, found

@@ -21,7 +21,7 @@ from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
 from ptrun.parallel.plan import Plan
-from ptrun.train.optim import build_optimizer
+from ptrun.parallel.optim import build_optimizer
 
 OptimState = dict[str, dict[str, Any]]
 """Parameter name -> that parameter's optimizer state (`exp_avg`, `momentum_buffer`, `step`, ...)."""

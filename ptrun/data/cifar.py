@@ -22,7 +22,7 @@ import torch
 from torchvision.transforms import v2
 
 from ptrun.config import ConfigError, DataConfig
-from ptrun.data.sources import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits
+from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits
 
 CIFAR_SIZE = 32
 PIXELS = 3 * CIFAR_SIZE * CIFAR_SIZE

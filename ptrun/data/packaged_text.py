@@ -34,7 +34,7 @@ import numpy as np
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.installed import package_dir
-from ptrun.data.sources import DataSplits, _stratified_split
+from ptrun.data.splits import DataSplits, stratified_split
 from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, load_tokenizer, tokenize_texts
 
 
@@ -163,7 +163,7 @@ def build_packaged_text(cfg: DataConfig, tokenizer: str | None = None) -> DataSp
     texts, labels = read_packaged_text(cfg.name, cfg.path)  # read first: a missing package fails fast
     tok = load_tokenizer(tokenizer or cfg.tokenizer, cfg.name)
     max_length = cfg.max_length or spec.max_length
-    train_pos, eval_pos = _stratified_split(labels, cfg, f"data.name={cfg.name}")
+    train_pos, eval_pos = stratified_split(labels, cfg, f"data.name={cfg.name}")
 
     def split(positions: np.ndarray):
         columns = tokenize_texts(tok, [[texts[i] for i in positions]], max_length)

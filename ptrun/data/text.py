@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from ptrun.config import ConfigError, DataConfig
-from ptrun.data.sources import DataSplits
+from ptrun.data.splits import DataSplits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ptrun.auto.autopipe import pick_microbatches
 from ptrun.config import ConfigError, PtrunConfig, parse_memory
+from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
 
 OPTIMIZER_COPIES = {"adamw": 2, "sgd": 1}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ptrun.auto.autopipe import pick_microbatches
 from ptrun.config import ConfigError, PipeConfig
 from ptrun.models.layered import LayeredModel
+from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import UnitProfile

@@ -40,8 +40,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.autopipe import batch_sizes, pick_microbatches
 from ptrun.config import ConfigError, schedule_problem
+from ptrun.parallel.microbatches import batch_sizes, pick_microbatches
 from ptrun.parallel.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def training_batches(dataset, length: Length, rank: int, *, seed: int, input_nam
     """This rank's replica batches of the first `count` steps of epoch 0 at `length` (real training data,
     in the order training will see it)."""
     from ptrun.data import EpochSampler
-    from ptrun.train.losses import make_target
+    from ptrun.models.losses import make_target
 
     sampler = EpochSampler(len(dataset), length.global_batch, seed)
     replica = rank // length.pp
@@ -247,33 +247,34 @@ def measure(lengths: Sequence[Length], *, plan_at: Callable[[int, int], Plan], b
     groups are destroyed after timing), `batches(length)` this rank's real batches at that length. Training
     state is restored afterwards: buffers, gradients (none), the loss's denominator and the random generators
     (dropout and augmentation draw from them, so a tuned run trains exactly like an untuned one)."""
-    from ptrun.train.checkpoint import rng_states, set_rng_states
-
-    rng = rng_states()
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     denominator = loss.denominator
     costs: dict[tuple[int, int], float] = {}
-    try:
-        for length in lengths:
-            if len(length.microbatches) < 2:
-                continue
-            data = batches(length)
-            for m in length.microbatches:
-                layout = build(plan_at(length.pp, m))
-                try:
-                    costs[(length.pp, m)] = time_steps(layout.runtime, data, loss, device)
-                finally:
-                    layout.runtime.zero_grad()
-                    layout.groups.destroy()
-    finally:
-        loss.denominator = denominator
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        for p in model.parameters():
-            p.grad = None
-        set_rng_states(rng)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            for length in lengths:
+                if len(length.microbatches) < 2:
+                    continue
+                data = batches(length)
+                for m in length.microbatches:
+                    layout = build(plan_at(length.pp, m))
+                    try:
+                        costs[(length.pp, m)] = time_steps(layout.runtime, data, loss, device)
+                    finally:
+                        layout.runtime.zero_grad()
+                        layout.groups.destroy()
+        finally:
+            _restore(model, buffers, loss, denominator)
     return costs
+
+
+def _restore(model: torch.nn.Module, buffers: list, loss, denominator) -> None:
+    loss.denominator = denominator
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
+    for p in model.parameters():
+        p.grad = None
 
 
 # ---- the disk cache --------------------------------------------------------------------------------------------

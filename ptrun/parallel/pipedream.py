@@ -46,7 +46,7 @@ from ptrun.config import ConfigError
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.pipeline import StageRuntime
 from ptrun.parallel.plan import Plan
-from ptrun.train.losses import WeightedLoss
+from ptrun.models.losses import WeightedLoss
 
 _END = object()
 

@@ -25,8 +25,8 @@ from ptrun.config import parse_recompute
 from ptrun.models.layered import run_units
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.plan import Plan
-from ptrun.train.losses import WeightedLoss
-from ptrun.train.precision import autocast
+from ptrun.models.losses import WeightedLoss
+from ptrun.parallel.precision import autocast
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 """Schedules that drive exactly one stage per rank."""

@@ -16,13 +16,12 @@ tracker run:
           directory's name. The config becomes params (`train.epochs`, ...); start and end are the tags
           run/start and run/end (JSON).
 
-The libraries come with `pip install 'ptrun[trackers]'`; `check_installed` refuses a logger whose package is
+The libraries come with `pip install 'ptrun[trackers]'`; `ptrun.installed.check_installed` refuses a logger whose package is
 missing while the config is validated, before any worker starts.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -37,25 +36,6 @@ from ptrun.report.tensorboard import TEXT_EVENTS, event_scalars
 STATE_FILE = "trackers.json"
 """In the run directory: {"wandb": run id} / {"mlflow": {"run_id", "tracking_uri"}}, the tracker run to resume."""
 DEFAULT_PROJECT = "ptrun"
-
-
-def required_modules(logger: str) -> list[str]:
-    """The top-level modules `logger` imports in the workers."""
-    if logger == "wandb":
-        return ["wandb"]
-    if logger == "mlflow":
-        # The SQLite store in the run directory needs SQLAlchemy and Alembic, which mlflow-skinny leaves out;
-        # a tracking server (MLFLOW_TRACKING_URI) needs neither.
-        return ["mlflow"] + ([] if os.environ.get("MLFLOW_TRACKING_URI") else ["sqlalchemy", "alembic"])
-    return []
-
-
-def check_installed(logger: str, modules: list[str] | None = None) -> None:
-    """Raise a one-line ConfigError when a module `logger` needs (default: `required_modules`) is not
-    installed. Looks the modules up without importing them: the launcher calls this while validating."""
-    for module in required_modules(logger) if modules is None else modules:
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"logger={logger} needs the {module} package: pip install 'ptrun[trackers]'")
 
 
 def config_dict(config: Any) -> dict[str, Any]:

@@ -37,9 +37,9 @@ from ptrun.parallel.pipedream import AsyncPipelineRuntime, Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train import checkpoint, faults
-from ptrun.train.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample_loss
-from ptrun.train.optim import set_lr
-from ptrun.train.precision import LossScaler, compute_dtype, step_or_skip
+from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample_loss
+from ptrun.parallel.optim import set_lr
+from ptrun.parallel.precision import LossScaler, compute_dtype, step_or_skip
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.stop import Interrupted, StopRequests
 

@@ -1,0 +1,149 @@
+"""The image sources in files of their own: `digits` (scikit-learn's 8x8 digits, offline) and `imagefolder`
+(class folders of image files), both producing `pixel_values` (float32, C x H x W, normalised) and `labels`
+(int64); for class folders the label mapping comes from the sorted class names, the same for both splits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import datasets
+import numpy as np
+import torch
+from torchvision.transforms import v2
+
+from ptrun.config import ConfigError, DataConfig
+from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, stratified_split
+
+DEFAULT_IMAGE_SIZE = 224
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, "
+                      "or path/<class>/*.png)")
+
+
+def build_digits(cfg: DataConfig) -> DataSplits:
+    """scikit-learn's 1,797 8x8 handwritten digits (ships with scikit-learn, so always available offline)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.from_numpy(digits.images).float().unsqueeze(1)  # (N, 1, 8, 8), values 0..16
+    if cfg.image_size is not None and cfg.image_size != images.shape[-1]:
+        images = torch.nn.functional.interpolate(images, size=(cfg.image_size, cfg.image_size), mode="bilinear",
+                                                 align_corners=False)
+    labels = digits.target.astype(np.int64)
+    train_pos, eval_pos = stratified_split(labels, cfg, "the digits")
+    # one scalar mean/std from the train split only, so eval statistics never leak into preprocessing
+    mean, std = images[train_pos].mean(), images[train_pos].std()
+    images = ((images - mean) / std).numpy()
+
+    size = images.shape[-1]
+    class_names = [str(c) for c in digits.target_names]
+    features = datasets.Features({"pixel_values": datasets.Array3D((1, size, size), "float32"),
+                                  "labels": datasets.ClassLabel(names=class_names)})
+
+    def split(pos: np.ndarray) -> datasets.Dataset:
+        data = {"pixel_values": images[pos], "labels": labels[pos]}
+        return datasets.Dataset.from_dict(data, features=features).with_format("torch")
+
+    return DataSplits(train=split(train_pos), eval=split(eval_pos), num_classes=len(class_names),
+                      class_names=class_names, input_names=("pixel_values",), image_size=size, in_chans=1)
+
+
+def build_imagefolder(cfg: DataConfig) -> DataSplits:
+    """Class folders of image files: `path/train/<class>/*` + `path/val/<class>/*`, or `path/<class>/*`.
+
+    With a `train` folder but no eval folder, `train` is split by `eval_fraction`. Images are decoded and
+    transformed on access (`set_transform`), so nothing is preprocessed up front.
+    """
+    root = Path(cfg.path).expanduser() if cfg.path is not None else None
+    if root is None or not root.is_dir():
+        raise ConfigError(f"data.path={cfg.path!r}: no such directory; {IMAGEFOLDER_LAYOUT}")
+    eval_dir = next((root / n for n in EVAL_DIR_NAMES if (root / n).is_dir()), None)
+    train_dir = root / "train" if (root / "train").is_dir() else root
+    if eval_dir is not None and train_dir == root:  # otherwise `val` would silently become a class
+        raise ConfigError(f"data.path={cfg.path!r}: has {eval_dir.name}/ but no train/; {IMAGEFOLDER_LAYOUT}")
+
+    train_classes = _class_files(train_dir)
+    if not train_classes:
+        raise ConfigError(f"data.path={cfg.path!r}: found no images; {IMAGEFOLDER_LAYOUT}")
+    class_names = sorted(train_classes)
+    train_paths, train_labels = _labelled(train_classes, class_names)
+
+    if eval_dir is not None:
+        eval_classes = _class_files(eval_dir)
+        unknown = sorted(set(eval_classes) - set(class_names))
+        if not eval_classes or unknown:
+            problem = f"classes {unknown} are not in train" if unknown else "found no images"
+            raise ConfigError(f"data.path={cfg.path!r}: {eval_dir.name}/ {problem}; {IMAGEFOLDER_LAYOUT}")
+        eval_paths, eval_labels = _labelled(eval_classes, class_names)
+    else:
+        train_pos, eval_pos = stratified_split(train_labels, cfg, f"the images in {str(train_dir)!r}")
+        eval_paths, eval_labels = [train_paths[i] for i in eval_pos], [train_labels[i] for i in eval_pos]
+        train_paths, train_labels = [train_paths[i] for i in train_pos], [train_labels[i] for i in train_pos]
+
+    size = cfg.image_size or DEFAULT_IMAGE_SIZE
+    # Decoded by the transform (`_decode_image`), so a file that is not a readable image is named in a
+    # one-line error instead of failing deep inside `datasets` mid-epoch.
+    features = datasets.Features({"image": datasets.Image(decode=False),
+                                  "labels": datasets.ClassLabel(names=class_names)})
+
+    def split(paths: list[str], labels: list[int], augment: bool) -> datasets.Dataset:
+        ds = datasets.Dataset.from_dict({"image": paths, "labels": labels}, features=features)
+        ds.set_transform(_image_transform(size, augment))
+        return ds
+
+    return DataSplits(train=split(train_paths, train_labels, cfg.augment),
+                      eval=split(eval_paths, eval_labels, augment=False),
+                      num_classes=len(class_names), class_names=class_names, input_names=("pixel_values",),
+                      image_size=size, in_chans=3)
+
+
+def _class_files(directory: Path) -> dict[str, list[str]]:
+    """Class name -> sorted image files (searched recursively) for each sub-folder that holds images.
+
+    Hidden folders and folders without images are not classes (e.g. `.ipynb_checkpoints`, a stray `README`).
+    """
+    classes = {}
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        files = sorted(str(f) for f in sub.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+        if files:
+            classes[sub.name] = files
+    return classes
+
+
+def _labelled(class_files: dict[str, list[str]], class_names: list[str]) -> tuple[list[str], list[int]]:
+    """Flatten class -> files into parallel (paths, labels) lists under the shared label mapping."""
+    paths, labels = [], []
+    for name, files in class_files.items():
+        paths += files
+        labels += [class_names.index(name)] * len(files)
+    return paths, labels
+
+
+def _image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, torch.Tensor]]:
+    """A batch transform for `set_transform`: PIL images -> normalised (3, size, size) float32 tensors."""
+    geometry = ([v2.RandomResizedCrop(size, scale=(0.08, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+                if augment else [v2.Resize((size, size), antialias=True)])
+    pipeline = v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True),
+                           v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+    def transform(batch: dict) -> dict[str, torch.Tensor]:
+        out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
+        if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
+            out["pixel_values"] = torch.stack([pipeline(_decode_image(image)) for image in batch["image"]])
+        return out
+
+    return transform
+
+
+_IMAGE = datasets.Image()  # datasets' own decoder (EXIF orientation applied), as `Image()` features decode
+
+
+def _decode_image(value: dict):
+    """One image file (`{"path", "bytes"}`) as an RGB PIL image; a file that does not decode is bad input."""
+    try:
+        return _IMAGE.decode_example(value).convert("RGB")
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...: the file's fault
+        problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(f"data.path: {value['path']!r} is not a readable image ({problem}); replace or remove "
+                          f"it") from None

@@ -1,0 +1,57 @@
+"""What every data source returns (`DataSplits`) and what several share: the stratified train/eval split and
+ImageNet's normalisation. The bottom of `ptrun.data`: the source modules import it, it imports none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import datasets
+import numpy as np
+import torch
+
+from ptrun.config import ConfigError, DataConfig
+
+if TYPE_CHECKING:
+    from ptrun.data.text import QAEvalData
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+EVAL_DIR_NAMES = ("val", "validation", "test")
+"""Folder names of a held-out split under `data.path`, in the order they are looked for."""
+
+
+@dataclass(frozen=True)
+class DataSplits:
+    """The train and eval splits of one source plus what the model needs to know about its inputs."""
+
+    train: datasets.Dataset
+    eval: datasets.Dataset
+    num_classes: int
+    class_names: list[str]
+    input_names: tuple[str, ...]
+    """Model input keys of a batch (`("pixel_values",)` for images); `labels` is the target."""
+    image_size: int | None
+    """H == W of `pixel_values`."""
+    in_chans: int | None
+    vocab_size: int | None = None
+    """Tokenizer vocabulary size of a text source (the BERT embedding rows); None for images."""
+    qa_eval: QAEvalData | None = None
+    """SQuAD only: what turns the eval features' start/end logits into answer texts (see text.py)."""
+    metrics: Callable[[torch.Tensor, datasets.Dataset], dict] | None = None
+    """The task's own eval metrics (GLUE's per task, SQuAD's exact match and F1), from every eval output in
+    sample order and the eval split; None: the trainer reports the loss (and top-1) only."""
+
+
+def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Train and eval positions into `labels`, stratified by class and fixed by `cfg.split_seed`."""
+    from sklearn.model_selection import train_test_split  # ~2 s to import: only sources that split pay it
+
+    positions = np.arange(len(labels))
+    try:
+        train, held_out = train_test_split(positions, test_size=cfg.eval_fraction, random_state=cfg.split_seed,
+                                           stratify=labels)
+    except ValueError as e:  # too few samples per class for a stratified split
+        raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: cannot split {where} stratified ({e})") from e
+    # sorted so each split keeps the source's order; the epoch sampler does the shuffling
+    return np.sort(train), np.sort(held_out)

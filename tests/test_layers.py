@@ -1,0 +1,104 @@
+"""The package's layers, read from its source: `models`, `data`, `parallel`, `auto` and `train` from the bottom
+up, each importing only from layers below it (or from the base modules every layer may use), and no import
+cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they never
+run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
+LAYERS = ("models", "data", "parallel", "auto", "train")
+"""Bottom first: a module in one of these packages imports from its own layer or lower ones only."""
+BASE = ("ptrun.errors", "ptrun.installed", "ptrun.config", "ptrun.compose")
+"""Below every layer: each imports only from the modules before it in this list."""
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, except the bodies of `if TYPE_CHECKING:` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ptrun modules `name` imports (the deepest module an import names: `from ptrun.data import x`
+    imports `ptrun.data.x` when that is a module, else `ptrun.data`)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                root = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(root + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imports(name, path, modules) for name, path in modules.items()}
+
+
+def layer(name: str) -> int | None:
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_no_layer_imports_from_one_above_it():
+    upward = [f"{name} -> {dep}" for name, deps in graph().items() for dep in sorted(deps)
+              if layer(name) is not None and layer(dep) is not None and layer(dep) > layer(name)]
+    upward += [f"{name} -> {dep}" for name, deps in graph().items() if name in BASE for dep in sorted(deps)
+               if dep not in BASE[:BASE.index(name)]]
+    assert not upward, "imports against the layers (models < data < parallel < auto < train, base below all):\n" \
+        + "\n".join(upward)
+
+
+def test_no_import_cycles():
+    edges = graph()
+    cycles, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            cycles.append(" -> ".join(path[path.index(node):] + [node]))
+            return
+        if node in done:
+            return
+        for dep in sorted(edges.get(node, ())):
+            visit(dep, path + [node])
+        done.add(node)
+
+    for name in sorted(edges):
+        visit(name, [])
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_the_checks_see_an_import_inside_a_function(tmp_path):
+    """The reader itself: a function-level import counts, a type-checking-only one does not."""
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ptrun.train.trainer\n"
+                      "def f():\n    from ptrun.auto import controller\n")
+    modules = module_names()
+    assert imports("ptrun.models.m", source, modules) == {"ptrun.auto.controller"}
