@@ -380,6 +380,13 @@ def _require(ok: bool, key: str, allowed: str, value: Any) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
 
 
+def check_alpha(alpha: float) -> float:
+    """`freeze.alpha`, the share of the active blocks frozen at each decision: 0 < alpha < 1. The one rule,
+    for the config and for policies built in code (`ptrun.auto.freeze`)."""
+    _require(0.0 < alpha < 1.0, "freeze.alpha", "0 < alpha < 1", alpha)
+    return float(alpha)
+
+
 def parse_nnodes(nnodes: str) -> tuple[int, int]:
     """`"2"` -> (2, 2); `"1:4"` -> (1, 4)."""
     parts = str(nnodes).split(":")
@@ -505,7 +512,7 @@ def validate(cfg: PtrunConfig | DictConfig) -> None:
     m, d, t, o, p, lc, ck = cfg.model, cfg.data, cfg.train, cfg.optim, cfg.pipe, cfg.launcher, cfg.checkpoint
     fr, au = cfg.freeze, cfg.auto
     _require(fr.policy in FREEZE_POLICIES, "freeze.policy", f"one of {', '.join(FREEZE_POLICIES)}", fr.policy)
-    _require(0.0 < fr.alpha < 1.0, "freeze.alpha", "0 < alpha < 1", fr.alpha)
+    check_alpha(fr.alpha)
     _require(fr.every_epochs >= 1, "freeze.every_epochs", "an integer >= 1", fr.every_epochs)
     _require(0.0 <= fr.max_fraction <= 1.0, "freeze.max_fraction", "0 <= f <= 1", fr.max_fraction)
     _require(fr.start >= 0, "freeze.start", "an epoch >= 0", fr.start)

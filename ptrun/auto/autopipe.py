@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from ptrun.config import ConfigError
-from ptrun.parallel.microbatches import batch_sizes, pick_microbatches
+from ptrun.parallel.microbatches import batch_sizes, pick_microbatches, schedule_accepts
 from ptrun.parallel.partition import partition, stage_sums, weighted_costs
 from ptrun.parallel.plan import Plan
 
@@ -111,7 +111,7 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
     dp = current.dp if shared else world_size // pp
     per_replica, _ = batch_sizes(dp, **batch)
     m = current.microbatches
-    if (pp, dp) != (current.pp, current.dp) or per_replica % m or not _schedule_accepts(schedule, pp, spr, m):
+    if (pp, dp) != (current.pp, current.dp) or per_replica % m or not schedule_accepts(schedule, pp, spr, m):
         m = pick_microbatches(pp, per_replica, schedule, table, stages_per_rank=spr)
     return Plan(num_units=n, frozen_units=frozen_units, pp=pp, dp=dp, stage_bounds=bounds, microbatches=m,
                 schedule=schedule, stages_per_rank=spr, cached_units=cached_units,

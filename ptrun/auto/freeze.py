@@ -36,7 +36,7 @@ import math
 import statistics
 from typing import Any, ClassVar, Optional, Sequence
 
-from ptrun.config import ConfigError
+from ptrun.config import ConfigError, check_alpha
 
 EPS = 1e-9
 """Tolerance for rounding real-valued block counts: 12 * (1 - 2/3) and 10 * 0.3 evaluate to 4.0 and
@@ -169,12 +169,6 @@ class NoFreeze(FreezePolicy):
         return frozen_blocks
 
 
-def _check_alpha(alpha: float) -> float:
-    if not 0.0 < alpha < 1.0:
-        raise ConfigError(f"freeze alpha={alpha} is not allowed: 0 < alpha < 1")
-    return float(alpha)
-
-
 class AlphaFreeze(FreezePolicy):
     """`alpha`: the paper's closed form F_T = ceil(L * (1 - (1 - alpha)^T)), the first term of the rule
     alone (what the released code ran). It depends only on T, so it needs no state and resumes exactly."""
@@ -183,7 +177,7 @@ class AlphaFreeze(FreezePolicy):
 
     def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
         super().__init__(num_blocks, **kw)
-        self.alpha = _check_alpha(alpha)
+        self.alpha = check_alpha(alpha)
 
     def target(self, step: int) -> int:
         """F_T for freeze step T (before the clamp)."""
@@ -215,7 +209,7 @@ class PipeTransformerFreeze(FreezePolicy):
 
     def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
         super().__init__(num_blocks, **kw)
-        self.alpha = _check_alpha(alpha)
+        self.alpha = check_alpha(alpha)
 
     def bound(self, frozen_blocks: int) -> int:
         """The first term: the current count plus a fraction alpha of the active blocks, rounded up."""

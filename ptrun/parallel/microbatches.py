@@ -16,10 +16,10 @@ def min_microbatches(schedule: str, pp: int, stages_per_rank: int = 1) -> int:
     """The fewest micro-batches `schedule` accepts at pipeline length `pp` (too few hangs or raises in some
     runtimes, SPEC section 9), by the same rule config validation applies (`schedule_problem`)."""
     return next(m for m in range(1, 4 * pp * stages_per_rank + 1)
-                if _schedule_accepts(schedule, pp, stages_per_rank, m))
+                if schedule_accepts(schedule, pp, stages_per_rank, m))
 
 
-def _schedule_accepts(schedule: str, pp: int, stages_per_rank: int, m: int) -> bool:
+def schedule_accepts(schedule: str, pp: int, stages_per_rank: int, m: int) -> bool:
     """Whether `schedule` runs with m micro-batches: one rule for user layouts and controller layouts."""
     return schedule_problem(schedule, pp, stages_per_rank, m) is None
 
@@ -53,7 +53,7 @@ def pick_microbatches(pp: int, per_replica_batch: int, schedule: str, table: Opt
         raise ConfigError(f"the per-replica batch {per_replica_batch} is not allowed: at least one sample")
     target = _table_target(pp, table)
     ok = [m for m in range(1, per_replica_batch + 1)
-          if per_replica_batch % m == 0 and _schedule_accepts(schedule, pp, stages_per_rank, m)]
+          if per_replica_batch % m == 0 and schedule_accepts(schedule, pp, stages_per_rank, m)]
     if not ok:
         raise ConfigError(f"pipe.schedule={schedule} at pipe.length={pp} needs at least "
                           f"{min_microbatches(schedule, pp, stages_per_rank)} equal micro-batches, but the "

@@ -30,7 +30,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from ptrun.config import ConfigError
 from ptrun.report.tensorboard import TEXT_EVENTS, event_scalars
 
 STATE_FILE = "trackers.json"
