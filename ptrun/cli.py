@@ -254,8 +254,10 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
         _fail(str(e))
     cfg = replace(cfg, launcher=replace(cfg.launcher, nproc_per_node=cluster.gpus_per_node,
                                         nnodes=str(cluster.nodes)))
-    validate(replace(cfg, data=replace(cfg.data, name="digits", path=None, tokenizer=None),
-                     model=replace(cfg.model, pretrained=None)))
+    try:
+        validate(cfg, paths=False)
+    except ConfigError as e:
+        _fail(str(e))
     return cfg
 
 

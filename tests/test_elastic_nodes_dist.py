@@ -8,6 +8,7 @@ uninterrupted 4-worker run (the global batch, data order and loss do not depend 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, final_params, run_workers
+from conftest import TINY, final_params, run_workers, worker_pids
 
 pytestmark = pytest.mark.dist
 
@@ -61,7 +62,7 @@ def wait_for(condition, what: str, timeout: float = 180.0) -> None:
 
 
 def test_a_node_lost_and_regained(tmp_path):
-    run_dir, port = tmp_path / "job", free_port()
+    run_dir, port, paused = tmp_path / "job", free_port(), []
     first = start_agent(run_dir, port, tmp_path / "node_a.log")
     time.sleep(1.0)  # node A hosts the rendezvous store; B connects to it
     second = start_agent(run_dir, port, tmp_path / "node_b.log")
@@ -72,10 +73,18 @@ def test_a_node_lost_and_regained(tmp_path):
         os.killpg(second.pid, signal.SIGKILL)  # node B is lost: its agent and its workers
         second.wait()
         wait_for(lambda: [s["world_size"] for s in starts(run_dir)][-1:] == [2], "the job re-formed on node A")
+        # Node A's workers wait (stopped) until B is back, or A could finish alone while B starts: A's agent
+        # stays up (it holds the rendezvous store) and restarts them when B joins.
+        paused = worker_pids(first.pid)
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
         second = start_agent(run_dir, port, tmp_path / "node_b2.log", "train.resume=true")  # B is back
         assert first.wait(timeout=300) == 0, (tmp_path / "node_a.log").read_text()[-3000:]
         assert second.wait(timeout=60) == 0, (tmp_path / "node_b2.log").read_text()[-3000:]
     finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         for agent in (first, second):
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import compose_config, final_params, run_workers
+from conftest import compose_config, final_params, run_workers, worker_pids
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
 from ptrun.parallel.optim import build_optimizer, set_lr
@@ -93,28 +93,6 @@ def test_padded_last_batch_matches_reference(tmp_path, tiny):
     assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg))
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process."""
-    procs = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            procs[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
-    return procs
-
-
-def _worker_pids(launcher: int) -> list[int]:
-    """The launcher's workers: the children of its forkserver (or its spawned children, where workers spawn)."""
-    procs = _processes()
-    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and "multiprocessing.forkserver" in cmd}
-    return sorted(pid for pid, (ppid, cmd) in procs.items()
-                  if ppid in servers or (ppid == launcher and "spawn_main" in cmd))
-
-
 def test_killed_worker_restarts_and_resumes(tmp_path, tiny):
     """SIGKILL one worker after the first checkpoint: the elastic agent restarts the group, the workers
     resume from the checkpoint, and the final parameters equal an uninterrupted run's."""
@@ -130,7 +108,7 @@ def test_killed_worker_restarts_and_resumes(tmp_path, tiny):
     killed = None
     while time.time() < deadline and proc.poll() is None:
         if (run_dir / "checkpoints").is_dir() and any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir()):
-            workers = _worker_pids(proc.pid)
+            workers = worker_pids(proc.pid)
             if workers:
                 killed = workers[-1]
                 os.kill(killed, signal.SIGKILL)

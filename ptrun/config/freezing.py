@@ -1,0 +1,119 @@
+"""`freeze.*`, `auto.*` and `cache.*`: when layers freeze, which of PipeTransformer's components run, and the
+activation cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ptrun.config.rules import parse_memory, require
+
+FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "linear", "schedule", "none")
+"""`freeze.policy`."""
+BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
+"""`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
+optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global
+batch grows with DP (the paper's setting, with no learning-rate change)."""
+CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""`cache.dtype`."""
+CACHE_AUGMENT = ("fixed", "off")
+"""`cache.augment`."""
+
+
+@dataclass
+class FreezeConfig:
+    policy: str = "pipetransformer"
+    """Which bottom blocks to freeze at each epoch boundary: `pipetransformer` (the paper's rule: the smaller
+    of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha`
+    (the closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms,
+    up to the first block at or above the median), `linear` (frozen fraction rising linearly after
+    `start`), `schedule` (the frozen block count per epoch from `blocks`) or `none`."""
+    alpha: float = 0.3333333333333333
+    """Freeze rate: a freeze step freezes at most this fraction of the still-active blocks (paper: 1/3)."""
+    every_epochs: int = 1
+    """Decide every this many epochs (freeze step T = (epoch - start) / every_epochs)."""
+    max_fraction: float = 1.0
+    """At most this fraction of the blocks is ever frozen (the head and final norm always train)."""
+    start: int = 0
+    """No freezing before the end of this epoch (the first decision is at epoch start + every_epochs)."""
+    blocks: Optional[list[int]] = None
+    """For `policy=schedule`: frozen block count at the start of each epoch, e.g. [0, 2, 4, 4] (held after
+    the list ends). Useful to reproduce a run's freeze sequence exactly."""
+
+
+@dataclass
+class AutoConfig:
+    freeze: bool = True
+    """Progressive freezing (off = the policy never freezes)."""
+    pipe: bool = True
+    """AutoPipe: repartition the stages after a freeze (frozen units charged at 1/6) and, with `dp`, halve
+    the pipeline length while the largest stage stays within the starting one."""
+    dp: bool = True
+    """AutoDP: turn the workers a shorter pipeline frees into more data-parallel replicas. Off, the pipeline
+    length stays (ptrun keeps every worker busy; a shorter pipeline with idle workers is not offered)."""
+    microbatch_table: dict[int, int] = field(default_factory=dict)
+    """Micro-batches M to use at each pipeline length K after a change, e.g. {2: 2, 1: 1}; lengths not
+    listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1), or with `pipe.microbatches=auto` the
+    measured choice (an entry here still wins at its K; the first layout takes the measured M). The closest
+    count that divides the per-replica batch and suits the schedule is taken."""
+    batch: str = "fixed_global"
+    """Batch policy when DP widens: `fixed_global` (the global batch stays, each replica's share shrinks:
+    the optimization does not depend on the layout) or `fixed_per_pipeline` (the paper: each replica keeps
+    its batch, so the global batch grows with DP and an epoch has fewer steps)."""
+    cache: bool = False
+    """AutoCache: once the frozen prefix is at least `cache.min_frozen_units` long, compute its output once
+    per sample, keep it in node-shared memory (disk beyond `cache.max_memory`) and start later epochs from
+    it, so the frozen units leave the pipeline altogether (see `cache`)."""
+
+
+@dataclass
+class CacheConfig:
+    min_frozen_units: Optional[int] = None
+    """Cache only once this many units are frozen; None = the units of a quarter of the blocks, rounded up
+    (the paper started at 3 of 12 blocks for ViT-B and 5 of 24 for BERT-large). Below it, recomputing a
+    short prefix costs less than filling the cache."""
+    max_memory: str = "50%"
+    """Node-wide memory budget of the cache: a share of the machine's RAM (`50%`) or a size (`8GB`,
+    `512MB`). Samples beyond it go to the disk tier under `dir`."""
+    dir: Optional[str] = None
+    """Disk tier directory; None = `RUN_DIR/cache`. The memory tier lives in /dev/shm."""
+    dtype: str = "auto"
+    """Storage dtype of cached activations: `auto` (the compute dtype of `train.precision`: what a stage
+    boundary would send), `float32` (exact), `bfloat16` or `float16` (half the memory; the first active unit
+    then sees inputs rounded to 8 or 11 significant bits). Masks are stored exactly."""
+    augment: str = "fixed"
+    """With random augmentation on (`data.augment`): `fixed` caches the one augmented view a sample had
+    when it was cached (later epochs see that view again), `off` loads training samples without random
+    augmentation while the cache is in use. Evaluation never augments."""
+    keep: bool = False
+    """Keep the cache files at the end of the run (a later run of the same model and data revalidates and
+    reuses them); by default they are deleted."""
+
+
+def check_alpha(alpha: float) -> float:
+    """`freeze.alpha`, the share of the active blocks frozen at each decision: 0 < alpha < 1. The one rule,
+    for the config and for policies built in code (`ptrun.auto.freeze`)."""
+    require(0.0 < alpha < 1.0, "freeze.alpha", "0 < alpha < 1", alpha)
+    return float(alpha)
+
+
+def check_freezing(cfg) -> None:
+    fr, au, ca, m = cfg.freeze, cfg.auto, cfg.cache, cfg.model
+    require(fr.policy in FREEZE_POLICIES, "freeze.policy", f"one of {', '.join(FREEZE_POLICIES)}", fr.policy)
+    check_alpha(fr.alpha)
+    require(fr.every_epochs >= 1, "freeze.every_epochs", "an integer >= 1", fr.every_epochs)
+    require(0.0 <= fr.max_fraction <= 1.0, "freeze.max_fraction", "0 <= f <= 1", fr.max_fraction)
+    require(fr.start >= 0, "freeze.start", "an epoch >= 0", fr.start)
+    require((fr.blocks is not None) == (fr.policy == "schedule"), "freeze.blocks",
+            "a list of frozen block counts per epoch exactly when freeze.policy=schedule", fr.blocks)
+    if fr.blocks is not None:
+        blocks = list(fr.blocks)
+        require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
+                and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
+                f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
+    require(ca.dtype in CACHE_DTYPES, "cache.dtype", f"one of {', '.join(CACHE_DTYPES)}", ca.dtype)
+    require(ca.augment in CACHE_AUGMENT, "cache.augment", f"one of {', '.join(CACHE_AUGMENT)}", ca.augment)
+    require(ca.min_frozen_units is None or ca.min_frozen_units >= 1, "cache.min_frozen_units",
+            "an integer >= 1 or null", ca.min_frozen_units)
+    parse_memory(ca.max_memory)
+    require(au.batch in BATCH_POLICIES, "auto.batch", f"one of {', '.join(BATCH_POLICIES)}", au.batch)

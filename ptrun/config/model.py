@@ -1,0 +1,63 @@
+"""`model.*`: which model, its sizes and its task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ptrun.config.rules import require
+
+TASKS = ("classification", "regression", "qa")
+"""`model.task`."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_tiny_patch16_224"
+    """timm model name (any `vit_*` / `deit_*`) or a BERT name (`bert-tiny`, `bert-mini`, `bert-small`,
+    `bert-base`, `bert-large`, or a local Hugging Face directory given as `pretrained`)."""
+    family: Optional[str] = None
+    """`vit` or `bert`; None = inferred from `name`."""
+    task: str = "classification"
+    """`classification` (images, GLUE), `regression` (one real-valued output: GLUE's STS-B, BERT only) or `qa`
+    (SQuAD-style span extraction, BERT only). The models and losses also implement `mlm` (masked language
+    modelling, its decoder tied to the word embedding), which the pipeline tests use for tied weights across
+    stages; no data source makes masked-LM batches yet, so `ptrun train` does not accept it."""
+    pretrained: Optional[str] = None
+    """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
+    Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""
+    num_classes: Optional[int] = None
+    """Classes of the task head; None = taken from the dataset."""
+    img_size: Optional[int] = None
+    """ViT input resolution in pixels; None = the data's resolution."""
+    patch_size: Optional[int] = None
+    """ViT patch size in pixels; None = the timm default for `name`."""
+    in_chans: Optional[int] = None
+    """ViT input channels; None = the data's channel count."""
+    embed_dim: Optional[int] = None
+    """Width (ViT embed_dim / BERT hidden_size); None = the default for `name`."""
+    depth: Optional[int] = None
+    """Number of transformer blocks L (ViT depth / BERT num_hidden_layers); None = the default for `name`."""
+    num_heads: Optional[int] = None
+    """Attention heads; None = the default for `name`."""
+    mlp_ratio: Optional[float] = None
+    """MLP hidden size as a multiple of the width (BERT intermediate_size / hidden_size)."""
+    vocab_size: Optional[int] = None
+    """BERT vocabulary size; None = the tokenizer's (or BERT's 30522)."""
+    max_position_embeddings: Optional[int] = None
+    """BERT maximum sequence length the position table holds; None = 512."""
+    dropout: float = 0.0
+    """Dropout probability: ViT head dropout (timm drop_rate); BERT hidden and attention dropout."""
+    drop_path: float = 0.0
+    """Stochastic depth rate (ViT only)."""
+
+
+def check_model(cfg) -> None:
+    m = cfg.model
+    require(m.task in TASKS, "model.task", f"one of {', '.join(TASKS)}", m.task)
+    require(m.family in (None, "vit", "bert"), "model.family", "vit, bert or null", m.family)
+    require(0.0 <= m.dropout < 1.0, "model.dropout", "0 <= p < 1", m.dropout)
+    require(0.0 <= m.drop_path < 1.0, "model.drop_path", "0 <= p < 1", m.drop_path)
+    for key in ("num_classes", "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+        v = getattr(m, key)
+        require(v is None or v >= 1, f"model.{key}", "a positive integer or null", v)

@@ -1,0 +1,74 @@
+"""The whole config: one field per group (each group's dataclass lives with its allowed values and checks in
+its own module), the logger, and the run directory; the list of every key, and the resolved YAML the
+workers load."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from omegaconf import MISSING, OmegaConf
+
+from ptrun.config.data import DataConfig
+from ptrun.config.freezing import AutoConfig, CacheConfig, FreezeConfig
+from ptrun.config.launcher import DeviceConfig, LauncherConfig
+from ptrun.config.model import ModelConfig
+from ptrun.config.pipe import PipeConfig
+from ptrun.config.rules import require
+from ptrun.config.training import CheckpointConfig, OptimConfig, TrainConfig
+from ptrun.installed import check_installed
+
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+"""`logger`."""
+
+
+@dataclass
+class PtrunConfig:
+    """The whole run. `recipe` names the preset that was applied (informational)."""
+
+    recipe: Optional[str] = None
+    """The preset applied from `configs/recipe/` (set by choosing `recipe=NAME`)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    pipe: PipeConfig = field(default_factory=PipeConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    logger: str = "jsonl"
+    """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) and also
+    `tensorboard` (TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`), `wandb` (a Weights & Biases
+    run, files in RUN_DIR/wandb; `WANDB_MODE=offline` sends nothing) or `mlflow` (an MLflow run in
+    $MLFLOW_TRACKING_URI, else in RUN_DIR/mlflow.db). wandb and mlflow need `pip install 'ptrun[trackers]'`;
+    see docs/trackers.md."""
+    run_dir: str = MISSING
+    """Where the resolved config, log, metrics and checkpoints go (`hydra.run.dir`)."""
+
+
+def check_logger(cfg) -> None:
+    require(cfg.logger in LOGGERS, "logger", "jsonl, tensorboard, wandb or mlflow", cfg.logger)
+    if cfg.logger in ("wandb", "mlflow"):
+        check_installed(cfg.logger)  # here, not in the workers: a missing package is one line, not a crash
+
+
+def schema_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, e.g. `train.epochs`."""
+    keys = []
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if default is not None and hasattr(default, "__dataclass_fields__"):
+            keys += schema_keys(type(default), f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def load_resolved(path: str | os.PathLike) -> PtrunConfig:
+    """Load the resolved YAML written by the launcher, typed by the schema (workers call this)."""
+    merged = OmegaConf.merge(OmegaConf.structured(PtrunConfig), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]

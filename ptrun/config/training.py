@@ -1,0 +1,98 @@
+"""`train.*`, `optim.*` and `checkpoint.*`: the loop, the optimizer and its schedule, and checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ptrun.config.rules import require
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""`train.precision`."""
+OPTIMIZERS = ("adamw", "sgd")
+"""`optim.name`."""
+LR_SCHEDULES = ("cosine", "linear", "constant")
+"""`optim.schedule`."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    """Number of passes over the training set."""
+    global_batch_size: int = 32
+    """Samples per optimizer step over all data-parallel replicas (the batch the loss is averaged over)."""
+    seed: int = 0
+    """Seed for model initialisation and the per-epoch data order."""
+    grad_clip: float = 0.0
+    """Clip gradients to this global L2 norm over all parameters of all stages and replicas; 0 = off."""
+    max_steps_per_epoch: Optional[int] = None
+    """Stop each epoch after this many optimizer steps (quick tests); None = the whole epoch."""
+    eval_every_epochs: int = 1
+    """Evaluate on the held-out split every this many epochs (and always after the last)."""
+    resume: bool = False
+    """Continue the run in `hydra.run.dir` from its newest valid checkpoint (automatic after an elastic restart)."""
+    log_every_steps: int = 10
+    """Progress-bar and log refresh interval, in optimizer steps."""
+    timeline_step: Optional[int] = None
+    """Record when each stage runs each micro-batch's forward and backward in this (0-based) step of the
+    first epoch, into RUN_DIR/timeline.json; `ptrun report` draws it as a Gantt chart. None = off."""
+    precision: str = "fp32"
+    """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
+    loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and
+    optimizer state stay float32; activations cross stage boundaries in the compute dtype."""
+    export: bool = True
+    """At the end, save the trained model in its library's own format into RUN_DIR/model (timm: weights +
+    `create_model` arguments; BERT: `save_pretrained` with the tokenizer), usable without ptrun."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """`adamw` or `sgd` (momentum)."""
+    lr: float = 5e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.05
+    """Decoupled weight decay (AdamW) / L2 penalty (SGD); not applied to biases, norms and embeddings tokens."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    schedule: str = "cosine"
+    """Learning-rate schedule after warm-up: `cosine` (to zero), `linear` (to zero) or `constant`."""
+    warmup_fraction: float = 0.1
+    """Fraction of all optimizer steps spent in linear warm-up from zero."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_epochs: int = 1
+    """Write a checkpoint every this many epochs (and after the last); 0 = never."""
+    every_steps: int = 0
+    """Also write a checkpoint every this many optimizer steps within an epoch, so a failure loses at most that
+    many steps (a restart resumes at the exact step, with the epoch's sample order and sums); 0 = off."""
+    keep: int = 2
+    """Checkpoints kept in the run directory; older ones are deleted after a newer one is complete."""
+
+
+def check_training(cfg) -> None:
+    t, o, ck = cfg.train, cfg.optim, cfg.checkpoint
+    require(t.precision in PRECISIONS, "train.precision", f"one of {', '.join(PRECISIONS)}", t.precision)
+    require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
+    require(t.global_batch_size >= 1, "train.global_batch_size", "an integer >= 1", t.global_batch_size)
+    require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
+    require(t.eval_every_epochs >= 1, "train.eval_every_epochs", "an integer >= 1", t.eval_every_epochs)
+    require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)
+    require(t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
+            "an integer >= 1 or null", t.max_steps_per_epoch)
+    require(o.name in OPTIMIZERS, "optim.name", f"one of {', '.join(OPTIMIZERS)}", o.name)
+    require(o.lr > 0, "optim.lr", "a learning rate > 0", o.lr)
+    require(o.weight_decay >= 0, "optim.weight_decay", "a value >= 0", o.weight_decay)
+    require(o.schedule in LR_SCHEDULES, "optim.schedule", f"one of {', '.join(LR_SCHEDULES)}", o.schedule)
+    require(0.0 <= o.warmup_fraction < 1.0, "optim.warmup_fraction", "0 <= f < 1", o.warmup_fraction)
+    require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)",
+            list(o.betas))
+    require(ck.every_epochs >= 0, "checkpoint.every_epochs", "an integer >= 0", ck.every_epochs)
+    require(ck.keep >= 1, "checkpoint.keep", "an integer >= 1", ck.keep)
+    require(ck.every_steps >= 0, "checkpoint.every_steps", "an integer >= 0 (0 = off)", ck.every_steps)
