@@ -84,7 +84,7 @@ def test_nproc_per_node_auto_is_one_worker_per_gpu_else_two(tmp_path):
 def test_the_validation_tables_match_the_data_sources():
     """config.py repeats the sources' default image sizes and token lengths (importing the data stack would
     slow every start): they must agree with the sources themselves."""
-    from ptrun.data import cifar, images, sources, text
+    from ptrun.data import cifar, glue, images, sources, squad
     from ptrun.data.packaged_text import PACKAGED_TEXT
 
     assert SOURCE_IMAGES["imagefolder"][0] == images.DEFAULT_IMAGE_SIZE
@@ -93,7 +93,7 @@ def test_the_validation_tables_match_the_data_sources():
 
     digits = sources.build_datasets(DataConfig(name="digits"))
     assert SOURCE_IMAGES["digits"] == (digits.image_size, digits.in_chans)
-    assert TEXT_MAX_LENGTH["glue"] == text.GLUE_MAX_LENGTH and TEXT_MAX_LENGTH["squad"] == text.SQUAD_MAX_LENGTH
+    assert TEXT_MAX_LENGTH["glue"] == glue.GLUE_MAX_LENGTH and TEXT_MAX_LENGTH["squad"] == squad.SQUAD_MAX_LENGTH
     assert all(TEXT_MAX_LENGTH[name] == spec.max_length for name, spec in PACKAGED_TEXT.items())
 
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
 from ptrun.data.splits import IMAGENET_MEAN, IMAGENET_STD
-from ptrun.data.text import QAEvalData, postprocess_qa
+from ptrun.data.squad import QAEvalData, postprocess_qa
 from ptrun.data.metrics import squad_metrics
 
 SST2_ROWS = [

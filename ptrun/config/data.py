@@ -18,8 +18,8 @@ SOURCE_IMAGES = {"digits": (8, 1), "imagefolder": (224, 3), "cifar10": (32, 3), 
 8x8 grey digits, `ptrun.data.images.DEFAULT_IMAGE_SIZE`, `ptrun.data.cifar.CIFAR_SIZE`. Repeated here so
 that validation need not import the data stack (tests/test_cli.py checks that they agree)."""
 TEXT_MAX_LENGTH = {"glue": 128, "squad": 384, "tweet_sentiment": 64, "bbc_news": 128}
-"""Tokens per sample of each text source when `data.max_length` is unset (`ptrun.data.text.GLUE_MAX_LENGTH`,
-`SQUAD_MAX_LENGTH`, `ptrun.data.packaged_text.PACKAGED_TEXT[...].max_length`; checked alike)."""
+"""Tokens per sample of each text source when `data.max_length` is unset (`ptrun.data.glue.GLUE_MAX_LENGTH`,
+`ptrun.data.squad.SQUAD_MAX_LENGTH`, `ptrun.data.packaged_text.PACKAGED_TEXT[...].max_length`; checked alike)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 from ptrun.config import ConfigError, DataConfig
 
 if TYPE_CHECKING:
-    from ptrun.data.text import QAEvalData
+    from ptrun.data.squad import QAEvalData
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -37,7 +37,7 @@ class DataSplits:
     vocab_size: int | None = None
     """Tokenizer vocabulary size of a text source (the BERT embedding rows); None for images."""
     qa_eval: QAEvalData | None = None
-    """SQuAD only: what turns the eval features' start/end logits into answer texts (see text.py)."""
+    """SQuAD only: what turns the eval features' start/end logits into answer texts (see squad.py)."""
     metrics: Callable[[torch.Tensor, datasets.Dataset], dict] | None = None
     """The task's own eval metrics (GLUE's per task, SQuAD's exact match and F1), from every eval output in
     sample order and the eval split; None: the trainer reports the loss (and top-1) only."""
