@@ -260,7 +260,7 @@ def worker(rank: int, port: int, overrides: list[str], batch: int, passes: int, 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from ptrun.data import build_datasets
     from ptrun.models import build_model
-    from ptrun.train.trainer import data_config
+    from ptrun.train.startup import data_config
 
     cfg = compose(overrides)
     data = build_datasets(data_config(cfg))

@@ -5,42 +5,43 @@ Every rank holds the whole layered model in host memory (built from the same see
 only its stages' units on its device. The layout is a Plan value; a transition first makes every rank's host
 copy current (parameters and optimizer state from each stage's owner), then builds the new plan's groups,
 stages and optimizer in the same processes.
+
+The class is split by job: the start (`startup.py`), checkpoints and resuming (`checkpointing.py`),
+evaluation (`evaluation.py`) and the epoch's extra statistics (`stats.py`) are mixins; this file holds the
+constructor, the layout in use, the step loop and the run (`fit`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Layout, build_layout, change_layout, share_everything
 from ptrun.auto.controller import Controller
-from ptrun.auto.freeze import blocks_of_units
-from ptrun.config import ConfigError, DataConfig, PtrunConfig, validate
+from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.models.export import export_model
-from ptrun.parallel import microtune
-from ptrun.parallel.fit import device_budget, resolve_length
-from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs, starting_microbatches
-from ptrun.parallel.partition import partition
+from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
+from ptrun.parallel.layout import param_costs
+from ptrun.parallel.optim import set_lr
 from ptrun.parallel.pipedream import AsyncPipelineRuntime, Step
 from ptrun.parallel.plan import Plan
-from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
-from ptrun.train import checkpoint, faults
-from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target, per_sample_loss
-from ptrun.parallel.optim import set_lr
 from ptrun.parallel.precision import LossScaler, compute_dtype, step_or_skip
+from ptrun.train import faults
+from ptrun.train.checkpointing import Checkpointing
+from ptrun.train.evaluation import Evaluation
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
+from ptrun.train.startup import StartUp, data_config
+from ptrun.train.stats import EpochStats
 from ptrun.train.stop import Interrupted, StopRequests
 
 log = logging.getLogger(__name__)
@@ -63,21 +64,7 @@ class EpochSums:
     lr: float = 0.0
 
 
-def data_config(cfg: PtrunConfig) -> DataConfig:
-    """The data configuration as the sources need it: a text source's tokenizer defaults to the model's own
-    directory (`model.pretrained`)."""
-    if cfg.data.tokenizer is None and cfg.model.pretrained is not None:
-        return replace(cfg.data, tokenizer=cfg.model.pretrained)
-    return cfg.data
-
-
-def metric_key(result: dict) -> str:
-    """The eval number that ranks checkpoints: the GLUE score, SQuAD F1 or top-1 when there is one (higher
-    is better), else the loss (lower is better)."""
-    return next((k for k in ("score", "f1", "top1") if k in result), "loss")
-
-
-class Trainer:
+class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
                  stops: StopRequests | None = None):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
@@ -129,45 +116,9 @@ class Trainer:
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
 
-    def _resolve_length(self, cfg: PtrunConfig) -> PtrunConfig:
-        """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
-        count made the one that follows the length; then the length-dependent rules checked (ConfigError).
-        Every rank takes the smallest device budget, so all choose the same layout."""
-        self.length_choice = None
-        if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
-            return cfg
-        budget = torch.tensor([float(device_budget(cfg, self.device))], dtype=torch.float64, device=self.device)
-        dist.all_reduce(budget, op=dist.ReduceOp.MIN)
-        probe = dict(self.data.train[[0]])
-        sample = tuple(probe[k] for k in self.layered.input_names if k in probe)
-        resolved, self.length_choice = resolve_length(cfg, self.layered, sample, self.world_size,
-                                                      int(budget.item()))
-        validate(resolved)
-        if self.is_main and self.length_choice is not None:
-            log.info("%s", self.length_choice.summary())
-        return resolved
-
     def _steps_for(self, sampler: EpochSampler) -> int:
         limit = self.cfg.train.max_steps_per_epoch
         return min(sampler.steps_per_epoch, limit or sampler.steps_per_epoch)
-
-    def _make_cache(self) -> AutoCache:
-        """AutoCache for this worker. Its entries are keyed by everything that shapes a cached activation
-        besides the frozen weights: the model and data configuration and the augmentation mode."""
-        cfg = self.cfg
-        self.plain_train = self.data.train
-        if cfg.data.augment:
-            if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-                self.plain_train = build_datasets(replace(data_config(cfg), augment=False)).train
-            elif self.is_main:
-                log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
-                            "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
-                            "without random augmentation")
-        tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
-                          "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
-        return AutoCache(self.layered, cfg.cache, tag=tag, num_train=len(self.data.train),
-                         num_eval=len(self.data.eval), device=self.device, run_dir=cfg.run_dir,
-                         compute_dtype=self.compute_dtype)
 
     @property
     def caching(self) -> bool:
@@ -178,60 +129,6 @@ class Trainer:
         return self.plain_train if self.caching else self.data.train
 
     # ---- layout -------------------------------------------------------------------------------------
-    def _starting_plan(self) -> tuple[Plan, dict]:
-        """The starting layout, plus what AutoPipe needs to re-partition the same way later (the profile of
-        the time-based partitioners, measured on one micro-batch; nothing for the others)."""
-        pipe = self.cfg.pipe
-        # With pipe.microbatches=auto, a stand-in until tuning (which needs this layout) replaces it.
-        m = starting_microbatches(pipe, self.world_size, self.cfg.train.global_batch_size,
-                                  self.cfg.auto.microbatch_table)
-        if pipe.partition not in NEEDS_PROFILE:
-            return first_plan(pipe, self.layered, self.world_size, microbatches=m), {}
-        dp = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else self.world_size // pipe.length
-        micro = max(1, self.cfg.train.global_batch_size // dp // m)
-        ids, _ = self.train_sampler.global_batch(0, 0)
-        batch = dict(self.data.train[ids[:micro].tolist()])
-        inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
-        prof = agree(profile_units(self.layered, inputs, self.device), self.device)
-        bandwidth = measure_bandwidth(self.device)
-        plan = first_plan(pipe, self.layered, self.world_size, profile=prof, bandwidth=bandwidth, microbatches=m)
-        return plan, dict(time_costs=prof.time_s, activation=prof.activation_bytes, bandwidth=bandwidth)
-
-    def _tune_microbatches(self) -> microtune.Tuning:
-        """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
-        starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
-        cfg, first, c = self.cfg, self._first, self.controller
-        lengths = microtune.candidates(first.pp, self.world_size, cfg.train.global_batch_size, first.schedule,
-                                       stages_per_rank=first.stages_per_rank, batch_policy=cfg.auto.batch,
-                                       shrinks=microtune.shrinking(cfg))
-
-        def plan_at(pp: int, m: int) -> Plan:
-            bounds = first.stage_bounds if pp == first.pp else partition(
-                c.method, pp * first.stages_per_rank, num_units=first.num_units, param_costs=c.param_costs,
-                **c.partition_kwargs)
-            return replace(first, pp=pp, dp=self.world_size // pp, microbatches=m,
-                           stage_bounds=tuple(tuple(b) for b in bounds)).check()
-
-        build = partial(build_layout, self.layered, rank=self.rank, device=self.device, loss=self.loss,
-                        optim_cfg=cfg.optim, name_of=self.param_name, recompute=cfg.pipe.recompute,
-                        compute_dtype=self.compute_dtype, **self._runtime_options)
-        batches = partial(microtune.training_batches, self.data.train, rank=self.rank, seed=cfg.train.seed,
-                          input_names=self.layered.input_names, task=cfg.model.task, device=self.device)
-        probe = dict(self.data.train[[0]])
-        shapes = {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in self.layered.input_names if k in probe}
-        fields = microtune.cache_fields(
-            model=asdict(cfg.model), input_shapes=shapes, lengths=lengths, world_size=self.world_size,
-            schedule=first.schedule, stages_per_rank=first.stages_per_rank,
-            partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
-            recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=cfg.launcher.threads_per_worker,
-            device=self.device)
-        measure = partial(microtune.measure, lengths, plan_at=plan_at, build=build, batches=batches,
-                          model=self.layered.model, loss=self.loss, device=self.device)
-        tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
-                                device=self.device)
-        if self.is_main:
-            log.info("%s", tuning.summary())
-        return tuning
 
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
@@ -280,83 +177,6 @@ class Trainer:
         self._block_of = {id(p): self.layered.unit_block(u) for u in self.runtime.unit_indices
                           for p in self.layered.units[u].parameters() if self.layered.unit_block(u) is not None}
 
-    # ---- checkpoints --------------------------------------------------------------------------------
-    def stage_param_names(self) -> list[str]:
-        """The parameters this rank's stages own; the first stage also owns the cached prefix's."""
-        units = self.runtime.unit_indices
-        if self.runtime.is_first:
-            units = list(range(self.plan.cached_units)) + units
-        return [n for u in units for n in self.layered.unit_param_names(u)]
-
-    def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None) -> None:
-        """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch with the epoch's sums so far
-        (`progress`, already summed over the ranks)."""
-        params = dict(self.layered.model.named_parameters())
-        names = self.stage_param_names()
-        optim_state = {}
-        if self.optimizer is not None:
-            optim_state = {self.param_name[id(p)]: s for p, s in self.optimizer.state.items()}
-        state = {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                 "plan": self.plan.to_dict(),
-                 "controller": self.controller.state_dict(),
-                 "model": {"name": self.cfg.model.name, "num_units": len(self.layered.units)},
-                 "best_eval": self.best_eval, "last_eval": self.last_eval, "loss_scale": self.scaler.state_dict()}
-        path = checkpoint.save(self.cfg.run_dir, global_step=self.global_step,
-                               named_params={n: params[n] for n in names}, optim_state=optim_state,
-                               writer=self.replica == 0, stage=self.stage, trainer_state=state,
-                               keep=self.cfg.checkpoint.keep, progress=progress)
-        self.last_checkpoint_step = self.global_step
-        log.info("checkpoint written: %s", path)
-
-    def resume(self) -> tuple[str | None, Plan, dict]:
-        """Load the newest valid checkpoint into the host model. Returns (its path, the plan to continue
-        with, the optimizer state by parameter name). The saved plan is reused when the world size is the
-        same; otherwise AutoPipe re-plans the saved frozen prefix for this world."""
-        ckpt = checkpoint.latest_valid(self.cfg.run_dir)
-        if ckpt is None:
-            if self.is_main:
-                log.warning("no checkpoint to resume from in %s; starting from scratch", self.cfg.run_dir)
-            return None, self._first, {}
-        params, optim_state, state = checkpoint.load(ckpt)
-        if state["model"]["num_units"] != len(self.layered.units) or state["model"]["name"] != self.cfg.model.name:
-            raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
-                              f"{state['model']['num_units']} units, not {self.cfg.model.name} with "
-                              f"{len(self.layered.units)} units; resume with the run's model settings or choose "
-                              f"another hydra.run.dir")
-        own = dict(self.layered.model.named_parameters())
-        missing = sorted(set(own) - set(params))
-        if missing:
-            raise ConfigError(f"checkpoint {ckpt} lacks parameter {missing[0]}; resume with the run's model "
-                              f"settings or choose another hydra.run.dir")
-        wrong = next((n for n, p in own.items() if params[n].shape != p.shape), None)
-        if wrong is not None:
-            raise ConfigError(f"checkpoint {ckpt}: {wrong} has shape {tuple(params[wrong].shape)}, the model "
-                              f"{tuple(own[wrong].shape)}; resume with the run's model settings or choose "
-                              f"another hydra.run.dir")
-        with torch.no_grad():
-            for name, p in own.items():
-                p.copy_(params[name])
-        self.epoch, self.global_step = state["epoch"], state["global_step"]
-        self.last_checkpoint_step = self.global_step
-        self.step_in_epoch = state.get("step_in_epoch", 0)
-        self.epoch_sums = checkpoint.load_extra(ckpt, "progress") or {}
-        self.best_eval, self.last_eval = state.get("best_eval", {}), state.get("last_eval", {})
-        self.controller.load_state_dict(state.get("controller", {}))
-        self.scaler.load_state_dict(state.get("loss_scale", {}))
-        saved = Plan.from_dict(state["plan"])
-        self.saved_global_batch = self.controller.global_batch(saved)
-        if saved.world_size == self.world_size:
-            plan = saved
-            rng = checkpoint.load_extra(ckpt, f"rng-rank{self.rank}")
-            if rng is not None:
-                checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
-        else:
-            plan = self.controller.plan_for(self._first, blocks_of_units(saved.frozen_units), self.world_size)
-        if self.is_main:
-            log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
-                     self.epoch, self.step_in_epoch, self.global_step, plan.frozen_units)
-        return str(ckpt), plan, optim_state
-
     # ---- collectives --------------------------------------------------------------------------------
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
         t = torch.as_tensor(values, dtype=torch.float64, device=self.device).clone()
@@ -386,33 +206,6 @@ class Trainer:
         replica, dp = (0, 1) if len(self.plan.lanes(self.rank)) > 1 else (self.replica, self.plan.dp)
         return iterate_batches(data, sampler, epoch, replica, dp, start_step=start_step,
                                max_steps=steps, fetch=fetch, pin_memory=self.pin_memory)
-
-    def _resume_step(self) -> int:
-        """The step of the current epoch to start at: 0, or where a mid-epoch checkpoint left off. If the
-        global batch changed with the world size (`auto.batch=fixed_per_pipeline`), the step that starts at
-        or before the same sample offset: up to one batch of samples is trained twice, none is skipped."""
-        start, saved = self.step_in_epoch, self.saved_global_batch
-        if start and saved and saved != self.train_sampler.global_batch_size:
-            offset = start * saved
-            start = offset // self.train_sampler.global_batch_size
-            if self.is_main:
-                log.warning("the global batch changed from %d to %d on resuming: epoch %d restarts at step %d "
-                            "(%d samples of it are trained twice)", saved, self.train_sampler.global_batch_size,
-                            self.epoch, start, offset - start * self.train_sampler.global_batch_size)
-        return start
-
-    def _partial_sums(self, loss_sum, block_norms, seen, samples: float) -> dict[str, torch.Tensor]:
-        """Collective: the epoch's sums so far over all ranks, for a mid-epoch checkpoint."""
-        return {"loss_sum": self.all_sum(loss_sum.reshape(1)).cpu(), "block_norms": self.all_sum(block_norms).cpu(),
-                "seen": self.all_sum(seen).cpu(), "samples": torch.tensor([samples], dtype=torch.float64)}
-
-    def _checkpoint_due(self, step: int) -> bool:
-        """A mid-epoch checkpoint after `step` of this epoch: `checkpoint.every_steps` steps since the last
-        one, and not the epoch's last step (the epoch boundary decides about that one). Known before the
-        step is trained (an asynchronous pipeline drains up to it)."""
-        every = self.cfg.checkpoint.every_steps
-        return bool(every) and self._epoch_base + step + 1 - self.last_checkpoint_step >= every \
-            and step + 1 < self.steps_per_epoch
 
     def train_epoch(self) -> dict:
         start = self._resume_step()
@@ -509,85 +302,6 @@ class Trainer:
             running = self.all_sum(sums.loss).item() / (step + 1)
             self.view.update(step + 1, running, sums.samples / (time.perf_counter() - sums.t0))
 
-    def _stash_stats(self) -> dict:
-        """pipedream: the most bytes of weight copies (stashed versions) any rank held during the epoch."""
-        if not isinstance(self.runtime, AsyncPipelineRuntime):
-            return {}
-        peak = torch.tensor([float(self.runtime.stash_bytes_peak)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return {"stash_bytes_peak": int(peak.item())}
-
-    def _scaler_stats(self, skipped_before: int) -> dict:
-        """fp16: the loss scale at the epoch's end and the overflowed steps it skipped."""
-        if not self.scaler.enabled:
-            return {}
-        return {"loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped - skipped_before}
-
-    def _write_timeline(self, events: list[dict]) -> None:
-        """Collective: every rank's recorded passes of one step, written by rank 0 to RUN_DIR/timeline.json
-        (only replica 0's pipeline: the replicas run the same schedule)."""
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, events if self.replica == 0 else [])
-        if self.is_main:
-            plan = self.plan.to_dict()
-            (Path(self.cfg.run_dir) / "timeline.json").write_text(json.dumps(
-                {"step": self.global_step, "plan": plan, "events": [e for part in gathered for e in part]}))
-
-    def _cache_stats(self) -> dict:
-        """AutoCache counters of the epoch summed over the workers, and this node's cache size in bytes."""
-        if self.cache is None:
-            return {}
-        own = self.cache.take_stats()
-        total = self.all_sum(list(own.values())).long().tolist()
-        return {"cache": {**dict(zip(own, total)), "cached_units": self.plan.cached_units,
-                          "memory_bytes": self.cache.memory_bytes, "disk_bytes": self.cache.disk_bytes}}
-
-    @torch.no_grad()
-    def evaluate(self) -> dict:
-        n = len(self.data.eval)
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
-        # A task's own metrics (GLUE's, SQuAD's) need every eval output at once: (sample ids, outputs) of the
-        # real samples
-        outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for step, batch in self._batches("eval"):
-            inputs, target = self._inputs_and_target(batch, "eval")
-            out = self.runtime.forward_only(inputs, target)
-            if out is None:
-                continue
-            if self.data.metrics is not None:
-                real = batch["weight"] > 0
-                outputs.append((batch["index"][real], out[real.to(out.device)].float().cpu()))
-            weight = target[:, -1].double()
-            sums[0] += (per_sample_loss(out, target, self.cfg.model.task).double() * weight).sum()
-            if self.cfg.model.task == "classification":
-                sums[1] += ((out.argmax(-1) == target[:, 0]).double() * weight).sum()
-            sums[2] += weight.sum()
-        dist.all_reduce(sums)
-        loss, correct, count = sums.tolist()
-        assert int(count) == n, f"evaluated {count} samples, expected {n}"
-        result = {"loss": loss / count}
-        if self.cfg.model.task == "classification":
-            result["top1"] = 100.0 * correct / count
-        if self.data.metrics is not None:
-            result.update(self._task_metrics(outputs))
-        return result
-
-    def _task_metrics(self, outputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-        """The data source's metrics (`DataSplits.metrics`) from every last stage's outputs; computed on rank 0
-        and shared."""
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, outputs)
-        box: list = [None]
-        if self.is_main:
-            pairs = [pair for part in gathered for pair in part]
-            ids = torch.cat([i for i, _ in pairs])
-            order = ids.argsort()
-            values = torch.cat([o for _, o in pairs])[order]
-            assert torch.equal(ids[order], torch.arange(len(self.data.eval))), "eval outputs do not cover the set"
-            box[0] = self.data.metrics(values, self.data.eval)
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     # ---- the run ------------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
@@ -648,17 +362,6 @@ class Trainer:
         for choice in (self.length_choice, self.tuning):
             if choice is not None:
                 self.view.print(choice.summary())
-
-    def _remember(self, ev: dict) -> None:
-        """Keep the newest eval, and the best one by its ranking metric (`metric_key`)."""
-        if not ev:
-            return
-        self.last_eval = ev
-        key = metric_key(ev)
-        better = (ev[key] > self.best_eval.get(key, -1)) if key != "loss" else \
-            (ev[key] < self.best_eval.get(key, float("inf")))
-        if better:
-            self.best_eval = {**ev, "epoch": self.epoch}
 
     def _next_layout(self) -> float:
         """Collective, at the boundary before `self.epoch`: the controller's decision, moved to if it changes
