@@ -14,7 +14,8 @@ docs/simulator.md.
 
 from ptrun.sim.cluster import PRESETS, Cluster, get_cluster
 from ptrun.sim.costs import ModelCosts, bert_costs, costs_from_config, load_profile, save_profile, vit_costs
-from ptrun.sim.simulate import COMBINATIONS, EpochRecord, report, simulate, speedups
+from ptrun.sim.report import report
+from ptrun.sim.simulate import COMBINATIONS, EpochRecord, simulate, speedups
 
 __all__ = ["COMBINATIONS", "Cluster", "EpochRecord", "ModelCosts", "PRESETS", "bert_costs", "costs_from_config",
            "get_cluster", "load_profile", "report", "save_profile", "simulate", "speedups", "vit_costs"]
