@@ -163,7 +163,7 @@ def solo(rank: int, measure) -> list[float]:
 
 def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root: Path) -> dict:
     from ptrun.auto.autocache import AutoCache
-    from ptrun.auto.autodp import build_layout, set_frozen
+    from ptrun.auto.autodp import Builder, build_layout, set_frozen
     from ptrun.auto.freeze import frozen_units_for_blocks
     from ptrun.models.layered import run_units
     from ptrun.parallel.plan import Plan
@@ -195,7 +195,7 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
     loss = WeightedLoss(cfg.model.task)
     loss.denominator = float(WORLD * batch)
     name_of = {id(p): k for k, p in layered.model.named_parameters()}
-    layout = build_layout(layered, plan, rank, torch.device("cpu"), loss, cfg.optim, name_of)
+    layout = build_layout(Builder(layered, rank, torch.device("cpu"), loss, cfg.optim, name_of), plan)
     target = make_target({**raw, "weight": torch.ones(batch)}, cfg.model.task)
     step = solo(rank, lambda: [median_s(lambda: layout.runtime.forward_backward(inputs, target), repeats)])[0]
     layout.runtime.zero_grad()

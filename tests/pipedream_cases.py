@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import pipeline_cases as pc
-from ptrun.auto.autodp import build_layout, change_layout
+from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.config import OptimConfig
 from ptrun.parallel.pipedream import Step, async_1f1b
 from ptrun.parallel.plan import Plan, even_bounds
@@ -90,7 +90,8 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     loss = WeightedLoss(pc.task(case.kind))
     options = dict(weight_stashing=case.stashing, vertical_sync=case.vertical)
     plan = plan_for(n, case.pp, case.dp, case.replicated)
-    layout = build_layout(layered, plan, rank, CPU, loss, SGD, name_of, **options)
+    builder = Builder(layered, rank, CPU, loss, SGD, name_of, **options)
+    layout = build_layout(builder, plan)
     traces, versions = [], []
 
     def update(step: Step, _loss) -> None:
@@ -110,7 +111,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     stash_peak = layout.runtime.stash_bytes_peak
     if case.then is not None:
         pp, dp, count = case.then
-        layout = change_layout(layered, layout, plan_for(n, pp, dp), rank, CPU, loss, SGD, name_of, **options)
+        layout = change_layout(builder, layout, plan_for(n, pp, dp))
         train(case.steps, count)
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}

@@ -188,18 +188,19 @@ def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
 def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
     """One clipped AdamW step under each plan of TRANSITIONS, changing layout in between exactly as the
     trainer does; after each step every rank saves what it holds (parameters and optimizer state)."""
-    from ptrun.auto.autodp import build_layout, change_layout, optimizer_state_by_name
+    from ptrun.auto.autodp import Builder, build_layout, change_layout, optimizer_state_by_name
 
     layered = model(kind)
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss(task(kind))
+    builder = Builder(layered, rank, torch.device("cpu"), loss, OPTIM, name_of)
     plans = transition_plans(len(layered.units))
     layout = None
     for step, plan in enumerate(plans):
         if layout is None:
-            layout = build_layout(layered, plan, rank, torch.device("cpu"), loss, OPTIM, name_of)
+            layout = build_layout(builder, plan)
         else:
-            layout = change_layout(layered, layout, plan, rank, torch.device("cpu"), loss, OPTIM, name_of)
+            layout = change_layout(builder, layout, plan)
         replica, _ = plan.coords(rank)
         per_replica = GLOBAL_BATCH // plan.dp
         full = batch(kind, step)
@@ -223,7 +224,7 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
     """Open file descriptors and threads after 2 and after `changes` layout changes (4x1 <-> 2x2)."""
     import threading
 
-    from ptrun.auto.autodp import build_layout, change_layout
+    from ptrun.auto.autodp import Builder, build_layout, change_layout
 
     layered = model("vit")
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
@@ -231,10 +232,11 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
     n = len(layered.units)
     plans = [Plan(n, 0, 4, 1, even_bounds(n, 4), 4, "GPipe").check(),
              Plan(n, 0, 2, 2, even_bounds(n, 2), 2, "1F1B").check()]
-    layout = build_layout(layered, plans[0], rank, torch.device("cpu"), loss, OPTIM, name_of)
+    builder = Builder(layered, rank, torch.device("cpu"), loss, OPTIM, name_of)
+    layout = build_layout(builder, plans[0])
     counts = []
     for i in range(1, changes + 1):
-        layout = change_layout(layered, layout, plans[i % 2], rank, torch.device("cpu"), loss, OPTIM, name_of)
+        layout = change_layout(builder, layout, plans[i % 2])
         if i in (2, changes):
             dist.barrier()
             counts.append({"fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),

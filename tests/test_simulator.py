@@ -405,3 +405,24 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
     code, out, err = plan_cli(capsys, *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert out == ""
+
+
+def test_the_simulator_starts_where_the_trainer_does_with_a_replicated_first_stage(tmp_path):
+    """One start for the trainer and the simulator (`ptrun.auto.controller.start`, fed by the same replica batch):
+    with PipeDream's replicated first stage, a replica's batch is the global batch over the replicas. The
+    simulator once divided it by world / K, profiling (and so partitioning) on twice the samples."""
+    from ptrun.auto.controller import start
+    from ptrun.sim.simulate import start_profile, unit_seconds
+
+    cfg = compose_config(["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "train.global_batch_size=16",
+                          "pipe.schedule=pipedream", "pipe.length=2", "pipe.first_stage_replicas=2",
+                          "pipe.microbatches=1", "pipe.partition=time", "auto.pipe=false", "auto.dp=false",
+                          "launcher.nproc_per_node=3"], tmp_path)
+    costs = costs_from_config(cfg.model, cfg.data)
+    cluster = replace(ONE_TFLOP, gpus_per_node=3)
+    profile, bandwidth = start_profile(cfg, costs, cluster)
+    per_sample = unit_seconds(costs, cluster)[0]
+    assert profile.time_s == pytest.approx([8 * t for t in per_sample])  # 16 samples over 2 replicas, M = 1
+    controller, plans = plan_epochs(costs, cluster, cfg)
+    want = start(cfg, stand_in(costs), 3, profile=profile, bandwidth=bandwidth).first
+    assert plans[0] == controller.first == want and want.replicate_first_only and want.dp == 2

@@ -12,7 +12,7 @@ pipeline shrinks, is covered by the same step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -124,36 +124,51 @@ def set_frozen(layered, frozen_units: int) -> None:
         layered.model.get_parameter(name).requires_grad_(units[0] >= frozen_units)
 
 
-def build_layout(layered, plan: Plan, rank: int, device: torch.device, loss, optim_cfg, name_of: dict[int, str],
-                 recompute: str = "none", states: OptimState | None = None,
-                 compute_dtype: torch.dtype | None = None, *, weight_stashing: bool = True,
-                 vertical_sync: bool = False) -> Layout:
+@dataclass(frozen=True)
+class Builder:
+    """What every layout of one worker is built from, whatever the Plan: the model, this worker's rank and
+    device, the loss, the optimizer's config and the parameters' names, and the runtimes' options."""
+
+    layered: Any
+    rank: int
+    device: torch.device
+    loss: Any
+    optim: Any
+    """The OptimConfig each layout's optimizer is built from."""
+    name_of: dict[int, str]
+    """Parameter id -> the library model's parameter name (optimizer state moves by name)."""
+    recompute: str = "none"
+    compute_dtype: Optional[torch.dtype] = None
+    weight_stashing: bool = True
+    """`pipe.schedule=pipedream`: see PipeConfig."""
+    vertical_sync: bool = False
+
+
+def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> Layout:
     """Collective: freeze the plan's prefix, make its groups, this rank's stages and their optimizer, and give
     each trainable parameter its optimizer state by name (frozen parameters hold none). A `pipedream` plan
     gets the asynchronous runtime (with `weight_stashing` and `vertical_sync`), a one-stage plan (K = 1) runs
     its stage directly (DDP over the replicas), any other a flushing schedule."""
-    set_frozen(layered, plan.frozen_units)
-    groups = build_groups(plan, rank, layered.tied)
+    set_frozen(b.layered, plan.frozen_units)
+    groups = build_groups(plan, b.rank, b.layered.tied)
     if plan.schedule == "pipedream":
-        runtime = AsyncPipelineRuntime(layered, plan, rank, groups, device, loss, compute_dtype=compute_dtype,
-                                       weight_stashing=weight_stashing, vertical_sync=vertical_sync)
+        runtime = AsyncPipelineRuntime(b.layered, plan, b.rank, groups, b.device, b.loss,
+                                       compute_dtype=b.compute_dtype, weight_stashing=b.weight_stashing,
+                                       vertical_sync=b.vertical_sync)
     else:
-        runtime = flushing_runtime(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
-    optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], optim_cfg)
-    load_optimizer_state(optimizer, states or {}, name_of)
+        runtime = flushing_runtime(b.layered, plan, b.rank, groups, b.device, b.loss, b.recompute, b.compute_dtype)
+    optimizer = build_optimizer([(b.name_of[id(p)], p) for p in runtime.trainable_parameters()], b.optim)
+    load_optimizer_state(optimizer, states or {}, b.name_of)
     return Layout(plan, groups, runtime, optimizer)
 
 
-def change_layout(layered, old: Layout, plan: Plan, rank: int, device: torch.device, loss, optim_cfg,
-                  name_of: dict[int, str], recompute: str = "none", compute_dtype: torch.dtype | None = None,
-                  midway: Callable[[], None] | None = None, **runtime_options) -> Layout:
+def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None] | None = None) -> Layout:
     """Collective, between two optimizer steps: move every unit's weights and optimizer state to everyone,
     destroy the old groups (undestroyed groups leak file descriptors and threads), build the new layout.
     `midway` runs between the two (fault-injection tests stop a worker there). An asynchronous pipeline
     must have drained first (its training loop drains at the end of every epoch)."""
-    states = share_everything(layered, old.plan, old.optimizer, name_of, device)
+    states = share_everything(b.layered, old.plan, old.optimizer, b.name_of, b.device)
     old.groups.destroy()
     if midway is not None:
         midway()
-    return build_layout(layered, plan, rank, device, loss, optim_cfg, name_of, recompute, states, compute_dtype,
-                        **runtime_options)
+    return build_layout(b, plan, states)

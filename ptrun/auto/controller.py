@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -22,7 +22,9 @@ from ptrun.auto.autocache import default_min_units
 from ptrun.auto.autopipe import next_plan, starting_max
 from ptrun.auto.freeze import FreezePolicy, blocks_of_units, frozen_units_for_blocks, make_policy
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.parallel.layout import first_plan, param_costs, starting_microbatches
 from ptrun.parallel.plan import Plan
+from ptrun.parallel.profile import UnitProfile
 
 GRAD_NORM_POLICIES = ("pipetransformer", "autofreeze")
 """Policies that read per-block gradient norms (the trainer only collects them for these)."""
@@ -30,7 +32,8 @@ GRAD_NORM_POLICIES = ("pipetransformer", "autofreeze")
 
 class Controller:
     def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
-                 partition_kwargs: Optional[dict[str, Any]] = None):
+                 partition_kwargs: Optional[dict[str, Any]] = None,
+                 microbatch_table: Optional[Mapping[int, int]] = None):
         self.cfg = cfg
         fr = cfg.freeze
         name = fr.policy if cfg.auto.freeze else "none"
@@ -45,9 +48,11 @@ class Controller:
                                       **self.partition_kwargs)
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
         self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
-        self.microbatch_table: dict[int, int] = dict(cfg.auto.microbatch_table)
-        """M per pipeline length for AutoPipe's picks: `auto.microbatch_table`; with `pipe.microbatches=auto`
-        the trainer replaces it by the measured table (with the explicit entries laid over it)."""
+        self.first = first
+        """The layout the run starts in (`start`)."""
+        self.microbatch_table: dict[int, int] = dict(microbatch_table or cfg.auto.microbatch_table)
+        """M per pipeline length for AutoPipe's picks: `auto.microbatch_table`, or with `pipe.microbatches=auto`
+        the measured table (with the explicit entries laid over it)."""
 
     @property
     def wants_grad_norms(self) -> bool:
@@ -105,3 +110,17 @@ class Controller:
     def load_state_dict(self, state: dict) -> None:
         if state.get("policy"):
             self.policy.load_state_dict(state["policy"])
+
+
+def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitProfile] = None,
+          bandwidth: Optional[float] = None, microbatch_table: Optional[Mapping[int, int]] = None) -> Controller:
+    """The one start, for the trainer and `ptrun plan` alike: the first Plan (`Controller.first`) from the
+    config, the model's units and, for the time-based partitioners, their profile on one micro-batch and the
+    stage link's bandwidth; and the Controller that re-plans from it the same way. `microbatch_table` is the
+    measured M per pipeline length (`pipe.microbatches=auto`): the first plan's M and AutoPipe's picks."""
+    table = microbatch_table or cfg.auto.microbatch_table
+    m = starting_microbatches(cfg.pipe, world_size, cfg.train.global_batch_size, table)
+    first = first_plan(cfg.pipe, layered, world_size, profile=profile, bandwidth=bandwidth, microbatches=m)
+    partition_kwargs = {} if profile is None else dict(time_costs=profile.time_s,
+                                                       activation=profile.activation_bytes, bandwidth=bandwidth)
+    return Controller(cfg, layered.num_blocks, param_costs(layered), first, partition_kwargs, microbatch_table)

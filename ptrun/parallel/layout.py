@@ -19,6 +19,13 @@ def param_costs(layered: LayeredModel) -> list[float]:
     return [float(sum(p.numel() for p in unit.parameters())) for unit in layered.units]
 
 
+def start_replica_batch(pipe: PipeConfig, world_size: int, global_batch: int) -> int:
+    """One replica's batch in the starting layout: the global batch over DP = world / K, or over the replicas
+    of PipeDream's replicated first stage (`pipe.first_stage_replicas`)."""
+    replicas = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else world_size // pipe.length
+    return global_batch // replicas
+
+
 def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, table=None) -> int:
     """The first plan's M before anything is measured: `pipe.microbatches` when it is a number; unset or `auto`,
     what AutoPipe would pick at the starting length from `table` (`auto.microbatch_table`, else the paper's).
@@ -26,7 +33,7 @@ def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, 
     measures nothing, keeps it."""
     if isinstance(pipe.microbatches, int):
         return pipe.microbatches
-    per_replica = global_batch // (world_size // pipe.length)  # (auto is refused with first_stage_replicas)
+    per_replica = start_replica_batch(pipe, world_size, global_batch)
     return pick_microbatches(pipe.length, per_replica, pipe.schedule, table, stages_per_rank=pipe.stages_per_rank)
 
 

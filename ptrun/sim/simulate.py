@@ -70,9 +70,9 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from ptrun.auto.controller import Controller
+from ptrun.auto.controller import Controller, start
 from ptrun.config import ConfigError, PtrunConfig, parse_memory
-from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, param_costs, starting_microbatches
+from ptrun.parallel.layout import NEEDS_PROFILE, start_replica_batch, starting_microbatches
 from ptrun.parallel.partition import stage_sums
 from ptrun.parallel.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
@@ -186,8 +186,8 @@ def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
 
 
 def stand_in(costs: ModelCosts) -> SimpleNamespace:
-    """What `first_plan` and `param_costs` read of a LayeredModel: units whose parameters have the analytic
-    sizes (meta-device tensors: no memory)."""
+    """What the start reads of a LayeredModel: its blocks, and units whose parameters have the analytic sizes
+    (meta-device tensors: no memory)."""
     import torch
     from torch import nn
 
@@ -196,35 +196,29 @@ def stand_in(costs: ModelCosts) -> SimpleNamespace:
         unit = nn.Module()
         unit.weight = nn.Parameter(torch.empty(int(n), device="meta"))
         units.append(unit)
-    return SimpleNamespace(units=units)
+    return SimpleNamespace(units=units, num_blocks=costs.num_blocks)
 
 
-def profile_kwargs(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> dict:
-    """For the time-based partitioners, the profile the trainer would measure: one micro-batch's forward +
-    backward seconds and output bytes per unit, and the stage link's bandwidth. Empty for the others."""
+def start_profile(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> tuple[SimpleNamespace | None, float | None]:
+    """For the time-based partitioners, the profile the trainer would measure (one micro-batch's forward +
+    backward seconds and output bytes per unit) and the stage link's bandwidth; (None, None) for the others."""
     if cfg.pipe.partition not in NEEDS_PROFILE:
-        return {}
-    dp = cluster.world_size // cfg.pipe.length
+        return None, None
     m = starting_microbatches(cfg.pipe, cluster.world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
-    micro = max(1, cfg.train.global_batch_size // dp // m)
+    micro = max(1, start_replica_batch(cfg.pipe, cluster.world_size, cfg.train.global_batch_size) // m)
     fb, _ = unit_seconds(costs, cluster)
-    return dict(time_costs=[t * micro for t in fb], activation=[a * micro for a in costs.act_bytes],
-                bandwidth=cluster.intra_gbs * GB)
+    return (SimpleNamespace(time_s=[t * micro for t in fb], activation_bytes=[a * micro for a in costs.act_bytes]),
+            cluster.intra_gbs * GB)
 
 
 def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig) -> tuple[Controller, list[Plan]]:
     """The Controller for `cfg` on `cluster`'s world, and the Plan of every epoch as the trainer gets them
-    (`first_plan`, then `decide` before each later epoch, without gradient norms)."""
+    (the same `start`, then `decide` before each later epoch, without gradient norms). Nothing is measured
+    here: `pipe.microbatches=auto` plans with the M AutoPipe's table gives."""
     cfg = plannable(cfg, costs, cluster)
-    layered = stand_in(costs)
-    kwargs = profile_kwargs(cfg, costs, cluster)
-    prof = SimpleNamespace(time_s=kwargs["time_costs"], activation_bytes=kwargs["activation"]) if kwargs else None
-    # Nothing is measured here: `pipe.microbatches=auto` plans with the M AutoPipe's table gives at K0.
-    m = starting_microbatches(cfg.pipe, cluster.world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
-    first = first_plan(cfg.pipe, layered, cluster.world_size, profile=prof, bandwidth=kwargs.get("bandwidth"),
-                       microbatches=m)
-    controller = Controller(cfg, costs.num_blocks, param_costs(layered), first, kwargs)
-    plans = [first]
+    profile, bandwidth = start_profile(cfg, costs, cluster)
+    controller = start(cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth)
+    plans = [controller.first]
     for epoch in range(1, cfg.train.epochs):
         plans.append(controller.decide(epoch, plans[-1], None))
     return controller, plans

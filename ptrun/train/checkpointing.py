@@ -52,7 +52,7 @@ class Checkpointing:
         if ckpt is None:
             if self.is_main:
                 log.warning("no checkpoint to resume from in %s; starting from scratch", self.cfg.run_dir)
-            return None, self._first, {}
+            return None, self.controller.first, {}
         params, optim_state, state = checkpoint.load(ckpt)
         if state["model"]["num_units"] != len(self.layered.units) or state["model"]["name"] != self.cfg.model.name:
             raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
@@ -87,7 +87,7 @@ class Checkpointing:
             if rng is not None:
                 checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
         else:
-            plan = self.controller.plan_for(self._first, blocks_of_units(saved.frozen_units), self.world_size)
+            plan = self.controller.plan_for(self.controller.first, blocks_of_units(saved.frozen_units), self.world_size)
         if self.is_main:
             log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
                      self.epoch, self.step_in_epoch, self.global_step, plan.frozen_units)

@@ -14,11 +14,12 @@ import torch.distributed as dist
 
 from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import build_layout
+from ptrun.auto.controller import Controller, start
 from ptrun.config import DataConfig, PtrunConfig, validate
 from ptrun.data import build_datasets
 from ptrun.parallel import microtune
 from ptrun.parallel.fit import device_budget, resolve_length
-from ptrun.parallel.layout import NEEDS_PROFILE, first_plan, starting_microbatches
+from ptrun.parallel.layout import NEEDS_PROFILE, start_replica_batch, starting_microbatches
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
@@ -71,29 +72,30 @@ class StartUp:
                          num_eval=len(self.data.eval), device=self.device, run_dir=cfg.run_dir,
                          compute_dtype=self.compute_dtype)
 
-    def _starting_plan(self) -> tuple[Plan, dict]:
-        """The starting layout, plus what AutoPipe needs to re-partition the same way later (the profile of
-        the time-based partitioners, measured on one micro-batch; nothing for the others)."""
+    def _start(self, microbatch_table=None) -> Controller:
+        """Collective: the Controller and first Plan (`ptrun.auto.controller.start`). The time-based
+        partitioners need the units' profile: measured once, on one micro-batch of the first step's samples,
+        and agreed by every rank."""
         pipe = self.cfg.pipe
-        # With pipe.microbatches=auto, a stand-in until tuning (which needs this layout) replaces it.
-        m = starting_microbatches(pipe, self.world_size, self.cfg.train.global_batch_size,
-                                  self.cfg.auto.microbatch_table)
-        if pipe.partition not in NEEDS_PROFILE:
-            return first_plan(pipe, self.layered, self.world_size, microbatches=m), {}
-        dp = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else self.world_size // pipe.length
-        micro = max(1, self.cfg.train.global_batch_size // dp // m)
-        ids, _ = self.train_sampler.global_batch(0, 0)
-        batch = dict(self.data.train[ids[:micro].tolist()])
-        inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
-        prof = agree(profile_units(self.layered, inputs, self.device), self.device)
-        bandwidth = measure_bandwidth(self.device)
-        plan = first_plan(pipe, self.layered, self.world_size, profile=prof, bandwidth=bandwidth, microbatches=m)
-        return plan, dict(time_costs=prof.time_s, activation=prof.activation_bytes, bandwidth=bandwidth)
+        if pipe.partition in NEEDS_PROFILE and self._profile is None:
+            # With pipe.microbatches=auto, M is a stand-in until tuning (which needs this layout) measures it.
+            m = starting_microbatches(pipe, self.world_size, self.cfg.train.global_batch_size,
+                                      self.cfg.auto.microbatch_table)
+            micro = max(1, start_replica_batch(pipe, self.world_size, self.cfg.train.global_batch_size) // m)
+            ids, _ = self.train_sampler.global_batch(0, 0)
+            batch = dict(self.data.train[ids[:micro].tolist()])
+            inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
+            self._profile = (agree(profile_units(self.layered, inputs, self.device), self.device),
+                             measure_bandwidth(self.device))
+        profile, bandwidth = self._profile or (None, None)
+        return start(self.cfg, self.layered, self.world_size, profile=profile, bandwidth=bandwidth,
+                     microbatch_table=microbatch_table)
 
     def _tune_microbatches(self) -> microtune.Tuning:
         """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
         starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
-        cfg, first, c = self.cfg, self._first, self.controller
+        cfg, c = self.cfg, self.controller
+        first = c.first
         lengths = microtune.candidates(first.pp, self.world_size, cfg.train.global_batch_size, first.schedule,
                                        stages_per_rank=first.stages_per_rank, batch_policy=cfg.auto.batch,
                                        shrinks=microtune.shrinking(cfg))
@@ -105,9 +107,7 @@ class StartUp:
             return replace(first, pp=pp, dp=self.world_size // pp, microbatches=m,
                            stage_bounds=tuple(tuple(b) for b in bounds)).check()
 
-        build = partial(build_layout, self.layered, rank=self.rank, device=self.device, loss=self.loss,
-                        optim_cfg=cfg.optim, name_of=self.param_name, recompute=cfg.pipe.recompute,
-                        compute_dtype=self.compute_dtype, **self._runtime_options)
+        build = partial(build_layout, self.builder)
         batches = partial(microtune.training_batches, self.data.train, rank=self.rank, seed=cfg.train.seed,
                           input_names=self.layered.input_names, task=cfg.model.task, device=self.device)
         probe = dict(self.data.train[[0]])

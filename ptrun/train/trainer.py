@@ -17,21 +17,19 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.autodp import Layout, build_layout, change_layout, share_everything
-from ptrun.auto.controller import Controller
+from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, share_everything
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
-from ptrun.parallel.layout import param_costs
 from ptrun.parallel.optim import set_lr
 from ptrun.parallel.pipedream import AsyncPipelineRuntime, Step
 from ptrun.parallel.plan import Plan
@@ -89,15 +87,13 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         # is the same curve whatever the batch policy does to the steps of later epochs.
         self.base_steps = self._steps_for(self.train_sampler)
         self.total_steps = cfg.train.epochs * self.base_steps
-        self._first, partition_kwargs = self._starting_plan()
-        self.controller = Controller(cfg, self.layered.num_blocks, param_costs(self.layered), self._first,
-                                     partition_kwargs)
+        self._profile = None
+        self.controller = self._start()
         # pipe.microbatches=auto: measure (or read from the disk cache) the fastest M per pipeline length
-        # before anything trains; the first plan and AutoPipe's later picks use it.
+        # before anything trains; the start again, with it: the first plan and AutoPipe's later picks use it.
         self.tuning = self._tune_microbatches() if cfg.pipe.microbatches == "auto" else None
         if self.tuning is not None:
-            self._first = replace(self._first, microbatches=self.tuning.choices[self._first.pp].microbatches).check()
-            self.controller.microbatch_table = self.tuning.table
+            self.controller = self._start(self.tuning.table)
         self.epoch = self.global_step = 0
         self.step_in_epoch = 0  # where the current epoch resumes (non-zero only after a mid-epoch checkpoint)
         self.epoch_sums: dict[str, torch.Tensor] = {}  # that checkpoint's partial epoch sums
@@ -111,7 +107,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         self._epoch_base = 0
         self.best_eval: dict = {}
         self.last_eval: dict = {}
-        self.resumed_from, plan, states = self.resume() if resume else (None, self._first, {})
+        self.resumed_from, plan, states = self.resume() if resume else (None, self.controller.first, {})
         self.apply_plan(plan, states)
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
@@ -132,24 +128,22 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
 
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
-        self._use(build_layout(self.layered, plan, self.rank, self.device, self.loss, self.cfg.optim,
-                               self.param_name, self.cfg.pipe.recompute, optimizer_states, self.compute_dtype,
-                               **self._runtime_options))
+        self._use(build_layout(self.builder, plan, optimizer_states))
 
     def transition(self, plan: Plan) -> float:
         """Apply `plan` in the running job (collective); returns its wall time in seconds."""
         t0 = time.perf_counter()
-        self._use(change_layout(self.layered, self.layout, plan, self.rank, self.device, self.loss,
-                                self.cfg.optim, self.param_name, self.cfg.pipe.recompute, self.compute_dtype,
-                                midway=lambda: faults.reached("transition", self.global_step),
-                                **self._runtime_options))
+        self._use(change_layout(self.builder, self.layout, plan,
+                                midway=lambda: faults.reached("transition", self.global_step)))
         dist.barrier()
         return time.perf_counter() - t0
 
     @property
-    def _runtime_options(self) -> dict:
-        """The asynchronous runtime's options (`pipe.schedule=pipedream`)."""
-        return {"weight_stashing": self.cfg.pipe.weight_stashing, "vertical_sync": self.cfg.pipe.vertical_sync}
+    def builder(self) -> Builder:
+        """What this worker's layouts are built from (the same for every Plan)."""
+        pipe = self.cfg.pipe
+        return Builder(self.layered, self.rank, self.device, self.loss, self.cfg.optim, self.param_name,
+                       pipe.recompute, self.compute_dtype, pipe.weight_stashing, pipe.vertical_sync)
 
     @property
     def plan(self) -> Plan:
