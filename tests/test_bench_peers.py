@@ -17,10 +17,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 
-import bench_peers  # noqa: E402
-import readme_results  # noqa: E402
+from ptrun.bench import peers as bench_peers
+from ptrun.bench import readme as readme_results
 
 PLAIN = REPO / "scripts" / "peers" / "plain_loop.py"
 
@@ -176,8 +175,8 @@ def test_readme_blocks(tmp_path, monkeypatch):
     for recipe in ("digits_vit", "bbc_news_bert"):
         (results / f"bench_peers_{recipe}.json").write_text(json.dumps(result_json(rounds()[:1], recipe)))
     monkeypatch.setattr(readme_results, "BLOCKS", {
-        "peers_digits_vit": ("bench_peers_digits_vit.json", "bench_peers"),
-        "peers_bbc_news_bert": ("bench_peers_bbc_news_bert.json", "bench_peers")})
+        "peers_digits_vit": ("bench_peers_digits_vit.json", "ptrun.bench.peers"),
+        "peers_bbc_news_bert": ("bench_peers_bbc_news_bert.json", "ptrun.bench.peers")})
     readme = tmp_path / "README.md"
     readme.write_text("# t\n\n<!-- results:peers_digits_vit -->\n<!-- /results:peers_digits_vit -->\n\n"
                       "<!-- results:peers_bbc_news_bert -->\n<!-- /results:peers_bbc_news_bert -->\n")

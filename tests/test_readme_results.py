@@ -7,15 +7,13 @@ apart), plus one check of the real README against the JSON in docs/results/.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 
-import readme_results  # noqa: E402
+from ptrun.bench import readme as readme_results
 
 README = """# title
 

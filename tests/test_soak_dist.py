@@ -6,13 +6,10 @@ gains a file descriptor or a thread, and private memory stays within the script'
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the spawned workers inherit it
-import soak  # noqa: E402
+from ptrun.bench import soak
 
 pytestmark = pytest.mark.dist
 

@@ -1,0 +1,144 @@
+"""What every ptrun benchmark shares: runs of `ptrun train` in interleaved rounds (so a slow spell of the
+shared machine hits every run alike), their rows measured against the round's baseline, medians and ranges,
+table cells, and publishing a result (printed, and written as the JSON the README's tables are generated
+from, with the command line that produced it). The benchmarks: the other modules of `ptrun.bench`, each
+started as `python scripts/NAME.py`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+COMBINATIONS = {
+    "baseline": ["auto.freeze=false", "auto.cache=false"],
+    "freeze only": ["auto.pipe=false", "auto.dp=false", "auto.cache=false"],
+    "freeze + AutoPipe + AutoCache": ["auto.dp=false", "auto.cache=true"],
+    "freeze + AutoPipe + AutoDP": ["auto.cache=false"],
+    "all four": ["auto.cache=true"],
+}
+PAPER = {"freeze only": 0.95, "freeze + AutoPipe + AutoCache": 1.26, "freeze + AutoPipe + AutoDP": 2.27,
+         "all four": 2.83}
+"""Figure 9's speedups (ViT-B/16 on ImageNet, 2 x 8 GPUs), for the shape only."""
+PAPER_BERT = {"all four": 2.10}
+"""Table 1's speedup for BERT-large on SQuAD v1.1 (all four components; Figure 9 breaks down ViT only)."""
+
+
+def paper_for(recipe: str) -> tuple[dict[str, float], str]:
+    """The paper's numbers to print beside a recipe's, and the column's name."""
+    if "bert" in recipe:
+        return PAPER_BERT, "paper (Table 1, BERT)"
+    return PAPER, "paper (Fig. 9)"
+
+
+def command_line() -> str:
+    """This invocation as typed (`python`, the script's path, its arguments): every benchmark stores it in its
+    JSON, so the README tables generated from that JSON name the command that produced them."""
+    return shlex.join(["python", *sys.argv])
+
+
+def publish(result: dict, path: Path, caption, table) -> None:
+    """Print a benchmark's caption and table (what `readme_results.py` puts in the README) and write its
+    result as JSON to `path`."""
+    print(f"\n{caption(result)}\n")
+    print(table(result))
+    path.write_text(json.dumps(result, indent=1))
+    print(f"\nwritten: {path}")
+
+
+def train(run_dir: Path, overrides: list[str], reuse: bool) -> Path:
+    """One `ptrun train` run into `run_dir` (or, with `reuse`, the one already there)."""
+    if reuse and (run_dir / "metrics.jsonl").is_file():
+        return run_dir
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *overrides]
+    print("$ ptrun train " + " ".join(cmd[4:]), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return run_dir
+
+
+def ideal_speedup(run_dir: Path) -> float:
+    """Sum over epochs of the full model's training cost over its active units' (3x forward FLOPs each)."""
+    from ptrun.config import load_resolved
+    from ptrun.sim.costs import costs_from_config
+
+    cfg = load_resolved(run_dir / "config.yaml")
+    flops = costs_from_config(cfg.model, cfg.data).fwd_flops
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    frozen = [e["frozen_units"] for e in events if e["event"] == "plan"]
+    return len(frozen) * sum(flops) / sum(sum(flops[f:]) for f in frozen)
+
+
+def measure(dirs: dict[str, Path], paper: dict[str, float] = PAPER) -> list[dict]:
+    """One repeat's row per run, labelled by its key in `dirs`; speedups and the time-to-accuracy target
+    against the first run (the baseline) of this repeat."""
+    from ptrun.report import load_run
+    from ptrun.report.summary import summarize, time_to_accuracy
+
+    runs = [load_run(d) for d in dirs.values()]
+    for run, name in zip(runs, dirs):
+        run.label = name
+    sums = [summarize(r) for r in runs]
+    target = time_to_accuracy(runs)
+    tta = {row["label"]: row for row in target["runs"]}
+    base = sums[0]["train_time_s"]
+    rows = []
+    for name, summary, run_dir in zip(dirs, sums, dirs.values()):
+        ideal = ideal_speedup(run_dir)
+        speedup = base / summary["train_time_s"]
+        rows.append({"combination": name, "train_time_s": summary["train_time_s"], "speedup": speedup,
+                     "time_to_target_s": tta[name]["time_s"], "speedup_to_target": tta[name]["speedup"],
+                     "final": summary["final"], "metric": summary["metric"], "target": target["target"],
+                     "mean_samples_per_s": summary["mean_samples_per_s"], "ideal_speedup": ideal,
+                     "share_of_ideal": speedup / ideal if ideal > 1 else None,
+                     "paper_speedup": paper.get(name), "run_dir": str(run_dir)})
+    return rows
+
+
+def median(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def dir_name(label: str) -> str:
+    """A run's directory under a round: its label without spaces or slashes ("all four" -> "all_four",
+    "alpha 1/3" -> "alpha_1-3", "K = 2" -> "K_2"), readable in `ls` and safe inside a Hydra override."""
+    return re.sub(r"[^\w+.\-]+", "_", label.replace(" + ", "+").replace("/", "-")).strip("_")
+
+
+def run_rounds(out: Path, runs: dict[str, list[str]], common: list[str], repeats: int, reuse: bool,
+               paper: dict[str, float] = PAPER) -> list[list[dict]]:
+    """`repeats` rounds of every run in `runs` (label -> overrides; the first is the baseline), each run with
+    `common` before its own overrides, measured round by round. Rounds are interleaved rather than each run
+    repeated in a row, so a slow spell of the shared machine hits every run alike."""
+    rounds = []
+    for r in range(repeats):
+        dirs = {name: train(out / f"round{r}" / dir_name(name), [*common, *overrides], reuse)
+                for name, overrides in runs.items()}
+        rounds.append(measure(dirs, paper))
+    return rounds
+
+
+def aggregate(rounds: list[list[dict]], paper: dict[str, float] = PAPER) -> list[dict]:
+    """One row per run: the medians over the rounds, the speedups' range and every round's own row."""
+    rows = []
+    for i, first in enumerate(rounds[0]):
+        runs = [rep[i] for rep in rounds]
+        row = {k: median([r[k] for r in runs]) for k in ("train_time_s", "speedup", "time_to_target_s",
+                                                          "speedup_to_target", "final", "ideal_speedup",
+                                                          "share_of_ideal")}
+        speedups = [r["speedup"] for r in runs]
+        row.update(combination=first["combination"], speedup_range=(min(speedups), max(speedups)),
+                   paper_speedup=paper.get(first["combination"]), metric=first["metric"], runs=runs)
+        rows.append(row)
+    return rows
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    """A number for a table cell; "-" for a value that does not exist (no ideal, never reached the target)."""
+    return "-" if value is None else f"{value:{spec}}{suffix}"

@@ -1,0 +1,245 @@
+"""ptrun against the plain PyTorch a competent user writes without it, side by side in one invocation.
+
+Per recipe, in interleaved rounds (a slow spell of the shared machine hits every run alike), five runs with
+the same config, data split, seed and global batch:
+  a  plain loop                      scripts/peers/plain_loop.py, 1 process with every core as threads
+  b  plain DDP                       the same script under torchrun, 2 processes x 1 thread, DDP over gloo
+  c  ptrun, freezing off, 1 worker   `ptrun train` without freezing or AutoCache, K = 1 on 1 worker x 2 threads
+  d  ptrun, freezing off, 2 workers  the same on 2 workers (K = 1, DP = 2)
+  e  ptrun default                   `ptrun train recipe=NAME`, as the recipe is
+Per run: wall time from process start to exit, training time (the epochs' training loops only), start-up
+overhead (wall - training: imports, data and model set-up, evaluation, checkpoints, shut-down), samples/s
+in training, final top-1, and the training time to the best plain peer's final top-1 (cumulative over the
+epochs, to the first epoch that reaches it). Over the rounds: medians and min-max ranges, speedups against
+the faster plain peer of each round (by wall and by training time), and the throughput of ptrun without
+freezing against the plain peer on the same processes (the "at least 0.95x" checks). Prints the tables and
+writes them with the command line to `bench_peers_<recipe>.json` in --out (`readme_results.py` makes the
+README's tables from it).
+
+    python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--out DIR]
+        [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [overrides ...]
+
+Overrides (`train.epochs=2`) apply to every run, the plain peers' included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ptrun.bench.harness import command_line, dir_name, fmt, median, publish
+
+PLAIN = Path(__file__).resolve().parents[2] / "scripts" / "peers" / "plain_loop.py"
+"""The peers' script: a plain PyTorch loop that uses nothing of ptrun (run from a clone)."""
+PEERS = {  # label -> (processes, threads per process) of scripts/peers/plain_loop.py
+    "plain loop": (1, 2),
+    "plain DDP": (2, 1),
+}
+# label -> `ptrun train` overrides after `recipe=NAME`. The layout is left to `pipe.length=auto`, which
+# starts both recipes at K = 1 (the model fits a device), the peers' layout.
+PTRUN = {
+    "ptrun, freezing off, 1 worker": ["auto.freeze=false", "auto.cache=false", "launcher.nproc_per_node=1",
+                                      "launcher.threads_per_worker=2"],
+    "ptrun, freezing off, 2 workers": ["auto.freeze=false", "auto.cache=false", "launcher.nproc_per_node=2"],
+    "ptrun default": [],
+}
+LABELS = [*PEERS, *PTRUN]
+CHECKS = {"ptrun, freezing off, 1 worker": "plain loop", "ptrun, freezing off, 2 workers": "plain DDP"}
+"""ptrun run -> the plain peer on the same processes and threads, whose samples/s it should keep up with."""
+FLOOR = 0.95
+TOLERANCE = 1e-6
+"""Top-1 counts as reaching the target within this (percent): the same count of correct samples may be
+computed in another order by ptrun and the peer."""
+
+
+def pick(only: list[str]) -> list[str]:
+    """The runs `--only` names (labels, or letters a-e comma-separated), in the benchmark's order."""
+    letters = dict(zip("abcde", LABELS))
+    wanted = set()
+    for value in only:
+        for item in [value] if value in LABELS else [w.strip() for w in value.split(",")]:
+            if letters.get(item, item) not in LABELS:
+                raise ValueError(f"--only {item!r}: not a letter a-e nor one of: {'; '.join(LABELS)}")
+            wanted.add(letters.get(item, item))
+    return [label for label in LABELS if label in wanted]
+
+
+def command(label: str, recipe: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    """The command line of one run (its results land in `run_dir`)."""
+    if label in PEERS:
+        nproc, threads = PEERS[label]
+        # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                    f"--log-dir={os.devnull}"] if nproc > 1 else []
+        return [sys.executable, *launcher, str(PLAIN), f"--recipe={recipe}", f"--threads={threads}",
+                f"--out={run_dir / 'plain.json'}", *overrides]
+    return [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", f"recipe={recipe}",
+            *PTRUN[label], *overrides]
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as the user would type it: `ptrun train ...` or `python scripts/peers/plain_loop.py ...`."""
+    if cmd[1:3] == ["-m", "ptrun.cli"]:
+        return "ptrun " + " ".join(cmd[3:])
+    return " ".join(["python", *("scripts/peers/plain_loop.py" if c == str(PLAIN) else c for c in cmd[1:])])
+
+
+def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool) -> dict:
+    """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements."""
+    wall_file = run_dir / "wall.json"
+    if not (reuse and wall_file.is_file()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        cmd = command(label, recipe, run_dir, overrides)
+        print(f"$ {shown(cmd)}", flush=True)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
+    wall = json.loads(wall_file.read_text())["wall_s"]
+    return dict(read_plain(run_dir) if label in PEERS else read_ptrun(run_dir), label=label, wall_s=wall,
+                run_dir=str(run_dir))
+
+
+def read_plain(run_dir: Path) -> dict:
+    """A plain peer's `plain.json`: training time, samples/s, final top-1, and top-1 over training time."""
+    r = json.loads((run_dir / "plain.json").read_text())
+    return {"train_time_s": r["train_time_s"], "samples_per_s": r["samples_per_s"], "final_top1": r["final_top1"],
+            "curve": [[e["elapsed_train_s"], e["top1"]] for e in r["epochs"]]}
+
+
+def read_ptrun(run_dir: Path) -> dict:
+    """A ptrun run's `metrics.jsonl`: the same, from the epoch events (the latest record of each epoch) and
+    the end event (`total_time_s`: its training loop with evaluation and layout changes)."""
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    epochs = list({e["epoch"]: e for e in events if e["event"] == "epoch"}.values())
+    end = next((e for e in reversed(events) if e["event"] == "end"), {})
+    train_s = sum(e["epoch_time_s"] for e in epochs)
+    curve, elapsed = [], 0.0
+    for e in epochs:
+        elapsed += e["epoch_time_s"]
+        if "top1" in (e.get("eval") or {}):
+            curve.append([elapsed, e["eval"]["top1"]])
+    final = curve[-1][1] if curve else (end.get("final_eval") or {}).get("top1")
+    return {"train_time_s": train_s, "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
+            "final_top1": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s")}
+
+
+def time_to(curve: list[list[float]], target: float | None) -> float | None:
+    """Cumulative training time at the first evaluated epoch whose top-1 reaches `target`; None if none does."""
+    if target is None:
+        return None
+    return next((t for t, top1 in curve if top1 >= target - TOLERANCE), None)
+
+
+def measure(runs: list[dict]) -> list[dict]:
+    """One round's rows: each run's measurements plus its start-up overhead, the round's target (the best
+    plain peer's final top-1) and the time to it, and speedups against the round's faster plain peer."""
+    peers = [r for r in runs if r["label"] in PEERS]
+    target = max((r["final_top1"] for r in peers), default=None)
+    best_wall = min((r["wall_s"] for r in peers), default=None)
+    best_train = min((r["train_time_s"] for r in peers), default=None)
+    return [dict(r, overhead_s=r["wall_s"] - r["train_time_s"], target=target,
+                 time_to_target_s=time_to(r["curve"], target),
+                 speedup_wall=best_wall and best_wall / r["wall_s"],
+                 speedup_train=best_train and best_train / r["train_time_s"]) for r in runs]
+
+
+def spread(values: list) -> list | None:
+    known = [v for v in values if v is not None]
+    return [min(known), max(known)] if known else None
+
+
+KEYS = ("wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s",
+        "speedup_wall", "speedup_train", "ptrun_total_time_s")
+
+
+def aggregate(rounds: list[list[dict]]) -> dict:
+    """Over the rounds (each `measure`d): per label the median and range of every measure and its rows; per
+    check the ratio of samples/s (ptrun over its peer, round by round), its median and range."""
+    labels = [r["label"] for r in rounds[0]]
+    by_label = {label: [next(r for r in rnd if r["label"] == label) for rnd in rounds] for label in labels}
+    rows = []
+    for label, runs in by_label.items():
+        row = {"label": label, "kind": "plain" if label in PEERS else "ptrun", "runs": runs}
+        for key in KEYS:
+            row[key] = median([r.get(key) for r in runs])
+            row[f"{key}_range"] = spread([r.get(key) for r in runs])
+        rows.append(row)
+    checks = []
+    for mine, peer in CHECKS.items():
+        if mine in by_label and peer in by_label:
+            ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(by_label[mine], by_label[peer])]
+            ratio = median(ratios)
+            checks.append({"ptrun": mine, "peer": peer, "ratio": ratio, "ratio_range": spread(ratios),
+                           "rounds": ratios, "floor": FLOOR, "passed": ratio >= FLOOR})
+    return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds])}
+
+
+def cell(row: dict, key: str, spec: str, suffix: str = "", repeats: int = 1) -> str:
+    """A median, with its range over the rounds when there was more than one."""
+    text = fmt(row[key], spec, suffix)
+    span = row.get(f"{key}_range")
+    if repeats > 1 and span is not None and row[key] is not None:
+        text += f" ({span[0]:{spec}}-{span[1]:{spec}})"
+    return text
+
+
+def caption(result: dict) -> str:
+    """The line above the tables: what was run, how it is summarized, and the target."""
+    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; "
+            f"medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "") +
+            f"; speedups against the faster plain peer of each round; target = the best plain peer's final "
+            f"top-1 (median {fmt(result['target'])})")
+
+
+def table(result: dict) -> str:
+    """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
+    n = result["repeats"]
+    lines = ["| run | wall (s) | training (s) | start-up overhead (s) | samples/s | final top-1 | "
+             "time to target (s) | speedup, wall | speedup, training |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['label']} | {cell(r, 'wall_s', '.1f', repeats=n)} "
+                     f"| {cell(r, 'train_time_s', '.1f', repeats=n)} "
+                     f"| {cell(r, 'overhead_s', '.1f', repeats=n)} | {cell(r, 'samples_per_s', '.0f', repeats=n)} "
+                     f"| {cell(r, 'final_top1', '.2f', repeats=n)} | {cell(r, 'time_to_target_s', '.1f', repeats=n)} "
+                     f"| {cell(r, 'speedup_wall', '.2f', 'x', n)} | {cell(r, 'speedup_train', '.2f', 'x', n)} |")
+    if result["checks"]:
+        lines += ["", "| samples/s in training | ratio | at least |", "|---|---|---|"]
+        for c in result["checks"]:
+            verdict = "yes" if c["passed"] else "**no**"
+            lines.append(f"| {c['ptrun']} / {c['peer']} | {cell(c, 'ratio', '.2f', 'x', n)} "
+                         f"| {c['floor']:.2f}x: {verdict} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", action="append", help="digits_vit (default) or bbc_news_bert; repeatable")
+    parser.add_argument("--out", default="runs/bench_peers")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs, interleaved")
+    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
+                        "a-e for the runs in order, comma-separated (--only a,b,e); default: all five")
+    args, overrides = parser.parse_known_args()
+    try:
+        labels = pick(args.only) if args.only else LABELS
+    except ValueError as e:
+        parser.error(str(e))
+    out = Path(args.out)
+    for recipe in args.recipe or ["digits_vit"]:
+        rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label), overrides,
+                                   args.reuse) for label in labels]) for r in range(args.repeats)]
+        result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
+                  "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides)) for label in labels},
+                  **aggregate(rounds)}
+        publish(result, out / f"bench_peers_{recipe}.json", caption, table)
+
+
+if __name__ == "__main__":
+    main()

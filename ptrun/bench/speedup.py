@@ -1,0 +1,85 @@
+"""The paper's speedup breakdown (Table 1 and Figure 9), measured side by side in one invocation.
+
+Runs one recipe five times with the same seed and data: the baseline (the starting layout, no freezing)
+and each component combination of the paper's Figure 9. Prints and writes (`bench_speedup.json` beside the
+runs, with the command line; `readme_results.py` makes the README's table from it) per combination:
+training time for the recipe's epoch budget (the Table-1 measure) and its speedup, wall time to the
+baseline's final accuracy (the stricter measure) and its speedup, final accuracy, mean samples/s, and the
+ideal speedup the run's own freeze schedule allows: the model's training cost over the
+cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.sim.costs`; a frozen unit
+counted at nothing), and how much of that ideal the run reached.
+
+    python scripts/bench_speedup.py [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse]
+        [--only 'all four'] [overrides ...]
+
+`--only` runs the baseline and just the named combinations (for a recipe too slow for all five).
+
+Without AutoDP, ptrun keeps the pipeline length (it never leaves workers idle), so "freeze + AutoPipe +
+AutoCache" moves stage boundaries and caches, but does not shorten the pipeline as the paper's did.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ptrun.bench.harness import COMBINATIONS, aggregate, command_line, fmt, median, paper_for, publish, run_rounds
+
+
+def caption(result: dict) -> str:
+    """The line above the table: what was run and what the target is."""
+    metric = result["rows"][0]["metric"]
+    target = median([run["target"] for run in result["rows"][0]["runs"]])
+    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs; medians; target = the "
+            f"baseline's final {metric} (median {target:.2f})")
+
+
+def table(result: dict) -> str:
+    """The Markdown table of a `bench_speedup.json` (printed by this script, put in the README by
+    `readme_results.py`)."""
+    paper_column = paper_for(result["recipe"])[1]
+    lines = ["| combination | training time (s) | speedup (range) | time to target (s) | speedup to target | "
+             f"final {result['rows'][0]['metric']} | ideal speedup | share of ideal | {paper_column} |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        low, high = r["speedup_range"]
+        spread = f" ({low:.2f}-{high:.2f})" if result["repeats"] > 1 else ""
+        share = r["share_of_ideal"] and 100 * r["share_of_ideal"]
+        lines.append(f"| {r['combination']} | {r['train_time_s']:.1f} | {r['speedup']:.2f}x{spread} "
+                     f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['speedup_to_target'], '.2f', 'x')} "
+                     f"| {fmt(r['final'])} | {r['ideal_speedup']:.2f}x | {fmt(share, '.0f', '%')} "
+                     f"| {fmt(r['paper_speedup'], '.2f', 'x')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="digits_vit")
+    parser.add_argument("--out", default="runs/bench_speedup")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of all the runs, interleaved (a slow spell of the machine hits every "
+                             "combination alike); the table shows medians and the speedups' range")
+    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated combinations to run beside the baseline (e.g. 'all four'), for "
+                             "recipes too slow for all five")
+    args, extra = parser.parse_known_args()
+    out = Path(args.out)
+    runs = COMBINATIONS
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",")]
+        unknown = [w for w in wanted if w not in COMBINATIONS]
+        if unknown:
+            parser.error(f"--only {unknown[0]!r}: not one of {', '.join(list(COMBINATIONS)[1:])}")
+        runs = {k: v for k, v in COMBINATIONS.items() if k == "baseline" or k in wanted}
+    paper = paper_for(args.recipe)[0]
+    repeats = run_rounds(out, runs, [f"recipe={args.recipe}", "train.export=false", *extra],
+                         args.repeats, args.reuse, paper)
+    rows = aggregate(repeats, paper)
+    result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
+              "rows": rows}
+    publish(result, out / "bench_speedup.json", caption, table)
+
+
+if __name__ == "__main__":
+    main()
