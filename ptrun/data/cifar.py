@@ -22,7 +22,7 @@ import torch
 from torchvision.transforms import v2
 
 from ptrun.config import ConfigError, DataConfig
-from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits
+from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, image_batches
 
 CIFAR_SIZE = 32
 PIXELS = 3 * CIFAR_SIZE * CIFAR_SIZE
@@ -210,10 +210,4 @@ def _transform(size: int, augment: bool) -> Callable[[dict], dict[str, torch.Ten
     pipeline = v2.Compose([*geometry, v2.ToDtype(torch.float32, scale=True),
                            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-    def transform(batch: dict) -> dict[str, torch.Tensor]:
-        out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
-        if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
-            out["pixel_values"] = torch.stack([pipeline(_as_tensor(image)) for image in batch["image"]])
-        return out
-
-    return transform
+    return image_batches(pipeline, _as_tensor)

@@ -13,7 +13,8 @@ import torch
 from torchvision.transforms import v2
 
 from ptrun.config import ConfigError, DataConfig
-from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, stratified_split
+from ptrun.data.splits import (EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, image_batches,
+                               stratified_split)
 
 DEFAULT_IMAGE_SIZE = 224
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
@@ -127,13 +128,7 @@ def _image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, tor
     pipeline = v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True),
                            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-    def transform(batch: dict) -> dict[str, torch.Tensor]:
-        out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
-        if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
-            out["pixel_values"] = torch.stack([pipeline(_decode_image(image)) for image in batch["image"]])
-        return out
-
-    return transform
+    return image_batches(pipeline, _decode_image)
 
 
 _IMAGE = datasets.Image()  # datasets' own decoder (EXIF orientation applied), as `Image()` features decode

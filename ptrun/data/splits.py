@@ -55,3 +55,16 @@ def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tupl
         raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: cannot split {where} stratified ({e})") from e
     # sorted so each split keeps the source's order; the epoch sampler does the shuffling
     return np.sort(train), np.sort(held_out)
+
+
+def image_batches(pipeline: Callable, decode: Callable) -> Callable[[dict], dict[str, torch.Tensor]]:
+    """A batch transform for `set_transform`: each stored image decoded (`decode`) and transformed
+    (`pipeline`) into `pixel_values`, the labels as int64."""
+
+    def transform(batch: dict) -> dict[str, torch.Tensor]:
+        out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
+        if "image" in batch:  # absent when only the labels are read (AutoCache serves the inputs)
+            out["pixel_values"] = torch.stack([pipeline(decode(image)) for image in batch["image"]])
+        return out
+
+    return transform

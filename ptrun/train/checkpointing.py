@@ -24,15 +24,15 @@ class Checkpointing:
             units = list(range(self.plan.cached_units)) + units
         return [n for u in units for n in self.layered.unit_param_names(u)]
 
-    def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None) -> None:
-        """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch with the epoch's sums so far
-        (`progress`, already summed over the ranks)."""
+    def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None, step_in_epoch: int = 0) -> None:
+        """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
+        the epoch's sums so far (`progress`, already summed over the ranks)."""
         params = dict(self.layered.model.named_parameters())
         names = self.stage_param_names()
         optim_state = {}
         if self.optimizer is not None:
             optim_state = {self.param_name[id(p)]: s for p, s in self.optimizer.state.items()}
-        state = {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+        state = {"epoch": self.epoch, "step_in_epoch": step_in_epoch, "global_step": self.global_step,
                  "plan": self.plan.to_dict(),
                  "controller": self.controller.state_dict(),
                  "model": {"name": self.cfg.model.name, "num_units": len(self.layered.units)},

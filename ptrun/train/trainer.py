@@ -201,7 +201,9 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         return iterate_batches(data, sampler, epoch, replica, dp, start_step=start_step,
                                max_steps=steps, fetch=fetch, pin_memory=self.pin_memory)
 
-    def train_epoch(self) -> dict:
+    def train_epoch(self) -> tuple[list[float] | None, dict]:
+        """One epoch from where it resumes: (each block's mean gradient norm when the freeze policy reads them,
+        the epoch event's statistics)."""
         start = self._resume_step()
         # Sums over the epoch; a resumed epoch starts from the checkpoint's (held by rank 0 alone, so the
         # all-reduce at the end counts them once).
@@ -237,12 +239,13 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         train_loss = self.all_sum(sums.loss).item() / steps
         seen = self.all_sum(sums.seen)
         # Each block's gradient norm, averaged over the epoch's steps and summed over the stages holding it.
-        self.grad_norms = (self.all_sum(sums.block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
+        grad_norms = (self.all_sum(sums.block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
         resumed = {"resumed_at_step": start} if start else {}
-        return {"train_loss": train_loss, "samples_per_s": sums.samples / elapsed, "epoch_time_s": elapsed,
-                "lr": sums.lr, "steps": steps, "samples": int(sums.samples_before + sums.samples), **resumed,
-                "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
-                **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats()}
+        stats = {"train_loss": train_loss, "samples_per_s": sums.samples / elapsed, "epoch_time_s": elapsed,
+                 "lr": sums.lr, "steps": steps, "samples": int(sums.samples_before + sums.samples), **resumed,
+                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
+                 **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats()}
+        return grad_norms, stats
 
     def _step(self, step: int, batch: dict) -> Step:
         """One step's mini-batch, as the runtime takes it; starts the timeline when this is the step to
@@ -286,10 +289,8 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         stop = not isinstance(self.runtime, AsyncPipelineRuntime) and self.stops.poll() \
             and step + 1 < self.steps_per_epoch
         if self._checkpoint_due(step) or stop:
-            self.step_in_epoch = step + 1
             self.save_checkpoint(self._partial_sums(sums.loss, sums.block_norms, sums.seen,
-                                                    sums.samples_before + sums.samples))
-            self.step_in_epoch = 0
+                                                    sums.samples_before + sums.samples), step_in_epoch=step + 1)
         if stop:
             raise Interrupted(self.stops.agreed)
         if (step + 1) % self.cfg.train.log_every_steps == 0 and self.live_view:
@@ -309,7 +310,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         while self.epoch < cfg.train.epochs:
             self._event("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict(), **tuned)
             tuned = {}
-            stats = self.train_epoch()
+            grad_norms, stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1
             ev = self.evaluate() if last or (self.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
             self._remember(ev)
@@ -318,7 +319,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             self.epoch += 1
             # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
             # in the layout the next epoch was meant to run in.
-            transition_s = 0.0 if last else self._next_layout()
+            transition_s = 0.0 if last else self._next_layout(grad_norms)
             every = cfg.checkpoint.every_epochs
             steps_due = cfg.checkpoint.every_steps and \
                 self.global_step - self.last_checkpoint_step >= cfg.checkpoint.every_steps
@@ -357,10 +358,10 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             if choice is not None:
                 self.view.print(choice.summary())
 
-    def _next_layout(self) -> float:
+    def _next_layout(self, grad_norms: list[float] | None) -> float:
         """Collective, at the boundary before `self.epoch`: the controller's decision, moved to if it changes
         the layout. Returns the transition's seconds (0 when the layout stays)."""
-        plan = self.controller.decide(self.epoch, self.plan, self.grad_norms)
+        plan = self.controller.decide(self.epoch, self.plan, grad_norms)
         if plan == self.plan:
             return 0.0
         old = self.plan
