@@ -61,18 +61,39 @@ def test_monotone_and_capped_by_max_fraction():
     assert p.decide(3, 8, None) == 8
 
 
-def test_every_epochs_and_start():
-    assert run(make_policy("alpha", 12, every_epochs=2), 8) == [0, 0, 4, 4, 7, 7, 9, 9]
-    assert run(make_policy("alpha", 12, every_epochs=2, start=1), 8) == [0, 0, 0, 4, 4, 7, 7, 9]
-    p = make_policy("alpha", 12, every_epochs=3, start=2)
-    assert [e for e in range(12) if p.is_decision_epoch(e)] == [5, 8, 11]
-    assert [p.freeze_step(e) for e in (5, 8, 11)] == [1, 2, 3]
+def test_intervals_and_start_count_time_in_epochs():
+    # Two-epoch intervals sample the same per-epoch curve at epochs 2, 4, 6 (T counts epochs, not decisions).
+    assert run(make_policy("alpha", 4 * 3, every=2), 4) == [0, 7, 10, 11]
+    assert run(make_policy("alpha", 12, every=2, start=1), 4) == [0, 4, 9, 11]  # T = 1, 3, 5
+    p = make_policy("alpha", 12, every=3, start=2)
+    assert [k for k in range(5) if p.is_decision(k)] == [1, 2, 3, 4]
+    assert [p.freeze_step(k) for k in (1, 2, 3)] == [1, 4, 7]
+    # Quarter-epoch intervals: the closed form at T = 0.25, 0.5, ... and the epoch values at every 4th.
+    quarter = run(make_policy("alpha", 12, every=0.25), 13)
+    assert quarter[::4] == PAPER[:4]
+    assert quarter[:5] == [0, 2, 3, 4, 4] and quarter == sorted(quarter)
+    # start counts epochs: nothing before the end of epoch 1, then the curve from there (T = 0.5 at 1.5)
+    late = make_policy("alpha", 12, every=0.5, start=1)
+    assert [k for k in range(6) if late.is_decision(k)] == [3, 4, 5]
+    assert run(late, 6) == [0, 0, 0, 3, 4, 6]
 
 
-def test_epoch_zero_never_decides():
+def test_interval_zero_never_decides():
     p = make_policy("alpha", 12, alpha=0.9)
-    assert not p.is_decision_epoch(0)
+    assert not p.is_decision(0)
     assert p.decide(0, 0, None) == 0
+
+
+def test_full_rule_rate_compounds_over_an_interval():
+    """Four quarter-epoch decisions freeze what one epoch-boundary decision does (without gradients)."""
+    epoch = make_policy("pipetransformer", 12)
+    quarter = make_policy("pipetransformer", 12, every=0.25)
+    assert quarter.rate == pytest.approx(1 - (2 / 3) ** 0.25)
+    assert epoch.decide(1, 0, None) == 4
+    f = 0
+    for k in range(1, 5):
+        f = quarter.decide(k, f, None)
+    assert f >= 4 and [quarter.bound(0), quarter.bound(2)] == [2, 3]
 
 
 # ------------------------------------------------------------------------------------- pipetransformer
@@ -137,13 +158,13 @@ def test_autofreeze_needs_consecutive_epochs():
     assert p.decide(7, 1, [8.91, 14.3925, 18.0, 16.875, 27.0, 27.0]) == 3  # 0 0 0.5 1 2 -> block 3
 
 
-def test_autofreeze_observes_between_decisions():
-    # every_epochs = 2: epoch 3 is no decision but its norms are recorded, so epoch 4 compares 3 and 2.
-    p = make_policy("autofreeze", 4, every_epochs=2)
+def test_autofreeze_observes_before_start():
+    # start = 1 with half-epoch intervals: interval 2 (t = 1) is no decision but its norms are recorded, so
+    # interval 3 compares intervals 2 and 1.
+    p = make_policy("autofreeze", 4, every=0.5, start=1)
     assert p.decide(1, 0, [1.0, 1.0, 1.0, 1.0]) == 0
-    assert p.decide(2, 0, [1.0, 1.0, 1.0, 1.0]) == 0  # all changes 0: the first block is the threshold
-    assert p.decide(3, 0, [4.0, 4.0, 4.0, 4.0]) == 0  # not a decision epoch
-    assert p.decide(4, 0, [4.0, 4.2, 6.0, 8.0]) == 2  # 0 0.05 0.5 1 -> median 0.275 -> block 2
+    assert p.decide(2, 0, [4.0, 4.0, 4.0, 4.0]) == 0  # not a decision
+    assert p.decide(3, 0, [4.0, 4.2, 6.0, 8.0]) == 2  # 0 0.05 0.5 1 -> median 0.275 -> block 2
 
 
 # --------------------------------------------------------------------------------------- linear, none
@@ -169,10 +190,10 @@ def test_state_round_trip_through_json():
     a = make_policy("autofreeze", 6)
     a.decide(1, 0, [10.0, 10.0, 10.0, 10.0, 10.0, math.inf])
     state = json.loads(json.dumps(a.state_dict()))
-    assert state == {"policy": "autofreeze", "num_blocks": 6, "prev_norms": [10.0] * 5 + ["inf"], "prev_epoch": 0}
+    assert state == {"policy": "autofreeze", "num_blocks": 6, "prev_norms": [10.0] * 5 + ["inf"], "prev_interval": 0}
     b = make_policy("autofreeze", 6)
     b.load_state_dict(state)
-    assert b.prev_norms == a.prev_norms and b.prev_epoch == 0
+    assert b.prev_norms == a.prev_norms and b.prev_interval == 0
     e1 = [9.0, 9.5, 8.0, 5.0, 6.0, 4.0]
     assert b.decide(2, 0, e1) == a.decide(2, 0, e1) == 3
     assert make_policy("alpha", 12).state_dict() == {"policy": "alpha", "num_blocks": 12}
@@ -185,7 +206,7 @@ def test_state_round_trip_through_json():
 def test_make_policy_rejects_bad_parameters():
     assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer", "schedule"]
     for bad in (dict(name="fast"), dict(name="alpha", alpha=0.0), dict(name="alpha", alpha=1.0),
-                dict(name="alpha", every_epochs=0), dict(name="alpha", max_fraction=1.5),
+                dict(name="alpha", every=0), dict(name="alpha", max_fraction=1.5),
                 dict(name="alpha", start=-1)):
         with pytest.raises(ConfigError):
             make_policy(num_blocks=12, **bad)

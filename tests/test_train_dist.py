@@ -23,11 +23,13 @@ from ptrun.parallel.optim import build_optimizer, set_lr
 pytestmark = pytest.mark.dist
 
 
-def reference_params(cfg, freeze_blocks: list[int] | None = None) -> dict[str, torch.Tensor]:
+def reference_params(cfg, freeze_blocks: list[int] | None = None,
+                     interval_steps: int | None = None) -> dict[str, torch.Tensor]:
     """Train in one process with a textbook loop: whole global batch, mean loss over the real samples,
-    global-norm clip, the optimizer. With `freeze_blocks` (frozen block count per epoch), the embedding and
-    that many blocks stop training at the epoch's start and leave the optimizer, which keeps the others'
-    state. Shares no code with the pipeline engine."""
+    global-norm clip, the optimizer. With `freeze_blocks` (frozen block count per interval of
+    `interval_steps` steps, an epoch by default), the embedding and that many blocks stop training at the
+    interval's first step and leave the optimizer, which keeps the others' state. Shares no code with the
+    pipeline engine."""
     data = build_datasets(cfg.data)
     torch.manual_seed(cfg.train.seed)
     layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.in_chans)
@@ -35,31 +37,31 @@ def reference_params(cfg, freeze_blocks: list[int] | None = None) -> dict[str, t
     name_of = {id(p): n for n, p in model.named_parameters()}
     opt = build_optimizer(list(model.named_parameters()), cfg.optim)
     sampler = EpochSampler(len(data.train), cfg.train.global_batch_size, cfg.train.seed)
-    total = cfg.train.epochs * min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)
-    step = 0
-    for epoch in range(cfg.train.epochs):
-        if freeze_blocks and freeze_blocks[epoch]:
-            frozen_units = 1 + 2 * freeze_blocks[epoch]
-            frozen = {id(p) for u in layered.units[:frozen_units] for p in u.parameters()}
+    steps_per_epoch = min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)
+    total = cfg.train.epochs * steps_per_epoch
+    interval_steps = interval_steps or steps_per_epoch
+    for step in range(total):
+        epoch, s = divmod(step, steps_per_epoch)
+        blocks = freeze_blocks[min(step // interval_steps, len(freeze_blocks) - 1)] if freeze_blocks else 0
+        if blocks and step % interval_steps == 0:
+            frozen = {id(p) for u in layered.units[:1 + 2 * blocks] for p in u.parameters()}
             for p in model.parameters():
                 p.requires_grad_(id(p) not in frozen)
-            state = {name_of[id(p)]: s for p, s in opt.state.items()}
+            state = {name_of[id(p)]: st for p, st in opt.state.items()}
             opt = build_optimizer([(n, p) for n, p in model.named_parameters() if p.requires_grad], cfg.optim)
             for group in opt.param_groups:
                 for p in group["params"]:
                     opt.state[p] = state[name_of[id(p)]]
-        for s in range(min(sampler.steps_per_epoch, cfg.train.max_steps_per_epoch or 10**9)):
-            idx, w = sampler.global_batch(epoch, s)
-            batch = data.train[idx]
-            set_lr(opt, step, total, cfg.optim)
-            out = model(batch["pixel_values"])
-            loss = (F.cross_entropy(out, batch["labels"], reduction="none") * w).sum() / w.sum()
-            loss.backward()
-            if cfg.train.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
+        idx, w = sampler.global_batch(epoch, s)
+        batch = data.train[idx]
+        set_lr(opt, step, total, cfg.optim)
+        out = model(batch["pixel_values"])
+        loss = (F.cross_entropy(out, batch["labels"], reduction="none") * w).sum() / w.sum()
+        loss.backward()
+        if cfg.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     return {n: p.detach() for n, p in model.named_parameters()}
 
 

@@ -1,6 +1,7 @@
-"""The PipeTransformer controller: at an epoch boundary, Freeze -> AutoPipe -> AutoDP as one decision.
+"""The PipeTransformer controller: at the end of an interval (an epoch boundary in the paper, any step with
+`freeze.every` < 1), Freeze -> AutoPipe -> AutoDP as one decision.
 
-It reads like the paper: the freeze policy looks at the last epoch's per-block gradient norms and says how
+It reads like the paper: the freeze policy looks at the last interval's per-block gradient norms and says how
 many bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
 halves the pipeline while the largest stage fits in the starting one; AutoDP turns the freed workers into
 more replicas (DP = world / K). With AutoCache on, a frozen prefix past the threshold is cached: it leaves
@@ -33,11 +34,14 @@ GRAD_NORM_POLICIES = ("pipetransformer", "autofreeze")
 class Controller:
     def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
                  partition_kwargs: Optional[dict[str, Any]] = None,
-                 microbatch_table: Optional[Mapping[int, int]] = None):
+                 microbatch_table: Optional[Mapping[int, int]] = None, steps_per_epoch: Optional[int] = None):
         self.cfg = cfg
         fr = cfg.freeze
         name = fr.policy if cfg.auto.freeze else "none"
-        self.policy: FreezePolicy = make_policy(name, num_blocks, alpha=fr.alpha, every_epochs=fr.every_epochs,
+        self.interval_epochs = fr.every_steps / steps_per_epoch if fr.every_steps and steps_per_epoch else fr.every
+        """The interval between decisions in epochs (`freeze.every`, or `freeze.every_steps` over an epoch's
+        steps)."""
+        self.policy: FreezePolicy = make_policy(name, num_blocks, alpha=fr.alpha, every=self.interval_epochs,
                                                 max_fraction=fr.max_fraction, start=fr.start,
                                                 total_epochs=cfg.train.epochs, blocks=fr.blocks)
         self.param_costs = list(param_costs)
@@ -94,9 +98,10 @@ class Controller:
                 pass
         return plan(cached_units=0)
 
-    def decide(self, epoch: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
-        """At the boundary before `epoch`: the freeze decision, then the next Plan; agreed by broadcast."""
-        frozen_blocks = self.policy.decide(epoch, blocks_of_units(current.frozen_units), grad_norms)
+    def decide(self, interval: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
+        """Before `interval` (at the end of the one before it): the freeze decision, then the next Plan;
+        agreed by broadcast."""
+        frozen_blocks = self.policy.decide(interval, blocks_of_units(current.frozen_units), grad_norms)
         plan = self.plan_for(current, frozen_blocks, current.world_size)
         if dist.is_initialized() and dist.get_world_size() > 1:
             box = [plan.to_dict()]
@@ -113,14 +118,17 @@ class Controller:
 
 
 def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitProfile] = None,
-          bandwidth: Optional[float] = None, microbatch_table: Optional[Mapping[int, int]] = None) -> Controller:
+          bandwidth: Optional[float] = None, microbatch_table: Optional[Mapping[int, int]] = None,
+          steps_per_epoch: Optional[int] = None) -> Controller:
     """The one start, for the trainer and `ptrun plan` alike: the first Plan (`Controller.first`) from the
     config, the model's units and, for the time-based partitioners, their profile on one micro-batch and the
     stage link's bandwidth; and the Controller that re-plans from it the same way. `microbatch_table` is the
-    measured M per pipeline length (`pipe.microbatches=auto`): the first plan's M and AutoPipe's picks."""
+    measured M per pipeline length (`pipe.microbatches=auto`): the first plan's M and AutoPipe's picks;
+    `steps_per_epoch` turns `freeze.every_steps` into the policy's interval in epochs."""
     table = microbatch_table or cfg.auto.microbatch_table
     m = starting_microbatches(cfg.pipe, world_size, cfg.train.global_batch_size, table)
     first = first_plan(cfg.pipe, layered, world_size, profile=profile, bandwidth=bandwidth, microbatches=m)
     partition_kwargs = {} if profile is None else dict(time_costs=profile.time_s,
                                                        activation=profile.activation_bytes, bandwidth=bandwidth)
-    return Controller(cfg, layered.num_blocks, param_costs(layered), first, partition_kwargs, microbatch_table)
+    return Controller(cfg, layered.num_blocks, param_costs(layered), first, partition_kwargs, microbatch_table,
+                      steps_per_epoch)

@@ -1,4 +1,4 @@
-"""Freeze policies: how many leading transformer blocks to freeze at each epoch boundary.
+"""Freeze policies: how many leading transformer blocks to freeze at the end of each interval.
 
 Freezing is always a prefix of whole blocks. With F frozen blocks the frozen units are the embedding and
 blocks 0..F-1 (`frozen_units_for_blocks`); the final norm and task head always train, so F = L (every block
@@ -6,28 +6,30 @@ frozen) still leaves the head trainable.
 
 When a policy decides
 ---------------------
-The runtime calls `policy.decide(epoch, frozen_blocks, grad_norms)` at every epoch boundary, just before
-epoch `epoch` (0-based) starts, with `grad_norms` accumulated over the epoch that just finished (`epoch - 1`).
-The return value is the frozen block count for epoch `epoch`. A policy only changes the count on *decision
-epochs*: `epoch > start` and `(epoch - start) % every_epochs == 0`. The freeze step of a decision epoch is
-`T = (epoch - start) // every_epochs`, so with the defaults (start = 0, every_epochs = 1) T equals the epoch
-and the paper's sequence for L = 12, alpha = 1/3 is 0, 4, 7, 9, 10, 11, 11, 12 over epochs 0..7. Epoch 0
-never decides (there is no finished epoch to judge). Calling `decide` on the other epochs is still required
-by `autofreeze`, which compares consecutive epochs' gradient norms.
+Training is cut into intervals of `every` epochs (1: the paper's epoch boundaries; 0.25: four decisions an
+epoch, AutoFreeze's setting). The runtime calls `policy.decide(k, frozen_blocks, grad_norms)` at the end of
+interval k - 1, before interval k (0-based) starts, with `grad_norms` averaged over the interval that just
+finished. The return value is the frozen block count for interval k. A policy only changes the count when
+the interval starts after `start` (an epoch): k * every > start. Time is counted in epochs,
+t = k * every, so the curves below do not depend on the interval: the closed form's freeze step is
+T = t - start (fractional epochs), and with the defaults (start = 0, every = 1) T equals the epoch, giving
+the paper's sequence for L = 12, alpha = 1/3: 0, 4, 7, 9, 10, 11, 11, 12 over epochs 0..7. Interval 0 never
+decides (there is nothing to judge). Calling `decide` on every interval is still required by `autofreeze`,
+which compares consecutive intervals' gradient norms.
 
 Whatever a policy proposes, `decide` returns a value that is never below the current count (a frozen block
 never thaws: its optimizer state is gone and the cache depends on it) and never above the cap
 `floor(max_fraction * L)`; if the current count is already above the cap (a resumed run with a smaller
 `max_fraction`) it is kept.
 
-`grad_norms` is a list of L per-block gradient norms summed over the finished epoch's steps (all stages and
-replicas), or None when they were not collected. Entries of frozen blocks are ignored.
+`grad_norms` is a list of L per-block gradient norms, averaged over the finished interval's steps (summed
+over the stages holding a block), or None when they were not collected. Entries of frozen blocks are ignored.
 
 Policies (`make_policy(name, ...)`): `none`, `alpha` (the paper's closed form), `pipetransformer` (the
 paper's full rule with the gradient-norm term the released code never ran), `autofreeze` (AutoFreeze's
-median rule on the relative change of gradient norms) and `linear` (a baseline ramp). Their state
-round-trips through `state_dict()` / `load_state_dict()` as JSON-able dicts, so a checkpoint resumes the
-same decisions.
+median rule on the relative change of gradient norms), `linear` (a baseline ramp) and `schedule` (a list).
+Their state round-trips through `state_dict()` / `load_state_dict()` as JSON-able dicts, so a checkpoint
+resumes the same decisions.
 """
 
 from __future__ import annotations
@@ -77,25 +79,26 @@ def num_units_for_blocks(num_blocks: int) -> int:
 
 
 class FreezePolicy:
-    """Base of all policies: the decision-epoch gate, the clamp to [current, cap] and the state protocol.
+    """Base of all policies: the decision gate, the clamp to [current, cap] and the state protocol.
 
-    Subclasses implement `_propose` (the raw proposal on a decision epoch) and, when they keep state,
+    Subclasses implement `_propose` (the raw proposal at a decision) and, when they keep state,
     `_observe`, `_state` and `_load`.
     """
 
     name: ClassVar[str] = "base"
 
-    def __init__(self, num_blocks: int, *, every_epochs: int = 1, max_fraction: float = 1.0, start: int = 0):
+    def __init__(self, num_blocks: int, *, every: float = 1.0, max_fraction: float = 1.0, start: int = 0):
         if num_blocks < 1:
             raise ConfigError(f"freeze: the model has {num_blocks} blocks; a policy needs at least 1")
-        if every_epochs < 1:
-            raise ConfigError(f"freeze every_epochs={every_epochs} is not allowed: an integer >= 1")
+        if not every > 0:
+            raise ConfigError(f"freeze every={every} is not allowed: a number of epochs > 0")
         if not 0.0 <= max_fraction <= 1.0:
             raise ConfigError(f"freeze max_fraction={max_fraction} is not allowed: 0 <= f <= 1")
         if start < 0:
             raise ConfigError(f"freeze start={start} is not allowed: an epoch >= 0")
         self.num_blocks = num_blocks
-        self.every_epochs = every_epochs
+        self.every = float(every)
+        """The interval between decisions, in epochs."""
         self.max_fraction = max_fraction
         self.start = start
 
@@ -104,19 +107,23 @@ class FreezePolicy:
         """The most blocks this policy will ever freeze: floor(max_fraction * L)."""
         return floor_tol(self.max_fraction * self.num_blocks)
 
-    def is_decision_epoch(self, epoch: int) -> bool:
-        """True when the count may change before `epoch`: epoch > start and (epoch - start) % every == 0."""
-        return epoch > self.start and (epoch - self.start) % self.every_epochs == 0
+    def epochs(self, interval: int) -> float:
+        """The time at the start of `interval`, in epochs: interval * every."""
+        return interval * self.every
 
-    def freeze_step(self, epoch: int) -> int:
-        """The paper's freeze step T in force at `epoch`: (epoch - start) // every_epochs, 0 up to start."""
-        return max(0, epoch - self.start) // self.every_epochs
+    def is_decision(self, interval: int) -> bool:
+        """True when the count may change before `interval`: it starts after epoch `start`."""
+        return interval > 0 and self.epochs(interval) > self.start + EPS
 
-    def decide(self, epoch: int, frozen_blocks: int, grad_norms: Optional[Sequence[float]] = None) -> int:
-        """The frozen block count for epoch `epoch`, given the current count and the finished epoch's
-        per-block gradient norms (or None). Call it at every epoch boundary; see the module docstring."""
-        if epoch < 0:
-            raise ValueError(f"epoch {epoch} must be >= 0")
+    def freeze_step(self, interval: int) -> float:
+        """The paper's freeze step T in force at `interval`: epochs since `start` (fractional), 0 up to it."""
+        return max(0.0, self.epochs(interval) - self.start)
+
+    def decide(self, interval: int, frozen_blocks: int, grad_norms: Optional[Sequence[float]] = None) -> int:
+        """The frozen block count for `interval`, given the current count and the finished interval's
+        per-block gradient norms (or None). Call it at the end of every interval; see the module docstring."""
+        if interval < 0:
+            raise ValueError(f"interval {interval} must be >= 0")
         if not 0 <= frozen_blocks <= self.num_blocks:
             raise ValueError(f"frozen block count {frozen_blocks} must be in 0..{self.num_blocks}")
         if grad_norms is not None:
@@ -126,15 +133,15 @@ class FreezePolicy:
             if any(g < 0 for g in grad_norms):
                 raise ValueError(f"gradient norms must be >= 0, got {grad_norms}")
         proposal = frozen_blocks
-        if self.is_decision_epoch(epoch) and frozen_blocks < self.num_blocks:
-            proposal = self._propose(epoch, frozen_blocks, grad_norms)
-        self._observe(epoch, grad_norms)
+        if self.is_decision(interval) and frozen_blocks < self.num_blocks:
+            proposal = self._propose(interval, frozen_blocks, grad_norms)
+        self._observe(interval, grad_norms)
         return max(frozen_blocks, min(proposal, self.cap))
 
-    def _propose(self, epoch: int, frozen_blocks: int, grad_norms: Optional[list[float]]) -> int:
+    def _propose(self, interval: int, frozen_blocks: int, grad_norms: Optional[list[float]]) -> int:
         raise NotImplementedError
 
-    def _observe(self, epoch: int, grad_norms: Optional[list[float]]) -> None:
+    def _observe(self, interval: int, grad_norms: Optional[list[float]]) -> None:
         """Record what later decisions need (called on every `decide`, after the proposal)."""
 
     def _state(self) -> dict[str, Any]:
@@ -156,7 +163,7 @@ class FreezePolicy:
         self._load(state)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(num_blocks={self.num_blocks}, every_epochs={self.every_epochs}, "
+        return (f"{type(self).__name__}(num_blocks={self.num_blocks}, every={self.every}, "
                 f"max_fraction={self.max_fraction}, start={self.start})")
 
 
@@ -165,13 +172,14 @@ class NoFreeze(FreezePolicy):
 
     name = "none"
 
-    def _propose(self, epoch, frozen_blocks, grad_norms):
+    def _propose(self, interval, frozen_blocks, grad_norms):
         return frozen_blocks
 
 
 class AlphaFreeze(FreezePolicy):
     """`alpha`: the paper's closed form F_T = ceil(L * (1 - (1 - alpha)^T)), the first term of the rule
-    alone (what the released code ran). It depends only on T, so it needs no state and resumes exactly."""
+    alone (what the released code ran), T in epochs (fractional between boundaries). It depends only on T,
+    so it needs no state and resumes exactly."""
 
     name = "alpha"
 
@@ -179,12 +187,12 @@ class AlphaFreeze(FreezePolicy):
         super().__init__(num_blocks, **kw)
         self.alpha = check_alpha(alpha)
 
-    def target(self, step: int) -> int:
+    def target(self, step: float) -> int:
         """F_T for freeze step T (before the clamp)."""
         return ceil_tol(self.num_blocks * (1.0 - (1.0 - self.alpha) ** step))
 
-    def _propose(self, epoch, frozen_blocks, grad_norms):
-        return self.target(self.freeze_step(epoch))
+    def _propose(self, interval, frozen_blocks, grad_norms):
+        return self.target(self.freeze_step(interval))
 
 
 class PipeTransformerFreeze(FreezePolicy):
@@ -201,7 +209,7 @@ class PipeTransformerFreeze(FreezePolicy):
       deems converged; reading it as F = l would leave that very layer training, and when the first active
       block has the smallest norm (common in fine-tuning, where lower layers move least) the rule would
       make no progress at all, step after step. Ties go to the lowest block.
-    - Non-finite norms (an overflowed epoch) never win the argmin; if no active norm is finite, or
+    - Non-finite norms (an overflowed interval) never win the argmin; if no active norm is finite, or
       `grad_norms` is None, only the first term applies.
     """
 
@@ -211,11 +219,16 @@ class PipeTransformerFreeze(FreezePolicy):
         super().__init__(num_blocks, **kw)
         self.alpha = check_alpha(alpha)
 
-    def bound(self, frozen_blocks: int) -> int:
-        """The first term: the current count plus a fraction alpha of the active blocks, rounded up."""
-        return ceil_tol(frozen_blocks + self.alpha * (self.num_blocks - frozen_blocks))
+    @property
+    def rate(self) -> float:
+        """The share of the active blocks one decision may freeze: alpha compounded over an interval."""
+        return 1.0 - (1.0 - self.alpha) ** self.every
 
-    def _propose(self, epoch, frozen_blocks, grad_norms):
+    def bound(self, frozen_blocks: int) -> int:
+        """The first term: the current count plus a fraction `rate` of the active blocks, rounded up."""
+        return ceil_tol(frozen_blocks + self.rate * (self.num_blocks - frozen_blocks))
+
+    def _propose(self, interval, frozen_blocks, grad_norms):
         bound = self.bound(frozen_blocks)
         if grad_norms is None:
             return bound
@@ -228,16 +241,15 @@ class PipeTransformerFreeze(FreezePolicy):
 
 class AutoFreeze(FreezePolicy):
     """`autofreeze` (AutoFreeze, Liu et al. 2021): per active block, the relative change of its gradient
-    norm between consecutive epochs, |n_t - n_{t-1}| / n_{t-1}; freeze every block before the first active
-    block whose change is at or above the median change over the active blocks (that block keeps
+    norm between consecutive intervals, |n_t - n_{t-1}| / n_{t-1}; freeze every block before the first
+    active block whose change is at or above the median change over the active blocks (that block keeps
     training). Slowly changing blocks at the bottom are the converged ones.
 
-    It needs the previous epoch's norms, so the first decision (and any decision after an epoch whose norms
-    were not collected) freezes nothing. `decide` must be called every epoch so consecutive epochs are
-    compared even with every_epochs > 1. A previous norm of 0 gives an infinite change (unless the new one
-    is 0 too), as does a non-finite norm. The median is `statistics.median` (the mean of the middle pair
-    for an even count). Norms summed over steps scale with the number of steps, so the caller should keep
-    the steps per epoch fixed (or normalise) across layout changes.
+    It needs the previous interval's norms, so the first decision (and any decision after an interval whose
+    norms were not collected) freezes nothing. A previous norm of 0 gives an infinite change (unless the
+    new one is 0 too), as does a non-finite norm. The median is `statistics.median` (the mean of the middle
+    pair for an even count). The norms are means over an interval's steps, so intervals of different
+    lengths compare fairly.
     """
 
     name = "autofreeze"
@@ -245,8 +257,8 @@ class AutoFreeze(FreezePolicy):
     def __init__(self, num_blocks: int, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.prev_norms: Optional[list[float]] = None
-        self.prev_epoch: Optional[int] = None
-        """The epoch `prev_norms` were accumulated over."""
+        self.prev_interval: Optional[int] = None
+        """The interval `prev_norms` were averaged over."""
 
     @staticmethod
     def relative_change(new: float, old: float) -> float:
@@ -257,9 +269,9 @@ class AutoFreeze(FreezePolicy):
             return 0.0 if new == 0.0 else math.inf
         return abs(new - old) / old
 
-    def _propose(self, epoch, frozen_blocks, grad_norms):
-        # The norms passed at `epoch` come from epoch - 1; the stored ones must come from epoch - 2.
-        if grad_norms is None or self.prev_norms is None or self.prev_epoch != epoch - 2:
+    def _propose(self, interval, frozen_blocks, grad_norms):
+        # The norms passed at `interval` come from interval - 1; the stored ones must come from interval - 2.
+        if grad_norms is None or self.prev_norms is None or self.prev_interval != interval - 2:
             return frozen_blocks
         active = range(frozen_blocks, self.num_blocks)
         change = {l: self.relative_change(grad_norms[l], self.prev_norms[l]) for l in active}
@@ -267,28 +279,28 @@ class AutoFreeze(FreezePolicy):
         # The largest change is >= the median, so a threshold block always exists.
         return next(l for l in active if change[l] >= median)
 
-    def _observe(self, epoch, grad_norms):
+    def _observe(self, interval, grad_norms):
         if grad_norms is None:
-            self.prev_norms, self.prev_epoch = None, None
+            self.prev_norms, self.prev_interval = None, None
         else:
-            self.prev_norms, self.prev_epoch = list(grad_norms), epoch - 1
+            self.prev_norms, self.prev_interval = list(grad_norms), interval - 1
 
     def _state(self):
         # JSON has no inf/nan literals: store non-finite norms as strings ("inf", "nan").
         norms = None if self.prev_norms is None else [g if math.isfinite(g) else str(g) for g in self.prev_norms]
-        return {"prev_norms": norms, "prev_epoch": self.prev_epoch}
+        return {"prev_norms": norms, "prev_interval": self.prev_interval}
 
     def _load(self, state):
         norms = state.get("prev_norms")
         self.prev_norms = None if norms is None else [float(g) for g in norms]
-        self.prev_epoch = state.get("prev_epoch")
+        self.prev_interval = state.get("prev_interval", state.get("prev_epoch"))  # older checkpoints: epochs
 
 
 class LinearFreeze(FreezePolicy):
     """`linear`: a baseline ramp. The frozen fraction rises linearly from 0 at epoch `start` to
     `max_fraction` at the last epoch (`total_epochs - 1`): F(e) = floor(max_fraction * L * (e - start) /
-    (total_epochs - 1 - start)). Evaluated on decision epochs only, so with every_epochs > 1 the count
-    holds between them. If the ramp has no length (start >= total_epochs - 1) it never freezes."""
+    (total_epochs - 1 - start)), e in (fractional) epochs at each decision, so the count holds between
+    decisions. If the ramp has no length (start >= total_epochs - 1) it never freezes."""
 
     name = "linear"
 
@@ -298,7 +310,7 @@ class LinearFreeze(FreezePolicy):
             raise ConfigError(f"freeze policy linear needs total_epochs >= 1, got {total_epochs}")
         self.total_epochs = total_epochs
 
-    def target(self, epoch: int) -> int:
+    def target(self, epoch: float) -> int:
         """F(epoch) on the ramp (before the clamp)."""
         span = self.total_epochs - 1 - self.start
         if span <= 0:
@@ -306,14 +318,14 @@ class LinearFreeze(FreezePolicy):
         fraction = self.max_fraction * min(1.0, max(0.0, (epoch - self.start) / span))
         return floor_tol(fraction * self.num_blocks)
 
-    def _propose(self, epoch, frozen_blocks, grad_norms):
-        return self.target(epoch)
+    def _propose(self, interval, frozen_blocks, grad_norms):
+        return self.target(self.epochs(interval))
 
 
 class ScheduledFreeze(FreezePolicy):
-    """`schedule`: the frozen block count of each epoch read from a list (`blocks[epoch]`, the last entry
+    """`schedule`: the frozen block count of each interval read from a list (`blocks[k]`, the last entry
     held after the list ends). Reproduces a run's freeze sequence exactly, for tests and benchmarks; it
-    ignores every_epochs and start (the list says everything)."""
+    ignores start (the list says everything)."""
 
     name = "schedule"
 
@@ -323,11 +335,11 @@ class ScheduledFreeze(FreezePolicy):
             raise ConfigError(f"freeze.blocks={list(blocks or [])} is not allowed: counts in 0..{num_blocks}")
         self.blocks = [int(b) for b in blocks]
 
-    def is_decision_epoch(self, epoch: int) -> bool:
+    def is_decision(self, interval: int) -> bool:
         return True
 
-    def _propose(self, epoch, frozen_blocks, grad_norms):
-        return self.blocks[min(epoch, len(self.blocks) - 1)]
+    def _propose(self, interval, frozen_blocks, grad_norms):
+        return self.blocks[min(interval, len(self.blocks) - 1)]
 
 
 POLICIES: dict[str, type[FreezePolicy]] = {
@@ -337,7 +349,7 @@ POLICIES: dict[str, type[FreezePolicy]] = {
 """Policy classes by name."""
 
 
-def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every_epochs: int = 1,
+def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every: float = 1.0,
                 max_fraction: float = 1.0, start: int = 0, total_epochs: Optional[int] = None,
                 blocks: Optional[Sequence[int]] = None) -> FreezePolicy:
     """Build the policy called `name` for a model of `num_blocks` blocks. `alpha` is used by `alpha` and
@@ -345,7 +357,7 @@ def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every_epoch
     Raises ConfigError for an unknown name or an out-of-range parameter."""
     if name not in POLICIES:
         raise ConfigError(f"freeze policy {name!r} is not allowed: one of {', '.join(POLICIES)}")
-    common: dict[str, Any] = dict(every_epochs=every_epochs, max_fraction=max_fraction, start=start)
+    common: dict[str, Any] = dict(every=every, max_fraction=max_fraction, start=start)
     cls = POLICIES[name]
     if cls in (AlphaFreeze, PipeTransformerFreeze):
         return cls(num_blocks, alpha=alpha, **common)

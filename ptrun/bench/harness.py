@@ -63,15 +63,21 @@ def train(run_dir: Path, overrides: list[str], reuse: bool) -> Path:
 
 
 def ideal_speedup(run_dir: Path) -> float:
-    """Sum over epochs of the full model's training cost over its active units' (3x forward FLOPs each)."""
+    """The full model's training cost over the run's, each layout weighted by the share of the run it trained
+    (its steps; a layout that changed inside an epoch covers part of one), with a unit's cost 3x its forward
+    FLOPs while it trains: what freezing alone could save."""
     from ptrun.config import load_resolved
+    from ptrun.report import load_run
     from ptrun.sim.costs import costs_from_config
 
     cfg = load_resolved(run_dir / "config.yaml")
     flops = costs_from_config(cfg.model, cfg.data).fwd_flops
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    frozen = [e["frozen_units"] for e in events if e["event"] == "plan"]
-    return len(frozen) * sum(flops) / sum(sum(flops[f:]) for f in frozen)
+    run = load_run(run_dir)
+    steps = {e["epoch"]: e["steps"] for e in run.epochs}
+    at = [p["epoch"] + p.get("step", 0) / steps[p["epoch"]] for p in run.plans]
+    spans = [end - start for start, end in zip(at, at[1:] + [len(run.epochs)])]
+    cost = sum(span * sum(flops[p["frozen_units"]:]) for span, p in zip(spans, run.plans))
+    return sum(spans) * sum(flops) / cost
 
 
 def measure(dirs: dict[str, Path], paper: dict[str, float] = PAPER) -> list[dict]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES
+from ptrun.config.freezing import inside_epochs
 from ptrun.config.launcher import parse_nnodes, workers_per_node
 from ptrun.config.pipe import schedule_problem
 from ptrun.config.rules import require
@@ -27,6 +28,9 @@ def check_pipedream(cfg) -> None:
         require(t.precision != "fp16", "train.precision", "fp32 or bf16 with pipe.schedule=pipedream (fp16's "
                 "loss scale needs every stage to step or skip together; pipedream stages step apart)",
                 t.precision)
+        require(not inside_epochs(cfg.freeze), "freeze.every", "whole epochs with pipe.schedule=pipedream (its "
+                "stages step apart, so a layout changes only where the pipeline drains: an epoch's end)",
+                cfg.freeze.every_steps or cfg.freeze.every)
     if p.first_stage_replicas > 1:
         require(p.schedule == "pipedream", "pipe.first_stage_replicas",
                 "1 unless pipe.schedule=pipedream (stage replication is PipeDream's)", p.first_stage_replicas)

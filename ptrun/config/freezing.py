@@ -23,22 +23,29 @@ CACHE_AUGMENT = ("fixed", "off")
 @dataclass
 class FreezeConfig:
     policy: str = "pipetransformer"
-    """Which bottom blocks to freeze at each epoch boundary: `pipetransformer` (the paper's rule: the smaller
+    """Which bottom blocks to freeze at the end of each interval (`every`): `pipetransformer` (the paper's rule: the smaller
     of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha`
     (the closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms,
     up to the first block at or above the median), `linear` (frozen fraction rising linearly after
     `start`), `schedule` (the frozen block count per epoch from `blocks`) or `none`."""
     alpha: float = 0.3333333333333333
-    """Freeze rate: a freeze step freezes at most this fraction of the still-active blocks (paper: 1/3)."""
-    every_epochs: int = 1
-    """Decide every this many epochs (freeze step T = (epoch - start) / every_epochs)."""
+    """Freeze rate per epoch: an epoch of decisions freezes at most this fraction of the still-active blocks
+    (paper: 1/3). With a shorter interval each decision takes its share, 1 - (1 - alpha)^every, so the
+    closed form F = ceil(L(1 - (1 - alpha)^T)) holds with T counting (fractional) epochs."""
+    every: float = 1.0
+    """Decide at the end of every interval of this many epochs: 1 is the paper (epoch boundaries), 0.25
+    decides four times an epoch, inside it (AutoFreeze); the pipeline is repacked, DP widened and the cache
+    advanced at that step, in the running job. Fractions need `auto.batch=fixed_global` and a synchronous
+    schedule."""
+    every_steps: Optional[int] = None
+    """Or decide every this many optimizer steps (overrides `every`, which must then stay 1)."""
     max_fraction: float = 1.0
     """At most this fraction of the blocks is ever frozen (the head and final norm always train)."""
     start: int = 0
-    """No freezing before the end of this epoch (the first decision is at epoch start + every_epochs)."""
+    """No freezing before the end of this epoch (the first decision ends the first interval after it)."""
     blocks: Optional[list[int]] = None
-    """For `policy=schedule`: frozen block count at the start of each epoch, e.g. [0, 2, 4, 4] (held after
-    the list ends). Useful to reproduce a run's freeze sequence exactly."""
+    """For `policy=schedule`: frozen block count at the start of each interval (each epoch with `every=1`),
+    e.g. [0, 2, 4, 4] (held after the list ends). Useful to reproduce a run's freeze sequence exactly."""
 
 
 @dataclass
@@ -97,15 +104,24 @@ def check_alpha(alpha: float) -> float:
     return float(alpha)
 
 
+def inside_epochs(fr: FreezeConfig) -> bool:
+    """Whether decisions may fall inside an epoch (not only at its boundaries)."""
+    return fr.every_steps is not None or float(fr.every) != int(fr.every)
+
+
 def check_freezing(cfg) -> None:
     fr, au, ca, m = cfg.freeze, cfg.auto, cfg.cache, cfg.model
     require(fr.policy in FREEZE_POLICIES, "freeze.policy", f"one of {', '.join(FREEZE_POLICIES)}", fr.policy)
     check_alpha(fr.alpha)
-    require(fr.every_epochs >= 1, "freeze.every_epochs", "an integer >= 1", fr.every_epochs)
+    require(fr.every > 0, "freeze.every", "a number of epochs > 0 (e.g. 1, 0.5, 0.25)", fr.every)
+    require(fr.every_steps is None or fr.every_steps >= 1, "freeze.every_steps", "an integer >= 1 or null",
+            fr.every_steps)
+    require(fr.every_steps is None or fr.every == 1.0, "freeze.every",
+            "1 when freeze.every_steps is set (one interval length)", fr.every)
     require(0.0 <= fr.max_fraction <= 1.0, "freeze.max_fraction", "0 <= f <= 1", fr.max_fraction)
     require(fr.start >= 0, "freeze.start", "an epoch >= 0", fr.start)
     require((fr.blocks is not None) == (fr.policy == "schedule"), "freeze.blocks",
-            "a list of frozen block counts per epoch exactly when freeze.policy=schedule", fr.blocks)
+            "a list of frozen block counts per interval exactly when freeze.policy=schedule", fr.blocks)
     if fr.blocks is not None:
         blocks = list(fr.blocks)
         require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
@@ -117,3 +133,8 @@ def check_freezing(cfg) -> None:
             "an integer >= 1 or null", ca.min_frozen_units)
     parse_memory(ca.max_memory)
     require(au.batch in BATCH_POLICIES, "auto.batch", f"one of {', '.join(BATCH_POLICIES)}", au.batch)
+    if inside_epochs(fr):
+        # A fixed_per_pipeline transition changes the global batch, so the epoch's remaining steps would
+        # no longer be the windows of the same order that the steps before it used.
+        require(au.batch == "fixed_global", "auto.batch", "fixed_global when freezing decides inside epochs "
+                "(freeze.every < 1 or freeze.every_steps)", au.batch)

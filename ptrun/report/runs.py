@@ -37,17 +37,17 @@ class Run:
     path: Path                      # the run directory
     label: str                      # how tables and legends name it
     start: dict[str, Any]           # the first `start` event
-    plans: list[dict[str, Any]]     # `plan` events, the latest record of each epoch, by epoch
+    plans: list[dict[str, Any]]     # `plan` events, the latest record of each (epoch, step), in order
     epochs: list[dict[str, Any]]    # `epoch` events, the latest record of each epoch, by epoch, with `wall_s`
     end: dict[str, Any] | None      # the `end` event; None while the run is unfinished (or it died)
     total_wall_s: float = 0.0       # wall time from the first `start` to the last event, over all segments
     segments: int = 1               # 1 + the number of resumes
 
     def plan_for(self, epoch: int) -> dict[str, Any] | None:
-        """The layout epoch `epoch` ran in: the latest plan event at or before it."""
+        """The layout epoch `epoch` started in: the latest plan event at or before its first step."""
         current = None
         for p in self.plans:
-            if p["epoch"] <= epoch:
+            if (p["epoch"], p.get("step", 0)) <= (epoch, 0):
                 current = p
         return current
 
@@ -118,7 +118,7 @@ def load_run(run_dir: Path, label: str | None = None) -> Run:
             raise ReportError(f"{path}: a '{kind}' event before any 'start' event")
         last_time = e["time"]
         if kind == "plan":
-            plans[e["epoch"]] = e
+            plans[(e["epoch"], e.get("step", 0))] = e  # a change inside an epoch has its own record
         elif kind == "epoch":
             # A resumed run repeats the epochs after its checkpoint: the later record replaces the lost one.
             epochs[e["epoch"]] = {**e, "wall_s": offset + e["time"] - seg_start}
@@ -127,7 +127,7 @@ def load_run(run_dir: Path, label: str | None = None) -> Run:
     if first_start is None:
         raise ReportError(f"{path}: no 'start' event")
     return Run(path=run_dir, label=label or run_dir.name, start=first_start,
-               plans=sorted(plans.values(), key=lambda p: p["epoch"]),
+               plans=[plans[k] for k in sorted(plans)],
                epochs=sorted(epochs.values(), key=lambda r: r["epoch"]), end=end,
                total_wall_s=offset + (last_time - seg_start), segments=segments)
 

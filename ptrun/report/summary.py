@@ -41,7 +41,8 @@ def layouts(run: Run) -> list[LayoutStats]:
 
 
 def transitions(run: Run) -> list[dict[str, Any]]:
-    """Each layout change: the epoch it led into (1-based), from -> to, its cost and share of a mean epoch."""
+    """Each layout change: the epoch it led into or happened in (1-based) and its step there (0 at the
+    boundary), from -> to, its cost and share of a mean epoch."""
     mean_epoch = sum(e["epoch_time_s"] for e in run.epochs) / len(run.epochs) if run.epochs else 0.0
     out = []
     for before, plan in zip(run.plans, run.plans[1:]):
@@ -49,7 +50,8 @@ def transitions(run: Run) -> list[dict[str, Any]]:
                 before["stage_bounds"] == plan["stage_bounds"]:
             continue
         cost = plan.get("transition_s", 0.0)
-        out.append({"epoch": plan["epoch"] + 1, "from": before, "to": plan, "transition_s": cost,
+        out.append({"epoch": plan["epoch"] + 1, "step": plan.get("step", 0), "from": before, "to": plan,
+                    "transition_s": cost,
                     "share": cost / mean_epoch if mean_epoch else 0.0})
     return out
 

@@ -218,9 +218,15 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig) -> tuple[
     cfg = plannable(cfg, costs, cluster)
     profile, bandwidth = start_profile(cfg, costs, cluster)
     controller = start(cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth)
-    plans = [controller.first]
+    plans, interval = [controller.first], 0
     for epoch in range(1, cfg.train.epochs):
-        plans.append(controller.decide(epoch, plans[-1], None))
+        # Every decision up to this boundary; the epoch is priced in the layout it starts with (decisions
+        # inside an epoch, `freeze.every` < 1, count from the next boundary: the estimate is conservative).
+        plan = plans[-1]
+        while (interval + 1) * controller.interval_epochs <= epoch + 1e-9:
+            interval += 1
+            plan = controller.decide(interval, plan, None)
+        plans.append(plan)
     return controller, plans
 
 

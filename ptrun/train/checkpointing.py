@@ -26,13 +26,16 @@ class Checkpointing:
 
     def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None, step_in_epoch: int = 0) -> None:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
-        the epoch's sums so far (`progress`, already summed over the ranks)."""
+        the epoch's sums so far (`progress`, already summed over the ranks). The open freeze interval's
+        gradient norm sums go with it either way (an interval may span a boundary)."""
+        progress = {**(progress or {}), **self._interval_sums()}
         params = dict(self.layered.model.named_parameters())
         names = self.stage_param_names()
         optim_state = {}
         if self.optimizer is not None:
             optim_state = {self.param_name[id(p)]: s for p, s in self.optimizer.state.items()}
         state = {"epoch": self.epoch, "step_in_epoch": step_in_epoch, "global_step": self.global_step,
+                 "interval": self.interval, "interval_steps": self.interval_steps,
                  "plan": self.plan.to_dict(),
                  "controller": self.controller.state_dict(),
                  "model": {"name": self.cfg.model.name, "num_units": len(self.layered.units)},
@@ -76,6 +79,11 @@ class Checkpointing:
         self.last_checkpoint_step = self.global_step
         self.step_in_epoch = state.get("step_in_epoch", 0)
         self.epoch_sums = checkpoint.load_extra(ckpt, "progress") or {}
+        # The freeze interval in force; older checkpoints were written after their position's decision.
+        self.interval = state.get("interval", self._interval_at(self.epoch, self.step_in_epoch))
+        self.interval_steps = state.get("interval_steps", 0)
+        if self.is_main and "interval_norms" in self.epoch_sums:  # rank 0 alone: the all-reduce counts it once
+            self.interval_norms.copy_(self.epoch_sums["interval_norms"])
         self.best_eval, self.last_eval = state.get("best_eval", {}), state.get("last_eval", {})
         self.controller.load_state_dict(state.get("controller", {}))
         self.scaler.load_state_dict(state.get("loss_scale", {}))
@@ -107,10 +115,16 @@ class Checkpointing:
                             self.epoch, start, offset - start * self.train_sampler.global_batch_size)
         return start
 
-    def _partial_sums(self, loss_sum, block_norms, seen, samples: float) -> dict[str, torch.Tensor]:
+    def _partial_sums(self, loss_sum, seen, samples: float) -> dict[str, torch.Tensor]:
         """Collective: the epoch's sums so far over all ranks, for a mid-epoch checkpoint."""
-        return {"loss_sum": self.all_sum(loss_sum.reshape(1)).cpu(), "block_norms": self.all_sum(block_norms).cpu(),
-                "seen": self.all_sum(seen).cpu(), "samples": torch.tensor([samples], dtype=torch.float64)}
+        return {"loss_sum": self.all_sum(loss_sum.reshape(1)).cpu(), "seen": self.all_sum(seen).cpu(),
+                "samples": torch.tensor([samples], dtype=torch.float64)}
+
+    def _interval_sums(self) -> dict[str, torch.Tensor]:
+        """Collective when the policy reads gradient norms: the open interval's sums over all ranks."""
+        if not self.controller.wants_grad_norms:
+            return {}
+        return {"interval_norms": self.all_sum(self.interval_norms).cpu()}
 
     def _checkpoint_due(self, step: int) -> bool:
         """A mid-epoch checkpoint after `step` of this epoch: `checkpoint.every_steps` steps since the last

@@ -89,7 +89,7 @@ class StartUp:
                              measure_bandwidth(self.device))
         profile, bandwidth = self._profile or (None, None)
         return start(self.cfg, self.layered, self.world_size, profile=profile, bandwidth=bandwidth,
-                     microbatch_table=microbatch_table)
+                     microbatch_table=microbatch_table, steps_per_epoch=self.base_steps)
 
     def _tune_microbatches(self) -> microtune.Tuning:
         """Collective: the M per pipeline length this run may use, from the disk cache or measured on the

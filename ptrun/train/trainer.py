@@ -1,5 +1,6 @@
 """The training loop of one worker: build data, model, plan and stages; train epochs; evaluate; checkpoint;
-and at every epoch boundary let the controller freeze, repartition and widen data parallelism.
+and at the end of every freeze interval (each epoch boundary by default; any step with `freeze.every` < 1)
+let the controller freeze, repartition and widen data parallelism, in the running job.
 
 Every rank holds the whole layered model in host memory (built from the same seed, so identical) and runs
 only its stages' units on its device. The layout is a Plan value; a transition first makes every rank's host
@@ -14,10 +15,12 @@ constructor, the layout in use, the step loop and the run (`fit`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import partial
 from pathlib import Path
 
@@ -53,8 +56,6 @@ class EpochSums:
     """This rank's share of the summed step losses (last stages only)."""
     seen: torch.Tensor
     """Uses of each training sample (first stages only)."""
-    block_norms: torch.Tensor
-    """Each block's gradient norm, summed over the steps (replica 0 only)."""
     samples_before: float = 0.0
     """Samples the epoch had trained before a mid-epoch resume."""
     samples: float = 0.0
@@ -86,6 +87,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         # The learning-rate schedule runs on epoch progress measured in the first layout's steps, so it
         # is the same curve whatever the batch policy does to the steps of later epochs.
         self.base_steps = self._steps_for(self.train_sampler)
+        self.steps_per_epoch = self.base_steps  # the layout's (`_use`); the first layout's until one is built
         self.total_steps = cfg.train.epochs * self.base_steps
         self._profile = None
         self.controller = self._start()
@@ -96,6 +98,10 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             self.controller = self._start(self.tuning.table)
         self.epoch = self.global_step = 0
         self.step_in_epoch = 0  # where the current epoch resumes (non-zero only after a mid-epoch checkpoint)
+        # The freeze interval in force (the controller has decided up to its start), and each block's gradient
+        # norm summed over its steps so far (replica 0 of each stage adds its blocks').
+        self.interval = self.interval_steps = 0
+        self.interval_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64, device=device)
         self.epoch_sums: dict[str, torch.Tensor] = {}  # that checkpoint's partial epoch sums
         self.last_checkpoint_step = 0
         self.saved_global_batch: int | None = None  # the resumed checkpoint's, to map its step if it differs
@@ -111,6 +117,22 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         self.apply_plan(plan, states)
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
+
+    def _interval_at(self, epoch: int, steps_done: int) -> int:
+        """The freeze interval in force after `steps_done` steps of `epoch`: how many interval ends (decision
+        points) lie at or before that position. Whole-epoch intervals end at epoch boundaries only."""
+        steps = self.steps_per_epoch
+        if self.cfg.freeze.every_steps:
+            return (epoch * steps + steps_done) // self.cfg.freeze.every_steps
+        every = Fraction(self.cfg.freeze.every).limit_denominator(1000)  # 0.333.. is 1/3: no float drift
+        return math.floor(Fraction(epoch * steps + steps_done, steps) / every)
+
+    def _segment_end(self, epoch: int, position: int) -> int:
+        """The step of `epoch` after which the next decision falls (or the epoch's end): the segment from
+        `position` trains in one layout."""
+        now = self._interval_at(epoch, position)
+        return next((n for n in range(position + 1, self.steps_per_epoch)
+                     if self._interval_at(epoch, n) > now), self.steps_per_epoch)
 
     def _steps_for(self, sampler: EpochSampler) -> int:
         limit = self.cfg.train.max_steps_per_epoch
@@ -185,11 +207,13 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             inputs = self.cache.inputs(split, batch, inputs)
         return inputs, make_target(batch, self.cfg.model.task).to(self.device, non_blocking=True)
 
-    def _batches(self, split: str, start_step: int = 0):
-        """This rank's batches of `split` from `start_step`: its replica's share, or the whole global batch on
-        a stage shared by every replica (AutoCache entries read in the loading thread when caching)."""
+    def _batches(self, split: str, start_step: int = 0, end_step: int | None = None):
+        """This rank's batches of `split` from `start_step` up to `end_step` (the epoch's end): its replica's
+        share, or the whole global batch on a stage shared by every replica (AutoCache entries read in the
+        loading thread when caching)."""
         if split == "train":
-            data, sampler, epoch, steps = self._train_source(), self.train_sampler, self.epoch, self.steps_per_epoch
+            data, sampler, epoch = self._train_source(), self.train_sampler, self.epoch
+            steps = self.steps_per_epoch if end_step is None else end_step
         else:
             data, sampler, epoch, steps = self.data.eval, self.eval_sampler, 0, None
         fetch = None
@@ -201,9 +225,9 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         return iterate_batches(data, sampler, epoch, replica, dp, start_step=start_step,
                                max_steps=steps, fetch=fetch, pin_memory=self.pin_memory)
 
-    def train_epoch(self) -> tuple[list[float] | None, dict]:
-        """One epoch from where it resumes: (each block's mean gradient norm when the freeze policy reads them,
-        the epoch event's statistics)."""
+    def train_epoch(self) -> dict:
+        """One epoch from where it resumes, in segments between the freeze decisions that fall inside it (one
+        segment with whole-epoch intervals); returns the epoch event's statistics."""
         start = self._resume_step()
         # Sums over the epoch; a resumed epoch starts from the checkpoint's (held by rank 0 alone, so the
         # all-reduce at the end counts them once).
@@ -212,8 +236,6 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             loss=carried.get("loss_sum", torch.zeros(1, dtype=torch.float64))[0].to(self.device),
             # How often each training sample was used this epoch (counted on each replica's first stage).
             seen=carried.get("seen", torch.zeros(len(self.data.train), dtype=torch.float64)).clone(),
-            block_norms=carried.get("block_norms",
-                                    torch.zeros(self.layered.num_blocks, dtype=torch.float64)).to(self.device),
             samples_before=float(self.epoch_sums["samples"][0]) if start and "samples" in self.epoch_sums else 0.0)
         self.epoch_sums, self.step_in_epoch = {}, 0
         self._epoch_base = self.global_step - start  # the global step before this epoch's step 0
@@ -221,9 +243,35 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         if self.cache is not None:
             self.cache.take_stats()  # count this epoch's training batches only
         self.view.start_epoch(self.epoch, self.cfg.train.epochs, self.steps_per_epoch)
-        steps = (self._step(step, batch) for step, batch in self._batches("train", start_step=start))
         if isinstance(self.runtime, AsyncPipelineRuntime):
             self.runtime.stash_bytes_peak = 0
+        position = start
+        while position < self.steps_per_epoch:
+            self._decide(position)  # a decision inside the epoch (or one a resume has not made yet)
+            if position > start and self._checkpoint_due(position - 1):
+                # the checkpoint due at the segment's last step, written after the decision: a restart resumes
+                # in the new layout, at this step
+                self.save_checkpoint(self._partial_sums(sums.loss, sums.seen, sums.samples_before + sums.samples),
+                                     step_in_epoch=position)
+            self._segment = end = self._segment_end(self.epoch, position)
+            self._train_steps(sums, position, end)
+            position = end
+        elapsed = time.perf_counter() - sums.t0
+        self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
+        self.view.end_epoch()
+        steps = self.steps_per_epoch
+        train_loss = self.all_sum(sums.loss).item() / steps
+        seen = self.all_sum(sums.seen)
+        resumed = {"resumed_at_step": start} if start else {}
+        return {"train_loss": train_loss, "samples_per_s": sums.samples / elapsed, "epoch_time_s": elapsed,
+                "lr": sums.lr, "steps": steps, "samples": int(sums.samples_before + sums.samples), **resumed,
+                "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
+                **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats()}
+
+    def _train_steps(self, sums: EpochSums, start: int, end: int) -> None:
+        """Steps `start .. end - 1` of the epoch in the current layout."""
+        steps = (self._step(step, batch) for step, batch in self._batches("train", start_step=start, end_step=end))
+        if isinstance(self.runtime, AsyncPipelineRuntime):
             # Drain before a mid-epoch checkpoint (it must hold every update up to its step) and at the end.
             self.runtime.train_steps(steps, ends_segment=lambda s: self._checkpoint_due(s.step),
                                      after_backward=partial(self._finish_step, sums))
@@ -232,20 +280,6 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
                 self.loss.denominator = item.denominator
                 self.loss.scale = self.scaler.scale
                 self._finish_step(sums, item, self.runtime.forward_backward(item.inputs, item.target))
-        elapsed = time.perf_counter() - sums.t0
-        self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
-        self.view.end_epoch()
-        steps = self.steps_per_epoch
-        train_loss = self.all_sum(sums.loss).item() / steps
-        seen = self.all_sum(sums.seen)
-        # Each block's gradient norm, averaged over the epoch's steps and summed over the stages holding it.
-        grad_norms = (self.all_sum(sums.block_norms) / steps).tolist() if self.controller.wants_grad_norms else None
-        resumed = {"resumed_at_step": start} if start else {}
-        stats = {"train_loss": train_loss, "samples_per_s": sums.samples / elapsed, "epoch_time_s": elapsed,
-                 "lr": sums.lr, "steps": steps, "samples": int(sums.samples_before + sums.samples), **resumed,
-                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
-                 **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats()}
-        return grad_norms, stats
 
     def _step(self, step: int, batch: dict) -> Step:
         """One step's mini-batch, as the runtime takes it; starts the timeline when this is the step to
@@ -275,10 +309,11 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         if want_norms and stepped:
             blocks = [self._block_of.get(id(p)) for p in self.runtime.grad_sq_params]
             in_block = [i for i, b in enumerate(blocks) if b is not None]
-            step_sq = torch.zeros_like(sums.block_norms)  # stays on the device: no sync per parameter
+            step_sq = torch.zeros_like(self.interval_norms)  # stays on the device: no sync per parameter
             step_sq.index_add_(0, torch.tensor([blocks[i] for i in in_block], dtype=torch.long, device=step_sq.device),
                                self.runtime.grad_sq[in_block])
-            sums.block_norms += step_sq.sqrt()
+            self.interval_norms += step_sq.sqrt()
+        self.interval_steps += 1
         self.global_step += 1
         sums.samples += item.denominator
         if self.runtime.is_first:
@@ -288,9 +323,10 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         # later steps in flight, so it stops at the epoch's end (in `fit`).
         stop = not isinstance(self.runtime, AsyncPipelineRuntime) and self.stops.poll() \
             and step + 1 < self.steps_per_epoch
-        if self._checkpoint_due(step) or stop:
-            self.save_checkpoint(self._partial_sums(sums.loss, sums.block_norms, sums.seen,
-                                                    sums.samples_before + sums.samples), step_in_epoch=step + 1)
+        # A checkpoint due where a decision falls is written after it (`train_epoch`), in the new layout.
+        if (self._checkpoint_due(step) and step + 1 < self._segment) or stop:
+            self.save_checkpoint(self._partial_sums(sums.loss, sums.seen, sums.samples_before + sums.samples),
+                                 step_in_epoch=step + 1)
         if stop:
             raise Interrupted(self.stops.agreed)
         if (step + 1) % self.cfg.train.log_every_steps == 0 and self.live_view:
@@ -308,9 +344,9 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         transition_s = 0.0
         self.view.show_layout(self.plan, self.layered.unit_names)
         while self.epoch < cfg.train.epochs:
-            self._event("plan", epoch=self.epoch, transition_s=transition_s, **self.plan.to_dict(), **tuned)
+            self._event("plan", epoch=self.epoch, step=0, transition_s=transition_s, **self.plan.to_dict(), **tuned)
             tuned = {}
-            grad_norms, stats = self.train_epoch()
+            stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1
             ev = self.evaluate() if last or (self.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
             self._remember(ev)
@@ -319,7 +355,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             self.epoch += 1
             # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
             # in the layout the next epoch was meant to run in.
-            transition_s = 0.0 if last else self._next_layout(grad_norms)
+            transition_s = 0.0 if last else self._decide(0, announce=False)
             every = cfg.checkpoint.every_epochs
             steps_due = cfg.checkpoint.every_steps and \
                 self.global_step - self.last_checkpoint_step >= cfg.checkpoint.every_steps
@@ -358,16 +394,29 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             if choice is not None:
                 self.view.print(choice.summary())
 
-    def _next_layout(self, grad_norms: list[float] | None) -> float:
-        """Collective, at the boundary before `self.epoch`: the controller's decision, moved to if it changes
-        the layout. Returns the transition's seconds (0 when the layout stays)."""
-        plan = self.controller.decide(self.epoch, self.plan, grad_norms)
+    def _decide(self, position: int, announce: bool = True) -> float:
+        """Collective, before step `position` of `self.epoch`: if a freeze interval has ended since the last
+        decision, the controller's decision on its mean gradient norms, moved to if it changes the layout
+        (`announce`: a `plan` event for a change inside an epoch; the epoch's own start writes one at a
+        boundary). Returns the transition's seconds (0 when nothing was decided or the layout stays)."""
+        interval = self._interval_at(self.epoch, position)
+        if interval <= self.interval:
+            return 0.0
+        norms = None
+        if self.controller.wants_grad_norms and self.interval_steps:
+            # Each block's gradient norm, averaged over the interval's steps, summed over the stages holding it.
+            norms = (self.all_sum(self.interval_norms) / self.interval_steps).tolist()
+        self.interval_norms.zero_()
+        self.interval, self.interval_steps = interval, 0
+        plan = self.controller.decide(interval, self.plan, norms)
         if plan == self.plan:
             return 0.0
         old = self.plan
         transition_s = self.transition(plan)
-        self.view.print(transition_line(self.epoch, old, plan, transition_s))
+        self.view.print(transition_line(self.epoch, old, plan, transition_s, step=position))
         self.view.show_layout(plan, self.layered.unit_names)
+        if announce:
+            self._event("plan", epoch=self.epoch, step=position, transition_s=transition_s, **plan.to_dict())
         return transition_s
 
     def _release_cache(self) -> None:

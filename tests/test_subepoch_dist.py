@@ -1,0 +1,90 @@
+"""Freezing inside an epoch, on 4 real workers: a forced schedule decides every half epoch (`freeze.every=0.5`),
+so the controller repacks the pipeline (K 4 -> 2 -> 1), widens DP (1 -> 2 -> 4) and advances the cache in
+the middle of epochs. Checked against the single-process reference that freezes the same blocks at the same
+steps, for sample coverage, and through SIGKILLed workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import compose_config, final_params, run_workers
+from ptrun.train import checkpoint
+from test_train_dist import assert_params_close, reference_params
+
+pytestmark = pytest.mark.dist
+
+STEPS = 12  # 180 training samples in global batches of 16 (the last one padded)
+HALF = STEPS // 2
+BLOCKS = [0, 1, 1, 2]  # per half epoch: block 0 frozen at epoch 0 step 6, block 1 at epoch 1 step 6
+LAYOUT = ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe",
+          "pipe.partition=params", "model.mlp_ratio=4.0", "data.eval_fraction=0.9", "train.epochs=2",
+          "freeze.policy=schedule", f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.max_fraction=1.0",
+          "freeze.every=0.5"]
+
+
+def events(run_dir, kind: str) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["event"] == kind]
+
+
+def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_path, tiny, monkeypatch):
+    """The layout changes at step 6 of each epoch; every epoch still uses every sample exactly once; the final
+    parameters equal the reference's. Then the same job with a worker SIGKILLed right after the first
+    mid-epoch transition (it resumes from the checkpoint written in the new layout at that step) and another
+    killed inside the second transition ends with bit-identical parameters and optimizer state."""
+    overrides = tiny + LAYOUT + [f"checkpoint.every_steps={HALF}"]
+    clean = tmp_path / "clean"
+    run_workers(overrides, clean)
+    plans = [(p["epoch"], p["step"], p["pp"], p["dp"], p["frozen_units"]) for p in events(clean, "plan")]
+    assert plans == [(0, 0, 4, 1, 0), (0, HALF, 2, 2, 3), (1, 0, 2, 2, 3), (1, HALF, 1, 4, 5)]
+    epochs = events(clean, "epoch")
+    assert [(e["sample_uses_min"], e["sample_uses_max"], e["steps"]) for e in epochs] == [(1, 1, STEPS)] * 2
+    want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=BLOCKS, interval_steps=HALF)
+    assert_params_close(final_params(clean), want)
+
+    # The checkpoint due at step 6 is written after the decision: it holds the new layout and the step.
+    mid = next(c for c in checkpoint.list_checkpoints(clean) if c.name.endswith(f"{HALF:08d}"))
+    state = checkpoint.load(mid)[2]
+    assert (state["epoch"], state["step_in_epoch"], state["plan"]["pp"], state["plan"]["dp"]) == (0, HALF, 2, 2)
+
+    kills = [{"rank": 2, "point": "step", "step": HALF + 1},  # right after the first mid-epoch transition
+             {"rank": 1, "point": "transition", "step": STEPS + HALF}]  # inside the second one
+    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(kills))
+    killed = tmp_path / "killed"
+    run_workers(overrides + ["launcher.max_restarts=2"], killed)
+    starts = events(killed, "start")
+    assert len(starts) == 3 and all(s["resumed_from"] for s in starts[1:])
+    resumed = [e.get("resumed_at_step") for e in events(killed, "epoch")]
+    assert HALF in resumed, resumed
+    last_epochs = {e["epoch"]: e for e in events(killed, "epoch")}
+    assert all(e["sample_uses_min"] == e["sample_uses_max"] == 1 for e in last_epochs.values())
+    got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))
+    want_params, want_optim, want_state = checkpoint.load(checkpoint.latest_valid(clean))
+    assert got_state["global_step"] == want_state["global_step"] == 2 * STEPS
+    for name in want_params:
+        assert torch.equal(got_params[name], want_params[name]), name
+    for name in want_optim:
+        for key, value in want_optim[name].items():
+            assert torch.equal(got_optim[name][key], value), (name, key)
+
+
+def test_cache_advanced_inside_an_epoch_equals_recomputation(tmp_path, tiny):
+    """AutoCache through mid-epoch depth changes (0 -> 3 -> 5 units): entries are written as samples pass,
+    the next epoch already reads what the half epoch before wrote, entries of the shallower depth are
+    advanced, and training ends where the reference without any cache does (float32 storage)."""
+    overrides = tiny + LAYOUT + ["train.epochs=3", "auto.cache=true", "cache.min_frozen_units=3",
+                                 "cache.dtype=float32"]
+    run_workers(overrides, tmp_path)
+    plans = [(p["epoch"], p["step"], p["frozen_units"], p["cached_units"]) for p in events(tmp_path, "plan")]
+    assert plans == [(0, 0, 0, 0), (0, HALF, 3, 3), (1, 0, 3, 3), (1, HALF, 5, 5), (2, 0, 5, 5)]
+    epochs = events(tmp_path, "epoch")
+    assert all(e["sample_uses_min"] == e["sample_uses_max"] == 1 for e in epochs)
+    fill, change, after = (e["cache"] for e in epochs)
+    assert fill["hits"] == fill["advanced"] == 0 and fill["written"] > 0  # the half epoch at depth 3 writes
+    assert change["hits"] > 0 and change["advanced"] > 0  # read what epoch 0 wrote; depth 3 -> 5 advanced
+    assert after["hits"] > 0 and after["computed"] == 0  # every sample had an entry at depth 3 or 5
+    want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=BLOCKS, interval_steps=HALF)
+    assert_params_close(final_params(tmp_path), want)
