@@ -84,16 +84,23 @@ def test_interval_zero_never_decides():
     assert p.decide(0, 0, None) == 0
 
 
-def test_full_rule_rate_compounds_over_an_interval():
-    """Four quarter-epoch decisions freeze what one epoch-boundary decision does (without gradients)."""
-    epoch = make_policy("pipetransformer", 12)
-    quarter = make_policy("pipetransformer", 12, every=0.25)
+def test_full_rule_inside_epochs_keeps_the_paper_pace():
+    """Quarter-epoch decisions (without gradients) follow alpha's curve in time: the count at each epoch's
+    end is the epoch-boundary rule's, not a block per decision (6 blocks: 2, 4 after epochs 1 and 2)."""
+    quarter = make_policy("pipetransformer", 6, every=0.25)
     assert quarter.rate == pytest.approx(1 - (2 / 3) ** 0.25)
-    assert epoch.decide(1, 0, None) == 4
-    f = 0
-    for k in range(1, 5):
-        f = quarter.decide(k, f, None)
-    assert f >= 4 and [quarter.bound(0), quarter.bound(2)] == [2, 3]
+    counts = run(quarter, 9)
+    assert counts == [0, 1, 2, 2, 2, 3, 3, 4, 4]  # ceil(6 (1 - (2/3)^t)) at t = 0, 0.25, ..., 2
+    assert counts[4] == make_policy("pipetransformer", 6).decide(1, 0, None) == 2
+    # the state carries the fraction across a resume
+    resumed = make_policy("pipetransformer", 6, every=0.25)
+    resumed.load_state_dict(json.loads(json.dumps(quarter.state_dict())))
+    assert resumed.decide(9, 4, None) == quarter.decide(9, 4, None)
+    # the gradient term holds the count back (bound 3, block 0 has the smallest norm); the next decision
+    # goes on from the actual count: 1 + rate * 11 = 3.02, rounded up
+    held = make_policy("pipetransformer", 12, every=0.5)
+    assert held.decide(1, 0, [0.0] + [1.0] * 11) == 1
+    assert held.decide(2, 1, [9.0] * 5 + [0.5] + [1.0] * 6) == 4
 
 
 # ------------------------------------------------------------------------------------- pipetransformer

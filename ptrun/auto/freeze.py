@@ -211,6 +211,12 @@ class PipeTransformerFreeze(FreezePolicy):
       make no progress at all, step after step. Ties go to the lowest block.
     - Non-finite norms (an overflowed interval) never win the argmin; if no active norm is finite, or
       `grad_norms` is None, only the first term applies.
+    - alpha is a rate per epoch: with intervals of `every` epochs each decision uses
+      rate = 1 - (1 - alpha)^every, so an epoch of decisions freezes what one epoch-boundary decision would.
+      Inside epochs (every < 1) the first term keeps its fraction between decisions (`reach`, the unrounded
+      count, pulled back to the actual count when the gradient term held it lower) and rounds up only the
+      proposal: rounding up at each of four quarter-epoch decisions would freeze at least a block a quarter,
+      whatever alpha says.
     """
 
     name = "pipetransformer"
@@ -218,18 +224,27 @@ class PipeTransformerFreeze(FreezePolicy):
     def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.alpha = check_alpha(alpha)
+        self.reach = 0.0
+        """The first term's unrounded count so far (used with every < 1)."""
 
     @property
     def rate(self) -> float:
         """The share of the active blocks one decision may freeze: alpha compounded over an interval."""
         return 1.0 - (1.0 - self.alpha) ** self.every
 
+    def reach_from(self, frozen_blocks: int) -> float:
+        """The first term unrounded: from the current count (inside epochs: from the unrounded count carried
+        from the last decision, when that is below it) plus a fraction `rate` of the active blocks."""
+        start = frozen_blocks if self.every >= 1 else min(self.reach, frozen_blocks)
+        return start + self.rate * (self.num_blocks - start)
+
     def bound(self, frozen_blocks: int) -> int:
-        """The first term: the current count plus a fraction `rate` of the active blocks, rounded up."""
-        return ceil_tol(frozen_blocks + self.rate * (self.num_blocks - frozen_blocks))
+        """The first term, rounded up."""
+        return ceil_tol(self.reach_from(frozen_blocks))
 
     def _propose(self, interval, frozen_blocks, grad_norms):
         bound = self.bound(frozen_blocks)
+        self.reach = self.reach_from(frozen_blocks)
         if grad_norms is None:
             return bound
         finite = [l for l in range(frozen_blocks, self.num_blocks) if math.isfinite(grad_norms[l])]
@@ -237,6 +252,12 @@ class PipeTransformerFreeze(FreezePolicy):
             return bound
         argmin = min(finite, key=lambda l: (grad_norms[l], l))
         return min(bound, argmin + 1)
+
+    def _state(self):
+        return {"reach": self.reach}
+
+    def _load(self, state):
+        self.reach = float(state.get("reach", 0.0))
 
 
 class AutoFreeze(FreezePolicy):

@@ -70,8 +70,10 @@ def pick(only: list[str]) -> list[str]:
     return [label for label in LABELS if label in wanted]
 
 
-def command(label: str, recipe: str, run_dir: Path, overrides: list[str]) -> list[str]:
-    """The command line of one run (its results land in `run_dir`)."""
+def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
+            variants: dict[str, list[str]] = PTRUN) -> list[str]:
+    """The command line of one run (its results land in `run_dir`): a plain peer, or the ptrun run `label`
+    names in `variants` (label -> overrides after `recipe=NAME`)."""
     if label in PEERS:
         nproc, threads = PEERS[label]
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
@@ -80,7 +82,7 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str]) -> lis
         return [sys.executable, *launcher, str(PLAIN), f"--recipe={recipe}", f"--threads={threads}",
                 f"--out={run_dir / 'plain.json'}", *overrides]
     return [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", f"recipe={recipe}",
-            *PTRUN[label], *overrides]
+            *variants[label], *overrides]
 
 
 def shown(cmd: list[str]) -> str:
@@ -90,13 +92,14 @@ def shown(cmd: list[str]) -> str:
     return " ".join(["python", *("scripts/peers/plain_loop.py" if c == str(PLAIN) else c for c in cmd[1:])])
 
 
-def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool) -> dict:
+def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
+            variants: dict[str, list[str]] = PTRUN) -> dict:
     """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements."""
     wall_file = run_dir / "wall.json"
     if not (reuse and wall_file.is_file()):
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-        cmd = command(label, recipe, run_dir, overrides)
+        cmd = command(label, recipe, run_dir, overrides, variants)
         print(f"$ {shown(cmd)}", flush=True)
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

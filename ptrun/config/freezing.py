@@ -137,4 +137,4 @@ def check_freezing(cfg) -> None:
         # A fixed_per_pipeline transition changes the global batch, so the epoch's remaining steps would
         # no longer be the windows of the same order that the steps before it used.
         require(au.batch == "fixed_global", "auto.batch", "fixed_global when freezing decides inside epochs "
-                "(freeze.every < 1 or freeze.every_steps)", au.batch)
+                "(freeze.every not a whole number, or freeze.every_steps)", au.batch)

@@ -1,0 +1,95 @@
+"""How often to decide: freezing at epoch boundaries (the paper) against freezing inside epochs, beside the
+plain PyTorch loop a user would run instead, in one invocation.
+
+Per recipe, in interleaved rounds, the plain loop (scripts/peers/plain_loop.py, one process with every core
+as threads: the faster plain peer on the BERT recipe) and the recipe's ptrun job with the freeze decision
+every epoch, every half and every quarter epoch, and AutoFreeze's rule (the relative change of each block's
+gradient norm against the median) every quarter epoch. Per run: wall time, training time, final top-1,
+training time to the plain loop's final top-1, the speedup in wall time over the plain loop, and the
+schedule's own ideal (the full model's training FLOPs over the run's, from its plan events: what freezing
+alone could save, before any overhead). Prints the table and writes it with the command line to
+`sweep_interval_<recipe>.json` in --out (`readme_results.py` makes the README's table from it).
+
+    python scripts/sweep_interval.py [--recipe bbc_news_bert] [--repeats 1] [--out DIR] [--reuse]
+        [--only LABEL ...] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ptrun.bench.harness import command_line, dir_name, fmt, ideal_speedup, median, publish
+from ptrun.bench.peers import cell, execute, measure, shown, command, spread
+
+PEER = "plain loop"
+VARIANTS = {
+    "ptrun, every epoch (the paper)": ["freeze.every=1"],
+    "ptrun, every 1/2 epoch": ["freeze.every=0.5"],
+    "ptrun, every 1/4 epoch": ["freeze.every=0.25"],
+    "ptrun, AutoFreeze rule every 1/4 epoch": ["freeze.policy=autofreeze", "freeze.every=0.25"],
+}
+"""label -> `ptrun train` overrides after `recipe=NAME` (the rest is the recipe's: all four components)."""
+LABELS = [PEER, *VARIANTS]
+KEYS = ("wall_s", "train_time_s", "final_top1", "time_to_target_s", "speedup_wall", "ideal")
+
+
+def aggregate(rounds: list[list[dict]]) -> dict:
+    """Per label over the rounds: the median and range of every measure, and its rows."""
+    rows = []
+    for label in [r["label"] for r in rounds[0]]:
+        runs = [next(r for r in rnd if r["label"] == label) for rnd in rounds]
+        row = {"label": label, "runs": runs}
+        for key in KEYS:
+            row[key] = median([r.get(key) for r in runs])
+            row[f"{key}_range"] = spread([r.get(key) for r in runs])
+        rows.append(row)
+    return {"rows": rows, "target": median([rnd[0]["target"] for rnd in rounds])}
+
+
+def caption(result: dict) -> str:
+    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; "
+            "medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "") +
+            f"; speedup = the plain loop's wall time over the run's; target = the plain loop's final top-1 "
+            f"(median {fmt(result['target'])}); ideal = what the run's freeze schedule alone could save")
+
+
+def table(result: dict) -> str:
+    n = result["repeats"]
+    lines = ["| run | wall (s) | training (s) | final top-1 | time to target (s) | speedup, wall | ideal |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['label']} | {cell(r, 'wall_s', '.1f', repeats=n)} "
+                     f"| {cell(r, 'train_time_s', '.1f', repeats=n)} | {cell(r, 'final_top1', '.2f', repeats=n)} "
+                     f"| {cell(r, 'time_to_target_s', '.1f', repeats=n)} "
+                     f"| {cell(r, 'speedup_wall', '.2f', 'x', n)} | {cell(r, 'ideal', '.2f', 'x', n)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", action="append", help="bbc_news_bert (default) or digits_vit; repeatable")
+    parser.add_argument("--out", default="runs/sweep_interval")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs, interleaved")
+    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser.add_argument("--only", action="append", choices=LABELS, help="a run to make (repeatable)")
+    args, overrides = parser.parse_known_args()
+    labels = [label for label in LABELS if not args.only or label in args.only]
+    out = Path(args.out)
+    for recipe in args.recipe or ["bbc_news_bert"]:
+        rounds = []
+        for r in range(args.repeats):
+            runs = [execute(label, recipe, out / recipe / f"round{r}" / dir_name(label), overrides, args.reuse,
+                            VARIANTS) for label in labels]
+            for run in runs:
+                run["ideal"] = None if run["label"] == PEER else ideal_speedup(Path(run["run_dir"]))
+            rounds.append(measure(runs))
+        result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
+                  "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, VARIANTS))
+                               for label in labels},
+                  **aggregate(rounds)}
+        publish(result, out / f"sweep_interval_{recipe}.json", caption, table)
+
+
+if __name__ == "__main__":
+    main()
