@@ -215,7 +215,8 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
                 for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)}
         params = dict(layered.model.named_parameters())
         torch.save({"params": {k: params[k].detach().clone() for k in held},
-                    "optim": optimizer_state_by_name(layout.optimizer, name_of)},
+                    "optim": optimizer_state_by_name(layout.optimizer, name_of),
+                    "received_bytes": layout.received_bytes},
                    out_dir / f"transition-{kind}-step{step}.rank{rank}.pt")
     layout.groups.destroy()
 

@@ -90,6 +90,27 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
         before = now
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_transition_moves_only_what_changes_hands(transitions, kind):
+    """Each rank receives exactly the parameters it holds under the new layout and did not hold under the old
+    one, with AdamW's two state tensors for those that still train: nothing it already had, nothing it will
+    not hold."""
+    plans = pc.transition_plans(len(pc.model(kind).units))
+    layered = pc.model(kind)
+    sizes = dict((n, p.numel() * 4) for n, p in layered.model.named_parameters())
+    owner = {n: u for u in range(len(layered.units)) for n in layered.unit_param_names(u)}
+    moved_any = False
+    for step in range(1, len(plans)):
+        for rank in range(4):
+            old = set(torch.load(transitions / f"transition-{kind}-step{step - 1}.rank{rank}.pt")["params"])
+            now = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
+            new = set(now["params"]) - old
+            want = sum(sizes[n] * (3 if owner[n] >= plans[step].frozen_units else 1) for n in new)
+            assert now["received_bytes"] == want, (step, rank, sorted(new))
+            moved_any |= want > 0
+    assert moved_any
+
+
 def test_32_layout_changes_leak_no_descriptors_or_threads(transitions):
     for rank in range(4):
         after_2, after_32 = torch.load(transitions / f"leaks.rank{rank}.pt")

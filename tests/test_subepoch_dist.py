@@ -44,6 +44,14 @@ def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_pat
     assert [(e["sample_uses_min"], e["sample_uses_max"], e["steps"]) for e in epochs] == [(1, 1, STEPS)] * 2
     want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=BLOCKS, interval_steps=HALF)
     assert_params_close(final_params(clean), want)
+    # Each worker's parameters are its stage's: at epoch 0's end (K = 2) the two stages split the model, at
+    # epoch 1's (K = 1) every worker holds all of it; AdamW's state is two tensors per trainable parameter.
+    model_bytes = sum(p.numel() * 4 for p in want.values())
+    held = [e["memory"]["param_bytes"] for e in epochs]
+    assert held[0][0] + held[0][1] == model_bytes and held[0][:2] == held[0][2:] and max(held[0]) < model_bytes
+    assert held[1] == [model_bytes] * 4
+    assert all(0 < e["memory"]["optim_bytes"][r] <= 2 * held_r for e, h in zip(epochs, held)
+               for r, held_r in enumerate(h))
 
     # The checkpoint due at step 6 is written after the decision: it holds the new layout and the step.
     mid = next(c for c in checkpoint.list_checkpoints(clean) if c.name.endswith(f"{HALF:08d}"))
@@ -87,4 +95,16 @@ def test_cache_advanced_inside_an_epoch_equals_recomputation(tmp_path, tiny):
     assert change["hits"] > 0 and change["advanced"] > 0  # read what epoch 0 wrote; depth 3 -> 5 advanced
     assert after["hits"] > 0 and after["computed"] == 0  # every sample had an entry at depth 3 or 5
     want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=BLOCKS, interval_steps=HALF)
+    assert_params_close(final_params(tmp_path), want)
+
+
+def test_every_steps_decides_across_epoch_boundaries(tmp_path, tiny):
+    """`freeze.every_steps=5` on one worker: decisions after global steps 5, 10, 15, 20, wherever they fall
+    in the 12-step epochs; training equals the reference that freezes at the same steps."""
+    overrides = tiny + ["data.eval_fraction=0.9", "train.epochs=2", "freeze.policy=schedule",
+                        "freeze.blocks=[0,1,1,2]", "freeze.max_fraction=1.0", "freeze.every_steps=5"]
+    run_workers(overrides, tmp_path)
+    plans = [(p["epoch"], p["step"], p["frozen_units"]) for p in events(tmp_path, "plan")]
+    assert plans == [(0, 0, 0), (0, 5, 3), (1, 0, 3), (1, 3, 5)]
+    want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=[0, 1, 1, 2], interval_steps=5)
     assert_params_close(final_params(tmp_path), want)

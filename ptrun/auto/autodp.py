@@ -1,12 +1,14 @@
-"""AutoDP's data movement: before a new Plan is applied, every unit's parameters and optimizer state go from
-their current owner to every rank.
+"""AutoDP's data movement and layouts: before a new Plan is applied, each unit's parameters and optimizer
+state go from its current owner to the ranks that will hold it and do not yet (`move_to_new_owners`); then
+the new plan's groups, stages and optimizer are built (`build_layout`).
 
-The owner of a stage is its replica-0 rank (all replicas hold identical values after each step). Each
-pipeline position broadcasts one flat buffer (parameters, then optimizer state tensors) over the default
-group, so afterwards every rank's host copy of the model is current and any rank can own any unit under the
-next Plan. Moving everything to everyone costs one model-sized broadcast per transition (once per epoch at
-most) and keeps the code free of pairwise routing; the frozen prefix, which every replica needs when the
-pipeline shrinks, is covered by the same step.
+A unit is held by every replica's rank of the stage it belongs to (stage 0 also holds the prefix AutoCache
+serves: its ranks compute and key the cache entries); its owner is the replica-0 holder (all replicas hold
+identical values after each step). At a transition only the units that change hands move, point to point
+from their old owner, with the optimizer state of the parameters that still train; nothing goes to a rank
+that already holds a unit or will not hold it. A rank's host copy of a unit it does not hold may therefore
+be stale: nothing reads it (checkpoints write each rank's own units; the export first gathers every unit
+to rank 0 from its owner, `gather_to`).
 """
 
 from __future__ import annotations
@@ -58,50 +60,104 @@ def _state_value(value, p: torch.Tensor, group: dict):
     return value
 
 
-def share_everything(layered, plan: Plan, optimizer: torch.optim.Optimizer | None, name_of: dict[int, str],
-                     device: torch.device) -> OptimState:
-    """Collective over all ranks: broadcast each stage's parameters and optimizer state from its replica-0
-    owner under `plan`. Every rank's `layered.model` ends up current; returns the optimizer state of every
-    trainable parameter by name (on the CPU)."""
+def unit_holders(plan: Plan, unit: int) -> list[int]:
+    """The ranks holding `unit`'s weights under `plan`: every replica's rank of its stage; the first is the
+    owner (replica 0)."""
+    stage = plan.stage_of_unit(unit)
+    return list(dict.fromkeys(plan.rank_of_stage(r, stage) for r in range(plan.dp)))
+
+
+def param_units(layered) -> dict[str, list[int]]:
+    """Parameter name -> the units using it: its owning unit first, then the units sharing it (tied)."""
+    units: dict[str, list[int]] = {}
+    for u in range(len(layered.units)):
+        for n in layered.unit_param_names(u):
+            units.setdefault(n, []).insert(0, u)
+        for n in layered.unit_shared_param_names(u):
+            units.setdefault(n, []).append(u)
+    return units
+
+
+def move_to_new_owners(layered, old: Plan, new: Plan, optimizer: torch.optim.Optimizer | None,
+                       name_of: dict[int, str], device: torch.device) -> tuple[OptimState, int]:
+    """Collective over all ranks: send each parameter a rank will hold under `new` and does not hold under
+    `old` from its old owner, with its optimizer state when it still trains under `new` (a parameter follows
+    its owning unit's frozen state). Returns this rank's optimizer state by name for the new layout (what it
+    kept plus what it received) and the bytes it received."""
+    routes: dict[tuple[int, int], list[str]] = {}
+    units_of = param_units(layered)
+    for n, units in units_of.items():
+        before = {r for u in units for r in unit_holders(old, u)}
+        after = {r for u in units for r in unit_holders(new, u)}
+        for dst in sorted(after - before):
+            routes.setdefault((unit_holders(old, units[0])[0], dst), []).append(n)
+    trains = {n for n, units in units_of.items() if units[0] >= new.frozen_units}
+    mine = optimizer_state_by_name(optimizer, name_of)
+    received_states, received = send_along(layered, routes, {n: s for n, s in mine.items() if n in trains}, device)
+    kept = {n: s for n, s in mine.items() if n in trains}
+    return {**kept, **received_states}, received
+
+
+def gather_to(layered, plan: Plan, dst: int, device: torch.device) -> None:
+    """Collective: make rank `dst`'s host copy of every parameter current, each sent by its owner under
+    `plan` (parameters only; for the export)."""
+    routes: dict[tuple[int, int], list[str]] = {}
+    for n, units in param_units(layered).items():
+        if dst not in {r for u in units for r in unit_holders(plan, u)}:
+            routes.setdefault((unit_holders(plan, units[0])[0], dst), []).append(n)
+    send_along(layered, routes, {}, device)
+
+
+def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimState,
+               device: torch.device) -> tuple[OptimState, int]:
+    """Collective: for each (sender, receiver) route, one flat buffer of its parameters followed by the state
+    tensors the sender holds for them in `states` (scalars such as `step` in a float64 buffer beside). Point
+    to point, in one global order, so the two ends of the earliest unfinished route are always both at it:
+    nothing deadlocks. The receiver copies the parameters into its host model; returns the state it received
+    and the bytes of its flat buffers."""
     rank = dist.get_rank()
     params = dict(layered.model.named_parameters())
-    mine = optimizer_state_by_name(optimizer, name_of)
-    states: OptimState = {}
-    for position in range(plan.pp):
-        src = plan.rank_of(0, position)
-        units = [u for s in plan.local_stages(position) for u in range(*plan.stage_bounds[s])]
-        names = [n for u in units for n in layered.unit_param_names(u)]
-        # Layout of the state first (small, pickled): which tensors each parameter's state holds.
-        layout = [{n: {k: (tuple(v.shape) if torch.is_tensor(v) and v.ndim else None)
-                       for k, v in mine.get(n, {}).items()} for n in names}] if rank == src else [None]
-        dist.broadcast_object_list(layout, src=src, device=device if device.type == "cuda" else None)
-        layout_of: dict[str, dict] = layout[0]
-        scalars = [(n, k) for n in names for k, shape in layout_of[n].items() if shape is None]
-        tensors = [(n, k, shape) for n in names for k, shape in layout_of[n].items() if shape is not None]
+    sent = {n for (src, _), names in routes.items() if src == rank for n in names if n in states}
+    # Which state tensors each sent parameter carries (small, pickled, one all-gather): receivers size their
+    # buffers from it.
+    layouts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(layouts, {n: {k: (tuple(v.shape) if torch.is_tensor(v) and v.ndim else None)
+                                         for k, v in states[n].items()} for n in sent})
+    out: OptimState = {}
+    received = 0
+    for (src, dst), names in sorted(routes.items()):
+        if rank not in (src, dst):
+            continue
+        layout_of = layouts[src]
+        tensors = [(n, k, shape) for n in names for k, shape in layout_of.get(n, {}).items() if shape is not None]
+        scalars = [(n, k) for n in names for k, shape in layout_of.get(n, {}).items() if shape is None]
         size = sum(params[n].numel() for n in names) + sum(torch.Size(s).numel() for _, _, s in tensors)
         flat = torch.empty(size, dtype=torch.float32, device=device)
-        steps = torch.empty(len(scalars), dtype=torch.float64, device=device)
+        steps = torch.empty(max(len(scalars), 1), dtype=torch.float64, device=device)
         if rank == src:
             parts = [params[n].detach().reshape(-1).float() for n in names]
-            parts += [mine[n][k].detach().reshape(-1).float() for n, k, _ in tensors]
-            if parts:
-                flat.copy_(torch.cat(parts))
-            steps.copy_(torch.tensor([float(mine[n][k]) for n, k in scalars], dtype=torch.float64))
-        dist.broadcast(flat, src=src)
-        dist.broadcast(steps, src=src)
+            parts += [states[n][k].detach().reshape(-1).float() for n, k, _ in tensors]
+            flat.copy_(torch.cat(parts))
+            steps[:len(scalars)].copy_(torch.tensor([float(states[n][k]) for n, k in scalars], dtype=torch.float64))
+            dist.send(flat, dst)
+            dist.send(steps, dst)
+            continue
+        dist.recv(flat, src)
+        dist.recv(steps, src)
+        received += flat.numel() * flat.element_size()
         offset = 0
         with torch.no_grad():
             for n in names:
                 p = params[n]
-                p.copy_(flat[offset : offset + p.numel()].view_as(p).to(p.dtype))
+                p.copy_(flat[offset: offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
         for n, k, shape in tensors:
             count = torch.Size(shape).numel()
-            states.setdefault(n, {})[k] = flat[offset : offset + count].view(shape).to("cpu", copy=True)
+            out.setdefault(n, {})[k] = flat[offset: offset + count].view(shape).to("cpu", copy=True)
             offset += count
         for (n, k), value in zip(scalars, steps.tolist()):
-            states.setdefault(n, {})[k] = torch.tensor(value, dtype=torch.float32)
-    return states
+            out.setdefault(n, {})[k] = torch.tensor(value, dtype=torch.float32)
+    return out, received
 
 
 @dataclass
@@ -112,6 +168,8 @@ class Layout:
     groups: Groups
     runtime: StageRuntime
     optimizer: torch.optim.Optimizer | None
+    received_bytes: int = 0
+    """What the transition into this layout sent to this rank (parameters and optimizer state)."""
 
 
 def set_frozen(layered, frozen_units: int) -> None:
@@ -163,12 +221,14 @@ def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> La
 
 
 def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None] | None = None) -> Layout:
-    """Collective, between two optimizer steps: move every unit's weights and optimizer state to everyone,
+    """Collective, between two optimizer steps: move the units that change hands to their new holders,
     destroy the old groups (undestroyed groups leak file descriptors and threads), build the new layout.
     `midway` runs between the two (fault-injection tests stop a worker there). An asynchronous pipeline
     must have drained first (its training loop drains at the end of every epoch)."""
-    states = share_everything(b.layered, old.plan, old.optimizer, b.name_of, b.device)
+    states, received = move_to_new_owners(b.layered, old.plan, plan, old.optimizer, b.name_of, b.device)
     old.groups.destroy()
     if midway is not None:
         midway()
-    return build_layout(b, plan, states)
+    layout = build_layout(b, plan, states)
+    layout.received_bytes = received
+    return layout

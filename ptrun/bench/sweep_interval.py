@@ -4,7 +4,8 @@ plain PyTorch loop a user would run instead, in one invocation.
 Per recipe, in interleaved rounds, the plain loop (scripts/peers/plain_loop.py, one process with every core
 as threads: the faster plain peer on the BERT recipe) and the recipe's ptrun job with the freeze decision
 every epoch, every half and every quarter epoch, and AutoFreeze's rule (the relative change of each block's
-gradient norm against the median) every quarter epoch. Per run: wall time, training time, final top-1,
+gradient norm against the median) every quarter epoch, and the paper's rule with a faster freeze rate
+(alpha 1/2, 2/3) every quarter epoch. Per run: wall time, training time, final top-1,
 training time to the plain loop's final top-1, the speedup in wall time over the plain loop, and the
 schedule's own ideal (the full model's training FLOPs over the run's, from its plan events: what freezing
 alone could save, before any overhead). Prints the table and writes it with the command line to
@@ -28,6 +29,8 @@ VARIANTS = {
     "ptrun, every 1/2 epoch": ["freeze.every=0.5"],
     "ptrun, every 1/4 epoch": ["freeze.every=0.25"],
     "ptrun, AutoFreeze rule every 1/4 epoch": ["freeze.policy=autofreeze", "freeze.every=0.25"],
+    "ptrun, alpha 1/2 every 1/4 epoch": ["freeze.alpha=0.5", "freeze.every=0.25"],
+    "ptrun, alpha 2/3 every 1/4 epoch": ["freeze.alpha=0.6667", "freeze.every=0.25"],
 }
 """label -> `ptrun train` overrides after `recipe=NAME` (the rest is the recipe's: all four components)."""
 LABELS = [PEER, *VARIANTS]

@@ -2,15 +2,18 @@
 
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
   {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
-  {"event": "plan", "epoch": E, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
+  {"event": "plan", "epoch": E, "step": S, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
    "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
+   after a layout change "moved_bytes" (parameters and optimizer state sent between the workers); one at each
+   epoch's start (S = 0) and one at each change inside an epoch (S = the step it happened before),
    with pipe.microbatches=auto on a run's first plan also "microbatches_reason": "M=2 at K=2: ...",
    "microbatch_tuning": {"source": measured|cached|no choice, "seconds", "chosen": {K: M}, "table": {K: M},
    "samples_per_s": {K: {M: ...}}, "cache_file"}}
   {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "lr": ...,
    "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
    "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",
-             "disk_bytes"} with auto.cache only}
+             "disk_bytes"} with auto.cache only,
+   "memory": {"param_bytes": [per rank], "optim_bytes": [...], "peak_rss_bytes": [...]}}
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
   {"event": "stopped", "signal": "SIGINT"|"SIGTERM", "epoch": E, "global_step": G, "checkpoint_step": G}
 

@@ -1,10 +1,12 @@
 """What an epoch event reports beside the loss: AutoCache's counters, fp16's loss scale and skipped steps,
-PipeDream's stashed weight bytes, and one step's recorded timeline. A mixin of `Trainer`
-(ptrun/train/trainer.py)."""
+PipeDream's stashed weight bytes, each worker's memory, and one step's recorded timeline. A mixin of
+`Trainer` (ptrun/train/trainer.py)."""
 
 from __future__ import annotations
 
 import json
+import resource
+import sys
 from pathlib import Path
 
 import torch
@@ -46,3 +48,22 @@ class EpochStats:
         total = self.all_sum(list(own.values())).long().tolist()
         return {"cache": {**dict(zip(own, total)), "cached_units": self.plan.cached_units,
                           "memory_bytes": self.cache.memory_bytes, "disk_bytes": self.cache.disk_bytes}}
+
+    def _memory_stats(self) -> dict:
+        """Collective: per worker (by rank), the bytes of the parameters its stages hold (with the prefix
+        AutoCache serves, on the first stage), of its optimizer state, and its peak resident host memory."""
+        held = {id(p): p for u in self.runtime.unit_indices for p in self.layered.units[u].parameters()}
+        if self.runtime.is_first:
+            held.update({id(p): p for u in range(self.plan.cached_units) for p in self.layered.units[u].parameters()})
+        optim = 0
+        if self.optimizer is not None:
+            optim = sum(v.numel() * v.element_size() for s in self.optimizer.state.values() for v in s.values()
+                        if torch.is_tensor(v) and v.ndim)  # not the scalar step counts
+        # ru_maxrss is KiB on Linux, bytes on macOS
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        mine = [sum(p.numel() * p.element_size() for p in held.values()), optim, peak]
+        gathered = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.device)
+        gathered[self.rank] = torch.tensor(mine, dtype=torch.float64)
+        dist.all_reduce(gathered)
+        param, optim, peak = gathered.long().T.tolist()
+        return {"memory": {"param_bytes": param, "optim_bytes": optim, "peak_rss_bytes": peak}}

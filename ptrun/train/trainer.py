@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, share_everything
+from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, gather_to
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
@@ -266,7 +266,8 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         return {"train_loss": train_loss, "samples_per_s": sums.samples / elapsed, "epoch_time_s": elapsed,
                 "lr": sums.lr, "steps": steps, "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
-                **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats()}
+                **self._cache_stats(), **self._scaler_stats(skipped_before), **self._stash_stats(),
+                **self._memory_stats()}
 
     def _train_steps(self, sums: EpochSums, start: int, end: int) -> None:
         """Steps `start .. end - 1` of the epoch in the current layout."""
@@ -341,10 +342,11 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         self._announce()
         tuned = self.tuning.event_fields() if self.tuning is not None else {}  # on this process's first plan
         t_start = time.perf_counter()
-        transition_s = 0.0
+        moved: dict = {}  # the last transition's cost, on the plan event of the epoch it led into
         self.view.show_layout(self.plan, self.layered.unit_names)
         while self.epoch < cfg.train.epochs:
-            self._event("plan", epoch=self.epoch, step=0, transition_s=transition_s, **self.plan.to_dict(), **tuned)
+            self._event("plan", epoch=self.epoch, step=0, **{"transition_s": 0.0, **moved}, **self.plan.to_dict(),
+                        **tuned)
             tuned = {}
             stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1
@@ -355,7 +357,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
             self.epoch += 1
             # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
             # in the layout the next epoch was meant to run in.
-            transition_s = 0.0 if last else self._decide(0, announce=False)
+            moved = {} if last else self._decide(0, announce=False)
             every = cfg.checkpoint.every_epochs
             steps_due = cfg.checkpoint.every_steps and \
                 self.global_step - self.last_checkpoint_step >= cfg.checkpoint.every_steps
@@ -398,10 +400,11 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         """Collective, before step `position` of `self.epoch`: if a freeze interval has ended since the last
         decision, the controller's decision on its mean gradient norms, moved to if it changes the layout
         (`announce`: a `plan` event for a change inside an epoch; the epoch's own start writes one at a
-        boundary). Returns the transition's seconds (0 when nothing was decided or the layout stays)."""
+        boundary). Returns the transition's cost for that event: its seconds and the bytes moved between the
+        workers (nothing when nothing was decided or the layout stays)."""
         interval = self._interval_at(self.epoch, position)
         if interval <= self.interval:
-            return 0.0
+            return {}
         norms = None
         if self.controller.wants_grad_norms and self.interval_steps:
             # Each block's gradient norm, averaged over the interval's steps, summed over the stages holding it.
@@ -410,14 +413,15 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         self.interval, self.interval_steps = interval, 0
         plan = self.controller.decide(interval, self.plan, norms)
         if plan == self.plan:
-            return 0.0
+            return {}
         old = self.plan
         transition_s = self.transition(plan)
+        cost = {"transition_s": transition_s, "moved_bytes": int(self.all_sum([self.layout.received_bytes]).item())}
         self.view.print(transition_line(self.epoch, old, plan, transition_s, step=position))
         self.view.show_layout(plan, self.layered.unit_names)
         if announce:
-            self._event("plan", epoch=self.epoch, step=position, transition_s=transition_s, **plan.to_dict())
-        return transition_s
+            self._event("plan", epoch=self.epoch, step=position, **cost, **plan.to_dict())
+        return cost
 
     def _release_cache(self) -> None:
         """Collective: the cache's shared memory and files go (unless `cache.keep`) once every worker is done."""
@@ -435,8 +439,8 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
                     checkpoint_step=self.last_checkpoint_step)
 
     def export(self) -> None:
-        """Collective: make every rank's host model current, then rank 0 writes it in the library's format."""
-        share_everything(self.layered, self.plan, self.optimizer, self.param_name, self.device)
+        """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format."""
+        gather_to(self.layered, self.plan, 0, self.device)
         if self.is_main:
             out = export_model(self.layered, Path(self.cfg.run_dir) / "model", data_config(self.cfg).tokenizer)
             self.view.print(f"model saved for {self.layered.family} libraries without ptrun: {out}")
