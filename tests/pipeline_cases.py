@@ -216,7 +216,8 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
         params = dict(layered.model.named_parameters())
         torch.save({"params": {k: params[k].detach().clone() for k in held},
                     "optim": optimizer_state_by_name(layout.optimizer, name_of),
-                    "received_bytes": layout.received_bytes},
+                    "received_bytes": layout.received_bytes,
+                    "materialized": sorted(n for n, p in params.items() if p.numel() > 0)},
                    out_dir / f"transition-{kind}-step{step}.rank{rank}.pt")
     layout.groups.destroy()
 

@@ -187,3 +187,54 @@ def test_readme_blocks(tmp_path, monkeypatch):
     assert "| ptrun default | 28.0 | 10.0 | 18.0 | 200 | 96.50 | 10.0 | 0.89x | 1.50x |" in text
     assert "| ptrun, freezing off, 2 workers / plain DDP | 0.98x | 0.95x: yes |" in text
     assert readme_results.main([*args, "--check"]) == 0
+
+
+def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
+    """sweep_interval: speedups against the plain loop of the same round, medians and ranges over rounds,
+    and the ideal weighting each layout by the share of the run it trained (changes inside epochs)."""
+    from ptrun.bench import sweep_interval
+
+    def run(label, wall, train, top1, ideal=None):
+        return {"label": label, "wall_s": wall, "train_time_s": train, "final_top1": top1, "ideal": ideal,
+                "curve": [[train, top1]], "samples_per_s": 1.0}
+
+    peer, quarter = sweep_interval.PEER, "ptrun, every 1/4 epoch"
+    rounds = [bench_peers.measure([run(peer, 200.0, 180.0, 98.0), run(quarter, 100.0, 80.0, 98.0, 1.9)]),
+              bench_peers.measure([run(peer, 240.0, 200.0, 98.0), run(quarter, 100.0, 90.0, 97.5, 1.9)])]
+    result = dict(sweep_interval.aggregate(rounds), command="python x", recipe="bbc_news_bert", repeats=2)
+    rows = {r["label"]: r for r in result["rows"]}
+    assert rows[quarter]["speedup_wall"] == pytest.approx(2.2) and rows[quarter]["speedup_wall_range"] == [2.0, 2.4]
+    assert rows[quarter]["time_to_target_s"] == 80.0  # the second round never reached 98.0
+    text = sweep_interval.table(result)
+    assert "| ptrun, every 1/4 epoch | 100.0 (100.0-100.0) | 85.0 (80.0-90.0) | 97.75 (97.50-98.00) | 80.0 " \
+           "(80.0-80.0) | 2.20x (2.00-2.40) | 1.90x (1.90-1.90) |" in text
+    json.dumps(result)
+
+    # The ideal: half of epoch 0 with everything training, then 2 of 4 equal units frozen for 1.5 epochs.
+    from ptrun.bench.harness import ideal_speedup
+
+    events = [{"event": "start", "time": 0.0},
+              {"event": "plan", "time": 1.0, "epoch": 0, "step": 0, "frozen_units": 0},
+              {"event": "plan", "time": 2.0, "epoch": 0, "step": 5, "frozen_units": 2},
+              {"event": "epoch", "time": 3.0, "epoch": 0, "steps": 10, "train_loss": 1.0, "samples_per_s": 1.0,
+               "epoch_time_s": 1.0},
+              {"event": "plan", "time": 4.0, "epoch": 1, "step": 0, "frozen_units": 2},
+              {"event": "epoch", "time": 5.0, "epoch": 1, "steps": 10, "train_loss": 1.0, "samples_per_s": 1.0,
+               "epoch_time_s": 1.0}]
+    for e in events:
+        if e["event"] == "plan":
+            e.update(pp=1, dp=1, microbatches=1, stage_bounds=[[0, 4]])
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    from omegaconf import OmegaConf
+
+    from conftest import compose_config
+
+    cfg = compose_config(["model.embed_dim=32", "model.depth=1", "model.num_heads=2"], tmp_path)
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    from ptrun.config import load_resolved
+    from ptrun.sim.costs import costs_from_config
+
+    resolved = load_resolved(tmp_path / "config.yaml")
+    flops = costs_from_config(resolved.model, resolved.data).fwd_flops
+    want = 2 * sum(flops) / (0.5 * sum(flops) + 1.5 * sum(flops[2:]))
+    assert ideal_speedup(tmp_path) == pytest.approx(want)

@@ -94,7 +94,7 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
 def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     """Each rank receives exactly the parameters it holds under the new layout and did not hold under the old
     one, with AdamW's two state tensors for those that still train: nothing it already had, nothing it will
-    not hold."""
+    not hold; and it keeps in memory only the parameters its stages hold."""
     plans = pc.transition_plans(len(pc.model(kind).units))
     layered = pc.model(kind)
     sizes = dict((n, p.numel() * 4) for n, p in layered.model.named_parameters())
@@ -107,6 +107,8 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
             new = set(now["params"]) - old
             want = sum(sizes[n] * (3 if owner[n] >= plans[step].frozen_units else 1) for n in new)
             assert now["received_bytes"] == want, (step, rank, sorted(new))
+            # what a worker keeps in memory is exactly what its stages hold; the rest was given back
+            assert now["materialized"] == sorted(now["params"]), (step, rank)
             moved_any |= want > 0
     assert moved_any
 

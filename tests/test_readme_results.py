@@ -53,6 +53,12 @@ Prose between.
 <!-- results:peers_bbc_news_bert -->
 <!-- /results:peers_bbc_news_bert -->
 
+<!-- results:sweep-interval_bbc_news_bert -->
+<!-- /results:sweep-interval_bbc_news_bert -->
+
+<!-- results:sweep-interval_digits_vit -->
+<!-- /results:sweep-interval_digits_vit -->
+
 Prose after.
 """
 
@@ -156,8 +162,8 @@ def tree(tmp_path):
                        ("bench_pipeline", pipeline_json())):
         (results / f"{name}.json").write_text(json.dumps(data))
     for recipe in ("digits_vit", "bbc_news_bert"):  # the real peer results: their format is tested elsewhere
-        name = f"bench_peers_{recipe}.json"
-        (results / name).write_text((REPO / "docs" / "results" / name).read_text())
+        for name in (f"bench_peers_{recipe}.json", f"sweep_interval_{recipe}.json"):
+            (results / name).write_text((REPO / "docs" / "results" / name).read_text())
     readme = tmp_path / "README.md"
     readme.write_text(README)
     return readme, results

@@ -2,13 +2,12 @@
 state go from its current owner to the ranks that will hold it and do not yet (`move_to_new_owners`); then
 the new plan's groups, stages and optimizer are built (`build_layout`).
 
-A unit is held by every replica's rank of the stage it belongs to (stage 0 also holds the prefix AutoCache
-serves: its ranks compute and key the cache entries); its owner is the replica-0 holder (all replicas hold
-identical values after each step). At a transition only the units that change hands move, point to point
-from their old owner, with the optimizer state of the parameters that still train; nothing goes to a rank
-that already holds a unit or will not hold it. A rank's host copy of a unit it does not hold may therefore
-be stale: nothing reads it (checkpoints write each rank's own units; the export first gathers every unit
-to rank 0 from its owner, `gather_to`).
+A unit is held by every replica's rank of the stage it belongs to (`residency.unit_holders`); its owner is
+the replica-0 holder (all replicas hold identical values after each step). At a transition only the units
+that change hands move, point to point from their old owner, with the optimizer state of the parameters
+that still train; nothing goes to a rank that already holds a unit or will not hold it, and a rank empties
+what it no longer holds (`residency`). Nothing reads a unit a rank does not hold: checkpoints write each
+rank's own units, and the export first gathers every unit to rank 0 from its owner (`gather_to`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ptrun.auto.residency import materialize, release_unheld, unit_holders
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
@@ -58,13 +58,6 @@ def _state_value(value, p: torch.Tensor, group: dict):
     if group.get("fused") or group.get("capturable"):
         return value.to(p.device, torch.float32)
     return value
-
-
-def unit_holders(plan: Plan, unit: int) -> list[int]:
-    """The ranks holding `unit`'s weights under `plan`: every replica's rank of its stage; the first is the
-    owner (replica 0)."""
-    stage = plan.stage_of_unit(unit)
-    return list(dict.fromkeys(plan.rank_of_stage(r, stage) for r in range(plan.dp)))
 
 
 def param_units(layered) -> dict[str, list[int]]:
@@ -131,7 +124,7 @@ def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimS
         layout_of = layouts[src]
         tensors = [(n, k, shape) for n in names for k, shape in layout_of.get(n, {}).items() if shape is not None]
         scalars = [(n, k) for n in names for k, shape in layout_of.get(n, {}).items() if shape is None]
-        size = sum(params[n].numel() for n in names) + sum(torch.Size(s).numel() for _, _, s in tensors)
+        size = sum(layered.param_shapes[n].numel() for n in names) + sum(torch.Size(s).numel() for _, _, s in tensors)
         flat = torch.empty(size, dtype=torch.float32, device=device)
         steps = torch.empty(max(len(scalars), 1), dtype=torch.float64, device=device)
         if rank == src:
@@ -145,6 +138,7 @@ def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimS
         dist.recv(flat, src)
         dist.recv(steps, src)
         received += flat.numel() * flat.element_size()
+        materialize(layered, names)
         offset = 0
         with torch.no_grad():
             for n in names:
@@ -230,5 +224,6 @@ def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None
     if midway is not None:
         midway()
     layout = build_layout(b, plan, states)
+    release_unheld(b.layered, plan, b.rank)
     layout.received_bytes = received
     return layout

@@ -35,6 +35,8 @@ BLOCKS = {
     "pipeline": ("bench_pipeline.json", "ptrun.bench.pipeline"),
     "peers_digits_vit": ("bench_peers_digits_vit.json", "ptrun.bench.peers"),
     "peers_bbc_news_bert": ("bench_peers_bbc_news_bert.json", "ptrun.bench.peers"),
+    "sweep-interval_bbc_news_bert": ("sweep_interval_bbc_news_bert.json", "ptrun.bench.sweep_interval"),
+    "sweep-interval_digits_vit": ("sweep_interval_digits_vit.json", "ptrun.bench.sweep_interval"),
 }
 """Marker name -> (its JSON file in the results directory, the benchmark module whose `caption` and `table`
 format it)."""

@@ -70,6 +70,8 @@ class LayeredModel(nn.Module):
         self._param_names, self._shared_names = self._partition(tied)
         self.library_config: dict = {}
         """How the library rebuilds `model` (timm: the `create_model` arguments), for the export."""
+        self.param_shapes = {name: p.shape for name, p in model.named_parameters()}
+        """Each parameter's shape, also while a worker that does not hold it keeps it empty (ptrun.auto.residency)."""
 
     def _declared_tied(self, tied: Iterable[nn.Parameter | str]) -> set[int]:
         """Object ids of the declared tied parameters; each must be a parameter of `model`."""

@@ -13,7 +13,7 @@
    "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
    "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",
              "disk_bytes"} with auto.cache only,
-   "memory": {"param_bytes": [per rank], "optim_bytes": [...], "peak_rss_bytes": [...]}}
+   "memory": {"param_bytes": [per rank], "optim_bytes": [...], "rss_bytes": [...], "peak_rss_bytes": [...]}}
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
   {"event": "stopped", "signal": "SIGINT"|"SIGTERM", "epoch": E, "global_step": G, "checkpoint_step": G}
 

@@ -51,7 +51,8 @@ class EpochStats:
 
     def _memory_stats(self) -> dict:
         """Collective: per worker (by rank), the bytes of the parameters its stages hold (with the prefix
-        AutoCache serves, on the first stage), of its optimizer state, and its peak resident host memory."""
+        AutoCache serves, on the first stage), of its optimizer state, and its resident host memory now and
+        at its peak."""
         held = {id(p): p for u in self.runtime.unit_indices for p in self.layered.units[u].parameters()}
         if self.runtime.is_first:
             held.update({id(p): p for u in range(self.plan.cached_units) for p in self.layered.units[u].parameters()})
@@ -61,9 +62,17 @@ class EpochStats:
                         if torch.is_tensor(v) and v.ndim)  # not the scalar step counts
         # ru_maxrss is KiB on Linux, bytes on macOS
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-        mine = [sum(p.numel() * p.element_size() for p in held.values()), optim, peak]
-        gathered = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.device)
+        mine = [sum(p.numel() * p.element_size() for p in held.values()), optim, resident_bytes(), peak]
+        gathered = torch.zeros(self.world_size, len(mine), dtype=torch.float64, device=self.device)
         gathered[self.rank] = torch.tensor(mine, dtype=torch.float64)
         dist.all_reduce(gathered)
-        param, optim, peak = gathered.long().T.tolist()
-        return {"memory": {"param_bytes": param, "optim_bytes": optim, "peak_rss_bytes": peak}}
+        param, optim, rss, peak = gathered.long().T.tolist()
+        return {"memory": {"param_bytes": param, "optim_bytes": optim, "rss_bytes": rss, "peak_rss_bytes": peak}}
+
+
+def resident_bytes() -> int:
+    """This process's resident host memory now (0 where /proc is missing)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0

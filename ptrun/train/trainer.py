@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, gather_to
+from ptrun.auto.residency import release_unheld
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
@@ -151,6 +152,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
         self._use(build_layout(self.builder, plan, optimizer_states))
+        release_unheld(self.layered, plan, self.rank)  # from here on a worker holds its own stages' weights
 
     def transition(self, plan: Plan) -> float:
         """Apply `plan` in the running job (collective); returns its wall time in seconds."""
@@ -389,7 +391,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
                     train_samples=len(self.data.train), eval_samples=len(self.data.eval),
                     resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
         self.view.print(start_line(cfg.model.name, len(self.layered.units),
-                                   sum(p.numel() for p in self.layered.model.parameters()), len(self.data.train),
+                                   sum(s.numel() for s in self.layered.param_shapes.values()), len(self.data.train),
                                    len(self.data.eval), self.world_size, self.device.type, cfg.train.precision,
                                    cfg.run_dir))
         for choice in (self.length_choice, self.tuning):
