@@ -347,8 +347,11 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         moved: dict = {}  # the last transition's cost, on the plan event of the epoch it led into
         self.view.show_layout(self.plan, self.layered.unit_names)
         while self.epoch < cfg.train.epochs:
-            self._event("plan", epoch=self.epoch, step=0, **{"transition_s": 0.0, **moved}, **self.plan.to_dict(),
-                        **tuned)
+            # A decision still due where the run resumes (the last boundary of a finished run given more
+            # epochs, or a step a stop interrupted before its decision) comes first.
+            moved = self._decide(self.step_in_epoch, announce=False) or moved
+            self._event("plan", epoch=self.epoch, step=self.step_in_epoch, **{"transition_s": 0.0, **moved},
+                        **self.plan.to_dict(), **tuned)
             tuned = {}
             stats = self.train_epoch()
             last = self.epoch == cfg.train.epochs - 1

@@ -1,0 +1,4 @@
+"""Runs `ptrun.bench.memory` (its docstring says what it measures and how)."""
+from ptrun.bench.memory import main
+
+raise SystemExit(main())
