@@ -189,6 +189,7 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
     """One clipped AdamW step under each plan of TRANSITIONS, changing layout in between exactly as the
     trainer does; after each step every rank saves what it holds (parameters and optimizer state)."""
     from ptrun.auto.autodp import Builder, build_layout, change_layout, optimizer_state_by_name
+    from ptrun.auto.residency import release_unheld
 
     layered = model(kind)
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
@@ -199,6 +200,7 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
     for step, plan in enumerate(plans):
         if layout is None:
             layout = build_layout(builder, plan)
+            release_unheld(layered, plan, rank)  # as the trainer does after its first layout
         else:
             layout = change_layout(builder, layout, plan)
         replica, _ = plan.coords(rank)

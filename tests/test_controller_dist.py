@@ -100,6 +100,9 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     sizes = dict((n, p.numel() * 4) for n, p in layered.model.named_parameters())
     owner = {n: u for u in range(len(layered.units)) for n in layered.unit_param_names(u)}
     moved_any = False
+    for rank in range(4):  # after the start, too: each worker keeps only its first stage's parameters
+        first = torch.load(transitions / f"transition-{kind}-step0.rank{rank}.pt")
+        assert first["materialized"] == sorted(first["params"]), rank
     for step in range(1, len(plans)):
         for rank in range(4):
             old = set(torch.load(transitions / f"transition-{kind}-step{step - 1}.rank{rank}.pt")["params"])

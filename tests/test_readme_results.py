@@ -59,6 +59,9 @@ Prose between.
 <!-- results:sweep-interval_digits_vit -->
 <!-- /results:sweep-interval_digits_vit -->
 
+<!-- results:memory -->
+<!-- /results:memory -->
+
 Prose after.
 """
 
@@ -164,6 +167,7 @@ def tree(tmp_path):
     for recipe in ("digits_vit", "bbc_news_bert"):  # the real peer results: their format is tested elsewhere
         for name in (f"bench_peers_{recipe}.json", f"sweep_interval_{recipe}.json"):
             (results / name).write_text((REPO / "docs" / "results" / name).read_text())
+    (results / "bench_memory.json").write_text((REPO / "docs" / "results" / "bench_memory.json").read_text())
     readme = tmp_path / "README.md"
     readme.write_text(README)
     return readme, results

