@@ -264,7 +264,8 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
 def run_plan(args: list[str]) -> None:
     """`ptrun plan ...` (see USAGE and ptrun/sim)."""
     from ptrun.sim import costs_from_config, get_cluster, load_profile, report, simulate
-    from ptrun.sim.simulate import default_samples, plannable
+    from ptrun.parallel.fit import stage_bytes
+    from ptrun.sim.simulate import default_samples, device_budget, fit_memory, plan_epochs, plannable
 
     overrides, cluster_name, cluster_keys, profile, samples = [], "paper", {}, None, None
     while args:
@@ -301,6 +302,9 @@ def run_plan(args: list[str]) -> None:
             f"--samples N is needed: the training-set size of data.name={cfg.data.name} is not known")
         results = simulate(costs, cluster, cfg, samples)
         policy = plannable(cfg).freeze
+        first = plan_epochs(costs, cluster, cfg)[0].first
+        resolved = plannable(cfg, costs, cluster)
+        need = stage_bytes(fit_memory(costs, resolved), first, resolved.train.global_batch_size)
     except ConfigError as e:
         _fail(str(e))
     work = f"{sum(costs.fwd_flops) / 1e9:.1f} GFLOP forward a sample" if costs.fb_seconds is None else \
@@ -312,7 +316,12 @@ def run_plan(args: list[str]) -> None:
           f"{cluster.flops / 1e12:.3g} TFLOP/s achieved ({cluster.efficiency:.0%} of {cluster.peak_tflops:g}), "
           f"links {cluster.intra_gbs:g} / {cluster.inter_gbs:g} GB/s intra / inter, host {cluster.host_gbs:g} GB/s, "
           f"RAM {cluster.host_memory_gb:g} GB + disk {cluster.disk_gbs:g} GB/s a node, "
-          f"{cluster.transition_s:g} s a layout change\n")
+          f"{cluster.transition_s:g} s a layout change")
+    gib = 2**30
+    print(f"memory a device, first layout (K = {first.pp}, M = {first.microbatches}): "
+          + ", ".join(f"stage {i} ~{b / gib:.2f} GiB" for i, b in enumerate(need))
+          + f" (parameters, gradients, optimizer state, activations in flight) of "
+          f"{device_budget(resolved, cluster) / gib:.1f} GiB\n")
     print(report(cfg.recipe, results))
 
 

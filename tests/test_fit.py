@@ -9,7 +9,8 @@ import torch
 
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
 from ptrun.models import build_model
-from ptrun.parallel.fit import LengthChoice, UnitMemory, choose_length, measure_unit_memory, resolve_length
+from ptrun.parallel.fit import (LengthChoice, UnitMemory, check_fits, choose_length, measure_unit_memory,
+                               resolve_length, stage_bytes)
 
 MIB = 2**20
 
@@ -78,3 +79,15 @@ def test_auto_length_refuses_explicit_stages():
     cfg = config(length="auto", partition="explicit", stages=[[0, 4], [4, 14]])
     with pytest.raises(ConfigError, match="pipe.length"):
         validate(cfg)
+
+
+def test_a_plans_stages_are_priced_and_one_that_does_not_fit_is_named():
+    from ptrun.parallel.plan import Plan
+
+    # K = 2 over 4 workers (DP 2): 16 samples a replica, M = 4, GPipe keeps all 4 micro-batches in flight
+    plan = Plan(num_units=10, frozen_units=0, pp=2, dp=2, stage_bounds=((0, 3), (3, 10)), microbatches=4,
+                schedule="GPipe").check()
+    assert stage_bytes(MEMORY, plan, 32) == pytest.approx([3 * (10 + 16) * MIB, 7 * (10 + 16) * MIB])
+    assert check_fits(MEMORY, plan, 32, 200 * MIB) == stage_bytes(MEMORY, plan, 32)
+    with pytest.raises(ConfigError, match=r"pipe.length=2: stage 1 \(units 3-9\) needs ~0.18 GiB, a device offers 0.10"):
+        check_fits(MEMORY, plan, 32, 100 * MIB)

@@ -386,6 +386,9 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     assert code == 0, err
     assert out.count("== ") == 5 and "Table 1 (vit_imagenet)" in out and "2.83x" in out
     assert "freeze + AutoPipe + AutoDP" in out and "2.27x" in out and "0.95x" in out
+    # memory a device, priced per stage of the first layout (K = 8 on the paper's 32 GB devices)
+    line = next(l for l in out.splitlines() if l.startswith("memory a device"))
+    assert "(K = 8, M = 16)" in line and "stage 7 ~" in line and "of 29.8 GiB" in line
 
 
 @pytest.mark.parametrize("args, message", [
@@ -398,6 +401,8 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["recipe=vit_imagenet", "pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 16"),
     (["recipe=vit_imagenet", "freeze.policy=autofreeze"], "freeze.policy='autofreeze' is not allowed"),
+    (["recipe=vit_imagenet", "pipe.length=1", "pipe.microbatches=4", "device.memory=1GB"],
+     "pipe.length=1: stage 0 (units 0-25) needs ~5.20 GiB, a device offers 1.00 GiB (device.memory)"),
     (["recipe=bert_glue", "data.task=cola", "cluster=this_machine", "pipe.length=2", "model.name=bert-ultra"],
      "model.name='bert-ultra'"),
 ])

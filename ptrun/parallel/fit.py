@@ -146,6 +146,27 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
                       f"pipe.recompute, or set device.memory")
 
 
+def stage_bytes(memory: UnitMemory, plan, global_batch: int) -> list[float]:
+    """Bytes each stage of `plan` needs on its device: its units' parameters, gradients and optimizer state,
+    and the activations of the micro-batches in flight (a rank of a looped or V schedule holds several)."""
+    micro = global_batch // plan.dp / plan.microbatches
+    flight = _in_flight(plan.schedule, plan.pp, plan.microbatches)
+    return [sum(memory.state_bytes[u] + memory.activation_bytes[u] * micro * flight for u in range(lo, hi))
+            for lo, hi in plan.stage_bounds]
+
+
+def check_fits(memory: UnitMemory, plan, global_batch: int, budget: int) -> list[float]:
+    """`stage_bytes`, or ConfigError naming the first stage that does not fit `budget`."""
+    need = stage_bytes(memory, plan, global_batch)
+    gib = 2**30
+    for stage, (bytes_, (lo, hi)) in enumerate(zip(need, plan.stage_bounds)):
+        if bytes_ > budget:
+            raise ConfigError(f"pipe.length={plan.pp}: stage {stage} (units {lo}-{hi - 1}) needs ~{bytes_ / gib:.2f} "
+                              f"GiB, a device offers {budget / gib:.2f} GiB (device.memory); use a longer pipeline "
+                              f"(or pipe.length=auto), a smaller batch, or pipe.recompute")
+    return need
+
+
 def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, budget: int,
                    memory: UnitMemory | None = None) -> tuple[PtrunConfig, LengthChoice | None]:
     """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit

@@ -16,8 +16,10 @@ NEEDS_PROFILE = ("time", "pipedream")
 def param_costs(layered: LayeredModel) -> list[float]:
     """Parameter elements per unit (a tied weight counts on every unit holding a copy: each copy costs
     memory and optimizer work where it lives), from the shapes: a worker keeps only its own units' tensors."""
-    return [float(sum(layered.param_shapes[n].numel()
-                      for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)))
+    shapes = getattr(layered, "param_shapes", None)  # the planner's stand-in units hold meta tensors instead
+    if shapes is None:
+        return [float(sum(p.numel() for p in unit.parameters())) for unit in layered.units]
+    return [float(sum(shapes[n].numel() for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)))
             for u in range(len(layered.units))]
 
 

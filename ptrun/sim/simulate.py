@@ -148,16 +148,22 @@ class EpochRecord:
 # ---- planning: the real Controller ------------------------------------------------------------------------
 
 
+def device_budget(cfg: PtrunConfig, cluster: Cluster) -> int:
+    """Bytes one of `cluster`'s devices offers a stage: `device.memory` (a share of the device, or a size),
+    else the whole device (the host's memory shared by the node's devices when the cluster gives none)."""
+    return parse_memory(cfg.device.memory or "100%", key="device.memory", total=int(
+        cluster.device_memory_gb * GB if cluster.device_memory_gb else
+        cluster.host_memory_gb * GB / cluster.gpus_per_node))
+
+
 def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluster | None = None) -> PtrunConfig:
     """`cfg` with a freeze policy that needs no gradient norms (assumption 6), and with `pipe.length=auto`
     resolved for `cluster`'s devices from `costs` (what the trainer measures, estimated: see `fit_memory`)."""
     if costs is not None and cluster is not None and (cfg.pipe.length == "auto" or cfg.pipe.microbatches is None):
         from ptrun.parallel.fit import resolve_length
 
-        budget = parse_memory(cfg.device.memory or "100%", key="device.memory", total=int(
-            cluster.device_memory_gb * GB if cluster.device_memory_gb else
-            cluster.host_memory_gb * GB / cluster.gpus_per_node))
-        cfg, _ = resolve_length(cfg, None, (), cluster.world_size, budget, memory=fit_memory(costs, cfg))
+        cfg, _ = resolve_length(cfg, None, (), cluster.world_size, device_budget(cfg, cluster),
+                                memory=fit_memory(costs, cfg))
     if cfg.freeze.policy == "autofreeze" and cfg.auto.freeze:
         raise ConfigError("freeze.policy='autofreeze' is not allowed: it needs measured gradient norms; "
                           "simulate with alpha, linear, schedule or none")
@@ -218,6 +224,11 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig) -> tuple[
     cfg = plannable(cfg, costs, cluster)
     profile, bandwidth = start_profile(cfg, costs, cluster)
     controller = start(cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth)
+    from ptrun.parallel.fit import check_fits
+
+    # The first layout must fit a device (later ones only shorten the active part: frozen units keep no
+    # gradients or optimizer state).
+    check_fits(fit_memory(costs, cfg), controller.first, cfg.train.global_batch_size, device_budget(cfg, cluster))
     plans, interval = [controller.first], 0
     for epoch in range(1, cfg.train.epochs):
         # Every decision up to this boundary; the epoch is priced in the layout it starts with (decisions
