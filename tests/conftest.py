@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from ptrun.bench.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
 from ptrun.compose import compose
 from ptrun.config import PtrunConfig
 
@@ -75,25 +76,3 @@ def no_litter_left():
     yield
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
-
-
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process."""
-    procs = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            procs[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
-    return procs
-
-
-def worker_pids(launcher: int) -> list[int]:
-    """The launcher's workers: the children of its forkserver (or its spawned children, where workers spawn)."""
-    procs = _processes()
-    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and "multiprocessing.forkserver" in cmd}
-    return sorted(pid for pid, (ppid, cmd) in procs.items()
-                  if ppid in servers or (ppid == launcher and "spawn_main" in cmd))

@@ -12,6 +12,7 @@ from torch import nn
 
 from ptrun.config import ConfigError, ModelConfig
 from ptrun.models import LayeredModel, build_model, run_units
+from ptrun.models.lazy import init_units
 
 VIT = dict(name="vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=3, num_heads=2)
 BERT = dict(name="bert-tiny", depth=2, embed_dim=32, num_heads=2, vocab_size=100)
@@ -305,3 +306,63 @@ def test_regression_loss_is_the_squared_error_of_each_sample():
     loss.denominator = 2.0  # the real samples of the global batch
     want = F.mse_loss(output[:2, 0], batch["labels"][:2])
     assert loss(output, target).item() == pytest.approx(want.item())
+
+
+# ---- building only what a worker runs (ptrun.models.lazy) -------------------------------------------------
+
+def held(layered: LayeredModel) -> dict[str, torch.Tensor]:
+    """The parameters that have values here (the others are empty)."""
+    return {n: p for n, p in layered.model.named_parameters() if p.numel()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_unit_starts_with_the_same_values_whatever_else_is_built(kind):
+    whole = make(kind, seed=3)
+    n = len(whole.units)
+    for units in ([0], [2, 3], [n - 1], [1, n - 1]):
+        torch.manual_seed(3)
+        fields = dict(VIT) if kind == "vit" else dict(BERT, task=kind.split("-")[1])
+        part = build_model(ModelConfig(**fields), num_classes=10, units=())
+        assert held(part) == {}  # built without values
+        init_units(part, units)
+        values = held(part)
+        want = {nm for u in units for nm in whole.unit_param_names(u) + whole.unit_shared_param_names(u)}
+        assert set(values) == want, units
+        every = dict(whole.model.named_parameters())
+        for name, value in values.items():
+            assert torch.equal(value, every[name]), (units, name)
+    # the library's own rule, unit by unit: normal(0, 0.02)-sized linear weights, LayerNorm at identity
+    linear = next(m for m in whole.units[1].modules() if isinstance(m, nn.Linear))
+    assert 0.015 < linear.weight.std().item() < 0.025 and not linear.bias.any()
+    norm = next(m for m in whole.units[2].modules() if isinstance(m, nn.LayerNorm))
+    assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and not norm.bias.any()
+
+
+def test_units_without_values_are_measured_one_at_a_time():
+    """measure_unit_memory runs every unit of a model that has no values, and leaves it without any."""
+    from ptrun.parallel.fit import measure_unit_memory
+
+    torch.manual_seed(0)
+    part = build_model(ModelConfig(**VIT), num_classes=10, units=())
+    memory = measure_unit_memory(part, inputs("vit")[:1], "adamw")
+    assert held(part) == {}
+    whole_memory = measure_unit_memory(make("vit"), inputs("vit")[:1], "adamw")
+    assert memory == whole_memory
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_pretrained_weights_are_read_for_the_units_filled(tmp_path, suffix):
+    from safetensors.torch import save_file
+
+    source = make("bert-mlm", seed=0)
+    path = tmp_path / f"weights{suffix}"
+    state = {k: v.detach().contiguous() for k, v in source.model.named_parameters()}  # the tie once
+    save_file(state, str(path)) if suffix == ".safetensors" else torch.save(state, path)
+    torch.manual_seed(1)
+    part = build_model(ModelConfig(**dict(BERT, task="mlm"), pretrained=str(path)), num_classes=10, units=())
+    n = len(part.units)
+    init_units(part, [n - 1])  # the head: its own weights and the tied word embedding, nothing else
+    values = held(part)
+    assert set(values) == set(part.unit_param_names(n - 1)) | {WORD_EMB}
+    for name, value in values.items():
+        assert torch.equal(value, source.model.get_parameter(name)), name

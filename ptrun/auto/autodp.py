@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.residency import materialize, release_unheld, unit_holders
+from ptrun.auto.residency import release_unheld, unit_holders
+from ptrun.models.lazy import allocate
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
@@ -138,7 +139,7 @@ def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimS
         dist.recv(flat, src)
         dist.recv(steps, src)
         received += flat.numel() * flat.element_size()
-        materialize(layered, names)
+        allocate(layered, names)
         offset = 0
         with torch.no_grad():
             for n in names:

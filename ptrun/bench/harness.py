@@ -148,3 +148,22 @@ def aggregate(rounds: list[list[dict]], paper: dict[str, float] = PAPER) -> list
 def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
     """A number for a table cell; "-" for a value that does not exist (no ideal, never reached the target)."""
     return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def cell(row: dict, key: str, spec: str, suffix: str = "", repeats: int = 1) -> str:
+    """A median, with its range over the rounds (`<key>_range`) when there was more than one."""
+    text = fmt(row[key], spec, suffix)
+    span = row.get(f"{key}_range")
+    if repeats > 1 and span is not None and row[key] is not None:
+        text += f" ({span[0]:{spec}}-{span[1]:{spec}})"
+    return text
+
+
+def rows_table(rows: list[dict], columns: list[tuple[str, str, str, str]], repeats: int) -> list[str]:
+    """A Markdown table, one line per row: a `label` column, then a column per (header, key, format spec,
+    suffix), each a `cell`."""
+    lines = ["| run | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | " + " | ".join(cell(r, key, spec, suffix, repeats)
+                                                        for _, key, spec, suffix in columns) + " |")
+    return lines

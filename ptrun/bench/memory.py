@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from ptrun.bench.harness import command_line, fmt, median, publish
+from ptrun.bench.processes import worker_pids
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = [0, 6, 9]
@@ -41,27 +42,6 @@ RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${packag
 """What every run trains (the earlier commit must accept these keys: `freeze.every` came with issue 19)."""
 
 
-def processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process, from /proc."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                out[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def workers_of(launcher: int) -> list[int]:
-    """The launcher's worker processes: the children of its forkserver (or its spawned children)."""
-    procs = processes()
-    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and "multiprocessing.forkserver" in cmd}
-    return sorted(pid for pid, (ppid, cmd) in procs.items()
-                  if ppid in servers or (ppid == launcher and "spawn_main" in cmd))
-
-
 def resident(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -73,7 +53,7 @@ def sample(proc: subprocess.Popen, samples: list, stop: threading.Event) -> None
     """Every 0.2 s until `stop`: (time, [resident bytes of each worker, by start order])."""
     order: list[int] = []
     while not stop.is_set():
-        for pid in workers_of(proc.pid):
+        for pid in worker_pids(proc.pid):
             if pid not in order:
                 order.append(pid)
         sizes = [resident(pid) for pid in order]
@@ -131,15 +111,12 @@ def summarize(label: str, samples: list, events: list[dict]) -> dict:
 
 def model_footprint(run_dir: Path) -> tuple[int, int]:
     """(parameters, bytes of parameters + gradients + AdamW's two moments) of the model a run trained."""
-    import torch
-
     from ptrun.config import load_resolved
     from ptrun.models import build_model
 
     cfg = load_resolved(run_dir / "config.yaml")
-    with torch.device("meta"):
-        layered = build_model(cfg.model, num_classes=5, vocab_size=30522)
-    count = sum(p.numel() for p in layered.model.parameters())
+    layered = build_model(cfg.model, num_classes=5, vocab_size=30522, units=())  # shapes only, no values
+    count = sum(shape.numel() for shape in layered.param_shapes.values())
     return count, 16 * count
 
 

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, dir_name, fmt, median, publish
+from ptrun.bench.harness import cell, command_line, dir_name, fmt, median, publish, rows_table
 
 PLAIN = Path(__file__).resolve().parents[2] / "scripts" / "peers" / "plain_loop.py"
 """The peers' script: a plain PyTorch loop that uses nothing of ptrun (run from a clone)."""
@@ -184,15 +184,6 @@ def aggregate(rounds: list[list[dict]]) -> dict:
     return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds])}
 
 
-def cell(row: dict, key: str, spec: str, suffix: str = "", repeats: int = 1) -> str:
-    """A median, with its range over the rounds when there was more than one."""
-    text = fmt(row[key], spec, suffix)
-    span = row.get(f"{key}_range")
-    if repeats > 1 and span is not None and row[key] is not None:
-        text += f" ({span[0]:{spec}}-{span[1]:{spec}})"
-    return text
-
-
 def caption(result: dict) -> str:
     """The line above the tables: what was run, how it is summarized, and the target."""
     return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; "
@@ -204,14 +195,11 @@ def caption(result: dict) -> str:
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
     n = result["repeats"]
-    lines = ["| run | wall (s) | training (s) | start-up overhead (s) | samples/s | final top-1 | "
-             "time to target (s) | speedup, wall | speedup, training |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['label']} | {cell(r, 'wall_s', '.1f', repeats=n)} "
-                     f"| {cell(r, 'train_time_s', '.1f', repeats=n)} "
-                     f"| {cell(r, 'overhead_s', '.1f', repeats=n)} | {cell(r, 'samples_per_s', '.0f', repeats=n)} "
-                     f"| {cell(r, 'final_top1', '.2f', repeats=n)} | {cell(r, 'time_to_target_s', '.1f', repeats=n)} "
-                     f"| {cell(r, 'speedup_wall', '.2f', 'x', n)} | {cell(r, 'speedup_train', '.2f', 'x', n)} |")
+    lines = rows_table(result["rows"], [
+        ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
+        ("start-up overhead (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
+        ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
+        ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x")], n)
     if result["checks"]:
         lines += ["", "| samples/s in training | ratio | at least |", "|---|---|---|"]
         for c in result["checks"]:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, dir_name, fmt, ideal_speedup, median, publish
-from ptrun.bench.peers import cell, execute, measure, shown, command, spread
+from ptrun.bench.harness import command_line, dir_name, fmt, ideal_speedup, median, publish, rows_table
+from ptrun.bench.peers import execute, measure, shown, command, spread
 
 PEER = "plain loop"
 VARIANTS = {
@@ -59,13 +59,10 @@ def caption(result: dict) -> str:
 
 def table(result: dict) -> str:
     n = result["repeats"]
-    lines = ["| run | wall (s) | training (s) | final top-1 | time to target (s) | speedup, wall | ideal |",
-             "|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['label']} | {cell(r, 'wall_s', '.1f', repeats=n)} "
-                     f"| {cell(r, 'train_time_s', '.1f', repeats=n)} | {cell(r, 'final_top1', '.2f', repeats=n)} "
-                     f"| {cell(r, 'time_to_target_s', '.1f', repeats=n)} "
-                     f"| {cell(r, 'speedup_wall', '.2f', 'x', n)} | {cell(r, 'ideal', '.2f', 'x', n)} |")
+    lines = rows_table(result["rows"], [
+        ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
+        ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
+        ("speedup, wall", "speedup_wall", ".2f", "x"), ("ideal", "ideal", ".2f", "x")], n)
     return "\n".join(lines)
 
 

@@ -5,10 +5,15 @@ timm and transformers are imported only when a model of their family is built (e
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from contextlib import nullcontext
 from pathlib import Path
+
+import torch
 
 from ptrun.config import ConfigError, ModelConfig
 from ptrun.models.layered import LayeredModel, run_units
+from ptrun.models.lazy import empty_meta_parameters, init_units, parameters_on_meta
 
 __all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
 
@@ -28,27 +33,36 @@ def model_family(cfg: ModelConfig) -> str:
 
 
 def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = None,
-                in_chans: int | None = None, vocab_size: int | None = None) -> LayeredModel:
+                in_chans: int | None = None, vocab_size: int | None = None,
+                units: Iterable[int] | None = None) -> LayeredModel:
     """Build the model `cfg` names, sized by cfg where set and by the data's facts otherwise.
 
-    `cfg.pretrained` is loaded here too: a Hugging Face directory through `from_pretrained` (BERT), a weights
-    file through `load_pretrained`. Nothing is ever downloaded.
+    Its parameters are created without storage (`ptrun.models.lazy`); `units` are then given their initial
+    values: all units if None, none for `()` (a worker fills its own stages' units once it knows its
+    layout, with `init_units`). The per-unit seeds are drawn from the global generator, so the same seed
+    before this call gives the same model. `cfg.pretrained` is read here too: a weights file is checked
+    now and read per unit as units are filled (`ptrun.models.weights`); a Hugging Face directory is loaded
+    whole by `from_pretrained`, so every unit has its values at once. Nothing is ever downloaded.
     """
     from ptrun.models.bert import is_hf_dir
 
-    if model_family(cfg) == "vit":
-        from ptrun.models.vit import build_vit
+    with nullcontext() if is_hf_dir(cfg.pretrained) else parameters_on_meta():
+        if model_family(cfg) == "vit":
+            from ptrun.models.vit import build_vit
 
-        if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():
-            raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ViT takes a weights file, "
-                              f"not a directory")
-        layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
-    else:
-        from ptrun.models.bert import build_bert
+            if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():
+                raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ViT takes a weights "
+                                  f"file, not a directory")
+            layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
+        else:
+            from ptrun.models.bert import build_bert
 
-        layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
+            layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
+    empty_meta_parameters(layered.model)
+    layered.init_seed = int(torch.randint(2**40, ()).item())
     if cfg.pretrained is not None and not is_hf_dir(cfg.pretrained):
-        from ptrun.models.weights import load_pretrained
+        from ptrun.models.weights import open_pretrained
 
-        load_pretrained(layered, cfg.pretrained)
+        layered.weights = open_pretrained(layered, cfg.pretrained)
+    init_units(layered, range(len(layered.units)) if units is None else units)
     return layered

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -210,4 +211,12 @@ def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) ->
         tied = _tied_decoder(model)
     else:
         units.append(BertClassifierHead(model.bert.pooler, model.dropout, model.classifier))
-    return LayeredModel(model, family="bert", task=cfg.task, units=units, input_names=INPUT_NAMES, tied=tied)
+    return LayeredModel(model, family="bert", task=cfg.task, units=units, input_names=INPUT_NAMES, tied=tied,
+                        init=partial(init_bert_unit, model))
+
+
+def init_bert_unit(model: nn.Module, unit: nn.Module) -> None:
+    """transformers' own initialisation (`_init_weights`: Linear and Embedding normal with the config's
+    `initializer_range`, zero biases and padding row, LayerNorm ones and zeros), for one unit's modules."""
+    for module in unit.modules():
+        model._init_weights(module)

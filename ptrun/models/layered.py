@@ -28,7 +28,7 @@ autograd sums the two uses itself, and nothing needs doing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -56,7 +56,8 @@ class LayeredModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, *, family: str, task: str, units: list[nn.Module],
-                 input_names: tuple[str, ...], tied: Iterable[nn.Parameter | str] = ()) -> None:
+                 input_names: tuple[str, ...], tied: Iterable[nn.Parameter | str] = (),
+                 init: Callable[[nn.Module], None] | None = None) -> None:
         super().__init__()
         self.model = model
         self.family = family
@@ -71,7 +72,12 @@ class LayeredModel(nn.Module):
         self.library_config: dict = {}
         """How the library rebuilds `model` (timm: the `create_model` arguments), for the export."""
         self.param_shapes = {name: p.shape for name, p in model.named_parameters()}
-        """Each parameter's shape, also while a worker that does not hold it keeps it empty (ptrun.auto.residency)."""
+        """Each parameter's shape, also while a worker that does not hold it keeps it empty (ptrun.models.lazy)."""
+        self._init = init
+        self.init_seed = 0
+        """Unit i's initial values are drawn from the generator seeded with `init_seed + i` (ptrun.models.lazy)."""
+        self.weights = None
+        """The pretrained weights file units read their values from as they are filled (ptrun.models.weights)."""
 
     def _declared_tied(self, tied: Iterable[nn.Parameter | str]) -> set[int]:
         """Object ids of the declared tied parameters; each must be a parameter of `model`."""
@@ -147,6 +153,13 @@ class LayeredModel(nn.Module):
             return list(self.tied)
         wanted = set(units)
         return [name for name, users in self.tied.items() if wanted.intersection(users)]
+
+    def init_unit(self, i: int) -> None:
+        """Draw unit i's initial values with the library's own rule for its modules, from the global generator
+        (`ptrun.models.lazy.init_units` seeds it per unit)."""
+        if self._init is None:
+            raise RuntimeError(f"{self.family}: this model has no per-unit initialisation")
+        self._init(self.units[i])
 
     def unit_block(self, i: int) -> int | None:
         """Block index of unit i; None for the embedding and the head."""

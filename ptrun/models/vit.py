@@ -20,7 +20,9 @@ from ptrun.models.layered import LayeredModel
 # worker at every start and restart. ptrun's own wandb tracker (logger=wandb) imports it when asked.
 with hidden("wandb"):
     import timm
-    from timm.models.vision_transformer import Block, VisionTransformer
+    from timm.layers import trunc_normal_
+    from timm.models._manipulate import named_apply
+    from timm.models.vision_transformer import Block, VisionTransformer, init_weights_vit_timm
 
 
 class VitEmbed(nn.Module):
@@ -79,6 +81,19 @@ class VitHead(nn.Module):
         return self.head(self.head_drop(self.fc_norm(x)))
 
 
+def init_vit_unit(unit: nn.Module) -> None:
+    """timm's own initialisation (`VisionTransformer.init_weights`, mode ''), restricted to one unit: each
+    Linear truncated-normal (std 0.02) with zero bias, other modules their `reset_parameters`; the embedding's
+    position embedding truncated-normal and its class / register tokens normal (std 1e-6)."""
+    named_apply(init_weights_vit_timm, unit)
+    if isinstance(unit, VitEmbed):
+        if unit.pos_embed is not None:
+            trunc_normal_(unit.pos_embed, std=.02)
+        for token in (unit.cls_token, unit.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
+
+
 def build_vit(cfg: ModelConfig, *, num_classes: int, img_size: int | None, in_chans: int | None) -> LayeredModel:
     """`timm.create_model(cfg.name, pretrained=False, ...)` with only the sizes that are set."""
     if not timm.is_model(cfg.name):
@@ -99,6 +114,7 @@ def build_vit(cfg: ModelConfig, *, num_classes: int, img_size: int | None, in_ch
     for block in vit.blocks:
         units += [VitAttnHalf(block), VitMlpHalf(block)]
     units.append(VitHead(vit))
-    layered = LayeredModel(vit, family="vit", task="classification", units=units, input_names=("pixel_values",))
+    layered = LayeredModel(vit, family="vit", task="classification", units=units, input_names=("pixel_values",),
+                           init=init_vit_unit)
     layered.library_config = {"model_name": cfg.name, **{k: v for k, v in kwargs.items() if v is not None}}
     return layered

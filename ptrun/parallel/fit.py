@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ptrun.config import ConfigError, PtrunConfig, parse_memory
+from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
 
@@ -32,26 +33,31 @@ class UnitMemory:
 
 
 def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
-    """Per-unit memory from the model's own units and one sample (a batch of 1) on the host."""
-    weights = {p.untyped_storage().data_ptr() for p in layered.model.parameters()}
+    """Per-unit memory from the model's own units and one sample (a batch of 1) on the host. The units run
+    one at a time, each given its values only while it runs (`borrowed`): measuring a model that has no
+    values yet holds one unit at a time."""
     copies = 2 + OPTIMIZER_COPIES.get(optimizer, 2)  # the parameter, its gradient, the optimizer's state
-    state = [float(sum(p.numel() * p.element_size() * copies for p in unit.parameters())) for unit in layered.units]
+    params = dict(layered.model.named_parameters())
+    state = [float(sum(layered.param_shapes[n].numel() * params[n].element_size() * copies
+                       for n in unit_names(layered, [i]))) for i in range(len(layered.units))]
     activations: list[float] = []
     carry: tuple = tuple(sample)
-    for unit in layered.units:
+    for i, unit in enumerate(layered.units):
         seen: set[int] = set()
         kept = [0]
+        with borrowed(layered, [i]):
+            weights = {p.untyped_storage().data_ptr() for p in unit.parameters()}
 
-        def pack(t: torch.Tensor):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in weights and ptr not in seen:
-                seen.add(ptr)
-                kept[0] += t.untyped_storage().nbytes()
-            return t
+            def pack(t: torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in weights and ptr not in seen:
+                    seen.add(ptr)
+                    kept[0] += t.untyped_storage().nbytes()
+                return t
 
-        # The random state is restored afterwards: measuring must not shift the run's dropout masks.
-        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = unit(*carry)
+            # The random state is restored afterwards: measuring must not shift the run's dropout masks.
+            with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = unit(*carry)
         activations.append(float(kept[0]))
         carry = tuple(x.detach() for x in out) if isinstance(out, tuple) else (out.detach(),)
         carry = tuple(x.requires_grad_(True) if x.is_floating_point() else x for x in carry)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.models.layered import LayeredModel
+from ptrun.models.lazy import borrowed
 
 
 @dataclass(frozen=True)
@@ -85,37 +86,38 @@ def profile_units(layered: LayeredModel, inputs: tuple, device: torch.device, re
     forward: list[float] = []
     frozen: list[float] = []
     carry = tuple(inputs)
-    for unit in layered.units:
-        out: tuple = ()
+    for i, unit in enumerate(layered.units):
+        with borrowed(layered, [i]):  # a unit without values (a lazy model) has them while it is timed
+            out: tuple = ()
 
-        def train_step(*x):
-            nonlocal out
-            out = _as_tuple(unit(*x))
-            head = out[0]
-            if head.requires_grad:
-                head.backward(torch.ones_like(head))
+            def train_step(*x):
+                nonlocal out
+                out = _as_tuple(unit(*x))
+                head = out[0]
+                if head.requires_grad:
+                    head.backward(torch.ones_like(head))
 
-        def leaves():
-            return _leaf_inputs(carry)
+            def leaves():
+                return _leaf_inputs(carry)
 
-        times.append(_median_time(train_step, device, repeats, leaves, clock))
-        unit.zero_grad(set_to_none=True)
-        sizes.append(float(sum(t.numel() * t.element_size() for t in out)))
-        if detail:
-            def forward_only():
-                with torch.no_grad():
-                    unit(*carry)
+            times.append(_median_time(train_step, device, repeats, leaves, clock))
+            unit.zero_grad(set_to_none=True)
+            sizes.append(float(sum(t.numel() * t.element_size() for t in out)))
+            if detail:
+                def forward_only():
+                    with torch.no_grad():
+                        unit(*carry)
 
-            forward.append(_median_time(forward_only, device, repeats, clock=clock))
-            flags = [(p, p.requires_grad) for p in unit.parameters()]
-            for p, _ in flags:
-                p.requires_grad_(False)
-            try:
-                frozen.append(_median_time(train_step, device, repeats, leaves, clock))
-            finally:
-                for p, flag in flags:
-                    p.requires_grad_(flag)
-        carry = tuple(t.detach() for t in out)
+                forward.append(_median_time(forward_only, device, repeats, clock=clock))
+                flags = [(p, p.requires_grad) for p in unit.parameters()]
+                for p, _ in flags:
+                    p.requires_grad_(False)
+                try:
+                    frozen.append(_median_time(train_step, device, repeats, leaves, clock))
+                finally:
+                    for p, flag in flags:
+                        p.requires_grad_(flag)
+            carry = tuple(t.detach() for t in out)
     return UnitProfile(times, sizes, forward if detail else None, frozen if detail else None)
 
 

@@ -20,11 +20,13 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
@@ -144,15 +146,34 @@ def load_extra(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
     return load_file(str(path)) if path.is_file() else None
 
 
-def load(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
-    """(all parameters by name, all optimizer state by parameter name, trainer state)."""
+def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape in the checkpoint, read from the files' indexes (no values)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    try:
+        for f in sorted(ckpt.glob("params-stage*.safetensors")):
+            with safe_open(str(f), framework="pt") as handle:
+                shapes.update({k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()})
+    except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
+        raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+    return shapes
+
+
+def load(ckpt: Path, names: Collection[str] | None = None
+         ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+    """(the parameters by name, their optimizer state by parameter name, trainer state): all of them, or only
+    `names`' (a worker reads the units it holds: other tensors' bytes are not read, and each stage's
+    optimizer file is memory-mapped and filtered, so at most one file's worth is ever touched)."""
     params: dict[str, torch.Tensor] = {}
     optim: dict[str, dict[str, torch.Tensor]] = {}
     try:
         for f in sorted(ckpt.glob("params-stage*.safetensors")):
-            params.update(load_file(str(f)))
+            with safe_open(str(f), framework="pt") as handle:
+                params.update({k: handle.get_tensor(k) for k in handle.keys() if names is None or k in names})
         for f in sorted(ckpt.glob("optim-stage*.pt")):
-            optim.update(torch.load(f, map_location="cpu", weights_only=True))
+            saved = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+            optim.update({n: {k: v.clone() for k, v in s.items()} for n, s in saved.items()
+                          if names is None or n in names})
+            del saved
         state = json.loads((ckpt / TRAINER).read_text())
     except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
         raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")

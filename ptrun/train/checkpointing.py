@@ -9,7 +9,9 @@ import logging
 import torch
 
 from ptrun.auto.freeze import blocks_of_units
+from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError
+from ptrun.models.lazy import allocate
 from ptrun.parallel.plan import Plan
 from ptrun.train import checkpoint
 
@@ -48,33 +50,32 @@ class Checkpointing:
         log.info("checkpoint written: %s", path)
 
     def resume(self) -> tuple[str | None, Plan, dict]:
-        """Load the newest valid checkpoint into the host model. Returns (its path, the plan to continue
-        with, the optimizer state by parameter name). The saved plan is reused when the world size is the
-        same; otherwise AutoPipe re-plans the saved frozen prefix for this world."""
+        """Load the newest valid checkpoint: the values of the units this rank holds in the plan it resumes in.
+        Returns (its path, the plan to continue with, the optimizer state by parameter name). The saved plan
+        is reused when the world size is the same; otherwise AutoPipe re-plans the saved frozen prefix for
+        this world."""
         ckpt = checkpoint.latest_valid(self.cfg.run_dir)
         if ckpt is None:
             if self.is_main:
                 log.warning("no checkpoint to resume from in %s; starting from scratch", self.cfg.run_dir)
             return None, self.controller.first, {}
-        params, optim_state, state = checkpoint.load(ckpt)
+        state = checkpoint.load(ckpt, names=())[2]
         if state["model"]["num_units"] != len(self.layered.units) or state["model"]["name"] != self.cfg.model.name:
             raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
                               f"{state['model']['num_units']} units, not {self.cfg.model.name} with "
                               f"{len(self.layered.units)} units; resume with the run's model settings or choose "
                               f"another hydra.run.dir")
-        own = dict(self.layered.model.named_parameters())
-        missing = sorted(set(own) - set(params))
+        shapes = checkpoint.param_shapes(ckpt)
+        own = self.layered.param_shapes
+        missing = sorted(set(own) - set(shapes))
         if missing:
             raise ConfigError(f"checkpoint {ckpt} lacks parameter {missing[0]}; resume with the run's model "
                               f"settings or choose another hydra.run.dir")
-        wrong = next((n for n, p in own.items() if params[n].shape != p.shape), None)
+        wrong = next((n for n, shape in own.items() if shapes[n] != tuple(shape)), None)
         if wrong is not None:
-            raise ConfigError(f"checkpoint {ckpt}: {wrong} has shape {tuple(params[wrong].shape)}, the model "
-                              f"{tuple(own[wrong].shape)}; resume with the run's model settings or choose "
+            raise ConfigError(f"checkpoint {ckpt}: {wrong} has shape {shapes[wrong]}, the model "
+                              f"{tuple(own[wrong])}; resume with the run's model settings or choose "
                               f"another hydra.run.dir")
-        with torch.no_grad():
-            for name, p in own.items():
-                p.copy_(params[name])
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.last_checkpoint_step = self.global_step
         self.step_in_epoch = state.get("step_in_epoch", 0)
@@ -96,6 +97,14 @@ class Checkpointing:
                 checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
         else:
             plan = self.controller.plan_for(self.controller.first, blocks_of_units(saved.frozen_units), self.world_size)
+        # Only the parameters (and optimizer state) of the units this rank holds in that plan are read.
+        held = held_names(self.layered, plan, self.rank)
+        params, optim_state, _ = checkpoint.load(ckpt, names=held)
+        allocate(self.layered, held)
+        with torch.no_grad():
+            for name, p in self.layered.model.named_parameters():
+                if name in held:
+                    p.copy_(params[name])
         if self.is_main:
             log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
                      self.epoch, self.step_in_epoch, self.global_step, plan.frozen_units)

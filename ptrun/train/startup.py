@@ -17,6 +17,7 @@ from ptrun.auto.autodp import build_layout
 from ptrun.auto.controller import Controller, start
 from ptrun.config import DataConfig, PtrunConfig, validate
 from ptrun.data import build_datasets
+from ptrun.models.lazy import init_units
 from ptrun.parallel import microtune
 from ptrun.parallel.fit import device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, start_replica_batch, starting_microbatches
@@ -107,6 +108,9 @@ class StartUp:
             return replace(first, pp=pp, dp=self.world_size // pp, microbatches=m,
                            stage_bounds=tuple(tuple(b) for b in bounds)).check()
 
+        # Tuning builds and runs this rank's stages at every candidate length: it fills every unit (emptied
+        # again, all but this rank's, once the first layout is built).
+        init_units(self.layered, range(len(self.layered.units)))
         build = partial(build_layout, self.builder)
         batches = partial(microtune.training_batches, self.data.train, rank=self.rank, seed=cfg.train.seed,
                           input_names=self.layered.input_names, task=cfg.model.task, device=self.device)

@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, gather_to
-from ptrun.auto.residency import release_unheld
+from ptrun.auto.residency import held_units, release_unheld
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
+from ptrun.models.lazy import init_units
 from ptrun.models.export import export_model
 from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
 from ptrun.parallel.optim import set_lr
@@ -72,9 +73,10 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
         self.stops = stops or StopRequests()
         self.is_main = rank == 0
         self.data = build_datasets(data_config(cfg))
-        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        torch.manual_seed(cfg.train.seed)  # identical per-unit initial values on every rank
+        # No unit has values yet: a worker fills its own stages' units once it knows its layout (apply_plan).
         self.layered = build_model(cfg.model, num_classes=self.data.num_classes, img_size=self.data.image_size,
-                                   in_chans=self.data.in_chans, vocab_size=self.data.vocab_size)
+                                   in_chans=self.data.in_chans, vocab_size=self.data.vocab_size, units=())
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
         self.cfg = cfg = self._resolve_length(cfg)
         self.loss = WeightedLoss(cfg.model.task)
@@ -151,6 +153,7 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
 
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
+        init_units(self.layered, held_units(self.layered, plan, self.rank))  # those a resume did not fill
         self._use(build_layout(self.builder, plan, optimizer_states))
         release_unheld(self.layered, plan, self.rank)  # from here on a worker holds its own stages' weights
 
