@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config import load_resolved
+from ptrun.config.launcher import worker_threads
 from ptrun.errors import EXIT_BAD_INPUT, ConfigError
 
 ENV_AT_IMPORT = dict(os.environ)
@@ -56,7 +57,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     stops.install()  # first: a signal during the start is kept for the first step boundary
     cfg = load_resolved(config_path)
     # elastic_launch, unlike torchrun, does not set OMP_NUM_THREADS: one intra-op thread per emulated device.
-    torch.set_num_threads(cfg.launcher.threads_per_worker)
+    torch.set_num_threads(worker_threads(cfg.launcher.threads_per_worker, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     # Late in training, tiny gradients and optimizer moments become denormal floats, which run tens of
     # times slower on x86 CPUs; flushing them to zero costs nothing in accuracy.
     torch.set_flush_denormal(True)

@@ -55,6 +55,8 @@ MESSAGES = {
     "rdzv_host_unknown": "does not resolve (",  # the resolver's reason varies: the rest is checked below
     "cache_memory_unavailable": "(File too large); lower cache.max_memory",
     "run_dir_is_a_file": "is not allowed: a directory to create or write into (",
+    "hf_dir_without_weights": "no weights in the directory (model.safetensors, model.safetensors.index.json, "
+                              "pytorch_model.bin)",
 }
 
 
@@ -117,6 +119,16 @@ def run_dir(tmp_path) -> Path:
 
 
 # ---- data paths and formats ---------------------------------------------------------------------------
+
+def test_hugging_face_directory_without_weights(tmp_path, run_dir):
+    """A model directory with its config.json but no weights file is refused before any worker starts."""
+    model = tmp_path / "bert"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 2, "intermediate_size": 64,
+                                                   "vocab_size": 100, "max_position_embeddings": 64}))
+    run_case("hf_dir_without_weights", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:])
+
 
 @DIST
 def test_imagefolder_without_images(tmp_path, run_dir):

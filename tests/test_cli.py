@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +81,15 @@ def test_nproc_per_node_auto_is_one_worker_per_gpu_else_two(tmp_path):
     gloo = compose_config(["launcher.nproc_per_node=auto", "launcher.backend=gloo"], tmp_path)
     assert workers_per_node(gloo.launcher) == 2  # gloo workers run on the CPU even where there is a GPU
     assert workers_per_node(compose_config(["launcher.nproc_per_node=3", "pipe.length=3"], tmp_path).launcher) == 3
+
+
+def test_threads_per_worker_auto_shares_the_cores_among_a_machines_workers(tmp_path, monkeypatch):
+    from ptrun.config.launcher import worker_threads
+
+    assert compose_config([], tmp_path).launcher.threads_per_worker == "auto"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # an 8-core machine
+    assert [worker_threads("auto", n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert worker_threads(3, 8) == 3  # an explicit count is kept
 
 
 def test_the_validation_tables_match_the_data_sources():
@@ -203,6 +214,7 @@ BAD_INPUT = [
      "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained="),
     (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
+    (["launcher.threads_per_worker=0"], "launcher.threads_per_worker=0 is not allowed: an integer >= 1 or auto"),
     (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
     (["pipe.length=1", "train.global_batch_size=33"], "train.global_batch_size=33 is not allowed: a multiple of the data-parallel width 2"),
     (["optim.name=lamb"], "optim.name='lamb' is not allowed: one of adamw, sgd"),

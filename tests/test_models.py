@@ -350,17 +350,25 @@ def test_units_without_values_are_measured_one_at_a_time():
     assert memory == whole_memory
 
 
-@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", "hf-dir"])
 def test_pretrained_weights_are_read_for_the_units_filled(tmp_path, suffix):
     from safetensors.torch import save_file
 
     source = make("bert-mlm", seed=0)
     path = tmp_path / f"weights{suffix}"
     state = {k: v.detach().contiguous() for k, v in source.model.named_parameters()}  # the tie once
-    save_file(state, str(path)) if suffix == ".safetensors" else torch.save(state, path)
+    fields = dict(BERT, task="mlm")
+    if suffix == "hf-dir":  # a Hugging Face directory: its config sizes the model, its weights fill it
+        source.model.save_pretrained(path)
+        fields = dict(name="my-bert", family="bert", task="mlm")
+    elif suffix == ".safetensors":
+        save_file(state, str(path))
+    else:
+        torch.save(state, path)
     torch.manual_seed(1)
-    part = build_model(ModelConfig(**dict(BERT, task="mlm"), pretrained=str(path)), num_classes=10, units=())
+    part = build_model(ModelConfig(**fields, pretrained=str(path)), num_classes=10, units=())
     n = len(part.units)
+    assert held(part) == {}
     init_units(part, [n - 1])  # the head: its own weights and the tied word embedding, nothing else
     values = held(part)
     assert set(values) == set(part.unit_param_names(n - 1)) | {WORD_EMB}

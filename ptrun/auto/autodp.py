@@ -104,18 +104,19 @@ def gather_to(layered, plan: Plan, dst: int, device: torch.device) -> None:
 
 def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimState,
                device: torch.device) -> tuple[OptimState, int]:
-    """Collective: for each (sender, receiver) route, one flat buffer of its parameters followed by the state
-    tensors the sender holds for them in `states` (scalars such as `step` in a float64 buffer beside). Point
-    to point, in one global order, so the two ends of the earliest unfinished route are always both at it:
-    nothing deadlocks. The receiver copies the parameters into its host model; returns the state it received
-    and the bytes of its flat buffers."""
+    """Collective: for each (sender, receiver) route, its parameters and then the state tensors the sender
+    holds for them in `states`, tensor by tensor (scalars such as `step` in one float64 tensor after them).
+    The receiver receives each parameter straight into its storage and each state tensor into its own, so
+    neither end ever holds a second copy. Point to point, in one global order, so the two ends of the
+    earliest unfinished route are always both at it: nothing deadlocks. Returns the state this rank received
+    and the bytes it received."""
     rank = dist.get_rank()
     params = dict(layered.model.named_parameters())
     sent = {n for (src, _), names in routes.items() if src == rank for n in names if n in states}
-    # Which state tensors each sent parameter carries (small, pickled, one all-gather): receivers size their
-    # buffers from it.
+    # Which state tensors each sent parameter carries, with shape and dtype (small, pickled, one
+    # all-gather): receivers allocate them from it.
     layouts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(layouts, {n: {k: (tuple(v.shape) if torch.is_tensor(v) and v.ndim else None)
+    dist.all_gather_object(layouts, {n: {k: ((tuple(v.shape), v.dtype) if torch.is_tensor(v) and v.ndim else None)
                                          for k, v in states[n].items()} for n in sent})
     out: OptimState = {}
     received = 0
@@ -123,35 +124,33 @@ def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimS
         if rank not in (src, dst):
             continue
         layout_of = layouts[src]
-        tensors = [(n, k, shape) for n in names for k, shape in layout_of.get(n, {}).items() if shape is not None]
-        scalars = [(n, k) for n in names for k, shape in layout_of.get(n, {}).items() if shape is None]
-        size = sum(layered.param_shapes[n].numel() for n in names) + sum(torch.Size(s).numel() for _, _, s in tensors)
-        flat = torch.empty(size, dtype=torch.float32, device=device)
-        steps = torch.empty(max(len(scalars), 1), dtype=torch.float64, device=device)
+        tensors = [(n, k, spec) for n in names for k, spec in layout_of.get(n, {}).items() if spec is not None]
+        scalars = [(n, k) for n in names for k, spec in layout_of.get(n, {}).items() if spec is None]
         if rank == src:
-            parts = [params[n].detach().reshape(-1).float() for n in names]
-            parts += [states[n][k].detach().reshape(-1).float() for n, k, _ in tensors]
-            flat.copy_(torch.cat(parts))
-            steps[:len(scalars)].copy_(torch.tensor([float(states[n][k]) for n, k in scalars], dtype=torch.float64))
-            dist.send(flat, dst)
-            dist.send(steps, dst)
+            with torch.no_grad():
+                for n in names:
+                    dist.send(params[n].detach().contiguous(), dst)
+                for n, k, _ in tensors:
+                    dist.send(states[n][k].detach().contiguous(), dst)
+                if scalars:
+                    dist.send(torch.tensor([float(states[n][k]) for n, k in scalars], dtype=torch.float64,
+                                           device=device), dst)
             continue
-        dist.recv(flat, src)
-        dist.recv(steps, src)
-        received += flat.numel() * flat.element_size()
         allocate(layered, names)
-        offset = 0
         with torch.no_grad():
             for n in names:
-                p = params[n]
-                p.copy_(flat[offset: offset + p.numel()].view_as(p).to(p.dtype))
-                offset += p.numel()
-        for n, k, shape in tensors:
-            count = torch.Size(shape).numel()
-            out.setdefault(n, {})[k] = flat[offset: offset + count].view(shape).to("cpu", copy=True)
-            offset += count
-        for (n, k), value in zip(scalars, steps.tolist()):
-            out.setdefault(n, {})[k] = torch.tensor(value, dtype=torch.float32)
+                dist.recv(params[n].data, src)
+                received += params[n].numel() * params[n].element_size()
+        for n, k, (shape, dtype) in tensors:
+            value = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(value, src)
+            received += value.numel() * value.element_size()
+            out.setdefault(n, {})[k] = value
+        if scalars:
+            steps = torch.empty(len(scalars), dtype=torch.float64, device=device)
+            dist.recv(steps, src)
+            for (n, k), value in zip(scalars, steps.tolist()):
+                out.setdefault(n, {})[k] = torch.tensor(value, dtype=torch.float32)
     return out, received
 
 

@@ -42,10 +42,10 @@ PEERS = {  # label -> (processes, threads per process) of scripts/peers/plain_lo
     "plain DDP": (2, 1),
 }
 # label -> `ptrun train` overrides after `recipe=NAME`. The layout is left to `pipe.length=auto`, which
-# starts both recipes at K = 1 (the model fits a device), the peers' layout.
+# starts both recipes at K = 1 (the model fits a device), the peers' layout; the threads to
+# `launcher.threads_per_worker=auto` (one worker: both cores, as the plain loop).
 PTRUN = {
-    "ptrun, freezing off, 1 worker": ["auto.freeze=false", "auto.cache=false", "launcher.nproc_per_node=1",
-                                      "launcher.threads_per_worker=2"],
+    "ptrun, freezing off, 1 worker": ["auto.freeze=false", "auto.cache=false", "launcher.nproc_per_node=1"],
     "ptrun, freezing off, 2 workers": ["auto.freeze=false", "auto.cache=false", "launcher.nproc_per_node=2"],
     "ptrun default": [],
 }

@@ -100,12 +100,13 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
     """One spawned worker (as `ptrun.worker.run_worker` starts one), looping through the plans."""
     started = time.time()
     from ptrun.config import load_resolved
+    from ptrun.config.launcher import worker_threads
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer
     from ptrun.worker import pick_device
 
     cfg = load_resolved(config_path)
-    torch.set_num_threads(cfg.launcher.threads_per_worker)
+    torch.set_num_threads(worker_threads(cfg.launcher.threads_per_worker, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     torch.set_flush_denormal(True)
     device, backend = pick_device(cfg.launcher.backend)
     dist.init_process_group(backend, timeout=timedelta(minutes=5))

@@ -122,6 +122,10 @@ def check_paths(cfg) -> None:
         raise ConfigError(f"data.path={d.path!r}: no such directory")
     if m.pretrained is not None and not Path(m.pretrained).expanduser().exists():
         raise ConfigError(f"model.pretrained={m.pretrained!r}: no such file or directory")
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    if _hf_config(m.pretrained) is not None and not any((Path(m.pretrained).expanduser() / w).is_file()
+                                                        for w in weights):
+        raise ConfigError(f"model.pretrained={m.pretrained!r}: no weights in the directory ({', '.join(weights)})")
 
 
 def _hf_config(pretrained: str | None) -> dict | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -36,8 +37,10 @@ class LauncherConfig:
     stop_timeout: int = 60
     """Seconds the workers get after Ctrl-C or SIGTERM to finish their step and write a checkpoint before
     they are killed (keep it below the scheduler's grace period, e.g. SLURM's `--signal=B:TERM@SECONDS`)."""
-    threads_per_worker: int = 1
-    """Intra-op threads per worker (CPU); one per emulated device avoids oversubscription."""
+    threads_per_worker: Union[int, str] = "auto"
+    """Intra-op threads per worker (CPU): `auto` shares the cores this process may use equally among the
+    machine's workers (2 workers on 2 cores: 1 each, so they do not oversubscribe; 1 worker: both), or an
+    integer >= 1."""
     backend: str = "auto"
     """Process-group backend: `auto` (nccl with CUDA, else gloo), `gloo` or `nccl`."""
 
@@ -153,8 +156,17 @@ def check_launcher(cfg) -> None:
     require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
     require(lc.rdzv_last_call >= 1, "launcher.rdzv_last_call", "whole seconds >= 1", lc.rdzv_last_call)
     require(lc.stop_timeout >= 1, "launcher.stop_timeout", "whole seconds >= 1", lc.stop_timeout)
-    require(lc.threads_per_worker >= 1, "launcher.threads_per_worker", "an integer >= 1", lc.threads_per_worker)
+    require(lc.threads_per_worker == "auto" or (isinstance(lc.threads_per_worker, int) and lc.threads_per_worker >= 1),
+            "launcher.threads_per_worker", "an integer >= 1 or auto", lc.threads_per_worker)
     require(lc.backend in ("auto", "gloo", "nccl"), "launcher.backend", "auto, gloo or nccl", lc.backend)
     parse_nnodes(lc.nnodes)
     if cfg.device.memory is not None:
         parse_memory(cfg.device.memory, total=1, key="device.memory")
+
+
+def worker_threads(setting: int | str, local_workers: int) -> int:
+    """The intra-op threads a worker uses for `launcher.threads_per_worker`, with `local_workers` workers on
+    its machine: `auto` is the cores this process may run on, shared equally (at least one)."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_workers))

@@ -6,7 +6,6 @@ timm and transformers are imported only when a model of their family is built (e
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -40,13 +39,11 @@ def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = No
     Its parameters are created without storage (`ptrun.models.lazy`); `units` are then given their initial
     values: all units if None, none for `()` (a worker fills its own stages' units once it knows its
     layout, with `init_units`). The per-unit seeds are drawn from the global generator, so the same seed
-    before this call gives the same model. `cfg.pretrained` is read here too: a weights file is checked
-    now and read per unit as units are filled (`ptrun.models.weights`); a Hugging Face directory is loaded
-    whole by `from_pretrained`, so every unit has its values at once. Nothing is ever downloaded.
+    before this call gives the same model. `cfg.pretrained` (a weights file, or a Hugging Face directory for
+    BERT) is checked now, from its index, and read per unit as units are filled (`ptrun.models.weights`).
+    Nothing is ever downloaded.
     """
-    from ptrun.models.bert import is_hf_dir
-
-    with nullcontext() if is_hf_dir(cfg.pretrained) else parameters_on_meta():
+    with parameters_on_meta():
         if model_family(cfg) == "vit":
             from ptrun.models.vit import build_vit
 
@@ -60,7 +57,7 @@ def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = No
             layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
     empty_meta_parameters(layered.model)
     layered.init_seed = int(torch.randint(2**40, ()).item())
-    if cfg.pretrained is not None and not is_hf_dir(cfg.pretrained):
+    if cfg.pretrained is not None:
         from ptrun.models.weights import open_pretrained
 
         layered.weights = open_pretrained(layered, cfg.pretrained)

@@ -170,35 +170,18 @@ def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) ->
     num_labels = 2 if cfg.task == "qa" else (cfg.num_classes or num_classes)
     dropout = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if is_hf_dir(cfg.pretrained):
+        # The directory's configuration; its weights are read per unit as units are filled (ptrun.models.weights).
         path = str(Path(cfg.pretrained).expanduser())  # type: ignore[arg-type]
-        config = BertConfig.from_pretrained(path, num_labels=num_labels, **dropout)
+        config = BertConfig.from_pretrained(path, num_labels=num_labels, attn_implementation="eager", **dropout)
         model_type = json.loads(Path(path, "config.json").read_text()).get("model_type")
         if model_type != "bert" or config.is_decoder:
             raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ptrun needs a BERT "
                               f"encoder, this is a {model_type} (is_decoder={config.is_decoder})")
         _check_against_dir(cfg, config)
-        # A head of another size (or task) is re-initialised. transformers prints a table of every such
-        # weight from every worker; one log line from ptrun says the same.
-        from transformers.utils import logging as hf_logging
-
-        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        try:
-            model, info = cls.from_pretrained(path, config=config, ignore_mismatched_sizes=True,
-                                              attn_implementation="eager", output_loading_info=True)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if bars:
-                hf_logging.enable_progress_bar()
-        fresh = sorted(set(info.get("missing_keys", ())) | {k[0] if isinstance(k, tuple) else k
-                                                            for k in info.get("mismatched_keys", ())})
-        if fresh:
-            log.info("model.pretrained=%s: newly initialised (not in the checkpoint): %s", path, ", ".join(fresh))
-        model.train()  # from_pretrained returns eval mode; a fresh model is in train mode
     else:
-        model = cls(BertConfig(**_preset_sizes(cfg, vocab_size), num_labels=num_labels,
-                               attn_implementation="eager", **dropout))
+        config = BertConfig(**_preset_sizes(cfg, vocab_size), num_labels=num_labels, attn_implementation="eager",
+                            **dropout)
+    model = cls(config)
 
     units: list[nn.Module] = [BertEmbed(model.bert.embeddings)]
     for layer in model.bert.encoder.layer:

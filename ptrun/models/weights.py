@@ -1,5 +1,5 @@
-"""Local pretrained weights (a .safetensors file or a torch checkpoint) loaded into a LayeredModel, tensor by
-tensor: a worker reads only the parameters of the units it holds.
+"""Local pretrained weights (a .safetensors file, a torch checkpoint, or a Hugging Face model directory)
+loaded into a LayeredModel tensor by tensor: a worker reads only the parameters of the units it holds.
 
 Keys are in the library model's namespace (`layered.model.state_dict()`); a leading `model.` / `module.`
 (a wrapped or DDP model's state dict) is stripped. The task head may differ (another class count, another
@@ -10,6 +10,7 @@ silently half-loaded backbone trains but gives wrong results; it is found from t
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,8 +34,39 @@ class WeightsFile:
     read: Callable[[str], torch.Tensor] = field(repr=False)
 
 
+def _files(path: str) -> list[str]:
+    """The weight files `path` names: itself, or a Hugging Face directory's (`model.safetensors`, its shards
+    listed in `model.safetensors.index.json`, or `pytorch_model.bin`)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return [path]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return sorted({str(folder / f) for f in json.loads(index.read_text())["weight_map"].values()})
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"model.pretrained={path!r}: cannot read weights ({index.name}: "
+                              f"{type(e).__name__})") from e
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [str(folder / name)]
+    raise ConfigError(f"model.pretrained={path!r}: no weights in the directory (model.safetensors, "
+                      f"model.safetensors.index.json or pytorch_model.bin)")
+
+
 def _index(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
-    """The file's tensor shapes by key, and a reader of one tensor. safetensors reads a tensor's bytes only
+    """The tensor shapes by key of the file(s) `path` names, and a reader of one tensor."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    readers: dict[str, Callable[[str], torch.Tensor]] = {}
+    for file in _files(path):
+        file_shapes, read = _index_file(file)
+        shapes.update(file_shapes)
+        readers.update(dict.fromkeys(file_shapes, read))
+    return shapes, lambda key: readers[key](key)
+
+
+def _index_file(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
+    """One file's tensor shapes by key, and a reader of one tensor. safetensors reads a tensor's bytes only
     when asked; a torch file is memory-mapped (`mmap=True`), so its pages are read only where touched."""
     try:
         if Path(path).suffix == ".safetensors":
@@ -59,8 +91,12 @@ def _index(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch
 
 
 def _strip(key: str) -> str:
+    """A file key in the model's namespace: no `model.` / `module.` wrapper prefix, and a LayerNorm's
+    `gamma` / `beta` (older BERT checkpoints) named `weight` / `bias`."""
     while key.startswith(("model.", "module.")):
         key = key.split(".", 1)[1]
+    if key.endswith(".gamma") or key.endswith(".beta"):
+        key = key.rsplit(".", 1)[0] + (".weight" if key.endswith(".gamma") else ".bias")
     return key
 
 
@@ -70,25 +106,35 @@ def open_pretrained(layered: LayeredModel, path: str) -> WeightsFile:
     path = str(Path(path).expanduser())
     shapes, read = _index(path)
     by_name = {_strip(k): k for k in shapes}
+    # A Hugging Face base-model checkpoint (`BertModel`) names its tensors without the task model's prefix.
+    prefix = getattr(layered.model, "base_model_prefix", "")
+    if prefix:
+        by_name |= {f"{prefix}.{name}": k for name, k in by_name.items() if not name.startswith(f"{prefix}.")}
     head = set(layered.unit_param_names(len(layered.units) - 1))
-    # state_dict() also lists a tied weight under its alias (e.g. the MLM decoder's weight, which is the word
-    # embedding): it is loaded once, through the name named_parameters() gives it. Parameters may be empty
-    # here (a worker that does not hold them), so their shapes come from `param_shapes`.
-    wanted = dict(layered.param_shapes) | {n: b.shape for n, b in layered.model.named_buffers()
-                                           if n in layered.model.state_dict()}
-    keys, skipped = {}, []
+    # Parameters may be empty here (a worker that does not hold them): their shapes come from `param_shapes`.
+    # Each is loaded once, under the name named_parameters() gives it.
+    saved = set(layered.model.state_dict())
+    wanted = dict(layered.param_shapes) | {n: b.shape for n, b in layered.model.named_buffers() if n in saved}
+    keys, new, skipped = {}, [], []
+    # A tied parameter has several names (the MLM decoder's weight is the word embedding); a file may use any.
+    names_of: dict[int, list[str]] = {}
+    for name, p in layered.model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    aliases = {names[0]: names for names in names_of.values()}
     for name, shape in wanted.items():
-        key = by_name.get(name)
+        key = next((by_name[a] for a in aliases.get(name, [name]) if a in by_name), None)
         if key is not None and shapes[key] == tuple(shape):
             keys[name] = key
         elif name in head:
-            skipped.append(name)
+            (new if key is None else skipped).append(name)
         else:
             why = "is missing" if key is None else f"has shape {shapes[key]}, the model {tuple(shape)}"
             raise ConfigError(f"model.pretrained={path!r}: {name} {why}")
+    if new:  # a task head on a backbone checkpoint: the usual fine-tuning start
+        log.info("model.pretrained=%s: newly initialised (not in the checkpoint): %s", path, ", ".join(new))
     if skipped:
         log.warning("model.pretrained=%r: head re-initialised (%s does not fit)", path, ", ".join(skipped))
-    unused = sorted(set(by_name) - set(layered.model.state_dict()))
+    unused = sorted(_strip(k) for k in set(shapes) - set(keys.values()) if not k.endswith("position_ids"))
     if unused:
         log.warning("model.pretrained=%r: %d weights not used (%s ...)", path, len(unused), unused[0])
     return WeightsFile(path, keys, read)

@@ -120,7 +120,7 @@ class StartUp:
             model=asdict(cfg.model), input_shapes=shapes, lengths=lengths, world_size=self.world_size,
             schedule=first.schedule, stages_per_rank=first.stages_per_rank,
             partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
-            recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=cfg.launcher.threads_per_worker,
+            recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=torch.get_num_threads(),
             device=self.device)
         measure = partial(microtune.measure, lengths, plan_at=plan_at, build=build, batches=batches,
                           model=self.layered.model, loss=self.loss, device=self.device)
