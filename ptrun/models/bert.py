@@ -149,7 +149,7 @@ def _check_against_dir(cfg: ModelConfig, hf_config) -> None:
 def _tied_decoder(model: nn.Module) -> list[nn.Parameter]:
     """The MLM decoder weight, checked to be the word-embedding Parameter itself when the config ties them.
 
-    transformers ties them in `post_init` (fresh model) and again after `from_pretrained`; a copy instead of
+    transformers ties them in `post_init` (also while the parameters are on the meta device); a copy instead of
     the same object would train two diverging matrices, so it is an error rather than silently untied.
     """
     decoder = model.cls.predictions.decoder.weight

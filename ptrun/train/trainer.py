@@ -132,7 +132,10 @@ class Trainer(StartUp, Checkpointing, Evaluation, EpochStats):
 
     def _segment_end(self, epoch: int, position: int) -> int:
         """The step of `epoch` after which the next decision falls (or the epoch's end): the segment from
-        `position` trains in one layout."""
+        `position` trains in one layout. Without freezing nothing is ever decided, so an epoch is one segment
+        (each segment starts its own batch loader)."""
+        if not self.cfg.auto.freeze:
+            return self.steps_per_epoch
         now = self._interval_at(epoch, position)
         return next((n for n in range(position + 1, self.steps_per_epoch)
                      if self._interval_at(epoch, n) > now), self.steps_per_epoch)
