@@ -215,6 +215,7 @@ BAD_INPUT = [
     (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
     (["launcher.threads_per_worker=0"], "launcher.threads_per_worker=0 is not allowed: an integer >= 1 or auto"),
+    (["model.attention=flash"], "model.attention='flash' is not allowed: sdpa or eager"),
     (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
     (["pipe.length=1", "train.global_batch_size=33"], "train.global_batch_size=33 is not allowed: a multiple of the data-parallel width 2"),
     (["optim.name=lamb"], "optim.name='lamb' is not allowed: one of adamw, sgd"),

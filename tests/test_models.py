@@ -190,7 +190,9 @@ def test_cfg_sizes_win_over_data_facts():
     bert = build_model(ModelConfig(name="bert-mini", depth=1, mlp_ratio=2), num_classes=3, vocab_size=50)
     config = bert.model.config
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size) == (1, 256, 512, 50)
-    assert config._attn_implementation == "eager"
+    assert config._attn_implementation == "sdpa"  # model.attention's default
+    eager = build_model(ModelConfig(name="bert-mini", depth=1, attention="eager"), num_classes=3, vocab_size=50)
+    assert eager.model.config._attn_implementation == "eager"
 
 
 @pytest.mark.parametrize("name", ["vit_no_such_model", "resnet50", "bert-huge"])
@@ -257,7 +259,7 @@ def test_bert_from_hugging_face_directory(tmp_path):
                         intermediate_size=64, num_labels=4, attn_implementation="eager")
     source = BertForSequenceClassification(config).eval()
     source.save_pretrained(tmp_path)
-    cfg = dict(name="my-bert", family="bert", pretrained=str(tmp_path))
+    cfg = dict(name="my-bert", family="bert", pretrained=str(tmp_path), attention="eager")  # as the source
 
     torch.manual_seed(1)
     layered = build_model(ModelConfig(**cfg), num_classes=4).eval()
@@ -283,8 +285,8 @@ def test_bert_mlm_from_hugging_face_directory(tmp_path):
     source.save_pretrained(tmp_path)  # writes the tied weight once
 
     torch.manual_seed(1)
-    layered = build_model(ModelConfig(name="my-bert", family="bert", task="mlm", pretrained=str(tmp_path)),
-                          num_classes=4).eval()
+    layered = build_model(ModelConfig(name="my-bert", family="bert", task="mlm", pretrained=str(tmp_path),
+                                      attention="eager"), num_classes=4).eval()  # as the source
     model = layered.model
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     assert layered.tied == {WORD_EMB: (0, len(layered.units) - 1)}

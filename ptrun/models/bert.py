@@ -1,8 +1,10 @@
 """transformers BERT adapter: embed | (attention half, MLP half) x L | head, for classification, QA and MLM.
 
 Every unit after the embedding takes and returns `(hidden, ext_mask)`, so the additive attention mask
-reaches every pipeline stage. Attention is always `eager`: it adds the mask to the scores exactly as
-transformers' own forward does, which makes the split bitwise equal to the library model.
+reaches every pipeline stage. Attention is `model.attention`: `sdpa` by default (torch's fused kernel, as
+transformers itself picks; the additive mask goes in as SDPA's `attn_mask`, and the split equals the library
+model's own sdpa forward in the tests), or `eager`, which adds the mask to the scores exactly as
+transformers' own eager forward does, bit for bit whatever the library does with its mask.
 transformers is imported inside the functions: importing it costs seconds per process.
 
 Masked-LM (`task: mlm`) ties the decoder weight to the word-embedding matrix (one Parameter, used by the
@@ -172,14 +174,14 @@ def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) ->
     if is_hf_dir(cfg.pretrained):
         # The directory's configuration; its weights are read per unit as units are filled (ptrun.models.weights).
         path = str(Path(cfg.pretrained).expanduser())  # type: ignore[arg-type]
-        config = BertConfig.from_pretrained(path, num_labels=num_labels, attn_implementation="eager", **dropout)
+        config = BertConfig.from_pretrained(path, num_labels=num_labels, attn_implementation=cfg.attention, **dropout)
         model_type = json.loads(Path(path, "config.json").read_text()).get("model_type")
         if model_type != "bert" or config.is_decoder:
             raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ptrun needs a BERT "
                               f"encoder, this is a {model_type} (is_decoder={config.is_decoder})")
         _check_against_dir(cfg, config)
     else:
-        config = BertConfig(**_preset_sizes(cfg, vocab_size), num_labels=num_labels, attn_implementation="eager",
+        config = BertConfig(**_preset_sizes(cfg, vocab_size), num_labels=num_labels, attn_implementation=cfg.attention,
                             **dropout)
     model = cls(config)
 
