@@ -241,7 +241,7 @@ def test_minilm_weights_load_into_the_adapter_and_match_bert_model():
     tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     enc = tok(["Progressive freezing speeds up fine-tuning.", "A short one."], padding=True, return_tensors="pt")
     inputs = (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
-    reference = BertModel.from_pretrained(directory, attn_implementation="eager").eval()
+    reference = BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()  # model.attention
     layered.eval()
     with torch.no_grad():
         hidden, mask = layered.units[0](*inputs)
