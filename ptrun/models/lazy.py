@@ -95,7 +95,10 @@ def init_units(layered, units: Iterable[int]) -> None:
                    if is_empty(layered, n, params[n])}
     extra = tied_owners - wanted
     allocate(layered, unit_names(layered, wanted | extra))
+    supplied = set(layered.weights.keys) if layered.weights is not None else set()
     for u in sorted(wanted | extra):  # an owner comes before the units sharing its parameter
+        if set(layered.unit_param_names(u)) <= supplied:
+            continue  # the pretrained file gives all of it: drawing values to overwrite them is wasted
         shared = [params[n] for n in layered.unit_shared_param_names(u)]
         kept = [p.detach().clone() for p in shared]
         with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -114,10 +117,11 @@ def init_units(layered, units: Iterable[int]) -> None:
 def borrowed(layered, units: Iterable[int]) -> Iterator[None]:
     """`units` with their initial values while open (a measurement runs them), emptied again afterwards
     unless they held values already: so measuring a model unit by unit holds one unit at a time."""
+    every = range(len(layered.units))
+    held = set(every) - set(empty_units(layered, every))
     filled = empty_units(layered, units)
     init_units(layered, filled)
     try:
         yield
-    finally:  # a tied parameter another held unit uses stays
-        others = set(range(len(layered.units))) - set(filled) - set(empty_units(layered, range(len(layered.units))))
-        release(layered, unit_names(layered, filled) - unit_names(layered, others))
+    finally:  # a tied parameter a held unit uses stays
+        release(layered, unit_names(layered, filled) - unit_names(layered, held))

@@ -146,6 +146,14 @@ def load_extra(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
     return load_file(str(path)) if path.is_file() else None
 
 
+def trainer_state(ckpt: Path) -> dict[str, Any]:
+    """The trainer's state the checkpoint was written with (trainer.json): epoch, step, plan, controller."""
+    try:
+        return json.loads((ckpt / TRAINER).read_text())
+    except Exception as e:  # an unreadable file is a user-facing error naming it, not a traceback
+        raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+
+
 def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     """Every parameter's shape in the checkpoint, read from the files' indexes (no values)."""
     shapes: dict[str, tuple[int, ...]] = {}

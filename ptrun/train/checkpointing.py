@@ -59,7 +59,7 @@ class Checkpointing:
             if self.is_main:
                 log.warning("no checkpoint to resume from in %s; starting from scratch", self.cfg.run_dir)
             return None, self.controller.first, {}
-        state = checkpoint.load(ckpt, names=())[2]
+        state = checkpoint.trainer_state(ckpt)
         if state["model"]["num_units"] != len(self.layered.units) or state["model"]["name"] != self.cfg.model.name:
             raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
                               f"{state['model']['num_units']} units, not {self.cfg.model.name} with "

@@ -108,9 +108,6 @@ class StartUp:
             return replace(first, pp=pp, dp=self.world_size // pp, microbatches=m,
                            stage_bounds=tuple(tuple(b) for b in bounds)).check()
 
-        # Tuning builds and runs this rank's stages at every candidate length: it fills every unit (emptied
-        # again, all but this rank's, once the first layout is built).
-        init_units(self.layered, range(len(self.layered.units)))
         build = partial(build_layout, self.builder)
         batches = partial(microtune.training_batches, self.data.train, rank=self.rank, seed=cfg.train.seed,
                           input_names=self.layered.input_names, task=cfg.model.task, device=self.device)
@@ -122,8 +119,13 @@ class StartUp:
             partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
             recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=torch.get_num_threads(),
             device=self.device)
-        measure = partial(microtune.measure, lengths, plan_at=plan_at, build=build, batches=batches,
-                          model=self.layered.model, loss=self.loss, device=self.device)
+        def measure():
+            # Measuring builds and runs this rank's stages at every candidate length: every unit is filled
+            # (emptied again, all but this rank's, once the first layout is built). A cached table needs none.
+            init_units(self.layered, range(len(self.layered.units)))
+            return microtune.measure(lengths, plan_at=plan_at, build=build, batches=batches,
+                                     model=self.layered.model, loss=self.loss, device=self.device)
+
         tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
                                 device=self.device)
         if self.is_main:
