@@ -4,7 +4,9 @@ plus the data-parallel gradient all-reduce, the tied-weight all-reduce and the g
 K = 1 (pure data parallelism, what most jobs run) skips the pipelining machinery: `LocalRuntime` runs the
 one stage module directly, wrapped in torch's DistributedDataParallel so the gradient all-reduce overlaps
 the backward pass, which is the loop a user would write by hand. K > 1 runs a schedule
-(`PipelineRuntime`). Both run with the loss function dividing by the global batch weight (schedules with
+(`PipelineRuntime`); with replicas its stage modules are DDP-wrapped too, and the schedule drives them
+(`no_sync` on all but each stage's last micro-batch), except under the zero-bubble schedules, whose split
+weight backward bypasses DDP's hooks: there the replicas' gradients are summed after the step. Both run with the loss function dividing by the global batch weight (schedules with
 `scale_grads=False`, DDP with a summing hook), so gradients are exact global means for any K, M, schedule
 and DP width.
 """
@@ -34,6 +36,10 @@ MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"
 """Schedules that drive a list of stages per rank (`pipe.stages_per_rank`). Both are
 torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the module
 brings in torch._dynamo, about 1.8 s of every worker's start-up."""
+SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Schedules that split a stage's backward into input and weight passes. The weight pass writes `.grad`
+from `torch.autograd.grad`, so DDP's gradient hooks never fire: their replicas sum gradients after the
+step (`StageRuntime._all_reduce_dp`) instead of in DDP's buckets during the backward pass."""
 
 
 class StageModule(nn.Module):
@@ -203,6 +209,17 @@ class StageRuntime:
         return norm
 
 
+def data_parallel(module: nn.Module, groups: Groups, device: torch.device) -> DistributedDataParallel:
+    """`module` in DistributedDataParallel over the DP group, summing (not averaging) the replicas' bucketed
+    gradients during the backward pass. No initial broadcast: every replica already holds the same weights
+    (one seed, or moved there by AutoDP)."""
+    ddp = DistributedDataParallel(module, process_group=groups.dp, forward_sync_buffers=False, init_sync=False,
+                                  gradient_as_bucket_view=True,
+                                  device_ids=[device.index] if device.type == "cuda" else None)
+    ddp.register_comm_hook(groups.dp, _sum_hook)
+    return ddp
+
+
 class PipelineRuntime(StageRuntime):
     """Builds and runs this rank's stages of `plan` with a torch.distributed.pipelining schedule, which
     flushes the pipeline every step."""
@@ -212,11 +229,31 @@ class PipelineRuntime(StageRuntime):
         super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
         import torch.distributed.pipelining as pipelining
 
+        runs = self.modules
+        if self.dp_peers > 1 and plan.schedule not in SPLIT_BACKWARD_SCHEDULES and self._ddp_safe():
+            # PipelineStage drives a DDP-wrapped module itself: `no_sync` on every micro-batch but the
+            # stage's last, whose backward then all-reduces bucket by bucket as gradients become ready.
+            runs = [data_parallel(m, groups, device) if any(p.requires_grad for p in m.parameters()) else m
+                    for m in self.modules]
+            self.syncs_in_backward = True
+        self._ddp = [m for m in runs if isinstance(m, DistributedDataParallel)]
         self.stages = [pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
-                       for m, s in zip(self.modules, self.stage_indices)]
+                       for m, s in zip(runs, self.stage_indices)]
         kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
         schedule = getattr(pipelining, f"Schedule{plan.schedule}")
         self.schedule = schedule(self.stages[0] if plan.schedule in SINGLE_STAGE_SCHEDULES else self.stages, **kwargs)
+
+    def _ddp_safe(self) -> bool:
+        """Whether each trainable parameter lies in one local stage module only. A weight two of this rank's
+        stages share (a tie inside one rank) would be reduced by both DDP wrappers, so it is summed after the
+        step instead."""
+        seen: set[int] = set()
+        for m in self.modules:
+            mine = {id(p) for p in m.parameters() if p.requires_grad}
+            if mine & seen:
+                return False
+            seen |= mine
+        return True
 
     # ---- running ------------------------------------------------------------------------------------
     def _run(self, run, inputs: tuple, target: torch.Tensor | None, losses: list | None):
@@ -230,7 +267,13 @@ class PipelineRuntime(StageRuntime):
         without the loss scale."""
         self.train(True)
         losses: list[torch.Tensor] = []
-        self._run(self.schedule.step, inputs, target, losses)
+        with contextlib.ExitStack() as stack:
+            # The stage runs every forward under `no_sync` and prepares DDP's reduction itself before each
+            # stage's last backward. Outside `no_sync` are only the first step's shape inference, a real
+            # forward and backward that must not reduce: so DDP's own forward never prepares one.
+            for ddp in self._ddp:
+                stack.enter_context(ddp.no_sync())
+            self._run(self.schedule.step, inputs, target, losses)
         if self.is_last:
             return torch.stack([l.detach().float() for l in losses]).sum() / self.loss.scale
         return torch.zeros((), device=self.device)
@@ -295,11 +338,7 @@ class LocalRuntime(StageRuntime):
         self.module = self.modules[0]
         self.run = self.module
         if self.dp_peers > 1 and self.trainable_parameters():
-            # init_sync off: every replica already holds the same weights (one seed, or moved by AutoDP).
-            self.run = DistributedDataParallel(self.module, process_group=groups.dp, forward_sync_buffers=False,
-                                               init_sync=False, gradient_as_bucket_view=True,
-                                               device_ids=[device.index] if device.type == "cuda" else None)
-            self.run.register_comm_hook(groups.dp, _sum_hook)
+            self.run = data_parallel(self.module, groups, device)
             self.syncs_in_backward = True
         self._events: list[dict] | None = None
 
