@@ -275,7 +275,15 @@ def _ptrun_agent(errors: Path):
                 raise
 
         def _shutdown(self, death_sig=signal.SIGTERM, *args, **kwargs):
-            return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
+            # torch.multiprocessing pickles a worker's exception into a temporary file of its own and never
+            # removes it; by the time the group stops, the agent has read it into the failure it reports.
+            workers = getattr(self._pcontext, "_pc", None)
+            try:
+                return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
+            finally:
+                for name in getattr(workers, "error_files", None) or []:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name)
 
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)

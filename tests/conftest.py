@@ -60,9 +60,10 @@ def tiny() -> list[str]:
     return list(TINY)
 
 
-LITTER = ("torchelastic_*", "ptrun-*", "torchinductor_*")
+LITTER = ("torchelastic_*", "ptrun-*", "torchinductor_*", "pytorch-errorfile-*")
 """What launches have left in the temp directory and /dev/shm (elastic's logs, ptrun's private files, the
-AutoCache memory tier, torch's compile cache): a test session must leave none of it."""
+AutoCache memory tier, torch's compile cache, the exceptions of workers that failed): a test session must
+leave none of it."""
 
 
 def _litter() -> set[Path]:
