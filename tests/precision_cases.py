@@ -3,7 +3,7 @@
 bf16: two steps of a 2-stage pipeline under `compute_dtype=bfloat16`, saving the parameters, the losses, the
 dtype that crossed the stage boundary and the dtypes of the master weights and optimizer state.
 
-fp16: a K = 2 x DP = 2 job where exactly one rank's gradients are made infinite after a backward pass (the
+fp16: a K = 2 x DP = 2 job where exactly one rank's gradients are made infinite in a backward pass (the
 injected overflow); every rank saves whether it stepped, its loss scale and its parameters after each step.
 Then a scale far too large for fp16 (2^32) overflows for real, and the job must skip until it fits.
 """
@@ -83,6 +83,13 @@ INJECT_RANK = 3  # replica 1's last stage: only this rank's own gradients overfl
 INJECT_STEP = 1
 
 
+def overflow(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient hook that makes one element of a micro-batch's gradient infinite."""
+    grad = grad.clone()
+    grad.view(-1)[0] = float("inf")
+    return grad
+
+
 def run_fp16(rank: int, out_dir: Path) -> None:
     layered, layout, loss, _ = _layout("vit", 2, 2, rank, torch.float16)
     runtime = layout.runtime
@@ -91,9 +98,13 @@ def run_fp16(rank: int, out_dir: Path) -> None:
     for step in range(3):
         inputs, target = _step_inputs(layered, layout.plan, loss, "vit", step, rank)
         loss.scale = scaler.scale
-        runtime.forward_backward(inputs, target)
+        inject = None
         if step == INJECT_STEP and rank == INJECT_RANK:
-            next(p for p in runtime.trainable_parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+            # In the backward pass, where an overflow happens: before the replicas' gradients are summed.
+            inject = runtime.trainable_parameters()[0].register_hook(overflow)
+        runtime.forward_backward(inputs, target)
+        if inject is not None:
+            inject.remove()
         stepped = step_or_skip(runtime, layout.optimizer, scaler, pc.CLIP)
         rows.append({"stepped": stepped, "scale": scaler.scale, "params": _held(layered, runtime)})
     # A real overflow: with 2^32 the scaled gradients exceed fp16's 65504 in the backward pass itself.
