@@ -205,7 +205,7 @@ def test_tables_come_from_the_json(tree):
     # Pipeline: the bubble table (step in ms), then the DP table, a blank line apart.
     assert "| GPipe | 2 | 1 | 460 | 0.55 | 0.50 |" in text
     assert "| 1F1B | 2 | 4 | 332 | 0.38 | 0.20 |\n\n| K = 1, DP = 2 | samples/s | vs DDP |" in text
-    assert "| ptrun (one-stage schedule + flat all-reduce) | 100 | 0.95 |" in text
+    assert "| ptrun (K = 1: the stage in DDP) | 100 | 0.95 |" in text
     # The command that wrote each JSON, and the prose outside the markers, untouched.
     for command in ("python scripts/bench_speedup.py --repeats 1 --out /tmp/b",
                     "python scripts/sweep_alpha.py --out /tmp/a freeze.max_fraction=1.0",

@@ -4,8 +4,9 @@
    the pipeline; each stage's busy time is M x its own forward + backward time on one micro-batch, measured
    alone on the same rank (no communication). Bubble = 1 - busy / T, averaged over the stages, printed next
    to GPipe's (K - 1) / (M + K - 1).
-2. Data parallelism: ptrun at K = 1, DP = 2 (a one-stage schedule plus one flat all-reduce) next to
-   torch's DistributedDataParallel on the same model, batches and optimizer.
+2. Data parallelism: ptrun at K = 1, DP = 2 (its K = 1 runtime, `LocalRuntime`: the stage module in torch's
+   DistributedDataParallel, plus the gradient norm it computes every step) next to a plain DDP step on the
+   same model, batches and optimizer.
 
 It writes both tables' numbers, with the command line, to `--out`; `readme_results.py` makes the README's
 tables from that JSON.
@@ -147,7 +148,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from ptrun.parallel.groups import build_groups
-    from ptrun.parallel.pipeline import PipelineRuntime
+    from ptrun.parallel.pipeline import flushing_runtime
     from ptrun.parallel.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
@@ -161,7 +162,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
     groups = build_groups(plan, rank)
     loss = WeightedLoss("classification")
     loss.denominator = float(args["batch"])
-    rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss)
+    rt = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), loss)
     opt = optimizer_for(rt.trainable_parameters())
     target = make_target({"labels": y, "weight": torch.ones(len(y))}, "classification")
 
@@ -226,7 +227,7 @@ def dp_table(dp: dict) -> str:
     """ptrun's samples/s at K = 1, DP = WORLD next to DDP's."""
     return "\n".join([f"| K = 1, DP = {WORLD} | samples/s | vs DDP |", "|---|---|---|",
                       f"| torch DistributedDataParallel | {dp['ddp']:.0f} | 1.00 |",
-                      f"| ptrun (one-stage schedule + flat all-reduce) | {dp['ptrun']:.0f} | "
+                      f"| ptrun (K = 1: the stage in DDP) | {dp['ptrun']:.0f} | "
                       f"{dp['ptrun'] / dp['ddp']:.2f} |"])
 
 
