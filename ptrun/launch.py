@@ -244,6 +244,35 @@ def _quiet_agent_on_signals():
             logger.removeFilter(quiet)
 
 
+class _TidyAgent:
+    """Mixed into elastic's agent: when it stops a worker group (a restart, or the end), it removes the files
+    torch.multiprocessing pickles a raising worker's exception into (in the temp directory, never removed by
+    torch). The agent has read them into the failure it reports by then."""
+
+    def _shutdown(self, *args, **kwargs):
+        workers = getattr(self._pcontext, "_pc", None)
+        try:
+            return super()._shutdown(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            for name in getattr(workers, "error_files", None) or []:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+
+
+@contextlib.contextmanager
+def tidy_agent():
+    """While the block runs, `elastic_launch` builds an agent that leaves no worker exception files behind
+    (`_TidyAgent`): for launches of other entry points than ptrun's workers (the soak benchmark)."""
+    import torch.distributed.launcher.api as launcher_api
+
+    base = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = type("TidyAgent", (_TidyAgent, base), {})
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = base
+
+
 @contextlib.contextmanager
 def _ptrun_agent(errors: Path):
     """While elastic runs the workers, ptrun's agent:
@@ -264,7 +293,7 @@ def _ptrun_agent(errors: Path):
 
     base = launcher_api.LocalElasticAgent
 
-    class Agent(base):  # type: ignore[misc, valid-type]
+    class Agent(_TidyAgent, base):  # type: ignore[misc, valid-type]
         signalled = False
 
         def _invoke_run(self, *args, **kwargs):
@@ -275,15 +304,7 @@ def _ptrun_agent(errors: Path):
                 raise
 
         def _shutdown(self, death_sig=signal.SIGTERM, *args, **kwargs):
-            # torch.multiprocessing pickles a worker's exception into a temporary file of its own and never
-            # removes it; by the time the group stops, the agent has read it into the failure it reports.
-            workers = getattr(self._pcontext, "_pc", None)
-            try:
-                return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
-            finally:
-                for name in getattr(workers, "error_files", None) or []:
-                    with contextlib.suppress(OSError):
-                        os.unlink(name)
+            return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
 
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)

@@ -61,8 +61,14 @@ def wait_for(condition, what: str, timeout: float = 180.0) -> None:
         time.sleep(0.2)
 
 
+def semaphores() -> set[Path]:
+    """The POSIX semaphores on this machine (multiprocessing's and loky's, in /dev/shm)."""
+    return set(Path("/dev/shm").glob("sem.*"))
+
+
 def test_a_node_lost_and_regained(tmp_path):
     run_dir, port, paused = tmp_path / "job", free_port(), []
+    before = semaphores()
     first = start_agent(run_dir, port, tmp_path / "node_a.log")
     time.sleep(1.0)  # node A hosts the rendezvous store; B connects to it
     second = start_agent(run_dir, port, tmp_path / "node_b.log")
@@ -88,6 +94,11 @@ def test_a_node_lost_and_regained(tmp_path):
         for agent in (first, second):
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+        # Processes SIGKILLed here (node B as a whole, node A's workers when the job re-forms) cannot release
+        # their semaphores; a machine that is really lost takes them along. Two nodes on one machine must not.
+        for leaked in semaphores() - before:
+            leaked.unlink(missing_ok=True)
 
     history = starts(run_dir)
     assert [s["world_size"] for s in history] == [4, 2, 4], history

@@ -201,7 +201,7 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     from omegaconf import OmegaConf
     from torch.distributed.launcher.api import elastic_launch
 
-    from ptrun.launch import launch_config
+    from ptrun.launch import launch_config, tidy_agent
 
     kill_points(transitions, restarts, checkpoint_every)  # fail before starting anything
     run_dir = Path(run_dir).resolve()
@@ -224,7 +224,9 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     watcher.start()
     t0 = time.perf_counter()
     try:
-        elastic_launch(config, worker)(str(config_path), str(samples_dir), transitions, restarts, checkpoint_every)
+        with tidy_agent():  # the killed attempts' survivors raise; their exception files go
+            elastic_launch(config, worker)(str(config_path), str(samples_dir), transitions, restarts,
+                                           checkpoint_every)
     finally:
         stop.set()
         watcher.join()
