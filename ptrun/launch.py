@@ -260,17 +260,23 @@ class _TidyAgent:
 
 
 @contextlib.contextmanager
-def tidy_agent():
-    """While the block runs, `elastic_launch` builds an agent that leaves no worker exception files behind
-    (`_TidyAgent`): for launches of other entry points than ptrun's workers (the soak benchmark)."""
+def _elastic_agent(make):
+    """While the block runs, `elastic_launch` builds its agent from `make(LocalElasticAgent)`, a subclass (it
+    takes the class from `torch.distributed.launcher.api`)."""
     import torch.distributed.launcher.api as launcher_api
 
     base = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = type("TidyAgent", (_TidyAgent, base), {})
+    launcher_api.LocalElasticAgent = make(base)
     try:
         yield
     finally:
         launcher_api.LocalElasticAgent = base
+
+
+def tidy_agent():
+    """While the block runs, `elastic_launch` builds an agent that leaves no worker exception files behind
+    (`_TidyAgent`): for launches of other entry points than ptrun's workers (the soak benchmark)."""
+    return _elastic_agent(lambda base: type("TidyAgent", (_TidyAgent, base), {}))
 
 
 @contextlib.contextmanager
@@ -288,39 +294,38 @@ def _ptrun_agent(errors: Path):
     put there for the duration."""
     import signal
 
-    import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    base = launcher_api.LocalElasticAgent
+    def make(base):
+        class Agent(_TidyAgent, base):  # type: ignore[misc, valid-type]
+            signalled = False
 
-    class Agent(_TidyAgent, base):  # type: ignore[misc, valid-type]
-        signalled = False
+            def _invoke_run(self, *args, **kwargs):
+                try:
+                    return super()._invoke_run(*args, **kwargs)
+                except SignalException:
+                    self.signalled = True
+                    raise
 
-        def _invoke_run(self, *args, **kwargs):
-            try:
-                return super()._invoke_run(*args, **kwargs)
-            except SignalException:
-                self.signalled = True
-                raise
+            def _shutdown(self, death_sig=signal.SIGTERM, *args, **kwargs):
+                return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
 
-        def _shutdown(self, death_sig=signal.SIGTERM, *args, **kwargs):
-            return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
+            def _monitor_workers(self, worker_group):
+                result = super()._monitor_workers(worker_group)
+                if result.is_failed() and any(errors.iterdir()):
+                    self._remaining_restarts = 0
+                return result
 
-        def _monitor_workers(self, worker_group):
-            result = super()._monitor_workers(worker_group)
-            if result.is_failed() and any(errors.iterdir()):
-                self._remaining_restarts = 0
-            return result
+        return Agent
 
     def quiet(record: logging.LogRecord) -> bool:
         return not any(errors.iterdir())
 
-    launcher_api.LocalElasticAgent = Agent
     for name in ELASTIC_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
-        yield errors
+        with _elastic_agent(make):
+            yield errors
     finally:
-        launcher_api.LocalElasticAgent = base
         for name in ELASTIC_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)

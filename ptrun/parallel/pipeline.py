@@ -6,9 +6,9 @@ one stage module directly, wrapped in torch's DistributedDataParallel so the gra
 the backward pass, which is the loop a user would write by hand. K > 1 runs a schedule
 (`PipelineRuntime`); with replicas its stage modules are DDP-wrapped too, and the schedule drives them
 (`no_sync` on all but each stage's last micro-batch), except under the zero-bubble schedules, whose split
-weight backward bypasses DDP's hooks: there the replicas' gradients are summed after the step. Both run with the loss function dividing by the global batch weight (schedules with
-`scale_grads=False`, DDP with a summing hook), so gradients are exact global means for any K, M, schedule
-and DP width.
+weight backward bypasses DDP's hooks: there the replicas' gradients are summed after the step. Both run
+with the loss function dividing by the global batch weight (schedules with `scale_grads=False`, DDP with a
+summing hook), so gradients are exact global means for any K, M, schedule and DP width.
 """
 
 from __future__ import annotations
@@ -229,31 +229,21 @@ class PipelineRuntime(StageRuntime):
         super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
         import torch.distributed.pipelining as pipelining
 
-        runs = self.modules
-        if self.dp_peers > 1 and plan.schedule not in SPLIT_BACKWARD_SCHEDULES and self._ddp_safe():
-            # PipelineStage drives a DDP-wrapped module itself: `no_sync` on every micro-batch but the
-            # stage's last, whose backward then all-reduces bucket by bucket as gradients become ready.
-            runs = [data_parallel(m, groups, device) if any(p.requires_grad for p in m.parameters()) else m
-                    for m in self.modules]
-            self.syncs_in_backward = True
+        # PipelineStage drives a DDP-wrapped module itself: `no_sync` on every micro-batch but the stage's
+        # last, whose backward then all-reduces bucket by bucket as gradients become ready. A weight that two
+        # of this rank's stages share (a tie inside one rank) would be reduced by both wrappers: then, as under
+        # the split-backward schedules, the replicas are summed after the step.
+        shared = sum(len([p for p in m.parameters() if p.requires_grad]) for m in self.modules) > len(self._trainable)
+        wrap = self.dp_peers > 1 and plan.schedule not in SPLIT_BACKWARD_SCHEDULES and not shared
+        runs = [data_parallel(m, groups, device) if wrap and any(p.requires_grad for p in m.parameters()) else m
+                for m in self.modules]
         self._ddp = [m for m in runs if isinstance(m, DistributedDataParallel)]
+        self.syncs_in_backward = bool(self._ddp)
         self.stages = [pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
                        for m, s in zip(runs, self.stage_indices)]
         kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
         schedule = getattr(pipelining, f"Schedule{plan.schedule}")
         self.schedule = schedule(self.stages[0] if plan.schedule in SINGLE_STAGE_SCHEDULES else self.stages, **kwargs)
-
-    def _ddp_safe(self) -> bool:
-        """Whether each trainable parameter lies in one local stage module only. A weight two of this rank's
-        stages share (a tie inside one rank) would be reduced by both DDP wrappers, so it is summed after the
-        step instead."""
-        seen: set[int] = set()
-        for m in self.modules:
-            mine = {id(p) for p in m.parameters() if p.requires_grad}
-            if mine & seen:
-                return False
-            seen |= mine
-        return True
 
     # ---- running ------------------------------------------------------------------------------------
     def _run(self, run, inputs: tuple, target: torch.Tensor | None, losses: list | None):
