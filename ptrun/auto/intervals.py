@@ -1,0 +1,41 @@
+"""Where freeze decisions fall and how many steps an epoch has: pure arithmetic that the trainer and the
+simulator share, so the two never disagree about a position.
+
+A freeze interval is a number of epochs, held as an exact fraction: `freeze.every=0.333..` is 1/3 and
+`freeze.every_steps=N` is N / steps_per_epoch, so position arithmetic has no float drift.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+
+def epoch_steps(num_samples: int, global_batch: int, max_steps: int | None = None) -> int:
+    """Steps in one epoch: every sample once (the last batch padded), capped by `train.max_steps_per_epoch`."""
+    steps = math.ceil(num_samples / global_batch)
+    return min(steps, max_steps) if max_steps else steps
+
+
+def interval_epochs(every: float, every_steps: int | None, steps_per_epoch: int | None) -> Fraction:
+    """The interval between freeze decisions in epochs: `freeze.every_steps` over an epoch's steps when set
+    (and the steps are known), else `freeze.every` as the simplest fraction within 1/1000."""
+    if every_steps and steps_per_epoch:
+        return Fraction(every_steps, steps_per_epoch)
+    return Fraction(every).limit_denominator(1000)
+
+
+def interval_at(epoch: int, steps_done: int, steps_per_epoch: int, interval: Fraction) -> int:
+    """The freeze interval in force after `steps_done` steps of `epoch`: how many interval ends (decision
+    points) lie at or before that position."""
+    return math.floor(Fraction(epoch * steps_per_epoch + steps_done, steps_per_epoch) / interval)
+
+
+def segment_end(epoch: int, position: int, steps_per_epoch: int, interval: Fraction | None) -> int:
+    """The step of `epoch` after which the next decision falls, or the epoch's end: the steps from `position`
+    up to it train in one layout. `interval` None (nothing is ever decided) makes the epoch one segment."""
+    if interval is None:
+        return steps_per_epoch
+    now = interval_at(epoch, position, steps_per_epoch, interval)
+    return next((n for n in range(position + 1, steps_per_epoch)
+                 if interval_at(epoch, n, steps_per_epoch, interval) > now), steps_per_epoch)
