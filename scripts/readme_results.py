@@ -1,4 +1,4 @@
-"""Runs `ptrun.bench.readme` (its docstring says what it measures and how)."""
+"""Writes docs/results.md and the README's measured number from docs/results/*.json (`ptrun.bench.readme`)."""
 from ptrun.bench.readme import main
 
 if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
