@@ -1,66 +1,32 @@
-"""scripts/readme_results.py: the README's result tables come from the benchmark JSON, and a hand edit fails.
+"""scripts/readme_results.py: docs/results.md and the README's measured number come from the benchmark JSON,
+and a hand edit fails; every path the README and docs name exists; none of them names internal work items.
 
-No training: the JSON here is synthetic (small, with numbers chosen so each formatted cell can be told
-apart), plus one check of the real README against the JSON in docs/results/.
+No training: part of the JSON here is synthetic (small, with numbers chosen so each formatted cell can be
+told apart), the rest is copied from docs/results/; then the real README and page are checked against it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
 from ptrun.bench import readme as readme_results
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
 
 README = """# title
 
 Hand-written prose before.
 
-<!-- results:speedup -->
+<!-- results:headline -->
 stale text
-<!-- /results:speedup -->
-
-<!-- results:speedup-bert -->
-<!-- /results:speedup-bert -->
-
-Prose between.
-
-<!-- results:sweep-alpha -->
-<!-- /results:sweep-alpha -->
-
-<!-- results:sweep-microbatches -->
-| old | table |
-<!-- /results:sweep-microbatches -->
-
-<!-- results:pipedream -->
-<!-- /results:pipedream -->
-
-<!-- results:pipedream-placement -->
-<!-- /results:pipedream-placement -->
-
-<!-- results:autocache -->
-<!-- /results:autocache -->
-
-<!-- results:pipeline -->
-<!-- /results:pipeline -->
-
-<!-- results:peers_digits_vit -->
-<!-- /results:peers_digits_vit -->
-
-<!-- results:peers_bbc_news_bert -->
-<!-- /results:peers_bbc_news_bert -->
-
-<!-- results:sweep-interval_bbc_news_bert -->
-<!-- /results:sweep-interval_bbc_news_bert -->
-
-<!-- results:sweep-interval_digits_vit -->
-<!-- /results:sweep-interval_digits_vit -->
-
-<!-- results:memory -->
-<!-- /results:memory -->
+<!-- /results:headline -->
 
 Prose after.
 """
@@ -152,111 +118,190 @@ def pipeline_json() -> dict:
             "dp": {"ptrun": 100.4, "ddp": 105.2}}
 
 
+SYNTHETIC = {"bench_speedup": speedup_json, "sweep_alpha": alpha_json, "sweep_microbatches": microbatch_json,
+             "bench_pipedream": pipedream_json, "bench_pipedream_placement": placement_json,
+             "bench_cache": cache_json, "bench_pipeline": pipeline_json}
+
+
 @pytest.fixture
 def tree(tmp_path):
     results = tmp_path / "docs" / "results"
     results.mkdir(parents=True)
+    for path in RESULTS.glob("*.json"):  # the real results, then the synthetic ones over some of them
+        shutil.copy(path, results / path.name)
+    for name, make in SYNTHETIC.items():
+        (results / f"{name}.json").write_text(json.dumps(make()))
     bert = dict(speedup_json(), recipe="bbc_news_bert",
                 command="python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb")
     (results / "bench_speedup_bert.json").write_text(json.dumps(bert))
-    for name, data in (("bench_speedup", speedup_json()), ("sweep_alpha", alpha_json()),
-                       ("sweep_microbatches", microbatch_json()), ("bench_pipedream", pipedream_json()),
-                       ("bench_pipedream_placement", placement_json()), ("bench_cache", cache_json()),
-                       ("bench_pipeline", pipeline_json())):
-        (results / f"{name}.json").write_text(json.dumps(data))
-    for recipe in ("digits_vit", "bbc_news_bert"):  # the real peer results: their format is tested elsewhere
-        for name in (f"bench_peers_{recipe}.json", f"sweep_interval_{recipe}.json"):
-            (results / name).write_text((REPO / "docs" / "results" / name).read_text())
-    (results / "bench_memory.json").write_text((REPO / "docs" / "results" / "bench_memory.json").read_text())
     readme = tmp_path / "README.md"
     readme.write_text(README)
-    return readme, results
+    return readme, tmp_path / "docs" / "results.md", results
 
 
-def run(readme: Path, results: Path, *flags: str) -> int:
-    return readme_results.main(["--readme", str(readme), "--results", str(results), *flags])
+def run(tree, *flags: str) -> int:
+    readme, page, results = tree
+    return readme_results.main(["--readme", str(readme), "--page", str(page), "--results", str(results), *flags])
 
 
-def test_tables_come_from_the_json(tree):
-    readme, results = tree
-    assert run(readme, results) == 0
-    text = readme.read_text()
+def test_page_comes_from_the_json(tree):
+    readme, page, results = tree
+    assert run(tree) == 0
+    text = page.read_text()
     # Each cell formatted from the synthetic values above (one decimal for seconds, two for ratios).
     assert "| baseline | 80.0 | 1.00x | 40.0 | 1.00x | 95.50 | 1.00x | - | - |" in text
     assert "| all four | 61.6 | 1.30x | - | - | 96.12 | 1.62x | 80% | 2.83x |" in text
     assert "| 1/2 | 3 (3), 5 (4) | 50.2 | 1.39x | 1.75x | 94.75 | -0.75 | 3.86x, 89.84 |" in text
-    assert "| baseline | none | 70.0 | 1.00x | 1.00x | 95.50 | +0.00 | 1.00x, 91.21 |" in text
-    # K = 1 at M = 1 and 2 (240, 300 samples/s), K = 2 at M = 2 and 4 (200, 150); the rest was not measured.
-    assert "| 1 | 2 | 1 | 500 | 240 | 1.00 |" in text
-    assert "| 1 | 2 | 2 | 400 | 300 | 1.25 |" in text
-    assert "| 2 | 1 | 4 | 800 | 150 | 0.75 |" in text
-    assert "| 1 | 2 | 5 | - | - | - |" in text and "| 2 | 1 | 12 | - | - | - |" in text
-    # the BERT recipe's block: its own command and recipe, and as many runs as it has rows
-    assert ("`python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`; "
-            "bbc_news_bert: 1 round(s) of 2 runs") in text
-    # PipeDream: the schedules side by side (KiB of stashed weights), and the placements (rate per worker)
-    assert "| no freezing | 1F1B | 172 (20 epochs) | 90.0 | 45.0 | 0.89x | 95.75 | 0 |" in text
+    assert "| 1 | 2 | 2 | 400 | 300 | 1.25 |" in text and "| 2 | 1 | 12 | - | - | - |" in text
     assert "| no freezing | pipedream | 332 (20 epochs) | 60.0 | - | - | 93.25 | 796 |" in text
     assert "| 2-1 (first stage replicated) | 3 | 451 | 150 | 55.5 | 93.50 |" in text
-    # AutoCache: epoch times to 0.01 s, read vs no cache as a ratio, MiB to 0.1; totals and top-1 in the caption.
-    assert "| 0 (0) | 4.01 | 3.74 | 3.62 | 1.11x | 0.0 |" in text
     assert "| 6 (13) | 2.21 | 1.04 | 0.74 | 2.97x | 7.6 |" in text
-    assert "training time: 41.9s without the cache, 32.1s with it (1.31x); final top-1 96.39 vs 96.39." in text
-    # Pipeline: the bubble table (step in ms), then the DP table, a blank line apart.
-    assert "| GPipe | 2 | 1 | 460 | 0.55 | 0.50 |" in text
     assert "| 1F1B | 2 | 4 | 332 | 0.38 | 0.20 |\n\n| K = 1, DP = 2 | samples/s | vs DDP |" in text
-    assert "| ptrun (K = 1: the stage in DDP) | 100 | 0.95 |" in text
-    # The command that wrote each JSON, and the prose outside the markers, untouched.
-    for command in ("python scripts/bench_speedup.py --repeats 1 --out /tmp/b",
-                    "python scripts/sweep_alpha.py --out /tmp/a freeze.max_fraction=1.0",
-                    "python scripts/sweep_microbatches.py --out /tmp/m",
-                    "python scripts/bench_cache.py --out /tmp/c",
-                    "python scripts/bench_pipeline.py --out /tmp/pl.json"):
-        assert f"`{command}`" in text
-    assert "stale text" not in text and "| old | table |" not in text
-    for prose in ("Hand-written prose before.", "Prose between.", "Prose after."):
-        assert text.count(prose) == 1
+    # Each table with its command, its date (recorded in the generator) and its machine.
+    for name, make in SYNTHETIC.items():
+        assert f"- command: `{make()['command']}`" in text
+    assert "- command: `python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`" in text
+    for filename, date in readme_results.MEASURED.items():
+        assert filename in text
+    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + readme_results.MACHINE in text
+    # The current results first, the older ones under their own heading, then the simulator's files.
+    current, older = text.split("## Older measurements")
+    assert "### ptrun against plain PyTorch: bbc_news_bert" in current and "bench_speedup.json" not in current
+    assert "### Speedup breakdown, digits_vit" in older and readme_results.OLDER in older
+    # The README: its block rewritten from the peers' JSON, the prose around it untouched.
+    body = readme.read_text()
+    assert "stale text" not in body and "**1.78x faster**" in body and "98.35% top-1 against 98.12%" in body
+    assert "Measured 2026-11-25 on " in body and "[docs/results.md](docs/results.md)" in body
+    for prose in ("Hand-written prose before.", "Prose after."):
+        assert body.count(prose) == 1
 
 
-def test_idempotent_and_check(tree, capsys):
-    readme, results = tree
-    assert run(readme, results, "--check") == 1  # the stale blocks differ from the JSON
-    assert readme.read_text() == README  # --check writes nothing
-    assert run(readme, results) == 0
-    once = readme.read_text()
-    assert run(readme, results) == 0
-    assert readme.read_text() == once
-    assert run(readme, results, "--check") == 0
-    readme.write_text(once.replace("| 61.6 |", "| 60.0 |"))  # a hand edit of a generated cell
-    assert run(readme, results, "--check") == 1
+def test_a_date_in_the_json_wins(tree):
+    readme, page, results = tree
+    path = results / "bench_cache.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), date="2030-01-02 03:04:05")))
+    assert run(tree) == 0
+    assert "- measured: 2030-01-02\n" in page.read_text()
+
+
+def test_idempotent_and_check(tree):
+    readme, page, results = tree
+    assert run(tree, "--check") == 1  # the README's stale block, and no page yet
+    assert readme.read_text() == README and not page.exists()  # --check writes nothing
+    assert run(tree) == 0
+    once_readme, once_page = readme.read_text(), page.read_text()
+    assert run(tree) == 0
+    assert (readme.read_text(), page.read_text()) == (once_readme, once_page)
+    assert run(tree, "--check") == 0
+    page.write_text(once_page.replace("| 61.6 |", "| 60.0 |"))  # a hand edit of a generated cell
+    assert run(tree, "--check") == 1
+    page.write_text(once_page + "\nA hand-written line.\n")  # the page is generated whole
+    assert run(tree, "--check") == 1
+    page.write_text(once_page)
+    readme.write_text(once_readme.replace("1.78x", "2.00x"))
+    assert run(tree, "--check") == 1
 
 
 @pytest.mark.parametrize("content, reason", [
     ("{not json", "invalid JSON"),
     (json.dumps({"command": "python x.py", "recipe": "r", "repeats": 1}), "invalid sweep_alpha result"),
+    (json.dumps({"recipe": "r"}), "no 'command'"),
     (None, "missing"),
 ])
 def test_bad_json_is_one_line_naming_the_file(tree, capsys, content, reason):
-    readme, results = tree
+    readme, page, results = tree
     path = results / "sweep_alpha.json"
     if content is None:
         path.unlink()
     else:
         path.write_text(content)
-    assert run(readme, results) == 2
+    assert run(tree) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "sweep_alpha.json" in err and reason in err
-    assert readme.read_text() == README  # nothing written
+    assert readme.read_text() == README and not page.exists()  # nothing written
+
+
+def test_a_result_without_a_date_or_a_place_is_named(tree, capsys, monkeypatch):
+    readme, page, results = tree
+    monkeypatch.delitem(readme_results.MEASURED, "bench_memory.json")
+    assert run(tree) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench_memory.json: no date" in err
+    monkeypatch.undo()
+    (results / "bench_new.json").write_text(json.dumps({"command": "python scripts/bench_new.py"}))
+    assert run(tree) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench_new.json: not on the results page" in err
 
 
 def test_missing_markers_are_named(tree, capsys):
-    readme, results = tree
-    readme.write_text(README.replace("<!-- /results:sweep-alpha -->\n", ""))
-    assert run(readme, results) == 2
+    readme, page, results = tree
+    readme.write_text(README.replace("<!-- /results:headline -->\n", ""))
+    assert run(tree) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "results:sweep-alpha" in err
+    assert err.count("\n") == 1 and "results:headline" in err
 
 
-def test_real_readme_matches_docs_results():
-    """The README's generated tables are what docs/results/*.json give: a hand edit fails here."""
+def test_real_readme_and_page_match_docs_results():
+    """README.md's number and docs/results.md are what docs/results/*.json give: a hand edit fails here."""
     assert readme_results.main(["--check"]) == 0
+
+
+def test_recorded_dates_are_the_json_files_last_commits():
+    """MEASURED holds, for each JSON without a date, the date of the last commit that changed it."""
+    try:
+        tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "docs/results"], capture_output=True,
+                                 text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git history here")
+    for filename, date in readme_results.MEASURED.items():
+        path = f"docs/results/{filename}"
+        if path not in tracked:
+            continue
+        if json.loads((RESULTS / filename).read_text()).get("date"):
+            continue
+        changed = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--", path]).returncode
+        if changed:  # re-measured and not committed yet: its date is today's commit
+            continue
+        last = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ad", "--date=short", "--", path],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        if last:  # empty in a shallow clone that lacks the commit
+            assert date == last, f"{filename}: MEASURED says {date}, git log says {last}"
+
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PATH = re.compile(r"(?<![\w./-])((?:scripts|docs|configs|recipes)/[\w./*<>-]*)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_path_named_exists(doc):
+    """Every scripts/, docs/, configs/ or recipes/ path the README and docs name, and every relative link, exists."""
+    text = doc.read_text()
+    missing = []
+    for name in PATH.findall(text):
+        name = name.rstrip(".")
+        if any(c in name for c in "*<>") or "NAME" in name:  # a pattern, not a path
+            continue
+        if not (REPO / name).exists():
+            missing.append(name)
+    for target in LINK.findall(text):
+        target = target.split("#", 1)[0]
+        if not target or "://" in target or target.startswith("mailto:"):
+            continue
+        if not (doc.parent / target).exists():
+            missing.append(target)
+    assert not missing, f"{doc.relative_to(REPO)} names paths that do not exist: {missing}"
+
+
+INTERNAL = re.compile(r"\bsession \d+|\bsessions? \d|\bissue \d+|\bissue #\d+|\bthis session\b|\bwork items?\b|"
+                      r"\bSPEC\b|shared/PLATFORM", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", [*DOCS, *sorted((REPO / "configs").rglob("*.yaml")),
+                                  *sorted((REPO / "recipes").glob("*.yaml")), Path(readme_results.__file__)],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_no_internal_work_items(path):
+    """User-facing text speaks of ptrun, not of how it was developed."""
+    hits = [line.strip() for line in path.read_text().splitlines() if INTERNAL.search(line)]
+    assert not hits, f"{path.relative_to(REPO)}: {hits}"
