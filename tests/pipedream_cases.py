@@ -18,7 +18,8 @@ import torch.distributed as dist
 import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.config import OptimConfig
-from ptrun.parallel.pipedream import Step, async_1f1b
+from ptrun.parallel.pipedream import async_1f1b
+from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 
@@ -69,7 +70,7 @@ def plan_for(n: int, pp: int, dp: int, replicated: bool = False) -> Plan:
                 schedule="pipedream", replicate_first_only=replicated).check()
 
 
-def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int):
+def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int, drains=()):
     """This rank's mini-batches: its replica's share of each global batch, or all of it on a shared stage
     (as the trainer loads them)."""
     replica, _ = plan.coords(rank)
@@ -80,7 +81,7 @@ def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int,
         full = pc.batch(kind, t)
         local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
         yield Step(t, tuple(local[k] for k in layered.input_names), make_target(local, loss_task),
-                   float(loss_weight(make_target(full, loss_task), loss_task)))
+                   float(loss_weight(make_target(full, loss_task), loss_task)), drain_after=t in drains)
 
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
@@ -102,8 +103,8 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
 
     def train(first: int, count: int, drains=()) -> None:
         layout.runtime.trace = []
-        layout.runtime.train_steps(steps(layered, loss.task, layout.plan, rank, case.kind, first, count),
-                                   ends_segment=lambda s: s.step in drains, after_backward=update)
+        layout.runtime.train_steps(steps(layered, loss.task, layout.plan, rank, case.kind, first, count, drains),
+                                   on_step=update)
         traces.append([{k: v for k, v in r.items() if k != "grads"} for r in layout.runtime.trace])
         versions.append(layout.runtime.version)
 

@@ -115,7 +115,7 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
     setup_logging(cfg.run_dir, rank)
     trainer = Trainer(cfg, rank, world, device, resume=attempt > 0)
     plans = cycle_plans(trainer)
-    done = trainer.global_step // trainer.steps_per_epoch  # transitions before the checkpoint resumed from
+    done = trainer.state.global_step // trainer.steps_per_epoch  # transitions before the checkpoint resumed from
     assert trainer.plan == plans[done % CYCLE], (done, trainer.plan)
     if rank == 0 and attempt == 0:
         (Path(samples_dir) / "plans.json").write_text(json.dumps([p.to_dict() for p in plans]))
@@ -130,12 +130,12 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
         record(0.0, started=started)  # the fresh process, and when it started (before its imports)
         while done < transitions:
             trainer.train_epoch()
-            trainer.epoch += 1
+            trainer.state.epoch += 1
             seconds = trainer.transition(plans[(done + 1) % CYCLE])
             done += 1
             record(seconds)
             if done % checkpoint_every == 0:
-                trainer.last_eval = trainer.evaluate()
+                trainer.state.last_eval = trainer.evaluate()
                 trainer.save_checkpoint()
             if attempt < restarts and done == kill_at[attempt] and rank == world - 1:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -44,7 +44,7 @@ from torch.func import functional_call
 
 from ptrun.config import ConfigError
 from ptrun.parallel.groups import Groups
-from ptrun.parallel.pipeline import StageRuntime
+from ptrun.parallel.pipeline import OnStep, StageRuntime, Step
 from ptrun.parallel.plan import Plan
 from ptrun.models.losses import WeightedLoss
 
@@ -76,22 +76,6 @@ def async_1f1b(limit: int, items: Iterable, ends_segment: Callable[[Any], bool])
             return
         else:
             segment_open = True
-
-
-@dataclass
-class Step:
-    """One mini-batch as the trainer hands it to the pipeline."""
-
-    step: int
-    """The step of the epoch."""
-    inputs: tuple
-    """The model inputs (read by the first stage)."""
-    target: torch.Tensor
-    """Labels and sample weights (read by the last stage)."""
-    denominator: float
-    """The global batch's loss weight: the loss is a mean over exactly these samples."""
-    extra: Any = None
-    """Whatever the caller wants back after the step's update (its batch)."""
 
 
 @dataclass
@@ -285,7 +269,7 @@ class AsyncPipelineRuntime(StageRuntime):
             record.inputs.append(carry)
             out = self._run_module(record.weights, carry)
             if self.is_last:
-                self.loss.denominator = step.denominator
+                self.loss.denominator, self.loss.scale = step.denominator, step.loss_scale
                 lane_loss = self.loss(out, targets[i])
                 record.outputs.append(lane_loss)
                 record.loss = lane_loss if record.loss is None else record.loss + lane_loss
@@ -324,21 +308,20 @@ class AsyncPipelineRuntime(StageRuntime):
                                "grads": {n: p.grad.detach().clone() for n, p in self._live.items()
                                          if p.grad is not None}})
 
-    def train_steps(self, steps: Iterable[Step], ends_segment: Callable[[Step], bool],
-                    after_backward: Callable[[Step, torch.Tensor | None], None]) -> None:
+    def train_steps(self, steps: Iterable[Step], on_step: OnStep) -> None:
         """Train on `steps` with PipeDream's 1F1B. After each step's backward pass on this stage,
-        `after_backward(step, loss)` must apply the update (the loss is set on the last stage only; it is
-        this replica's share of the global mean loss); the pipeline drains after every step for which
-        `ends_segment` is true and after the last."""
+        `on_step(step, loss)` must apply the update (the loss is set on the last stage only; it is this
+        replica's share of the global mean loss); the pipeline drains after every step marked `drain_after`
+        and after the last."""
         self.train(True)
         records: deque[_InFlight] = deque()
-        for kind, step in async_1f1b(self.limit, steps, ends_segment):
+        for kind, step in async_1f1b(self.limit, steps, ends_segment=lambda s: s.drain_after):
             if kind == "F":
                 records.append(self._forward(step))
                 continue
             record = records.popleft()
             self._backward(record)
-            after_backward(step, record.loss.detach() if record.loss is not None else None)
+            on_step(step, record.loss.detach() if record.loss is not None else None)
             self._after_update(records)
             if not records:
                 self._wait_sends()  # drained: nothing of this segment is left on the wire

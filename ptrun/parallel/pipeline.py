@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -95,6 +96,32 @@ class StageModule(nn.Module):
         return out
 
 
+@dataclass
+class Step:
+    """One mini-batch as the trainer hands it to a runtime's `train_steps`."""
+
+    step: int
+    """The step of the epoch."""
+    inputs: tuple
+    """The model inputs (read by the first stage)."""
+    target: torch.Tensor
+    """Labels and sample weights (read by the last stage)."""
+    denominator: float
+    """The global batch's loss weight: the loss is a mean over exactly these samples."""
+    loss_scale: float = 1.0
+    """fp16's loss scale, which multiplies the loss backward starts from (1 otherwise)."""
+    drain_after: bool = False
+    """An asynchronous pipeline finishes every step up to this one before starting the next (a checkpoint
+    follows it); flushing schedules finish every step anyway."""
+    extra: Any = None
+    """Whatever the caller wants back after the step's update (its batch)."""
+
+
+OnStep = Callable[[Step, "torch.Tensor | None"], None]
+"""Called after each step's backward pass on this rank, to apply the update: `on_step(step, loss)`, the loss
+being this rank's share of the global mean loss (None where an asynchronous stage has none)."""
+
+
 class StageRuntime:
     """What every runtime of one rank's stages shares: the stage modules, their parameters, and the
     gradient all-reduce and clip. `PipelineRuntime` runs them with a flushing schedule; the asynchronous
@@ -123,6 +150,13 @@ class StageRuntime:
                                if units[0] not in self.unit_indices}
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
+
+    def train_steps(self, steps: Iterable[Step], on_step: OnStep) -> None:
+        """Train on `steps`: each step's forward and backward passes, then `on_step` (the update). A flushing
+        runtime finishes each step before the next; the asynchronous one overlaps them."""
+        for step in steps:
+            self.loss.denominator, self.loss.scale = step.denominator, step.loss_scale
+            on_step(step, self.forward_backward(step.inputs, step.target))
 
     # ---- parameters ---------------------------------------------------------------------------------
     def _unique_parameters(self) -> list[nn.Parameter]:

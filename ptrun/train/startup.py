@@ -1,6 +1,6 @@
-"""How a worker's trainer starts: the pipeline length and micro-batch count when they are `auto`, the
-starting layout (with a measured profile for the time-based partitioners), micro-batch tuning, and AutoCache.
-A mixin of `Trainer` (ptrun/train/trainer.py), which calls these from its constructor."""
+"""How a worker's trainer starts: the pipeline length and micro-batch count when they are `auto`, the units'
+profile for the time-based partitioners, the controller and its first layout, micro-batch tuning, and
+AutoCache. Each function is called once from `Trainer.__init__`, in this order."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import AutoCache
-from ptrun.auto.autodp import build_layout
+from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
 from ptrun.config import DataConfig, PtrunConfig, validate
-from ptrun.data import build_datasets
+from ptrun.data import EpochSampler, build_datasets
+from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
 from ptrun.parallel import microtune
-from ptrun.parallel.fit import device_budget, resolve_length
+from ptrun.parallel.fit import LengthChoice, device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, start_replica_batch, starting_microbatches
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
@@ -36,98 +37,116 @@ def data_config(cfg: PtrunConfig) -> DataConfig:
     return cfg.data
 
 
-class StartUp:
-    def _resolve_length(self, cfg: PtrunConfig) -> PtrunConfig:
-        """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
-        count made the one that follows the length; then the length-dependent rules checked (ConfigError).
-        Every rank takes the smallest device budget, so all choose the same layout."""
-        self.length_choice = None
-        if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
-            return cfg
-        budget = torch.tensor([float(device_budget(cfg, self.device))], dtype=torch.float64, device=self.device)
-        dist.all_reduce(budget, op=dist.ReduceOp.MIN)
-        probe = dict(self.data.train[[0]])
-        sample = tuple(probe[k] for k in self.layered.input_names if k in probe)
-        resolved, self.length_choice = resolve_length(cfg, self.layered, sample, self.world_size,
-                                                      int(budget.item()))
-        validate(resolved)
-        if self.is_main and self.length_choice is not None:
-            log.info("%s", self.length_choice.summary())
-        return resolved
+def first_sample(data: DataSplits, input_names) -> tuple:
+    """The first training sample's model inputs, batched (shapes and dtypes for the start's estimates)."""
+    probe = dict(data.train[[0]])
+    return tuple(probe[k] for k in input_names if k in probe)
 
-    def _make_cache(self) -> AutoCache:
-        """AutoCache for this worker. Its entries are keyed by everything that shapes a cached activation
-        besides the frozen weights: the model and data configuration and the augmentation mode."""
-        cfg = self.cfg
-        self.plain_train = self.data.train
-        if cfg.data.augment:
-            if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-                self.plain_train = build_datasets(replace(data_config(cfg), augment=False)).train
-            elif self.is_main:
-                log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
-                            "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
-                            "without random augmentation")
-        tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
-                          "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
-        return AutoCache(self.layered, cfg.cache, tag=tag, num_train=len(self.data.train),
-                         num_eval=len(self.data.eval), device=self.device, run_dir=cfg.run_dir,
-                         compute_dtype=self.compute_dtype)
 
-    def _start(self, microbatch_table=None) -> Controller:
-        """Collective: the Controller and first Plan (`ptrun.auto.controller.start`). The time-based
-        partitioners need the units' profile: measured once, on one micro-batch of the first step's samples,
-        and agreed by every rank."""
-        pipe = self.cfg.pipe
-        if pipe.partition in NEEDS_PROFILE and self._profile is None:
-            # With pipe.microbatches=auto, M is a stand-in until tuning (which needs this layout) measures it.
-            m = starting_microbatches(pipe, self.world_size, self.cfg.train.global_batch_size,
-                                      self.cfg.auto.microbatch_table)
-            micro = max(1, start_replica_batch(pipe, self.world_size, self.cfg.train.global_batch_size) // m)
-            ids, _ = self.train_sampler.global_batch(0, 0)
-            batch = dict(self.data.train[ids[:micro].tolist()])
-            inputs = tuple(batch[k].to(self.device) for k in self.layered.input_names)
-            self._profile = (agree(profile_units(self.layered, inputs, self.device), self.device),
-                             measure_bandwidth(self.device))
-        profile, bandwidth = self._profile or (None, None)
-        return start(self.cfg, self.layered, self.world_size, profile=profile, bandwidth=bandwidth,
-                     microbatch_table=microbatch_table, steps_per_epoch=self.base_steps)
+def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
+                device: torch.device) -> tuple[PtrunConfig, LengthChoice | None]:
+    """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
+    count made the one that follows the length (`resolve_length`, which checks the length's rules). Every
+    rank takes the smallest device budget, so all choose the same layout."""
+    if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
+        return cfg, None
+    budget = torch.tensor([float(device_budget(cfg, device))], dtype=torch.float64, device=device)
+    dist.all_reduce(budget, op=dist.ReduceOp.MIN)
+    resolved, choice = resolve_length(cfg, layered, first_sample(data, layered.input_names), world_size,
+                                      int(budget.item()))
+    validate(resolved)
+    if dist.get_rank() == 0 and choice is not None:
+        log.info("%s", choice.summary())
+    return resolved, choice
 
-    def _tune_microbatches(self) -> microtune.Tuning:
-        """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
-        starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
-        cfg, c = self.cfg, self.controller
-        first = c.first
-        lengths = microtune.candidates(first.pp, self.world_size, cfg.train.global_batch_size, first.schedule,
-                                       stages_per_rank=first.stages_per_rank, batch_policy=cfg.auto.batch,
-                                       shrinks=microtune.shrinking(cfg))
 
-        def plan_at(pp: int, m: int) -> Plan:
-            bounds = first.stage_bounds if pp == first.pp else partition(
-                c.method, pp * first.stages_per_rank, num_units=first.num_units, param_costs=c.param_costs,
-                **c.partition_kwargs)
-            return replace(first, pp=pp, dp=self.world_size // pp, microbatches=m,
-                           stage_bounds=tuple(tuple(b) for b in bounds)).check()
+def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochSampler, world_size: int,
+                    device: torch.device):
+    """Collective: for the time-based partitioners, the units' profile (measured once, on one micro-batch of
+    the first step's samples, agreed by every rank) and the link's bandwidth; (None, None) for the others."""
+    pipe = cfg.pipe
+    if pipe.partition not in NEEDS_PROFILE:
+        return None, None
+    # With pipe.microbatches=auto, M is a stand-in until tuning (which needs this layout) measures it.
+    m = starting_microbatches(pipe, world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
+    micro = max(1, start_replica_batch(pipe, world_size, cfg.train.global_batch_size) // m)
+    ids, _ = sampler.global_batch(0, 0)
+    batch = dict(data.train[ids[:micro].tolist()])
+    inputs = tuple(batch[k].to(device) for k in layered.input_names)
+    return agree(profile_units(layered, inputs, device), device), measure_bandwidth(device)
 
-        build = partial(build_layout, self.builder)
-        batches = partial(microtune.training_batches, self.data.train, rank=self.rank, seed=cfg.train.seed,
-                          input_names=self.layered.input_names, task=cfg.model.task, device=self.device)
-        probe = dict(self.data.train[[0]])
-        shapes = {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in self.layered.input_names if k in probe}
-        fields = microtune.cache_fields(
-            model=asdict(cfg.model), input_shapes=shapes, lengths=lengths, world_size=self.world_size,
-            schedule=first.schedule, stages_per_rank=first.stages_per_rank,
-            partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
-            recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=torch.get_num_threads(),
-            device=self.device)
-        def measure():
-            # Measuring builds and runs this rank's stages at every candidate length: every unit is filled
-            # (emptied again, all but this rank's, once the first layout is built). A cached table needs none.
-            init_units(self.layered, range(len(self.layered.units)))
-            return microtune.measure(lengths, plan_at=plan_at, build=build, batches=batches,
-                                     model=self.layered.model, loss=self.loss, device=self.device)
 
-        tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
-                                device=self.device)
-        if self.is_main:
-            log.info("%s", tuning.summary())
-        return tuning
+def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder, layered, data: DataSplits,
+                      world_size: int, device: torch.device) -> microtune.Tuning:
+    """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
+    starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
+    first = controller.first
+    lengths = microtune.candidates(first.pp, world_size, cfg.train.global_batch_size, first.schedule,
+                                   stages_per_rank=first.stages_per_rank, batch_policy=cfg.auto.batch,
+                                   shrinks=microtune.shrinking(cfg))
+
+    def plan_at(pp: int, m: int) -> Plan:
+        bounds = first.stage_bounds if pp == first.pp else partition(
+            controller.method, pp * first.stages_per_rank, num_units=first.num_units,
+            param_costs=controller.param_costs, **controller.partition_kwargs)
+        return replace(first, pp=pp, dp=world_size // pp, microbatches=m,
+                       stage_bounds=tuple(tuple(b) for b in bounds)).check()
+
+    batches = partial(microtune.training_batches, data.train, rank=builder.rank, seed=cfg.train.seed,
+                      input_names=layered.input_names, task=cfg.model.task, device=device)
+    probe = dict(data.train[[0]])
+    shapes = {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in layered.input_names if k in probe}
+    fields = microtune.cache_fields(
+        model=asdict(cfg.model), input_shapes=shapes, lengths=lengths, world_size=world_size,
+        schedule=first.schedule, stages_per_rank=first.stages_per_rank,
+        partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
+        recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=torch.get_num_threads(),
+        device=device)
+
+    def measure():
+        # Measuring builds and runs this rank's stages at every candidate length: every unit is filled
+        # (emptied again, all but this rank's, once the first layout is built). A cached table needs none.
+        init_units(layered, range(len(layered.units)))
+        return microtune.measure(lengths, plan_at=plan_at, build=partial(build_layout, builder), batches=batches,
+                                 model=layered.model, loss=builder.loss, device=device)
+
+    tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
+                            device=device)
+    if builder.rank == 0:
+        log.info("%s", tuning.summary())
+    return tuning
+
+
+def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSplits, sampler: EpochSampler,
+                     world_size: int, steps_per_epoch: int) -> tuple[Controller, microtune.Tuning | None]:
+    """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`). With
+    `pipe.microbatches=auto` the first start's layout is measured for the M per length, and the controller
+    starts again with that table, so the first plan and AutoPipe's later picks use it."""
+    profile, bandwidth = measure_profile(cfg, layered, data, sampler, world_size, builder.device)
+    begin = partial(start, cfg, layered, world_size, profile=profile, bandwidth=bandwidth,
+                    steps_per_epoch=steps_per_epoch)
+    controller = begin()
+    if cfg.pipe.microbatches != "auto":
+        return controller, None
+    tuning = tune_microbatches(cfg, controller, builder, layered, data, world_size, builder.device)
+    return begin(microbatch_table=tuning.table), tuning
+
+
+def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device, compute_dtype,
+               is_main: bool) -> tuple[AutoCache, object]:
+    """AutoCache for this worker, and the training set cached samples are read from (without random
+    augmentation where `cache.augment=off`). Its entries are keyed by everything that shapes a cached
+    activation besides the frozen weights: the model and data configuration and the augmentation mode."""
+    plain_train = data.train
+    if cfg.data.augment:
+        if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
+            plain_train = build_datasets(replace(data_config(cfg), augment=False)).train
+        elif is_main:
+            log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
+                        "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
+                        "without random augmentation")
+    tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
+                      "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
+    cache = AutoCache(layered, cfg.cache, tag=tag, num_train=len(data.train), num_eval=len(data.eval),
+                      device=device, run_dir=cfg.run_dir, compute_dtype=compute_dtype)
+    return cache, plain_train

@@ -1,0 +1,82 @@
+"""Where a run is: one value that every checkpoint saves whole and a resume loads whole."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+
+def metric_key(result: dict) -> str:
+    """The eval number that ranks checkpoints: the GLUE score, SQuAD F1 or top-1 when there is one (higher
+    is better), else the loss (lower is better)."""
+    return next((k for k in ("score", "f1", "top1") if k in result), "loss")
+
+
+@dataclass
+class TrainState:
+    """The run's position and what it has learnt of itself; the rest of a worker's state (weights, optimizer
+    state, the layout) is rebuilt from the checkpoint's files and the Plan."""
+
+    epoch: int = 0
+    """The epoch being trained (the next one at a boundary)."""
+    step_in_epoch: int = 0
+    """Where the epoch resumes: non-zero only after a mid-epoch checkpoint."""
+    global_step: int = 0
+    """Optimizer steps taken (or skipped on an fp16 overflow) since the run began."""
+    interval: int = 0
+    """The freeze interval in force: the controller has decided up to its start."""
+    interval_steps: int = 0
+    """Steps trained in that interval so far (its gradient norms are averaged over them)."""
+    last_checkpoint_step: int = 0
+    """The global step of the newest checkpoint."""
+    best_eval: dict = field(default_factory=dict)
+    """The best evaluation so far by `metric_key`, with its epoch."""
+    last_eval: dict = field(default_factory=dict)
+    """The newest evaluation."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict, interval: int = 0) -> "TrainState":
+        """The state a checkpoint holds. `interval` stands in for a checkpoint that predates the interval
+        fields (the interval of its position). A checkpoint's position is its last checkpoint step."""
+        known = {f.name for f in fields(cls)}
+        state = cls(**{k: v for k, v in saved.items() if k in known})
+        if "interval" not in saved:
+            state.interval = interval
+        state.last_checkpoint_step = state.global_step
+        return state
+
+    def remember(self, ev: dict) -> None:
+        """Keep the newest eval, and the best one by its ranking metric."""
+        if not ev:
+            return
+        self.last_eval = ev
+        key = metric_key(ev)
+        better = (ev[key] > self.best_eval.get(key, -1)) if key != "loss" else \
+            (ev[key] < self.best_eval.get(key, float("inf")))
+        if better:
+            self.best_eval = {**ev, "epoch": self.epoch}
+
+
+@dataclass
+class EpochSums:
+    """What one rank adds up over an epoch."""
+
+    loss: torch.Tensor
+    """This rank's share of the summed step losses (last stages only)."""
+    seen: torch.Tensor
+    """Uses of each training sample (first stages only)."""
+    samples_before: float = 0.0
+    """Samples the epoch had trained before a mid-epoch resume."""
+    samples: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+    lr: float = 0.0
+
+    def so_far(self, all_sum) -> dict[str, torch.Tensor]:
+        """Collective (`all_sum` sums over the ranks): the epoch's sums so far, for a mid-epoch checkpoint."""
+        return {"loss_sum": all_sum(self.loss.reshape(1)).cpu(), "seen": all_sum(self.seen).cpu(),
+                "samples": torch.tensor([self.samples_before + self.samples], dtype=torch.float64)}
