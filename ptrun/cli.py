@@ -242,10 +242,11 @@ def run_report(args: list[str]) -> None:
 
 
 def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
-    """The recipe resolved for the cluster: its launcher sized to it, validated against its world size; data
-    and weight paths are not needed to plan, so they are not checked."""
+    """The recipe resolved for the cluster: its launcher sized to it, then validated (the layout against the
+    world size where one machine makes it; a cluster of several is checked by the first plan, as a start is);
+    data and weight paths are not needed to plan, so they are not checked."""
     try:
-        return resolve(overrides, run_dir="", paths=False, world=cluster.world_size,
+        return resolve(overrides, run_dir="", paths=False,
                        launcher={"nproc_per_node": cluster.gpus_per_node, "nnodes": str(cluster.nodes)}).cfg
     except ConfigError as e:
         _fail(str(e))

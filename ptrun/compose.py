@@ -101,16 +101,14 @@ class Resolved:
 
 def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, run_dir: str | Path | None = None,
             recipe: str | None = None, composed: DictConfig | None = None, check: bool = True,
-            paths: bool = True, machine: bool = False, launcher: dict[str, Any] | None = None,
-            world: int | None = None) -> Resolved:
+            paths: bool = True, machine: bool = False, launcher: dict[str, Any] | None = None) -> Resolved:
     """The config `ptrun train OVERRIDES` runs, resolved once, in this order:
 
     1. composed (skipped when Hydra `composed` it already: a sweep's job);
     2. `launcher` fields replaced (`ptrun plan` sizes the launcher to its cluster);
     3. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
        `launcher.*` keys in `overrides` winning;
-    4. validated unless `check` is false (`paths=False` skips the files the run reads; `world`: the job's
-       workers when known before the start, see `ptrun.config.validate`);
+    4. validated unless `check` is false (`paths=False` skips the files the run reads);
     5. with `machine` (a start on this machine): the rules of a job of several machines
        (`check_machines`), then `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where
        they are `auto`: this machine's answer, which its workers read as is.
@@ -139,7 +137,7 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
         cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
         note = summary(cfg.launcher, env, explicit)
     if check:
-        validate(cfg, paths=paths, world=world)
+        validate(cfg, paths=paths)
     if machine:
         check_machines(cfg.launcher)
         cfg = replace(cfg, launcher=_this_machine(cfg.launcher))

@@ -53,9 +53,9 @@ def test_slurm_is_applied_from_the_environment_given_and_the_command_line_wins()
     assert resolve([]).cfg.launcher.nnodes == "1"  # no environment given: none is read
 
 
-def test_plan_sizes_the_launcher_and_checks_the_clusters_world():
-    with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 16"):
-        resolve(["pipe.length=3"], paths=False, world=16, launcher={"nproc_per_node": 8, "nnodes": "2"})
+def test_plan_sizes_the_launcher_before_the_checks():
+    with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 4"):
+        resolve(["pipe.length=3"], paths=False, launcher={"nproc_per_node": 4})
 
 
 def test_the_layout_rules_are_one_function():

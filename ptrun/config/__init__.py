@@ -79,17 +79,16 @@ GROUP_CHECKS = (check_freezing, check_logger, check_model, check_data, check_tra
 """Each group's own keys, in this order (the first broken rule is the one reported)."""
 
 
-def validate(cfg, paths: bool = True, world: int | None = None) -> None:
+CROSS_CHECKS = (check_pipedream, check_layout, check_text)
+"""The rules between groups, after every group passed its own."""
+
+
+def validate(cfg, paths: bool = True) -> None:
     """Every rule the type system cannot express; raises ConfigError. `paths=False` skips the files and
     directories the run would read (the model's own sizes are still checked against its config.json when
-    that is there). `world`: the workers of the whole job when known before the start (`ptrun plan`'s
-    cluster); None: one machine's, when `launcher.nnodes` is 1. Each group's own rules come first, then the
-    rules between groups (the first broken rule is the one reported)."""
-    for check in GROUP_CHECKS:
+    that is there)."""
+    for check in GROUP_CHECKS + CROSS_CHECKS:
         check(cfg)
-    check_pipedream(cfg)
-    check_layout(cfg, world)
-    check_text(cfg)
     if paths:
         check_paths(cfg)
     check_model_against_data(cfg)

@@ -71,23 +71,20 @@ def check_concrete(pipe, world: int, global_batch: int) -> None:
         require(False, *problem)
 
 
-def check_layout(cfg, world: int | None = None) -> None:
-    """The config's layout against `world` workers (None: the one machine's, when `launcher.nnodes` is 1; with
-    more machines the world is known only at the start, which checks it then), and the micro-batch count
-    against the schedule: `auto` and unset need one count that works."""
+def check_layout(cfg) -> None:
+    """The config's layout against the workers of one machine, when `launcher.nnodes` is 1 (with more machines
+    the world is known only at the start, which checks it then: `first_plan`, `resolve_length`), and the
+    micro-batch count against the schedule: `auto` and unset need one count that works."""
     p, t, lc = cfg.pipe, cfg.train, cfg.launcher
     auto_k = p.length == "auto"
     auto_m = p.microbatches == "auto" or p.microbatches is None
     num_stages = (1 if auto_k else p.length) * p.stages_per_rank
     one_machine = parse_nnodes(lc.nnodes)[1] == 1
     per_replica = None
-    if not auto_k and (world is not None or one_machine):
-        note = ""
-        if world is None:
-            world = workers_per_node(lc)
-            note = f"; auto = {world} on this machine" if lc.nproc_per_node == "auto" else ""
-        problem = world_problem(p, world, t.global_batch_size, nproc=lc.nproc_per_node if one_machine else None,
-                                note=note)
+    if not auto_k and one_machine:
+        world = workers_per_node(lc)
+        note = f"; auto = {world} on this machine" if lc.nproc_per_node == "auto" else ""
+        problem = world_problem(p, world, t.global_batch_size, nproc=lc.nproc_per_node, note=note)
         if problem:
             require(False, *problem)
         per_replica = replica_batch(p, world, t.global_batch_size)
