@@ -1,7 +1,8 @@
 """`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow), `recipes`, `report` and `plan`.
 
-`ptrun train` composes the config ONCE here, validates it, writes the resolved YAML to a private file and
-launches the workers, which only read that file (rank 0 copies it to RUN_DIR/config.yaml once the run has
+`ptrun train` resolves the config ONCE here (`ptrun.compose.resolve`: composed, SLURM's layout applied,
+validated, this machine's `auto` values filled), writes the resolved YAML to a private file and launches
+the workers, which only read that file (rank 0 copies it to RUN_DIR/config.yaml once the run has
 started). Bad input ends with one line on stderr naming the key or file and what is allowed, exit code 2,
 and the run directory as it was (docs/errors.md lists the cases).
 """
@@ -12,13 +13,13 @@ import os
 import signal
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ptrun import slurm
-from ptrun.compose import CONFIG_DIR, RECIPE_DIR, compose_dict, register_schema
-from ptrun.config import ConfigError, PtrunConfig, check_machines, validate
+from ptrun.compose import CONFIG_DIR, RECIPE_DIR, Resolved, register_schema, resolve
+from ptrun.config import ConfigError, PtrunConfig
 from ptrun.errors import EXIT_BAD_INPUT
 
 # Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
@@ -57,19 +58,18 @@ def recipe_summaries() -> dict[str, str]:
     return out
 
 
-def preflight(overrides: list[str]) -> None:
-    """Compose with Hydra's compose API and validate, so bad input fails before Hydra creates anything."""
+PREFLIGHT: list[Resolved] = []
+"""What `preflight` resolved for a single run: its Hydra job starts it as it is (nothing is checked twice)."""
+
+
+def preflight(overrides: list[str]) -> Resolved:
+    """Resolve the config (`ptrun.compose.resolve`), so bad input fails before Hydra creates anything."""
     try:
-        cfg = compose_dict(overrides, hydra=True)
-        run_dir = cfg.hydra.run.dir
-        if slurm.in_slurm(os.environ):  # checks that depend on the node count must see the job's
-            cfg.launcher = OmegaConf.structured(slurm.from_slurm(OmegaConf.to_object(cfg.launcher), os.environ,
-                                                                 slurm.explicit_fields(overrides)))
-        validate(cfg)
-        check_machines(cfg.launcher)
-        _check_run_dir_path(run_dir)
+        resolved = resolve(overrides, os.environ, machine=True)
+        _check_run_dir_path(resolved.run_dir)
     except ConfigError as e:
         _fail(str(e))
+    return resolved
 
 
 def _check_run_dir_path(path: str) -> None:
@@ -118,15 +118,15 @@ def train_task(cfg: DictConfig) -> None:
         SWEEP_JOBS.append((run_dir, list(hydra_cfg.overrides.task)))
     created_now = not any(run_dir.iterdir())
     try:
-        OmegaConf.resolve(cfg)
-        cfg.run_dir = str(run_dir)
-        typed: PtrunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-        # Inside `srun`: nodes and rendezvous from SLURM (ptrun/slurm.py); launcher.* on the command line wins.
-        explicit = slurm.explicit_fields(hydra_cfg.overrides.task)
-        typed.launcher = slurm.from_slurm(typed.launcher, os.environ, explicit)
-        if (note := slurm.summary(typed.launcher, os.environ, explicit)) is not None:
-            print(note, flush=True)
-        validate(typed)
+        if hydra_cfg.mode == RunMode.RUN and PREFLIGHT:
+            resolved = PREFLIGHT[0]
+        else:  # a sweep's job: resolved from what Hydra composed for it
+            OmegaConf.resolve(cfg)
+            cfg.run_dir = str(run_dir)
+            resolved = resolve(list(hydra_cfg.overrides.task), os.environ, composed=cfg, machine=True)
+        typed = replace(resolved.cfg, run_dir=str(run_dir))
+        if resolved.slurm_note is not None:
+            print(resolved.slurm_note, flush=True)
         _check_run_dir(run_dir, typed.train.resume)
         check_rendezvous(typed.launcher)
     except ConfigError as e:
@@ -187,7 +187,7 @@ def run_train(args: list[str]) -> None:
     except ConfigError as e:
         _fail(str(e))
     if not HYDRA_INFO_FLAGS.intersection(args):
-        preflight(args)
+        PREFLIGHT[:] = [preflight(args)]
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(train_task)
     sys.argv = ["ptrun train", *args]
     app()
@@ -242,23 +242,14 @@ def run_report(args: list[str]) -> None:
 
 
 def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
-    """Compose the recipe (Hydra's compose API), size the launcher to the cluster, and validate it; data and
-    weight paths are not needed to plan, so they are not checked."""
-    from dataclasses import replace
-
-    from ptrun.compose import compose
-
+    """The recipe resolved for the cluster: its launcher sized to it, then validated (the layout against the
+    world size where one machine makes it; a cluster of several is checked by the first plan, as a start is);
+    data and weight paths are not needed to plan, so they are not checked."""
     try:
-        cfg = compose(overrides, check=False)
+        return resolve(overrides, run_dir="", paths=False,
+                       launcher={"nproc_per_node": cluster.gpus_per_node, "nnodes": str(cluster.nodes)}).cfg
     except ConfigError as e:
         _fail(str(e))
-    cfg = replace(cfg, launcher=replace(cfg.launcher, nproc_per_node=cluster.gpus_per_node,
-                                        nnodes=str(cluster.nodes)))
-    try:
-        validate(cfg, paths=False)
-    except ConfigError as e:
-        _fail(str(e))
-    return cfg
 
 
 def run_plan(args: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""From overrides to a config: the one place that composes `configs/train.yaml` with Hydra's compose API, for
+"""From overrides to a config: the one place that composes `configs/train.yaml` with Hydra's compose API and
+resolves it (`resolve`: SLURM's layout, validation, the values a start on this machine fills in), for
 `ptrun train` and `ptrun plan`, the tests and the scripts alike, and turns composition errors into one line.
 
 The yaml lives beside the package, not in it: `configs/` (the primary config and the groups `model/`, `data/`,
@@ -7,6 +8,7 @@ both inside the package (setup.py maps them to `ptrun/configs` and `ptrun/recipe
 where no clone is.
 
     cfg = compose(["recipe=digits_vit", "train.epochs=5"], run_dir="runs/a")   # typed, validated
+    start = resolve(overrides, os.environ, machine=True)                        # what `ptrun train` starts
     raw = compose_dict(overrides, hydra=True)                                   # the DictConfig, with hydra.*
 """
 
@@ -14,11 +16,15 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ptrun.config import ConfigError, PtrunConfig, schema_keys, validate
+from ptrun.config import ConfigError, PtrunConfig, check_machines, schema_keys, validate, workers_per_node
+from ptrun.config.launcher import worker_threads
+from ptrun.config.slurm import explicit_fields, from_slurm, summary
 
 
 def _yaml_root() -> Path:
@@ -82,21 +88,75 @@ def typed(cfg: DictConfig) -> PtrunConfig:
         raise ConfigError(explain(e)) from None
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """A config resolved once, with what its caller needs besides it."""
+
+    cfg: PtrunConfig
+    run_dir: Optional[str]
+    """`hydra.run.dir` as composed (None when Hydra composed the config: a sweep's job)."""
+    slurm_note: Optional[str]
+    """The start's one line saying the layout came from SLURM (None outside SLURM)."""
+
+
+def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, run_dir: str | Path | None = None,
+            recipe: str | None = None, composed: DictConfig | None = None, check: bool = True,
+            paths: bool = True, machine: bool = False, launcher: dict[str, Any] | None = None) -> Resolved:
+    """The config `ptrun train OVERRIDES` runs, resolved once, in this order:
+
+    1. composed (skipped when Hydra `composed` it already: a sweep's job);
+    2. `launcher` fields replaced (`ptrun plan` sizes the launcher to its cluster);
+    3. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
+       `launcher.*` keys in `overrides` winning;
+    4. validated unless `check` is false (`paths=False` skips the files the run reads);
+    5. with `machine` (a start on this machine): the rules of a job of several machines
+       (`check_machines`), then `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where
+       they are `auto`: this machine's answer, which its workers read as is.
+
+    `run_dir` (None: `hydra.run.dir`) and `recipe` (None: the chosen one) name the run; ConfigError, one line
+    naming the key, at the first problem. `pipe.length=auto` and an unset `pipe.microbatches` need the built
+    model and the device: the workers fill them (`ptrun.parallel.fit.resolve_length`)."""
+    hydra_dir = None
+    raw = composed
+    if raw is None:
+        raw = compose_dict(overrides, hydra=True)
+        # `recipe` and `run_dir` interpolate Hydra's runtime, which only a `ptrun train` job has: set them here.
+        chosen = OmegaConf.select(raw, "hydra.runtime.choices.recipe")
+        hydra_dir = str(OmegaConf.select(raw, "hydra.run.dir"))
+        with open_dict(raw):
+            del raw["hydra"]
+        raw.recipe = recipe or chosen
+        raw.run_dir = str(hydra_dir if run_dir is None else run_dir)
+    cfg = typed(raw)
+    if launcher:
+        cfg = replace(cfg, launcher=replace(cfg.launcher, **launcher))
+    note = None
+    if env is not None:
+        # checks that depend on the node count must see the job's
+        explicit = explicit_fields(overrides)
+        cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
+        note = summary(cfg.launcher, env, explicit)
+    if check:
+        validate(cfg, paths=paths)
+    if machine:
+        check_machines(cfg.launcher)
+        cfg = replace(cfg, launcher=_this_machine(cfg.launcher))
+    return Resolved(cfg, hydra_dir, note)
+
+
+def _this_machine(lc):
+    """`launcher` with `nproc_per_node` and `threads_per_worker` as this machine answers `auto` (after the
+    checks, whose messages say what `auto` came to)."""
+    workers = workers_per_node(lc)
+    return replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
+
+
 def compose(overrides: list[str], run_dir: str | Path = "", recipe: str | None = None,
             check: bool = True) -> PtrunConfig:
-    """The config `ptrun train OVERRIDES` would run in `run_dir` (validated unless `check` is false);
-    `recipe` replaces the chosen recipe's name (a test's or a script's own label)."""
-    cfg = compose_dict(overrides, hydra=True)
-    # `recipe` and `run_dir` interpolate Hydra's runtime, which only a `ptrun train` job has: set them here.
-    chosen = OmegaConf.select(cfg, "hydra.runtime.choices.recipe")
-    with open_dict(cfg):
-        del cfg["hydra"]
-    cfg.recipe = recipe or chosen
-    cfg.run_dir = str(run_dir)
-    out = typed(cfg)
-    if check:
-        validate(out)
-    return out
+    """The config `ptrun train OVERRIDES` would run in `run_dir` (validated unless `check` is false), as the
+    tests and benchmarks use it: no SLURM, `auto` values left for the launch; `recipe` replaces the chosen
+    recipe's name (a test's or a script's own label)."""
+    return resolve(overrides, run_dir=run_dir, recipe=recipe, check=check).cfg
 
 
 def explain(exc: BaseException) -> str:

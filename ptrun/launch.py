@@ -14,7 +14,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, check_machines, parse_nnodes, workers_per_node
+from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, parse_nnodes, workers_per_node
 
 DEFAULT_RDZV_PORT = 29400  # torch's c10d default when the endpoint names no port
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
@@ -47,14 +47,14 @@ def user_cache_dir() -> Path:
 
 
 def check_rendezvous(lc: LauncherConfig) -> None:
-    """`launcher.rdzv_endpoint` must parse, its host resolve, a job of several machines name an endpoint and id
-    they can share (config.check_machines), and a one-machine job must be able to host its rendezvous store.
+    """`launcher.rdzv_endpoint` must parse, its host resolve, and a one-machine job must be able to host its
+    rendezvous store (that a job of several machines names an endpoint and id they can share was checked when
+    the config was resolved: `ptrun.config.check_machines`).
     torch otherwise takes a busy local port for another agent's store, connects to whatever holds it and
     waits there until the rendezvous times out (a hang, not an error). Jobs of several machines may share the
     port with an agent of the same job on this machine, so only one-machine jobs are checked."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
-    check_machines(lc)  # again here: a launch that did not come through cli.preflight
     try:
         host, port = parse_rendezvous_endpoint(lc.rdzv_endpoint, default_port=DEFAULT_RDZV_PORT)
     except ValueError:

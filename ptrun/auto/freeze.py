@@ -38,7 +38,7 @@ import math
 import statistics
 from typing import Any, ClassVar, Optional, Sequence
 
-from ptrun.config import ConfigError, check_alpha
+from ptrun.config import FREEZE_POLICIES, ConfigError, check_alpha, one_of
 
 EPS = 1e-9
 """Tolerance for rounding real-valued block counts: 12 * (1 - 2/3) and 10 * 0.3 evaluate to 4.0 and
@@ -170,8 +170,6 @@ class FreezePolicy:
 class NoFreeze(FreezePolicy):
     """`none`: never freezes (and, like every policy, never thaws what is already frozen)."""
 
-    name = "none"
-
     def _propose(self, interval, frozen_blocks, grad_norms):
         return frozen_blocks
 
@@ -180,8 +178,6 @@ class AlphaFreeze(FreezePolicy):
     """`alpha`: the paper's closed form F_T = ceil(L * (1 - (1 - alpha)^T)), the first term of the rule
     alone (what the released code ran), T in epochs (fractional between boundaries). It depends only on T,
     so it needs no state and resumes exactly."""
-
-    name = "alpha"
 
     def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
         super().__init__(num_blocks, **kw)
@@ -218,8 +214,6 @@ class PipeTransformerFreeze(FreezePolicy):
       proposal: rounding up at each of four quarter-epoch decisions would freeze at least a block a quarter,
       whatever alpha says.
     """
-
-    name = "pipetransformer"
 
     def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
         super().__init__(num_blocks, **kw)
@@ -273,8 +267,6 @@ class AutoFreeze(FreezePolicy):
     lengths compare fairly.
     """
 
-    name = "autofreeze"
-
     def __init__(self, num_blocks: int, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.prev_norms: Optional[list[float]] = None
@@ -323,8 +315,6 @@ class LinearFreeze(FreezePolicy):
     (total_epochs - 1 - start)), e in (fractional) epochs at each decision, so the count holds between
     decisions. If the ramp has no length (start >= total_epochs - 1) it never freezes."""
 
-    name = "linear"
-
     def __init__(self, num_blocks: int, *, total_epochs: Optional[int] = None, **kw: Any):
         super().__init__(num_blocks, **kw)
         if total_epochs is None or total_epochs < 1:
@@ -348,8 +338,6 @@ class ScheduledFreeze(FreezePolicy):
     held after the list ends). Reproduces a run's freeze sequence exactly, for tests and benchmarks; it
     ignores start (the list says everything)."""
 
-    name = "schedule"
-
     def __init__(self, num_blocks: int, *, blocks: Optional[Sequence[int]] = None, **kw: Any):
         super().__init__(num_blocks, **kw)
         if not blocks or any(b < 0 or b > num_blocks for b in blocks):
@@ -363,11 +351,12 @@ class ScheduledFreeze(FreezePolicy):
         return self.blocks[min(interval, len(self.blocks) - 1)]
 
 
-POLICIES: dict[str, type[FreezePolicy]] = {
-    cls.name: cls for cls in (NoFreeze, AlphaFreeze, PipeTransformerFreeze, AutoFreeze, LinearFreeze,
-                              ScheduledFreeze)
-}
-"""Policy classes by name."""
+POLICIES: dict[str, type[FreezePolicy]] = dict(zip(FREEZE_POLICIES, (
+    PipeTransformerFreeze, AlphaFreeze, AutoFreeze, LinearFreeze, ScheduledFreeze, NoFreeze), strict=True))
+"""Policy classes by name, in the order of `freeze.policy`'s values (`ptrun.config.FREEZE_POLICIES`): the
+config, the layer below, names the policies once."""
+for _name, _cls in POLICIES.items():
+    _cls.name = _name  # the name a policy's state and messages carry is its config name
 
 
 def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every: float = 1.0,
@@ -377,7 +366,7 @@ def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every: floa
     `pipetransformer`, `total_epochs` (required) by `linear`; the others ignore what they do not use.
     Raises ConfigError for an unknown name or an out-of-range parameter."""
     if name not in POLICIES:
-        raise ConfigError(f"freeze policy {name!r} is not allowed: one of {', '.join(POLICIES)}")
+        raise ConfigError(f"freeze policy {name!r} is not allowed: {one_of(POLICIES)}")
     common: dict[str, Any] = dict(every=every, max_fraction=max_fraction, start=start)
     cls = POLICIES[name]
     if cls in (AlphaFreeze, PipeTransformerFreeze):

@@ -11,7 +11,6 @@ is allowed. Workers never compose: they load the resolved YAML the launcher wrot
 from __future__ import annotations
 
 from ptrun.config.cross import (
-    check_layout,
     check_model_against_data,
     check_paths,
     check_pipedream,
@@ -41,6 +40,7 @@ from ptrun.config.freezing import (
     inside_epochs,
 )
 from ptrun.config.launcher import (
+    BACKENDS,
     CPU_WORKERS,
     DeviceConfig,
     LauncherConfig,
@@ -51,9 +51,17 @@ from ptrun.config.launcher import (
     split_endpoint,
     workers_per_node,
 )
-from ptrun.config.model import TASKS, ModelConfig, check_model
+from ptrun.config.layout import (
+    check_concrete,
+    check_layout,
+    data_parallel_width,
+    replica_batch,
+    width_problem,
+    world_problem,
+)
+from ptrun.config.model import ATTENTIONS, FAMILIES, TASKS, ModelConfig, check_model
 from ptrun.config.pipe import PARTITIONS, SCHEDULES, PipeConfig, check_pipe, parse_recompute, schedule_problem
-from ptrun.config.rules import parse_memory, require
+from ptrun.config.rules import choice, choices_of, either, one_of, parse_memory, require
 from ptrun.config.schema import LOGGERS, PtrunConfig, check_logger, load_resolved, schema_keys
 from ptrun.config.training import (
     LR_SCHEDULES,
@@ -69,6 +77,8 @@ from ptrun.errors import ConfigError
 GROUP_CHECKS = (check_freezing, check_logger, check_model, check_data, check_training, check_pipe,
                 check_launcher)
 """Each group's own keys, in this order (the first broken rule is the one reported)."""
+
+
 CROSS_CHECKS = (check_pipedream, check_layout, check_text)
 """The rules between groups, after every group passed its own."""
 
@@ -85,7 +95,8 @@ def validate(cfg, paths: bool = True) -> None:
 
 
 __all__ = [
-    "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCES", "FREEZE_POLICIES",
+    "ATTENTIONS", "BACKENDS", "FAMILIES", "choice", "choices_of", "either", "one_of", "check_concrete",
+    "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCES", "FREEZE_POLICIES",
     "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
     "SCHEDULES", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",

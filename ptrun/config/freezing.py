@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ptrun.config.rules import parse_memory, require
+from ptrun.config.rules import choice, one_of, parse_memory, require
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "linear", "schedule", "none")
-"""`freeze.policy`."""
+"""`freeze.policy`; the policies (`ptrun.auto.freeze.POLICIES`) take these names."""
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
 optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global
@@ -22,7 +22,7 @@ CACHE_AUGMENT = ("fixed", "off")
 
 @dataclass
 class FreezeConfig:
-    policy: str = "pipetransformer"
+    policy: str = choice("pipetransformer", FREEZE_POLICIES)
     """Which bottom blocks to freeze at the end of each interval (`every`): `pipetransformer` (the paper's rule: the smaller
     of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha`
     (the closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms,
@@ -63,7 +63,7 @@ class AutoConfig:
     listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1), or with `pipe.microbatches=auto` the
     measured choice (an entry here still wins at its K; the first layout takes the measured M). The closest
     count that divides the per-replica batch and suits the schedule is taken."""
-    batch: str = "fixed_global"
+    batch: str = choice("fixed_global", BATCH_POLICIES)
     """Batch policy when DP widens: `fixed_global` (the global batch stays, each replica's share shrinks:
     the optimization does not depend on the layout) or `fixed_per_pipeline` (the paper: each replica keeps
     its batch, so the global batch grows with DP and an epoch has fewer steps)."""
@@ -84,11 +84,11 @@ class CacheConfig:
     `512MB`). Samples beyond it go to the disk tier under `dir`."""
     dir: Optional[str] = None
     """Disk tier directory; None = `RUN_DIR/cache`. The memory tier lives in /dev/shm."""
-    dtype: str = "auto"
+    dtype: str = choice("auto", CACHE_DTYPES)
     """Storage dtype of cached activations: `auto` (the compute dtype of `train.precision`: what a stage
     boundary would send), `float32` (exact), `bfloat16` or `float16` (half the memory; the first active unit
     then sees inputs rounded to 8 or 11 significant bits). Masks are stored exactly."""
-    augment: str = "fixed"
+    augment: str = choice("fixed", CACHE_AUGMENT)
     """With random augmentation on (`data.augment`): `fixed` caches the one augmented view a sample had
     when it was cached (later epochs see that view again), `off` loads training samples without random
     augmentation while the cache is in use. Evaluation never augments."""
@@ -111,7 +111,7 @@ def inside_epochs(fr: FreezeConfig) -> bool:
 
 def check_freezing(cfg) -> None:
     fr, au, ca, m = cfg.freeze, cfg.auto, cfg.cache, cfg.model
-    require(fr.policy in FREEZE_POLICIES, "freeze.policy", f"one of {', '.join(FREEZE_POLICIES)}", fr.policy)
+    require(fr.policy in FREEZE_POLICIES, "freeze.policy", one_of(FREEZE_POLICIES), fr.policy)
     check_alpha(fr.alpha)
     require(fr.every > 0, "freeze.every", "a number of epochs > 0 (e.g. 1, 0.5, 0.25)", fr.every)
     require(fr.every_steps is None or fr.every_steps >= 1, "freeze.every_steps", "an integer >= 1 or null",
@@ -127,12 +127,12 @@ def check_freezing(cfg) -> None:
         require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
                 and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
                 f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
-    require(ca.dtype in CACHE_DTYPES, "cache.dtype", f"one of {', '.join(CACHE_DTYPES)}", ca.dtype)
-    require(ca.augment in CACHE_AUGMENT, "cache.augment", f"one of {', '.join(CACHE_AUGMENT)}", ca.augment)
+    require(ca.dtype in CACHE_DTYPES, "cache.dtype", one_of(CACHE_DTYPES), ca.dtype)
+    require(ca.augment in CACHE_AUGMENT, "cache.augment", one_of(CACHE_AUGMENT), ca.augment)
     require(ca.min_frozen_units is None or ca.min_frozen_units >= 1, "cache.min_frozen_units",
             "an integer >= 1 or null", ca.min_frozen_units)
     parse_memory(ca.max_memory)
-    require(au.batch in BATCH_POLICIES, "auto.batch", f"one of {', '.join(BATCH_POLICIES)}", au.batch)
+    require(au.batch in BATCH_POLICIES, "auto.batch", one_of(BATCH_POLICIES), au.batch)
     if inside_epochs(fr):
         # A fixed_per_pipeline transition changes the global batch, so the epoch's remaining steps would
         # no longer be the windows of the same order that the steps before it used.

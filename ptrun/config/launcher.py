@@ -6,10 +6,12 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ptrun.config.rules import parse_memory, require
+from ptrun.config.rules import choice, either, parse_memory, require
 from ptrun.errors import ConfigError
 
 LOCAL_HOST_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+BACKENDS = ("auto", "gloo", "nccl")
+"""`launcher.backend`."""
 
 
 @dataclass
@@ -41,7 +43,7 @@ class LauncherConfig:
     """Intra-op threads per worker (CPU): `auto` shares the cores this process may use equally among the
     machine's workers (2 workers on 2 cores: 1 each, so they do not oversubscribe; 1 worker: both), or an
     integer >= 1."""
-    backend: str = "auto"
+    backend: str = choice("auto", BACKENDS)
     """Process-group backend: `auto` (nccl with CUDA, else gloo), `gloo` or `nccl`."""
 
 
@@ -129,8 +131,8 @@ def check_machines(lc: LauncherConfig) -> None:
     """The rules of a job of several machines that only matter when it is launched (`ptrun plan` and the
     tests compose the two-machine recipes for a cluster without naming one): with MIN > 1 in
     `launcher.nnodes`, a rendezvous endpoint other machines can reach; with MAX > 1, a shared `rdzv_id`.
-    Called by `ptrun train` before Hydra creates the run directory (cli.preflight) and again with the
-    rendezvous checks (launch.check_rendezvous). Raises ConfigError."""
+    Called once, when `ptrun train` resolves the config for a start on this machine
+    (`ptrun.compose.resolve`, before Hydra creates the run directory). Raises ConfigError."""
     lo, hi = parse_nnodes(lc.nnodes)
     endpoint = split_endpoint(lc.rdzv_endpoint)
     if lo > 1 and endpoint is not None and (only_this_machine(endpoint[0]) or endpoint[1] == 0):
@@ -158,7 +160,7 @@ def check_launcher(cfg) -> None:
     require(lc.stop_timeout >= 1, "launcher.stop_timeout", "whole seconds >= 1", lc.stop_timeout)
     require(lc.threads_per_worker == "auto" or (isinstance(lc.threads_per_worker, int) and lc.threads_per_worker >= 1),
             "launcher.threads_per_worker", "an integer >= 1 or auto", lc.threads_per_worker)
-    require(lc.backend in ("auto", "gloo", "nccl"), "launcher.backend", "auto, gloo or nccl", lc.backend)
+    require(lc.backend in BACKENDS, "launcher.backend", either(BACKENDS), lc.backend)
     parse_nnodes(lc.nnodes)
     if cfg.device.memory is not None:
         parse_memory(cfg.device.memory, total=1, key="device.memory")

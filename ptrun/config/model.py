@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ptrun.config.rules import require
+from ptrun.config.rules import choice, either, one_of, require
 
 TASKS = ("classification", "regression", "qa")
 """`model.task`."""
+FAMILIES = ("vit", "bert", None)
+"""`model.family` (None: inferred from the name)."""
+ATTENTIONS = ("sdpa", "eager")
+"""`model.attention`."""
 
 
 @dataclass
@@ -16,9 +20,9 @@ class ModelConfig:
     name: str = "vit_tiny_patch16_224"
     """timm model name (any `vit_*` / `deit_*`) or a BERT name (`bert-tiny`, `bert-mini`, `bert-small`,
     `bert-base`, `bert-large`, or a local Hugging Face directory given as `pretrained`)."""
-    family: Optional[str] = None
+    family: Optional[str] = choice(None, FAMILIES)
     """`vit` or `bert`; None = inferred from `name`."""
-    task: str = "classification"
+    task: str = choice("classification", TASKS)
     """`classification` (images, GLUE), `regression` (one real-valued output: GLUE's STS-B, BERT only) or `qa`
     (SQuAD-style span extraction, BERT only). The models and losses also implement `mlm` (masked language
     modelling, its decoder tied to the word embedding), which the pipeline tests use for tied weights across
@@ -50,7 +54,7 @@ class ModelConfig:
     """Dropout probability: ViT head dropout (timm drop_rate); BERT hidden and attention dropout."""
     drop_path: float = 0.0
     """Stochastic depth rate (ViT only)."""
-    attention: str = "sdpa"
+    attention: str = choice("sdpa", ATTENTIONS)
     """BERT's attention kernel: `sdpa` (torch's fused scaled-dot-product attention, what transformers picks by
     default: about 1.5x faster a step here) or `eager` (transformers' explicit softmax(QK^T + mask) V, bit for
     bit the library model's own forward whatever its mask). timm's ViT uses its own default (fused)."""
@@ -58,11 +62,11 @@ class ModelConfig:
 
 def check_model(cfg) -> None:
     m = cfg.model
-    require(m.task in TASKS, "model.task", f"one of {', '.join(TASKS)}", m.task)
-    require(m.family in (None, "vit", "bert"), "model.family", "vit, bert or null", m.family)
+    require(m.task in TASKS, "model.task", one_of(TASKS), m.task)
+    require(m.family in FAMILIES, "model.family", either(FAMILIES), m.family)
     require(0.0 <= m.dropout < 1.0, "model.dropout", "0 <= p < 1", m.dropout)
     require(0.0 <= m.drop_path < 1.0, "model.drop_path", "0 <= p < 1", m.drop_path)
-    require(m.attention in ("sdpa", "eager"), "model.attention", "sdpa or eager", m.attention)
+    require(m.attention in ATTENTIONS, "model.attention", either(ATTENTIONS), m.attention)
     for key in ("num_classes", "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
         v = getattr(m, key)
         require(v is None or v >= 1, f"model.{key}", "a positive integer or null", v)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ptrun.config.rules import require
+from ptrun.config.rules import choice, one_of, require
 from ptrun.errors import ConfigError
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
              "DualPipeV", "pipedream")
 """`pipe.schedule`."""
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
-"""`pipe.partition`."""
+"""`pipe.partition`; the partitioners (`ptrun.parallel.partition.PARTITIONERS`) are these."""
 
 
 @dataclass
@@ -31,7 +31,7 @@ class PipeConfig:
     for every pipeline length K the run may use, and take the fastest, within 3% the fewer. Measured once per
     model and machine and cached in `~/.cache/ptrun/microtune` (`PTRUN_MICROTUNE_DIR` moves it); the first
     `plan` event says what was chosen and why."""
-    schedule: str = "GPipe"
+    schedule: str = choice("GPipe", SCHEDULES)
     """torch.distributed.pipelining schedule: `GPipe`, `1F1B` (one stage per rank), or `Interleaved1F1B`,
     `LoopedBFS`, `InterleavedZeroBubble` (looped: rank r holds stages r, r+K, ...), `ZBVZeroBubble`,
     `DualPipeV` (V-shaped: rank r holds stages r and 2K-1-r; `stages_per_rank` must be 2); or `pipedream`
@@ -40,7 +40,7 @@ class PipeConfig:
     stages_per_rank: int = 1
     """Stages each pipeline rank holds: 1 for GPipe / 1F1B, 2 for the V-shaped schedules, 1+ for the looped
     ones. The model is split into `length x stages_per_rank` stages."""
-    partition: str = "params"
+    partition: str = choice("params", PARTITIONS)
     """How units are split into stages: `uniform` (equal unit counts), `params` (balanced trainable parameter
     size, a frozen unit counted at 1/6), `time` (balanced forward + backward time, profiled on this device),
     `pipetransformer` (the paper's greedy mean + variance rule on parameter size), `pipedream` (PipeDream's
@@ -103,7 +103,7 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
 def check_pipe(cfg) -> None:
     """The pipeline's own keys, and its stages against the model's unit count."""
     p, m = cfg.pipe, cfg.model
-    require(p.schedule in SCHEDULES, "pipe.schedule", f"one of {', '.join(SCHEDULES)}", p.schedule)
+    require(p.schedule in SCHEDULES, "pipe.schedule", one_of(SCHEDULES), p.schedule)
     auto_k = p.length == "auto"
     require(auto_k or (isinstance(p.length, int) and p.length >= 1), "pipe.length", "an integer >= 1 or auto",
             p.length)
@@ -115,7 +115,7 @@ def check_pipe(cfg) -> None:
         require(p.stages is None, "pipe.length", "an integer with pipe.stages (explicit stages fix the length)",
                 p.length)
     require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
-    require(p.partition in PARTITIONS, "pipe.partition", f"one of {', '.join(PARTITIONS)}", p.partition)
+    require(p.partition in PARTITIONS, "pipe.partition", one_of(PARTITIONS), p.partition)
     require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
             "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit", p.stages)
     num_stages = (1 if auto_k else p.length) * p.stages_per_rank

@@ -3,9 +3,42 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import field
+from typing import Any, Iterable
 
 from ptrun.errors import ConfigError
+
+CHOICES = "choices"
+"""The metadata key of a field made by `choice`: its allowed values."""
+
+
+def choice(default: Any, values: tuple) -> Any:
+    """A dataclass field whose value is one of `values`, the field's one declaration of them: its check's
+    message (`one_of`, `either`) and docs/config.md are made from the same tuple. OmegaConf 2.3 cannot type a
+    structured config's field as a `Literal`, so the field keeps its plain type and carries its values in its
+    metadata (`choices_of`)."""
+    assert default in values, (default, values)
+    return field(default=default, metadata={CHOICES: tuple(values)})
+
+
+def choices_of(dataclass_field) -> tuple | None:
+    """The allowed values of a field made by `choice`, else None."""
+    return dataclass_field.metadata.get(CHOICES)
+
+
+def _words(values: Iterable) -> list[str]:
+    return ["null" if v is None else str(v) for v in values]
+
+
+def one_of(values: Iterable) -> str:
+    """`one of a, b, c`: what a check says a choice allows."""
+    return f"one of {', '.join(_words(values))}"
+
+
+def either(values: Iterable) -> str:
+    """`a, b or c`: the same for a short list (a few checks have always worded it so)."""
+    words = _words(values)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def require(ok: bool, key: str, allowed: str, value: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ptrun.config.rules import require
+from ptrun.config.rules import choice, one_of, require
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """`train.precision`."""
@@ -36,7 +36,7 @@ class TrainConfig:
     timeline_step: Optional[int] = None
     """Record when each stage runs each micro-batch's forward and backward in this (0-based) step of the
     first epoch, into RUN_DIR/timeline.json; `ptrun report` draws it as a Gantt chart. None = off."""
-    precision: str = "fp32"
+    precision: str = choice("fp32", PRECISIONS)
     """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
     loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and
     optimizer state stay float32; activations cross stage boundaries in the compute dtype."""
@@ -47,7 +47,7 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = choice("adamw", OPTIMIZERS)
     """`adamw` or `sgd` (momentum)."""
     lr: float = 5e-4
     """Peak learning rate."""
@@ -59,7 +59,7 @@ class OptimConfig:
     """AdamW betas."""
     eps: float = 1e-8
     """AdamW epsilon."""
-    schedule: str = "cosine"
+    schedule: str = choice("cosine", LR_SCHEDULES)
     """Learning-rate schedule after warm-up: `cosine` (to zero), `linear` (to zero) or `constant`."""
     warmup_fraction: float = 0.1
     """Fraction of all optimizer steps spent in linear warm-up from zero."""
@@ -78,7 +78,7 @@ class CheckpointConfig:
 
 def check_training(cfg) -> None:
     t, o, ck = cfg.train, cfg.optim, cfg.checkpoint
-    require(t.precision in PRECISIONS, "train.precision", f"one of {', '.join(PRECISIONS)}", t.precision)
+    require(t.precision in PRECISIONS, "train.precision", one_of(PRECISIONS), t.precision)
     require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
     require(t.global_batch_size >= 1, "train.global_batch_size", "an integer >= 1", t.global_batch_size)
     require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
@@ -86,10 +86,10 @@ def check_training(cfg) -> None:
     require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)
     require(t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
             "an integer >= 1 or null", t.max_steps_per_epoch)
-    require(o.name in OPTIMIZERS, "optim.name", f"one of {', '.join(OPTIMIZERS)}", o.name)
+    require(o.name in OPTIMIZERS, "optim.name", one_of(OPTIMIZERS), o.name)
     require(o.lr > 0, "optim.lr", "a learning rate > 0", o.lr)
     require(o.weight_decay >= 0, "optim.weight_decay", "a value >= 0", o.weight_decay)
-    require(o.schedule in LR_SCHEDULES, "optim.schedule", f"one of {', '.join(LR_SCHEDULES)}", o.schedule)
+    require(o.schedule in LR_SCHEDULES, "optim.schedule", one_of(LR_SCHEDULES), o.schedule)
     require(0.0 <= o.warmup_fraction < 1.0, "optim.warmup_fraction", "0 <= f < 1", o.warmup_fraction)
     require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)",
             list(o.betas))

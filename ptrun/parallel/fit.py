@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ptrun.config import ConfigError, PtrunConfig, parse_memory
+from ptrun.config import ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
 from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
@@ -177,7 +177,10 @@ def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, bu
                    memory: UnitMemory | None = None) -> tuple[PtrunConfig, LengthChoice | None]:
     """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit
     (`memory`, else measured on `layered` with `sample`), an unset micro-batch count from the length
-    (`pick_microbatches`). Returns the choice when K was chosen."""
+    (`pick_microbatches`). Returns the choice when K was chosen. The layout it returns obeys every rule that
+    depends on the length and the world size (`ptrun.config.check_concrete`, the rules the config's
+    validation applies before the start where it can): nothing needs validating again; ConfigError naming
+    the key otherwise. `pipe.microbatches=auto` stays for the trainer to measure."""
     pipe = cfg.pipe
     choice = None
     if pipe.length == "auto":
@@ -186,7 +189,8 @@ def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, bu
         pipe = replace(pipe, length=choice.length, microbatches=choice.microbatches
                        if pipe.microbatches is None else pipe.microbatches)
     if pipe.microbatches is None:
-        dp = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else world_size // pipe.length
+        dp = data_parallel_width(pipe, world_size)
         pipe = replace(pipe, microbatches=follow_microbatches(
             pipe.length, max(1, cfg.train.global_batch_size // dp), replace(cfg, pipe=pipe)))
+    check_concrete(pipe, world_size, cfg.train.global_batch_size)
     return replace(cfg, pipe=pipe), choice

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ptrun.config import ConfigError, PipeConfig
+from ptrun.config import ConfigError, PipeConfig, data_parallel_width, require, width_problem
 from ptrun.models.layered import LayeredModel
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition
@@ -26,8 +26,7 @@ def param_costs(layered: LayeredModel) -> list[float]:
 def start_replica_batch(pipe: PipeConfig, world_size: int, global_batch: int) -> int:
     """One replica's batch in the starting layout: the global batch over DP = world / K, or over the replicas
     of PipeDream's replicated first stage (`pipe.first_stage_replicas`)."""
-    replicas = pipe.first_stage_replicas if pipe.first_stage_replicas > 1 else world_size // pipe.length
-    return global_batch // replicas
+    return global_batch // data_parallel_width(pipe, world_size)
 
 
 def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, table=None) -> int:
@@ -48,13 +47,9 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
     microbatches = pipe.microbatches if microbatches is None else microbatches
     if not isinstance(microbatches, int):
         raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")
-    replicas = pipe.first_stage_replicas
-    if replicas > 1 and world_size != replicas + pipe.length - 1:
-        raise ConfigError(f"pipe.first_stage_replicas={replicas} is not allowed: {world_size} workers at "
-                          f"pipe.length={pipe.length} hold {world_size - pipe.length + 1} first-stage replicas "
-                          f"(workers = replicas + length - 1)")
-    if replicas == 1 and world_size % pipe.length:
-        raise ConfigError(f"pipe.length={pipe.length} is not allowed: a divisor of the world size {world_size}")
+    problem = width_problem(pipe, world_size)  # the config's rule, for a length the start chose too
+    if problem:
+        require(False, *problem)
     num_units = len(layered.units)
     num_stages = pipe.length * pipe.stages_per_rank
     if num_stages > num_units:
@@ -65,7 +60,7 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
                        activation=profile.activation_bytes if profile else None, bandwidth=bandwidth,
                        stages=[list(r) for r in pipe.stages] if pipe.stages is not None else None)
     return Plan(num_units=num_units, frozen_units=0, pp=pipe.length,
-                dp=replicas if replicas > 1 else world_size // pipe.length,
+                dp=data_parallel_width(pipe, world_size),
                 stage_bounds=tuple(tuple(b) for b in bounds), microbatches=microbatches,
                 schedule=pipe.schedule, stages_per_rank=pipe.stages_per_rank,
-                replicate_first_only=replicas > 1).check()
+                replicate_first_only=pipe.first_stage_replicas > 1).check()

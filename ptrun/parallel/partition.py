@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ptrun.config import ConfigError
+from ptrun.config import PARTITIONS, ConfigError
 from ptrun.parallel.plan import even_bounds
 
 Bounds = tuple[tuple[int, int], ...]
@@ -34,8 +34,9 @@ FROZEN_COST = 1 / 6
 """Cost of a frozen unit relative to an active one: it keeps its weights but has no gradients, no optimizer
 state and no stored activations (the paper's lambda; the released code used 0, which overloads stage 0)."""
 
-PARTITIONERS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
-"""The values `pipe.partition` accepts."""
+PARTITIONERS = PARTITIONS
+"""The methods `partition` implements: the values `pipe.partition` accepts, named once in the config
+(`ptrun.config.PARTITIONS`), the layer below this one."""
 
 _TIE = 1e-9
 """Relative slack for the greedy rule's comparison: normalising costs divides by a float, so a stage whose
