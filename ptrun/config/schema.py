@@ -28,7 +28,7 @@ class PtrunConfig:
     """The whole run. `recipe` names the preset that was applied (informational)."""
 
     recipe: Optional[str] = None
-    """The preset applied from `configs/recipe/` (set by choosing `recipe=NAME`)."""
+    """The preset applied from `recipes/` (set by choosing `recipe=NAME`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
-from ptrun.config import DataConfig, PtrunConfig, validate
+from ptrun.config import DataConfig, PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
@@ -54,7 +54,6 @@ def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
     dist.all_reduce(budget, op=dist.ReduceOp.MIN)
     resolved, choice = resolve_length(cfg, layered, first_sample(data, layered.input_names), world_size,
                                       int(budget.item()))
-    validate(resolved)
     if dist.get_rank() == 0 and choice is not None:
         log.info("%s", choice.summary())
     return resolved, choice
