@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py and its plain peer, scripts/peers/plain_loop.py.
+"""`ptrun.bench.peers` and its plain peer, `ptrun.bench.plain_loop`.
 
 The peer under torchrun (2 processes, DDP) trains the same model as in one process: same global batches,
 including an uneven last one. The benchmark's arithmetic (medians, ranges, speedups against the faster plain
@@ -11,17 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
 from ptrun.bench import peers as bench_peers
 from ptrun.bench import readme as readme_results
 
-PLAIN = REPO / "scripts" / "peers" / "plain_loop.py"
+PLAIN = ["-m", bench_peers.PLAIN]
 
 
 @pytest.mark.dist
@@ -31,9 +28,9 @@ def test_plain_ddp_matches_one_process(tmp_path):
     # parameters by 2e-3 here) to match.
     overrides = ["train.epochs=1", "train.global_batch_size=717"]
     args = ["--recipe=digits_vit", "--threads=1", *overrides]
-    one = [sys.executable, str(PLAIN), f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
+    one = [sys.executable, *PLAIN, f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
     two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={os.devnull}",
-           str(PLAIN),
+           *PLAIN,
            f"--out={tmp_path / 'two.json'}", f"--save-state={tmp_path / 'two.pt'}", *args]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd in (one, two)]  # side by side: most of each is start-up

@@ -2,8 +2,8 @@
 
 Per recipe, in interleaved rounds (a slow spell of the shared machine hits every run alike), five runs with
 the same config, data split, seed and global batch:
-  a  plain loop                      scripts/peers/plain_loop.py, 1 process with every core as threads
-  b  plain DDP                       the same script under torchrun, 2 processes x 1 thread, DDP over gloo
+  a  plain loop                      `ptrun.bench.plain_loop`, 1 process with every core as threads
+  b  plain DDP                       the same module under torchrun, 2 processes x 1 thread, DDP over gloo
   c  ptrun, freezing off, 1 worker   `ptrun train` without freezing or AutoCache, K = 1 on 1 worker x 2 threads
   d  ptrun, freezing off, 2 workers  the same on 2 workers (K = 1, DP = 2)
   e  ptrun default                   `ptrun train recipe=NAME`, as the recipe is
@@ -35,9 +35,9 @@ from pathlib import Path
 
 from ptrun.bench.harness import cell, command_line, dir_name, fmt, median, publish, rows_table
 
-PLAIN = Path(__file__).resolve().parents[2] / "scripts" / "peers" / "plain_loop.py"
-"""The peers' script: a plain PyTorch loop that uses nothing of ptrun (run from a clone)."""
-PEERS = {  # label -> (processes, threads per process) of scripts/peers/plain_loop.py
+PLAIN = "ptrun.bench.plain_loop"
+"""The peers' module, run as `python -m`: a plain PyTorch loop that uses nothing of ptrun's engine."""
+PEERS = {  # label -> (processes, threads per process) of the plain loop
     "plain loop": (1, 2),
     "plain DDP": (2, 1),
 }
@@ -79,17 +79,17 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                     f"--log-dir={os.devnull}"] if nproc > 1 else []
-        return [sys.executable, *launcher, str(PLAIN), f"--recipe={recipe}", f"--threads={threads}",
+        return [sys.executable, *launcher, "-m", PLAIN, f"--recipe={recipe}", f"--threads={threads}",
                 f"--out={run_dir / 'plain.json'}", *overrides]
     return [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", f"recipe={recipe}",
             *variants[label], *overrides]
 
 
 def shown(cmd: list[str]) -> str:
-    """A command as the user would type it: `ptrun train ...` or `python scripts/peers/plain_loop.py ...`."""
+    """A command as the user would type it: `ptrun train ...` or `python -m ptrun.bench.plain_loop ...`."""
     if cmd[1:3] == ["-m", "ptrun.cli"]:
         return "ptrun " + " ".join(cmd[3:])
-    return " ".join(["python", *("scripts/peers/plain_loop.py" if c == str(PLAIN) else c for c in cmd[1:])])
+    return " ".join(["python", *cmd[1:]])
 
 
 def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,

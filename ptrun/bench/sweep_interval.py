@@ -1,7 +1,7 @@
 """How often to decide: freezing at epoch boundaries (the paper) against freezing inside epochs, beside the
 plain PyTorch loop a user would run instead, in one invocation.
 
-Per recipe, in interleaved rounds, the plain loop (scripts/peers/plain_loop.py, one process with every core
+Per recipe, in interleaved rounds, the plain loop (`ptrun.bench.plain_loop`, one process with every core
 as threads: the faster plain peer on the BERT recipe) and the recipe's ptrun job with the freeze decision
 every epoch, every half and every quarter epoch, and AutoFreeze's rule (the relative change of each block's
 gradient norm against the median) every quarter epoch, and the paper's rule with a faster freeze rate
