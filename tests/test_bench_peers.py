@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +49,21 @@ def test_plain_ddp_matches_one_process(tmp_path):
         torch.testing.assert_close(b["state_dict"][name], value, rtol=1e-4, atol=1e-5, msg=name)
     # the same model, so the same held-out accuracy (a different prediction would need a near tie)
     assert results[0]["final_top1"] == pytest.approx(results[1]["final_top1"])
+
+
+def test_the_plain_peer_runs_from_the_package(tmp_path):
+    """The peers run `python -m ptrun.bench.plain_loop` (under torchrun for DDP): the loop is a module of the
+    package, so an installed wheel has it (tests/test_wheel.py runs it there)."""
+    import importlib.util
+
+    origin = importlib.util.find_spec(bench_peers.PLAIN).origin
+    assert origin == str(Path(bench_peers.__file__).with_name("plain_loop.py"))
+    loop = bench_peers.command("plain loop", "digits_vit", tmp_path, ["train.epochs=1"])
+    assert loop[1:3] == ["-m", bench_peers.PLAIN] and loop[-1] == "train.epochs=1"
+    ddp = bench_peers.command("plain DDP", "digits_vit", tmp_path, [])
+    assert ddp[1:3] == ["-m", "torch.distributed.run"] and ddp[ddp.index("-m", 3) + 1] == bench_peers.PLAIN
+    assert bench_peers.shown(loop) == (f"python -m ptrun.bench.plain_loop --recipe=digits_vit --threads=2 "
+                                       f"--out={tmp_path / 'plain.json'} train.epochs=1")
 
 
 def run(label: str, wall: float, train: float, samples_per_s: float, curve: list[list[float]]) -> dict:
