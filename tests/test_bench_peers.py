@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py and its plain peer, scripts/peers/plain_loop.py.
+"""`ptrun.bench.peers` and its plain peer, `ptrun.bench.plain_loop`.
 
 The peer under torchrun (2 processes, DDP) trains the same model as in one process: same global batches,
 including an uneven last one. The benchmark's arithmetic (medians, ranges, speedups against the faster plain
@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
 from ptrun.bench import peers as bench_peers
 from ptrun.bench import readme as readme_results
 
-PLAIN = REPO / "scripts" / "peers" / "plain_loop.py"
+PLAIN = ["-m", bench_peers.PLAIN]
 
 
 @pytest.mark.dist
@@ -31,9 +29,9 @@ def test_plain_ddp_matches_one_process(tmp_path):
     # parameters by 2e-3 here) to match.
     overrides = ["train.epochs=1", "train.global_batch_size=717"]
     args = ["--recipe=digits_vit", "--threads=1", *overrides]
-    one = [sys.executable, str(PLAIN), f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
+    one = [sys.executable, *PLAIN, f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
     two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={os.devnull}",
-           str(PLAIN),
+           *PLAIN,
            f"--out={tmp_path / 'two.json'}", f"--save-state={tmp_path / 'two.pt'}", *args]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd in (one, two)]  # side by side: most of each is start-up
@@ -51,6 +49,21 @@ def test_plain_ddp_matches_one_process(tmp_path):
         torch.testing.assert_close(b["state_dict"][name], value, rtol=1e-4, atol=1e-5, msg=name)
     # the same model, so the same held-out accuracy (a different prediction would need a near tie)
     assert results[0]["final_top1"] == pytest.approx(results[1]["final_top1"])
+
+
+def test_the_plain_peer_runs_from_the_package(tmp_path):
+    """The peers run `python -m ptrun.bench.plain_loop` (under torchrun for DDP): the loop is a module of the
+    package, so an installed wheel has it (tests/test_wheel.py runs it there)."""
+    import importlib.util
+
+    origin = importlib.util.find_spec(bench_peers.PLAIN).origin
+    assert origin == str(Path(bench_peers.__file__).with_name("plain_loop.py"))
+    loop = bench_peers.command("plain loop", "digits_vit", tmp_path, ["train.epochs=1"])
+    assert loop[1:3] == ["-m", bench_peers.PLAIN] and loop[-1] == "train.epochs=1"
+    ddp = bench_peers.command("plain DDP", "digits_vit", tmp_path, [])
+    assert ddp[1:3] == ["-m", "torch.distributed.run"] and ddp[ddp.index("-m", 3) + 1] == bench_peers.PLAIN
+    assert bench_peers.shown(loop) == (f"python -m ptrun.bench.plain_loop --recipe=digits_vit --threads=2 "
+                                       f"--out={tmp_path / 'plain.json'} train.epochs=1")
 
 
 def run(label: str, wall: float, train: float, samples_per_s: float, curve: list[list[float]]) -> dict:

@@ -261,22 +261,11 @@ def test_profile_units_detail_times_frozen_and_forward_passes(tmp_path):
     assert profile_units(model, (torch.zeros(2, 1, 8, 8),), torch.device("cpu"), repeats=1).forward_s is None
 
 
-def load_validator():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "validate_simulator.py"
-    spec = importlib.util.spec_from_file_location("validate_simulator", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_path):
     from conftest import write_config
+    from ptrun.sim import validate as vs
     from ptrun.sim.simulate import simulate_one
 
-    vs = load_validator()
     run = tmp_path / "round0" / "all_four"
     # The run's own policy (pipetransformer from epoch 8) would freeze nothing in 4 epochs: the validator must
     # take [0, 0, 2, 4] from the run's plan events.
@@ -431,3 +420,21 @@ def test_the_simulator_starts_where_the_trainer_does_with_a_replicated_first_sta
     controller, plans = plan_epochs(costs, cluster, cfg)
     want = start(cfg, stand_in(costs), 3, profile=profile, bandwidth=bandwidth).first
     assert plans[0] == controller.first == want and want.replicate_first_only and want.dp == 2
+
+
+def test_freeze_decisions_fall_where_the_trainers_do(tmp_path):
+    """The simulator places decisions with the trainer's arithmetic (`ptrun.auto.intervals`): every 5 steps of
+    10-step epochs is every half epoch; with epochs capped at 5 steps (`train.max_steps_per_epoch`) it is
+    every epoch, and the epochs have 5 steps."""
+    from ptrun.sim.simulate import simulate_one
+
+    def run(*extra):
+        cfg = compose_config(["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "train.global_batch_size=16",
+                              "train.epochs=3", "freeze.policy=schedule", "freeze.blocks=[0,1,2,3,4]", *extra], tmp_path)
+        costs = costs_from_config(cfg.model, cfg.data)
+        records = simulate_one(costs, get_cluster("this_machine"), cfg, 160)
+        return [r.plan.frozen_units for r in records], [r.steps for r in records]
+
+    assert run("freeze.every_steps=5") == run("freeze.every=0.5") == ([0, 5, 5], [10, 10, 10])
+    assert run("freeze.every_steps=5", "train.max_steps_per_epoch=5") == ([0, 3, 5], [5, 5, 5])
+    assert run() == ([0, 3, 5], [10, 10, 10])

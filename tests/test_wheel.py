@@ -1,5 +1,6 @@
 """The package as a user who installs the wheel meets it: no clone anywhere, `configs/` and `recipes/` come
-from inside the installed package, `ptrun recipes` lists the same recipes and a one-epoch job runs."""
+from inside the installed package, `ptrun recipes` lists the same recipes, the benchmarks find their plain peer
+and a one-epoch job runs."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
                 cwd=work).stdout.split()
     assert where == [str(site / "ptrun" / "compose.py"), str(site / "ptrun" / "configs"),
                      str(site / "ptrun" / "recipes")]
+
+    # The benchmarks' plain peer ships in the package: `ptrun.bench.peers` runs it as a module, no clone needed.
+    peer = "import importlib.util, ptrun.bench.peers as p; print(importlib.util.find_spec(p.PLAIN).origin)"
+    assert run(python, "-c", peer, cwd=work).stdout.split() == [str(site / "ptrun" / "bench" / "plain_loop.py")]
+    assert "--threads" in run(python, "-m", "ptrun.bench.plain_loop", "--help", cwd=work).stdout
 
     listed = run(venv / "bin" / "ptrun", "recipes", cwd=work).stdout
     assert listed == run(sys.executable, "-m", "ptrun.cli", "recipes", cwd=REPO).stdout  # the clone's

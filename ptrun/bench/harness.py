@@ -6,6 +6,7 @@ started as `python scripts/NAME.py`."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
@@ -109,6 +110,45 @@ def measure(dirs: dict[str, Path], paper: dict[str, float] = PAPER) -> list[dict
 def median(values: list) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def spread(values: list) -> list | None:
+    """[min, max] of the values that exist; None if none does."""
+    known = [v for v in values if v is not None]
+    return [min(known), max(known)] if known else None
+
+
+def label_rows(rounds: list[list[dict]], keys: tuple[str, ...]) -> list[dict]:
+    """One row per label of the first round, in its order: the label, the median and range (`<key>_range`)
+    over the rounds of each of `keys`, and the runs."""
+    rows = []
+    for label in [r["label"] for r in rounds[0]]:
+        runs = [next(r for r in rnd if r["label"] == label) for rnd in rounds]
+        row = {"label": label, "runs": runs}
+        for key in keys:
+            row[key] = median([r.get(key) for r in runs])
+            row[f"{key}_range"] = spread([r.get(key) for r in runs])
+        rows.append(row)
+    return rows
+
+
+def rounds_caption(result: dict) -> str:
+    """How interleaved rounds are summarised, the start of a caption: the recipe, rounds and runs, medians."""
+    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; medians"
+            + (" (min-max over the rounds)" if result["repeats"] > 1 else ""))
+
+
+def rounds_parser(doc: str, out: str, recipe: str | None = "digits_vit", repeats: int = 1,
+                  repeats_help: str = "rounds of all the runs, interleaved") -> argparse.ArgumentParser:
+    """The command line of a benchmark that runs interleaved rounds, described by its docstring's first line:
+    `--recipe` (unless `recipe` is None), `--out`, `--repeats` and `--reuse`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if recipe is not None:
+        parser.add_argument("--recipe", default=recipe)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    return parser
 
 
 def dir_name(label: str) -> str:

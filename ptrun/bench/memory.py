@@ -16,7 +16,6 @@ table from it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, fmt, median, publish
+from ptrun.bench.harness import command_line, fmt, median, publish, rounds_parser
 from ptrun.bench.processes import worker_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,12 +151,9 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = rounds_parser(__doc__, "runs/bench_memory", recipe=None, repeats_help="interleaved rounds")
     parser.add_argument("--before", required=True, help="the earlier commit to compare with (it must know "
                         "freeze.every_steps)")
-    parser.add_argument("--out", default="runs/bench_memory")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--reuse", action="store_true")
     args, overrides = parser.parse_known_args()
     out = Path(args.out).resolve()
     before_tree = out / "before-tree"

@@ -2,8 +2,8 @@
 
 Per recipe, in interleaved rounds (a slow spell of the shared machine hits every run alike), five runs with
 the same config, data split, seed and global batch:
-  a  plain loop                      scripts/peers/plain_loop.py, 1 process with every core as threads
-  b  plain DDP                       the same script under torchrun, 2 processes x 1 thread, DDP over gloo
+  a  plain loop                      `ptrun.bench.plain_loop`, 1 process with every core as threads
+  b  plain DDP                       the same module under torchrun, 2 processes x 1 thread, DDP over gloo
   c  ptrun, freezing off, 1 worker   `ptrun train` without freezing or AutoCache, K = 1 on 1 worker x 2 threads
   d  ptrun, freezing off, 2 workers  the same on 2 workers (K = 1, DP = 2)
   e  ptrun default                   `ptrun train recipe=NAME`, as the recipe is
@@ -24,7 +24,6 @@ Overrides (`train.epochs=2`) apply to every run, the plain peers' included.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,11 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-from ptrun.bench.harness import cell, command_line, dir_name, fmt, median, publish, rows_table
+from ptrun.bench.harness import (cell, command_line, dir_name, fmt, label_rows, median, publish, rounds_caption,
+                                 rounds_parser, rows_table, spread)
 
-PLAIN = Path(__file__).resolve().parents[2] / "scripts" / "peers" / "plain_loop.py"
-"""The peers' script: a plain PyTorch loop that uses nothing of ptrun (run from a clone)."""
-PEERS = {  # label -> (processes, threads per process) of scripts/peers/plain_loop.py
+PLAIN = "ptrun.bench.plain_loop"
+"""The peers' module, run as `python -m`: a plain PyTorch loop that uses nothing of ptrun's engine."""
+PEERS = {  # label -> (processes, threads per process) of the plain loop
     "plain loop": (1, 2),
     "plain DDP": (2, 1),
 }
@@ -79,17 +79,17 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                     f"--log-dir={os.devnull}"] if nproc > 1 else []
-        return [sys.executable, *launcher, str(PLAIN), f"--recipe={recipe}", f"--threads={threads}",
+        return [sys.executable, *launcher, "-m", PLAIN, f"--recipe={recipe}", f"--threads={threads}",
                 f"--out={run_dir / 'plain.json'}", *overrides]
     return [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", f"recipe={recipe}",
             *variants[label], *overrides]
 
 
 def shown(cmd: list[str]) -> str:
-    """A command as the user would type it: `ptrun train ...` or `python scripts/peers/plain_loop.py ...`."""
+    """A command as the user would type it: `ptrun train ...` or `python -m ptrun.bench.plain_loop ...`."""
     if cmd[1:3] == ["-m", "ptrun.cli"]:
         return "ptrun " + " ".join(cmd[3:])
-    return " ".join(["python", *("scripts/peers/plain_loop.py" if c == str(PLAIN) else c for c in cmd[1:])])
+    return " ".join(["python", *cmd[1:]])
 
 
 def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
@@ -153,11 +153,6 @@ def measure(runs: list[dict]) -> list[dict]:
                  speedup_train=best_train and best_train / r["train_time_s"]) for r in runs]
 
 
-def spread(values: list) -> list | None:
-    known = [v for v in values if v is not None]
-    return [min(known), max(known)] if known else None
-
-
 KEYS = ("wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s",
         "speedup_wall", "speedup_train", "ptrun_total_time_s")
 
@@ -165,15 +160,9 @@ KEYS = ("wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "
 def aggregate(rounds: list[list[dict]]) -> dict:
     """Over the rounds (each `measure`d): per label the median and range of every measure and its rows; per
     check the ratio of samples/s (ptrun over its peer, round by round), its median and range."""
-    labels = [r["label"] for r in rounds[0]]
-    by_label = {label: [next(r for r in rnd if r["label"] == label) for rnd in rounds] for label in labels}
-    rows = []
-    for label, runs in by_label.items():
-        row = {"label": label, "kind": "plain" if label in PEERS else "ptrun", "runs": runs}
-        for key in KEYS:
-            row[key] = median([r.get(key) for r in runs])
-            row[f"{key}_range"] = spread([r.get(key) for r in runs])
-        rows.append(row)
+    rows = [{"label": row["label"], "kind": "plain" if row["label"] in PEERS else "ptrun", **row}
+            for row in label_rows(rounds, KEYS)]
+    by_label = {row["label"]: row["runs"] for row in rows}
     checks = []
     for mine, peer in CHECKS.items():
         if mine in by_label and peer in by_label:
@@ -184,22 +173,26 @@ def aggregate(rounds: list[list[dict]]) -> dict:
     return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds])}
 
 
+COLUMNS = {c[1]: c for c in (
+    ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
+    ("start-up overhead (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
+    ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
+    ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x"))}
+"""A measure's table column, by its key: (header, key, format spec, suffix), as `rows_table` takes it."""
+
+
 def caption(result: dict) -> str:
     """The line above the tables: what was run, how it is summarized, and the target."""
-    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; "
-            f"medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "") +
-            f"; speedups against the faster plain peer of each round; target = the best plain peer's final "
-            f"top-1 (median {fmt(result['target'])})")
+    return (rounds_caption(result) + "; speedups against the faster plain peer of each round; target = the best "
+            f"plain peer's final top-1 (median {fmt(result['target'])})")
 
 
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
     n = result["repeats"]
-    lines = rows_table(result["rows"], [
-        ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
-        ("start-up overhead (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
-        ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
-        ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x")], n)
+    lines = rows_table(result["rows"], [COLUMNS[key] for key in (
+        "wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s", "speedup_wall",
+        "speedup_train")], n)
     if result["checks"]:
         lines += ["", "| samples/s in training | ratio | at least |", "|---|---|---|"]
         for c in result["checks"]:
@@ -210,11 +203,8 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = rounds_parser(__doc__, "runs/bench_peers", recipe=None)
     parser.add_argument("--recipe", action="append", help="digits_vit (default) or bbc_news_bert; repeatable")
-    parser.add_argument("--out", default="runs/bench_peers")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs, interleaved")
-    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
     parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
                         "a-e for the runs in order, comma-separated (--only a,b,e); default: all five")
     args, overrides = parser.parse_known_args()

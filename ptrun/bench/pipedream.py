@@ -17,11 +17,10 @@ mathematics (one update per stage per 16-sample step), so the table is about spe
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
-from ptrun.bench.harness import aggregate, command_line, fmt, median, publish, run_rounds
+from ptrun.bench.harness import aggregate, command_line, fmt, median, publish, rounds_parser, run_rounds
 
 SCHEDULES = {
     "1F1B": [],
@@ -100,11 +99,8 @@ def placements(args, extra: list[str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="digits_vit")
-    parser.add_argument("--out", default="runs/bench_pipedream")
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds; the table shows medians")
-    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser = rounds_parser(__doc__, "runs/bench_pipedream", repeats=2,
+                           repeats_help="interleaved rounds; the table shows medians")
     parser.add_argument("--no-vertical", action="store_true", help="leave out the vertical-sync runs")
     parser.add_argument("--placements", action="store_true",
                         help="compare K = 2, 2-1 (first stage replicated) and K = 2 x DP = 2 instead")

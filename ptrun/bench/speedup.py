@@ -20,10 +20,10 @@ AutoCache" moves stage boundaries and caches, but does not shorten the pipeline 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from ptrun.bench.harness import COMBINATIONS, aggregate, command_line, fmt, median, paper_for, publish, run_rounds
+from ptrun.bench.harness import (COMBINATIONS, aggregate, cell, command_line, fmt, median, paper_for, publish,
+                                 rounds_parser, run_rounds)
 
 
 def caption(result: dict) -> str:
@@ -42,10 +42,9 @@ def table(result: dict) -> str:
              f"final {result['rows'][0]['metric']} | ideal speedup | share of ideal | {paper_column} |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        low, high = r["speedup_range"]
-        spread = f" ({low:.2f}-{high:.2f})" if result["repeats"] > 1 else ""
         share = r["share_of_ideal"] and 100 * r["share_of_ideal"]
-        lines.append(f"| {r['combination']} | {r['train_time_s']:.1f} | {r['speedup']:.2f}x{spread} "
+        speedup = cell(r, "speedup", ".2f", "x", result["repeats"])
+        lines.append(f"| {r['combination']} | {r['train_time_s']:.1f} | {speedup} "
                      f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['speedup_to_target'], '.2f', 'x')} "
                      f"| {fmt(r['final'])} | {r['ideal_speedup']:.2f}x | {fmt(share, '.0f', '%')} "
                      f"| {fmt(r['paper_speedup'], '.2f', 'x')} |")
@@ -53,13 +52,9 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="digits_vit")
-    parser.add_argument("--out", default="runs/bench_speedup")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="rounds of all the runs, interleaved (a slow spell of the machine hits every "
-                             "combination alike); the table shows medians and the speedups' range")
-    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
+    parser = rounds_parser(__doc__, "runs/bench_speedup", repeats_help="rounds of all the runs, interleaved (a "
+                           "slow spell of the machine hits every combination alike); the table shows medians and "
+                           "the speedups' range")
     parser.add_argument("--only", default=None,
                         help="comma-separated combinations to run beside the baseline (e.g. 'all four'), for "
                              "recipes too slow for all five")

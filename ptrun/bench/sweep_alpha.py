@@ -23,11 +23,10 @@ Overrides after the options go to every run, the baseline included.
 
 from __future__ import annotations
 
-import argparse
 from fractions import Fraction
 from pathlib import Path
 
-from ptrun.bench.harness import aggregate, command_line, fmt, median, publish, run_rounds
+from ptrun.bench.harness import aggregate, cell, command_line, fmt, median, publish, rounds_parser, run_rounds
 
 ALPHAS = "1/5,1/4,1/3,2/5,1/2"
 PAPER = {"1/5": (2.04, 91.33), "1/4": (2.44, 91.13), "1/3": (2.83, 90.78), "2/5": (3.29, 90.82),
@@ -85,21 +84,17 @@ def table(result: dict) -> str:
              f"| vs baseline | paper (Fig. 10): speedup, top-1 |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        range_ = f" ({r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f})" if result["repeats"] > 1 else ""
+        speedup = cell(r, "speedup", ".2f", "x", result["repeats"])
         lines.append(f"| {r['alpha'] or 'baseline'} | {schedule_text(r['frozen_blocks'])} "
-                     f"| {r['train_time_s']:.1f} | {r['speedup']:.2f}x{range_} | {r['ideal_speedup']:.2f}x "
+                     f"| {r['train_time_s']:.1f} | {speedup} | {r['ideal_speedup']:.2f}x "
                      f"| {fmt(r['final'])} | {fmt(r['final_vs_baseline'], '+.2f')} "
                      f"| {r['paper_speedup']:.2f}x, {r['paper_final']:.2f} |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="digits_vit")
+    parser = rounds_parser(__doc__, "runs/sweep_alpha", repeats_help="interleaved rounds of all runs; medians")
     parser.add_argument("--alphas", default=ALPHAS, help="comma-separated fractions (default: Figure 10's)")
-    parser.add_argument("--out", default="runs/sweep_alpha")
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds of all runs; medians")
-    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
     args, extra = parser.parse_known_args()
     alphas = [a.strip() for a in args.alphas.split(",")]
     for a in alphas:

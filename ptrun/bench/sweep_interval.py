@@ -1,7 +1,7 @@
 """How often to decide: freezing at epoch boundaries (the paper) against freezing inside epochs, beside the
 plain PyTorch loop a user would run instead, in one invocation.
 
-Per recipe, in interleaved rounds, the plain loop (scripts/peers/plain_loop.py, one process with every core
+Per recipe, in interleaved rounds, the plain loop (`ptrun.bench.plain_loop`, one process with every core
 as threads: the faster plain peer on the BERT recipe) and the recipe's ptrun job with the freeze decision
 every epoch, every half and every quarter epoch, and AutoFreeze's rule (the relative change of each block's
 gradient norm against the median) every quarter epoch, and the paper's rule with a faster freeze rate
@@ -17,11 +17,11 @@ alone could save, before any overhead). Prints the table and writes it with the 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, dir_name, fmt, ideal_speedup, median, publish, rows_table
-from ptrun.bench.peers import execute, measure, shown, command, spread
+from ptrun.bench.harness import (command_line, dir_name, fmt, ideal_speedup, label_rows, median, publish,
+                                 rounds_caption, rounds_parser, rows_table)
+from ptrun.bench.peers import COLUMNS, command, execute, measure, shown
 
 PEER = "plain loop"
 VARIANTS = {
@@ -39,39 +39,24 @@ KEYS = ("wall_s", "train_time_s", "final_top1", "time_to_target_s", "speedup_wal
 
 def aggregate(rounds: list[list[dict]]) -> dict:
     """Per label over the rounds: the median and range of every measure, and its rows."""
-    rows = []
-    for label in [r["label"] for r in rounds[0]]:
-        runs = [next(r for r in rnd if r["label"] == label) for rnd in rounds]
-        row = {"label": label, "runs": runs}
-        for key in KEYS:
-            row[key] = median([r.get(key) for r in runs])
-            row[f"{key}_range"] = spread([r.get(key) for r in runs])
-        rows.append(row)
-    return {"rows": rows, "target": median([rnd[0]["target"] for rnd in rounds])}
+    return {"rows": label_rows(rounds, KEYS), "target": median([rnd[0]["target"] for rnd in rounds])}
 
 
 def caption(result: dict) -> str:
-    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; "
-            "medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "") +
-            f"; speedup = the plain loop's wall time over the run's; target = the plain loop's final top-1 "
-            f"(median {fmt(result['target'])}); ideal = what the run's freeze schedule alone could save")
+    return (rounds_caption(result) + "; speedup = the plain loop's wall time over the run's; target = the plain "
+            f"loop's final top-1 (median {fmt(result['target'])}); ideal = what the run's freeze schedule alone "
+            "could save")
 
 
 def table(result: dict) -> str:
     n = result["repeats"]
-    lines = rows_table(result["rows"], [
-        ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
-        ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
-        ("speedup, wall", "speedup_wall", ".2f", "x"), ("ideal", "ideal", ".2f", "x")], n)
+    lines = rows_table(result["rows"], [*(COLUMNS[key] for key in KEYS[:-1]), ("ideal", "ideal", ".2f", "x")], n)
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = rounds_parser(__doc__, "runs/sweep_interval", recipe=None)
     parser.add_argument("--recipe", action="append", help="bbc_news_bert (default) or digits_vit; repeatable")
-    parser.add_argument("--out", default="runs/sweep_interval")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs, interleaved")
-    parser.add_argument("--reuse", action="store_true", help="analyse runs already in --out again")
     parser.add_argument("--only", action="append", choices=LABELS, help="a run to make (repeatable)")
     args, overrides = parser.parse_known_args()
     labels = [label for label in LABELS if not args.only or label in args.only]

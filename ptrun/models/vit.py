@@ -43,26 +43,19 @@ class VitEmbed(nn.Module):
         return self.norm_pre(self.patch_drop(x))
 
 
-class VitAttnHalf(nn.Module):
-    """x + drop_path1(ls1(attn(norm1(x))))."""
+class VitBlockHalf(nn.Module):
+    """One residual half of a pre-norm Block: x + drop_path1(ls1(attn(norm1(x)))) (`half` 1) or
+    x + drop_path2(ls2(mlp(norm2(x)))) (`half` 2), its submodules under the block's own names."""
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, half: int) -> None:
         super().__init__()
-        self.norm1, self.attn, self.ls1, self.drop_path1 = block.norm1, block.attn, block.ls1, block.drop_path1
+        self.parts = (f"norm{half}", "attn" if half == 1 else "mlp", f"ls{half}", f"drop_path{half}")
+        for name in self.parts:
+            setattr(self, name, getattr(block, name))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
-
-
-class VitMlpHalf(nn.Module):
-    """x + drop_path2(ls2(mlp(norm2(x))))."""
-
-    def __init__(self, block: Block) -> None:
-        super().__init__()
-        self.norm2, self.mlp, self.ls2, self.drop_path2 = block.norm2, block.mlp, block.ls2, block.drop_path2
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        norm, inner, ls, drop_path = (getattr(self, name) for name in self.parts)
+        return x + drop_path(ls(inner(norm(x))))
 
 
 class VitHead(nn.Module):
@@ -112,7 +105,7 @@ def build_vit(cfg: ModelConfig, *, num_classes: int, img_size: int | None, in_ch
                           f"VisionTransformer with pre-norm Blocks, this is a {type(vit).__name__}")
     units: list[nn.Module] = [VitEmbed(vit)]
     for block in vit.blocks:
-        units += [VitAttnHalf(block), VitMlpHalf(block)]
+        units += [VitBlockHalf(block, 1), VitBlockHalf(block, 2)]
     units.append(VitHead(vit))
     layered = LayeredModel(vit, family="vit", task="classification", units=units, input_names=("pixel_values",),
                            init=init_vit_unit)

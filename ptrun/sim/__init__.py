@@ -6,7 +6,11 @@
   and `this_machine`;
 - `simulate`: runs the real `Controller` over the recipe's epochs for each component combination of the
   paper's Figure 9 and prices every epoch's Plan with a small time model (its assumptions are in that
-  module's docstring).
+  module's docstring); `planning` gets the plans, `pricing` prices one;
+- `report`: what `ptrun plan` prints;
+- `measure`: measures this machine's profile and the `this_machine` preset's constants
+  (`python scripts/measure_cpu_costs.py`); `validate`: checks the simulator against measured runs
+  (`python scripts/validate_simulator.py`).
 
 What the simulated numbers are, next to the paper's, and which assumption explains each difference:
 docs/simulator.md.

@@ -1,0 +1,194 @@
+"""The plain peer: what a competent PyTorch user writes without ptrun, for `ptrun.bench.peers` to time.
+
+Same config, data split, architecture, optimizer, schedule and batches as `ptrun train recipe=NAME`, but an
+ordinary training loop: timm / transformers model, AdamW, LambdaLR, clip_grad_norm_, and under torchrun
+DistributedDataParallel over gloo. One process, or several with each rank taking a contiguous share of every
+global batch (the global batch stays `train.global_batch_size`):
+
+    python -m ptrun.bench.plain_loop --recipe digits_vit --threads 2 --out plain.json [overrides ...]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m ptrun.bench.plain_loop --threads 1 ...
+
+(`python scripts/peers/plain_loop.py ...` in a clone is the same.) Only the loop over each epoch's batches
+counts as training time; the set-up and the evaluation after each epoch count in the wall time (`wall_s`,
+since the process started). Rank 0 writes `--out`.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.time()  # before the heavy imports; the process's real start is read from /proc where there is one
+
+import argparse, json, math, os, tempfile  # noqa: E401,E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+NO_DECAY = ("pos_embed", "cls_token", "reg_token", "position_embeddings", "token_type_embeddings")
+
+
+def process_start() -> float:
+    """When this process started (Unix time), from /proc: interpreter start-up and imports included."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return T0
+
+
+def compose(recipe: str, overrides: list[str]):
+    """ptrun's composed config for the recipe, exactly as `ptrun train recipe=NAME overrides...` sees it."""
+    from dataclasses import replace
+
+    from ptrun.compose import compose as compose_config
+
+    # data and model only: nothing is written to the run directory
+    cfg = compose_config([f"recipe={recipe}", *overrides], run_dir=tempfile.gettempdir(), check=False)
+    if cfg.data.tokenizer is None and cfg.model.pretrained is not None:  # ptrun.train.trainer.data_config
+        cfg.data = replace(cfg.data, tokenizer=cfg.model.pretrained)
+    return cfg
+
+
+def build_model(cfg, data) -> torch.nn.Module:
+    m = cfg.model
+    if m.family == "vit":
+        import timm
+
+        kwargs = dict(num_classes=m.num_classes or data.num_classes, img_size=m.img_size or data.image_size,
+                      patch_size=m.patch_size, in_chans=m.in_chans or data.in_chans, embed_dim=m.embed_dim,
+                      depth=m.depth, num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, drop_rate=m.dropout,
+                      drop_path_rate=m.drop_path)
+        return timm.create_model(m.name, pretrained=False, **{k: v for k, v in kwargs.items() if v is not None})
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # the fresh classifier head's warning, once per rank
+    logging.disable_progress_bar()
+    return AutoModelForSequenceClassification.from_pretrained(
+        m.pretrained, num_labels=m.num_classes or data.num_classes, hidden_dropout_prob=m.dropout,
+        attention_probs_dropout_prob=m.dropout)
+
+
+def logits(model, batch: dict) -> torch.Tensor:
+    if "pixel_values" in batch:
+        return model(batch["pixel_values"])
+    return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="digits_vit")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    parser.add_argument("--out", default=None, help="JSON result (written by rank 0)")
+    parser.add_argument("--save-state", default=None, help="also save the final state_dict and per-step losses")
+    parser.add_argument("overrides", nargs="*", help="ptrun overrides, e.g. train.epochs=1")
+    args = parser.parse_args(argv)
+    start = process_start()
+    torch.set_num_threads(args.threads)
+    # Late in training, tiny gradients and Adam moments become denormal floats, which run many times slower
+    # on x86 CPUs (measured here: epochs 10-17 of digits_vit took 2-4x as long without this line). ptrun's
+    # workers flush them to zero too; a peer without it would lose for a reason that is not the engine.
+    torch.set_flush_denormal(True)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    # One GPU per process where there are GPUs (nccl), else the CPU (gloo): the same loop either way.
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    # ---- preparation: ptrun's config and data split; the model built the ordinary way --------------------
+    from ptrun.data import build_datasets
+
+    cfg = compose(args.recipe, args.overrides)
+    assert cfg.train.precision == "fp32" and cfg.model.task == "classification", "the peer trains fp32 classifiers"
+    data = build_datasets(cfg.data)
+    columns = [c for c in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
+               if c in data.train.column_names]
+    # Small datasets: whole tensors in memory (token columns as int64, as the embeddings want them).
+    train, test = ({c: (v if v.is_floating_point() else v.long()).to(device) for c, v in split[:].items()
+                    if c in columns} for split in (data.train, data.eval))
+    torch.manual_seed(cfg.train.seed)
+    net = build_model(cfg, data).to(device)
+    net.train()
+    model = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
+    named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.ndim > 1 and not any(k in n for k in NO_DECAY)]
+    no_decay = [p for n, p in named if not (p.ndim > 1 and not any(k in n for k in NO_DECAY))]
+    o, t = cfg.optim, cfg.train
+    # fused=True works on the CPU too (torch 2.14), and its step took half the time of foreach=True here.
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=True)
+    n_train, batch = len(train["labels"]), t.global_batch_size
+    steps = min(math.ceil(n_train / batch), t.max_steps_per_epoch or math.ceil(n_train / batch))
+    total, warmup = t.epochs * steps, int(o.warmup_fraction * t.epochs * steps)
+
+    def lr_factor(step: int) -> float:  # linear warm-up, then cosine or linear decay (ptrun's schedule)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": max(0.0, 1 - progress)}.get(o.schedule, 1.0)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+
+    def evaluate() -> float:  # top-1 in percent; each rank a contiguous shard of the eval split
+        net.eval()
+        shard = torch.tensor_split(torch.arange(len(test["labels"])), world)[rank]
+        correct = torch.zeros(2, dtype=torch.float64, device=device)
+        with torch.no_grad():
+            for ids in shard.split(128):
+                b = {k: v[ids.to(device)] for k, v in test.items()}
+                correct += torch.tensor([(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)], device=device)
+        if world > 1:
+            dist.all_reduce(correct)
+        net.train()
+        return 100.0 * correct[0].item() / correct[1].item()
+
+    # ---- training ------------------------------------------------------------------------------------------
+    epochs, losses, elapsed, samples = [], [], 0.0, 0
+    for epoch in range(t.epochs):
+        # ptrun's shuffle (seed x 1,000,003 + epoch): the same batches in the same order, so runs without
+        # freezing follow the same trajectory and accuracies compare on this small eval split.
+        order = torch.randperm(n_train, generator=torch.Generator().manual_seed(t.seed * 1_000_003 + epoch))
+        t_epoch = time.perf_counter()
+        for ids in order.split(batch)[:steps]:  # the last batch may be smaller: nothing dropped
+            mine = torch.tensor_split(ids, world)[rank]  # this rank's contiguous share of the global batch
+            b = {k: v[mine.to(device)] for k, v in train.items()}
+            # The share's summed loss over the global batch's size, times the world size: DDP's gradient
+            # average is then the global batch's mean loss, even when the last batch does not split evenly.
+            loss = F.cross_entropy(logits(model, b), b["labels"], reduction="sum") * (world / len(ids))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), t.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.detach() / world)
+            samples += len(ids)
+        train_s = time.perf_counter() - t_epoch
+        elapsed += train_s
+        top1 = evaluate()
+        epochs.append({"epoch": epoch, "train_time_s": train_s, "elapsed_train_s": elapsed,
+                       "wall_s": time.time() - start, "top1": top1})
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{t.epochs}  {train_s:.1f}s  top-1 {top1:.2f}", flush=True)
+
+    per_step = torch.stack(losses)
+    if world > 1:
+        dist.all_reduce(per_step)  # each rank's part of every step's global mean loss
+    if rank == 0 and args.out:
+        result = {"train_time_s": elapsed, "samples_per_s": samples / elapsed, "epochs": epochs,
+                  "final_top1": epochs[-1]["top1"], "final_train_loss": per_step[-steps:].mean().item(),
+                  "world_size": world, "threads": args.threads, "wall_s": time.time() - start}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    if rank == 0 and args.save_state:
+        torch.save({"state_dict": net.state_dict(), "losses": per_step}, args.save_state)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
