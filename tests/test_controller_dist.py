@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import pipeline_cases as pc
-from conftest import final_params, run_workers
+from conftest import final_params, run_events, run_workers
 from ptrun.parallel.optim import build_optimizer
 
 pytestmark = pytest.mark.dist
@@ -133,7 +133,7 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
                         "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
                         "data.eval_fraction=0.9"]  # 180 training samples: 12 steps an epoch, little drift
     run_workers(overrides, tmp_path)
-    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
     assert [(p["pp"], p["dp"], p["frozen_units"]) for p in plans] == [(4, 1, 0), (2, 2, 3), (1, 4, 5)]
     assert all(p["transition_s"] > 0 for p in plans[1:])
@@ -159,7 +159,7 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
                         "freeze.blocks=[0,1,2,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
                         "data.eval_fraction=0.9", "auto.cache=true", "cache.min_frozen_units=3"]
     run_workers(overrides, tmp_path)
-    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
     assert [(p["frozen_units"], p["cached_units"]) for p in plans] == [(0, 0), (3, 3), (5, 5), (5, 5)]
     assert [p["pp"] for p in plans][0] == 4 and all(p["pp"] < 4 for p in plans[1:])

@@ -215,7 +215,7 @@ KILLS = [{"rank": 1, "point": "step", "step": 15}, {"rank": 0, "point": "transit
 def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kills(tmp_path, monkeypatch):
     import json
 
-    from conftest import run_workers
+    from conftest import run_events, run_workers
     from ptrun.train import checkpoint
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(KILLS))
@@ -225,15 +225,14 @@ def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kill
     clean = tmp_path / "clean"
     run_workers(TRAIN + ["launcher.max_restarts=0"], clean)
 
-    events = [json.loads(line) for line in (clean / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(clean)
     plans = [(e["pp"], e["dp"], e["schedule"]) for e in events if e["event"] == "plan"]
     assert plans == [(2, 1, "pipedream"), (1, 2, "pipedream"), (1, 2, "pipedream")]
     epochs = [e for e in events if e["event"] == "epoch"]
     for e in epochs:
         assert e["samples"] == TRAIN_STEPS * 16 and e["sample_uses_max"] == 1, e
     assert epochs[0]["stash_bytes_peak"] > 0 and epochs[1]["stash_bytes_peak"] == 0  # K = 1 stashes nothing
-    starts = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["event"] == "start"]
+    starts = run_events(killed, "start")
     assert len(starts) == 4
 
     got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))
@@ -285,7 +284,7 @@ def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp
     every sample used once per epoch."""
     import json
 
-    from conftest import final_params, run_workers
+    from conftest import final_params, run_events, run_workers
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 2, "point": "step", "step": 13}]))
     run_workers(REPLICATED + ["launcher.nproc_per_node=3", "pipe.first_stage_replicas=2",
@@ -293,7 +292,7 @@ def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp
     monkeypatch.delenv("PTRUN_KILL_AT")
     run_workers(REPLICATED + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], tmp_path / "grid")
 
-    events = [json.loads(line) for line in (tmp_path / "replicated" / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "replicated")
     assert sum(e["event"] == "start" for e in events) == 2  # the kill restarted it once
     plans = [e for e in events if e["event"] == "plan"]
     assert all(p["replicate_first_only"] and (p["pp"], p["dp"]) == (2, 2) for p in plans)

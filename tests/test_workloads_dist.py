@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import run_workers
+from conftest import run_events, run_workers
 from test_text_data import SST2_ROWS, squad_articles, train_tokenizer, write_tsv
 
 pytestmark = pytest.mark.dist
@@ -20,8 +20,7 @@ TINY_BERT = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.
 
 
 def epoch_events(run_dir) -> list[dict]:
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [e for e in events if e["event"] == "epoch"]
+    return run_events(run_dir, "epoch")
 
 
 def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
