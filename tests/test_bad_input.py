@@ -31,7 +31,8 @@ TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.epoch
 # Data errors surface in the workers: one worker is enough and halves the start-up cost.
 ONE_WORKER = ["launcher.nproc_per_node=1", "pipe.length=1", "pipe.microbatches=1"]
 TINY_BERT = ["model=bert_base", "model.pretrained=null"]  # sized by TINY
-DIST = pytest.mark.dist  # cases with worker processes (~15 s each) or a real run's checkpoints
+DIST = pytest.mark.dist  # cases with worker processes (~10 s each) or a real run's checkpoints
+SLOW = pytest.mark.slow  # all of those but test_cifar10_folder_of_garbage, the fast tier's refusal by a worker
 IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, or "
                       "path/<class>/*.png)")
 
@@ -131,6 +132,7 @@ def test_hugging_face_directory_without_weights(tmp_path, run_dir, cli):
              cli=cli)
 
 
+@SLOW
 @DIST
 def test_imagefolder_without_images(tmp_path, run_dir):
     data = tmp_path / "images"
@@ -141,6 +143,7 @@ def test_imagefolder_without_images(tmp_path, run_dir):
              *TINY, *ONE_WORKER)
 
 
+@SLOW
 @DIST
 def test_imagefolder_with_a_corrupt_image(tmp_path, run_dir):
     """Images are decoded as they are read (ImageNet has 1.28 M of them), so a corrupt one is found while
@@ -179,6 +182,7 @@ def tokenizer(tmp_path_factory) -> str:
     return str(path)
 
 
+@SLOW
 @DIST
 def test_glue_folder_without_the_tasks_files(tmp_path, tokenizer):
     """With a run directory that did not exist: the failed start removes the one Hydra made for it."""
@@ -189,6 +193,7 @@ def test_glue_folder_without_the_tasks_files(tmp_path, tokenizer):
              f"data.tokenizer={tokenizer}", *TINY_BERT, *TINY, *ONE_WORKER)
 
 
+@SLOW
 @DIST
 def test_squad_file_that_is_not_json(tmp_path, run_dir, tokenizer):
     data = tmp_path / "squad"
@@ -224,6 +229,7 @@ def copy_of_run(trained, tmp_path) -> Path:
     return Path(shutil.copytree(trained, tmp_path / "run"))
 
 
+@SLOW
 @DIST
 def test_resume_with_another_model(copy_of_run):
     """With the default two workers as a 2-stage pipeline (a resume may change the world size): both workers
@@ -232,6 +238,7 @@ def test_resume_with_another_model(copy_of_run):
     run_case("resume_another_model", copy_of_run, *changed(two_workers, "model.depth=3"), "train.resume=true")
 
 
+@SLOW
 @DIST  # the checkpoints are a real run's
 @pytest.mark.parametrize("case", ["resume_corrupt_checkpoint", "resume_manifest_not_json"])
 def test_resume_with_only_broken_checkpoints(case, copy_of_run, cli):
@@ -298,6 +305,7 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
     assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on each)"
 
 
+@SLOW
 @DIST
 def test_no_room_for_the_activation_cache(copy_of_run):
     """Resuming into the cached plan reserves the cache's memory tier (~4 MB) at once; a file-size limit of

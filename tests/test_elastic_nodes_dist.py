@@ -20,7 +20,7 @@ import pytest
 
 from conftest import TINY, final_params, run_events, run_workers, start_ptrun, worker_pids
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes, one lost and regained: ~100 s
 
 JOB = TINY + ["train.epochs=10", "train.max_steps_per_epoch=40", "pipe.length=2", "pipe.microbatches=2",
               "launcher.nproc_per_node=2", "launcher.max_restarts=3"]

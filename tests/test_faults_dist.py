@@ -19,7 +19,7 @@ import torch
 from conftest import TINY, run_events, run_workers
 from ptrun.train import checkpoint
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # ten kills and restarts: ~40 s
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 3, 90, 20  # digits: 1,437 training samples in global batches of 16
 OVERRIDES = TINY + [

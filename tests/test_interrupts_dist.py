@@ -18,7 +18,7 @@ import torch
 
 from conftest import TINY, final_params, run_events, start_ptrun
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # five runs in a chain: ~60 s
 
 OVERRIDES = ["recipe=digits_vit", *TINY, "train.epochs=5", "train.max_steps_per_epoch=30", "train.export=false",
              "launcher.nproc_per_node=2", "checkpoint.every_epochs=1",

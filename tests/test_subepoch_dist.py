@@ -29,6 +29,7 @@ def events(run_dir, kind: str) -> list[dict]:
     return run_events(run_dir, kind)
 
 
+@pytest.mark.slow  # a reference, a run and a run with kills: ~90 s
 def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_path, tiny, monkeypatch):
     """The layout changes at step 6 of each epoch; every epoch still uses every sample exactly once; the final
     parameters equal the reference's. Then the same job with a worker SIGKILLed right after the first

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import TINY, run_events, run_ptrun
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # a sweep of two real runs and a report
 
 
 def test_a_sweep_ends_with_one_summary_row_per_point_and_reports(tmp_path):

@@ -116,6 +116,7 @@ def wandb_history(offline_dir: Path) -> tuple[dict[tuple[int, str], float], list
     return stored, records
 
 
+@pytest.mark.slow  # the mlflow run (with a resume) stays fast
 @pytest.mark.dist
 def test_wandb_offline_run_holds_every_epochs_metrics(tmp_path, offline):
     run_dir = tmp_path / "wandb_run"

@@ -39,6 +39,7 @@ def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
     assert 0 <= ev["exact_match"] <= ev["f1"] <= 100  # EM never exceeds F1 on the same predictions
 
 
+@pytest.mark.slow  # the squad run stays fast
 def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
     data = tmp_path / "glue"
     for split in ("train", "dev"):
@@ -70,6 +71,7 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
         AutoTokenizer.from_pretrained(tokenizer)("a fine film")["input_ids"]
 
 
+@pytest.mark.slow  # the squad run stays fast
 def test_the_glue_recipe_trains_stsb_as_a_regression(tmp_path):
     """STS-B: one real-valued output per pair, squared error, Pearson / Spearman; the eval loss is the mean
     squared error of the scores the metrics were computed from."""
