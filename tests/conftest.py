@@ -1,9 +1,18 @@
-"""Shared fixtures: compose configs with Hydra's compose API, and run real workers through elastic_launch."""
+"""Shared fixtures and helpers: compose configs with Hydra's compose API, run real workers through
+elastic_launch, run the `ptrun` command line (in a subprocess, or in this process through the same entry
+point), and read a run's events back through `ptrun.report.runs`.
+
+Tiers: `pytest -m "not slow"` is the inner loop (a few minutes); `slow` marks set-up, wheel, soak and
+multi-node tests and the longest multi-process chains, which `bash scripts/test.sh` (all tests) runs too."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ptrun.launch import user_cache_dir
@@ -18,6 +27,14 @@ from omegaconf import OmegaConf  # noqa: E402
 from ptrun.bench.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
 from ptrun.compose import compose
 from ptrun.config import PtrunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: set-up, wheel, soak, multi-node and the longest multi-process tests; "
+                   "`pytest -m \"not slow\"` leaves them out (the inner loop), scripts/test.sh runs them")
 
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
@@ -77,3 +94,110 @@ def no_litter_left():
     yield
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
+
+
+# ---- the command line ------------------------------------------------------------------------------------
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a `ptrun` subprocess: this one's, with this checkout first on PYTHONPATH (so the
+    checkout's ptrun runs whichever environment pytest runs in), and `extra` on top (TMPDIR, say)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def ptrun_command(*args: str) -> list[str]:
+    """The command line of `ptrun ARGS`: the console script beside this interpreter (what a user runs), or
+    `python -m ptrun.cli` where that interpreter has none."""
+    script = Path(sys.executable).parent / "ptrun"
+    return [str(script), *args] if script.is_file() else [sys.executable, "-m", "ptrun.cli", *args]
+
+
+def run_ptrun(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
+              **kwargs) -> subprocess.CompletedProcess:
+    """`ptrun ARGS` in a fresh process, to its end: its exit code, stdout and stderr (as text). `env` adds
+    to `cli_env()`; other keyword arguments go to subprocess.run (preexec_fn, stdout, ...)."""
+    kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
+    return subprocess.run(ptrun_command(*args), cwd=cwd, env=cli_env(**(env or {})), text=True, timeout=timeout,
+                          **kwargs)
+
+
+def start_ptrun(*args: str, cwd: Path, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    """`ptrun ARGS` started in a fresh process and left running (to signal or kill it); keyword arguments as
+    for subprocess.Popen (stdout, stderr, start_new_session, ...)."""
+    return subprocess.Popen(ptrun_command(*args), cwd=cwd, env=cli_env(**(env or {})), text=True, **kwargs)
+
+
+@dataclass
+class CliResult:
+    """How an in-process `ptrun.cli.main(argv)` ended: its exit code and what it wrote."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """`cli("train", *overrides, cwd=DIR)`: `ptrun.cli.main` called in this process, as the console script
+    calls it, returning a CliResult. Only for starts that end before a worker would start: a launch would
+    run elastic's agent inside pytest. What main changes globally is put back after each call: sys.argv,
+    the SIGTERM handler, the working directory, the environment, Hydra's global instance and ptrun's sweep
+    list."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    import ptrun.cli
+    import ptrun.launch
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("an in-process `ptrun train` got as far as starting workers")
+
+    monkeypatch.setattr(ptrun.launch, "launch", no_launch)
+
+    def call(*argv: str, cwd: Path | None = None) -> CliResult:
+        GlobalHydra.instance().clear()
+        handler, environ, here = signal.getsignal(signal.SIGTERM), dict(os.environ), os.getcwd()
+        monkeypatch.setattr(sys, "argv", ["ptrun", *argv])
+        if cwd is not None:
+            os.chdir(cwd)
+        capsys.readouterr()
+        try:
+            ptrun.cli.main(list(argv))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            os.chdir(here)
+            signal.signal(signal.SIGTERM, handler)
+            for key in set(os.environ) - set(environ):
+                del os.environ[key]
+            os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
+            GlobalHydra.instance().clear()
+            ptrun.cli.SWEEP_JOBS.clear()
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return call
+
+
+def assert_one_error_line(out: subprocess.CompletedProcess | CliResult, code: int = 2) -> str:
+    """The bad-input contract: exit `code`, one stderr line `ptrun: error: ...`, no traceback. Returns it."""
+    assert out.returncode == code, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ptrun: error: "), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    return lines[0]
+
+
+# ---- a run's events --------------------------------------------------------------------------------------
+
+def run_events(run_dir: Path, kind: str | None = None, missing_ok: bool = False) -> list[dict]:
+    """The events of `run_dir/metrics.jsonl` in the order written, as `ptrun report` reads them (each one
+    checked for the fields the report needs; the torn last line of a run still writing is left out); only
+    those of `kind` ("start", "plan", "epoch", ...) if given. With `missing_ok`, [] while there is no file
+    yet (for polling a run that is starting)."""
+    from ptrun.report.runs import read_events
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if missing_ok and not path.exists():
+        return []
+    events = read_events(Path(run_dir))
+    return events if kind is None else [e for e in events if e["event"] == kind]

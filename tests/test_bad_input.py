@@ -1,7 +1,11 @@
-"""Bad input beyond the config keys of test_cli.BAD_INPUT: data files, checkpoints, the environment and the
-run directory. Each case runs the real CLI (`python -m ptrun.cli train ...`) and must end with its exit code,
-one line `ptrun: error: ...` naming the key or file and what is allowed, no traceback, and the files that
-were in the run directory before byte for byte as they were. docs/errors.md lists every message."""
+"""Bad input: the config keys of test_cli.BAD_INPUT, data files, checkpoints, the environment and the run
+directory. Each case must end with its exit code, one line `ptrun: error: ...` naming the key or file and
+what is allowed, no traceback, and the files that were in the run directory before byte for byte as they
+were. docs/errors.md lists every message.
+
+Cases refused before any worker starts call `ptrun.cli.main` in this process (the `cli` fixture), as the
+console script does; a few run the console script itself for the exit-code contract, and the cases that
+need workers (or a resource limit) run it in a process of their own."""
 
 from __future__ import annotations
 
@@ -14,21 +18,21 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from conftest import REPO, CliResult, assert_one_error_line, run_ptrun, start_ptrun
 from test_cli import BAD_INPUT
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.epochs=1", "train.max_steps_per_epoch=2",
         "train.global_batch_size=16", "train.export=false"]
 # Data errors surface in the workers: one worker is enough and halves the start-up cost.
 ONE_WORKER = ["launcher.nproc_per_node=1", "pipe.length=1", "pipe.microbatches=1"]
 TINY_BERT = ["model=bert_base", "model.pretrained=null"]  # sized by TINY
-DIST = pytest.mark.dist  # cases with worker processes (~15 s each) or a real run's checkpoints
+DIST = pytest.mark.dist  # cases with worker processes (~10 s each) or a real run's checkpoints
+SLOW = pytest.mark.slow  # all of those but test_cifar10_folder_of_garbage, the fast tier's refusal by a worker
 IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, or "
                       "path/<class>/*.png)")
 
@@ -68,14 +72,11 @@ def changed(overrides: list[str], *changes: str) -> list[str]:
 
 def ptrun_train(*args: str, cwd: Path, limit_file_size: int | None = None) -> subprocess.CompletedProcess:
     """`ptrun train ARGS` in a fresh process (of this checkout's ptrun), optionally with RLIMIT_FSIZE set."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
 
-    return subprocess.run([sys.executable, "-m", "ptrun.cli", "train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300,
-                          preexec_fn=limit if limit_file_size else None)
+    return run_ptrun("train", *args, cwd=cwd, preexec_fn=limit if limit_file_size else None)
 
 
 def snapshot(path: Path) -> dict[str, str]:
@@ -86,21 +87,21 @@ def snapshot(path: Path) -> dict[str, str]:
             for p in sorted(path.rglob("*"))}
 
 
-def assert_one_line(out: subprocess.CompletedProcess, case: str, code: int = 2) -> None:
-    assert out.returncode == code, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ptrun: error: "), out.stderr
-    print(lines[0])  # `pytest -rP` shows every case's line (docs/errors.md quotes them)
-    assert MESSAGES[case] in lines[0], lines[0]
-    assert "Traceback" not in out.stdout + out.stderr
+def assert_one_line(out: subprocess.CompletedProcess | CliResult, case: str, code: int = 2) -> None:
+    line = assert_one_error_line(out, code)
+    print(line)  # `pytest -rP` shows every case's line (docs/errors.md quotes them)
+    assert MESSAGES[case] in line, line
 
 
-def run_case(case: str, run_dir: Path, *args: str, may_add: bool = False, **kwargs) -> tuple[str, set[str]]:
-    """Run the CLI on `run_dir`, check the one-line error, and that every file the run directory held before
-    is unchanged. A failed start adds nothing either, unless `may_add` (a run that had started before it met
+def run_case(case: str, run_dir: Path, *args: str, cli=None, may_add: bool = False,
+             **kwargs) -> tuple[str, set[str]]:
+    """Run `ptrun train ARGS` on `run_dir`, in this process through `cli` (the fixture) where given, else in
+    a process of its own; check the one-line error, and that every file the run directory held before is
+    unchanged. A failed start adds nothing either, unless `may_add` (a run that had started before it met
     the bad input). Returns the error line and the files added."""
     before = snapshot(run_dir) if run_dir.exists() else {}
-    out = ptrun_train(*args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, **kwargs)
+    argv = [*args, f"hydra.run.dir={run_dir}"]
+    out = cli("train", *argv, cwd=run_dir.parent) if cli else ptrun_train(*argv, cwd=run_dir.parent, **kwargs)
     assert_one_line(out, case)
     after = snapshot(run_dir) if run_dir.exists() else {}
     assert {k: after.get(k) for k in before} == before
@@ -120,16 +121,18 @@ def run_dir(tmp_path) -> Path:
 
 # ---- data paths and formats ---------------------------------------------------------------------------
 
-def test_hugging_face_directory_without_weights(tmp_path, run_dir):
+def test_hugging_face_directory_without_weights(tmp_path, run_dir, cli):
     """A model directory with its config.json but no weights file is refused before any worker starts."""
     model = tmp_path / "bert"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
                                                    "num_attention_heads": 2, "intermediate_size": 64,
                                                    "vocab_size": 100, "max_position_embeddings": 64}))
-    run_case("hf_dir_without_weights", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:])
+    run_case("hf_dir_without_weights", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:],
+             cli=cli)
 
 
+@SLOW
 @DIST
 def test_imagefolder_without_images(tmp_path, run_dir):
     data = tmp_path / "images"
@@ -140,6 +143,7 @@ def test_imagefolder_without_images(tmp_path, run_dir):
              *TINY, *ONE_WORKER)
 
 
+@SLOW
 @DIST
 def test_imagefolder_with_a_corrupt_image(tmp_path, run_dir):
     """Images are decoded as they are read (ImageNet has 1.28 M of them), so a corrupt one is found while
@@ -178,6 +182,7 @@ def tokenizer(tmp_path_factory) -> str:
     return str(path)
 
 
+@SLOW
 @DIST
 def test_glue_folder_without_the_tasks_files(tmp_path, tokenizer):
     """With a run directory that did not exist: the failed start removes the one Hydra made for it."""
@@ -188,6 +193,7 @@ def test_glue_folder_without_the_tasks_files(tmp_path, tokenizer):
              f"data.tokenizer={tokenizer}", *TINY_BERT, *TINY, *ONE_WORKER)
 
 
+@SLOW
 @DIST
 def test_squad_file_that_is_not_json(tmp_path, run_dir, tokenizer):
     data = tmp_path / "squad"
@@ -223,6 +229,7 @@ def copy_of_run(trained, tmp_path) -> Path:
     return Path(shutil.copytree(trained, tmp_path / "run"))
 
 
+@SLOW
 @DIST
 def test_resume_with_another_model(copy_of_run):
     """With the default two workers as a 2-stage pipeline (a resume may change the world size): both workers
@@ -231,9 +238,10 @@ def test_resume_with_another_model(copy_of_run):
     run_case("resume_another_model", copy_of_run, *changed(two_workers, "model.depth=3"), "train.resume=true")
 
 
+@SLOW
 @DIST  # the checkpoints are a real run's
 @pytest.mark.parametrize("case", ["resume_corrupt_checkpoint", "resume_manifest_not_json"])
-def test_resume_with_only_broken_checkpoints(case, copy_of_run):
+def test_resume_with_only_broken_checkpoints(case, copy_of_run, cli):
     for ckpt in (copy_of_run / "checkpoints").iterdir():
         if case == "resume_corrupt_checkpoint":
             params = ckpt / "params-stage0.safetensors"
@@ -242,32 +250,33 @@ def test_resume_with_only_broken_checkpoints(case, copy_of_run):
             params.write_bytes(bytes(data))
         else:
             (ckpt / "manifest.json").write_text("{'files': truncated")
-    run_case(case, copy_of_run, *BASE_RUN, "train.resume=true")
+    run_case(case, copy_of_run, *BASE_RUN, "train.resume=true", cli=cli)
 
 
-def test_resume_without_a_checkpoint(run_dir):
-    run_case("resume_without_checkpoint", run_dir, *TINY, "train.resume=true")
+def test_resume_without_a_checkpoint(run_dir, cli):
+    run_case("resume_without_checkpoint", run_dir, *TINY, "train.resume=true", cli=cli)
 
 
 # ---- environment ----------------------------------------------------------------------------------------
 
-def test_rendezvous_port_in_use(run_dir):
+def test_rendezvous_port_in_use(run_dir, cli):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        line, _ = run_case("rdzv_port_in_use", run_dir, *TINY, f"launcher.rdzv_endpoint=localhost:{port}")
+        line, _ = run_case("rdzv_port_in_use", run_dir, *TINY, f"launcher.rdzv_endpoint=localhost:{port}", cli=cli)
     assert f"launcher.rdzv_endpoint='localhost:{port}': port {port}" in line
 
 
-def test_rendezvous_endpoint_that_does_not_parse(run_dir):
-    run_case("rdzv_endpoint_unparsable", run_dir, *TINY, "launcher.rdzv_endpoint=localhost:http")
+def test_rendezvous_endpoint_that_does_not_parse(run_dir, cli):
+    run_case("rdzv_endpoint_unparsable", run_dir, *TINY, "launcher.rdzv_endpoint=localhost:http", cli=cli)
 
 
-def test_rendezvous_host_that_does_not_resolve(run_dir):
+def test_rendezvous_host_that_does_not_resolve(run_dir, cli):
     """`.invalid` never resolves (RFC 2606). torch would retry in its store client until the join timeout and
     then print pages of C++ stack frames."""
-    line, _ = run_case("rdzv_host_unknown", run_dir, *TINY, "launcher.rdzv_endpoint=nosuchhost.invalid:29400")
+    line, _ = run_case("rdzv_host_unknown", run_dir, *TINY, "launcher.rdzv_endpoint=nosuchhost.invalid:29400",
+                       cli=cli)
     assert line.startswith("ptrun: error: launcher.rdzv_endpoint='nosuchhost.invalid:29400': host "
                            "'nosuchhost.invalid' does not resolve (")
     assert line.endswith("); use a host name or address every machine resolves, or localhost:0 for one machine")
@@ -282,12 +291,9 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
     endpoint = f"{socket.gethostname()}:{port}"
     # SIGKILLed below, the launcher cleans up nothing: its private files go to a temp dir of its own
     (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    agent = subprocess.Popen([sys.executable, "-m", "ptrun.cli", "train", *TINY, "launcher.nnodes=2",
-                              f"launcher.rdzv_endpoint={endpoint}", "launcher.rdzv_id=wait-test",
-                              f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    agent = start_ptrun("train", *TINY, "launcher.nnodes=2", f"launcher.rdzv_endpoint={endpoint}",
+                        "launcher.rdzv_id=wait-test", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                        env={"TMPDIR": str(tmp_path / "tmp")}, stderr=subprocess.PIPE, start_new_session=True)
     silent = threading.Timer(120, os.killpg, (agent.pid, signal.SIGKILL))  # a silent wait ends the test
     silent.start()
     try:
@@ -299,6 +305,7 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
     assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on each)"
 
 
+@SLOW
 @DIST
 def test_no_room_for_the_activation_cache(copy_of_run):
     """Resuming into the cached plan reserves the cache's memory tier (~4 MB) at once; a file-size limit of
@@ -315,14 +322,64 @@ def test_no_room_for_the_activation_cache(copy_of_run):
 # ---- the run directory ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("where", [".", "sub"])
-def test_run_dir_that_is_a_file(where, tmp_path):
+def test_run_dir_that_is_a_file(where, tmp_path, cli):
     path = tmp_path / "run"
     path.write_text("not a directory\n")
     target = path if where == "." else path / where
     before = snapshot(path)
-    out = ptrun_train(*TINY, f"hydra.run.dir={target}", cwd=tmp_path)
+    out = cli("train", *TINY, f"hydra.run.dir={target}", cwd=tmp_path)
     assert_one_line(out, "run_dir_is_a_file")
     assert f"({path} is a file)" in out.stderr and snapshot(path) == before
+
+
+# ---- the config keys ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
+def test_bad_config_in_process_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path, cli):
+    """test_cli.BAD_INPUT through `ptrun.cli.main` in this process; test_cli runs each as a process (slow)."""
+    run_dir = tmp_path / "run"
+    line = assert_one_error_line(cli("train", *args, f"hydra.run.dir={run_dir}", cwd=tmp_path))
+    assert message in line, line
+    assert not run_dir.exists()
+
+
+def test_in_process_calls_do_not_affect_each_other(tmp_path, cli):
+    """A refusal in Hydra's compose API, one inside Hydra's app (its task function), the first again, then a
+    composition as the other tests make them: the same lines each time, and the config as asked."""
+    from conftest import compose_config
+
+    lines = [assert_one_error_line(cli("train", *argv, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
+             for argv in (["train.epoch=3"], [*TINY, "train.resume=true"], ["train.epoch=3"],
+                          [*TINY, "train.resume=true"])]
+    assert lines[0] == lines[2] and lines[1] == lines[3] and lines[0] != lines[1]
+    assert MESSAGES["resume_without_checkpoint"] in lines[1]
+    assert compose_config(["train.epochs=3"], tmp_path).train.epochs == 3
+    assert not (tmp_path / "run").exists()
+
+
+# ---- the exit-code contract of the console script ------------------------------------------------------
+
+CONTRACT = {  # a refusal at each stage of a start: composition, validation, the run directory, Hydra's task
+    "unknown_key": (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
+    "not_allowed": (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
+    "run_dir_is_a_file": (["hydra.run.dir={tmp}/file"], MESSAGES["run_dir_is_a_file"]),
+    "resume_without_checkpoint": (["train.resume=true", "hydra.run.dir={tmp}/run"],
+                                  MESSAGES["resume_without_checkpoint"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTRACT))
+def test_the_console_script_exits_2_with_one_line(case, tmp_path):
+    """What a shell or a scheduler sees: the installed `ptrun` script in a process of its own, exit code 2,
+    one line on stderr, nothing on stdout, no run directory made."""
+    (tmp_path / "file").write_text("not a directory\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("the data moved to /scratch on monday\n")
+    before = snapshot(tmp_path)
+    args, message = CONTRACT[case]
+    out = run_ptrun("train", *TINY, *(a.format(tmp=tmp_path) for a in args), cwd=tmp_path)
+    assert message in assert_one_error_line(out) and out.stdout == ""
+    assert snapshot(tmp_path) == before
 
 
 # ---- the catalogue ---------------------------------------------------------------------------------------

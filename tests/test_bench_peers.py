@@ -22,6 +22,7 @@ from ptrun.bench import readme as readme_results
 PLAIN = ["-m", bench_peers.PLAIN]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_plain_ddp_matches_one_process(tmp_path):
     # Digits: 1,437 train samples. Batch 717 gives steps of 717, 717 and 3, split 359 / 358 and 2 / 1 across the

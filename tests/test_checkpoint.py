@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import assert_one_error_line
 from ptrun.train import checkpoint
 
 
@@ -45,14 +43,11 @@ def test_round_trip_keep_and_corruption_fallback(tmp_path, one_rank_group):
     assert checkpoint.latest_valid(run_dir).name == "step_00000002"
 
 
-def test_resume_from_only_broken_checkpoints_is_refused(tmp_path, one_rank_group):
+def test_resume_from_only_broken_checkpoints_is_refused(tmp_path, one_rank_group, cli):
     run_dir = tmp_path / "run"
     ckpt = _save(run_dir, 1, 1.0)
     (ckpt / "optim-stage0.pt").write_bytes(b"not a checkpoint")
     before = sorted((p.name, p.stat().st_size) for p in run_dir.rglob("*"))
-    out = subprocess.run([sys.executable, "-m", "ptrun.cli", "train", "train.resume=true",
-                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no valid checkpoint to resume from" in lines[0] and "optim-stage0.pt" in lines[0]
+    line = assert_one_error_line(cli("train", "train.resume=true", f"hydra.run.dir={run_dir}", cwd=tmp_path))
+    assert "no valid checkpoint to resume from" in line and "optim-stage0.pt" in line
     assert sorted((p.name, p.stat().st_size) for p in run_dir.rglob("*")) == before

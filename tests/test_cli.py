@@ -273,6 +273,7 @@ BAD_INPUT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path):
     run_dir = tmp_path / "run"

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import pipeline_cases as pc
-from conftest import final_params, run_workers
+from conftest import final_params, run_events, run_workers
 from ptrun.parallel.optim import build_optimizer
 
 pytestmark = pytest.mark.dist
+SLOW = pytest.mark.slow  # the transitions fixture (~25 s) and the cached run; the controller run stays fast
 
 KINDS = ["vit", "bert", "bert_mlm"]
 
@@ -60,6 +61,7 @@ def reference_steps(kind: str) -> list[tuple[dict, dict]]:
     return out
 
 
+@SLOW
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind):
     ref = reference_steps(kind)
@@ -90,6 +92,7 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
         before = now
 
 
+@SLOW
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     """Each rank receives exactly the parameters it holds under the new layout and did not hold under the old
@@ -116,6 +119,7 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     assert moved_any
 
 
+@SLOW
 def test_32_layout_changes_leak_no_descriptors_or_threads(transitions):
     for rank in range(4):
         after_2, after_32 = torch.load(transitions / f"leaks.rank{rank}.pt")
@@ -133,7 +137,7 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
                         "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
                         "data.eval_fraction=0.9"]  # 180 training samples: 12 steps an epoch, little drift
     run_workers(overrides, tmp_path)
-    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
     assert [(p["pp"], p["dp"], p["frozen_units"]) for p in plans] == [(4, 1, 0), (2, 2, 3), (1, 4, 5)]
     assert all(p["transition_s"] > 0 for p in plans[1:])
@@ -149,6 +153,7 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
 
 
+@SLOW
 def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path, tiny):
     """AutoCache on 4 workers through K = 4 -> 2 -> 1: the frozen prefix leaves the pipeline, is computed
     once (epoch 1), advanced by the newly frozen units only (epoch 2) and read from then on (epoch 3), and
@@ -159,7 +164,7 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
                         "freeze.blocks=[0,1,2,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
                         "data.eval_fraction=0.9", "auto.cache=true", "cache.min_frozen_units=3"]
     run_workers(overrides, tmp_path)
-    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
     assert [(p["frozen_units"], p["cached_units"]) for p in plans] == [(0, 0), (3, 3), (5, 5), (5, 5)]
     assert [p["pp"] for p in plans][0] == 4 and all(p["pp"] < 4 for p in plans[1:])

@@ -9,20 +9,18 @@ uninterrupted 4-worker run (the global batch, data order and loss do not depend 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY, final_params, run_workers, worker_pids
+from conftest import TINY, final_params, run_events, run_workers, start_ptrun, worker_pids
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes, one lost and regained: ~100 s
 
 JOB = TINY + ["train.epochs=10", "train.max_steps_per_epoch=40", "pipe.length=2", "pipe.microbatches=2",
               "launcher.nproc_per_node=2", "launcher.max_restarts=3"]
@@ -36,22 +34,17 @@ def free_port() -> int:
 
 def start_agent(run_dir: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
     """One node: a `ptrun train` agent in its own session, so the node can be killed as a whole."""
-    cmd = [sys.executable, "-m", "ptrun.cli", "train", *JOB, "launcher.nnodes=1:2", "launcher.rdzv_last_call=3",
-           f"launcher.rdzv_endpoint=localhost:{port}", "launcher.rdzv_id=loopback", f"hydra.run.dir={run_dir}",
-           *extra]
     # A node SIGKILLed as a whole cleans up nothing: its launcher's private files go to a temp dir of its own.
     tmp = log.with_suffix(".tmp")
     tmp.mkdir()
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+    return start_ptrun("train", *JOB, "launcher.nnodes=1:2", "launcher.rdzv_last_call=3",
+                       f"launcher.rdzv_endpoint=localhost:{port}", "launcher.rdzv_id=loopback",
+                       f"hydra.run.dir={run_dir}", *extra, cwd=log.parent, env={"TMPDIR": str(tmp)},
+                       stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def starts(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [e for e in events if e["event"] == "start"]
+    return run_events(run_dir, "start", missing_ok=True)
 
 
 def wait_for(condition, what: str, timeout: float = 180.0) -> None:
@@ -103,8 +96,7 @@ def test_a_node_lost_and_regained(tmp_path):
     history = starts(run_dir)
     assert [s["world_size"] for s in history] == [4, 2, 4], history
     assert history[1]["resumed_from"] and history[2]["resumed_from"]
-    plans = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    widths = {(p["pp"], p["dp"]) for p in plans if p["event"] == "plan"}
+    widths = {(p["pp"], p["dp"]) for p in run_events(run_dir, "plan")}
     assert widths == {(2, 2), (2, 1)}  # re-planned for the world it had: fewer replicas, the same pipeline
 
     # The uninterrupted run ends at the same weights up to float drift: DP = 1 and DP = 2 sum each global batch's
@@ -116,7 +108,6 @@ def test_a_node_lost_and_regained(tmp_path):
     assert got.keys() == want.keys()
     drift = max((got[n] - want[n]).abs().max().item() for n in want)
     assert drift < 5e-3, drift
-    final = {r: [json.loads(l) for l in (r / "metrics.jsonl").read_text().splitlines()][-1]["final_eval"]
-             for r in (run_dir, clean)}
+    final = {r: run_events(r)[-1]["final_eval"] for r in (run_dir, clean)}
     assert abs(final[run_dir]["top1"] - final[clean]["top1"]) <= 1.5, final
     assert final[run_dir]["loss"] == pytest.approx(final[clean]["loss"], rel=0.01), final

@@ -16,10 +16,10 @@ import random
 import pytest
 import torch
 
-from conftest import TINY, run_workers
+from conftest import TINY, run_events, run_workers
 from ptrun.train import checkpoint
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # ten kills and restarts: ~40 s
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 3, 90, 20  # digits: 1,437 training samples in global batches of 16
 OVERRIDES = TINY + [
@@ -47,14 +47,9 @@ def kill_points(seed: int) -> list[dict]:
     return [{"rank": rng.randrange(2), "point": chosen[s], "step": s} for s in sorted(chosen)]
 
 
-def events_of(run_dir, kind: str) -> list[dict]:
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [e for e in events if e["event"] == kind]
-
-
 def epoch_events(run_dir) -> tuple[list[dict], dict[int, dict]]:
-    last_per_epoch = {e["epoch"]: e for e in events_of(run_dir, "epoch")}  # the attempt that got through
-    return events_of(run_dir, "start"), last_per_epoch
+    last_per_epoch = {e["epoch"]: e for e in run_events(run_dir, "epoch")}  # the attempt that got through
+    return run_events(run_dir, "start"), last_per_epoch
 
 
 def test_ten_kills_at_random_points_change_nothing(tmp_path, monkeypatch):
@@ -71,7 +66,7 @@ def test_ten_kills_at_random_points_change_nothing(tmp_path, monkeypatch):
     assert sorted(epochs) == list(range(EPOCHS))
     for epoch, event in epochs.items():
         assert event["sample_uses_min"] == event["sample_uses_max"] == 1, (epoch, event)
-    resumed_mid_epoch = [e for e in events_of(killed, "epoch") if e.get("resumed_at_step")]
+    resumed_mid_epoch = [e for e in run_events(killed, "epoch") if e.get("resumed_at_step")]
     assert resumed_mid_epoch and all(e["resumed_at_step"] % EVERY == 0 for e in resumed_mid_epoch)
 
     got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))

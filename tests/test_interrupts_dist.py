@@ -6,23 +6,20 @@ checkpoint is and the command that resumes), exit 130 / 143, leave nothing in th
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY, final_params
+from conftest import TINY, final_params, run_events, start_ptrun
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # five runs in a chain: ~60 s
 
-REPO = Path(__file__).resolve().parents[1]
 OVERRIDES = ["recipe=digits_vit", *TINY, "train.epochs=5", "train.max_steps_per_epoch=30", "train.export=false",
              "launcher.nproc_per_node=2", "checkpoint.every_epochs=1",
              # a layout change, so it is part of what must stop and resume exactly. Not auto.cache: its memory
@@ -33,10 +30,8 @@ OVERRIDES = ["recipe=digits_vit", *TINY, "train.epochs=5", "train.max_steps_per_
 
 def ptrun(args: list[str], tmpdir: Path) -> subprocess.Popen:
     """`ptrun train ARGS` in a session of its own (as a terminal's foreground job), with a private TMPDIR."""
-    env = {**os.environ, "TMPDIR": str(tmpdir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "ptrun.cli", "train", *args], env=env, cwd=tmpdir.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return start_ptrun("train", *args, cwd=tmpdir.parent, env={"TMPDIR": str(tmpdir)}, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, start_new_session=True)
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -48,18 +43,13 @@ def shm_entries() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("ptrun-*")} if Path("/dev/shm").is_dir() else set()
 
 
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def stop_when_training(args: list[str], run_dir: Path, tmpdir: Path, signum: int, to_group: bool,
                        epochs_before: int) -> str:
     """Start `ptrun train ARGS`, send `signum` once it has trained another epoch (after `epochs_before`), and
     check how it stops; returns its one line."""
     proc = ptrun(args, tmpdir)
     deadline = time.monotonic() + 180
-    while sum(e["event"] == "epoch" for e in events(run_dir)) <= epochs_before:
+    while len(run_events(run_dir, "epoch", missing_ok=True)) <= epochs_before:
         assert proc.poll() is None and time.monotonic() < deadline, finish(proc)
         time.sleep(0.05)
     # A terminal sends Ctrl-C to every process of the foreground job; Kubernetes sends SIGTERM to the
@@ -70,7 +60,7 @@ def stop_when_training(args: list[str], run_dir: Path, tmpdir: Path, signum: int
     assert code == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"ptrun: stopped by {signum.name} "), err
-    stopped = [e for e in events(run_dir) if e["event"] == "stopped"][-1]
+    stopped = run_events(run_dir, "stopped")[-1]
     assert stopped["signal"] == signum.name and stopped["checkpoint_step"] == stopped["global_step"] < 5 * 30
     assert f"checkpoints/step_{stopped['global_step']:08d};" in lines[0]
     assert not (run_dir / "elastic").exists()  # elastic's per-attempt directories held no error file
@@ -100,7 +90,7 @@ def test_ctrl_c_then_sigterm_stop_with_checkpoints_and_the_printed_commands_resu
     code, _, err = finish(ptrun(resume_command(line, run_dir), tmpdir))
     assert code == 0, err
 
-    assert [e["signal"] for e in events(run_dir) if e["event"] == "stopped"] == ["SIGINT", "SIGTERM"]
+    assert [e["signal"] for e in run_events(run_dir, "stopped")] == ["SIGINT", "SIGTERM"]
     got, want = final_params(run_dir), final_params(reference)
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])]

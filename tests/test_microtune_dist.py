@@ -4,13 +4,12 @@ about training (the same weights, bit for bit, as a run given the chosen M)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 import torch
 
-from conftest import TINY, final_params, run_workers
+from conftest import TINY, final_params, run_events, run_workers
 from ptrun.parallel import microtune
 
 pytestmark = pytest.mark.dist
@@ -23,8 +22,7 @@ RUN = TINY + ["launcher.nproc_per_node=2", "pipe.length=2", "pipe.schedule=1F1B"
 
 
 def plans(run_dir) -> list[dict]:
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [e for e in events if e["event"] == "plan"]
+    return run_events(run_dir, "plan")
 
 
 def test_auto_tunes_once_per_machine_and_trains_like_the_chosen_m(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ from pipedream_cases import Case, forward_versions
 from ptrun.parallel.plan import even_bounds
 
 pytestmark = pytest.mark.dist
+SLOW = pytest.mark.slow  # the case matrix's launches (~45 s) and the trainer runs with kills; one trainer run stays fast
 
 CASES = {
     2: [Case("vit-stash", "vit", 2, 1, 6),
@@ -103,6 +104,7 @@ def max_rel_diff(ranks: list[dict], expected: dict[str, torch.Tensor]) -> float:
                for saved in ranks for n, v in saved["params"].items())
 
 
+@SLOW
 @pytest.mark.parametrize("name", ["vit-stash", "vit-K4-stash", "bert-K2-DP2"])
 def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, name):
     _, case = BY_NAME[name]
@@ -125,6 +127,7 @@ def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, na
     assert next(s for s in ranks if s["stage"] == case.pp - 1)["stash_peak"] == 0
 
 
+@SLOW
 def test_without_weight_stashing_the_mismatch_is_detectable(results):
     _, case = BY_NAME["vit-nostash"]
     ranks = load(results, "vit-nostash")
@@ -138,6 +141,7 @@ def test_without_weight_stashing_the_mismatch_is_detectable(results):
     assert max_rel_diff(ranks, expected) > 1e-4
 
 
+@SLOW
 def test_with_vertical_sync_every_stage_uses_the_input_stages_version(results):
     for name in ("bert-vertical", "vit-K4-vertical"):
         _, case = BY_NAME[name]
@@ -153,6 +157,7 @@ def test_with_vertical_sync_every_stage_uses_the_input_stages_version(results):
         assert max_rel_diff(ranks, plain) > 1e-4, name
 
 
+@SLOW
 def test_a_drain_before_a_layout_change_loses_no_update(results):
     _, case = BY_NAME["vit-drain-change"]
     ranks = load(results, "vit-drain-change")
@@ -167,6 +172,7 @@ def test_a_drain_before_a_layout_change_loses_no_update(results):
         assert [r["version"] for r in after] == list(range(case.then[2]))
 
 
+@SLOW
 @pytest.mark.parametrize("name", ["vit-K2-R2", "bert-K3-R2-vertical"])
 def test_a_replicated_first_stage_trains_like_the_grid_and_routes_each_gradient_home(results, name):
     """The reference is the K x DP semantics on the whole batch. Had a later stage sent lane d's gradient to
@@ -212,10 +218,11 @@ KILLS = [{"rank": 1, "point": "step", "step": 15}, {"rank": 0, "point": "transit
          {"rank": 1, "point": "checkpoint", "step": 30}]
 
 
+@SLOW
 def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kills(tmp_path, monkeypatch):
     import json
 
-    from conftest import run_workers
+    from conftest import run_events, run_workers
     from ptrun.train import checkpoint
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(KILLS))
@@ -225,15 +232,14 @@ def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kill
     clean = tmp_path / "clean"
     run_workers(TRAIN + ["launcher.max_restarts=0"], clean)
 
-    events = [json.loads(line) for line in (clean / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(clean)
     plans = [(e["pp"], e["dp"], e["schedule"]) for e in events if e["event"] == "plan"]
     assert plans == [(2, 1, "pipedream"), (1, 2, "pipedream"), (1, 2, "pipedream")]
     epochs = [e for e in events if e["event"] == "epoch"]
     for e in epochs:
         assert e["samples"] == TRAIN_STEPS * 16 and e["sample_uses_max"] == 1, e
     assert epochs[0]["stash_bytes_peak"] > 0 and epochs[1]["stash_bytes_peak"] == 0  # K = 1 stashes nothing
-    starts = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["event"] == "start"]
+    starts = run_events(killed, "start")
     assert len(starts) == 4
 
     got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))
@@ -279,13 +285,14 @@ REPLICATED = [
 ]
 
 
+@SLOW
 def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp_path, monkeypatch):
     """3 workers (the input stage on two, the last stage on one) against 4 (two 2-stage pipelines), through
     freezing, AutoCache, a mid-epoch checkpoint and a killed shared-stage worker: the same parameters,
     every sample used once per epoch."""
     import json
 
-    from conftest import final_params, run_workers
+    from conftest import final_params, run_events, run_workers
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 2, "point": "step", "step": 13}]))
     run_workers(REPLICATED + ["launcher.nproc_per_node=3", "pipe.first_stage_replicas=2",
@@ -293,7 +300,7 @@ def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp
     monkeypatch.delenv("PTRUN_KILL_AT")
     run_workers(REPLICATED + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], tmp_path / "grid")
 
-    events = [json.loads(line) for line in (tmp_path / "replicated" / "metrics.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "replicated")
     assert sum(e["event"] == "start" for e in events) == 2  # the kill restarted it once
     plans = [e for e in events if e["event"] == "plan"]
     assert all(p["replicate_first_only"] and (p["pp"], p["dp"]) == (2, 2) for p in plans)

@@ -18,7 +18,7 @@ import pipeline_cases as pc
 import precision_cases as prc
 from ptrun.parallel.optim import build_optimizer
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two launches of the precision matrix: ~50 s
 
 
 @pytest.fixture(scope="module")

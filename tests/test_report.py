@@ -9,13 +9,12 @@ The runs below are small enough to compute every expected number by hand:
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from conftest import run_ptrun
 from ptrun.report import ReportError, find_runs, load_run, write_report
 from ptrun.report.figures import (layout_figure, loss_figure, samples_per_s_figure, time_to_accuracy_figure,
                                   timeline_figure)
@@ -282,18 +281,13 @@ def test_timeline_figure_rejects_bad_events(tmp_path):
 
 
 # ---- the command line ------------------------------------------------------------------------------------
-def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ptrun.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
-
-
 @pytest.mark.parametrize("make,message", [
     (lambda d: d / "nonexistent", "ptrun: error: no such run directory: {path}"),
     (lambda d: (d / "empty").mkdir() or d / "empty", "ptrun: error: no metrics.jsonl in {path}"),
 ], ids=["missing", "no-metrics"])
 def test_report_cli_errors_are_one_line_exit_2(make, message, tmp_path):
     path = make(tmp_path)
-    out = ptrun("report", str(path), cwd=tmp_path)
+    out = run_ptrun("report", str(path), cwd=tmp_path)
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(message.format(path=path))
 
@@ -301,15 +295,15 @@ def test_report_cli_errors_are_one_line_exit_2(make, message, tmp_path):
 def test_report_cli_writes_into_the_first_runs_report_dir(tmp_path):
     write_run(tmp_path / "base", BASE)
     write_run(tmp_path / "fast", FAST)
-    out = ptrun("report", "base", "fast", cwd=tmp_path)
+    out = run_ptrun("report", "base", "fast", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == str(Path("base") / "report" / "report.md")
     assert (tmp_path / "base" / "report" / "time_to_accuracy.png").is_file()
-    out = ptrun("report", "fast", "--out", "elsewhere", cwd=tmp_path)
+    out = run_ptrun("report", "fast", "--out", "elsewhere", cwd=tmp_path)
     assert out.returncode == 0 and (tmp_path / "elsewhere" / "report.md").is_file()
     assert "| fast | digits_vit | 2 | 4 |" in (tmp_path / "elsewhere" / "report.md").read_text()
     (tmp_path / "a_file").write_text("")
-    out = ptrun("report", "fast", "--out", "a_file", cwd=tmp_path)
+    out = run_ptrun("report", "fast", "--out", "a_file", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.startswith("ptrun: error: cannot write the report to a_file")
     assert len(out.stderr.splitlines()) == 1
 

@@ -7,6 +7,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # set-up: two clones, each with its own venv
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -223,6 +223,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_two_srun_tasks_form_one_job(tmp_path):
     """Two `ptrun train` agents, each given what srun gives node 0 / node 1 of job 4242 and no launcher.* key,

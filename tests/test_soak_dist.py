@@ -11,7 +11,7 @@ import pytest
 
 from ptrun.bench import soak
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # soak
 
 
 def test_transitions_and_a_restart_leak_nothing(tmp_path, monkeypatch):

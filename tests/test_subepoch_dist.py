@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conftest import compose_config, final_params, run_workers
+from conftest import compose_config, final_params, run_events, run_workers
 from ptrun.train import checkpoint
 from test_train_dist import assert_params_close, reference_params
 
@@ -26,10 +26,10 @@ LAYOUT = ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "
 
 
 def events(run_dir, kind: str) -> list[dict]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["event"] == kind]
+    return run_events(run_dir, kind)
 
 
+@pytest.mark.slow  # a reference, a run and a run with kills: ~90 s
 def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_path, tiny, monkeypatch):
     """The layout changes at step 6 of each epoch; every epoch still uses every sample exactly once; the final
     parameters equal the reference's. Then the same job with a worker SIGKILLed right after the first

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import TINY, run_workers
+from conftest import TINY, run_events, run_workers
 from ptrun.config import ConfigError
 from ptrun.report.tensorboard import event_scalars
 from ptrun.installed import check_installed
@@ -41,10 +41,6 @@ def offline(tmp_path, monkeypatch):
     for name in ("WANDB_PROJECT", "WANDB_API_KEY", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # anything a library put into the current directory would show up here
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def expected_scalars(events: list[dict]) -> dict[tuple[int, str], float]:
@@ -120,11 +116,12 @@ def wandb_history(offline_dir: Path) -> tuple[dict[tuple[int, str], float], list
     return stored, records
 
 
+@pytest.mark.slow  # the mlflow run (with a resume) stays fast
 @pytest.mark.dist
 def test_wandb_offline_run_holds_every_epochs_metrics(tmp_path, offline):
     run_dir = tmp_path / "wandb_run"
     run_workers(OVERRIDES + ["logger=wandb"], run_dir)
-    events = metrics(run_dir)
+    events = run_events(run_dir)
     run_id = json.loads((run_dir / STATE_FILE).read_text())["wandb"]
     assert run_id.startswith("wandb_run-")
     [offline_dir] = (run_dir / "wandb").glob("offline-run-*")
@@ -163,7 +160,7 @@ def test_mlflow_store_in_the_run_directory_holds_every_epochs_metrics_and_a_resu
     run_workers(OVERRIDES + ["logger=mlflow", "train.resume=true"], run_dir)  # on to epoch 2
     assert json.loads((run_dir / STATE_FILE).read_text())["mlflow"] == state
 
-    events = metrics(run_dir)
+    events = run_events(run_dir)
     assert [e["event"] for e in events if e["event"] in ("start", "end")] == ["start", "end", "start", "end"]
     client = MlflowClient(state["tracking_uri"])
     experiment = client.get_experiment_by_name("ptrun")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import compose_config, final_params, run_workers, worker_pids
+from conftest import compose_config, final_params, run_events, run_workers, start_ptrun, worker_pids
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
 from ptrun.parallel.optim import build_optimizer, set_lr
@@ -88,8 +86,7 @@ def test_padded_last_batch_matches_reference(tmp_path, tiny):
                         "data.eval_fraction=0.5"]  # 898 train samples: 3 full batches + 130 real in the last
     run_workers(overrides, tmp_path / "dp2")
     cfg = compose_config(overrides, tmp_path / "ref")
-    metrics = [json.loads(l) for l in (tmp_path / "dp2" / "metrics.jsonl").read_text().splitlines()]
-    epoch = next(m for m in metrics if m["event"] == "epoch")
+    epoch = run_events(tmp_path / "dp2", "epoch")[0]
     assert epoch["samples"] == 898 and epoch["steps"] == 4
     assert 0 <= epoch["eval"]["top1"] <= 100
     assert_params_close(final_params(tmp_path / "dp2"), reference_params(cfg))
@@ -101,8 +98,8 @@ def test_killed_worker_restarts_and_resumes(tmp_path, tiny):
     overrides = tiny + ["train.epochs=4", "train.max_steps_per_epoch=30", "launcher.nproc_per_node=2",
                         "launcher.max_restarts=2"]
     run_dir = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "ptrun.cli", "train", *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_ptrun("train", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
     reader.start()
@@ -120,8 +117,7 @@ def test_killed_worker_restarts_and_resumes(tmp_path, tiny):
     proc.wait(timeout=240)
     reader.join(timeout=5)
     assert proc.returncode == 0, "".join(output)[-3000:]
-    starts = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    starts = [m for m in starts if m["event"] == "start"]
+    starts = run_events(run_dir, "start")
     assert len(starts) == 2 and starts[1]["resumed_from"], starts
 
     run_workers(overrides, tmp_path / "clean")

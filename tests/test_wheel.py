@@ -37,6 +37,7 @@ def dependency_site_packages() -> list[str]:
     return sorted({str(Path(importlib.util.find_spec(m).origin).parents[1]) for m in ("torch", "hydra", "timm")})
 
 
+@pytest.mark.slow
 def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
     src, work = tmp_path / "src", tmp_path / "work"
     for name in SOURCES:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import run_workers
+from conftest import run_events, run_workers
 from test_text_data import SST2_ROWS, squad_articles, train_tokenizer, write_tsv
 
 pytestmark = pytest.mark.dist
@@ -20,8 +20,7 @@ TINY_BERT = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.
 
 
 def epoch_events(run_dir) -> list[dict]:
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [e for e in events if e["event"] == "epoch"]
+    return run_events(run_dir, "epoch")
 
 
 def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
@@ -40,6 +39,7 @@ def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
     assert 0 <= ev["exact_match"] <= ev["f1"] <= 100  # EM never exceeds F1 on the same predictions
 
 
+@pytest.mark.slow  # the squad run stays fast
 def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
     data = tmp_path / "glue"
     for split in ("train", "dev"):
@@ -71,6 +71,7 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
         AutoTokenizer.from_pretrained(tokenizer)("a fine film")["input_ids"]
 
 
+@pytest.mark.slow  # the squad run stays fast
 def test_the_glue_recipe_trains_stsb_as_a_regression(tmp_path):
     """STS-B: one real-valued output per pair, squared error, Pearson / Spearman; the eval loss is the mean
     squared error of the scores the metrics were computed from."""

@@ -92,6 +92,12 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The events of `run_dir/metrics.jsonl` in the order written, each checked as the report checks it (a
+    torn last line, from a run killed or still writing, is left out); ReportError if unreadable."""
+    return _read_events(Path(run_dir) / "metrics.jsonl")
+
+
 def load_run(run_dir: Path, label: str | None = None) -> Run:
     """Parse `run_dir/metrics.jsonl` into a Run."""
     path = run_dir / "metrics.jsonl"
