@@ -29,12 +29,14 @@ from ptrun.compose import compose
 from ptrun.config import PtrunConfig
 
 REPO = Path(__file__).resolve().parents[1]
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "slow: set-up, wheel, soak, multi-node and the longest multi-process tests; "
                    "`pytest -m \"not slow\"` leaves them out (the inner loop), scripts/test.sh runs them")
+
 
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
@@ -139,9 +141,10 @@ class CliResult:
 def cli(capsys, monkeypatch):
     """`cli("train", *overrides, cwd=DIR)`: `ptrun.cli.main` called in this process, as the console script
     calls it, returning a CliResult. Only for starts that end before a worker would start: a launch would
-    run elastic's agent inside pytest. What main changes globally is put back after each call: sys.argv,
-    the SIGTERM handler, the working directory, the environment, Hydra's global instance and ptrun's sweep
-    list."""
+    run elastic's agent inside pytest (a call that gets that far fails). What main changes globally is put
+    back after each call: sys.argv, the SIGINT and SIGTERM handlers, the working directory and the
+    environment. Hydra clears its global instance itself when its compose API or its app ends; each call
+    clears it before and after all the same, so one test's failure cannot reach the next."""
     from hydra.core.global_hydra import GlobalHydra
 
     import ptrun.cli
@@ -154,7 +157,7 @@ def cli(capsys, monkeypatch):
 
     def call(*argv: str, cwd: Path | None = None) -> CliResult:
         GlobalHydra.instance().clear()
-        handler, environ, here = signal.getsignal(signal.SIGTERM), dict(os.environ), os.getcwd()
+        handlers, environ, here = [signal.getsignal(s) for s in SIGNALS], dict(os.environ), os.getcwd()
         monkeypatch.setattr(sys, "argv", ["ptrun", *argv])
         if cwd is not None:
             os.chdir(cwd)
@@ -166,12 +169,12 @@ def cli(capsys, monkeypatch):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             os.chdir(here)
-            signal.signal(signal.SIGTERM, handler)
+            for signum, handler in zip(SIGNALS, handlers):
+                signal.signal(signum, handler)
             for key in set(os.environ) - set(environ):
                 del os.environ[key]
             os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
             GlobalHydra.instance().clear()
-            ptrun.cli.SWEEP_JOBS.clear()
         out = capsys.readouterr()
         return CliResult(code, out.out, out.err)
 
