@@ -43,6 +43,11 @@ def start_agent(run_dir: Path, port: int, log: Path, *extra: str) -> subprocess.
                        stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def starts(run_dir: Path) -> list[dict]:
     return run_events(run_dir, "start", missing_ok=True)
 
@@ -63,7 +68,9 @@ def test_a_node_lost_and_regained(tmp_path):
     run_dir, port, paused = tmp_path / "job", free_port(), []
     before = semaphores()
     first = start_agent(run_dir, port, tmp_path / "node_a.log")
-    time.sleep(1.0)  # node A hosts the rendezvous store; B connects to it
+    # Node A hosts the rendezvous store and B connects to it: B starts once A's store is listening (a fixed
+    # pause is not enough on a loaded machine, where B could bind the port first and take the store with it).
+    wait_for(lambda: listening(port), "node A's rendezvous store", timeout=60.0)
     second = start_agent(run_dir, port, tmp_path / "node_b.log")
     try:
         wait_for(lambda: [s["world_size"] for s in starts(run_dir)] == [4] and
