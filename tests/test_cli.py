@@ -27,7 +27,7 @@ NEEDS_LOCAL_FILES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad"
 TWO_MACHINES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad"}
 """Recipes of the paper's 2-machine setup (launcher.nnodes=2): they need launcher.rdzv_endpoint and rdzv_id."""
 
-PAPER = {  # recipe -> (model, data source, optimizer, lr, epochs, starting K, schedule) from SPEC section 5
+PAPER = {  # recipe -> (model, data source, optimizer, lr, epochs, starting K, schedule) from the paper
     "vit_imagenet": ("vit_base_patch16_224", "imagefolder", "sgd", 0.03, 10, 8, "cosine"),
     "vit_cifar100": ("vit_base_patch16_224", "cifar100", "sgd", 0.1, 10, 8, "cosine"),
     "vit_cifar10": ("vit_base_patch16_224", "cifar10", "sgd", 0.1, 10, 8, "cosine"),

@@ -20,7 +20,7 @@ from ptrun.auto.freeze import (
 from ptrun.config import ConfigError
 
 PAPER = [0, 4, 7, 9, 10, 11, 11, 12]
-"""SPEC section 1: L = 12, alpha = 1/3 over epochs 0..7."""
+"""The paper's schedule: L = 12, alpha = 1/3 over epochs 0..7."""
 
 
 def run(policy, epochs, norms=None, start_blocks=0):

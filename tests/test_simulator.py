@@ -326,7 +326,7 @@ def test_simulated_plans_are_the_controllers(imagenet):
     cfg, costs, cluster, results = imagenet
     alpha = make_policy("alpha", 12, alpha=cfg.freeze.alpha)
     blocks = [0] + [alpha.target(e) for e in range(1, 10)]
-    assert blocks == [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]  # SPEC section 1's schedule
+    assert blocks == [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]  # the paper's schedule
     for name in COMBINATIONS:
         c = plannable(combination_config(cfg, name))
         layered = stand_in(costs)

@@ -1,7 +1,7 @@
 """AutoPipe and AutoDP as pure functions: after a freeze, the next Plan (pipeline length K, stage
 boundaries, data-parallel width and micro-batch count).
 
-The paper's compression rule (SPEC section 2): let `start_max` be the largest stage of the starting layout
+The paper's compression rule: let `start_max` be the largest stage of the starting layout
 (nothing frozen, K0 pipeline ranks). After a freeze, try K/2: partition the units into K/2 x
 stages_per_rank stages, charging frozen units `FROZEN_COST` of their cost; if the largest stage is at most
 `start_max`, the shorter pipeline fits wherever the starting one did, so halve K and try again, down to K = 1

@@ -38,7 +38,7 @@ RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${packag
        "train.global_batch_size=8", "train.epochs=3", "train.max_steps_per_epoch=2", "freeze.policy=schedule",
        f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.max_fraction=1.0", "freeze.every=1",
        "auto.cache=false", "train.export=false"]
-"""What every run trains (the earlier commit must accept these keys: `freeze.every` came with issue 19)."""
+"""What every run trains (an earlier commit measured beside this one must accept these keys too)."""
 
 
 def resident(pid: int) -> int | None:

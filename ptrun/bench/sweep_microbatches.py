@@ -31,7 +31,7 @@ from ptrun.bench.harness import command_line, publish
 
 KS = (1, 2)
 MULTIPLES = range(1, 7)
-"""M from K to 6K: the range the paper profiles once per machine (SPEC section 2)."""
+"""M from K to 6K: the range the paper profiles once per machine."""
 WORLD = 2
 
 

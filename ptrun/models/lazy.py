@@ -1,6 +1,6 @@
 """A model built without its weights, and units given storage and initial values one by one.
 
-A worker runs only its stages' units, so it must not build the whole model first (issue 20). As torchtitan
+A worker runs only its stages' units, so it must not build the whole model first. As torchtitan
 (meta-device models) and DeepSpeed (`LayerSpec`) do, `build_model` creates every parameter on the meta device
 (shape and dtype, no storage) and then makes it an empty host tensor, keeping the Parameter object: the
 library model and the units share it, and a unit a worker receives later is filled in place. Buffers (BERT's

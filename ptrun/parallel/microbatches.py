@@ -9,12 +9,12 @@ from typing import Any, Mapping, Optional
 from ptrun.config import BATCH_POLICIES, ConfigError, schedule_problem
 
 PAPER_MICROBATCHES: dict[int, int] = {8: 16, 4: 16, 2: 16, 1: 4}
-"""Best micro-batch count per pipeline length in the paper's profiling (SPEC section 2): 2K at K = 8, 4K at
+"""Best micro-batch count per pipeline length in the paper's profiling: 2K at K = 8, 4K at
 K = 4, 8K at K = 2, and 4 at K = 1 (where micro-batching only bounds activation memory)."""
 
 def min_microbatches(schedule: str, pp: int, stages_per_rank: int = 1) -> int:
     """The fewest micro-batches `schedule` accepts at pipeline length `pp` (too few hangs or raises in some
-    runtimes, SPEC section 9), by the same rule config validation applies (`schedule_problem`)."""
+    runtimes), by the same rule config validation applies (`schedule_problem`)."""
     return next(m for m in range(1, 4 * pp * stages_per_rank + 1)
                 if schedule_accepts(schedule, pp, stages_per_rank, m))
 

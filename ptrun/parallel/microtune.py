@@ -1,7 +1,7 @@
 """Micro-batch auto-tuning (`pipe.microbatches=auto`): time a few training steps at each candidate M for every
 pipeline length K the run may use, and take the fastest M per K.
 
-The paper profiled M from K to 6K once per machine and fixed the result in a table (SPEC section 2); the
+The paper profiled M from K to 6K once per machine and fixed the result in a table; the
 best M depends on the model, the batch, the device and the links (on 2 CPU cores per-micro-batch overhead
 wins and M = K is fastest; on GPUs a larger M shrinks the bubble). So ptrun measures it in the running job:
 

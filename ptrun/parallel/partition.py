@@ -11,8 +11,8 @@ Methods (`PARTITIONERS`):
 - `uniform`: equal unit counts (the starting layout, `plan.even_bounds`).
 - `params`: exact min-max over parameter costs (memory balance).
 - `time`: exact min-max over profiled per-unit times (compute balance).
-- `pipetransformer`: the paper's greedy AutoPipe rule over parameter costs (SPEC section 2).
-- `pipedream`: PipeDream's dynamic program over compute plus activation transfer (SPEC section 7).
+- `pipetransformer`: the paper's greedy AutoPipe rule over parameter costs.
+- `pipedream`: PipeDream's dynamic program over compute plus activation transfer.
 - `explicit`: a user-given list of ranges (`pipe.stages`).
 
 In every cost-based method a frozen unit costs `FROZEN_COST` of an active one. Errors are `ConfigError`
@@ -136,7 +136,7 @@ def _exact_partition(n: int, num_stages: int, cost: Callable[[int, int], float])
 def weighted_costs(costs: Sequence[float], frozen_units: int, frozen_weight: float = FROZEN_COST) -> list[float]:
     """Per-unit costs with the first `frozen_units` entries multiplied by `frozen_weight`.
 
-    Freezing is always a prefix (SPEC section 1), so only a count is needed.
+    Freezing is always a prefix, so only a count is needed.
     """
     out = [float(c) for c in costs]
     if isinstance(frozen_units, bool) or not isinstance(frozen_units, int) or not 0 <= frozen_units <= len(out):
@@ -184,7 +184,7 @@ def min_max(costs: Sequence[float], num_stages: int) -> Bounds:
 
 
 def pipetransformer(costs: Sequence[float], num_stages: int) -> Bounds:
-    """The paper's greedy AutoPipe balance (SPEC section 2): one left-to-right scan.
+    """The paper's greedy AutoPipe balance: one left-to-right scan.
 
     For stage k (of S), with the units not yet assigned:
       - `mean_k` = their total / the stages still to fill (S - k): each stage's fair share of what is left;
@@ -235,7 +235,7 @@ def pipetransformer(costs: Sequence[float], num_stages: int) -> Bounds:
 
 
 def pipedream(compute: Sequence[float], activation: Sequence[float], num_stages: int, bandwidth: float) -> Bounds:
-    """PipeDream's partition (SPEC section 7): the contiguous split minimizing the slowest stage, exactly.
+    """PipeDream's partition: the contiguous split minimizing the slowest stage, exactly.
 
     A stage's time is its units' compute plus `activation[hi - 1] / bandwidth` to send its output on (none
     after the last stage), as in `stage_times`; units must agree (e.g. seconds, bytes, bytes per second).

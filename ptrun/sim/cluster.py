@@ -2,14 +2,14 @@
 
 Presets (`PRESETS`), and why their numbers:
 
-`paper`: the paper's testbed (SPEC section 5), 2 nodes x 8 Quadro RTX 5000 (16 GB), InfiniBand 5 GB/s.
+`paper`: the paper's testbed, 2 nodes x 8 Quadro RTX 5000 (16 GB), InfiniBand 5 GB/s.
 - Peak fp32 11.2 TFLOP/s (3,072 CUDA cores x 1.815 GHz boost x 2). The paper trained in fp32 (no mixed
   precision is mentioned, the released code has none), so tensor cores do not count.
 - Achieved 35% of that, 3.9 TFLOP/s. fp32 SGEMM on Turing reaches 50-70% of peak on large matrices, and a
   training step (the memory-bound kernels between the GEMMs, launch gaps, 2021's Python-driven
   `torch.distributed.pipeline.sync.Pipe`) loses about half of that. Checked against the paper: with this
-  model, 35% gives ~350 samples/s for ViT-B/16 at K = 8, DP = 2, M = 16 (SPEC: "~400") and ~7,100 samples/s
-  with one block training and the rest cached at K = 1, DP = 16 (SPEC: "~7,400 by epoch 9"). The released
+  model, 35% gives ~350 samples/s for ViT-B/16 at K = 8, DP = 2, M = 16 (the paper: "~400") and ~7,100 samples/s
+  with one block training and the rest cached at K = 1, DP = 16 (the paper: "~7,400 by epoch 9"). The released
   repository's own log (pipe_transformer/log/Chunk_num_analysis.md) measured 180-210 images/s at K = 8,
   which with its M = K micro-batches means ~18%. Speedups hardly depend on this number (compute scales
   uniformly; 0.35 -> 0.40 moves ImageNet's from 2.76x to 2.74x); absolute times do.
