@@ -74,12 +74,27 @@ def preflight(overrides: list[str]) -> Resolved:
 
 def _check_run_dir_path(path: str) -> None:
     """Hydra creates the run directory and its missing parents: the nearest of them that exists must be a
-    directory we may write into (Hydra would otherwise fail with a traceback)."""
+    directory we may write into (Hydra would otherwise fail with a traceback). Permission bits do not tell
+    (root passes them, and /proc or a read-only mount refuse anyway), so the missing directories are made and
+    removed again: a probe that leaves nothing behind."""
     target = Path(path).expanduser()
     nearest = next(p for p in (target, *target.parents) if p.exists())  # "/" or "." at the latest
-    if not nearest.is_dir() or not os.access(nearest, os.W_OK | os.X_OK):
+    problem = f"{nearest} is a file" if not nearest.is_dir() else None
+    if problem is None and not os.access(nearest, os.W_OK | os.X_OK):
+        problem = f"{nearest} is not writable"
+    if problem is None and nearest != target:
+        missing = [p for p in (target, *target.parents) if not p.exists()]
+        try:
+            target.mkdir(parents=True)
+        except OSError as e:
+            problem = f"{e.filename or target} cannot be created: {e.strerror}"
+        finally:
+            for made in missing:
+                if made.is_dir():
+                    made.rmdir()
+    if problem is not None:
         raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into "
-                          f"({nearest} is {'not writable' if nearest.is_dir() else 'a file'})")
+                          f"({problem})")
 
 
 def _check_run_dir(run_dir: Path, resume: bool) -> None:

@@ -332,6 +332,14 @@ def test_run_dir_that_is_a_file(where, tmp_path, cli):
     assert f"({path} is a file)" in out.stderr and snapshot(path) == before
 
 
+def test_run_dir_that_cannot_be_created(tmp_path, cli):
+    """A parent that passes the permission bits but refuses a directory (/proc; a read-only mount alike):
+    one line naming what cannot be created, and nothing left of the probe."""
+    out = cli("train", *TINY, "hydra.run.dir=/proc/ptrun-run/a", cwd=tmp_path)
+    assert_one_line(out, "run_dir_is_a_file")
+    assert "(/proc/ptrun-run cannot be created: " in out.stderr and not Path("/proc/ptrun-run").exists()
+
+
 # ---- the config keys ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
