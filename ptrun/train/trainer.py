@@ -65,6 +65,10 @@ class Trainer:
         self.loss = WeightedLoss(cfg.model.task)
         self.compute_dtype = compute_dtype(cfg.train.precision)
         self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
+        pipe = cfg.pipe
+        self.builder = Builder(self.layered, rank, device, self.loss, cfg.optim, self.param_name, pipe.recompute,
+                               self.compute_dtype, pipe.weight_stashing, pipe.vertical_sync)
+        """What this worker's layouts are built from (the same for every Plan)."""
         # Pinned host batches make their copy to the GPU asynchronous (`non_blocking` below).
         self.pin_memory = device.type == "cuda" and cfg.device.pin_memory
         self.train_sampler = EpochSampler(len(self.data.train), cfg.train.global_batch_size, cfg.train.seed)
@@ -126,13 +130,6 @@ class Trainer:
         return checkpointing.checkpoint_due(self.cfg, self.state, epoch_base, step, self.steps_per_epoch)
 
     # ---- layout -------------------------------------------------------------------------------------
-    @property
-    def builder(self) -> Builder:
-        """What this worker's layouts are built from (the same for every Plan)."""
-        pipe = self.cfg.pipe
-        return Builder(self.layered, self.rank, self.device, self.loss, self.cfg.optim, self.param_name,
-                       pipe.recompute, self.compute_dtype, pipe.weight_stashing, pipe.vertical_sync)
-
     @property
     def plan(self) -> Plan:
         return self.layout.plan
