@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES
 from ptrun.config.freezing import inside_epochs
+from ptrun.config.model import DECODER_TYPES, HF_MODEL_TYPES
 from ptrun.config.rules import require
 from ptrun.errors import ConfigError
 
@@ -42,11 +43,13 @@ def check_pipedream(cfg) -> None:
 
 
 def check_text(cfg) -> None:
-    """A text source needs a BERT, the source's task and sensible lengths (its tokenizer: `check_paths`)."""
+    """A text source needs a transformers model, the source's task and sensible lengths (its tokenizer:
+    `check_paths`)."""
     m, d = cfg.model, cfg.data
     if d.name in TEXT_SOURCES:
-        require(m.family == "bert" or (m.family is None and m.name.startswith("bert")) or m.pretrained is not None,
-                "model.name", f"a BERT model for the text source data.name={d.name}", m.name)
+        require(m.family in ("bert", "transformers") or (m.family is None and m.name.startswith("bert"))
+                or m.pretrained is not None, "model.name", f"a transformers model (a BERT preset, or a Hugging Face "
+                f"model as model.pretrained) for the text source data.name={d.name}", m.name)
         want_task = "qa" if d.name == "squad" else "regression" if d.task == "stsb" else "classification"
         require(m.task == want_task, "model.task", f"{want_task} for data.name={d.name}", m.task)
         require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null",
@@ -125,14 +128,28 @@ def timm_vit_problem(name: str) -> str | None:
     return "timm has no such model" if models.is_dir() else None
 
 
+def check_model_type(m, hf: dict) -> None:
+    """A Hugging Face directory's `model_type` must be a family ptrun splits, able to do `model.task`."""
+    kind = hf.get("model_type")
+    require(kind in HF_MODEL_TYPES, "model.pretrained", f"a Hugging Face model of a supported model_type "
+            f"({', '.join(HF_MODEL_TYPES)}); {m.pretrained!r} is a {kind!r} model", m.pretrained)
+    decoder = kind in DECODER_TYPES
+    tasks = ("causal_lm", "classification", "regression") if decoder else ("classification", "regression", "qa")
+    require(m.task in tasks, "model.task", f"one of {', '.join(tasks)} for a {kind} model", m.task)
+
+
 def check_model_against_data(cfg) -> None:
     """Cross-key checks between the model, its own config file and the data source: what the workers would
     otherwise find out only after they started (a crash in the model's forward, restarted max_restarts times).
     Reads the pretrained directory's config.json and timm's source files, nothing heavier."""
     m, d = cfg.model, cfg.data
     hf = _hf_config(m.pretrained)
-    family = m.family or ("vit" if m.name.startswith(("vit_", "deit")) else
-                          "bert" if m.name.startswith("bert") or hf is not None else None)
+    family = m.family or ("bert" if m.name.startswith("bert") or hf is not None else
+                          "vit" if m.name.startswith(("vit_", "deit")) else None)
+    if family == "transformers":
+        family = "bert"  # one family of rules: a transformers model
+    require(m.task != "causal_lm" or hf is not None, "model.task", "causal_lm only for a decoder given as "
+            f"model.pretrained (a Hugging Face model of model_type {', '.join(DECODER_TYPES)})", m.task)
     if m.embed_dim is not None and m.num_heads is not None:
         require(m.embed_dim % m.num_heads == 0, "model.num_heads",
                 f"a divisor of model.embed_dim={m.embed_dim} (each head gets embed_dim / num_heads channels)",
@@ -153,6 +170,7 @@ def check_model_against_data(cfg) -> None:
                     f"{chans}, the channels of data.name={d.name}'s images, or null to follow the data", m.in_chans)
     if family == "bert":
         if hf is not None:
+            check_model_type(m, hf)
             # the same rule as the model builder's (models/bert.py _check_against_dir): sizes are the weights'
             have = {"depth": hf.get("num_hidden_layers"), "embed_dim": hf.get("hidden_size"),
                     "num_heads": hf.get("num_attention_heads"), "vocab_size": hf.get("vocab_size"),

@@ -7,10 +7,15 @@ from typing import Optional
 
 from ptrun.config.rules import choice, either, one_of, require
 
-TASKS = ("classification", "regression", "qa")
+TASKS = ("classification", "regression", "qa", "causal_lm")
 """`model.task`."""
-FAMILIES = ("vit", "bert", None)
-"""`model.family` (None: inferred from the name)."""
+FAMILIES = ("vit", "transformers", "bert", None)
+"""`model.family` (None: inferred from the name and `pretrained`)."""
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+"""Encoder `model_type`s (config.json) ptrun splits into units: classification, regression, qa."""
+DECODER_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
+"""Decoder `model_type`s ptrun splits into units: causal_lm, classification, regression."""
+HF_MODEL_TYPES = ENCODER_TYPES + DECODER_TYPES
 ATTENTIONS = ("sdpa", "eager")
 """`model.attention`."""
 
@@ -18,15 +23,20 @@ ATTENTIONS = ("sdpa", "eager")
 @dataclass
 class ModelConfig:
     name: str = "vit_tiny_patch16_224"
-    """timm model name (any `vit_*` / `deit_*`) or a BERT name (`bert-tiny`, `bert-mini`, `bert-small`,
-    `bert-base`, `bert-large`, or a local Hugging Face directory given as `pretrained`)."""
+    """timm model name (any `vit_*` / `deit_*`), a BERT preset (`bert-tiny`, `bert-mini`, `bert-small`,
+    `bert-medium`, `bert-base`, `bert-large`: random weights), or a label of your own when `pretrained` is a
+    Hugging Face model (its architecture comes from its config.json, not from this name)."""
     family: Optional[str] = choice(None, FAMILIES)
-    """`vit` or `bert`; None = inferred from `name`."""
+    """`vit` (timm) or `transformers` (a Hugging Face model: a BERT preset, or `pretrained`'s `model_type`:
+    bert, roberta, xlm-roberta, electra, distilbert, gpt2, llama, qwen2, qwen3, mistral); `bert` means
+    `transformers`. None = inferred from `name` and `pretrained`."""
     task: str = choice("classification", TASKS)
-    """`classification` (images, GLUE), `regression` (one real-valued output: GLUE's STS-B, BERT only) or `qa`
-    (SQuAD-style span extraction, BERT only). The models and losses also implement `mlm` (masked language
-    modelling, its decoder tied to the word embedding), which the pipeline tests use for tied weights across
-    stages; no data source makes masked-LM batches yet, so `ptrun train` does not accept it."""
+    """`classification` (images, text), `regression` (one real-valued output: GLUE's STS-B), `qa` (SQuAD-style
+    span extraction, encoders) or `causal_lm` (next-token prediction over the real tokens, decoders; its eval
+    metric is perplexity). Decoders classify from the last real token of each text. The models and losses also
+    implement `mlm` (BERT masked language modelling, its decoder tied to the word embedding), which the pipeline
+    tests use for tied weights across stages; no data source makes masked-LM batches, so `ptrun train` does
+    not accept it."""
     pretrained: Optional[str] = None
     """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
     Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""

@@ -18,33 +18,36 @@ __all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
 
 
 def model_family(cfg: ModelConfig) -> str:
-    """`cfg.family`, or inferred: `vit_*` / `deit*` -> vit; `bert*` or a Hugging Face directory -> bert."""
-    from ptrun.models.bert import is_hf_dir
+    """`vit` (timm) or `transformers`: `cfg.family` (`bert` is `transformers`), or inferred: a Hugging Face
+    directory as `pretrained` or a `bert*` name -> transformers; `vit_*` / `deit*` -> vit."""
+    from ptrun.models.hf import is_hf_dir
 
     if cfg.family is not None:
-        return cfg.family
+        return "vit" if cfg.family == "vit" else "transformers"
+    if is_hf_dir(cfg.pretrained) or cfg.name.startswith("bert"):
+        return "transformers"
     if cfg.name.startswith(("vit_", "deit")):
         return "vit"
-    if cfg.name.startswith("bert") or is_hf_dir(cfg.pretrained):
-        return "bert"
     raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
-                      f"a BERT name (bert-tiny ... bert-large) or set model.family")
+                      f"a BERT preset (bert-tiny ... bert-large), a Hugging Face directory as model.pretrained, "
+                      f"or set model.family")
 
 
 def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = None,
                 in_chans: int | None = None, vocab_size: int | None = None,
-                units: Iterable[int] | None = None) -> LayeredModel:
+                units: Iterable[int] | None = None, library_config=None) -> LayeredModel:
     """Build the model `cfg` names, sized by cfg where set and by the data's facts otherwise.
 
     Its parameters are created without storage (`ptrun.models.lazy`); `units` are then given their initial
     values: all units if None, none for `()` (a worker fills its own stages' units once it knows its
     layout, with `init_units`). The per-unit seeds are drawn from the global generator, so the same seed
-    before this call gives the same model. `cfg.pretrained` (a weights file, or a Hugging Face directory for
-    BERT) is checked now, from its index, and read per unit as units are filled (`ptrun.models.weights`).
-    Nothing is ever downloaded.
+    before this call gives the same model. `cfg.pretrained` (a weights file, or a Hugging Face directory of a
+    supported family, `ptrun.models.hf`) is checked now, from its index, and read per unit as units are
+    filled (`ptrun.models.weights`). `library_config` (a transformers config of a supported `model_type`)
+    builds that model with random weights instead (tests and benchmarks).
     """
     with parameters_on_meta():
-        if model_family(cfg) == "vit":
+        if library_config is None and model_family(cfg) == "vit":
             from ptrun.models.vit import build_vit
 
             if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():
@@ -52,9 +55,18 @@ def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = No
                                   f"file, not a directory")
             layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
         else:
-            from ptrun.models.bert import build_bert
+            from ptrun.models.hf import from_directory, is_hf_dir
 
-            layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
+            if library_config is not None:
+                from ptrun.models.hf import build_transformers
+
+                layered = build_transformers(cfg, library_config, library_config.model_type)
+            elif is_hf_dir(cfg.pretrained):
+                layered = from_directory(cfg, num_labels=2 if cfg.task == "qa" else (cfg.num_classes or num_classes))
+            else:
+                from ptrun.models.bert import build_bert
+
+                layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
     empty_meta_parameters(layered.model)
     layered.init_seed = int(torch.randint(2**40, ()).item())
     if cfg.pretrained is not None:

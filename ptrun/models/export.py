@@ -1,9 +1,10 @@
 """The trained model in its library's own format, usable without ptrun (written at the end of a run to
 `RUN_DIR/model/`).
 
-- BERT: `save_pretrained` (config.json + model.safetensors) plus the tokenizer the run used, so
+- transformers models: `save_pretrained` (config.json + model.safetensors) plus the tokenizer the run used, so
   `transformers.AutoModelForSequenceClassification.from_pretrained(RUN_DIR/model)` (or ...ForQuestionAnswering,
-  ...ForMaskedLM) and `AutoTokenizer.from_pretrained(RUN_DIR/model)` load it.
+  ...ForCausalLM, ...ForMaskedLM) and `AutoTokenizer.from_pretrained(RUN_DIR/model)` load it; a classifier's
+  `id2label` holds the data's class names.
 - ViT: timm's state dict as `model.safetensors` plus `config.json` holding the `timm.create_model` arguments:
   `timm.create_model(**cfg, pretrained=True, pretrained_cfg_overlay={"file": "RUN_DIR/model/model.safetensors"})`
   with `cfg = json.load(open("RUN_DIR/model/config.json"))`.
@@ -17,11 +18,16 @@ from pathlib import Path
 from ptrun.models.layered import LayeredModel
 
 
-def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None) -> Path:
+def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None,
+                 class_names: list[str] | None = None) -> Path:
     """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if layered.family == "bert":
+    if layered.family != "vit":
+        config = layered.model.config
+        if class_names and layered.task == "classification" and len(class_names) == config.num_labels:
+            config.id2label = dict(enumerate(class_names))
+            config.label2id = {name: i for i, name in enumerate(class_names)}
         layered.model.save_pretrained(out)
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer

@@ -13,41 +13,50 @@ import torch
 import torch.nn.functional as F
 
 LABEL_KEYS = {"classification": ("labels",), "regression": ("labels",), "qa": ("start_positions", "end_positions"),
-              "mlm": ("labels",)}
+              "mlm": ("labels",), "causal_lm": ("labels",)}
+TOKEN_TASKS = ("mlm", "causal_lm")
+"""Tasks whose labels are one per token ([b, T]) and whose loss is a mean over the predicted tokens."""
 IGNORE_INDEX = -100
-"""MLM label of a token that is not predicted (transformers' convention)."""
+"""Label of a token that is not predicted (transformers' convention): MLM's unmasked tokens, padding."""
 
 
 def make_target(batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
     """Stack the task's labels and the 0/1 sample weight into one int64 tensor [b, n_labels + 1]
-    (for `mlm`, the labels are the [b, T] token labels, so the target is [b, T + 1])."""
+    (for `mlm` and `causal_lm`, the labels are the [b, T] token labels, so the target is [b, T + 1])."""
     if task == "regression":  # a real-valued label (STS-B's similarity score): the target is float64
         return torch.stack([batch["labels"].double(), batch["weight"].double()], dim=1)
     weight = batch["weight"].round().long()[:, None]
-    if task == "mlm":
+    if task in TOKEN_TASKS:
         return torch.cat([batch["labels"].long(), weight], dim=1)
     return torch.cat([batch[k].long()[:, None] for k in LABEL_KEYS[task]] + [weight], dim=1)
 
 
+def predicted(target: torch.Tensor, task: str) -> torch.Tensor:
+    """The token labels a token task predicts, [b, T'] (`causal_lm`: each position predicts the next token,
+    so the first label has no prediction; the labels are shifted as transformers' causal-LM loss does)."""
+    labels = target[:, :-1]
+    return labels[:, 1:] if task == "causal_lm" else labels
+
+
 def loss_weight(target: torch.Tensor, task: str) -> torch.Tensor:
-    """What this target adds to the loss denominator: the real samples, or for `mlm` the predicted tokens
-    of the real samples (the MLM loss is a mean over predicted tokens, as in BERT)."""
+    """What this target adds to the loss denominator: the real samples, or for a token task the predicted
+    tokens of the real samples (MLM's and causal LM's loss is a mean over predicted tokens)."""
     weight = target[:, -1].to(torch.float64)
-    if task == "mlm":
-        return ((target[:, :-1] != IGNORE_INDEX).to(torch.float64) * weight[:, None]).sum()
+    if task in TOKEN_TASKS:
+        return ((predicted(target, task) != IGNORE_INDEX).to(torch.float64) * weight[:, None]).sum()
     return weight.sum()
 
 
 def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
-    """Unweighted loss of every sample in the micro-batch, shape [b] (for `mlm`: summed over its predicted
-    tokens)."""
+    """Unweighted loss of every sample in the micro-batch, shape [b] (for a token task: summed over its
+    predicted tokens)."""
     if task == "classification":
         return F.cross_entropy(output.float(), target[:, 0], reduction="none")
     if task == "regression":  # one output per sample, squared error (transformers' num_labels == 1 loss)
         return (output.float().reshape(-1) - target[:, 0].float()) ** 2
-    if task == "mlm":
-        labels = target[:, :-1]
-        token = F.cross_entropy(output.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX,
+    if task in TOKEN_TASKS:
+        logits = output[:, :-1] if task == "causal_lm" else output  # the last position predicts no label
+        token = F.cross_entropy(logits.float().transpose(1, 2), predicted(target, task), ignore_index=IGNORE_INDEX,
                                 reduction="none")
         return token.sum(dim=1)
     # qa: logits [b, T, 2]; the loss is the mean of the start and end cross-entropies (BERT's QA loss).

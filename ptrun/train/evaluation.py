@@ -3,20 +3,23 @@ SQuAD's) from every output."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
 from ptrun.data.splits import DataSplits
-from ptrun.models.losses import per_sample_loss
+from ptrun.models.losses import TOKEN_TASKS, loss_weight, per_sample_loss
 
 
 @torch.no_grad()
 def evaluate(runtime, batches: Iterable[tuple[dict, tuple, torch.Tensor]], data: DataSplits, task: str,
              device: torch.device, is_main: bool) -> dict:
-    """Collective. `batches` yields this rank's eval batches as (batch, inputs, target)."""
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    """Collective. `batches` yields this rank's eval batches as (batch, inputs, target). The loss is a mean
+    over samples, or for a token task over the predicted tokens (as in training); a causal LM adds its
+    perplexity, exp(loss)."""
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, samples, loss denominator
     # A task's own metrics (GLUE's, SQuAD's) need every eval output at once: (sample ids, outputs) of the
     # real samples
     outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -32,10 +35,13 @@ def evaluate(runtime, batches: Iterable[tuple[dict, tuple, torch.Tensor]], data:
         if task == "classification":
             sums[1] += ((out.argmax(-1) == target[:, 0]).double() * weight).sum()
         sums[2] += weight.sum()
+        sums[3] += loss_weight(target, task)
     dist.all_reduce(sums)
-    loss, correct, count = sums.tolist()
+    loss, correct, count, denominator = sums.tolist()
     assert int(count) == len(data.eval), f"evaluated {count} samples, expected {len(data.eval)}"
-    result = {"loss": loss / count}
+    result = {"loss": loss / denominator if task in TOKEN_TASKS else loss / count}
+    if task == "causal_lm":
+        result["perplexity"] = math.exp(min(result["loss"], 700.0))  # exp overflows a float beyond ~709
     if task == "classification":
         result["top1"] = 100.0 * correct / count
     if data.metrics is not None:

@@ -435,8 +435,10 @@ class Trainer:
         """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format."""
         gather_to(self.layered, self.plan, 0, self.device)
         if self.is_main:
-            out = export_model(self.layered, Path(self.cfg.run_dir) / "model", startup.data_config(self.cfg).tokenizer)
-            self.view.print(f"model saved for {self.layered.family} libraries without ptrun: {out}")
+            out = export_model(self.layered, Path(self.cfg.run_dir) / "model", startup.data_config(self.cfg).tokenizer,
+                               class_names=self.data.class_names)
+            library = "timm" if self.layered.family == "vit" else "transformers"
+            self.view.print(f"model saved for {library} without ptrun: {out}")
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:

@@ -1,0 +1,41 @@
+"""Tiny random configurations of every supported transformers family, built with the library's own config
+classes (imported by name by the tests and by spawned pipeline workers)."""
+
+from __future__ import annotations
+
+ENCODERS = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+DECODERS = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
+VOCAB = 100
+
+
+def tiny_config(kind: str, num_labels: int = 3):
+    """A 2-layer, 32-wide model of `kind` (4 heads; decoders with grouped KV heads where they have them,
+    Mistral with a sliding window shorter than the test sequences, GPT-2 with tied embeddings)."""
+    import transformers as T
+
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                  max_position_embeddings=64, num_labels=num_labels)
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    make = {
+        "bert": lambda: T.BertConfig(**common, **no_dropout),
+        "roberta": lambda: T.RobertaConfig(**common, **no_dropout, pad_token_id=1, type_vocab_size=1),
+        "xlm-roberta": lambda: T.XLMRobertaConfig(**common, **no_dropout, pad_token_id=1, type_vocab_size=1),
+        "electra": lambda: T.ElectraConfig(**common, **no_dropout, embedding_size=16),
+        "distilbert": lambda: T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                                 max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                                                 seq_classif_dropout=0.0, num_labels=num_labels),
+        "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, num_labels=num_labels),
+        "llama": lambda: T.LlamaConfig(**common, num_key_value_heads=2, pad_token_id=0),
+        "qwen2": lambda: T.Qwen2Config(**common, num_key_value_heads=2, pad_token_id=0, tie_word_embeddings=True),
+        "qwen3": lambda: T.Qwen3Config(**common, num_key_value_heads=2, head_dim=16, pad_token_id=0),
+        "mistral": lambda: T.MistralConfig(**common, num_key_value_heads=2, sliding_window=4, pad_token_id=0),
+    }
+    return make[kind]()
+
+
+def auto_class(task: str):
+    import transformers as T
+
+    return {"classification": T.AutoModelForSequenceClassification, "qa": T.AutoModelForQuestionAnswering,
+            "causal_lm": T.AutoModelForCausalLM}[task]
