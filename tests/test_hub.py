@@ -105,8 +105,8 @@ def test_a_revision_picks_the_named_ref_or_commit(hub, tiny_bert, tmp_path):
     for rev in ("v1", V1):
         cfg = resolve([*TEXT, f"model.pretrained=org/tiny-bert@{rev}"], run_dir="r").cfg
         assert cfg.model.pretrained == str(deeper)
-    with pytest.raises(ConfigError, match=r"^model.pretrained='org/tiny-bert@v2': org/tiny-bert@v2 is not in "
-                                          r"the Hugging Face cache .* and HF_HUB_OFFLINE=1; fetch it on a machine "
+    with pytest.raises(ConfigError, match=r"^model.pretrained='org/tiny-bert@v2': not in the Hugging Face "
+                                          r"cache .* and HF_HUB_OFFLINE=1; fetch it on a machine "
                                           r"with access: hf download org/tiny-bert --revision v2$"):
         resolve([*TEXT, "model.pretrained=org/tiny-bert@v2"], run_dir="r")
 
@@ -122,8 +122,8 @@ def test_a_tokenizer_id_resolves_the_same_way(hub, tiny_bert, tmp_path):
 def test_a_missing_id_is_one_line_and_no_start(hub, cli, tmp_path):
     out = cli("train", *TEXT, "model.pretrained=org/nothing", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert out.stderr.strip() == (f"ptrun: error: model.pretrained='org/nothing': org/nothing is not in the Hugging "
-                                  f"Face cache ({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: "
+    assert out.stderr.strip() == (f"ptrun: error: model.pretrained='org/nothing': not in the Hugging Face cache "
+                                  f"({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: "
                                   f"hf download org/nothing")
     assert not (tmp_path / "run").exists()
 
@@ -197,15 +197,16 @@ def test_an_unreachable_hub_falls_back_to_the_cache(hub, tiny_bert, monkeypatch)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     snapshot = cache_repo(hub, "org/tiny-bert", tiny_bert, MAIN)
     assert resolve([*TEXT, "model.pretrained=org/tiny-bert"], run_dir="r").cfg.model.pretrained == str(snapshot)
-    with pytest.raises(ConfigError, match=r"^model.pretrained='org/nothing': org/nothing is not in the Hugging "
-                                          r"Face cache .* and the hub cannot be reached; fetch it on a machine "
+    with pytest.raises(ConfigError, match=r"^model.pretrained='org/nothing': not in the Hugging Face cache"
+                                          r" .* and the hub cannot be reached; fetch it on a machine "
                                           r"with access: hf download org/nothing$"):
         resolve([*TEXT, "model.pretrained=org/nothing"], run_dir="r")
 
 
 def test_the_messages_are_in_the_catalogue():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
-    for part in ("is not in the Hugging Face cache (…/hub) and HF_HUB_OFFLINE=1; fetch it on a machine with "
-                 "access: hf download org/name", "holds none of model.safetensors, model.safetensors.index.json, "
+    for part in ("'org/name': not in the Hugging Face cache (…/hub) and HF_HUB_OFFLINE=1; fetch it on a machine "
+                 "with access: hf download org/name", "config.json of org/name is not in the Hugging Face cache",
+                 "holds none of model.safetensors, model.safetensors.index.json, "
                  "pytorch_model.bin; fetch them on a machine with access: hf download org/name"):
         assert part in doc

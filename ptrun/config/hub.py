@@ -144,12 +144,12 @@ def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], 
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     head = f"{key}={str(hub_id)!r}: no such file or directory"
-    what = f"{name} of {hub_id}" if name else str(hub_id)
+    what = f"{name} of {hub_id} is not" if name else "not"
     if isinstance(error, HFValidationError):
         return f"{head}, nor a valid Hugging Face hub id ({' '.join(str(error).split())[:160]})"
     if isinstance(error, LocalEntryNotFoundError):
         why = "HF_HUB_OFFLINE=1" if hub_offline(env) else "the hub cannot be reached"
-        return (f"{key}={str(hub_id)!r}: {what} is not in the Hugging Face cache ({hub_cache(env)}) and {why}; "
+        return (f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
                 f"fetch it on a machine with access: {hub_id.fetch_command()}")
     if isinstance(error, RevisionNotFoundError):
         return f"{key}={str(hub_id)!r}: the Hugging Face hub has no revision {hub_id.revision!r} of {hub_id.repo}"
