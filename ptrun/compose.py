@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ptrun.config import ConfigError, PtrunConfig, check_machines, schema_keys, validate, workers_per_node
+from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 
@@ -108,8 +109,11 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
     2. `launcher` fields replaced (`ptrun plan` sizes the launcher to its cluster);
     3. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
        `launcher.*` keys in `overrides` winning;
-    4. validated unless `check` is false (`paths=False` skips the files the run reads);
-    5. with `machine` (a start on this machine): the rules of a job of several machines
+    4. a Hugging Face hub id in `model.pretrained` or `data.tokenizer` replaced by its snapshot in the
+       hub cache, fetched once where the hub is reachable (`ptrun.config.hub`; `paths=False`: a model's
+       config.json only), so that the workers read local files;
+    5. validated unless `check` is false (`paths=False` skips the files the run reads);
+    6. with `machine` (a start on this machine): the rules of a job of several machines
        (`check_machines`), then `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where
        they are `auto`: this machine's answer, which its workers read as is.
 
@@ -136,6 +140,7 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
         explicit = explicit_fields(overrides)
         cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
         note = summary(cfg.launcher, env, explicit)
+    cfg = resolve_hub_ids(cfg, full=paths)
     if check:
         validate(cfg, paths=paths)
     if machine:

@@ -49,7 +49,8 @@ class DataConfig:
     """GLUE task for `name=glue`: cola, sst2, mrpc, qqp, stsb (regression), mnli (dev matched), qnli, rte
     or wnli."""
     tokenizer: Optional[str] = None
-    """Local Hugging Face tokenizer directory for `glue` / `squad`; None = `model.pretrained`'s directory."""
+    """Hugging Face tokenizer for the text sources: a local directory or a hub id `org/name[@revision]`,
+    found or fetched as `model.pretrained`'s; None = `model.pretrained`'s directory."""
     max_length: Optional[int] = None
     """Tokens per text sample (padded and truncated to it); None = 128 for `glue`, 384 for `squad`."""
     doc_stride: int = 128

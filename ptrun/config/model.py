@@ -38,8 +38,13 @@ class ModelConfig:
     tests use for tied weights across stages; no data source makes masked-LM batches, so `ptrun train` does
     not accept it."""
     pretrained: Optional[str] = None
-    """Local weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), or a Hugging
-    Face model directory. Never downloaded. A task head whose class count differs is re-initialised."""
+    """Pretrained weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), a Hugging
+    Face model directory, or a Hugging Face hub id `org/name[@revision]` (a value that exists on disk is a
+    path). An id is looked up in the Hugging Face cache (HF_HOME, HF_HUB_CACHE) and, unless HF_HUB_OFFLINE=1,
+    its config.json, safetensors weights and tokenizer files are fetched into it once, at the start on each
+    machine; the workers read the local snapshot. A timm ViT's id is its timm repo, the name with its tag:
+    `model.name=vit_base_patch16_224.augreg_in21k model.pretrained=timm/vit_base_patch16_224.augreg_in21k`
+    (its model.safetensors). A task head whose class count differs is re-initialised."""
     num_classes: Optional[int] = None
     """Classes of the task head; None = taken from the dataset."""
     img_size: Optional[int] = None

@@ -1,0 +1,162 @@
+"""Hugging Face hub ids as `model.pretrained` and `data.tokenizer`, turned into local directories and files.
+
+A value that exists on disk is a path, whatever it looks like. Otherwise one of the form `org/name` or
+`org/name@revision` (a branch, a tag or a commit) is a hub id: it is looked up in the Hugging Face cache and,
+unless `HF_HUB_OFFLINE` is set, the files ptrun reads are fetched into it once (never the whole repo). The
+start does this on each machine, before any worker (`ptrun.compose.resolve`), and hands the workers the
+snapshot directory (or, for a timm ViT, its weights file): the weights loader, the tokenizer and the
+simulator only ever see local paths. `ptrun plan` fetches only a model's config.json (the sizes it reads).
+
+The cache is the one `huggingface_hub` uses, read from the environment at each call (`HF_HUB_CACHE`, else
+`HF_HOME/hub`, else `~/.cache/huggingface/hub`; `HF_HUB_OFFLINE` and `HF_ENDPOINT` too) rather than from
+its constants, fixed when it was imported.
+`huggingface_hub` itself is imported only when a value is a hub id.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping, Optional
+
+from ptrun.errors import ConfigError
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
+"""`org/name` with an optional `@revision`: what a value that is not on disk must look like to be a hub id."""
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+"""Weight files of a Hugging Face directory that the weights loader reads (the first found wins)."""
+FETCHED_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors")
+"""The weight files fetched: safetensors, whole or sharded (a repo's other formats are left on the hub)."""
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+             "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model")
+"""What `AutoTokenizer.from_pretrained` reads from a tokenizer's directory."""
+TIMM_WEIGHTS = "model.safetensors"
+"""A timm hub repo's (`timm/NAME.TAG`) weights: timm's own state dict, which ptrun's ViT loader reads."""
+
+
+@dataclass(frozen=True)
+class HubId:
+    repo: str
+    revision: Optional[str]
+    """A branch, tag or commit; None = the repo's default branch (`main`)."""
+
+    def __str__(self) -> str:
+        return self.repo + (f"@{self.revision}" if self.revision else "")
+
+    def fetch_command(self) -> str:
+        return f"hf download {self.repo}" + (f" --revision {self.revision}" if self.revision else "")
+
+
+def parse_hub_id(value: Optional[str]) -> Optional[HubId]:
+    """The hub id `value` names, or None when it is unset, exists on disk, or does not look like one."""
+    if value is None or Path(value).expanduser().exists() or not HUB_ID.match(value):
+        return None
+    repo, _, revision = value.partition("@")
+    return HubId(repo, revision or None)
+
+
+def hub_cache(env: Mapping[str, str]) -> Path:
+    """The hub cache `huggingface_hub` would use in environment `env` (its own precedence of variables)."""
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
+                                               "huggingface")
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(cache)).expanduser()
+
+
+def hub_offline(env: Mapping[str, str]) -> bool:
+    """`HF_HUB_OFFLINE` (or transformers' `TRANSFORMERS_OFFLINE`) set to a true value."""
+    value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in ("1", "ON", "YES", "TRUE")
+
+
+def resolve_hub_ids(cfg, *, full: bool = True, env: Optional[Mapping[str, str]] = None):
+    """`cfg` with a hub id in `model.pretrained` or `data.tokenizer` replaced by its local snapshot (a timm
+    ViT's: the weights file in it); `cfg` itself when neither is one. `full=False` (`ptrun plan`) fetches only
+    the config.json of a model the simulator sizes from it, and no tokenizer. Says each replacement in one
+    line on stderr; ConfigError, one line, when the cache lacks it and it cannot be fetched."""
+    env = os.environ if env is None else env
+    m, d = cfg.model, cfg.data
+    model_id, tokenizer_id = parse_hub_id(m.pretrained), parse_hub_id(d.tokenizer)
+    vit = m.family == "vit" or (m.family is None and m.name.startswith(("vit_", "deit")))
+    if model_id is not None and (full or not vit):  # plan sizes a ViT from its name: nothing to fetch
+        key = "model.pretrained"
+        if not full:
+            local = str(Path(_fetch_file(key, model_id, "config.json", env)).parent)
+        elif vit:  # a ViT takes a weights file
+            local = str(Path(_fetch(key, model_id, ("config.json", TIMM_WEIGHTS), (TIMM_WEIGHTS,), env))
+                        / TIMM_WEIGHTS)
+        else:
+            local = _fetch(key, model_id, ("config.json", *FETCHED_WEIGHTS, *TOKENIZER), WEIGHTS, env)
+        _say(key, model_id, local)
+        cfg = replace(cfg, model=replace(m, pretrained=local))
+    if tokenizer_id is not None and full:
+        local = _fetch("data.tokenizer", tokenizer_id, ("config.json", *TOKENIZER), TOKENIZER, env)
+        _say("data.tokenizer", tokenizer_id, local)
+        cfg = replace(cfg, data=replace(d, tokenizer=local))
+    return cfg
+
+
+def _say(key: str, hub_id: HubId, local: str) -> None:
+    print(f"{key}={hub_id} -> {local}", file=sys.stderr, flush=True)
+
+
+def _fetch(key: str, hub_id: HubId, patterns: tuple[str, ...], needed: tuple[str, ...],
+           env: Mapping[str, str]) -> str:
+    """The snapshot directory of `hub_id` with the files matching `patterns` fetched (from the cache alone
+    when offline); ConfigError unless it holds one of `needed` (file names or globs)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError
+
+    offline = hub_offline(env)
+    try:
+        snapshot = snapshot_download(hub_id.repo, revision=hub_id.revision, cache_dir=hub_cache(env),
+                                     endpoint=env.get("HF_ENDPOINT"), allow_patterns=list(patterns),
+                                     local_files_only=offline)
+    except IncompleteSnapshotError as e:  # files the repo has beyond what was fetched: `needed` decides
+        snapshot = e.snapshot_path
+    except Exception as e:
+        raise ConfigError(_problem(key, hub_id, e, env)) from None
+    if not any(any(Path(snapshot).glob(name)) for name in needed):
+        where = ("fetch them on a machine with access: " + hub_id.fetch_command() if offline else
+                 f"the repo on the hub has none of them as ptrun fetches them ({', '.join(patterns)})")
+        raise ConfigError(f"{key}={str(hub_id)!r}: its snapshot {snapshot} holds none of "
+                          f"{', '.join(needed)}; {where}")
+    return snapshot
+
+
+def _fetch_file(key: str, hub_id: HubId, name: str, env: Mapping[str, str]) -> str:
+    """The local path of file `name` of `hub_id`'s snapshot, fetched into the cache unless offline."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(hub_id.repo, name, revision=hub_id.revision, cache_dir=hub_cache(env),
+                               endpoint=env.get("HF_ENDPOINT"), local_files_only=hub_offline(env))
+    except Exception as e:
+        raise ConfigError(_problem(key, hub_id, e, env, name)) from None
+
+
+def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], name: str = "") -> str:
+    """One line saying why `hub_id` could not be had, and what to do."""
+    from huggingface_hub.errors import (EntryNotFoundError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    head = f"{key}={str(hub_id)!r}: no such file or directory"
+    what = f"{name} of {hub_id} is not" if name else "not"
+    if isinstance(error, HFValidationError):
+        return f"{head}, nor a valid Hugging Face hub id ({' '.join(str(error).split())[:160]})"
+    if isinstance(error, LocalEntryNotFoundError):
+        why = "HF_HUB_OFFLINE=1" if hub_offline(env) else "the hub cannot be reached"
+        return (f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
+                f"fetch it on a machine with access: {hub_id.fetch_command()}")
+    if isinstance(error, RevisionNotFoundError):
+        return f"{key}={str(hub_id)!r}: the Hugging Face hub has no revision {hub_id.revision!r} of {hub_id.repo}"
+    if isinstance(error, RepositoryNotFoundError):  # also private and gated repos without a token
+        return (f"{head}, nor a model on the Hugging Face hub (if it is private or gated: hf auth login, "
+                f"or set HF_TOKEN)")
+    if isinstance(error, EntryNotFoundError):
+        return f"{key}={str(hub_id)!r}: {hub_id} has no {name or 'such file'}"
+    return f"{key}={str(hub_id)!r}: cannot fetch it from the Hugging Face hub ({type(error).__name__}: " \
+           f"{' '.join(str(error).split())[:200]})"
