@@ -39,6 +39,10 @@ MODELS = {
                      max_position_embeddings=32, dropout=0.0),
 }
 NUM_CLASSES = {"vit": 10, "bert": 3, "bert_mlm": 2}
+FAMILIES = {"roberta": "classification", "distilbert": "classification", "qwen3": "classification",
+            "gpt2_lm": "causal_lm", "llama_lm": "causal_lm"}
+"""Tiny transformers families (tests/hf_families.py) by case kind, and their task: GPT-2's LM head is tied
+to its input embedding across the stages."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,12 @@ class Case:
 
 def model(kind: str):
     torch.manual_seed(0)  # every process builds the same initial weights
+    if kind in FAMILIES:
+        from hf_families import tiny_config
+
+        family = kind.removesuffix("_lm")
+        return build_model(ModelConfig(name=family, task=FAMILIES[kind]), num_classes=3,
+                           library_config=tiny_config(family))
     return build_model(ModelConfig(**MODELS[kind]), num_classes=NUM_CLASSES[kind], vocab_size=VOCAB)
 
 
@@ -80,7 +90,9 @@ def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
     mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
     types = (torch.arange(SEQ)[None, :] >= lengths[:, None] // 2).long() * mask
     out = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types, "weight": weight}
-    if kind == "bert":
+    if task(kind) == "causal_lm":
+        out["labels"] = torch.where(mask.bool(), ids, -100)
+    elif kind != "bert_mlm":
         out["labels"] = torch.randint(0, 3, (b,), generator=g)
     else:
         chosen = (torch.rand(b, SEQ, generator=g) < 0.3) & mask.bool()
@@ -98,16 +110,21 @@ def textbook_loss(net, kind: str, b: dict[str, torch.Tensor]) -> torch.Tensor:
     w = b["weight"]
     if kind == "vit":
         return (F.cross_entropy(net(b["pixel_values"]), b["labels"], reduction="none") * w).sum() / w.sum()
-    logits = net(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                 token_type_ids=b["token_type_ids"]).logits
-    if kind == "bert":
+    types = {"token_type_ids": b["token_type_ids"]} if kind.startswith("bert") else {}
+    logits = net(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **types).logits
+    if task(kind) == "classification":
         return (F.cross_entropy(logits, b["labels"], reduction="none") * w).sum() / w.sum()
+    if task(kind) == "causal_lm":  # position t predicts token t + 1
+        labels = b["labels"][:, 1:]
+        counted = (labels != -100).float() * w[:, None]
+        token = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        return (token * counted).sum() / counted.sum()
     counted = (b["labels"] != -100).float() * w[:, None]
     return (F.cross_entropy(logits.transpose(1, 2), b["labels"], reduction="none") * counted).sum() / counted.sum()
 
 
 def task(kind: str) -> str:
-    return "mlm" if kind == "bert_mlm" else "classification"
+    return "mlm" if kind == "bert_mlm" else FAMILIES.get(kind, "classification")
 
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
