@@ -438,3 +438,22 @@ def test_freeze_decisions_fall_where_the_trainers_do(tmp_path):
     assert run("freeze.every_steps=5") == run("freeze.every=0.5") == ([0, 5, 5], [10, 10, 10])
     assert run("freeze.every_steps=5", "train.max_steps_per_epoch=5") == ([0, 3, 5], [5, 5, 5])
     assert run() == ([0, 3, 5], [10, 10, 10])
+
+
+def test_decoder_costs_count_llama_3_8b_exactly(tmp_path):
+    """A Llama-3-8B-shaped config.json (32 layers, width 4096, 8 KV heads, gated MLP 14336, vocab 128256,
+    untied head) is priced unit by unit with its published 8,030,261,248 parameters."""
+    import json
+
+    from ptrun.config import DataConfig, ModelConfig
+    from ptrun.sim.costs import costs_from_config
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+         "max_position_embeddings": 8192, "tie_word_embeddings": False}))
+    costs = costs_from_config(ModelConfig(name="llama", pretrained=str(tmp_path), task="causal_lm"),
+                              DataConfig(max_length=2048))
+    assert costs.num_units == 66 and sum(costs.params) == 8_030_261_248
+    assert costs.params[1] == 41_947_136 and costs.params[2] == 176_164_864  # attention and MLP halves
+    assert costs.act_bytes[1] == 2048 * 4096 * 4 + 2048 * 4  # hidden states plus the padding mask

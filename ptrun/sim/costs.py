@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig
+from ptrun.config.model import DECODER_TYPES
 
 FP32 = 4
 """Bytes of an fp32 value: activations, gradients and the cache's default dtype."""
@@ -153,8 +154,45 @@ def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, voca
     return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops))
 
 
+def decoder_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, heads: int, kv_heads: int,
+                  head_dim: int, vocab_size: int, gated: bool = True, positions: int = 0,
+                  task: str = "causal_lm", num_labels: int = 2) -> ModelCosts:
+    """Costs of a decoder as ptrun splits it (GPT-2, the Llama family): pre-norm halves, grouped KV heads,
+    a gated MLP (three D x I matrices) or GPT-2's two, the padding mask (N fp32 values) travelling with
+    the hidden state. The causal attention is counted in full (an upper bound: fused kernels skip about half
+    of the scores). The causal-LM head is the vocabulary projection at every token; tied to the input
+    embedding it is counted again, as the head's stage holds a replica."""
+    t, d = seq_len, hidden
+    mask = t * FP32
+    projections = d * heads * head_dim * 2 + d * kv_heads * head_dim * 2  # q and o; k and v
+    attn_p = projections + d
+    mlp_p = (3 if gated else 2) * d * intermediate + d
+    attn_f = 2.0 * (t * projections + 2 * t * t * heads * head_dim)
+    mlp_f = 2.0 * t * (3 if gated else 2) * d * intermediate
+    act = t * d * FP32 + mask
+    blocks_p = [attn_p, mlp_p] * depth
+    blocks_f = [attn_f, mlp_f] * depth
+    embed_p = vocab_size * d + positions * d
+    if task == "causal_lm":
+        head = (d + vocab_size * d, 2.0 * t * d * vocab_size, t * vocab_size * FP32)
+    else:
+        head = (d + d * num_labels, 2.0 * d * num_labels, num_labels * FP32)
+    return ModelCosts(unit_names(depth), tuple(map(float, [embed_p, *blocks_p, head[0]])),
+                      tuple(map(float, [act, *[act] * (2 * depth), head[2]])), tuple([0.0, *blocks_f, head[1]]))
+
+
 def _family(model: ModelConfig) -> str:
-    return model.family or ("bert" if model.name.startswith("bert") else "vit")
+    return "vit" if model.family == "vit" else "bert" if model.family or model.name.startswith("bert") or \
+        model.pretrained else "vit"
+
+
+SIZE_KEYS = {"depth": ("num_hidden_layers", "n_layer", "n_layers"), "width": ("hidden_size", "n_embd", "dim"),
+             "hidden": ("intermediate_size", "n_inner", "hidden_dim"),
+             "heads": ("num_attention_heads", "n_head", "n_heads"), "kv_heads": ("num_key_value_heads",),
+             "head_dim": ("head_dim",), "vocab": ("vocab_size",), "positions": ("max_position_embeddings",
+                                                                                "n_positions"),
+             "model_type": ("model_type",)}
+"""Each size and the config.json keys the families name it by (BERT's, GPT-2's, DistilBERT's)."""
 
 
 def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
@@ -165,11 +203,15 @@ def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
         return {}
     try:
         hf = json.loads(path.read_text())
-        return dict(depth=hf["num_hidden_layers"], width=hf["hidden_size"], hidden=hf["intermediate_size"],
-                    vocab=hf.get("vocab_size"), positions=hf.get("max_position_embeddings"))
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError) as e:
         raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
                           f"({e})") from None
+    sizes = {size: next((hf[k] for k in keys if hf.get(k) is not None), None) for size, keys in SIZE_KEYS.items()}
+    if not (sizes["depth"] and sizes["width"]):
+        raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
+                          f"(no layer count or width)")
+    sizes["hidden"] = sizes["hidden"] or 4 * sizes["width"]  # GPT-2's n_inner=null
+    return sizes
 
 
 def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
@@ -179,6 +221,14 @@ def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
     ConfigError naming the key that is missing."""
     if _family(model) == "bert":
         hf = _hf_sizes(model)
+        if hf.get("model_type") in DECODER_TYPES:
+            heads = hf["heads"] or 1
+            return decoder_costs(seq_len=data.max_length or 512, hidden=hf["width"], depth=model.depth or hf["depth"],
+                                 intermediate=hf["hidden"], heads=heads, kv_heads=hf["kv_heads"] or heads,
+                                 head_dim=hf["head_dim"] or hf["width"] // heads, vocab_size=hf["vocab"] or 32000,
+                                 gated=hf["model_type"] != "gpt2",
+                                 positions=(hf["positions"] or 0) if hf["model_type"] == "gpt2" else 0,
+                                 task=model.task, num_labels=model.num_classes or 2)
         layers, width = BERT_SIZES.get(model.name, (hf.get("depth"), hf.get("width")))
         if hf:
             layers, width = hf["depth"], hf["width"]
