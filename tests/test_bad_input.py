@@ -61,6 +61,12 @@ MESSAGES = {
     "run_dir_is_a_file": "is not allowed: a directory to create or write into (",
     "hf_dir_without_weights": "no weights in the directory (model.safetensors, model.safetensors.index.json, "
                               "pytorch_model.bin)",
+    "unsupported_model_type": "is not allowed: a Hugging Face model of a supported model_type (bert, roberta, "
+                              "xlm-roberta, electra, distilbert, gpt2, llama, qwen2, qwen3, mistral); ",
+    "task_the_family_does_not_do": "model.task='qa' is not allowed: one of causal_lm, classification, regression "
+                                   "for a llama model",
+    "causal_lm_without_a_decoder": "model.task='causal_lm' is not allowed: causal_lm only for a decoder given as "
+                                   "model.pretrained",
 }
 
 
@@ -130,6 +136,35 @@ def test_hugging_face_directory_without_weights(tmp_path, run_dir, cli):
                                                    "vocab_size": 100, "max_position_embeddings": 64}))
     run_case("hf_dir_without_weights", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:],
              cli=cli)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    from hf_families import tiny_config
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("llama")
+    AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(path)
+    return path
+
+
+def test_unsupported_model_type(tiny_llama, tmp_path, run_dir, cli):
+    """A directory of a model_type ptrun cannot split (here a T5 config beside Llama weights)."""
+    model = tmp_path / "t5"
+    shutil.copytree(tiny_llama, model)
+    (model / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 32}))
+    run_case("unsupported_model_type", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:],
+             cli=cli)
+
+
+def test_task_the_family_does_not_do(tiny_llama, tmp_path, run_dir, cli):
+    """Question answering (SQuAD) with a decoder."""
+    run_case("task_the_family_does_not_do", run_dir, "recipe=bert_squad", f"model.pretrained={tiny_llama}",
+             f"data.path={tmp_path}", *TINY[3:], cli=cli)
+
+
+def test_causal_lm_without_a_decoder(run_dir, cli):
+    run_case("causal_lm_without_a_decoder", run_dir, "model.task=causal_lm", *TINY, cli=cli)
 
 
 @SLOW

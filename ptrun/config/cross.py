@@ -132,7 +132,7 @@ def check_model_type(m, hf: dict) -> None:
     """A Hugging Face directory's `model_type` must be a family ptrun splits, able to do `model.task`."""
     kind = hf.get("model_type")
     require(kind in HF_MODEL_TYPES, "model.pretrained", f"a Hugging Face model of a supported model_type "
-            f"({', '.join(HF_MODEL_TYPES)}); {m.pretrained!r} is a {kind!r} model", m.pretrained)
+            f"({', '.join(HF_MODEL_TYPES)}); this one is a {kind!r} model", m.pretrained)
     decoder = kind in DECODER_TYPES
     tasks = ("causal_lm", "classification", "regression") if decoder else ("classification", "regression", "qa")
     require(m.task in tasks, "model.task", f"one of {', '.join(tasks)} for a {kind} model", m.task)
