@@ -149,7 +149,8 @@ def packed_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", colum
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     carry = np.zeros(0, dtype=np.int64)
     for part in chunks(len(rows)):
-        docs = tok(texts(rows, column, part), add_special_tokens=False)["input_ids"]
+        # verbose=False: a document longer than the model's positions is expected here (it spans blocks)
+        docs = tok(texts(rows, column, part), add_special_tokens=False, verbose=False)["input_ids"]
         stream = np.concatenate([carry] + [np.asarray(d + [eos], dtype=np.int64) for d in docs])
         full = len(stream) // block * block
         if full:
