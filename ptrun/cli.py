@@ -67,6 +67,10 @@ def preflight(overrides: list[str]) -> Resolved:
     try:
         resolved = resolve(overrides, os.environ, machine=True)
         _check_run_dir_path(resolved.run_dir)
+        if resolved.cfg.data.name == "hf":  # its columns and labels, read before any worker starts
+            from ptrun.data.hf_source import check_hf_source
+
+            check_hf_source(resolved.cfg.data, resolved.cfg.model.task)
     except ConfigError as e:
         _fail(str(e))
     return resolved

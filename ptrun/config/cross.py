@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES
+from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
 from ptrun.config.freezing import inside_epochs
 from ptrun.config.model import DECODER_TYPES, HF_MODEL_TYPES
 from ptrun.config.rules import require
@@ -74,7 +74,8 @@ def check_paths(cfg) -> None:
     if d.name == "imagefolder":
         require(d.path is not None, "data.path", "a directory of class folders for data.name=imagefolder",
                 d.path)
-    if d.path is not None and not Path(d.path).expanduser().is_dir():
+    check_hf_path(cfg)  # a file, a folder or a hub dataset id
+    if d.path is not None and d.name != "hf" and not Path(d.path).expanduser().is_dir():
         raise ConfigError(f"data.path={d.path!r}: no such directory")
     if m.pretrained is not None and not Path(m.pretrained).expanduser().exists():
         raise ConfigError(f"model.pretrained={m.pretrained!r}: no such file or directory")

@@ -4,23 +4,29 @@ tensors, held in memory when small (`memory.in_memory`).
 Everything loads from local files (no downloads). The image sources are `digits` and `imagefolder`
 (images.py) and `cifar10` / `cifar100` (cifar.py); the text sources `glue` (glue.py) and `squad` (squad.py) and the
 packaged offline corpora (packaged_text.py) produce `input_ids`, `attention_mask`, `token_type_ids` plus
-`labels` (GLUE) or `start_positions` / `end_positions` (SQuAD). Each returns a `DataSplits` (splits.py).
+`labels` (GLUE) or `start_positions` / `end_positions` (SQuAD); `hf` (hf_source.py) reads the user's own
+data through the `datasets` library, for text or image classification or a causal LM. Each returns a
+`DataSplits` (splits.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from ptrun.config import ConfigError, DataConfig
-from ptrun.data import cifar, glue, images, packaged_text, squad
+from ptrun.data import cifar, glue, hf_source, images, packaged_text, squad
 from ptrun.data.memory import in_memory
 from ptrun.data.splits import DataSplits
 
-def build_datasets(cfg: DataConfig) -> DataSplits:
-    """Build the splits of `cfg.name`; raises ConfigError for an unknown source or a bad `cfg.path`."""
+
+def build_datasets(cfg: DataConfig, task: str | None = None) -> DataSplits:
+    """Build the splits of `cfg.name` for the model's `task` (`model.task`; only `hf` reads it, and infers it
+    from its columns when None); raises ConfigError for an unknown source or a bad `cfg.path`."""
     builders = {"digits": images.build_digits, "imagefolder": images.build_imagefolder, "cifar10": cifar.build_cifar10,
                 "cifar100": cifar.build_cifar100, "glue": glue.build_glue, "squad": squad.build_squad,
-                **{name: packaged_text.build_packaged_text for name in packaged_text.PACKAGED_TEXT}}
+                **{name: packaged_text.build_packaged_text for name in packaged_text.PACKAGED_TEXT},
+                "hf": partial(hf_source.build_hf, task=task)}
     if cfg.name not in builders:
         raise ConfigError(f"data.name={cfg.name!r} is not allowed: one of {', '.join(builders)}")
     splits = builders[cfg.name](cfg)

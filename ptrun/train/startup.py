@@ -139,7 +139,8 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
     plain_train = data.train
     if cfg.data.augment:
         if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-            plain_train = build_datasets(replace(data_config(cfg), augment=False)).train
+            plain_train = build_datasets(replace(data_config(cfg), augment=False),
+                                         task=cfg.model.task).train
         elif is_main:
             log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
                         "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "

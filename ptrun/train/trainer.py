@@ -53,7 +53,7 @@ class Trainer:
         self.is_main = rank == 0
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
-        self.data = build_datasets(startup.data_config(cfg))
+        self.data = build_datasets(startup.data_config(cfg), task=cfg.model.task)
         torch.manual_seed(cfg.train.seed)  # identical per-unit initial values on every rank
         # No unit has values yet: a worker fills its own stages' units once it knows its layout (apply_plan).
         self.layered = build_model(cfg.model, num_classes=self.data.num_classes, img_size=self.data.image_size,
