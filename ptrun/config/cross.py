@@ -145,8 +145,9 @@ def check_model_against_data(cfg) -> None:
     Reads the pretrained directory's config.json and timm's source files, nothing heavier."""
     m, d = cfg.model, cfg.data
     hf = _hf_config(m.pretrained)
-    family = m.family or ("bert" if m.name.startswith("bert") or hf is not None else
-                          "vit" if m.name.startswith(("vit_", "deit")) else None)
+    # a Hugging Face directory names its architecture itself, whatever the model group's family says
+    family = "bert" if hf is not None else m.family or ("bert" if m.name.startswith("bert") else
+                                                        "vit" if m.name.startswith(("vit_", "deit")) else None)
     if family == "transformers":
         family = "bert"  # one family of rules: a transformers model
     require(m.task != "causal_lm" or hf is not None, "model.task", "causal_lm only for a decoder given as "

@@ -18,13 +18,16 @@ __all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
 
 
 def model_family(cfg: ModelConfig) -> str:
-    """`vit` (timm) or `transformers`: `cfg.family` (`bert` is `transformers`), or inferred: a Hugging Face
-    directory as `pretrained` or a `bert*` name -> transformers; `vit_*` / `deit*` -> vit."""
+    """`vit` (timm) or `transformers`: a Hugging Face directory as `pretrained` decides (its config.json names
+    the architecture, whatever the model group said), then `cfg.family` (`bert` is `transformers`), then the
+    name: `bert*` -> transformers; `vit_*` / `deit*` -> vit."""
     from ptrun.models.hf import is_hf_dir
 
+    if is_hf_dir(cfg.pretrained):
+        return "transformers"
     if cfg.family is not None:
         return "vit" if cfg.family == "vit" else "transformers"
-    if is_hf_dir(cfg.pretrained) or cfg.name.startswith("bert"):
+    if cfg.name.startswith("bert"):
         return "transformers"
     if cfg.name.startswith(("vit_", "deit")):
         return "vit"

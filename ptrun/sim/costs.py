@@ -182,8 +182,9 @@ def decoder_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, h
 
 
 def _family(model: ModelConfig) -> str:
-    return "vit" if model.family == "vit" else "bert" if model.family or model.name.startswith("bert") or \
-        model.pretrained else "vit"
+    if model.pretrained and (Path(model.pretrained).expanduser() / "config.json").is_file():
+        return "bert"  # a Hugging Face directory: a transformers model, whatever the model group said
+    return "vit" if model.family == "vit" else "bert" if model.family or model.name.startswith("bert") else "vit"
 
 
 SIZE_KEYS = {"depth": ("num_hidden_layers", "n_layer", "n_layers"), "width": ("hidden_size", "n_embd", "dim"),

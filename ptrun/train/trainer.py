@@ -31,7 +31,7 @@ from ptrun.data import EpochSampler, build_datasets, iterate_batches
 from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.lazy import init_units
-from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
+from ptrun.models.losses import LABEL_KEYS, TOKEN_TASKS, WeightedLoss, loss_weight, make_target
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan
@@ -206,11 +206,20 @@ class Trainer:
             inputs, target = self._inputs_and_target(batch, "train")
             if epoch_base + step == self.cfg.train.timeline_step:
                 self._timeline = self.runtime.record_timeline()  # this step's passes, up to its update
-            # The global batch's real (weight-1) samples: the loss is a mean over exactly these.
-            denominator = float(self.train_sampler.global_batch(self.state.epoch, step)[1].sum())
+            denominator = self._loss_denominator(*self.train_sampler.global_batch(self.state.epoch, step))
             # An asynchronous pipeline drains before a mid-epoch checkpoint: it holds every update up to its step.
             yield Step(step, inputs, target, denominator, loss_scale=self.scaler.scale,
                        drain_after=self._checkpoint_due(epoch_base, step), extra=batch)
+
+    def _loss_denominator(self, indices, weights) -> float:
+        """The global batch's loss weight, which every rank needs before the step: its real (weight-1)
+        samples, or for a token task (causal LM) their predicted tokens, read from the labels of the whole
+        global batch (each rank holds only its share)."""
+        task = self.cfg.model.task
+        if task not in TOKEN_TASKS:
+            return float(weights.sum())
+        labels = self.data.train[list(map(int, indices))]["labels"]
+        return float(loss_weight(make_target({"labels": labels, "weight": weights}, task), task))
 
     # ---- train --------------------------------------------------------------------------------------
     def train_epoch(self) -> dict:
@@ -286,7 +295,7 @@ class Trainer:
         if loss is not None:
             sums.loss += loss.double()
         sums.lr = done.lr
-        sums.samples += item.denominator
+        sums.samples += float(self.train_sampler.global_batch(state.epoch, item.step)[1].sum())
         if self.runtime.is_first:
             sums.seen.index_add_(0, batch["index"], batch["weight"].double())
         state.interval_steps += 1
