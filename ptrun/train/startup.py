@@ -106,7 +106,7 @@ def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder
         # (emptied again, all but this rank's, once the first layout is built). A cached table needs none.
         init_units(layered, range(len(layered.units)))
         return microtune.measure(lengths, plan_at=plan_at, build=partial(build_layout, builder), batches=batches,
-                                 model=layered.model, loss=builder.loss, device=device)
+                                 model=layered.model, device=device)
 
     tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
                             device=device)
