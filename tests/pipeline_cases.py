@@ -144,10 +144,10 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     losses, norms = [], []
     for step in range(STEPS):
         full = batch(case.kind, step)
-        loss.denominator = float(loss_weight(make_target(full, loss.task), loss.task))
+        denominator = float(loss_weight(make_target(full, loss.task), loss.task))
         local = {k: v[rows] for k, v in full.items()}
         inputs = tuple(local[k] for k in layered.input_names)
-        share = runtime.forward_backward(inputs, make_target(local, loss.task)).double()
+        share = runtime.forward_backward(inputs, make_target(local, loss.task), denominator).double()
         norms.append(runtime.sync_and_clip(CLIP).item())
         optimizer.step()
         runtime.zero_grad()
@@ -223,9 +223,10 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
         replica, _ = plan.coords(rank)
         per_replica = GLOBAL_BATCH // plan.dp
         full = batch(kind, step)
-        loss.denominator = float(loss_weight(make_target(full, loss.task), loss.task))
+        denominator = float(loss_weight(make_target(full, loss.task), loss.task))
         local = {k: v[replica * per_replica:(replica + 1) * per_replica] for k, v in full.items()}
-        layout.runtime.forward_backward(tuple(local[k] for k in layered.input_names), make_target(local, loss.task))
+        layout.runtime.forward_backward(tuple(local[k] for k in layered.input_names), make_target(local, loss.task),
+                                        denominator)
         layout.runtime.sync_and_clip(CLIP)
         if layout.optimizer is not None:
             layout.optimizer.step()

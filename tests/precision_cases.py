@@ -43,12 +43,13 @@ def _layout(kind: str, pp: int, dp: int, rank: int, dtype: torch.dtype):
 
 
 def _step_inputs(layered, plan: Plan, loss: WeightedLoss, kind: str, step: int, rank: int):
+    """This rank's inputs and target of the step, and the global batch's loss denominator."""
     full = pc.batch(kind, step)
-    loss.denominator = float(loss_weight(make_target(full, loss.task), loss.task))
+    denominator = float(loss_weight(make_target(full, loss.task), loss.task))
     replica, _ = plan.coords(rank)
     per = pc.GLOBAL_BATCH // plan.dp
     local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
-    return tuple(local[k] for k in layered.input_names), make_target(local, loss.task)
+    return tuple(local[k] for k in layered.input_names), make_target(local, loss.task), denominator
 
 
 def _held(layered, runtime) -> dict[str, torch.Tensor]:
@@ -65,8 +66,8 @@ def run_bf16(kind: str, rank: int, out_dir: Path) -> None:
     scaler = LossScaler(enabled=False)
     losses = []
     for step in range(pc.STEPS):
-        inputs, target = _step_inputs(layered, layout.plan, loss, kind, step, rank)
-        share = runtime.forward_backward(inputs, target).double()
+        inputs, target, denominator = _step_inputs(layered, layout.plan, loss, kind, step, rank)
+        share = runtime.forward_backward(inputs, target, denominator).double()
         step_or_skip(runtime, layout.optimizer, scaler, pc.CLIP)
         dist.all_reduce(share)
         losses.append(share.item())
@@ -96,13 +97,12 @@ def run_fp16(rank: int, out_dir: Path) -> None:
     scaler = LossScaler(enabled=True)
     rows = []
     for step in range(3):
-        inputs, target = _step_inputs(layered, layout.plan, loss, "vit", step, rank)
-        loss.scale = scaler.scale
+        inputs, target, denominator = _step_inputs(layered, layout.plan, loss, "vit", step, rank)
         inject = None
         if step == INJECT_STEP and rank == INJECT_RANK:
             # In the backward pass, where an overflow happens: before the replicas' gradients are summed.
             inject = runtime.trainable_parameters()[0].register_hook(overflow)
-        runtime.forward_backward(inputs, target)
+        runtime.forward_backward(inputs, target, denominator, scaler.scale)
         if inject is not None:
             inject.remove()
         stepped = step_or_skip(runtime, layout.optimizer, scaler, pc.CLIP)
@@ -111,9 +111,8 @@ def run_fp16(rank: int, out_dir: Path) -> None:
     big = LossScaler(enabled=True, init_scale=2.0**32)
     verdicts = []
     for step in range(32):
-        inputs, target = _step_inputs(layered, layout.plan, loss, "vit", step % pc.STEPS, rank)
-        loss.scale = big.scale
-        runtime.forward_backward(inputs, target)
+        inputs, target, denominator = _step_inputs(layered, layout.plan, loss, "vit", step % pc.STEPS, rank)
+        runtime.forward_backward(inputs, target, denominator, big.scale)
         verdicts.append(step_or_skip(runtime, layout.optimizer, big, pc.CLIP))
     finite = all(torch.isfinite(p).all().item() for p in runtime.trainable_parameters())
     torch.save({"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite},

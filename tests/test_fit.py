@@ -10,7 +10,7 @@ import torch
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
 from ptrun.models import build_model
 from ptrun.parallel.fit import (LengthChoice, UnitMemory, check_fits, choose_length, measure_unit_memory,
-                               resolve_length, stage_bytes)
+                               memory_budget, resolve_length, stage_bytes, state_copies)
 
 MIB = 2**20
 
@@ -91,3 +91,19 @@ def test_a_plans_stages_are_priced_and_one_that_does_not_fit_is_named():
     assert check_fits(MEMORY, plan, 32, 200 * MIB) == stage_bytes(MEMORY, plan, 32)
     with pytest.raises(ConfigError, match=r"pipe.length=2: stage 1 \(units 3-9\) needs ~0.18 GiB, a device offers 0.10"):
         check_fits(MEMORY, plan, 32, 100 * MIB)
+
+
+def test_the_trainer_and_the_planner_give_a_stage_the_same_share_of_a_device():
+    from ptrun.sim.cluster import GB, get_cluster
+    from ptrun.sim.planning import device_budget
+
+    cfg = PtrunConfig(run_dir="/tmp/unused")
+    assert memory_budget(None, 1000) == 900 and memory_budget("50%", 1000) == 500
+    assert memory_budget("1KB", 10) == 1024  # a size is taken as it is
+    assert device_budget(cfg, get_cluster("paper")) == memory_budget(None, 32 * GB)
+    assert device_budget(cfg, get_cluster("paper", {"device_memory_gb": "0"})) == memory_budget(None, 512 * GB // 8)
+    assert device_budget(replace(cfg, device=replace(cfg.device, memory="2GB")), get_cluster("paper")) == 2 * 2**30
+
+
+def test_parameter_gradient_and_optimizer_state_copies():
+    assert (state_copies("adamw"), state_copies("sgd")) == (4, 3)

@@ -305,9 +305,9 @@ def test_regression_loss_is_the_squared_error_of_each_sample():
     assert target.dtype == torch.float64 and target[:, 0].tolist() == pytest.approx([3.8, 0.25, 5.0])
     output = torch.tensor([[3.0], [1.25], [-7.0]])
     loss = WeightedLoss("regression")
-    loss.denominator = 2.0  # the real samples of the global batch
     want = F.mse_loss(output[:2, 0], batch["labels"][:2])
-    assert loss(output, target).item() == pytest.approx(want.item())
+    # over the real samples of the global batch
+    assert loss(output, target, denominator=2.0).item() == pytest.approx(want.item())
 
 
 # ---- building only what a worker runs (ptrun.models.lazy) -------------------------------------------------

@@ -14,6 +14,7 @@ disagreement could never deadlock the pipeline.
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 from functools import partial
 from typing import Any, Mapping, Optional, Sequence
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from ptrun.auto.autocache import default_min_units
 from ptrun.auto.autopipe import next_plan, starting_max
 from ptrun.auto.freeze import FreezePolicy, blocks_of_units, frozen_units_for_blocks, make_policy
+from ptrun.auto.intervals import interval_epochs
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.parallel.layout import first_plan, param_costs, starting_microbatches
 from ptrun.parallel.plan import Plan
@@ -38,9 +40,9 @@ class Controller:
         self.cfg = cfg
         fr = cfg.freeze
         name = fr.policy if cfg.auto.freeze else "none"
-        self.interval_epochs = fr.every_steps / steps_per_epoch if fr.every_steps and steps_per_epoch else fr.every
-        """The interval between decisions in epochs (`freeze.every`, or `freeze.every_steps` over an epoch's
-        steps)."""
+        self.interval_epochs: Fraction = interval_epochs(fr.every, fr.every_steps, steps_per_epoch)
+        """The interval between decisions in epochs, exact (`freeze.every`, or `freeze.every_steps` over an
+        epoch's steps): the same fraction the trainer and the simulator place decisions with."""
         self.policy: FreezePolicy = make_policy(name, num_blocks, alpha=fr.alpha, every=self.interval_epochs,
                                                 max_fraction=fr.max_fraction, start=fr.start,
                                                 total_epochs=cfg.train.epochs, blocks=fr.blocks)

@@ -14,6 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 COMBINATIONS = {
@@ -199,11 +200,14 @@ def cell(row: dict, key: str, spec: str, suffix: str = "", repeats: int = 1) -> 
     return text
 
 
+def markdown_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the header's cells, the separator, then each row's cells."""
+    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def rows_table(rows: list[dict], columns: list[tuple[str, str, str, str]], repeats: int) -> list[str]:
     """A Markdown table, one line per row: a `label` column, then a column per (header, key, format spec,
     suffix), each a `cell`."""
-    lines = ["| run | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for r in rows:
-        lines.append(f"| {r['label']} | " + " | ".join(cell(r, key, spec, suffix, repeats)
-                                                        for _, key, spec, suffix in columns) + " |")
-    return lines
+    return markdown_lines(["run", *(c[0] for c in columns)],
+                          ([r["label"], *(cell(r, key, spec, suffix, repeats) for _, key, spec, suffix in columns)]
+                           for r in rows))

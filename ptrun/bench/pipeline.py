@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 from ptrun.bench.harness import command_line
@@ -62,11 +63,12 @@ def optimizer_for(params):
     return torch.optim.AdamW(params, lr=1e-4)
 
 
-def ptrun_step(rt, opt, inputs: tuple, target):
-    """One training step through ptrun's runtime: pipelined forward + backward, gradient sync, update."""
+def ptrun_step(rt, opt, inputs: tuple, target, denominator: float):
+    """One training step through ptrun's runtime: pipelined forward + backward (the loss a mean over
+    `denominator` samples), gradient sync, update."""
 
     def step():
-        rt.forward_backward(inputs, target)
+        rt.forward_backward(inputs, target, denominator)
         rt.sync_and_clip(0.0)
         opt.step()
         rt.zero_grad()
@@ -121,14 +123,13 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
                 microbatches=m, schedule=schedule).check()
     groups = build_groups(plan, rank)
     loss = WeightedLoss("classification")
-    loss.denominator = float(args["batch"])
     rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss)
     opt = optimizer_for(rt.trainable_parameters())
     data = batches(args, 1)
     x, y = data[0]
     target = make_target({"labels": y, "weight": torch.ones(len(y))}, "classification")
 
-    wall = _timed(ptrun_step(rt, opt, (x,), target), args["warmup"], args["steps"])
+    wall = _timed(ptrun_step(rt, opt, (x,), target, float(args["batch"])), args["warmup"], args["steps"])
     # This stage's input for one micro-batch: the preceding units run locally (every rank has the model).
     mb = args["batch"] // m
     carry = (x[:mb],)
@@ -137,7 +138,8 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
         for unit in layered.units[:lo]:
             out = unit(*carry)
             carry = out if isinstance(out, tuple) else (out,)
-    busy = m * stage_busy_time(rt.modules[0], carry, target[:mb], loss, rt.is_first, rt.is_last)
+    busy = m * stage_busy_time(rt.modules[0], carry, target[:mb], partial(loss, denominator=float(args["batch"])),
+                               rt.is_first, rt.is_last)
     groups.destroy()
     return {"wall": wall, "busy": busy}
 
@@ -160,13 +162,11 @@ def bench_dp(args, rank: int, world: int) -> dict:
     plan = Plan(num_units=len(layered.units), frozen_units=0, pp=1, dp=world,
                 stage_bounds=((0, len(layered.units)),), microbatches=1, schedule="GPipe").check()
     groups = build_groups(plan, rank)
-    loss = WeightedLoss("classification")
-    loss.denominator = float(args["batch"])
-    rt = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), loss)
+    rt = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification"))
     opt = optimizer_for(rt.trainable_parameters())
     target = make_target({"labels": y, "weight": torch.ones(len(y))}, "classification")
 
-    t_ptrun = _timed(ptrun_step(rt, opt, (x,), target), args["warmup"], args["steps"])
+    t_ptrun = _timed(ptrun_step(rt, opt, (x,), target, float(args["batch"])), args["warmup"], args["steps"])
     groups.destroy()
 
     ddp = DistributedDataParallel(build(args).model)

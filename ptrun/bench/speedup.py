@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ptrun.bench.harness import (COMBINATIONS, aggregate, cell, command_line, fmt, median, paper_for, publish,
-                                 rounds_parser, run_rounds)
+from ptrun.bench.harness import (COMBINATIONS, aggregate, cell, command_line, fmt, markdown_lines, median, paper_for,
+                                 publish, rounds_parser, run_rounds)
 
 
 def caption(result: dict) -> str:
@@ -37,18 +37,13 @@ def caption(result: dict) -> str:
 def table(result: dict) -> str:
     """The Markdown table of a `bench_speedup.json` (printed by this script, put in the README by
     `readme_results.py`)."""
-    paper_column = paper_for(result["recipe"])[1]
-    lines = ["| combination | training time (s) | speedup (range) | time to target (s) | speedup to target | "
-             f"final {result['rows'][0]['metric']} | ideal speedup | share of ideal | {paper_column} |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        share = r["share_of_ideal"] and 100 * r["share_of_ideal"]
-        speedup = cell(r, "speedup", ".2f", "x", result["repeats"])
-        lines.append(f"| {r['combination']} | {r['train_time_s']:.1f} | {speedup} "
-                     f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['speedup_to_target'], '.2f', 'x')} "
-                     f"| {fmt(r['final'])} | {r['ideal_speedup']:.2f}x | {fmt(share, '.0f', '%')} "
-                     f"| {fmt(r['paper_speedup'], '.2f', 'x')} |")
-    return "\n".join(lines)
+    header = ["combination", "training time (s)", "speedup (range)", "time to target (s)", "speedup to target",
+              f"final {result['rows'][0]['metric']}", "ideal speedup", "share of ideal", paper_for(result["recipe"])[1]]
+    rows = ([r["combination"], f"{r['train_time_s']:.1f}", cell(r, "speedup", ".2f", "x", result["repeats"]),
+             fmt(r["time_to_target_s"], ".1f"), fmt(r["speedup_to_target"], ".2f", "x"), fmt(r["final"]),
+             f"{r['ideal_speedup']:.2f}x", fmt(r["share_of_ideal"] and 100 * r["share_of_ideal"], ".0f", "%"),
+             fmt(r["paper_speedup"], ".2f", "x")] for r in result["rows"])
+    return "\n".join(markdown_lines(header, rows))
 
 
 def main() -> None:

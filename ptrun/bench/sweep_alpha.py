@@ -26,7 +26,8 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-from ptrun.bench.harness import aggregate, cell, command_line, fmt, median, publish, rounds_parser, run_rounds
+from ptrun.bench.harness import (aggregate, cell, command_line, fmt, markdown_lines, median, publish, rounds_parser,
+                                 run_rounds)
 
 ALPHAS = "1/5,1/4,1/3,2/5,1/2"
 PAPER = {"1/5": (2.04, 91.33), "1/4": (2.44, 91.13), "1/3": (2.83, 90.78), "2/5": (3.29, 90.82),
@@ -79,17 +80,13 @@ def caption(result: dict) -> str:
 def table(result: dict) -> str:
     """The Markdown table of a `sweep_alpha.json` (printed by this script, put in the README by
     `readme_results.py`)."""
-    metric = result["rows"][0]["metric"]
-    lines = [f"| alpha | frozen blocks (from epoch) | training time (s) | speedup | ideal speedup | final {metric} "
-             f"| vs baseline | paper (Fig. 10): speedup, top-1 |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        speedup = cell(r, "speedup", ".2f", "x", result["repeats"])
-        lines.append(f"| {r['alpha'] or 'baseline'} | {schedule_text(r['frozen_blocks'])} "
-                     f"| {r['train_time_s']:.1f} | {speedup} | {r['ideal_speedup']:.2f}x "
-                     f"| {fmt(r['final'])} | {fmt(r['final_vs_baseline'], '+.2f')} "
-                     f"| {r['paper_speedup']:.2f}x, {r['paper_final']:.2f} |")
-    return "\n".join(lines)
+    header = ["alpha", "frozen blocks (from epoch)", "training time (s)", "speedup", "ideal speedup",
+              f"final {result['rows'][0]['metric']}", "vs baseline", "paper (Fig. 10): speedup, top-1"]
+    rows = ([str(r["alpha"] or "baseline"), schedule_text(r["frozen_blocks"]), f"{r['train_time_s']:.1f}",
+             cell(r, "speedup", ".2f", "x", result["repeats"]), f"{r['ideal_speedup']:.2f}x", fmt(r["final"]),
+             fmt(r["final_vs_baseline"], "+.2f"), f"{r['paper_speedup']:.2f}x, {r['paper_final']:.2f}"]
+            for r in result["rows"])
+    return "\n".join(markdown_lines(header, rows))
 
 
 def main() -> None:

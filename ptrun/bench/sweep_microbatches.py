@@ -54,7 +54,7 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
     end in a collective and the timing in a barrier)."""
     import torch
 
-    from bench_pipeline import _timed, batches, build, optimizer_for, ptrun_step
+    from ptrun.bench.pipeline import _timed, batches, build, optimizer_for, ptrun_step
     from ptrun.parallel.groups import build_groups
     from ptrun.parallel.partition import min_max
     from ptrun.parallel.pipeline import PipelineRuntime
@@ -68,15 +68,13 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
     plan = Plan(num_units=len(costs), frozen_units=0, pp=k, dp=dp, stage_bounds=min_max(costs, k),
                 microbatches=m, schedule=args["schedule"]).check()
     groups = build_groups(plan, rank)
-    loss = WeightedLoss("classification")
-    loss.denominator = float(args["batch"])
-    rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss)
+    rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification"))
     opt = optimizer_for(rt.trainable_parameters())
     x, y = batches(args, 1)[0]
     per = args["batch"] // dp
     rows = slice(rt.replica * per, (rt.replica + 1) * per)
     target = make_target({"labels": y[rows], "weight": torch.ones(per)}, "classification")
-    step_s = _timed(ptrun_step(rt, opt, (x[rows],), target), args["warmup"], args["steps"])
+    step_s = _timed(ptrun_step(rt, opt, (x[rows],), target, float(args["batch"])), args["warmup"], args["steps"])
     groups.destroy()
     return step_s
 

@@ -62,8 +62,9 @@ class DeviceConfig:
     """Load input batches into pinned (page-locked) host memory, so their copy to the GPU is asynchronous."""
     memory: Optional[str] = None
     """Memory one device offers a stage, for `pipe.length=auto`: a size such as `80GB`, `512MB`, or a share of
-    the detected amount such as `90%`. Unset: 90% of the GPU's memory; on the CPU the host's memory divided
-    by the node's workers."""
+    the detected amount such as `90%`. Unset: 90% of the GPU's memory, or on the CPU of the host's memory
+    divided by the node's workers (the rest is left to what no stage can use: the CUDA context, the
+    allocator's fragmentation, the processes' own libraries); `ptrun plan` counts the same."""
 
 
 def parse_nnodes(nnodes: str) -> tuple[int, int]:

@@ -66,14 +66,19 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> to
 
 
 class WeightedLoss:
-    """The schedule's loss_fn. Set `denominator` (the global batch's `loss_weight`) before each step, and
-    `scale` (fp16's loss scale; 1 otherwise), which multiplies the loss backward starts from."""
+    """The schedule's loss_fn, a pure function of its arguments: the weighted sum of the per-sample losses
+    over `denominator` (the global batch's `loss_weight`, so the loss is a mean over exactly its samples),
+    times `scale` (fp16's loss scale; 1 otherwise), which multiplies the loss backward starts from. Each
+    step's runtime passes them (a pipeline schedule through its `loss_kwargs`); the defaults, a plain sum,
+    serve where the loss is computed and dropped (a schedule's evaluation pass). It holds only its task:
+    one object serves every step and layout, and nothing can be left on it from an earlier step."""
+
+    __slots__ = ("task",)
 
     def __init__(self, task: str):
         self.task = task
-        self.denominator = 1.0
-        self.scale = 1.0
 
-    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def __call__(self, output: torch.Tensor, target: torch.Tensor, *, denominator: float = 1.0,
+                 scale: float = 1.0) -> torch.Tensor:
         weight = target[:, -1].to(torch.float32)
-        return (per_sample_loss(output, target, self.task) * weight).sum() / self.denominator * self.scale
+        return (per_sample_loss(output, target, self.task) * weight).sum() / denominator * scale

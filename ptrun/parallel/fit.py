@@ -21,7 +21,26 @@ from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
 
 OPTIMIZER_COPIES = {"adamw": 2, "sgd": 1}
-"""float32 tensors of optimizer state per parameter element."""
+"""float32 tensors of optimizer state per parameter element: AdamW's two moments (`exp_avg`, `exp_avg_sq`),
+SGD's momentum buffer."""
+
+DEVICE_SHARE = "90%"
+"""What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's
+tensors can use (the CUDA context and the collectives' buffers, the caching allocator's fragmentation; on
+the CPU the processes' own libraries and heaps). One share for the trainer and `ptrun plan`, so the planner
+picks the pipeline length the trainer would."""
+
+
+def state_copies(optimizer: str) -> int:
+    """Tensors of a parameter's size that training keeps per parameter: the parameter, its gradient and the
+    optimizer's state (`OPTIMIZER_COPIES`; an optimizer not listed is charged AdamW's two)."""
+    return 2 + OPTIMIZER_COPIES.get(optimizer, 2)
+
+
+def memory_budget(setting: str | None, total: int) -> int:
+    """Bytes one device offers a stage out of its `total`: `device.memory` (a size, or a share of `total`),
+    else `DEVICE_SHARE` of it."""
+    return parse_memory(setting or DEVICE_SHARE, total=total, key="device.memory")
 
 
 @dataclass(frozen=True)
@@ -36,7 +55,7 @@ def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
     """Per-unit memory from the model's own units and one sample (a batch of 1) on the host. The units run
     one at a time, each given its values only while it runs (`borrowed`): measuring a model that has no
     values yet holds one unit at a time."""
-    copies = 2 + OPTIMIZER_COPIES.get(optimizer, 2)  # the parameter, its gradient, the optimizer's state
+    copies = state_copies(optimizer)
     params = dict(layered.model.named_parameters())
     state = [float(sum(layered.param_shapes[n].numel() * params[n].element_size() * copies
                        for n in unit_names(layered, [i]))) for i in range(len(layered.units))]
@@ -65,15 +84,13 @@ def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
 
 
 def device_budget(cfg: PtrunConfig, device: torch.device) -> int:
-    """Bytes one device offers a stage: `device.memory`, else 90% of the GPU, else the host's memory shared by
-    the node's workers."""
+    """Bytes `device` offers a stage (`memory_budget`): of the GPU's memory, or on the CPU of the host's
+    memory shared by the node's workers."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        default = "90%"
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        default = "100%"
-    return parse_memory(cfg.device.memory or default, total=total, key="device.memory")
+    return memory_budget(cfg.device.memory, total)
 
 
 @dataclass(frozen=True)

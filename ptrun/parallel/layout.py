@@ -40,6 +40,13 @@ def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, 
     return pick_microbatches(pipe.length, per_replica, pipe.schedule, table, stages_per_rank=pipe.stages_per_rank)
 
 
+def starting_micro_batch(pipe: PipeConfig, world_size: int, global_batch: int, table=None) -> int:
+    """Samples in one micro-batch of the starting layout (at least 1): a replica's batch over
+    `starting_microbatches`. The time-based partitioners profile the units on one of these."""
+    m = starting_microbatches(pipe, world_size, global_batch, table)
+    return max(1, start_replica_batch(pipe, world_size, global_batch) // m)
+
+
 def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, profile: UnitProfile | None = None,
                bandwidth: float | None = None, microbatches: int | None = None) -> Plan:
     """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with

@@ -172,7 +172,7 @@ class Batch:
     inputs: tuple
     target: torch.Tensor
     denominator: float
-    """The global batch's loss weight (what the trainer sets on the loss before each step)."""
+    """The global batch's loss weight (the trainer's `Step.denominator`)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -188,15 +188,14 @@ def _slowest(seconds: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def time_steps(runtime, batches: Sequence[Batch], loss, device: torch.device) -> float:
+def time_steps(runtime, batches: Sequence[Batch], device: torch.device) -> float:
     """Collective: the slowest rank's mean seconds per step (forward + backward, and the gradient
     all-reduce and norm of `sync_and_clip`, which a real step has and which keep the ranks in step; no
     clipping, no optimizer step; gradients zeroed after each step)."""
 
     def step(i: int) -> None:
         b = batches[i % len(batches)]
-        loss.denominator = b.denominator
-        runtime.forward_backward(b.inputs, b.target)
+        runtime.forward_backward(b.inputs, b.target, b.denominator)
         runtime.sync_and_clip(0.0)
         runtime.zero_grad()
 
@@ -239,16 +238,15 @@ def training_batches(dataset, length: Length, rank: int, *, seed: int, input_nam
 
 
 def measure(lengths: Sequence[Length], *, plan_at: Callable[[int, int], Plan], build: Callable[[Plan], Any],
-            batches: Callable[[Length], list[Batch]], model: torch.nn.Module, loss,
+            batches: Callable[[Length], list[Batch]], model: torch.nn.Module,
             device: torch.device) -> dict[tuple[int, int], float]:
     """Collective over all ranks: {(K, M): seconds per step} for every K with more than one candidate.
 
     `plan_at(K, M)` is the Plan to time (nothing frozen), `build(plan)` its Layout (groups + runtime; the
     groups are destroyed after timing), `batches(length)` this rank's real batches at that length. Training
-    state is restored afterwards: buffers, gradients (none), the loss's denominator and the random generators
+    state is restored afterwards: buffers, gradients (none) and the random generators
     (dropout and augmentation draw from them, so a tuned run trains exactly like an untuned one)."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    denominator = loss.denominator
     costs: dict[tuple[int, int], float] = {}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
@@ -259,17 +257,16 @@ def measure(lengths: Sequence[Length], *, plan_at: Callable[[int, int], Plan], b
                 for m in length.microbatches:
                     layout = build(plan_at(length.pp, m))
                     try:
-                        costs[(length.pp, m)] = time_steps(layout.runtime, data, loss, device)
+                        costs[(length.pp, m)] = time_steps(layout.runtime, data, device)
                     finally:
                         layout.runtime.zero_grad()
                         layout.groups.destroy()
         finally:
-            _restore(model, buffers, loss, denominator)
+            _restore(model, buffers)
     return costs
 
 
-def _restore(model: torch.nn.Module, buffers: list, loss, denominator) -> None:
-    loss.denominator = denominator
+def _restore(model: torch.nn.Module, buffers: list) -> None:
     with torch.no_grad():
         for b, saved in buffers:
             b.copy_(saved)

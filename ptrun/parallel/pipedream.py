@@ -269,8 +269,7 @@ class AsyncPipelineRuntime(StageRuntime):
             record.inputs.append(carry)
             out = self._run_module(record.weights, carry)
             if self.is_last:
-                self.loss.denominator, self.loss.scale = step.denominator, step.loss_scale
-                lane_loss = self.loss(out, targets[i])
+                lane_loss = self.loss(out, targets[i], denominator=step.denominator, scale=step.loss_scale)
                 record.outputs.append(lane_loss)
                 record.loss = lane_loss if record.loss is None else record.loss + lane_loss
             else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -155,8 +156,7 @@ class StageRuntime:
         """Train on `steps`: each step's forward and backward passes, then `on_step` (the update). A flushing
         runtime finishes each step before the next; the asynchronous one overlaps them."""
         for step in steps:
-            self.loss.denominator, self.loss.scale = step.denominator, step.loss_scale
-            on_step(step, self.forward_backward(step.inputs, step.target))
+            on_step(step, self.forward_backward(step.inputs, step.target, step.denominator, step.loss_scale))
 
     # ---- parameters ---------------------------------------------------------------------------------
     def _unique_parameters(self) -> list[nn.Parameter]:
@@ -280,15 +280,18 @@ class PipelineRuntime(StageRuntime):
         self.schedule = schedule(self.stages[0] if plan.schedule in SINGLE_STAGE_SCHEDULES else self.stages, **kwargs)
 
     # ---- running ------------------------------------------------------------------------------------
-    def _run(self, run, inputs: tuple, target: torch.Tensor | None, losses: list | None):
+    def _run(self, run, inputs: tuple, target: torch.Tensor | None, **last):
+        """`run` (the schedule's `step` or `eval`) with the inputs on the first stage, and on the last the
+        target and `last` (the list the losses go into, the loss's keywords)."""
         args = inputs if self.is_first else ()
-        kwargs = {"target": target, "losses": losses} if self.is_last and target is not None else {}
+        kwargs = {"target": target, **last} if self.is_last and target is not None else {}
         return run(*args, **kwargs)
 
-    def forward_backward(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:
-        """One pipelined forward + backward over the replica batch. Returns this rank's share of the
-        global mean loss (non-zero on last stages only; summing over all ranks gives the global loss),
-        without the loss scale."""
+    def forward_backward(self, inputs: tuple, target: torch.Tensor, denominator: float,
+                         loss_scale: float = 1.0) -> torch.Tensor:
+        """One pipelined forward + backward over the replica batch, the loss divided by `denominator` and
+        multiplied by `loss_scale` (`Step`). Returns this rank's share of the global mean loss (non-zero on
+        last stages only; summing over all ranks gives the global loss), without the loss scale."""
         self.train(True)
         losses: list[torch.Tensor] = []
         with contextlib.ExitStack() as stack:
@@ -297,9 +300,10 @@ class PipelineRuntime(StageRuntime):
             # forward and backward that must not reduce: so DDP's own forward never prepares one.
             for ddp in self._ddp:
                 stack.enter_context(ddp.no_sync())
-            self._run(self.schedule.step, inputs, target, losses)
+            self._run(self.schedule.step, inputs, target, losses=losses,
+                      loss_kwargs={"denominator": denominator, "scale": loss_scale})
         if self.is_last:
-            return torch.stack([l.detach().float() for l in losses]).sum() / self.loss.scale
+            return torch.stack([l.detach().float() for l in losses]).sum() / loss_scale
         return torch.zeros((), device=self.device)
 
     @torch.no_grad()
@@ -307,7 +311,7 @@ class PipelineRuntime(StageRuntime):
         """Forward the replica batch through the pipeline; returns the merged output on the last stage.
         (The schedule computes its loss on the way, so it needs the target even here.)"""
         self.train(False)
-        out = self._run(self.schedule.eval, inputs, target, None)
+        out = self._run(self.schedule.eval, inputs, target, losses=None)
         return out if self.is_last else None
 
     # ---- timeline -----------------------------------------------------------------------------------
@@ -383,20 +387,23 @@ class LocalRuntime(StageRuntime):
         self._events.append({"stage": 0, "microbatch": chunk, "kind": kind, "start_s": start, "end_s": time.time()})
         return out
 
-    def forward_backward(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:
-        """Forward + backward over the replica batch; returns this replica's share of the global mean loss
-        (summing over the replicas gives the global loss), without the loss scale."""
+    def forward_backward(self, inputs: tuple, target: torch.Tensor, denominator: float,
+                         loss_scale: float = 1.0) -> torch.Tensor:
+        """Forward + backward over the replica batch, the loss divided by `denominator` and multiplied by
+        `loss_scale` (`Step`); returns this replica's share of the global mean loss (summing over the
+        replicas gives the global loss), without the loss scale."""
         self.train(True)
+        loss_fn = partial(self.loss, denominator=denominator, scale=loss_scale)
         chunks = self._chunks(inputs, target)
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(chunks):
             last = i == len(chunks) - 1
             sync = self.run.no_sync() if (self.syncs_in_backward and not last) else contextlib.nullcontext()
             with sync:
-                loss = self._timed("F", i, lambda: self.loss(self.run(*x), y))
+                loss = self._timed("F", i, lambda: loss_fn(self.run(*x), y))
                 self._timed("B", i, loss.backward)
             total += loss.detach().float()
-        return total / self.loss.scale
+        return total / loss_scale
 
     @torch.no_grad()
     def forward_only(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor:

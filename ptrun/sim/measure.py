@@ -195,7 +195,6 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
     plan = Plan(num_units=n, frozen_units=0, pp=1, dp=WORLD, stage_bounds=((0, n),), microbatches=1,
                 schedule="GPipe").check()
     loss = WeightedLoss(cfg.model.task)
-    loss.denominator = float(WORLD * batch)
     name_of = {id(p): k for k, p in layered.model.named_parameters()}
     layout = build_layout(Builder(layered, rank, torch.device("cpu"), loss, cfg.optim, name_of), plan)
     target = make_target({**raw, "weight": torch.ones(batch)}, cfg.model.task)
@@ -205,7 +204,7 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
 
     def schedule_step():
         with alone():
-            runtime.forward_backward(inputs, target)
+            runtime.forward_backward(inputs, target, float(WORLD * batch))
 
     step = solo(rank, lambda: [median_s(schedule_step, repeats)])[0]
     layout.runtime.zero_grad()

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from typing import Optional
 
 from ptrun.auto.controller import Controller, start
-from ptrun.auto.intervals import epoch_steps, interval_at, interval_epochs
-from ptrun.config import ConfigError, PtrunConfig, parse_memory
-from ptrun.parallel.layout import NEEDS_PROFILE, start_replica_batch, starting_microbatches
+from ptrun.auto.intervals import epoch_steps, interval_at
+from ptrun.config import ConfigError, PtrunConfig
+from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
 from ptrun.sim.costs import ModelCosts
@@ -48,11 +48,13 @@ def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
 
 
 def device_budget(cfg: PtrunConfig, cluster: Cluster) -> int:
-    """Bytes one of `cluster`'s devices offers a stage: `device.memory` (a share of the device, or a size),
-    else the whole device (the host's memory shared by the node's devices when the cluster gives none)."""
-    return parse_memory(cfg.device.memory or "100%", key="device.memory", total=int(
-        cluster.device_memory_gb * GB if cluster.device_memory_gb else
-        cluster.host_memory_gb * GB / cluster.gpus_per_node))
+    """Bytes one of `cluster`'s devices offers a stage, as the trainer's `ptrun.parallel.fit.device_budget`
+    counts it (`memory_budget`): of the device's memory, or of the host's memory shared by the node's devices
+    when the cluster gives none."""
+    from ptrun.parallel.fit import memory_budget
+
+    return memory_budget(cfg.device.memory, int(cluster.device_memory_gb * GB if cluster.device_memory_gb else
+                                                cluster.host_memory_gb * GB / cluster.gpus_per_node))
 
 
 def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluster | None = None) -> PtrunConfig:
@@ -79,9 +81,9 @@ ACTIVATION_PER_OUTPUT = 6.0
 def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
     """The planner's per-unit memory: float32 parameters, gradients and optimizer state from the analytic
     sizes; activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
-    from ptrun.parallel.fit import OPTIMIZER_COPIES, UnitMemory
+    from ptrun.parallel.fit import UnitMemory, state_copies
 
-    copies = 2 + OPTIMIZER_COPIES.get(cfg.optim.name, 2)
+    copies = state_copies(cfg.optim.name)
     return UnitMemory([4.0 * copies * n for n in costs.params], [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 
@@ -104,8 +106,8 @@ def start_profile(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> tupl
     backward seconds and output bytes per unit) and the stage link's bandwidth; (None, None) for the others."""
     if cfg.pipe.partition not in NEEDS_PROFILE:
         return None, None
-    m = starting_microbatches(cfg.pipe, cluster.world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
-    micro = max(1, start_replica_batch(cfg.pipe, cluster.world_size, cfg.train.global_batch_size) // m)
+    micro = starting_micro_batch(cfg.pipe, cluster.world_size, cfg.train.global_batch_size,
+                                 cfg.auto.microbatch_table)
     fb, _ = unit_seconds(costs, cluster)
     return (SimpleNamespace(time_s=[t * micro for t in fb], activation_bytes=[a * micro for a in costs.act_bytes]),
             cluster.intra_gbs * GB)
@@ -128,13 +130,13 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     # The first layout must fit a device (later ones only shorten the active part: frozen units keep no
     # gradients or optimizer state).
     check_fits(fit_memory(costs, cfg), controller.first, t.global_batch_size, device_budget(cfg, cluster))
-    every = interval_epochs(cfg.freeze.every, cfg.freeze.every_steps, steps)
     plans, interval = [controller.first], 0
     for epoch in range(1, t.epochs):
         # Every decision up to this boundary; the epoch is priced in the layout it starts with (decisions
         # inside an epoch, `freeze.every` < 1, count from the next boundary: the estimate is conservative).
         plan = plans[-1]
-        reached = interval_at(epoch, 0, steps or 1, every)  # at a boundary the epoch's steps do not matter
+        # at a boundary the epoch's steps do not matter
+        reached = interval_at(epoch, 0, steps or 1, controller.interval_epochs)
         while interval < reached:
             interval += 1
             plan = controller.decide(interval, plan, None)

@@ -21,7 +21,7 @@ from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
 from ptrun.parallel import microtune
 from ptrun.parallel.fit import LengthChoice, device_budget, resolve_length
-from ptrun.parallel.layout import NEEDS_PROFILE, start_replica_batch, starting_microbatches
+from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
@@ -67,8 +67,7 @@ def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochS
     if pipe.partition not in NEEDS_PROFILE:
         return None, None
     # With pipe.microbatches=auto, M is a stand-in until tuning (which needs this layout) measures it.
-    m = starting_microbatches(pipe, world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
-    micro = max(1, start_replica_batch(pipe, world_size, cfg.train.global_batch_size) // m)
+    micro = starting_micro_batch(pipe, world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
     ids, _ = sampler.global_batch(0, 0)
     batch = dict(data.train[ids[:micro].tolist()])
     inputs = tuple(batch[k].to(device) for k in layered.input_names)
@@ -107,7 +106,7 @@ def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder
         # (emptied again, all but this rank's, once the first layout is built). A cached table needs none.
         init_units(layered, range(len(layered.units)))
         return microtune.measure(lengths, plan_at=plan_at, build=partial(build_layout, builder), batches=batches,
-                                 model=layered.model, loss=builder.loss, device=device)
+                                 model=layered.model, device=device)
 
     tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
                             device=device)
