@@ -24,6 +24,9 @@ def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 NEEDS_LOCAL_FILES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}
 """Recipes of the paper's workloads: they read a dataset (and weights) from local paths the user gives."""
 
+OWN_DATA = {"text_classification", "causal_lm"}
+"""Recipes for the user's own data (and, for the causal LM, their own decoder): data.path (model.pretrained)."""
+
 TWO_MACHINES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad"}
 """Recipes of the paper's 2-machine setup (launcher.nnodes=2): they need launcher.rdzv_endpoint and rdzv_id."""
 
@@ -46,6 +49,16 @@ def test_every_recipe_composes_and_validates(recipe, tmp_path):
         overrides += ["launcher.nproc_per_node=8"]
     if recipe in TWO_MACHINES:  # what the user adds to run on two machines
         overrides += ["launcher.rdzv_endpoint=node0.example:29400", "launcher.rdzv_id=paper"]
+    if recipe in OWN_DATA:  # the sample files, and a decoder's directory (validation reads its config.json)
+        from ptrun.data.sample_files import main as write_samples
+
+        write_samples([str(tmp_path)])
+        decoder = tmp_path / "decoder"
+        decoder.mkdir()
+        (decoder / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32}')
+        (decoder / "model.safetensors").write_bytes(b"")
+        overrides += [f"data.path={tmp_path / ('news.csv' if recipe == 'text_classification' else 'stories.jsonl')}"]
+        overrides += [f"model.pretrained={decoder}"] if recipe == "causal_lm" else []
     cfg = compose_config(overrides, tmp_path)
     assert cfg.train.epochs >= 1 and workers_per_node(cfg.launcher) >= 1
     if recipe in PAPER:
