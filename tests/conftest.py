@@ -204,3 +204,22 @@ def run_events(run_dir: Path, kind: str | None = None, missing_ok: bool = False)
         return []
     events = read_events(Path(run_dir))
     return events if kind is None else [e for e in events if e["event"] == kind]
+
+
+def wordpiece_tokenizer(path, texts: list[str], vocab_size: int) -> str:
+    """A tiny BERT WordPiece tokenizer trained offline on `texts` (no EOS token: BERT ends with SEP), saved as
+    a Hugging Face directory at `path`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(texts * 3, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    return str(path)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from conftest import assert_one_error_line
+from conftest import assert_one_error_line, wordpiece_tokenizer
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
 from ptrun.data.hf_tokens import IGNORE_INDEX
@@ -47,22 +47,8 @@ def private_caches(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> str:
     """A tiny BERT WordPiece tokenizer (no EOS token: documents end with SEP) trained on the fixture texts."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertTokenizerFast
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    corpus = [t for t, _ in TRAIN + EVAL] + DOCS + STORIES
-    tok.train_from_iterator(corpus * 3, trainers.WordPieceTrainer(vocab_size=400, special_tokens=special))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    path = tmp_path_factory.mktemp("tokenizer")
-    BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
-    return str(path)
+    return wordpiece_tokenizer(tmp_path_factory.mktemp("tokenizer"), [t for t, _ in TRAIN + EVAL] + DOCS + STORIES,
+                               vocab_size=400)
 
 
 @pytest.fixture(scope="module")

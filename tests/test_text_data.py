@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from conftest import wordpiece_tokenizer
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
 from ptrun.data.splits import IMAGENET_MEAN, IMAGENET_STD
@@ -93,20 +94,7 @@ def tokenizer_dir(tmp_path_factory):
 
 def train_tokenizer(path) -> str:
     """A tiny BERT WordPiece tokenizer trained offline on the fixture texts, saved as a HF directory."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertTokenizerFast
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(corpus() * 3, trainers.WordPieceTrainer(vocab_size=1000, special_tokens=special))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
-    return str(path)
+    return wordpiece_tokenizer(path, corpus(), vocab_size=1000)
 
 
 @pytest.fixture(scope="module")

@@ -109,6 +109,9 @@ class Step:
     """Labels and sample weights (read by the last stage)."""
     denominator: float
     """The global batch's loss weight: the loss is a mean over exactly these samples."""
+    samples: float = 0.0
+    """The global batch's real (weight-1) samples, for the trainer's counts (the denominator too, unless the
+    loss is a mean over tokens)."""
     loss_scale: float = 1.0
     """fp16's loss scale, which multiplies the loss backward starts from (1 otherwise)."""
     drain_after: bool = False

@@ -206,10 +206,10 @@ class Trainer:
             inputs, target = self._inputs_and_target(batch, "train")
             if epoch_base + step == self.cfg.train.timeline_step:
                 self._timeline = self.runtime.record_timeline()  # this step's passes, up to its update
-            denominator = self._loss_denominator(*self.train_sampler.global_batch(self.state.epoch, step))
+            indices, weights = self.train_sampler.global_batch(self.state.epoch, step)
             # An asynchronous pipeline drains before a mid-epoch checkpoint: it holds every update up to its step.
-            yield Step(step, inputs, target, denominator, loss_scale=self.scaler.scale,
-                       drain_after=self._checkpoint_due(epoch_base, step), extra=batch)
+            yield Step(step, inputs, target, self._loss_denominator(indices, weights), float(weights.sum()),
+                       loss_scale=self.scaler.scale, drain_after=self._checkpoint_due(epoch_base, step), extra=batch)
 
     def _loss_denominator(self, indices, weights) -> float:
         """The global batch's loss weight, which every rank needs before the step: its real (weight-1)
@@ -295,7 +295,7 @@ class Trainer:
         if loss is not None:
             sums.loss += loss.double()
         sums.lr = done.lr
-        sums.samples += float(self.train_sampler.global_batch(state.epoch, item.step)[1].sum())
+        sums.samples += item.samples
         if self.runtime.is_first:
             sums.seen.index_add_(0, batch["index"], batch["weight"].double())
         state.interval_steps += 1
