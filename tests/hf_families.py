@@ -23,9 +23,11 @@ def tiny_config(kind: str, num_labels: int = 3):
         "electra": lambda: T.ElectraConfig(**common, **no_dropout, embedding_size=16),
         "distilbert": lambda: T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
                                                  max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
-                                                 seq_classif_dropout=0.0, num_labels=num_labels),
+                                                 seq_classif_dropout=0.0, num_labels=num_labels,
+                                                 initializer_range=0.06),  # gradients above the tests' clip
         "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, num_labels=num_labels),
+                                     embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                     num_labels=num_labels),
         "llama": lambda: T.LlamaConfig(**common, num_key_value_heads=2, pad_token_id=0),
         "qwen2": lambda: T.Qwen2Config(**common, num_key_value_heads=2, pad_token_id=0, tie_word_embeddings=True),
         "qwen3": lambda: T.Qwen3Config(**common, num_key_value_heads=2, head_dim=16, pad_token_id=0),
