@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
 from ptrun.config.freezing import inside_epochs
-from ptrun.config.model import DECODER_TYPES, HF_MODEL_TYPES
+from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, HF_MODEL_TYPES
 from ptrun.config.rules import require
 from ptrun.errors import ConfigError
 
@@ -134,8 +134,7 @@ def check_model_type(m, hf: dict) -> None:
     kind = hf.get("model_type")
     require(kind in HF_MODEL_TYPES, "model.pretrained", f"a Hugging Face model of a supported model_type "
             f"({', '.join(HF_MODEL_TYPES)}); this one is a {kind!r} model", m.pretrained)
-    decoder = kind in DECODER_TYPES
-    tasks = ("causal_lm", "classification", "regression") if decoder else ("classification", "regression", "qa")
+    tasks = DECODER_TASKS if kind in DECODER_TYPES else ENCODER_TASKS
     require(m.task in tasks, "model.task", f"one of {', '.join(tasks)} for a {kind} model", m.task)
 
 

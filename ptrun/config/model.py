@@ -16,6 +16,10 @@ ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
 DECODER_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
 """Decoder `model_type`s ptrun splits into units: causal_lm, classification, regression."""
 HF_MODEL_TYPES = ENCODER_TYPES + DECODER_TYPES
+ENCODER_TASKS = ("classification", "regression", "qa")
+"""The tasks of the encoder families (BERT presets also do `mlm`)."""
+DECODER_TASKS = ("causal_lm", "classification", "regression")
+"""The tasks of the decoder families."""
 ATTENTIONS = ("sdpa", "eager")
 """`model.attention`."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from torch import nn
 
 from ptrun.config import ConfigError, ModelConfig
-from ptrun.config.model import DECODER_TYPES, ENCODER_TYPES, HF_MODEL_TYPES
+from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
 from ptrun.models.layered import LayeredModel
 
 AUTO_CLASSES = {"classification": "AutoModelForSequenceClassification",
@@ -24,8 +24,6 @@ AUTO_CLASSES = {"classification": "AutoModelForSequenceClassification",
                 "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM",
                 "causal_lm": "AutoModelForCausalLM"}
 """The library's task model class of each task."""
-ENCODER_TASKS = ("classification", "regression", "qa")
-DECODER_TASKS = ("classification", "regression", "causal_lm")
 
 
 @dataclass(frozen=True)
