@@ -233,7 +233,8 @@ def print_sweep_summary(jobs: list[tuple[Path, list[str]]]) -> None:
 
 def run_report(args: list[str]) -> None:
     """`ptrun report RUN_DIR [RUN_DIR ...] [--out DIR]`: figures and report.md (see ptrun/report)."""
-    from ptrun.report import ReportError, write_report
+    from ptrun.report import ReportError, find_runs, write_report
+    from ptrun.report.savings import savings_lines
 
     paths, out = [], None
     while args:
@@ -258,6 +259,8 @@ def run_report(args: list[str]) -> None:
         _fail(f"cannot write the report to {out}: {e.strerror or e}")
     for path in written.values():
         print(path)
+    for line in savings_lines(find_runs(paths)):  # what freezing saved, as each run's last line said
+        print(line)
 
 
 def _plan_config(overrides: list[str], cluster) -> PtrunConfig:

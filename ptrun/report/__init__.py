@@ -6,8 +6,9 @@ directory. With several runs, the first is the baseline that time-to-accuracy sp
     from ptrun.report import write_report
     write_report(["runs/a", "runs/b"], "runs/a/report")   # -> {"report": Path(...), "Training throughput": ...}
 
-Modules: `runs` (reading metrics files), `summary` (numbers and markdown), `figures` (matplotlib, including
-`timeline_figure` for a pipeline step's Gantt chart) and `tensorboard` (`TensorBoardLog`, a live writer).
+Modules: `runs` (reading metrics files), `summary` (numbers and markdown), `savings` (what freezing saved,
+the line `ptrun train` ends with), `figures` (matplotlib, including `timeline_figure` for a pipeline step's
+Gantt chart) and `tensorboard` (`TensorBoardLog`, a live writer).
 """
 
 from __future__ import annotations

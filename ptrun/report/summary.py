@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ptrun.report.runs import Run
+from ptrun.report.savings import freezing_savings
 
 # What makes two epochs "the same layout" for the throughput table: what the controller can change.
 # `cached_units` (AutoCache's prefix) is newer than the first metrics files; absent means 0.
@@ -77,6 +78,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "train_time_s": sum(e["epoch_time_s"] for e in run.epochs),
         "mean_samples_per_s": sum(e["samples_per_s"] for e in run.epochs) / len(run.epochs) if run.epochs else None,
         "layouts": layouts(run), "transitions": tr, "transition_s": sum(t["transition_s"] for t in tr),
+        "savings": freezing_savings(run),
     }
 
 
@@ -159,6 +161,8 @@ def markdown(runs: list[Run], figures: dict[str, Path], out_dir: Path) -> str:
                              f"{t['transition_s']:.3f} | {100 * t['share']:.2f}% |")
         else:
             lines += ["", "No layout changes."]
+        if s["savings"] is not None:
+            lines += ["", s["savings"].line()]
     tta = time_to_accuracy(runs) if len(runs) > 1 else None
     if tta:
         lines += ["", "## Time to accuracy", "",

@@ -1,7 +1,9 @@
 """What rank 0 tells the user and the run record: `metrics.jsonl`, the log, and the terminal.
 
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
-  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
+  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...,
+   with freezing on "unit_costs": {"time_s": [per unit], "forward_s": [...], "frozen_s": [...]} (the profiled
+   seconds of each unit on one micro-batch: trained, forward alone, frozen; `ptrun.parallel.profile`)}
   {"event": "plan", "epoch": E, "step": S, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
    "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
    after a layout change "moved_bytes" (parameters and optimizer state sent between the workers); one at each
@@ -14,6 +16,8 @@
    "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",
              "disk_bytes"} with auto.cache only,
    "memory": {"param_bytes": [per rank], "optim_bytes": [...], "rss_bytes": [...], "peak_rss_bytes": [...]}}
+  {"event": "savings", "train_time_s": ..., "unfrozen_time_s": ..., "saved_s": ..., "speedup": ..., "froze": bool,
+   "line": "freezing saved ~41 s: ..."} just before the end event: what freezing saved (`ptrun.report.savings`)
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
   {"event": "stopped", "signal": "SIGINT"|"SIGTERM", "epoch": E, "global_step": G, "checkpoint_step": G}
 

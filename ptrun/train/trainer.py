@@ -19,6 +19,7 @@ from dataclasses import replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,9 @@ from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, 
 from ptrun.train.state import EpochSums, TrainState
 from ptrun.train.step import update
 from ptrun.train.stop import Interrupted, StopRequests
+
+if TYPE_CHECKING:
+    from ptrun.report.savings import Savings
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +82,10 @@ class Trainer:
         # is the same curve whatever the batch policy does to the steps of later epochs.
         self.base_steps = self.steps_per_epoch = self._epoch_steps()
         self.total_steps = cfg.train.epochs * self.base_steps
-        self.controller, self.tuning = startup.start_controller(cfg, self.layered, self.builder, self.data,
-                                                                self.train_sampler, world_size, self.base_steps)
+        self.controller, self.tuning, profile = startup.start_controller(
+            cfg, self.layered, self.builder, self.data, self.train_sampler, world_size, self.base_steps)
+        # The start event records them: the end-of-run estimate of what freezing saved prices layouts by them.
+        self.unit_costs = startup.unit_costs(profile)
         self.state = TrainState()
         # Each block's gradient norm summed over the open interval's steps (replica 0 of each stage adds its
         # blocks'), and a mid-epoch checkpoint's partial epoch sums.
@@ -372,9 +378,12 @@ class Trainer:
         if cfg.train.export:
             self.export()
         self._release_cache()
+        saved = self._savings()
         self._event("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=state.last_eval,
                     best_eval=state.best_eval)
         self.view.print(done_line(cfg.train.epochs, total, state.last_eval, cfg.run_dir))
+        if saved is not None:
+            self.view.print(saved.line())
         return state.last_eval
 
     def _event(self, event: str, **fields) -> None:
@@ -382,13 +391,32 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.write(event, **fields)
 
+    def _savings(self) -> Savings | None:
+        """Rank 0, at the end: what freezing saved, estimated from this run's own `metrics.jsonl` by the
+        function `ptrun report` uses (`ptrun.report.savings`), written as the `savings` event; None on the
+        other ranks or when the records cannot tell."""
+        if self.metrics is None:
+            return None
+        from ptrun.report.runs import ReportError, load_run
+        from ptrun.report.savings import freezing_savings
+
+        try:
+            saved = freezing_savings(load_run(Path(self.cfg.run_dir)))
+        except ReportError as e:  # the run's own file: only a disk problem gets here, and training is done
+            log.warning("no estimate of what freezing saved: %s", e)
+            return None
+        if saved is not None:
+            self._event("savings", **saved.event_fields())
+        return saved
+
     def _announce(self) -> None:
         """The start event and the terminal's first lines."""
         cfg = self.cfg
         self._event("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
                     num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
                     train_samples=len(self.data.train), eval_samples=len(self.data.eval),
-                    resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
+                    resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision,
+                    **({"unit_costs": self.unit_costs} if self.unit_costs else {}))
         self.view.print(start_line(cfg.model.name, len(self.layered.units),
                                    sum(s.numel() for s in self.layered.param_shapes.values()), len(self.data.train),
                                    len(self.data.eval), self.world_size, self.device.type, cfg.train.precision,
