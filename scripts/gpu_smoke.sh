@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first commands to run on a GPU machine, each a short job on the embedded default:
+# The first commands to run on a GPU machine, each a short job on digits_vit (the quickest recipe):
 #   0. (1 GPU or more) the peer benchmark's pair on one GPU: the plain PyTorch loop and ptrun without freezing,
 #      interleaved (scripts/bench_peers.py), so the engine's cost on CUDA shows beside hand-written code
 #   then, with 2 GPUs or more:
@@ -21,12 +21,12 @@ if [ "$gpus" -lt 1 ] && [ "${PTRUN_SMOKE_ALLOW_CPU:-0}" != 1 ]; then
 fi
 
 echo "== 0/4 one GPU, ptrun against the plain loop: expect the ratio line 'ptrun, freezing off, 1 worker / plain loop' near 1.00x"
-(cd "$repo" && "$venv/bin/python" scripts/bench_peers.py --only a,c --repeats 2 --out "$out/peers" train.epochs=5)
+(cd "$repo" && "$venv/bin/python" scripts/bench_peers.py --recipe digits_vit --only a,c --repeats 2 --out "$out/peers" train.epochs=5)
 if [ "$gpus" -lt 2 ] && [ "${PTRUN_SMOKE_ALLOW_CPU:-0}" != 1 ]; then
     echo "gpu_smoke: $gpus CUDA device: the 2-GPU jobs below are skipped; run dirs in $out"
     exit 0
 fi
-ptrun() { "$venv/bin/ptrun" train launcher.nproc_per_node=2 "$@"; }
+ptrun() { "$venv/bin/ptrun" train recipe=digits_vit launcher.nproc_per_node=2 "$@"; }
 
 echo "== 1/4 two-GPU pipeline: expect 'layout: K=2 DP=1 M=2 1F1B' and 'device cuda:0' in $out/pipeline/metrics.jsonl"
 ptrun auto.freeze=false train.epochs=2 pipe.length=2 hydra.run.dir="$out/pipeline"

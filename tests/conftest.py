@@ -46,8 +46,20 @@ TINY = [
 ]
 
 
+# The tests train the small digits ViT (the keys of TINY are its) unless they name a recipe: it is the fastest
+# model, and the embedded default (a BERT fine-tune) would make every test a minute long.
+TEST_RECIPE = "recipe=digits_vit"
+
+
+def with_test_recipe(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """`overrides`, choosing TEST_RECIPE (last: a command line's flags come before its overrides) where they
+    name no recipe."""
+    named = any(o.startswith("recipe=") for o in overrides)
+    return list(overrides) if named else [*overrides, TEST_RECIPE]
+
+
 def compose_config(overrides: list[str], run_dir: Path) -> PtrunConfig:
-    return compose(overrides, run_dir=run_dir, recipe="test")
+    return compose(with_test_recipe(overrides), run_dir=run_dir, recipe="test")
 
 
 def write_config(cfg: PtrunConfig) -> Path:
@@ -119,14 +131,21 @@ def run_ptrun(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout:
     """`ptrun ARGS` in a fresh process, to its end: its exit code, stdout and stderr (as text). `env` adds
     to `cli_env()`; other keyword arguments go to subprocess.run (preexec_fn, stdout, ...)."""
     kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
-    return subprocess.run(ptrun_command(*args), cwd=cwd, env=cli_env(**(env or {})), text=True, timeout=timeout,
+    return subprocess.run(ptrun_command(*command_args(args)), cwd=cwd, env=cli_env(**(env or {})), text=True,
+                          timeout=timeout,
                           **kwargs)
 
 
 def start_ptrun(*args: str, cwd: Path, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
     """`ptrun ARGS` started in a fresh process and left running (to signal or kill it); keyword arguments as
     for subprocess.Popen (stdout, stderr, start_new_session, ...)."""
-    return subprocess.Popen(ptrun_command(*args), cwd=cwd, env=cli_env(**(env or {})), text=True, **kwargs)
+    return subprocess.Popen(ptrun_command(*command_args(args)), cwd=cwd, env=cli_env(**(env or {})), text=True,
+                            **kwargs)
+
+
+def command_args(args: tuple[str, ...]) -> list[str]:
+    """A `ptrun` command line as the tests run it: `train` on TEST_RECIPE unless it names one."""
+    return ["train", *with_test_recipe(args[1:])] if args and args[0] == "train" else list(args)
 
 
 @dataclass
@@ -158,6 +177,7 @@ def cli(capsys, monkeypatch):
     def call(*argv: str, cwd: Path | None = None) -> CliResult:
         GlobalHydra.instance().clear()
         handlers, environ, here = [signal.getsignal(s) for s in SIGNALS], dict(os.environ), os.getcwd()
+        argv = tuple(command_args(argv))
         monkeypatch.setattr(sys, "argv", ["ptrun", *argv])
         if cwd is not None:
             os.chdir(cwd)

@@ -162,6 +162,26 @@ def test_only_picks_labels_or_letters_in_order():
         bench_peers.pick(["a,f"])
 
 
+def test_variants_and_seeded_rounds():
+    """A `--variant` is one more ptrun run with its overrides after the recipe's; with `--seeds` the table adds
+    the mean final top-1 over the rounds."""
+    label, overrides = bench_peers.variant("start 12: freeze.start=12 freeze.max_fraction=0.5")
+    assert (label, overrides) == ("start 12", ["freeze.start=12", "freeze.max_fraction=0.5"])
+    cmd = bench_peers.command(label, "digits_vit", Path("/r"), ["train.seed=3"], {label: overrides})
+    assert bench_peers.shown(cmd) == ("ptrun train hydra.run.dir=/r recipe=digits_vit freeze.start=12 "
+                                      "freeze.max_fraction=0.5 train.seed=3")
+    for bad in ("no label", f"{E}: auto.cache=false", ": freeze.start=1"):
+        with pytest.raises(ValueError, match="--variant"):
+            bench_peers.variant(bad)
+    result = {**result_json(rounds(), "digits_vit"), "seeds": True}
+    rows = {r["label"]: r for r in result["rows"]}
+    assert rows[E]["mean_top1"] == pytest.approx((96.5 + 97.0 + 96.5) / 3)
+    assert rows[A]["mean_top1"] == pytest.approx((95.0 + 97.0 + 95.0) / 3)
+    assert "| ptrun default | 28.0 (26.0-30.0) |" in bench_peers.table(result)
+    assert bench_peers.table(result).splitlines()[0].endswith("| mean top-1 |")
+    assert "; round r ran with train.seed=r;" in bench_peers.caption(result)
+
+
 def result_json(repeats_rounds: list[list[dict]], recipe: str) -> dict:
     return {"command": f"python scripts/bench_peers.py --recipe {recipe} --repeats 3 --out /tmp/p", "recipe": recipe,
             "overrides": [], "repeats": len(repeats_rounds), **bench_peers.aggregate(repeats_rounds)}

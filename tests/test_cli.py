@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose_config
+from conftest import command_args, compose_config
 from ptrun.cli import recipe_summaries
 from ptrun.compose import RECIPE_DIR
 from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, timm_vit_problem, workers_per_node
 
 
 def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ptrun.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "ptrun.cli", *command_args(args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
 
 
 NEEDS_LOCAL_FILES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}

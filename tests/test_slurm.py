@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import TINY, final_params, run_workers
+from conftest import TINY, command_args, final_params, run_workers
 from ptrun.config import ConfigError, LauncherConfig
 from ptrun.slurm import (BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job,
                          summary)
@@ -204,7 +204,7 @@ def slurm_env(**slurm: str) -> dict[str, str]:
 
 def test_ptrun_train_refuses_several_tasks_per_node(tmp_path):
     env = slurm_env(**{**SRUN, "SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "4(x2)"})
-    out = subprocess.run([sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={tmp_path / 'run'}"],
+    out = subprocess.run([sys.executable, "-m", "ptrun.cli", *command_args(("train", f"hydra.run.dir={tmp_path / 'run'}"))],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
@@ -238,8 +238,8 @@ def test_two_srun_tasks_form_one_job(tmp_path):
                             SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_LOCALID="0",
                             SLURM_JOB_NODELIST=f"{host},other-node", SLURM_NTASKS_PER_NODE="1",
                             SLURM_TASKS_PER_NODE="1(x2)", MASTER_PORT=str(port))
-            agents.append(subprocess.Popen([sys.executable, "-m", "ptrun.cli", "train", *JOB,
-                                            f"hydra.run.dir={run_dir}"], env=env, stdout=open(logs[node], "w"),
+            agents.append(subprocess.Popen([sys.executable, "-m", "ptrun.cli",
+                                            *command_args(("train", *JOB, f"hydra.run.dir={run_dir}"))], env=env, stdout=open(logs[node], "w"),
                                            stderr=subprocess.STDOUT, start_new_session=True))
         for agent, log in zip(agents, logs):
             assert agent.wait(timeout=180) == 0, log.read_text()[-3000:]

@@ -16,10 +16,15 @@ freezing against the plain peer on the same processes (the "at least 0.95x" chec
 writes them with the command line to `bench_peers_<recipe>.json` in --out (`readme_results.py` makes the
 README's tables from it).
 
-    python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--out DIR]
-        [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [overrides ...]
+    python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--seeds] [--out DIR]
+        [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [--variant 'LABEL: KEY=V ...']
+        [overrides ...]
 
-Overrides (`train.epochs=2`) apply to every run, the plain peers' included.
+Overrides (`train.epochs=2`) apply to every run, the plain peers' included. With `--seeds`, round r runs every
+run with `train.seed=r` (the split, the initial weights and the batch order all follow it), so the rounds are
+seeds, and the table adds each run's mean final top-1 over them. Each `--variant 'LABEL: KEY=V ...'` adds a
+ptrun run with those overrides after the recipe's (a seeded sweep of a recipe's keys against the same peers:
+`--only a,e --seeds --repeats 5 --variant 'start 12: freeze.start=12'`).
 """
 
 from __future__ import annotations
@@ -68,6 +73,14 @@ def pick(only: list[str]) -> list[str]:
                 raise ValueError(f"--only {item!r}: not a letter a-e nor one of: {'; '.join(LABELS)}")
             wanted.add(letters.get(item, item))
     return [label for label in LABELS if label in wanted]
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """`--variant 'LABEL: KEY=V KEY=V'` -> (LABEL, [overrides])."""
+    label, sep, overrides = text.partition(":")
+    if not sep or not label.strip() or label.strip() in LABELS:
+        raise ValueError(f"--variant {text!r}: expected 'LABEL: KEY=VALUE ...' with a label of its own")
+    return label.strip(), overrides.split()
 
 
 def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
@@ -170,6 +183,9 @@ def aggregate(rounds: list[list[dict]]) -> dict:
             ratio = median(ratios)
             checks.append({"ptrun": mine, "peer": peer, "ratio": ratio, "ratio_range": spread(ratios),
                            "rounds": ratios, "floor": FLOOR, "passed": ratio >= FLOOR})
+    for row in rows:
+        top1 = [r["final_top1"] for r in row["runs"] if r.get("final_top1") is not None]
+        row["mean_top1"] = sum(top1) / len(top1) if top1 else None
     return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds])}
 
 
@@ -177,22 +193,24 @@ COLUMNS = {c[1]: c for c in (
     ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
     ("start-up overhead (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
     ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
-    ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x"))}
+    ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x"),
+    ("mean top-1", "mean_top1", ".2f", ""))}
 """A measure's table column, by its key: (header, key, format spec, suffix), as `rows_table` takes it."""
 
 
 def caption(result: dict) -> str:
     """The line above the tables: what was run, how it is summarized, and the target."""
-    return (rounds_caption(result) + "; speedups against the faster plain peer of each round; target = the best "
-            f"plain peer's final top-1 (median {fmt(result['target'])})")
+    seeds = "; round r ran with train.seed=r" if result.get("seeds") else ""
+    return (rounds_caption(result) + seeds + "; speedups against the faster plain peer of each round; target = "
+            f"the best plain peer's final top-1 (median {fmt(result['target'])})")
 
 
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
     n = result["repeats"]
-    lines = rows_table(result["rows"], [COLUMNS[key] for key in (
-        "wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s", "speedup_wall",
-        "speedup_train")], n)
+    keys = ("wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s",
+            "speedup_wall", "speedup_train") + (("mean_top1",) if result.get("seeds") else ())
+    lines = rows_table(result["rows"], [COLUMNS[key] for key in keys], n)
     if result["checks"]:
         lines += ["", "| samples/s in training | ratio | at least |", "|---|---|---|"]
         for c in result["checks"]:
@@ -204,20 +222,30 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/bench_peers", recipe=None)
-    parser.add_argument("--recipe", action="append", help="digits_vit (default) or bbc_news_bert; repeatable")
+    parser.add_argument("--recipe", action="append", help="bbc_news_bert (the embedded default, default) or "
+                        "digits_vit; repeatable")
+    parser.add_argument("--seeds", action="store_true", help="round r runs with train.seed=r: the rounds are "
+                        "seeds (the table adds the mean final top-1)")
+    parser.add_argument("--variant", action="append", default=[], help="'LABEL: KEY=V ...': one more ptrun "
+                        "run, the recipe with these overrides (repeatable)")
     parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
                         "a-e for the runs in order, comma-separated (--only a,b,e); default: all five")
     args, overrides = parser.parse_known_args()
     try:
-        labels = pick(args.only) if args.only else LABELS
+        labels = pick(args.only) if args.only else list(LABELS)
+        variants = {**PTRUN, **dict(map(variant, args.variant))}
     except ValueError as e:
         parser.error(str(e))
+    labels += [label for label in variants if label not in LABELS]
     out = Path(args.out)
-    for recipe in args.recipe or ["digits_vit"]:
-        rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label), overrides,
-                                   args.reuse) for label in labels]) for r in range(args.repeats)]
+    for recipe in args.recipe or ["bbc_news_bert"]:
+        rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label),
+                                   [*overrides, *([f"train.seed={r}"] if args.seeds else [])], args.reuse,
+                                   variants) for label in labels]) for r in range(args.repeats)]
         result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
-                  "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides)) for label in labels},
+                  "seeds": args.seeds,
+                  "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants))
+                               for label in labels},
                   **aggregate(rounds)}
         publish(result, out / f"bench_peers_{recipe}.json", caption, table)
 

@@ -97,7 +97,7 @@ TABLES = [
           "loop (1.04x its samples/s on one worker, 1.03x plain DDP's on two), and its start-up (wall minus "
           "training) is within a second of the peers'. One round: each run takes 2-4 minutes on this machine."),
     Table("bench_peers_digits_vit.json", "ptrun.bench.peers", "ptrun against plain PyTorch: digits_vit",
-          "The same five runs on the embedded default, a small ViT trained from scratch on scikit-learn's digits "
+          "The same five runs on `digits_vit`, a small ViT trained from scratch on scikit-learn's digits "
           "(20 epochs), with `timm.create_model` in the plain loop.",
           "With freezing off, ptrun's step is 0.97x the plain loop's samples/s on one worker and 0.99x plain "
           "DDP's on two. ptrun's default is only 1.02x the plain loop in wall time: the ViT trains from scratch "
@@ -123,7 +123,7 @@ TABLES = [
           "its ideal is work freezing does not shrink: start-up and shut-down, an evaluation every epoch, the "
           "epoch that fills the cache, and the embedding and head, which always train."),
     Table("sweep_interval_digits_vit.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: digits_vit",
-          "The same sweep on the embedded default.",
+          "The same sweep on `digits_vit`, the ViT from scratch.",
           "digits_vit cannot freeze before epoch 10 of 20 (`freeze.start`), so the interval changes little: "
           "every variant ran within 0.96-0.99x of the plain loop, and the ideal moved only from 1.54x to 1.63x. "
           "The recipe keeps deciding at epoch boundaries. The spread of top-1 between the variants is the noise "
@@ -149,7 +149,7 @@ TABLES = [
           "K = 1 ptrun's stage runs in torch's DDP, as the plain step does; what it adds is the gradient norm "
           "it computes every step. On 2 CPU cores these are shapes, not GPU numbers."),
     Table("bench_speedup.json", "ptrun.bench.speedup", "Speedup breakdown, digits_vit (the paper's Figure 9)",
-          "The embedded default in three interleaved rounds: the baseline without freezing and each combination "
+          "`digits_vit` in three interleaved rounds: the baseline without freezing and each combination "
           "of the paper's components; medians, with the range of the three speedups. Ideal speedup = the "
           "model's training FLOPs over its active units', summed over the run's epochs (what the freeze "
           "schedule allows if frozen units cost nothing); the paper's column is ViT-B/16 on ImageNet on 16 "
@@ -169,7 +169,7 @@ TABLES = [
           "(SQuAD, 16 GPUs) is beyond what three epochs allow when the first one trains everything. (The "
           "recipe has since moved to decisions inside epochs: see the interval sweep above.)", older=True),
     Table("sweep_alpha.json", "ptrun.bench.sweep_alpha", "Freeze rate alpha (the paper's Figure 10)",
-          "The embedded default with all four components at each of the paper's alphas, next to the baseline, "
+          "`digits_vit` with all four components at each of the paper's alphas, next to the baseline, "
           "same seed and data. `freeze.policy=alpha` (the closed form ceil(L (1 - (1 - alpha)^T)), counted from "
           "the recipe's `freeze.start`) makes the schedule a function of alpha alone; "
           "`freeze.max_fraction=1.0` lifts the recipe's cap of 4 of 6 blocks.",
@@ -185,7 +185,7 @@ TABLES = [
           "the counts lie within 7% of each other. `pipe.microbatches=auto` measures this in the job.",
           older=True),
     Table("bench_cache.json", "ptrun.bench.cache", "AutoCache",
-          "The embedded default on a fixed layout (K = 1, DP = 2), freezing one more block every 2 epochs, once "
+          "`digits_vit` on a fixed layout (K = 1, DP = 2), freezing one more block every 2 epochs, once "
           "without and once with the cache, in one invocation. \"First\" is the epoch that fills the cache (or "
           "advances it by the newly frozen block), \"read\" the next one.",
           "Both runs end with the same accuracy (the cache changes nothing in float32; this schedule freezes from "
@@ -193,7 +193,7 @@ TABLES = [
           "reads 1.40x: differences of that size are noise on 2 cores (the cache-less run goes first and pays "
           "the cold start).", older=True),
     Table("bench_pipedream.json", "ptrun.bench.pipedream", "PipeDream against 1F1B",
-          "The embedded default at K = 2: the recipe's 1F1B with M = 2 against `pipe.schedule=pipedream`, same "
+          "`digits_vit` at K = 2: the recipe's 1F1B with M = 2 against `pipe.schedule=pipedream`, same "
           "seed and data, two interleaved rounds, medians (the machine was shared with other benchmarks).",
           "PipeDream runs the pipelined epochs faster (no bubble), but does not reach 1F1B's final accuracy in "
           "the same 20 epochs, so its time to that target is \"never\": trained from scratch with AdamW, the "
