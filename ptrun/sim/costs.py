@@ -26,6 +26,8 @@ Formulas (N tokens, width D, MLP hidden H = mlp_ratio x D, C input channels, P p
           every unit but the head also passes on the additive mask (N fp32 values a sample).
           head: qa 2 D + 2 params, 2 N D 2 FLOPs; classification pooler + classifier; mlm transform +
           the tied decoder (V D, counted again: the head's stage holds a replica).
+    The decoders (`decoder_costs`), DeBERTa-v2 / v3 (`deberta_costs`) and ModernBERT (`modernbert_costs`)
+    are priced from their whole config.json, each function saying what it counts.
 
 A measured profile (`load_profile`) replaces the FLOP model by per-unit forward + backward seconds per
 sample measured on the target device (e.g. `ptrun.parallel.profile.profile_units` on one micro-batch,
