@@ -17,7 +17,8 @@ def tiny_config(kind: str, num_labels: int = 3):
     `deberta-v2` is shaped as DeBERTa-v3 (relative attention in log buckets fewer than the test sequences'
     distances, the table normalised, keys shared, no absolute positions); `deberta-v2-conv` as DeBERTa-v2
     xlarge (the same plus the convolution after layer 0), with its own position projections (keys not shared)
-    and token types. `modernbert`: layer 0 global, layer 1 local with a window shorter than the sequences."""
+    and token types. `modernbert`: layer 0 global, layer 1 local with a window shorter than the sequences,
+    classifying from the mean over the real tokens (as ModernBERT-base)."""
     import transformers as T
 
     common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -39,8 +40,9 @@ def tiny_config(kind: str, num_labels: int = 3):
         "deberta-v2": lambda: T.DebertaV2Config(**common, **no_dropout, **deberta_v3),
         "deberta-v2-conv": lambda: T.DebertaV2Config(**common, **no_dropout, **deberta_v3 | dict(
             conv_kernel_size=3, conv_act="gelu", share_att_key=False, type_vocab_size=2)),
-        "modernbert": lambda: T.ModernBertConfig(**common, local_attention=4, pad_token_id=0, bos_token_id=1,
-                                                 eos_token_id=2, cls_token_id=1, sep_token_id=2),
+        "modernbert": lambda: T.ModernBertConfig(**common, local_attention=4, classifier_pooling="mean",
+                                                 pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                                 sep_token_id=2),
         "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                      num_labels=num_labels),

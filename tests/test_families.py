@@ -1,7 +1,8 @@
 """Every supported transformers family, from a directory the library itself wrote (tiny random configs from its
 own config classes): the layered model's logits equal the library model's (fp32, with padding), frozen units
 take no gradient and no optimizer state, the export reloads with `AutoModelFor*.from_pretrained` to equal
-logits, and what ptrun cannot split is one line. (K = 2 pipelines against K = 1: tests/test_pipeline_dist.py.)"""
+logits, the simulator counts the parameters of those it prices from config.json, and what ptrun cannot split is
+one line. (K = 2 pipelines against K = 1: tests/test_pipeline_dist.py.)"""
 
 from __future__ import annotations
 
