@@ -3,19 +3,31 @@ classes (imported by name by the tests and by spawned pipeline workers)."""
 
 from __future__ import annotations
 
-ENCODERS = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+ENCODERS = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2", "modernbert")
 DECODERS = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
+VARIANTS = {"deberta-v2-conv": "deberta-v2"}
+"""Further tiny configurations of a family (name -> its model_type), for what its default one leaves out."""
 VOCAB = 100
 
 
 def tiny_config(kind: str, num_labels: int = 3):
     """A 2-layer, 32-wide model of `kind` (4 heads; decoders with grouped KV heads where they have them,
-    Mistral with a sliding window shorter than the test sequences, GPT-2 with tied embeddings)."""
+    Mistral with a sliding window shorter than the test sequences, GPT-2 with tied embeddings).
+
+    `deberta-v2` is shaped as DeBERTa-v3 (relative attention in log buckets fewer than the test sequences'
+    distances, the table normalised, keys shared, no absolute positions); `deberta-v2-conv` as DeBERTa-v2
+    xlarge (the same plus the convolution after layer 0), with its own position projections (keys not shared)
+    and token types. `modernbert`: layer 0 global, layer 1 local with a window shorter than the sequences,
+    classifying from the mean over the real tokens (as ModernBERT-base)."""
     import transformers as T
 
     common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                   max_position_embeddings=64, num_labels=num_labels)
     no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    deberta_v3 = dict(relative_attention=True, position_buckets=4, max_relative_positions=-1,
+                      norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type="p2c|c2p",
+                      position_biased_input=False, type_vocab_size=0, pooler_dropout=0.0,
+                      initializer_range=0.06)  # gradients above the tests' clip
     make = {
         "bert": lambda: T.BertConfig(**common, **no_dropout),
         "roberta": lambda: T.RobertaConfig(**common, **no_dropout, pad_token_id=1, type_vocab_size=1),
@@ -25,6 +37,12 @@ def tiny_config(kind: str, num_labels: int = 3):
                                                  max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
                                                  seq_classif_dropout=0.0, num_labels=num_labels,
                                                  initializer_range=0.06),  # gradients above the tests' clip
+        "deberta-v2": lambda: T.DebertaV2Config(**common, **no_dropout, **deberta_v3),
+        "deberta-v2-conv": lambda: T.DebertaV2Config(**common, **no_dropout, **deberta_v3 | dict(
+            conv_kernel_size=3, conv_act="gelu", share_att_key=False, type_vocab_size=2)),
+        "modernbert": lambda: T.ModernBertConfig(**common, local_attention=4, classifier_pooling="mean",
+                                                 pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                                 sep_token_id=2),
         "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                      num_labels=num_labels),

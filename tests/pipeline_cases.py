@@ -40,9 +40,11 @@ MODELS = {
 }
 NUM_CLASSES = {"vit": 10, "bert": 3, "bert_mlm": 2}
 FAMILIES = {"roberta": "classification", "distilbert": "classification", "qwen3": "classification",
+            "deberta-v2": "classification", "deberta-v2-conv": "classification", "modernbert": "classification",
             "gpt2_lm": "causal_lm", "llama_lm": "causal_lm"}
 """Tiny transformers families (tests/hf_families.py) by case kind, and their task: GPT-2's LM head is tied
-to its input embedding across the stages."""
+to its input embedding across the stages, DeBERTa's relative-position table is shared by the attention halves
+of every stage."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def textbook_loss(net, kind: str, b: dict[str, torch.Tensor]) -> torch.Tensor:
     w = b["weight"]
     if kind == "vit":
         return (F.cross_entropy(net(b["pixel_values"]), b["labels"], reduction="none") * w).sum() / w.sum()
-    types = {"token_type_ids": b["token_type_ids"]} if kind.startswith("bert") else {}
+    types = {"token_type_ids": b["token_type_ids"]} if getattr(net.config, "type_vocab_size", 0) > 1 else {}
     logits = net(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **types).logits
     if task(kind) == "classification":
         return (F.cross_entropy(logits, b["labels"], reduction="none") * w).sum() / w.sum()

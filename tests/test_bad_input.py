@@ -62,7 +62,8 @@ MESSAGES = {
     "hf_dir_without_weights": "no weights in the directory (model.safetensors, model.safetensors.index.json, "
                               "pytorch_model.bin)",
     "unsupported_model_type": "is not allowed: a Hugging Face model of a supported model_type (bert, roberta, "
-                              "xlm-roberta, electra, distilbert, gpt2, llama, qwen2, qwen3, mistral); ",
+                              "xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, "
+                              "mistral); ",
     "task_the_family_does_not_do": "model.task='qa' is not allowed: one of causal_lm, classification, regression "
                                    "for a llama model",
     "causal_lm_without_a_decoder": "model.task='causal_lm' is not allowed: causal_lm only for a decoder given as "

@@ -1,7 +1,8 @@
 """Every supported transformers family, from a directory the library itself wrote (tiny random configs from its
 own config classes): the layered model's logits equal the library model's (fp32, with padding), frozen units
 take no gradient and no optimizer state, the export reloads with `AutoModelFor*.from_pretrained` to equal
-logits, and what ptrun cannot split is one line. (K = 2 pipelines against K = 1: tests/test_pipeline_dist.py.)"""
+logits, the simulator counts the parameters of those it prices from config.json, and what ptrun cannot split is
+one line. (K = 2 pipelines against K = 1: tests/test_pipeline_dist.py.)"""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ import json
 import pytest
 import torch
 
-from hf_families import DECODERS, ENCODERS, VOCAB, auto_class, tiny_config
-from ptrun.config import ConfigError, ModelConfig, OptimConfig
+from hf_families import DECODERS, ENCODERS, VARIANTS, VOCAB, auto_class, tiny_config
+from ptrun.config import ConfigError, DataConfig, ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.models.export import export_model
+from ptrun.models.hf import FAMILIES
 from ptrun.models.losses import WeightedLoss, make_target
+from ptrun.parallel.layout import param_costs
 from ptrun.parallel.optim import build_optimizer
+from ptrun.sim.costs import costs_from_config
 
-CASES = [(k, t) for k in ENCODERS for t in ("classification", "qa")] + \
+CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + \
         [(k, t) for k in DECODERS for t in ("classification", "causal_lm")]
-FAST = {("roberta", "classification"), ("distilbert", "qa"), ("llama", "causal_lm"), ("gpt2", "classification")}
+FAST = {("roberta", "classification"), ("distilbert", "qa"), ("llama", "causal_lm"), ("gpt2", "classification"),
+        ("deberta-v2-conv", "classification"), ("modernbert", "classification")}
 """What the fast tier checks of the slower tests (each model build is about a second); `slow` runs them all."""
 
 
@@ -42,18 +47,31 @@ def saved(tmp_path_factory):
 
 
 def batch() -> dict[str, torch.Tensor]:
-    """Three sequences of 10 tokens, two of them padded on the right (pad id 0 never appears inside)."""
+    """Three sequences of 10 tokens, two of them padded on the right (pad id 0 never appears inside), the
+    second half of each of type 1."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, VOCAB, (3, 10), generator=g)
     mask = torch.ones(3, 10, dtype=torch.long)
     mask[1, 7:] = 0
     mask[2, 4:] = 0
-    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    types = (torch.arange(10) >= 5).long().expand(3, 10) * mask
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types}
 
 
 def library_logits(model, b: dict[str, torch.Tensor], task: str) -> torch.Tensor:
-    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+    types = {"token_type_ids": b["token_type_ids"]} if getattr(model.config, "type_vocab_size", 0) > 1 else {}
+    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **types)
     return torch.stack([out.start_logits, out.end_logits], -1) if task == "qa" else out.logits
+
+
+def family(kind: str) -> str:
+    """The model_type of a tiny configuration."""
+    return VARIANTS.get(kind, kind)
+
+
+def kernel(kind: str, attention: str) -> dict[str, str]:
+    """The library's `attn_implementation` for `model.attention` (DeBERTa refuses to be asked: it has one)."""
+    return {"attn_implementation": attention} if FAMILIES[family(kind)].attention_kernels else {}
 
 
 def layered_from(path, task: str, attention: str = "sdpa"):
@@ -65,12 +83,12 @@ def layered_from(path, task: str, attention: str = "sdpa"):
 @pytest.mark.parametrize("kind,task", CASES)
 def test_units_equal_the_library_model(saved, kind, task, attention):
     layered = layered_from(saved[kind, task], task, attention).eval()
-    library = auto_class(task).from_pretrained(saved[kind, task], attn_implementation=attention).eval()
+    library = auto_class(task).from_pretrained(saved[kind, task], **kernel(kind, attention)).eval()
     b = batch()
     with torch.no_grad():
         ours = layered(*(b[k] for k in layered.input_names))
         want = library_logits(library, b, task)
-    assert layered.family == kind and len(layered.units) == 2 * 2 + 2
+    assert layered.family == family(kind) and len(layered.units) == 2 * 2 + 2
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
 
 
@@ -120,6 +138,27 @@ def test_export_reloads_with_the_library(saved, kind, task, tmp_path):
         assert library.config.id2label == dict(enumerate(names))
 
 
+def test_units_start_from_the_library_rules_for_their_blocks():
+    """Each unit is initialised as the library's `initialize_weights` does it, children before parents, so a
+    block's own rule wins over the generic one for its Linear layers: ModernBERT's truncated normals (cut at
+    2 std) and its classifier's width^-1/2 (a rule of the task model itself), GPT-2's c_proj scaled by
+    1/sqrt(2 L)."""
+    def built(kind: str):
+        torch.manual_seed(0)
+        return build_model(ModelConfig(name=kind), num_classes=3, library_config=tiny_config(kind)).model
+
+    modern = built("modernbert")
+    std = modern.config.initializer_range
+    for layer in modern.model.layers:
+        assert layer.attn.Wqkv.weight.abs().max() <= 2 * std  # the generic normal(0, std) would exceed it
+        assert layer.mlp.Wo.weight.abs().max() <= 2 * std / 2  # std / sqrt(2 L), L = 2
+    classifier = modern.classifier.weight
+    assert classifier.abs().max() <= 2 * 32**-0.5 and classifier.std() > 5 * std
+    gpt2 = built("gpt2")
+    for block in gpt2.transformer.h:
+        assert block.attn.c_proj.weight.std() < 0.7 * std and block.mlp.c_proj.weight.std() < 0.7 * std
+
+
 def test_tied_output_embedding_is_declared_across_the_model(saved):
     layered = layered_from(saved["gpt2", "causal_lm"], "causal_lm")
     assert layered.tied == {"transformer.wte.weight": (0, len(layered.units) - 1)}
@@ -137,3 +176,53 @@ def test_a_task_the_family_does_not_do_is_one_line(saved, kind, task):
     source = saved[kind, "classification"]
     with pytest.raises(ConfigError, match=rf"model.task='{task}' is not allowed: a {kind} model does"):
         layered_from(source, task)
+
+
+PUBLISHED = {  # the sizes of published config.json files, as written there
+    "deberta-v3-base": {"model_type": "deberta-v2", "hidden_size": 768, "intermediate_size": 3072,
+                        "num_attention_heads": 12, "num_hidden_layers": 12, "max_position_embeddings": 512,
+                        "relative_attention": True, "position_buckets": 256, "norm_rel_ebd": "layer_norm",
+                        "share_att_key": True, "pos_att_type": "p2c|c2p", "max_relative_positions": -1,
+                        "position_biased_input": False, "type_vocab_size": 0, "vocab_size": 128100},
+    "deberta-v2-xlarge": {"model_type": "deberta-v2", "attention_head_size": 64, "conv_act": "gelu",
+                          "conv_kernel_size": 3, "hidden_size": 1536, "intermediate_size": 6144,
+                          "max_position_embeddings": 512, "max_relative_positions": -1, "norm_rel_ebd": "layer_norm",
+                          "num_attention_heads": 24, "num_hidden_layers": 24, "pooler_hidden_size": 1536,
+                          "pos_att_type": "p2c|c2p", "position_biased_input": False, "position_buckets": 256,
+                          "relative_attention": True, "share_att_key": True, "type_vocab_size": 0,
+                          "vocab_size": 128100},
+    "modernbert-base": {"model_type": "modernbert", "attention_bias": False, "classifier_bias": False,
+                        "classifier_pooling": "mean", "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0,
+                        "hidden_size": 768, "intermediate_size": 1152, "local_attention": 128,
+                        "local_rope_theta": 10000.0, "max_position_embeddings": 8192, "mlp_bias": False,
+                        "norm_bias": False, "num_attention_heads": 12, "num_hidden_layers": 22, "pad_token_id": 50283,
+                        "bos_token_id": 50281, "eos_token_id": 50282, "cls_token_id": 50281, "sep_token_id": 50282,
+                        "vocab_size": 50368},
+}
+PRICED = ("deberta-v2", "deberta-v2-conv", "modernbert")
+"""The families the simulator prices from their whole config.json (`ptrun.sim.costs.ENCODER_COSTS`)."""
+
+
+@pytest.mark.parametrize("task", ["classification", "qa"])
+@pytest.mark.parametrize("name", [*PRICED, *PUBLISHED])
+def test_the_planner_counts_every_parameter_of_the_library_model(saved, tmp_path, name, task):
+    """The simulator's per-unit parameter counts, from config.json alone, are the built model's (what the
+    planner counts in a run: a tied weight on every unit holding a replica), and over the units they are the
+    library model's `num_parameters` plus those replicas. Published sizes are built on the meta device."""
+    from transformers import AutoConfig
+
+    labels = 2 if task == "qa" else 3
+    if name in PUBLISHED:
+        (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[name]))
+        path = tmp_path
+    else:
+        path = saved[name, task]
+    config = AutoConfig.from_pretrained(path, num_labels=labels)
+    costs = costs_from_config(ModelConfig(name=name, pretrained=str(path), task=task, num_classes=labels),
+                              DataConfig(max_length=128))
+    layered = build_model(ModelConfig(name=name, task=task), num_classes=labels, library_config=config, units=())
+    with torch.device("meta"):
+        library = auto_class(task).from_config(config)
+    replicas = sum((len(users) - 1) * layered.param_shapes[n].numel() for n, users in layered.tied.items())
+    assert costs.params == tuple(param_costs(layered))
+    assert sum(costs.params) == library.num_parameters() + replicas

@@ -1,8 +1,8 @@
 """Every schedule, K in {1, 2, 4}, DP in {1, 2}, ViT and BERT (classification and MLM with tied weights), and a
-2-stage pipeline of RoBERTa, DistilBERT, Qwen3 (classification), GPT-2 and Llama (causal LM), on
-real worker processes (gloo, elastic_launch on localhost): the loss, the pre-clip global gradient norm and
-the parameters after two clipped AdamW steps equal a plain single-process reference on the same global
-batches (rtol 1e-5, atol 4e-5). All cases of one world size run in a single launch (start-up is ~7 s)."""
+2-stage pipeline of RoBERTa, DistilBERT, Qwen3, DeBERTa-v3, DeBERTa-v2 with its convolution, ModernBERT
+(classification), GPT-2 and Llama (causal LM), on real worker processes (gloo, elastic_launch on localhost):
+the loss, the pre-clip global gradient norm and the parameters after two clipped AdamW steps equal a plain
+single-process reference on the same global batches (rtol 1e-5, atol 4e-5). All cases of one world size run in a single launch (start-up is ~7 s)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ CASES = {
     + [Case("bert_mlm", "1F1B", 2, 1), Case("bert_mlm", "GPipe", 1, 2), Case("vit", "1F1B", 2, 1, recompute="stage"),
        Case("bert", "GPipe", 2, 1, recompute="every:1"), Case("vit", "LoopedBFS", 2, 1, 2),
        Case("vit", "InterleavedZeroBubble", 2, 1, 2), Case("bert", "DualPipeV", 2, 1, 2)]
-    # every transformers family the tests build, as a 2-stage pipeline (GPT-2's tied LM head across stages)
+    # every transformers family the tests build, as a 2-stage pipeline (GPT-2's tied LM head across stages,
+    # DeBERTa's shared relative-position table); 4 stages of DeBERTa with the convolution cut block 0 in two,
+    # so layer 0's input crosses to the stage of the convolution
     + [Case(kind, "1F1B", 2, 1) for kind in pc.FAMILIES]
-    + [Case("llama_lm", "GPipe", 1, 2), Case("llama_lm", "ZBVZeroBubble", 2, 1, 2)],
+    + [Case("llama_lm", "GPipe", 1, 2), Case("llama_lm", "ZBVZeroBubble", 2, 1, 2),
+       Case("deberta-v2-conv", "Interleaved1F1B", 2, 1, 2)],
     4: [Case(kind, s, pp, 4 // pp, v) for kind in ("vit", "bert") for s, v in SCHEDULES for pp in (2, 4)]
     + [Case("bert_mlm", "GPipe", 2, 2), Case("bert_mlm", "1F1B", 4, 1), Case("bert_mlm", "ZBVZeroBubble", 2, 2, 2),
        Case("vit", "GPipe", 4, 1, recompute="every:2")],
@@ -83,7 +86,8 @@ def test_pipeline_equals_single_process(results, world, case):
     assert covered == set(want_params), "every parameter is held by some rank"
 
 
-TIED = {"bert_mlm": "bert.embeddings.word_embeddings.weight", "gpt2_lm": "transformer.wte.weight"}
+TIED = {"bert_mlm": "bert.embeddings.word_embeddings.weight", "gpt2_lm": "transformer.wte.weight",
+        "deberta-v2": "deberta.encoder.rel_embeddings.weight", "deberta-v2-conv": "deberta.encoder.rel_embeddings.weight"}
 
 
 @pytest.mark.parametrize("world,case", [(w, c) for w, c in ALL if c.kind in TIED],

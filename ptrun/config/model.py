@@ -11,7 +11,7 @@ TASKS = ("classification", "regression", "qa", "causal_lm")
 """`model.task`."""
 FAMILIES = ("vit", "transformers", "bert", None)
 """`model.family` (None: inferred from the name and `pretrained`)."""
-ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2", "modernbert")
 """Encoder `model_type`s (config.json) ptrun splits into units: classification, regression, qa."""
 DECODER_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
 """Decoder `model_type`s ptrun splits into units: causal_lm, classification, regression."""
@@ -32,8 +32,8 @@ class ModelConfig:
     Hugging Face model (its architecture comes from its config.json, not from this name)."""
     family: Optional[str] = choice(None, FAMILIES)
     """`vit` (timm) or `transformers` (a Hugging Face model: a BERT preset, or `pretrained`'s `model_type`:
-    bert, roberta, xlm-roberta, electra, distilbert, gpt2, llama, qwen2, qwen3, mistral); `bert` means
-    `transformers`. None = inferred from `name` and `pretrained`."""
+    bert, roberta, xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, mistral);
+    `bert` means `transformers`. None = inferred from `name` and `pretrained`."""
     task: str = choice("classification", TASKS)
     """`classification` (images, text), `regression` (one real-valued output: GLUE's STS-B), `qa` (SQuAD-style
     span extraction, encoders) or `causal_lm` (next-token prediction over the real tokens, decoders; its eval
@@ -76,7 +76,8 @@ class ModelConfig:
     attention: str = choice("sdpa", ATTENTIONS)
     """BERT's attention kernel: `sdpa` (torch's fused scaled-dot-product attention, what transformers picks by
     default: about 1.5x faster a step here) or `eager` (transformers' explicit softmax(QK^T + mask) V, bit for
-    bit the library model's own forward whatever its mask). timm's ViT uses its own default (fused)."""
+    bit the library model's own forward whatever its mask). timm's ViT uses its own default (fused); DeBERTa
+    (`deberta-v2`) has one attention of its own (disentangled), whatever this says."""
 
 
 def check_model(cfg) -> None:

@@ -108,11 +108,11 @@ def split_encoder(model: nn.Module, task: str) -> list[nn.Module]:
     else:
         for layer in base.encoder.layer:
             units += [AttnHalf(layer.attention), MlpHalf(layer.intermediate, layer.output)]
-    units.append(_head(model, task))
+    units.append(encoder_head(model, task))
     return units
 
 
-def _head(model: nn.Module, task: str) -> nn.Module:
+def encoder_head(model: nn.Module, task: str) -> nn.Module:
     """The task head over the last hidden states, as the task model's forward applies it."""
     if task == "qa":  # logits [B, T, 2]: start in [..., 0], end in [..., 1]
         return Head(*[m for m in (getattr(model, "dropout", None), model.qa_outputs) if m is not None])
@@ -120,7 +120,9 @@ def _head(model: nn.Module, task: str) -> nn.Module:
         return Head(model.cls)
     if hasattr(model, "pre_classifier"):  # DistilBERT: first token, dense, ReLU, dropout, classifier
         return Head(model.pre_classifier, nn.ReLU(), model.dropout, model.classifier, first_token=True)
-    pooler = getattr(getattr(model, model.base_model_prefix), "pooler", None)
-    if pooler is not None:  # BERT: pooler (first token, dense, tanh), dropout, classifier
+    # BERT's pooler is the base model's (first token, dense, tanh); DeBERTa's ContextPooler the task model's
+    # (first token, dropout, dense, activation)
+    pooler = getattr(model, "pooler", None) or getattr(getattr(model, model.base_model_prefix), "pooler", None)
+    if pooler is not None:  # pooler, dropout, classifier
         return Head(pooler, model.dropout, model.classifier)
     return Head(model.classifier)  # RoBERTa / XLM-R / ELECTRA: their classification head pools itself

@@ -1,9 +1,10 @@
 """transformers models as layered units: the supported families, read from a checkpoint's `config.json`.
 
 The family is the checkpoint's `model_type`, never its name. Each family names its dropout fields and how its
-task model splits into units (`encoders.split_encoder`, `decoders.split_decoder`); the task model is the
-library's own `AutoModelFor...` class built from the directory's configuration, its weights read per unit
-later (`ptrun.models.weights`). transformers is imported inside the functions: it costs seconds per process.
+task model splits into units (`encoders.split_encoder`, `deberta.split_deberta`, `modernbert.split_modernbert`,
+`decoders.split_decoder`); the task model is the library's own `AutoModelFor...` class built from the
+directory's configuration, its weights read per unit later (`ptrun.models.weights`). transformers is imported
+inside the functions: it costs seconds per process.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Family:
     decoder: bool
     dropout: tuple[str, ...]
     """The config fields `model.dropout` sets."""
+    attention_kernels: bool = True
+    """Whether the library offers the family `model.attention`'s kernels (sdpa, eager). DeBERTa has one
+    attention of its own and raises when asked for sdpa (the default), so it is not asked."""
 
 
 _BERT_LIKE = ("hidden_dropout_prob", "attention_probs_dropout_prob")
@@ -40,6 +44,8 @@ FAMILIES = {
     "xlm-roberta": Family(False, _BERT_LIKE),
     "electra": Family(False, _BERT_LIKE),
     "distilbert": Family(False, ("dropout", "attention_dropout", "seq_classif_dropout", "qa_dropout")),
+    "deberta-v2": Family(False, _BERT_LIKE + ("pooler_dropout",), attention_kernels=False),
+    "modernbert": Family(False, ("embedding_dropout", "attention_dropout", "mlp_dropout", "classifier_dropout")),
     "gpt2": Family(True, ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
     "llama": Family(True, ("attention_dropout",)),
     "qwen2": Family(True, ("attention_dropout",)),
@@ -92,13 +98,26 @@ def build_transformers(cfg: ModelConfig, config, kind: str, *, task_class: str |
         units, tied = split_decoder(model, cfg.task), tied_lm_head(model, cfg.task)
         input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     else:
-        from ptrun.models.encoders import split_encoder
-
-        units, tied = split_encoder(model, cfg.task), (_tied_decoder(model) if cfg.task == "mlm" else [])
+        units, tied = _split_encoder(model, kind, cfg.task)
         uses_types = getattr(config, "type_vocab_size", 0) > 1  # RoBERTa / XLM-R have one type: none needed
         input_names = ("input_ids", "attention_mask") + (("token_type_ids",) if uses_types else ())
     return LayeredModel(model, family=kind, task=cfg.task, units=units, input_names=input_names, tied=tied,
                         init=partial(init_hf_unit, model))
+
+
+def _split_encoder(model: nn.Module, kind: str, task: str) -> tuple[list[nn.Module], list[nn.Parameter]]:
+    """An encoder's units and the parameters several of them use."""
+    if kind == "deberta-v2":
+        from ptrun.models.deberta import shared_rel_embeddings, split_deberta
+
+        return split_deberta(model, task), shared_rel_embeddings(model)
+    if kind == "modernbert":
+        from ptrun.models.modernbert import split_modernbert
+
+        return split_modernbert(model, task), []
+    from ptrun.models.encoders import split_encoder
+
+    return split_encoder(model, task), (_tied_decoder(model) if task == "mlm" else [])
 
 
 def from_directory(cfg: ModelConfig, *, num_labels: int) -> LayeredModel:
@@ -110,7 +129,8 @@ def from_directory(cfg: ModelConfig, *, num_labels: int) -> LayeredModel:
     kind = model_type(path)
     dropout = dict.fromkeys(FAMILIES[kind].dropout, cfg.dropout)
     labels = {} if cfg.task == "causal_lm" else {"num_labels": num_labels}
-    config = AutoConfig.from_pretrained(path, attn_implementation=cfg.attention, **labels, **dropout)
+    kernel = {"attn_implementation": cfg.attention} if FAMILIES[kind].attention_kernels else {}
+    config = AutoConfig.from_pretrained(path, **kernel, **labels, **dropout)
     if getattr(config, "is_decoder", False) and not FAMILIES[kind].decoder:
         raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: a {kind} configured as a "
                           f"decoder (is_decoder=true); ptrun trains {kind} as an encoder")
@@ -149,6 +169,12 @@ def _tied_decoder(model: nn.Module) -> list[nn.Parameter]:
 
 def init_hf_unit(model: nn.Module, unit: nn.Module) -> None:
     """transformers' own initialisation (`_init_weights`: e.g. Linear and Embedding normal with the config's
-    `initializer_range`, zero biases and padding row, norms ones and zeros), for one unit's modules."""
-    for module in unit.modules():
-        model._init_weights(module)
+    `initializer_range`, zero biases and padding row, norms ones and zeros), for one unit's modules.
+
+    Children before their parents (`apply`), as the library's `initialize_weights` visits them: a rule for a
+    block (GPT-2's scaled `c_proj` in its attention and MLP, ModernBERT's truncated normals) then has the last
+    word over the generic rule for the Linear inside it."""
+    unit.apply(model._init_weights)
+    classifier = getattr(model, "classifier", None)
+    if model.config.model_type == "modernbert" and any(p is classifier.weight for p in unit.parameters()):
+        model._init_weights(model)  # ModernBERT draws its classifier in the rule for the task model itself

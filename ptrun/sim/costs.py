@@ -26,6 +26,8 @@ Formulas (N tokens, width D, MLP hidden H = mlp_ratio x D, C input channels, P p
           every unit but the head also passes on the additive mask (N fp32 values a sample).
           head: qa 2 D + 2 params, 2 N D 2 FLOPs; classification pooler + classifier; mlm transform +
           the tied decoder (V D, counted again: the head's stage holds a replica).
+    The decoders (`decoder_costs`), DeBERTa-v2 / v3 (`deberta_costs`) and ModernBERT (`modernbert_costs`)
+    are priced from their whole config.json, each function saying what it counts.
 
 A measured profile (`load_profile`) replaces the FLOP model by per-unit forward + backward seconds per
 sample measured on the target device (e.g. `ptrun.parallel.profile.profile_units` on one micro-batch,
@@ -181,6 +183,87 @@ def decoder_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, h
                       tuple(map(float, [act, *[act] * (2 * depth), head[2]])), tuple([0.0, *blocks_f, head[1]]))
 
 
+def deberta_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classification",
+                  num_labels: int = 2) -> ModelCosts:
+    """Costs of a DeBERTa-v2 / v3 (`hf`: its config.json, with the library's defaults for absent keys) as
+    ptrun splits it (`ptrun.models.deberta`): the padding mask (N fp32 values) travels with the hidden state;
+    the relative-position table (and its LayerNorm) is counted on every attention half, each holding a
+    replica; block 0's attention half also passes its input on when the model has the convolution after
+    layer 0, which its MLP half holds. Attention FLOPs add the content-to-position and position-to-content
+    scores (N x 2S per head, S the relative span)."""
+    t, d, i, v = seq_len, hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    e = hf.get("embedding_size") or d
+    heads = hf["num_attention_heads"]
+    a = heads * hf["attention_head_size"] if hf.get("attention_head_size") else d
+    positions = hf.get("max_position_embeddings") or 512
+    kinds = hf.get("pos_att_type") or []
+    kinds = [k.strip() for k in kinds.lower().split("|")] if isinstance(kinds, str) else list(kinds)
+    relative = bool(hf.get("relative_attention", False))
+    max_relative = hf.get("max_relative_positions", -1)
+    max_relative = positions if max_relative < 1 else max_relative
+    buckets = hf.get("position_buckets", -1)
+    span = buckets if buckets > 0 else max_relative
+    normed = "layer_norm" in [x.strip() for x in str(hf.get("norm_rel_ebd", "none")).lower().split("|")]
+    kernel, groups = hf.get("conv_kernel_size", 0) or 0, hf.get("conv_groups", 1) or 1
+    mask = t * FP32
+    embed_p = v * e + (positions * e if hf.get("position_biased_input", True) else 0) + \
+        (hf.get("type_vocab_size", 0) or 0) * e + (e * d if e != d else 0) + 2 * d
+    attn_p = 3 * (d * a + a) + d * d + d + 2 * d
+    attn_f = 2.0 * (3 * t * d * a + t * a * d + 2 * t * t * a)
+    if relative:
+        if not hf.get("share_att_key", False):
+            attn_p += sum(d * a + a for k in ("c2p", "p2c") if k in kinds)
+        attn_p += 2 * span * d + (2 * d if normed else 0)  # the shared table: a replica on every attention half
+        attn_f += 2.0 * t * 2 * span * a * sum(k in kinds for k in ("c2p", "p2c"))
+    mlp_p = 2 * d * i + i + d + 2 * d
+    mlp_f = 2.0 * 2 * t * d * i
+    conv_p = d * (d // groups) * kernel + d + 2 * d if kernel > 0 else 0
+    act = t * d * FP32 + mask
+    params = [embed_p] + [attn_p, mlp_p] * hf["num_hidden_layers"]
+    flops = [2.0 * t * e * d if e != d else 0.0] + [attn_f, mlp_f] * hf["num_hidden_layers"]
+    acts = [act] * (1 + 2 * hf["num_hidden_layers"])
+    if conv_p:
+        params[2] += conv_p
+        flops[2] += 2.0 * t * d * (d // groups) * kernel
+        acts[1] += t * d * FP32  # layer 0's input, for the convolution
+    if task == "qa":
+        head = (2 * d + 2, 2.0 * t * d * 2, t * 2 * FP32)
+    else:  # ContextPooler (first token, dense) and the classifier
+        head = (d * d + d + d * num_labels + num_labels, 2.0 * (d * d + d * num_labels), num_labels * FP32)
+    return ModelCosts(unit_names(hf["num_hidden_layers"]), tuple(map(float, params + [head[0]])),
+                      tuple(map(float, acts + [head[2]])), tuple(flops + [head[1]]))
+
+
+def modernbert_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classification",
+                     num_labels: int = 2) -> ModelCosts:
+    """Costs of a ModernBERT (`hf`: its config.json, the library's defaults for absent keys) as ptrun splits it
+    (`ptrun.models.modernbert`): pre-norm halves (layer 0's attention norm is an identity), fused QKV, a gated
+    MLP (Wi: D x 2I, Wo: I x D), the padding mask travelling with the hidden state. Local layers are counted
+    as global ones: the padded path computes every score and masks those outside the window. Head: final norm,
+    the prediction head (dense, norm) and the classifier, on the pooled token or (qa) every token."""
+    t, d, i, v = seq_len, hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    norm = d * (2 if hf.get("norm_bias", False) else 1)
+    attn_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
+    attn_p = 4 * d * d + (4 * d if attn_bias else 0)
+    mlp_p = norm + 3 * d * i + (2 * i + d if mlp_bias else 0)
+    attn_f, mlp_f = attention_flops(t, d), 2.0 * t * 3 * d * i
+    depth = hf["num_hidden_layers"]
+    params = [v * d + norm] + [p for layer in range(depth) for p in (attn_p + (norm if layer else 0), mlp_p)]
+    labels = 2 if task == "qa" else num_labels
+    head_p = 2 * norm + d * d + (d if hf.get("classifier_bias", False) else 0) + d * labels + labels
+    pooled = t if task == "qa" else 1
+    head = (head_p, 2.0 * pooled * (d * d + d * labels), pooled * labels * FP32)
+    act = t * d * FP32 + t * FP32
+    return ModelCosts(unit_names(depth), tuple(map(float, params + [head[0]])),
+                      tuple(map(float, [act] * (1 + 2 * depth) + [head[2]])),
+                      tuple([0.0] + [attn_f, mlp_f] * depth + [head[1]]))
+
+
+ENCODER_COSTS = {"deberta-v2": deberta_costs, "modernbert": modernbert_costs}
+"""Encoder families whose units are not BERT's (`bert_costs`), by `model_type`: priced from their whole
+config.json."""
+
+
 def _family(model: ModelConfig) -> str:
     if model.pretrained and (Path(model.pretrained).expanduser() / "config.json").is_file():
         return "bert"  # a Hugging Face directory: a transformers model, whatever the model group said
@@ -196,17 +279,24 @@ SIZE_KEYS = {"depth": ("num_hidden_layers", "n_layer", "n_layers"), "width": ("h
 """Each size and the config.json keys the families name it by (BERT's, GPT-2's, DistilBERT's)."""
 
 
-def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
-    """The sizes in a Hugging Face directory's config.json (`model.pretrained`), which the model is built
-    from; {} when there is none."""
+def _hf_config(model: ModelConfig) -> dict[str, Any]:
+    """A Hugging Face directory's config.json (`model.pretrained`), which the model is built from; {} when
+    there is none."""
     path = Path(model.pretrained).expanduser() / "config.json" if model.pretrained else None
     if path is None or not path.is_file():
         return {}
     try:
-        hf = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
                           f"({e})") from None
+
+
+def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
+    """The sizes in a Hugging Face directory's config.json (`model.pretrained`); {} when there is none."""
+    hf = _hf_config(model)
+    if not hf:
+        return {}
     sizes = {size: next((hf[k] for k in keys if hf.get(k) is not None), None) for size, keys in SIZE_KEYS.items()}
     if not (sizes["depth"] and sizes["width"]):
         raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
@@ -222,6 +312,10 @@ def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
     ConfigError naming the key that is missing."""
     if _family(model) == "bert":
         hf = _hf_sizes(model)
+        if hf.get("model_type") in ENCODER_COSTS:
+            labels = model.num_classes or (3 if data.task == "mnli" else 2)
+            return ENCODER_COSTS[hf["model_type"]](_hf_config(model), task=model.task, num_labels=labels,
+                                                   seq_len=data.max_length or (384 if data.name == "squad" else 128))
         if hf.get("model_type") in DECODER_TYPES:
             heads = hf["heads"] or 1
             return decoder_costs(seq_len=data.max_length or 512, hidden=hf["width"], depth=model.depth or hf["depth"],
@@ -306,5 +400,5 @@ def load_profile(path: str | Path, base: ModelCosts) -> ModelCosts:
                    update_seconds=tuple(map(float, vectors["update_s"])) if "update_s" in vectors else None)
 
 
-__all__ = ["ModelCosts", "attention_flops", "bert_costs", "costs_from_config", "load_profile", "mlp_flops",
-           "save_profile", "unit_names", "vit_costs"]
+__all__ = ["ModelCosts", "attention_flops", "bert_costs", "costs_from_config", "deberta_costs", "load_profile",
+           "mlp_flops", "modernbert_costs", "save_profile", "unit_names", "vit_costs"]
