@@ -1,18 +1,21 @@
-"""AutoCache: the store's tiers and integrity, and the prefix cache's exactness (single process; the
-4-worker run is in test_controller_dist.py)."""
+"""AutoCache: the store's tiers and integrity, the prefix cache's exactness, and evaluation through it in a
+trainer (single process; the 4-worker run is in test_controller_dist.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import pipeline_cases as pc
-from ptrun.auto.autocache import AutoCache, default_min_units
+from conftest import TINY, compose_config
+from ptrun.auto.autocache import STAT_NAMES, AutoCache, default_min_units
 from ptrun.auto.cache_store import HEADER_BYTES, ActivationStore, TensorSpec, entry_specs
 from ptrun.config import CacheConfig, ConfigError, parse_memory
 from ptrun.models.layered import run_units
@@ -63,9 +66,9 @@ def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind):
     cache.set_depth(3, tuple(r[:1] for r in raw))
     want = prefix(layered, 3, raw)
     first = inputs(cache, batch, raw)
-    assert cache.take_stats() == {"hits": 0, "advanced": 0, "computed": B, "corrupt": 0, "written": B}
+    assert cache.take_stats("train") == {"hits": 0, "advanced": 0, "computed": B, "corrupt": 0, "written": B}
     again = inputs(cache, batch, raw)
-    assert cache.take_stats()["hits"] == B
+    assert cache.take_stats("train")["hits"] == B
     for a, b, w in zip(first, again, want):
         assert torch.equal(a, w) and torch.equal(b, w)
 
@@ -79,13 +82,13 @@ def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind):
     cache.set_depth(3, probe)
     inputs(cache, batch, raw)
     cache.set_depth(5, probe)
-    cache.take_stats()
+    cache.take_stats("train")
     advanced = inputs(cache, batch, raw)
-    assert cache.take_stats()["advanced"] == B  # units 3 and 4 only, on the cached depth-3 tensors
+    assert cache.take_stats("train")["advanced"] == B  # units 3 and 4 only, on the cached depth-3 tensors
     for got, want in zip(advanced, prefix(layered, 5, raw)):
         assert torch.equal(got, want)
     inputs(cache, batch, raw)
-    assert cache.take_stats()["hits"] == B  # the advanced entries were written back at depth 5
+    assert cache.take_stats("train")["hits"] == B  # the advanced entries were written back at depth 5
 
 
 def test_entries_written_by_one_process_are_read_by_another(tmp_path):
@@ -140,12 +143,12 @@ def test_a_corrupted_entry_is_detected_and_recomputed(tmp_path):
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0x40]))
-    cache.take_stats()
+    cache.take_stats("train")
     got = inputs(cache, batch, raw)
-    assert cache.take_stats() == {"hits": B - 1, "advanced": 0, "computed": 1, "corrupt": 1, "written": 1}
+    assert cache.take_stats("train") == {"hits": B - 1, "advanced": 0, "computed": 1, "corrupt": 1, "written": 1}
     assert torch.equal(got[0], prefix(layered, 3, raw)[0])
     inputs(cache, batch, raw)
-    assert cache.take_stats()["hits"] == B  # repaired
+    assert cache.take_stats("train")["hits"] == B  # repaired
 
 
 def test_a_torn_write_reads_as_a_miss(tmp_path):
@@ -170,7 +173,7 @@ def test_a_restart_revalidates_entries_by_the_frozen_weights(tmp_path):
     same = make_cache(layered, tmp_path)  # a restarted worker with the same weights: every entry is valid
     same.set_depth(3, probe)
     inputs(same, batch, raw)
-    assert same.take_stats()["hits"] == B
+    assert same.take_stats("train")["hits"] == B
     same.close(remove=False)
 
     with torch.no_grad():
@@ -178,19 +181,40 @@ def test_a_restart_revalidates_entries_by_the_frozen_weights(tmp_path):
     changed = make_cache(layered, tmp_path)
     changed.set_depth(3, probe)
     got = inputs(changed, batch, raw)
-    assert changed.take_stats()["computed"] == B
+    assert changed.take_stats("train")["computed"] == B
     assert torch.equal(got[0], prefix(layered, 3, raw)[0])
 
 
-def test_padding_duplicates_are_not_written_and_eval_has_its_own_slots(tmp_path):
+def test_padding_duplicates_are_not_written_and_eval_has_its_own_slots_and_keys(tmp_path):
     layered = pc.model("vit")
     cache = make_cache(layered, tmp_path)
     batch, raw = make_batch("vit", padding=3)
     cache.set_depth(3, tuple(r[:1] for r in raw))
     inputs(cache, batch, raw)
-    assert cache.take_stats()["written"] == B - 3
+    assert cache.take_stats("train")["written"] == B - 3
     inputs(cache, batch, raw, split="eval")  # same ids, other split: slots 16.. are still empty
-    assert cache.take_stats()["computed"] == B
+    assert cache.take_stats("eval") == {"hits": 0, "advanced": 0, "computed": B, "corrupt": 0, "written": B - 3}
+    assert cache.take_stats("train")["computed"] == 0  # each split counts its own
+    # An entry of the training transform is never served for an eval sample, even from an eval slot.
+    assert cache.key["train"] != cache.key["eval"]
+    cache.store.write(16, [t[0] for t in prefix(layered, 3, raw)], cache.key["train"])
+    got = inputs(cache, batch, raw, split="eval")  # sample 0 is a miss, 1 .. 4 hits, the padding never stored
+    assert cache.take_stats("eval") == {"hits": B - 4, "advanced": 0, "computed": 4, "corrupt": 0, "written": 1}
+    assert torch.equal(got[0], prefix(layered, 3, raw)[0])
+
+
+def test_without_eval_slots_evaluation_runs_the_prefix_and_stores_nothing(tmp_path):
+    layered = pc.model("vit")
+    cache = AutoCache(layered, CacheConfig(dir=str(tmp_path / "cache")), tag="test", num_train=2 * B, num_eval=0,
+                      device=torch.device("cpu"), run_dir=tmp_path)
+    batch, raw = make_batch("vit")
+    cache.set_depth(3, tuple(r[:1] for r in raw))
+    assert not cache.holds("eval") and cache.store.num_slots == 2 * B
+    for _ in range(2):
+        got = inputs(cache, batch, raw, split="eval")
+        assert torch.equal(got[0], prefix(layered, 3, raw)[0])
+        assert cache.take_stats("eval") == {"hits": 0, "advanced": 0, "computed": B, "corrupt": 0, "written": 0}
+    assert cache.store.read(list(range(2 * B)), cache.keys["train"])[0] == [0] * (2 * B)
 
 
 def test_half_precision_storage_rounds_the_hidden_states_and_keeps_masks_exact(tmp_path):
@@ -269,3 +293,55 @@ def test_the_loader_reads_raw_inputs_only_for_samples_the_cache_cannot_serve(tmp
     assert "pixel_values" not in warm and torch.equal(warm["labels"], plain["labels"])
     warm["weight"] = torch.ones(len(ids))
     assert torch.equal(cache.inputs("train", warm, ())[0], first[0])
+
+
+# ---- evaluation through the cache, in a real trainer on one rank ---------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real one-rank gloo group (evaluation is a collective), with one intra-op thread as a worker has."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
+def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_depth_change(tmp_path, one_rank_group):
+    """A trainer with AutoCache trains an epoch and evaluates at 3 cached units (every eval entry computed and
+    written), at 5 (advanced by units 3 and 4 only) and at 5 again (read); each evaluation has the loss and
+    top-1 of a trainer without the cache holding the same weights at the same frozen prefix."""
+    from ptrun.train.trainer import Trainer
+
+    def trainer(name: str, *extra: str) -> Trainer:
+        cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "data.eval_fraction=0.1", "optim.lr=0.01",
+                                     "optim.schedule=constant", "optim.warmup_fraction=0", *extra], tmp_path / name)
+        return Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
+
+    cached, plain = trainer("cached", "auto.cache=true"), trainer("plain", "auto.cache=false")
+    try:
+        cached.train_epoch()  # nothing frozen yet: a model whose predictions depend on each sample's features
+        n = len(cached.data.eval)
+        padding = -n % cached.eval_sampler.global_batch_size  # the last batch's weight-0 repeats of samples 0 ..
+        zero = dict.fromkeys(STAT_NAMES, 0)
+        expected = [(3, {**zero, "computed": n, "written": n, "hits": padding}),
+                    (5, {**zero, "advanced": n, "written": n, "hits": padding}),
+                    (5, {**zero, "hits": n + padding})]
+        metrics = []
+        for depth, counts in expected:
+            cached.transition(replace(cached.plan, frozen_units=depth, cached_units=depth))
+            cached.train_epoch()  # the active units change; the frozen ones, which key the entries, do not
+            plain.transition(replace(plain.plan, frozen_units=depth))
+            plain.layered.model.load_state_dict(cached.layered.model.state_dict())
+            got, want = cached.evaluate(), plain.evaluate()
+            assert cached.cache.take_stats("eval") == counts, depth
+            assert got.keys() == want.keys() == {"loss", "top1"}
+            assert got == pytest.approx(want, rel=0, abs=1e-6), depth
+            metrics.append(got)
+        assert metrics[0]["top1"] > 20 and metrics[0] != metrics[1] != metrics[2]  # trained on between evaluations
+    finally:
+        for t in (cached, plain):
+            t._release_cache()
+            t.close()

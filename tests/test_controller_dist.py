@@ -156,9 +156,10 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
 @SLOW
 def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path, tiny):
     """AutoCache on 4 workers through K = 4 -> 2 -> 1: the frozen prefix leaves the pipeline, is computed
-    once (epoch 1), advanced by the newly frozen units only (epoch 2) and read from then on (epoch 3), and
-    training ends where the single-process reference without any cache does (float32 storage). The cache
-    files are gone after the run."""
+    once (epoch 1), advanced by the newly frozen units only (epoch 2) and read from then on (epoch 3), for
+    training and evaluation alike, and training ends where the single-process reference without any cache
+    does (float32 storage). The same run with `cache.eval=false` recomputes the eval samples' prefix at
+    every evaluation and gets the same eval metrics. The cache files are gone after the run."""
     overrides = tiny + ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe",
                         "pipe.partition=params", "train.epochs=4", "freeze.policy=schedule",
                         "freeze.blocks=[0,1,2,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
@@ -177,6 +178,21 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     assert advance["advanced"] == advance["written"] == train and advance["computed"] == 0
     assert read["computed"] + read["advanced"] + read["written"] == 0 and read["hits"] >= train
     assert fill["memory_bytes"] > 0 and not (tmp_path / "cache").exists()
+    # Evaluation too; its replicas do not wait for each other, so a padding row may find its sample's entry
+    # written yet (a hit) or not (computed or advanced again): only the real samples' counts are exact.
+    evals = run_events(tmp_path, "start")[0]["eval_samples"]
+    assert fill["eval_written"] == evals and fill["eval_computed"] >= evals and fill["eval_advanced"] == 0
+    assert advance["eval_written"] == evals and advance["eval_advanced"] >= evals and advance["eval_computed"] == 0
+    assert read["eval_computed"] + read["eval_advanced"] + read["eval_written"] == 0 and read["eval_hits"] >= evals
+
+    run_workers(overrides + ["cache.eval=false"], tmp_path / "eval_uncached")
+    uncached = run_events(tmp_path / "eval_uncached", "epoch")
+    assert all(e["cache"]["eval_computed"] >= evals for e in uncached[1:])
+    assert [e["cache"]["eval_hits"] + e["cache"]["eval_written"] for e in uncached[1:]] == [0] * 3
+    assert [e["cache"]["hits"] for e in uncached] == [e["cache"]["hits"] for e in epochs]  # training alike
+    for cached_epoch, uncached_epoch in zip(epochs, uncached):
+        assert cached_epoch["eval"].keys() == uncached_epoch["eval"].keys() == {"loss", "top1"}
+        assert cached_epoch["eval"] == pytest.approx(uncached_epoch["eval"], rel=0, abs=1e-6)
 
     from test_train_dist import reference_params
 

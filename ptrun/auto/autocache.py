@@ -5,14 +5,21 @@ When the controller's Plan says `cached_units = C` (> 0), the first pipeline sta
 rank asks this class for each batch's inputs: the output of units [0, C) per sample. A sample is found in
 the node's `ActivationStore` under a key that names exactly what the entry holds:
 
-    key(d) = hash(data transform and model tag, the weights and buffers of units 0 .. d-1, d)
+    key(split, d) = hash(data and model tag, split, the weights and buffers of units 0 .. d-1, d)
 
 so an entry is valid only for the same prefix depth, the same frozen weights and the same preprocessing; a
-restart, a new run with `cache.keep`, or a changed recipe revalidates every entry by the key alone. Keys
+restart, a new run with `cache.keep`, or a changed recipe revalidates every entry by the key alone. The
+split names the transform the sample went through: training's (`data.augment` and `cache.augment`, both in
+the tag) or evaluation's (never augmented), so an entry of one is never served for the other. Keys
 of every shallower depth are known too: when the prefix grows from d to C, an entry still holding depth d
 is advanced by running only units [d, C) on it (the incremental update); only a missing, corrupt or
 foreign entry is recomputed from the raw input. Results are written back for the batch's real samples
 (weight 1: each appears once per epoch, so every slot has one writer); padding duplicates are not.
+
+Evaluation is served the same way: eval samples have their own slots after the training samples' (so
+training has the memory tier first), filled at the first evaluation at a depth, advanced when the depth grows
+and read after that, so an evaluation runs only the active units. With `cache.eval=false` they have no
+slots, and the frozen prefix runs on them at every evaluation.
 
 Frozen units run in eval mode (no dropout, no stochastic depth) wherever they run, in the cache and in a
 pipeline stage alike, so a cached activation is exactly what the prefix computes: the cache changes speed,
@@ -24,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -36,8 +43,8 @@ from ptrun.models.layered import run_units
 from ptrun.parallel.precision import autocast
 
 STAT_NAMES = ("hits", "advanced", "computed", "corrupt", "written")
-"""Per-epoch counters: read as is, advanced from a shallower depth, computed from the raw input, found
-corrupt (then computed), and written back."""
+"""Per-epoch counters, kept per split: read as is, advanced from a shallower depth, computed from the raw
+input, found corrupt (then computed), and written back."""
 
 
 def default_min_units(num_blocks: int) -> int:
@@ -66,9 +73,9 @@ def _as_tuple(out) -> tuple[torch.Tensor, ...]:
 
 
 class AutoCache:
-    """The frozen-prefix cache of one worker. `tag` names the data transform and model configuration (any
-    change to it must change the tag); train samples use slots [0, num_train), eval samples the next
-    num_eval."""
+    """The frozen-prefix cache of one worker. `tag` names the data transforms and model configuration (any
+    change to them must change the tag); train samples use slots [0, num_train), eval samples the next
+    num_eval (0: eval samples have no slots, and `inputs` runs the prefix on them every time)."""
 
     def __init__(self, layered, cfg: CacheConfig, *, tag: str, num_train: int, num_eval: int,
                  device: torch.device, run_dir: str | Path, compute_dtype: torch.dtype | None = None):
@@ -77,27 +84,33 @@ class AutoCache:
         self.disk_dir, self.mem_dir = cache_dirs(cfg, run_dir)
         self.max_memory = parse_memory(cfg.max_memory)
         self.storage_dtype = (compute_dtype or torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
-        self.offset = {"train": 0, "eval": num_train}
+        self.offset = {"train": 0, "eval": num_train} if num_eval else {"train": 0}  # the splits with slots
         self.num_slots = num_train + num_eval
         self.depth = 0
-        self.keys: dict[int, int] = {}  # key -> the prefix depth it stands for
-        self.key = 0
+        self.keys: dict[str, dict[int, int]] = {}  # per split: key -> the prefix depth it stands for
+        self.key: dict[str, int] = {}  # per split: the key of the current depth
         self.store: ActivationStore | None = None
-        self.stats: Counter = Counter()
+        self.stats: defaultdict[str, Counter] = defaultdict(Counter)
         self._label_views: dict[str, object] = {}
 
     # ---- depth --------------------------------------------------------------------------------------
-    def depth_keys(self, depth: int) -> dict[int, int]:
-        """key -> d for every d in 1..depth, from one pass over the prefix's weights (a running hash)."""
+    def holds(self, split: str) -> bool:
+        """Whether `split`'s samples have slots (evaluation's only with `cache.eval`)."""
+        return split in self.offset
+
+    def depth_keys(self, depth: int) -> dict[str, dict[int, int]]:
+        """Per split with slots: key -> d for every d in 1..depth, from one pass over the prefix's weights (a
+        running hash)."""
         running = hashlib.blake2b(self.tag.encode(), digest_size=8)
-        keys = {}
+        keys: dict[str, dict[int, int]] = {split: {} for split in self.offset}
         for d, unit in enumerate(self.layered.units[:depth], start=1):
             for name, value in unit.state_dict().items():
                 running.update(name.encode())
                 running.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            at = running.copy()
-            at.update(f"depth={d}".encode())
-            keys[int.from_bytes(at.digest(), "little") | 1] = d  # | 1: never 0, the empty slot's key
+            for split, of_split in keys.items():
+                at = running.copy()
+                at.update(f"split={split};depth={d}".encode())
+                of_split[int.from_bytes(at.digest(), "little") | 1] = d  # | 1: never 0, the empty slot's key
         return keys
 
     def set_depth(self, depth: int, probe: tuple[torch.Tensor, ...]) -> None:
@@ -112,7 +125,7 @@ class AutoCache:
         for unit in prefix:
             unit.to(self.device).eval()
         self.keys = self.depth_keys(depth)
-        self.key = next(k for k, d in self.keys.items() if d == depth)
+        self.key = {split: next(k for k, d in keys.items() if d == depth) for split, keys in self.keys.items()}
         with torch.no_grad(), autocast(self.device, self.compute_dtype):
             sample = _as_tuple(run_units(prefix, *(t.to(self.device) for t in probe)))
         specs = entry_specs(tuple(t[0] for t in sample), self.storage_dtype)
@@ -124,10 +137,10 @@ class AutoCache:
     # ---- batches ------------------------------------------------------------------------------------
     def fetch(self, split: str, dataset, ids: torch.Tensor, input_names: tuple[str, ...],
               label_names: tuple[str, ...]) -> dict:
-        """The batch of `ids` for the first stage while the cache serves it (the loading thread calls this):
-        the cache's entries, the labels, and raw inputs only for the samples no entry serves. Reading,
-        decoding and augmenting a hit's raw input would be wasted work. Raw input rows of the other samples
-        are zeros (never read)."""
+        """The batch of `ids` (of a split with slots) for the first stage while the cache serves it (the
+        loading thread calls this): the cache's entries, the labels, and raw inputs only for the samples no
+        entry serves. Reading, decoding and augmenting a hit's raw input would be wasted work. Raw input rows
+        of the other samples are zeros (never read)."""
         batch = {"index": ids}
         self.lookup(split, batch)
         view = self._label_views.get(split)
@@ -135,7 +148,7 @@ class AutoCache:
             view = self._label_views[split] = dataset.select_columns(list(label_names))
         labels = view[ids.tolist()]
         batch.update({k: torch.as_tensor(labels[k]) for k in label_names})
-        misses = [row for row, key in enumerate(batch["cache_found"]) if self.keys.get(key, 0) == 0]
+        misses = [row for row, key in enumerate(batch["cache_found"]) if self.keys[split].get(key, 0) == 0]
         if misses:
             raw = dataset[ids[misses].tolist()]
             for name in input_names:
@@ -150,19 +163,26 @@ class AutoCache:
         found per sample, 0 = miss) and `cache_tensors`."""
         if self.depth:
             ids = (batch["index"] + self.offset[split]).tolist()
-            batch["cache_found"], batch["cache_tensors"], batch["cache_corrupt"] = self.store.read(ids, self.keys)
+            found = self.store.read(ids, self.keys[split])
+            batch["cache_found"], batch["cache_tensors"], batch["cache_corrupt"] = found
         return batch
 
     @torch.no_grad()
     def inputs(self, split: str, batch: dict, raw: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """The first active unit's inputs for `batch`: entries found by `lookup` at the current depth as
         they are, shallower ones advanced by the missing units, the rest computed from `raw`; new results
-        written back for the real samples."""
+        written back for the real samples. A split without slots has the prefix computed from `raw`."""
+        stats = self.stats[split]
+        if not self.holds(split):
+            with autocast(self.device, self.compute_dtype):
+                out = _as_tuple(run_units(self.layered.units[:self.depth], *raw))
+            stats["computed"] += len(batch["index"])
+            return out
         if "cache_found" not in batch:
             self.lookup(split, batch)
-        depth_of = [self.keys.get(k, 0) for k in batch.pop("cache_found")]
+        depth_of = [self.keys[split].get(k, 0) for k in batch.pop("cache_found")]
         out = [t.to(self.device) for t in batch.pop("cache_tensors")]
-        self.stats["corrupt"] += batch.pop("cache_corrupt")
+        stats["corrupt"] += batch.pop("cache_corrupt")
         ids = (batch["index"] + self.offset[split]).tolist()
         real = batch["weight"] > 0
         for start in sorted(set(depth_of) - {self.depth}):
@@ -174,20 +194,19 @@ class AutoCache:
                 result = _as_tuple(run_units(self.layered.units[start:self.depth], *carry))
             for t, r in zip(out, result):
                 t.index_copy_(0, index, r.to(t.dtype))
-            self.stats["computed" if start == 0 else "advanced"] += len(rows)
+            stats["computed" if start == 0 else "advanced"] += len(rows)
             host = [r.cpu() for r in result]
             for j, row in enumerate(rows):
                 if real[row]:
-                    self.store.write(ids[row], [h[j] for h in host], self.key)
-                    self.stats["written"] += 1
-        self.stats["hits"] += sum(d == self.depth for d in depth_of)
+                    self.store.write(ids[row], [h[j] for h in host], self.key[split])
+                    stats["written"] += 1
+        stats["hits"] += sum(d == self.depth for d in depth_of)
         return tuple(out)
 
-    def take_stats(self) -> dict[str, int]:
-        """This worker's counters since the last call (then reset)."""
-        out = {name: int(self.stats[name]) for name in STAT_NAMES}
-        self.stats.clear()
-        return out
+    def take_stats(self, split: str) -> dict[str, int]:
+        """This worker's counters of `split` since the last call (then reset)."""
+        counts = self.stats.pop(split, Counter())
+        return {name: int(counts[name]) for name in STAT_NAMES}
 
     @property
     def memory_bytes(self) -> int:

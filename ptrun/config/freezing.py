@@ -92,6 +92,11 @@ class CacheConfig:
     """With random augmentation on (`data.augment`): `fixed` caches the one augmented view a sample had
     when it was cached (later epochs see that view again), `off` loads training samples without random
     augmentation while the cache is in use. Evaluation never augments."""
+    eval: bool = True
+    """Serve evaluation from the cache too: eval samples get their own slots after the training samples' (within
+    the same `max_memory` budget, training's first), filled at the first evaluation at a depth and advanced when
+    it grows, so an evaluation runs only the active units. `false` spends no memory or disk on eval samples and
+    runs the frozen prefix on them at every evaluation."""
     keep: bool = False
     """Keep the cache files at the end of the run (a later run of the same model and data revalidates and
     reuses them); by default they are deleted."""

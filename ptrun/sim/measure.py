@@ -256,7 +256,7 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
                                              for k in out["loader_samples"]])
         entry = [torch.zeros(s.shape, dtype=s.dtype) for s in cache.store.specs]
         out["cache_write_sample_s"] = solo(
-            rank, lambda: [median_s(lambda: cache.store.write(int(ids[0]), entry, cache.key), repeats)])[0]
+            rank, lambda: [median_s(lambda: cache.store.write(int(ids[0]), entry, cache.key["train"]), repeats)])[0]
     finally:
         cache.close(remove=True)
     set_frozen(layered, 0)

@@ -13,8 +13,9 @@
    "samples_per_s": {K: {M: ...}}, "cache_file"}}
   {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "lr": ...,
    "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
-   "cache": {"hits", "advanced", "computed", "corrupt", "written", "cached_units", "memory_bytes",
-             "disk_bytes"} with auto.cache only,
+   "cache": {"hits", "advanced", "computed", "corrupt", "written", the same counters of the epoch's
+             evaluation as "eval_hits", "eval_advanced", ..., "cached_units", "memory_bytes", "disk_bytes"}
+             with auto.cache only,
    "memory": {"param_bytes": [per rank], "optim_bytes": [...], "rss_bytes": [...], "peak_rss_bytes": [...]}}
   {"event": "savings", "train_time_s": ..., "unfrozen_time_s": ..., "saved_s": ..., "speedup": ..., "froze": bool,
    "line": "freezing saved ~41 s: ..."} just before the end event: what freezing saved (`ptrun.report.savings`)
@@ -195,7 +196,9 @@ def epoch_line(epoch: int, epochs: int, stats: dict, ev: dict, plan) -> str:
     if stats.get("cache", {}).get("cached_units"):
         c = stats["cache"]
         used = c["hits"] + c["advanced"] + c["computed"]
-        shown += (f"  cache {c['cached_units']} units, {100 * c['hits'] / max(used, 1):.0f}% hits "
+        eval_used = c.get("eval_hits", 0) + c.get("eval_advanced", 0) + c.get("eval_computed", 0)
+        eval_hits = f", eval {100 * c['eval_hits'] / eval_used:.0f}% hits" if eval_used else ""
+        shown += (f"  cache {c['cached_units']} units, {100 * c['hits'] / max(used, 1):.0f}% hits{eval_hits} "
                   f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)")
     return (f"epoch {epoch + 1}/{epochs}  loss {stats['train_loss']:.4f}  {stats['samples_per_s']:.0f} samples/s  "
             f"{stats['epoch_time_s']:.1f}s  {shown}  [K={plan.pp} DP={plan.dp} M={plan.microbatches}]")

@@ -161,7 +161,8 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
                is_main: bool) -> tuple[AutoCache, object]:
     """AutoCache for this worker, and the training set cached samples are read from (without random
     augmentation where `cache.augment=off`). Its entries are keyed by everything that shapes a cached
-    activation besides the frozen weights: the model and data configuration and the augmentation mode."""
+    activation besides the frozen weights and the split: the model and data configuration and the augmentation
+    mode. Eval samples have slots only with `cache.eval`."""
     plain_train = data.train
     if cfg.data.augment:
         if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
@@ -173,6 +174,7 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
                         "without random augmentation")
     tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
                       "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
-    cache = AutoCache(layered, cfg.cache, tag=tag, num_train=len(data.train), num_eval=len(data.eval),
-                      device=device, run_dir=cfg.run_dir, compute_dtype=compute_dtype)
+    cache = AutoCache(layered, cfg.cache, tag=tag, num_train=len(data.train),
+                      num_eval=len(data.eval) if cfg.cache.eval else 0, device=device, run_dir=cfg.run_dir,
+                      compute_dtype=compute_dtype)
     return cache, plain_train

@@ -49,10 +49,11 @@ def write_timeline(events: list[dict], run_dir: str, plan: Plan, rank: int, glob
 
 
 def cache_stats(cache, plan: Plan, device: torch.device) -> dict:
-    """Collective: AutoCache counters of the epoch summed over the workers, and this node's cache size."""
+    """Collective: AutoCache counters of the epoch's training and of its evaluation (`eval_hits`, ...) summed
+    over the workers, and this node's cache size."""
     if cache is None:
         return {}
-    own = cache.take_stats()
+    own = {**cache.take_stats("train"), **{f"eval_{k}": v for k, v in cache.take_stats("eval").items()}}
     total = all_sum(list(own.values()), device).long().tolist()
     return {"cache": {**dict(zip(own, total)), "cached_units": plan.cached_units,
                       "memory_bytes": cache.memory_bytes, "disk_bytes": cache.disk_bytes}}

@@ -197,7 +197,7 @@ class Trainer:
         else:
             data, sampler, epoch, steps = self.data.eval, self.eval_sampler, 0, None
         fetch = None
-        if self.caching:
+        if self.caching and self.cache.holds(split):
             fetch = partial(self.cache.fetch, split, data, input_names=self.layered.input_names,
                             label_names=LABEL_KEYS[self.cfg.model.task])
         # A stage shared by every replica (PipeDream's stage replication) runs the whole global batch, in lanes.
@@ -230,7 +230,8 @@ class Trainer:
     # ---- train --------------------------------------------------------------------------------------
     def train_epoch(self) -> dict:
         """One epoch from where it resumes, in segments between the freeze decisions that fall inside it (one
-        segment with whole-epoch intervals); returns the epoch event's statistics."""
+        segment with whole-epoch intervals); returns the epoch event's statistics (`fit` adds the cache's
+        counters once the epoch's evaluation has counted its own)."""
         state = self.state
         start = checkpointing.resume_step(state.step_in_epoch, self.saved_global_batch,
                                           self.train_sampler.global_batch_size)
@@ -250,8 +251,6 @@ class Trainer:
         self.progress, state.step_in_epoch = {}, 0
         epoch_base = state.global_step - start  # the global step before this epoch's step 0
         skipped_before = self.scaler.skipped
-        if self.cache is not None:
-            self.cache.take_stats()  # count this epoch's training batches only
         self.view.start_epoch(state.epoch, self.cfg.train.epochs, self.steps_per_epoch)
         if isinstance(self.runtime, AsyncPipelineRuntime):
             self.runtime.stash_bytes_peak = 0
@@ -276,7 +275,6 @@ class Trainer:
                 "epoch_time_s": elapsed, "lr": sums.lr, "steps": steps,
                 "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
-                **stats.cache_stats(self.cache, self.plan, self.device),
                 **stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
                 **stats.memory_stats(self.layered, self.layout, self.rank, self.device)}
 
@@ -359,6 +357,7 @@ class Trainer:
             last = state.epoch == cfg.train.epochs - 1
             ev = self.evaluate() if last or (state.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
             state.remember(ev)
+            epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
             self._event("epoch", epoch=state.epoch, eval=ev, **epoch_stats)
             self.view.print(epoch_line(state.epoch, cfg.train.epochs, epoch_stats, ev, self.plan))
             state.epoch += 1
