@@ -11,10 +11,6 @@ unit are measured, the ones a frozen unit costs in a pipeline stage:
 - `frozen_s`: forward + backward with the unit's parameters frozen and its input requiring a gradient (a
   frozen unit on a later stage: the pipeline marks received activations as requiring a gradient, so the
   unit still back-propagates the input gradient, without weight gradients).
-
-`fastest_profile` keeps each unit's fastest of several rounds (what a run that may freeze measures: the
-estimate of what freezing saved prices layouts by these times, so a unit slowed by another job must not
-dominate them).
 """
 
 from __future__ import annotations
@@ -123,31 +119,6 @@ def profile_units(layered: LayeredModel, inputs: tuple, device: torch.device, re
                         p.requires_grad_(flag)
             carry = tuple(t.detach() for t in out)
     return UnitProfile(times, sizes, forward if detail else None, frozen if detail else None)
-
-
-def fastest_profile(layered: LayeredModel, inputs: tuple, device: torch.device, detail: bool = False,
-                    span_s: float = 1.0, max_rounds: int = 20) -> UnitProfile:
-    """`profile_units` in rounds, keeping each unit's fastest time of all rounds: other jobs sharing the
-    machine only ever slow a unit down, and a burst of theirs that covers one round's runs of a unit (a
-    small model's unit runs in a millisecond) misses another round. A model whose first round takes under
-    `span_s` seconds gets rounds until they span that, at least two (the first also warms the process up:
-    its thread pools, its kernels), at most `max_rounds`; a larger one is profiled once. On a CPU device the
-    times are this process's CPU seconds (`time.process_time`), which a core taken by another job does not
-    stretch."""
-    clock = time.process_time if device.type == "cpu" else time.perf_counter
-    began = time.perf_counter()
-    rounds = [profile_units(layered, inputs, device, detail=detail, clock=clock)]
-    if time.perf_counter() - began < span_s:
-        while (len(rounds) < 2 or time.perf_counter() - began < span_s) and len(rounds) < max_rounds:
-            rounds.append(profile_units(layered, inputs, device, detail=detail, clock=clock))
-
-    def fastest(key: str) -> Optional[list[float]]:
-        if getattr(rounds[0], key) is None:
-            return None
-        return [min(values) for values in zip(*(getattr(r, key) for r in rounds))]
-
-    return UnitProfile(fastest("time_s"), list(rounds[0].activation_bytes), fastest("forward_s"),
-                       fastest("frozen_s"))
 
 
 def agree(profile: UnitProfile, device: torch.device) -> UnitProfile:

@@ -1,9 +1,7 @@
 """What rank 0 tells the user and the run record: `metrics.jsonl`, the log, and the terminal.
 
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
-  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...,
-   with freezing on "unit_costs": {"time_s": [per unit], "forward_s": [...], "frozen_s": [...]} (the profiled
-   seconds of each unit on one micro-batch: trained, forward alone, frozen; `ptrun.parallel.profile`)}
+  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
   {"event": "plan", "epoch": E, "step": S, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
    "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
    after a layout change "moved_bytes" (parameters and optimizer state sent between the workers); one at each

@@ -24,7 +24,7 @@ from ptrun.parallel.fit import LengthChoice, device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
-from ptrun.parallel.profile import UnitProfile, agree, fastest_profile, measure_bandwidth, profile_units
+from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 
 log = logging.getLogger("ptrun.train.trainer")
 
@@ -59,43 +59,19 @@ def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
     return resolved, choice
 
 
-def freezing_on(cfg: PtrunConfig) -> bool:
-    """Whether the run may freeze units (`auto.freeze` with a policy other than `none`), as the controller
-    reads it."""
-    return cfg.auto.freeze and cfg.freeze.policy != "none"
-
-
 def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochSampler, world_size: int,
                     device: torch.device):
-    """Collective: the units' profile (measured once, on one micro-batch of the first step's samples,
-    agreed by every rank) and, for the time-based partitioners, the link's bandwidth; (None, None) when
-    neither the partitioner nor freezing needs them. With freezing on, the end-of-run estimate of what
-    freezing saved (`ptrun.report.savings`) prices layouts by the profile: it also holds each unit's frozen
-    costs (`detail`), and is each unit's fastest of several rounds (`fastest_profile`), which the
-    partitioner then uses too. The random state is left as it was, so measuring changes no training."""
+    """Collective: for the time-based partitioners, the units' profile (measured once, on one micro-batch of
+    the first step's samples, agreed by every rank) and the link's bandwidth; (None, None) for the others."""
     pipe = cfg.pipe
-    partitioned = pipe.partition in NEEDS_PROFILE
-    if not partitioned and not freezing_on(cfg):
+    if pipe.partition not in NEEDS_PROFILE:
         return None, None
     # With pipe.microbatches=auto, M is a stand-in until tuning (which needs this layout) measures it.
     micro = starting_micro_batch(pipe, world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
     ids, _ = sampler.global_batch(0, 0)
     batch = dict(data.train[ids[:micro].tolist()])
     inputs = tuple(batch[k].to(device) for k in layered.input_names)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        if freezing_on(cfg):  # the estimate's ratios need every unit's costs, robust to the machine's other jobs
-            profile = fastest_profile(layered, inputs, device, detail=True)
-        else:
-            profile = profile_units(layered, inputs, device)
-    return agree(profile, device), measure_bandwidth(device) if partitioned else None
-
-
-def unit_costs(profile: UnitProfile | None) -> dict | None:
-    """The start event's `unit_costs`: each unit's forward + backward, forward-only and frozen seconds on the
-    profiled micro-batch (see `ptrun.parallel.profile`); None without a profile measured for freezing."""
-    if profile is None or profile.forward_s is None or profile.frozen_s is None:
-        return None
-    return {"time_s": list(profile.time_s), "forward_s": list(profile.forward_s), "frozen_s": list(profile.frozen_s)}
+    return agree(profile_units(layered, inputs, device), device), measure_bandwidth(device)
 
 
 def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder, layered, data: DataSplits,
@@ -140,21 +116,18 @@ def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder
 
 
 def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSplits, sampler: EpochSampler,
-                     world_size: int, steps_per_epoch: int
-                     ) -> tuple[Controller, microtune.Tuning | None, UnitProfile | None]:
-    """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`), and the units'
-    profile (`measure_profile`; None when nothing needs it). Only the time-based partitioners plan with
-    the profile. With `pipe.microbatches=auto` the first start's layout is measured for the M per length,
-    and the controller starts again with that table, so the first plan and AutoPipe's later picks use it."""
+                     world_size: int, steps_per_epoch: int) -> tuple[Controller, microtune.Tuning | None]:
+    """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`). With
+    `pipe.microbatches=auto` the first start's layout is measured for the M per length, and the controller
+    starts again with that table, so the first plan and AutoPipe's later picks use it."""
     profile, bandwidth = measure_profile(cfg, layered, data, sampler, world_size, builder.device)
-    planning = profile if cfg.pipe.partition in NEEDS_PROFILE else None  # a params split stays what it was
-    begin = partial(start, cfg, layered, world_size, profile=planning, bandwidth=bandwidth,
+    begin = partial(start, cfg, layered, world_size, profile=profile, bandwidth=bandwidth,
                     steps_per_epoch=steps_per_epoch)
     controller = begin()
     if cfg.pipe.microbatches != "auto":
-        return controller, None, profile
+        return controller, None
     tuning = tune_microbatches(cfg, controller, builder, layered, data, world_size, builder.device)
-    return begin(microbatch_table=tuning.table), tuning, profile
+    return begin(microbatch_table=tuning.table), tuning
 
 
 def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device, compute_dtype,

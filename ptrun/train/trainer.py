@@ -82,10 +82,8 @@ class Trainer:
         # is the same curve whatever the batch policy does to the steps of later epochs.
         self.base_steps = self.steps_per_epoch = self._epoch_steps()
         self.total_steps = cfg.train.epochs * self.base_steps
-        self.controller, self.tuning, profile = startup.start_controller(
-            cfg, self.layered, self.builder, self.data, self.train_sampler, world_size, self.base_steps)
-        # The start event records them: the end-of-run estimate of what freezing saved prices layouts by them.
-        self.unit_costs = startup.unit_costs(profile)
+        self.controller, self.tuning = startup.start_controller(cfg, self.layered, self.builder, self.data,
+                                                                self.train_sampler, world_size, self.base_steps)
         self.state = TrainState()
         # Each block's gradient norm summed over the open interval's steps (replica 0 of each stage adds its
         # blocks'), and a mid-epoch checkpoint's partial epoch sums.
@@ -414,8 +412,7 @@ class Trainer:
         self._event("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
                     num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
                     train_samples=len(self.data.train), eval_samples=len(self.data.eval),
-                    resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision,
-                    **({"unit_costs": self.unit_costs} if self.unit_costs else {}))
+                    resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
         self.view.print(start_line(cfg.model.name, len(self.layered.units),
                                    sum(s.numel() for s in self.layered.param_shapes.values()), len(self.data.train),
                                    len(self.data.eval), self.world_size, self.device.type, cfg.train.precision,
