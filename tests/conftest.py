@@ -98,6 +98,31 @@ def no_litter_left():
     assert not left, f"the test session left these behind: {left}"
 
 
+# ---- trackers that cannot take a run ------------------------------------------------------------------------
+
+def closed_port() -> int:
+    """A localhost port nothing listens on (bound, then released): a connection is refused at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def no_wandb_login(tmp_path, monkeypatch) -> Path:
+    """A machine where nobody ran `wandb login`: no key or mode in the environment; a home directory, .netrc
+    and wandb settings directory of the test's own (none of them holding a key). Returns the home directory."""
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("NETRC", str(home / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / ".config" / "wandb"))
+    return home
+
+
 # ---- the command line ------------------------------------------------------------------------------------
 
 def cli_env(**extra: str) -> dict[str, str]:
