@@ -7,11 +7,14 @@ multi-node tests and the longest multi-process chains, which `bash scripts/test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +85,7 @@ def tiny() -> list[str]:
 LITTER = ("torchelastic_*", "ptrun-*", "torchinductor_*", "pytorch-errorfile-*")
 """What launches have left in the temp directory and /dev/shm (elastic's logs, ptrun's private files, the
 AutoCache memory tier, torch's compile cache, the exceptions of workers that failed): a test session must
-leave none of it."""
+leave none of it, nor a named semaphore in /dev/shm that nobody holds (`orphaned_semaphores`)."""
 
 
 def _litter() -> set[Path]:
@@ -90,12 +93,66 @@ def _litter() -> set[Path]:
     return {path for root in roots if root.is_dir() for pattern in LITTER for path in root.glob(pattern)}
 
 
+def semaphores() -> dict[int, Path]:
+    """This user's POSIX named semaphores (/dev/shm/sem.*, multiprocessing's among them), by inode."""
+    out = {}
+    for path in Path("/dev/shm").glob("sem.*"):
+        with contextlib.suppress(FileNotFoundError):
+            info = path.stat()
+            if info.st_uid == os.getuid():
+                out[info.st_ino] = path
+    return out
+
+
+def mapped_shm_inodes(pids=None) -> set[int]:
+    """The inodes of /dev/shm files that the processes `pids` (default: every process) have mapped: a process
+    that opened a named semaphore maps it until it closes it or ends."""
+    inodes = set()
+    for pid in pids if pids is not None else (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+        with contextlib.suppress(OSError):  # ended meanwhile, or another user's
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                    inodes.add(int(fields[4]))
+    return inodes
+
+
+def orphaned_semaphores() -> set[Path]:
+    """The named semaphores no process holds open: their creator ended without unlinking them (SIGKILLed,
+    with no resource tracker left to do it), so they stay until the machine reboots."""
+    held = mapped_shm_inodes()
+    return {path for inode, path in semaphores().items() if inode not in held}
+
+
+def _wind_down_multiprocessing() -> None:
+    """What the interpreter's exit does for multiprocessing, done now: the finalizers unlink the semaphores of
+    this process's own queues (the in-process launches' agents), then the forkserver (the launches' workers
+    were forked from it) and the resource tracker stop; the tracker unlinks what killed workers left to it.
+    What it cleans up is not a leak. Private to multiprocessing, but what its own tests use."""
+    import gc
+    from multiprocessing import forkserver, resource_tracker, util
+
+    gc.collect()
+    util._run_finalizers(0)
+    forkserver._forkserver._stop()
+    resource_tracker._resource_tracker._stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_litter_left():
-    before = _litter()
+    before, semaphores_before = _litter(), set(semaphores().values())
     yield
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
+    # A semaphore counts only if it is new, no live process holds it and it stays: other processes on this
+    # machine (another test session) create and remove semaphores all the time.
+    stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
+    stopping.start()
+    stopping.join(60)
+    deadline = time.monotonic() + 10
+    while (leaked := orphaned_semaphores() - semaphores_before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not leaked, f"the test session left these semaphores behind: {sorted(map(str, leaked))}"
 
 
 # ---- trackers that cannot take a run ------------------------------------------------------------------------
