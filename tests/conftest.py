@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def tiny() -> list[str]:
 LITTER = ("torchelastic_*", "ptrun-*", "torchinductor_*", "pytorch-errorfile-*")
 """What launches have left in the temp directory and /dev/shm (elastic's logs, ptrun's private files, the
 AutoCache memory tier, torch's compile cache, the exceptions of workers that failed): a test session must
-leave none of it, nor a named semaphore in /dev/shm that nobody holds (`orphaned_semaphores`)."""
+leave none of it, nor a named semaphore in /dev/shm that nobody holds (`SemaphoreWatch`)."""
 
 
 def _litter() -> set[Path]:
@@ -117,11 +116,70 @@ def mapped_shm_inodes(pids=None) -> set[int]:
     return inodes
 
 
-def orphaned_semaphores() -> set[Path]:
-    """The named semaphores no process holds open: their creator ended without unlinking them (SIGKILLed,
-    with no resource tracker left to do it), so they stay until the machine reboots."""
-    held = mapped_shm_inodes()
-    return {path for inode, path in semaphores().items() if inode not in held}
+def _parents() -> dict[int, int]:
+    """pid -> parent pid, of every process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):  # ended while being read
+                out[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return out
+
+
+class SemaphoreWatch:
+    """Which named semaphores the processes of this test session held: this process and those it started (and
+    theirs), looked at every `period` seconds in a thread. Other processes on the machine (another test
+    session) create and remove semaphores all the time; only this session's count. Each semaphore is kept
+    with the branches it was held in: the child of this process that the holder descends from (this
+    process's own pid for itself)."""
+
+    def __init__(self, period: float = 1.0):
+        self._held_by: dict[int, set[int]] = {}  # inode -> branches
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._done.wait(period):
+            self.look()
+
+    def look(self) -> None:
+        me, parents = os.getpid(), _parents()
+        branch_of: dict[int, int | None] = {me: me}
+
+        def branch(pid: int) -> int | None:
+            chain = []
+            while pid not in branch_of and pid in parents and pid > 1:
+                chain.append(pid)
+                if parents[pid] == me:
+                    branch_of[pid] = pid
+                    break
+                pid = parents[pid]
+            found = branch_of.get(pid)
+            for step in chain:
+                branch_of[step] = found
+            return found
+
+        for pid in parents:
+            if (top := branch(pid)) is not None:
+                for inode in mapped_shm_inodes([pid]):
+                    with self._lock:
+                        self._held_by.setdefault(inode, set()).add(top)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def leaked(self, before: set[Path], branches: set[int] | None = None) -> set[Path]:
+        """The semaphores not in `before` that no process holds now, though processes of this session held them
+        (of `branches` only, if given): their holders ended without unlinking them (SIGKILLed, with no
+        resource tracker left to do it), so they stay until the machine reboots."""
+        held = mapped_shm_inodes()
+        with self._lock:
+            ours = {inode for inode, seen in self._held_by.items() if branches is None or seen & branches}
+        return {path for inode, path in semaphores().items() if inode in ours and inode not in held
+                and path not in before}
 
 
 def _wind_down_multiprocessing() -> None:
@@ -138,21 +196,25 @@ def _wind_down_multiprocessing() -> None:
     resource_tracker._resource_tracker._stop()
 
 
+@pytest.fixture(scope="session")
+def semaphore_watch():
+    """The session's `SemaphoreWatch`."""
+    watch = SemaphoreWatch()
+    yield watch
+    watch.stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_litter_left():
+def no_litter_left(semaphore_watch):
     before, semaphores_before = _litter(), set(semaphores().values())
     yield
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
-    # A semaphore counts only if it is new, no live process holds it and it stays: other processes on this
-    # machine (another test session) create and remove semaphores all the time.
     stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
     stopping.start()
     stopping.join(60)
-    deadline = time.monotonic() + 10
-    while (leaked := orphaned_semaphores() - semaphores_before) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not leaked, f"the test session left these semaphores behind: {sorted(map(str, leaked))}"
+    leaked = sorted(map(str, semaphore_watch.leaked(semaphores_before)))
+    assert not leaked, f"the test session left these semaphores behind: {leaked}"
 
 
 # ---- trackers that cannot take a run ------------------------------------------------------------------------
