@@ -26,6 +26,7 @@ from ptrun.config import ConfigError, PtrunConfig, check_machines, schema_keys, 
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
+from ptrun.installed import check_tracker_ready
 
 
 def _yaml_root() -> Path:
@@ -114,8 +115,9 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
        config.json only), so that the workers read local files;
     5. validated unless `check` is false (`paths=False` skips the files the run reads);
     6. with `machine` (a start on this machine): the rules of a job of several machines
-       (`check_machines`), then `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where
-       they are `auto`: this machine's answer, which its workers read as is.
+       (`check_machines`), the tracker's login or server (`check_tracker_ready`), then
+       `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where they are `auto`: this
+       machine's answer, which its workers read as is.
 
     `run_dir` (None: `hydra.run.dir`) and `recipe` (None: the chosen one) name the run; ConfigError, one line
     naming the key, at the first problem. `pipe.length=auto` and an unset `pipe.microbatches` need the built
@@ -145,6 +147,7 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
         validate(cfg, paths=paths)
     if machine:
         check_machines(cfg.launcher)
+        check_tracker_ready(cfg.logger)
         cfg = replace(cfg, launcher=_this_machine(cfg.launcher))
     return Resolved(cfg, hydra_dir, note)
 

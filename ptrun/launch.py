@@ -23,6 +23,15 @@ ELASTIC_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multi
 # ... and the agent's, which reports a signal it received ("Received SIGINT death signal, shutting down
 # workers"; the launcher's own line says what happened and how to resume)
 AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+OWN_STOP_GRACE_S = 10
+"""When the agent stops its workers itself (a restart after a failure, a job re-formed because machines left
+or joined, the rest of a failed group), the seconds between SIGTERM and SIGKILL. Workers that can go on stop
+at a step they agree on and write a checkpoint (the re-formed job resumes there); those whose peers are gone
+end on the error the lost connection raises. Either way they exit as Python processes do, releasing what
+they hold: a process SIGKILLed leaves its named semaphores in /dev/shm (multiprocessing's, such as the lock
+tqdm makes for `datasets`) to the launcher's resource tracker, which warns about them when it exits, and to
+nobody if the launcher dies too. A worker stuck in a collective that never returns is killed after the
+grace, so a re-form waits at most this long."""
 ELASTIC_LOG_DIR = "elastic"
 """Under the run directory: elastic's per-attempt directories, where a failed worker's error.json lands
 (empty directories are removed after the launch, so a run without failures keeps none)."""
@@ -285,10 +294,10 @@ def _ptrun_agent(errors: Path):
     - once a worker has reported bad input in `errors`, makes no restart (elastic restarts after any failure,
       which would only fail the same way), and drops the agent's log of the failure (a traceback of its own)
       and of stopping the other workers, since the one-line message says what happened;
-    - passes on to the workers only the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
-      checkpoint" (ptrun/train/stop.py). Its own stops (the rest of a failed group, a restart, a re-formed
-      job) kill them at once, as SIGTERM did before the workers handled it: a worker whose peers are gone
-      could not reach a checkpoint anyway, and would be killed only after `launcher.stop_timeout`.
+    - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
+      checkpoint" (ptrun/train/stop.py), and waits `launcher.stop_timeout` for them. Its own stops (the rest
+      of a failed group, a restart, a job re-formed for machines that left or joined) send SIGTERM too, but
+      wait only `OWN_STOP_GRACE_S` before SIGKILL (see there).
 
     elastic_launch builds its agent from `torch.distributed.launcher.api.LocalElasticAgent`, so a subclass is
     put there for the duration."""
@@ -307,8 +316,10 @@ def _ptrun_agent(errors: Path):
                     self.signalled = True
                     raise
 
-            def _shutdown(self, death_sig=signal.SIGTERM, *args, **kwargs):
-                return super()._shutdown(death_sig if self.signalled else signal.SIGKILL, *args, **kwargs)
+            def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
+                if not self.signalled:  # a stop of the agent's own: a restart, a re-form, a failed group's end
+                    death_sig, timeout = signal.SIGTERM, OWN_STOP_GRACE_S
+                return super()._shutdown(death_sig, timeout)
 
             def _monitor_workers(self, worker_group):
                 result = super()._monitor_workers(worker_group)

@@ -7,11 +7,13 @@ multi-node tests and the longest multi-process chains, which `bash scripts/test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +96,7 @@ def tiny() -> list[str]:
 LITTER = ("torchelastic_*", "ptrun-*", "torchinductor_*", "pytorch-errorfile-*")
 """What launches have left in the temp directory and /dev/shm (elastic's logs, ptrun's private files, the
 AutoCache memory tier, torch's compile cache, the exceptions of workers that failed): a test session must
-leave none of it."""
+leave none of it, nor a named semaphore in /dev/shm that nobody holds (`SemaphoreWatch`)."""
 
 
 def _litter() -> set[Path]:
@@ -102,12 +104,154 @@ def _litter() -> set[Path]:
     return {path for root in roots if root.is_dir() for pattern in LITTER for path in root.glob(pattern)}
 
 
+def semaphores() -> dict[int, Path]:
+    """This user's POSIX named semaphores (/dev/shm/sem.*, multiprocessing's among them), by inode."""
+    out = {}
+    for path in Path("/dev/shm").glob("sem.*"):
+        with contextlib.suppress(FileNotFoundError):
+            info = path.stat()
+            if info.st_uid == os.getuid():
+                out[info.st_ino] = path
+    return out
+
+
+def mapped_shm_inodes(pids=None) -> set[int]:
+    """The inodes of /dev/shm files that the processes `pids` (default: every process) have mapped: a process
+    that opened a named semaphore maps it until it closes it or ends."""
+    inodes = set()
+    for pid in pids if pids is not None else (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+        with contextlib.suppress(OSError):  # ended meanwhile, or another user's
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                    inodes.add(int(fields[4]))
+    return inodes
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid, of every process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):  # ended while being read
+                out[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return out
+
+
+class SemaphoreWatch:
+    """Which named semaphores the processes of this test session held: this process and those it started (and
+    theirs), looked at every `period` seconds in a thread. Other processes on the machine (another test
+    session) create and remove semaphores all the time; only this session's count. Each semaphore is kept
+    with the branches it was held in: the child of this process that the holder descends from (this
+    process's own pid for itself)."""
+
+    def __init__(self, period: float = 1.0):
+        self._held_by: dict[int, set[int]] = {}  # inode -> branches
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._done.wait(period):
+            self.look()
+
+    def look(self) -> None:
+        me, parents = os.getpid(), _parents()
+        branch_of: dict[int, int | None] = {me: me}
+
+        def branch(pid: int) -> int | None:
+            chain = []
+            while pid not in branch_of and pid in parents and pid > 1:
+                chain.append(pid)
+                if parents[pid] == me:
+                    branch_of[pid] = pid
+                    break
+                pid = parents[pid]
+            found = branch_of.get(pid)
+            for step in chain:
+                branch_of[step] = found
+            return found
+
+        for pid in parents:
+            if (top := branch(pid)) is not None:
+                for inode in mapped_shm_inodes([pid]):
+                    with self._lock:
+                        self._held_by.setdefault(inode, set()).add(top)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def leaked(self, before: set[Path], branches: set[int] | None = None) -> set[Path]:
+        """The semaphores not in `before` that no process holds now, though processes of this session held them
+        (of `branches` only, if given): their holders ended without unlinking them (SIGKILLed, with no
+        resource tracker left to do it), so they stay until the machine reboots."""
+        held = mapped_shm_inodes()
+        with self._lock:
+            ours = {inode for inode, seen in self._held_by.items() if branches is None or seen & branches}
+        return {path for inode, path in semaphores().items() if inode in ours and inode not in held
+                and path not in before}
+
+
+def _wind_down_multiprocessing() -> None:
+    """What the interpreter's exit does for multiprocessing, done now: the finalizers unlink the semaphores of
+    this process's own queues (the in-process launches' agents), then the forkserver (the launches' workers
+    were forked from it) and the resource tracker stop; the tracker unlinks what killed workers left to it.
+    What it cleans up is not a leak. Private to multiprocessing, but what its own tests use."""
+    import gc
+    from multiprocessing import forkserver, resource_tracker, util
+
+    gc.collect()
+    util._run_finalizers(0)
+    forkserver._forkserver._stop()
+    resource_tracker._resource_tracker._stop()
+
+
+@pytest.fixture(scope="session")
+def semaphore_watch():
+    """The session's `SemaphoreWatch`."""
+    watch = SemaphoreWatch()
+    yield watch
+    watch.stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_litter_left():
-    before = _litter()
+def no_litter_left(semaphore_watch):
+    before, semaphores_before = _litter(), set(semaphores().values())
     yield
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
+    stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
+    stopping.start()
+    stopping.join(60)
+    leaked = sorted(map(str, semaphore_watch.leaked(semaphores_before)))
+    assert not leaked, f"the test session left these semaphores behind: {leaked}"
+
+
+# ---- trackers that cannot take a run ------------------------------------------------------------------------
+
+def closed_port() -> int:
+    """A localhost port nothing listens on (bound, then released): a connection is refused at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def no_wandb_login(tmp_path, monkeypatch) -> Path:
+    """A machine where nobody ran `wandb login`: no key or mode in the environment; a home directory, .netrc
+    and wandb settings directory of the test's own (none of them holding a key). Returns the home directory."""
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("NETRC", str(home / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / ".config" / "wandb"))
+    return home
 
 
 # ---- the command line ------------------------------------------------------------------------------------

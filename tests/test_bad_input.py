@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, CliResult, assert_one_error_line, run_ptrun, start_ptrun
+from conftest import REPO, CliResult, assert_one_error_line, closed_port, run_ptrun, start_ptrun
 from test_cli import BAD_INPUT
 
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.epochs=1", "train.max_steps_per_epoch=2",
@@ -68,6 +68,12 @@ MESSAGES = {
                                    "for a llama model",
     "causal_lm_without_a_decoder": "model.task='causal_lm' is not allowed: causal_lm only for a decoder given as "
                                    "model.pretrained",
+    "auto_length_batch_of_one": "pipe.length=auto: no layout fits 2 workers: K=1: train.global_batch_size=1 cannot be "
+                                "split evenly over a data-parallel width of 2; K=2: no micro-batch count divides "
+                                "the per-replica batch 1 and suits pipe.schedule=1F1B at pipe.length=2",
+    "wandb_without_login": "logger=wandb: no W&B login; run `wandb login`, or set WANDB_MODE=offline",
+    "mlflow_server_unreachable": "is not reachable (Connection refused); start the tracking server, or unset "
+                                 "MLFLOW_TRACKING_URI to log into RUN_DIR/mlflow.db",
 }
 
 
@@ -353,6 +359,38 @@ def test_no_room_for_the_activation_cache(copy_of_run):
     assert line.startswith("ptrun: error: cache.max_memory: cannot reserve ")
     lock = next(iter(added - {"cache"}), "")
     assert added == {"cache", lock} and lock.startswith("cache/entries-") and lock.endswith(".lock")
+
+
+# ---- the layout ----------------------------------------------------------------------------------------------
+
+def test_a_batch_that_no_layout_of_two_workers_can_split(run_dir, cli):
+    """`pipe.length=auto` with two workers and a batch of one sample: each length named with the rule it
+    breaks (not memory, which is plentiful), before any worker starts."""
+    line, _ = run_case("auto_length_batch_of_one", run_dir, *TINY, "train.global_batch_size=1",
+                       "launcher.nproc_per_node=2", cli=cli)
+    assert line.endswith("(at least pipe.length=2 for 1F1B)") and "GiB" not in line
+
+
+# ---- the trackers --------------------------------------------------------------------------------------------
+
+def test_wandb_online_without_a_login(no_wandb_login, run_dir, cli):
+    """wandb would start the workers and fail in rank 0's `wandb.init` half a minute later."""
+    line, _ = run_case("wandb_without_login", run_dir, *TINY, "logger=wandb", cli=cli)
+    assert line == "ptrun: error: " + MESSAGES["wandb_without_login"]
+
+
+def test_the_console_script_refuses_wandb_without_a_login(no_wandb_login, tmp_path):
+    """The same in a process of its own, where wandb is imported afresh: one line, nothing on stdout."""
+    out = run_ptrun("train", *TINY, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert_one_line(out, "wandb_without_login")
+    assert out.stdout == "" and not (tmp_path / "run").exists()
+
+
+def test_mlflow_tracking_server_that_does_not_answer(run_dir, cli, monkeypatch):
+    uri = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    line, _ = run_case("mlflow_server_unreachable", run_dir, *TINY, "logger=mlflow", cli=cli)
+    assert line.startswith(f"ptrun: error: logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable (")
 
 
 # ---- the run directory ----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ elastic job (`launcher.nnodes=1:2`, 2 workers each, one c10d rendezvous). The se
 and workers SIGKILLed): the job re-forms on the remaining node with a re-planned layout (DP 2 -> 1) and goes on
 from the newest checkpoint. The node comes back (`train.resume=true`): the job scales up again at the next
 restart boundary (DP 1 -> 2) and finishes with the accuracy and, up to float drift, the parameters of an
-uninterrupted 4-worker run (the global batch, data order and loss do not depend on the layout).
+uninterrupted 4-worker run (the global batch, data order and loss do not depend on the layout). Node A stops
+its workers at each re-form with SIGTERM (SIGKILL only after a grace), so they leave nothing behind: no named
+semaphore in /dev/shm, no pickled exception in the temp directory.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, final_params, run_events, run_workers, start_ptrun, worker_pids
+from conftest import (TINY, final_params, mapped_shm_inodes, run_events, run_workers, semaphores, start_ptrun,
+                      worker_pids)
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes, one lost and regained: ~100 s
 
@@ -52,6 +55,11 @@ def starts(run_dir: Path) -> list[dict]:
     return run_events(run_dir, "start", missing_ok=True)
 
 
+def error_files(folder: Path) -> set[Path]:
+    """The exceptions torch.multiprocessing pickled for workers that raised (in the launcher's temp directory)."""
+    return set(folder.glob("pytorch-errorfile-*"))
+
+
 def wait_for(condition, what: str, timeout: float = 180.0) -> None:
     deadline = time.time() + timeout
     while not condition():
@@ -59,15 +67,43 @@ def wait_for(condition, what: str, timeout: float = 180.0) -> None:
         time.sleep(0.2)
 
 
-def semaphores() -> set[Path]:
-    """The POSIX semaphores on this machine (multiprocessing's and loky's, in /dev/shm)."""
-    return set(Path("/dev/shm").glob("sem.*"))
+def group_pids(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (a node: its agent, forkserver, workers, resource tracker)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                pids.append(int(entry.name))
+    return pids
 
 
-def test_a_node_lost_and_regained(tmp_path):
-    run_dir, port, paused = tmp_path / "job", free_port(), []
-    before = semaphores()
+def lose_node(agent: subprocess.Popen) -> set[Path]:
+    """Lose a node as a machine is lost: every process of it SIGKILLed at once. Returns the named semaphores
+    it held, which nothing can release now (a lost machine takes them along; here they stay in /dev/shm).
+    The node is frozen first, so that it creates none after they are listed."""
+    os.killpg(agent.pid, signal.SIGSTOP)
+    held = mapped_shm_inodes(group_pids(agent.pid))
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait()
+    return {path for inode, path in semaphores().items() if inode in held}
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` waits for delivery to the (stopped) process `pid`; True once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    pending = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:"))}
+    return bool((pending["SigPnd"] | pending["ShdPnd"]) >> (signum - 1) & 1)
+
+
+def test_a_node_lost_and_regained(tmp_path, semaphore_watch):
+    run_dir, port, paused, lost = tmp_path / "job", free_port(), [], set()
+    semaphores_before = set(semaphores().values())
     first = start_agent(run_dir, port, tmp_path / "node_a.log")
+    node_a = first.pid
     # Node A hosts the rendezvous store and B connects to it: B starts once A's store is listening (a fixed
     # pause is not enough on a loaded machine, where B could bind the port first and take the store with it).
     wait_for(lambda: listening(port), "node A's rendezvous store", timeout=60.0)
@@ -76,15 +112,19 @@ def test_a_node_lost_and_regained(tmp_path):
         wait_for(lambda: [s["world_size"] for s in starts(run_dir)] == [4] and
                  any(p.name.startswith("step_") for p in (run_dir / "checkpoints").glob("step_*")),
                  "both nodes training and a first checkpoint")
-        os.killpg(second.pid, signal.SIGKILL)  # node B is lost: its agent and its workers
-        second.wait()
+        lost = lose_node(second)  # node B is lost: its agent and its workers
         wait_for(lambda: [s["world_size"] for s in starts(run_dir)][-1:] == [2], "the job re-formed on node A")
         # Node A's workers wait (stopped) until B is back, or A could finish alone while B starts: A's agent
-        # stays up (it holds the rendezvous store) and restarts them when B joins.
+        # stays up (it holds the rendezvous store) and restarts them when B joins. It stops them with
+        # SIGTERM first: they go on once it is sent, to stop at a step they agree on.
         paused = worker_pids(first.pid)
         for pid in paused:
             os.kill(pid, signal.SIGSTOP)
         second = start_agent(run_dir, port, tmp_path / "node_b2.log", "train.resume=true")  # B is back
+        node_b2 = second.pid
+        wait_for(lambda: all(signal_pending(pid, signal.SIGTERM) for pid in paused), "node A stopping its workers")
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
         assert first.wait(timeout=300) == 0, (tmp_path / "node_a.log").read_text()[-3000:]
         assert second.wait(timeout=60) == 0, (tmp_path / "node_b2.log").read_text()[-3000:]
     finally:
@@ -95,10 +135,20 @@ def test_a_node_lost_and_regained(tmp_path):
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
-        # Processes SIGKILLed here (node B as a whole, node A's workers when the job re-forms) cannot release
-        # their semaphores; a machine that is really lost takes them along. Two nodes on one machine must not.
-        for leaked in semaphores() - before:
-            leaked.unlink(missing_ok=True)
+        # Node B's semaphores went with it (a machine that is really lost takes them along); two nodes on one
+        # machine must not leave them behind.
+        for path in lost:
+            path.unlink(missing_ok=True)
+
+    # Node A stopped its workers at each re-form with SIGTERM, and they exited: nothing was left to its
+    # resource tracker (which warns about what it cleans up), no semaphore to anyone, and the exceptions
+    # its failed workers pickled (in each node's temp directory; the session checks its own) are gone.
+    log = (tmp_path / "node_a.log").read_text()
+    assert "leaked semaphore" not in log and "forcefully exiting via SIGKILL" not in log, log[-3000:]
+    assert "Closing process" in log  # it did stop workers
+    for node in ("node_a", "node_b2"):
+        assert error_files(tmp_path / f"{node}.tmp") == set() and list((tmp_path / f"{node}.tmp").iterdir()) == []
+    assert not semaphore_watch.leaked(semaphores_before | lost, branches={node_a, node_b2})  # B's were lost
 
     history = starts(run_dir)
     assert [s["world_size"] for s in history] == [4, 2, 4], history

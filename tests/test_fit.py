@@ -48,9 +48,53 @@ def test_an_explicit_micro_batch_count_is_kept():
     assert choose_length(MEMORY, config(microbatches=8), world_size=4, budget=120 * MIB).microbatches == 8
 
 
-def test_nothing_fits_is_a_config_error_naming_the_key():
-    with pytest.raises(ConfigError, match="pipe.length=auto: no pipeline length fits.*device.memory"):
+def test_nothing_fits_names_what_each_length_needs():
+    with pytest.raises(ConfigError) as e:
         choose_length(MEMORY, config(), world_size=4, budget=10 * MIB)
+    assert str(e.value) == (
+        "pipe.length=auto: no layout fits 4 workers: K=1: the largest stage needs ~0.18 GiB, a device offers 0.01 "
+        "GiB; K=2: the largest stage needs ~0.09 GiB, a device offers 0.01 GiB; K=4: the largest stage needs "
+        "~0.08 GiB, a device offers 0.01 GiB; use more workers, a smaller batch, pipe.recompute, or set "
+        "device.memory")
+
+
+def with_batch(cfg: PtrunConfig, global_batch: int) -> PtrunConfig:
+    return replace(cfg, train=replace(cfg.train, global_batch_size=global_batch))
+
+
+# Two workers and a batch of 1: no data-parallel width divides it (K = 1), and 1F1B needs at least 2
+# micro-batches at K = 2. Memory is plentiful: the refusal must not talk about it.
+BATCH_OF_ONE = ("pipe.length=auto: no layout fits 2 workers: K=1: train.global_batch_size=1 cannot be split evenly "
+                "over a data-parallel width of 2; K=2: no micro-batch count divides the per-replica batch 1 and "
+                "suits pipe.schedule=1F1B at pipe.length=2 (at least pipe.length=2 for 1F1B)")
+
+
+def test_a_batch_no_layout_can_split_names_the_batch_rule_of_each_length():
+    with pytest.raises(ConfigError) as e:
+        choose_length(MEMORY, with_batch(config(), 1), world_size=2, budget=10**12)
+    assert str(e.value) == BATCH_OF_ONE
+
+
+def test_a_batch_no_layout_can_split_is_refused_before_the_start():
+    """On one machine the world size is known when the config is validated: the same line, no worker."""
+    cfg = with_batch(config(length="auto"), 1)
+    cfg = replace(cfg, launcher=replace(cfg.launcher, nproc_per_node=2))
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, paths=False)
+    assert str(e.value) == BATCH_OF_ONE
+    validate(with_batch(cfg, 2), paths=False)  # K = 1 over DP 2 works: memory decides in the workers
+
+
+def test_memory_picks_the_length_and_the_rules_are_named_at_it():
+    """K = 1 fits memory but 3 samples do not split over 2 replicas: the refusal names that rule, even though
+    K = 2 would split them (a pipeline appears only when memory asks for one)."""
+    with pytest.raises(ConfigError, match=r"^train.global_batch_size=3 is not allowed: a multiple of the "
+                                          r"data-parallel width 2$"):
+        resolve_length(with_batch(config(length="auto"), 3), None, (), world_size=2, budget=10**12, memory=MEMORY)
+    # a length whose batch rule is broken still counts for memory: here no length fits
+    with pytest.raises(ConfigError, match=r"K=1: train.global_batch_size=3 cannot be split evenly over a "
+                                          r"data-parallel width of 2; K=2: the largest stage needs"):
+        choose_length(MEMORY, with_batch(config(), 3), world_size=2, budget=10 * MIB)
 
 
 def test_measured_activations_scale_with_the_units_and_exclude_weights():

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import TINY, run_events, run_workers
+from conftest import TINY, closed_port, run_events, run_workers
 from ptrun.config import ConfigError
 from ptrun.report.tensorboard import event_scalars
 from ptrun.installed import check_installed
@@ -205,3 +205,70 @@ def test_mlflow_with_a_tracking_server_needs_no_sqlalchemy(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert required_modules("mlflow") == ["mlflow"]
     assert required_modules("wandb") == ["wandb"] and required_modules("tensorboard") == []
+
+
+# ---- a tracker that cannot take the run ------------------------------------------------------------------
+def test_wandb_online_without_a_login_is_refused_and_any_login_or_offline_mode_passes(no_wandb_login, monkeypatch):
+    from ptrun.installed import NO_WANDB_LOGIN, check_tracker_ready
+
+    with pytest.raises(ConfigError) as err:
+        check_tracker_ready("wandb")
+    assert str(err.value) == NO_WANDB_LOGIN == ("logger=wandb: no W&B login; run `wandb login`, or set "
+                                                "WANDB_MODE=offline")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with pytest.raises(ConfigError):
+        check_tracker_ready("wandb")
+    for mode in ("offline", "disabled"):  # nothing is sent: no login needed
+        monkeypatch.setenv("WANDB_MODE", mode)
+        check_tracker_ready("wandb")
+    monkeypatch.delenv("WANDB_MODE")
+    # a .netrc entry for W&B's host, as `wandb login` writes it (a key is 40 characters or more)
+    (no_wandb_login / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {'k' * 40}\n")
+    check_tracker_ready("wandb")
+    (no_wandb_login / ".netrc").write_text(f"machine example.com\n  login user\n  password {'k' * 40}\n")
+    with pytest.raises(ConfigError):
+        check_tracker_ready("wandb")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    check_tracker_ready("wandb")
+
+
+def test_mlflow_with_a_server_that_does_not_answer_is_refused_naming_it(monkeypatch):
+    from ptrun.installed import check_tracker_ready
+
+    uri = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(ConfigError) as err:
+        check_tracker_ready("mlflow")
+    assert str(err.value) == (f"logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable (Connection refused); "
+                              f"start the tracking server, or unset MLFLOW_TRACKING_URI to log into "
+                              f"RUN_DIR/mlflow.db")
+    for store in ("sqlite:///runs/mlflow.db", "file:///tmp/mlruns", "./mlruns"):  # local stores: nothing to reach
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+        check_tracker_ready("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    check_tracker_ready("mlflow")
+    check_tracker_ready("jsonl")
+
+
+def test_a_server_that_never_answers_is_refused_in_bounded_time(monkeypatch):
+    """A name lookup or a connection that hangs (a firewall that drops packets) ends after the timeout."""
+    import socket
+    import threading
+
+    import ptrun.installed
+
+    release = threading.Event()
+
+    def hang(*args, **kwargs):
+        release.wait()
+        raise ConnectionRefusedError(111, "too late")
+
+    monkeypatch.setattr(socket, "create_connection", hang)
+    monkeypatch.setattr(ptrun.installed, "TRACKER_TIMEOUT_S", 0.1)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.com")
+    try:
+        with pytest.raises(ConfigError, match=r"^logger=mlflow: MLFLOW_TRACKING_URI=https://mlflow.example.com is "
+                                              r"not reachable \(no answer in 0.1 s\); "):
+            ptrun.installed.check_tracker_ready("mlflow")
+    finally:
+        release.set()

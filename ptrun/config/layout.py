@@ -1,6 +1,8 @@
 """The layout rules, in one place: a pipeline length K against the world size and the global batch (K divides
 the workers, or PipeDream's replicated first stage adds up to them; the data-parallel width divides the batch;
-M divides a replica's batch), and the micro-batch count against the schedule (`schedule_problem`).
+M divides a replica's batch), and the micro-batch count against the schedule (`schedule_problem`); for
+`pipe.length=auto`, the first rule each candidate length breaks (`length_problem`), in the one line that
+refuses a job no length fits (`no_length_fits`).
 
 Called by the config's validation (`check_layout`, where the world size is known before the start: one
 machine, or the cluster `ptrun plan` is given), by `ptrun.parallel.fit.resolve_length` once it has made K and
@@ -14,6 +16,7 @@ from typing import Any
 from ptrun.config.launcher import parse_nnodes, workers_per_node
 from ptrun.config.pipe import schedule_problem
 from ptrun.config.rules import require
+from ptrun.errors import ConfigError
 
 
 def width_problem(pipe, world: int, nproc: Any = None, note: str = "") -> tuple | None:
@@ -55,6 +58,58 @@ def world_problem(pipe, world: int, global_batch: int, nproc: Any = None, note: 
     return None
 
 
+def stage_problem(pipe, k: int, num_units: int | None = None) -> str | None:
+    """Why no pipeline of length `k` can be built for `pipe.length=auto`, in words with its numbers: its stages
+    against the schedule and the model's `num_units` (when known); None if it can."""
+    per_rank = pipe.stages_per_rank
+    if k == 1 and per_rank > 1:
+        return f"pipe.stages_per_rank={per_rank} needs a pipeline of at least 2 ranks"
+    if num_units is not None and k * per_rank > num_units:
+        return f"{k * per_rank} stages (pipe.length x pipe.stages_per_rank) exceed the model's {num_units} units"
+    return None
+
+
+def length_problem(pipe, k: int, world: int, global_batch: int, num_units: int | None = None) -> str | None:
+    """Why `pipe.length=auto` cannot take the length `k` (a divisor of `world`), memory aside: the first rule it
+    breaks, in words with its numbers (`stage_problem`, then the data-parallel width against the batch, then
+    the micro-batch count against the replica's batch and the schedule); None if it breaks none. One rule set
+    for the check before the start and the choice in the workers."""
+    problem = stage_problem(pipe, k, num_units)
+    if problem:
+        return problem
+    dp = world // k
+    if global_batch % dp:
+        return f"train.global_batch_size={global_batch} cannot be split evenly over a data-parallel width of {dp}"
+    per_replica, m, schedule = global_batch // dp, pipe.microbatches, pipe.schedule
+    if isinstance(m, int):
+        if per_replica % m:
+            return f"pipe.microbatches={m} does not divide the per-replica batch {per_replica}"
+        problem = schedule_problem(schedule, k, pipe.stages_per_rank, m)
+        return None if problem is None else f"{problem[0]}={problem[2]!r} is not allowed: {problem[1]}"
+    # `auto` and unset: some count must divide the replica's batch and suit the schedule
+    if any(per_replica % c == 0 and schedule_problem(schedule, k, pipe.stages_per_rank, c) is None
+           for c in range(1, per_replica + 1)):
+        return None
+    key, allowed, value = schedule_problem(schedule, k, pipe.stages_per_rank, per_replica)
+    if key != "pipe.microbatches":  # a rule of the schedule that no count satisfies
+        return f"{key}={value!r} is not allowed: {allowed}"
+    return (f"no micro-batch count divides the per-replica batch {per_replica} and suits pipe.schedule={schedule} "
+            f"at pipe.length={k} ({allowed})")
+
+
+def no_length_fits(world: int, reasons: dict[int, str], note: str = "", hint: str = "") -> ConfigError:
+    """The one-line refusal of `pipe.length=auto` when every candidate length broke a rule: each length with
+    the first rule it broke (`reasons`, in order), then `hint`."""
+    per_length = "; ".join(f"K={k}: {reason}" for k, reason in reasons.items())
+    return ConfigError(f"pipe.length=auto: no layout fits {world} workers{note}: {per_length}"
+                       + (f"; {hint}" if hint else ""))
+
+
+def auto_lengths(world: int) -> list[int]:
+    """The lengths `pipe.length=auto` considers on `world` workers, shortest first: the divisors."""
+    return [k for k in range(1, world + 1) if world % k == 0]
+
+
 def replica_batch(pipe, world: int, global_batch: int) -> int:
     """One replica's batch in a layout `world_problem` accepted."""
     return global_batch // data_parallel_width(pipe, world)
@@ -74,7 +129,8 @@ def check_concrete(pipe, world: int, global_batch: int) -> None:
 def check_layout(cfg) -> None:
     """The config's layout against the workers of one machine, when `launcher.nnodes` is 1 (with more machines
     the world is known only at the start, which checks it then: `first_plan`, `resolve_length`), and the
-    micro-batch count against the schedule: `auto` and unset need one count that works."""
+    micro-batch count against the schedule: `auto` and unset need one count that works. With
+    `pipe.length=auto` on one machine, some length must obey the rules (memory picks among them later)."""
     p, t, lc = cfg.pipe, cfg.train, cfg.launcher
     auto_k = p.length == "auto"
     auto_m = p.microbatches == "auto" or p.microbatches is None
@@ -104,3 +160,11 @@ def check_layout(cfg) -> None:
         problem = schedule_problem(p.schedule, k, p.stages_per_rank, p.microbatches)
         if problem:
             require(False, *problem)
+    if auto_k and one_machine:
+        # Memory is measured in the workers; the rules that need no model are checked now, for every length.
+        world = workers_per_node(lc)
+        num_units = 2 * cfg.model.depth + 2 if cfg.model.depth else None  # as check_pipe counts them
+        reasons = {k: length_problem(p, k, world, t.global_batch_size, num_units) for k in auto_lengths(world)}
+        if all(reasons.values()):
+            note = " (launcher.nproc_per_node=auto on this machine)" if lc.nproc_per_node == "auto" else ""
+            raise no_length_fits(world, reasons, note)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ptrun.config import ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
+from ptrun.config.layout import auto_lengths, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
@@ -131,26 +132,25 @@ def _in_flight(schedule: str, pp: int, microbatches: int) -> int:
 
 
 def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget: int) -> LengthChoice:
-    """The smallest K (a divisor of the world size the schedule accepts) whose largest stage fits `budget`,
-    with the micro-batch count that follows it (`pipe.microbatches` if set). ConfigError if none fits."""
-    pipe, num_units = cfg.pipe, len(memory.state_bytes)
+    """The smallest K (a divisor of the world size) whose largest stage fits `budget`, with the micro-batch
+    count that follows it (`pipe.microbatches` if set). Memory alone picks K, so a pipeline appears only when
+    memory asks for one; the layout rules at that K are checked afterwards (`resolve_length`). ConfigError
+    when no K works: where every K breaks a layout rule (`length_problem`) or none fits, naming for each K
+    the first rule it broke, or what its largest stage needs."""
+    pipe, num_units, batch = cfg.pipe, len(memory.state_bytes), cfg.train.global_batch_size
+    reasons = {pp: length_problem(pipe, pp, world_size, batch, num_units) for pp in auto_lengths(world_size)}
+    if all(reasons.values()):
+        raise no_length_fits(world_size, reasons)
+    gib = 2**30
     whole = None
-    largest_seen = None
-    for pp in range(1, world_size + 1):
-        if world_size % pp or pp * pipe.stages_per_rank > num_units:
-            continue
-        if pp == 1 and pipe.stages_per_rank > 1:
-            continue  # a looped or V schedule (several stages per rank) is asked for: it needs a pipeline
-        per_replica = cfg.train.global_batch_size // (world_size // pp)
-        if per_replica < 1:
-            continue
-        if isinstance(pipe.microbatches, int):
-            m = pipe.microbatches
-        else:
-            try:
-                m = follow_microbatches(pp, per_replica, cfg)
-            except ConfigError:
-                continue
+    for pp in auto_lengths(world_size):
+        if stage_problem(pipe, pp, num_units):
+            continue  # no such pipeline can be built
+        per_replica = max(1, batch // (world_size // pp))
+        if reasons[pp] is None:
+            m = pipe.microbatches if isinstance(pipe.microbatches, int) else follow_microbatches(pp, per_replica, cfg)
+        else:  # an estimate: if memory picks this K, `resolve_length` names the rule it breaks
+            m = pipe.microbatches if isinstance(pipe.microbatches, int) else 1
         micro = per_replica / m
         cost = [s + a * micro * _in_flight(pipe.schedule, pp, m)
                 for s, a in zip(memory.state_bytes, memory.activation_bytes)]
@@ -159,14 +159,12 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
         # A rank holds `stages_per_rank` stages: charge it the largest ones' sum.
         largest = sum(sorted(stages)[-pipe.stages_per_rank:])
         whole = sum(cost) if whole is None else whole
-        largest_seen = largest
         if largest <= budget:
             return LengthChoice(pp, m, largest, budget, whole)
-    gib = 2**30
-    raise ConfigError(f"pipe.length=auto: no pipeline length fits: the largest stage needs "
-                      f"~{(largest_seen or 0) / gib:.2f} GiB at the longest pipeline, a device offers "
-                      f"{budget / gib:.2f} GiB (device.memory); use more workers, a smaller batch, "
-                      f"pipe.recompute, or set device.memory")
+        reasons[pp] = reasons[pp] or (f"the largest stage needs ~{largest / gib:.2f} GiB, a device offers "
+                                      f"{budget / gib:.2f} GiB")
+    raise no_length_fits(world_size, reasons, hint="use more workers, a smaller batch, pipe.recompute, or set "
+                                                   "device.memory")
 
 
 def stage_bytes(memory: UnitMemory, plan, global_batch: int) -> list[float]:

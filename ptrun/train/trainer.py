@@ -57,6 +57,7 @@ class Trainer:
         self.is_main = rank == 0
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
+        self.announced = False  # the start event written: from here on the run has a record to continue
         self.data = build_datasets(startup.data_config(cfg), task=cfg.model.task)
         torch.manual_seed(cfg.train.seed)  # identical per-unit initial values on every rank
         # No unit has values yet: a worker fills its own stages' units once it knows its layout (apply_plan).
@@ -339,6 +340,11 @@ class Trainer:
         """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
         stop there if asked to. Returns the final eval."""
         cfg, state = self.cfg, self.state
+        # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines
+        # that joined or left) ends them before they train: nothing is recorded, the run goes on from where it
+        # was when they started.
+        if self.stops.now():
+            raise Interrupted(self.stops.agreed)
         self._announce()
         tuned = self.tuning.event_fields() if self.tuning is not None else {}  # on this process's first plan
         t_start = time.perf_counter()
@@ -409,6 +415,7 @@ class Trainer:
     def _announce(self) -> None:
         """The start event and the terminal's first lines."""
         cfg = self.cfg
+        self.announced = True
         self._event("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
                     num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
                     train_samples=len(self.data.train), eval_samples=len(self.data.eval),
@@ -458,11 +465,12 @@ class Trainer:
 
     def stopped(self, signum: int) -> None:
         """Collective, after `fit` raised Interrupted (its checkpoint written): release what the run holds
-        outside its directory and record where it stopped."""
+        outside its directory and record where it stopped (if it had started training)."""
         self.view.end_epoch()
         self._release_cache()
-        self._event("stopped", signal=signal.Signals(signum).name, epoch=self.state.epoch,
-                    global_step=self.state.global_step, checkpoint_step=self.state.last_checkpoint_step)
+        if self.announced:
+            self._event("stopped", signal=signal.Signals(signum).name, epoch=self.state.epoch,
+                        global_step=self.state.global_step, checkpoint_step=self.state.last_checkpoint_step)
 
     def export(self) -> None:
         """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format."""
