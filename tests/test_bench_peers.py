@@ -2,13 +2,18 @@
 
 The peer under torchrun (2 processes, DDP) trains the same model as in one process: same global batches,
 including an uneven last one. The benchmark's arithmetic (medians, ranges, speedups against the faster plain
-peer of each round, time to target, the throughput checks) on synthetic rounds, and its README block.
+peer of each round, time to target, the throughput checks) on synthetic rounds, and its README block. The
+causal-LM path: the peer's loss equals ptrun's on the same weights and batch, the peer trains and evaluates a
+decoder end to end, the benchmark's decoder is written offline, and perplexity (lower is better) sets the
+target, the table and the results page.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,9 +187,9 @@ def test_variants_and_seeded_rounds():
     assert "; round r ran with train.seed=r;" in bench_peers.caption(result)
 
 
-def result_json(repeats_rounds: list[list[dict]], recipe: str) -> dict:
+def result_json(repeats_rounds: list[list[dict]], recipe: str, metric=bench_peers.TOP1) -> dict:
     return {"command": f"python scripts/bench_peers.py --recipe {recipe} --repeats 3 --out /tmp/p", "recipe": recipe,
-            "overrides": [], "repeats": len(repeats_rounds), **bench_peers.aggregate(repeats_rounds)}
+            "overrides": [], "repeats": len(repeats_rounds), **bench_peers.aggregate(repeats_rounds, metric)}
 
 
 def test_table_and_caption():
@@ -210,7 +215,8 @@ def test_results_page_sections(tmp_path):
         (results / f"bench_peers_{recipe}.json").write_text(
             json.dumps({**result_json(rounds()[:1], recipe), "date": "2026-11-25"}))
     entries = {e.file: e for e in readme_results.TABLES if e.module == "ptrun.bench.peers"}
-    assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json"}
+    assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json",
+                            "bench_peers_causal_lm.json"}
     text = readme_results.section(results, entries["bench_peers_bbc_news_bert.json"])
     assert "- command: `python scripts/bench_peers.py --recipe bbc_news_bert --repeats 3 --out /tmp/p`" in text
     assert "- measured: 2026-11-25" in text
@@ -268,3 +274,197 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
     flops = costs_from_config(resolved.model, resolved.data).fwd_flops
     want = 2 * sum(flops) / (0.5 * sum(flops) + 1.5 * sum(flops[2:]))
     assert ideal_speedup(tmp_path) == pytest.approx(want)
+
+
+# ---- the causal-LM path ------------------------------------------------------------------------------------
+
+def tiny_llama(path: Path, vocab: int = 64) -> Path:
+    """A 2-layer Llama with random weights, as `save_pretrained` writes it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def lm_batch() -> dict[str, torch.Tensor]:
+    """Three blocks of 12 tokens as ptrun's packer stores them (`hf_tokens.lm_rows`): the last one padded
+    after 5 real tokens, its labels -100 there."""
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+
+    from ptrun.data.hf_tokens import lm_rows
+
+    ids = np.random.default_rng(0).integers(1, 64, size=(3, 12))
+    real = np.ones((3, 12), dtype=bool)
+    real[2, 5:] = False
+    ids[~real] = 0
+    rows = datasets.Dataset(pa.Table.from_batches([lm_rows(ids, real)])).with_format("torch")
+    return {k: v.long() for k, v in rows[:].items()}
+
+
+def test_the_plain_loops_causal_lm_loss_equals_ptruns(tmp_path):
+    """Same weights, same batch: the peer's loss (transformers' own, from the `labels` with -100 on padding)
+    equals ptrun's (its layered decoder and WeightedLoss over the global batch's predicted tokens): the
+    token mean over the real tokens, shifted. Split in two shares over DDP's two ranks, it is the same loss."""
+    from ptrun.bench import plain_loop
+    from ptrun.config import ModelConfig
+    from ptrun.models import build_model
+    from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+
+    path = tiny_llama(tmp_path / "llama")
+    model_cfg = ModelConfig(name="llama", pretrained=str(path), task="causal_lm")
+    b = lm_batch()
+    tokens = plain_loop.predicted_tokens(b["labels"])
+    assert tokens.tolist() == [11, 11, 4]  # every real token after the first of its block
+
+    peer = plain_loop.build_model(model_cfg, None).eval()
+    with torch.no_grad():
+        plain = plain_loop.summed_loss(peer, b, "causal_lm", tokens.sum())
+        shares = [plain_loop.summed_loss(peer, {k: v[rows] for k, v in b.items()}, "causal_lm", tokens.sum() / 2)
+                  for rows in (slice(0, 2), slice(2, 3))]  # each rank's share; DDP averages the two
+        layered = build_model(model_cfg, num_classes=0).eval()
+        target = make_target({"labels": b["labels"], "weight": torch.ones(3)}, "causal_lm")
+        denominator = float(loss_weight(target, "causal_lm"))
+        ours = WeightedLoss("causal_lm")(layered(b["input_ids"], b["attention_mask"]), target,
+                                         denominator=denominator)
+    assert denominator == tokens.sum().item() == 26
+    torch.testing.assert_close(plain, ours, rtol=1e-6, atol=0)
+    torch.testing.assert_close(sum(shares) / 2, plain, rtol=1e-6, atol=0)
+
+
+@pytest.mark.slow
+def test_the_plain_loop_trains_a_causal_lm(tmp_path):
+    """The peer end to end on a tiny Llama and a JSONL of text (packed by ptrun's data layer): its result
+    has the eval loss and its perplexity per epoch, and the loss falls on repeated text."""
+    from conftest import cli_env, wordpiece_tokenizer
+
+    lines = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine"]
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": lines[i % 2]}) + "\n" for i in range(64)))
+    tok = wordpiece_tokenizer(tmp_path / "llama", lines, vocab_size=64)
+    from transformers import AutoTokenizer
+
+    tiny_llama(tmp_path / "llama", vocab=len(AutoTokenizer.from_pretrained(tok)))
+    out = tmp_path / "plain.json"
+    cmd = [sys.executable, *PLAIN, "--recipe=causal_lm", f"--out={out}", f"model.pretrained={tmp_path / 'llama'}",
+           f"data.path={text}", "data.max_length=16", "train.epochs=2", "train.global_batch_size=4",
+           "optim.lr=3e-3", "optim.warmup_fraction=0"]
+    env = cli_env(PTRUN_TOKENIZED_DIR=str(tmp_path / "tokenized"), HF_HOME=str(tmp_path / "hf_home"))
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    first, last = result["epochs"]
+    assert last["loss"] < first["loss"]
+    assert result["final_eval_loss"] == last["loss"] and "final_top1" not in result
+    assert result["final_perplexity"] == pytest.approx(math.exp(last["loss"]))
+    assert "perplexity" in done.stdout
+
+
+def test_the_benchmarks_decoder_is_written_offline(tmp_path):
+    """`python -m ptrun.bench.decoder DIR`: BBC News text as JSONL and a Llama whose tokenizer was trained on
+    it, with [SEP] as EOS (it ends the packed documents) and [PAD] as padding, the model's ids the same."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ptrun.bench import decoder
+
+    decoder.main([str(tmp_path), "--documents=20", "--hidden=64", "--layers=1", "--vocab=500"])
+    texts = [json.loads(line)["text"] for line in (tmp_path / "news.jsonl").read_text().splitlines()]
+    assert len(texts) == 20 and all(len(t.split()) > 50 for t in texts)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "llama")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "llama")
+    assert len(tok) == model.config.vocab_size <= 500
+    assert tok.eos_token == "[SEP]" and tok.pad_token == "[PAD]"
+    assert (model.config.eos_token_id, model.config.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    assert (model.config.model_type, model.config.num_hidden_layers, model.config.hidden_size) == ("llama", 1, 64)
+
+
+def test_causal_lm_command_lines_and_metric(tmp_path):
+    """The one documented command: --only a,c runs the plain loop and ptrun without freezing on one worker,
+    each with the decoder's overrides; the recipe's task picks perplexity."""
+    assert bench_peers.pick(["a,c"]) == [A, C]
+    lm = [f"model.pretrained={tmp_path}/llama", f"data.path={tmp_path}/news.jsonl"]
+    assert bench_peers.shown(bench_peers.command(A, "causal_lm", Path("/r"), lm)) == (
+        f"python -m ptrun.bench.plain_loop --recipe=causal_lm --threads=2 --out=/r/plain.json {' '.join(lm)}")
+    assert bench_peers.shown(bench_peers.command(C, "causal_lm", Path("/r"), lm)) == (
+        "ptrun train hydra.run.dir=/r recipe=causal_lm auto.freeze=false auto.cache=false "
+        f"launcher.nproc_per_node=1 {' '.join(lm)}")
+    assert bench_peers.metric_of("causal_lm", lm) is bench_peers.PERPLEXITY
+    assert bench_peers.metric_of("digits_vit", []) is bench_peers.TOP1
+    with pytest.raises(ValueError, match="model.task='qa'; the plain peer trains classification, causal_lm"):
+        bench_peers.metric_of("bert_squad", ["data.path=/x"])
+    assert "--only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl" in bench_peers.__doc__
+
+
+def lm_run(label: str, wall: float, train: float, samples_per_s: float, curve: list[list[float]]) -> dict:
+    return {"label": label, "wall_s": wall, "train_time_s": train, "samples_per_s": samples_per_s,
+            "final_perplexity": curve[-1][1], "curve": curve, "run_dir": "/x"}
+
+
+def lm_rounds() -> list[list[dict]]:
+    """Two rounds of the plain loop and ptrun without freezing, on perplexity: the target is the plain loop's
+    (the only peer), and lower reaches it."""
+    ppl = bench_peers.PERPLEXITY
+    return [bench_peers.measure(r, ppl) for r in (
+        [lm_run(A, 60.0, 50.0, 20.0, [[25.0, 300.0], [50.0, 200.0]]),
+         lm_run(C, 58.0, 49.0, 20.4, [[24.5, 199.0], [49.0, 180.0]])],
+        [lm_run(A, 62.0, 52.0, 19.0, [[26.0, 310.0], [52.0, 210.0]]),
+         lm_run(C, 66.0, 56.0, 17.5, [[28.0, 250.0], [56.0, 210.0 * (1 + 1e-9)]])],  # 210 summed in another order
+    )]
+
+
+def test_perplexity_targets_and_times_compare_lower_is_better():
+    first, second = lm_rounds()
+    assert {r["target"] for r in first} == {200.0} and {r["target"] for r in second} == {210.0}
+    by, by2 = ({r["label"]: r for r in rnd} for rnd in (first, second))
+    assert by[A]["time_to_target_s"] == 50.0 and by[C]["time_to_target_s"] == 24.5  # 199 <= 200 at epoch 1
+    assert by2[C]["time_to_target_s"] == 56.0  # within the relative tolerance
+    # a peer with the higher perplexity is not the target, even when it comes first
+    worse = bench_peers.measure([lm_run(A, 1.0, 1.0, 1.0, [[1.0, 150.0]]), lm_run(B, 1.0, 1.0, 1.0, [[1.0, 120.0]])],
+                                bench_peers.PERPLEXITY)
+    assert worse[0]["target"] == 120.0 and worse[0]["time_to_target_s"] is None
+
+
+def test_perplexity_aggregate_table_and_caption():
+    result = {**result_json(lm_rounds(), "causal_lm", bench_peers.PERPLEXITY), "seeds": True}
+    assert result["metric"] == "perplexity" and result["target"] == 205.0
+    rows = {r["label"]: r for r in result["rows"]}
+    assert rows[C]["final_perplexity"] == pytest.approx((180.0 + 210.0 * (1 + 1e-9)) / 2)
+    assert rows[C]["mean_perplexity"] == rows[C]["final_perplexity"] and "final_top1" not in rows[C]
+    check = result["checks"][0]
+    assert (check["ptrun"], check["peer"]) == (C, A)
+    assert check["rounds"] == pytest.approx([20.4 / 20.0, 17.5 / 19.0]) and check["passed"] is True  # median 0.97
+    text = bench_peers.table(result)
+    assert text.splitlines()[0] == ("| run | wall (s) | training (s) | start-up overhead (s) | samples/s | final "
+                                    "perplexity | time to target (s) | speedup, wall | speedup, training | mean "
+                                    "perplexity |")
+    # samples/s with two decimals: a causal LM trains a few blocks a second
+    assert ("| ptrun, freezing off, 1 worker | 62.0 (58.0-66.0) | 52.5 (49.0-56.0) | 9.5 (9.0-10.0) "
+            "| 18.95 (17.50-20.40) | 195.00 (180.00-210.00) | 40.2 (24.5-56.0) |") in text
+    assert "| ptrun, freezing off, 1 worker / plain loop | 0.97x (0.92-1.02) | 0.95x: yes |" in text
+    assert bench_peers.caption(result) == (
+        "causal_lm: 2 round(s) of 2 runs, interleaved; medians (min-max over the rounds); round r ran with "
+        "train.seed=r; speedups against the faster plain peer of each round; target = the plain peers' lowest "
+        "final perplexity (median 205.00)")
+    json.dumps(result)
+
+
+def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
+    """bench_peers_causal_lm.json is on the results page when docs/results/ has it, and only then."""
+    results = tmp_path / "results"
+    shutil.copytree(Path(readme_results.__file__).parents[2] / "docs" / "results", results)
+    title = "### ptrun against plain PyTorch: causal_lm"
+    assert title not in readme_results.page(results)
+    (results / "bench_peers_causal_lm.json").write_text(json.dumps({
+        **result_json(lm_rounds()[:1], "causal_lm", bench_peers.PERPLEXITY), "date": "2026-11-26",
+        "command": "python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama"}))
+    page = readme_results.page(results)
+    assert page.count(title) == 1 and "](#ptrun-against-plain-pytorch-causal_lm)" in page
+    section = page.split(title)[1].split("\n### ")[0]
+    assert "- command: `python scripts/bench_peers.py --recipe causal_lm --only a,c" in section
+    assert "target = the plain peers' lowest final perplexity (median 200.00)." in section
+    assert "| ptrun, freezing off, 1 worker | 58.0 | 49.0 | 9.0 | 20.40 | 180.00 | 24.5 | 1.03x | 1.02x |" in section
+    assert "| ptrun, freezing off, 1 worker / plain loop | 1.02x | 0.95x: yes |" in section

@@ -10,15 +10,22 @@ the same config, data split, seed and global batch:
 Per run: wall time from process start to exit, training time (the epochs' training loops only), start-up
 overhead (wall - training: imports, data and model set-up, evaluation, checkpoints, shut-down), samples/s
 in training, final top-1, and the training time to the best plain peer's final top-1 (cumulative over the
-epochs, to the first epoch that reaches it). Over the rounds: medians and min-max ranges, speedups against
-the faster plain peer of each round (by wall and by training time), and the throughput of ptrun without
-freezing against the plain peer on the same processes (the "at least 0.95x" checks). Prints the tables and
-writes them with the command line to `bench_peers_<recipe>.json` in --out (`readme_results.py` makes the
-README's tables from it).
+epochs, to the first epoch that reaches it). A causal-LM recipe (`model.task=causal_lm`) is compared on the
+eval perplexity instead, where lower is better: the target is the plain peers' lowest final perplexity.
+Over the rounds: medians and min-max ranges, speedups against the faster plain peer of each round (by wall
+and by training time), and the throughput of ptrun without freezing against the plain peer on the same
+processes (the "at least 0.95x" checks). Prints the tables and writes them with the command line to
+`bench_peers_<recipe>.json` in --out (`readme_results.py` makes the README's tables from it).
 
     python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--seeds] [--out DIR]
         [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [--variant 'LABEL: KEY=V ...']
         [overrides ...]
+
+The causal-LM recipe needs a decoder and a text file; without a model hub, `ptrun.bench.decoder` writes a small
+random-weight Llama and BBC News text (its docstring has the sizes):
+
+    python -m ptrun.bench.decoder /tmp/lm
+    python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl
 
 Overrides (`train.epochs=2`) apply to every run, the plain peers' included. With `--seeds`, round r runs every
 run with `train.seed=r` (the split, the initial weights and the batch order all follow it), so the rounds are
@@ -35,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ptrun.bench.harness import (cell, command_line, dir_name, fmt, label_rows, median, publish, rounds_caption,
@@ -58,9 +66,49 @@ LABELS = [*PEERS, *PTRUN]
 CHECKS = {"ptrun, freezing off, 1 worker": "plain loop", "ptrun, freezing off, 2 workers": "plain DDP"}
 """ptrun run -> the plain peer on the same processes and threads, whose samples/s it should keep up with."""
 FLOOR = 0.95
-TOLERANCE = 1e-6
-"""Top-1 counts as reaching the target within this (percent): the same count of correct samples may be
-computed in another order by ptrun and the peer."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a recipe's runs are compared on: a key of the eval results (ptrun's epoch events, the plain
+    loop's epochs)."""
+
+    key: str
+    name: str
+    """Its name in the tables."""
+    higher_is_better: bool
+    tolerance: float
+    """A value reaches the target within this: top-1 in percentage points (the same count of correct samples
+    may be computed in another order by ptrun and the peer); perplexity relative to the target (the same
+    token losses summed in another order)."""
+    samples_spec: str = ".0f"
+    """The format of samples/s in the tables: a causal LM's samples are blocks of hundreds of tokens, a few
+    a second on a CPU, so they keep two decimals."""
+
+    def reaches(self, value: float, target: float) -> bool:
+        if self.higher_is_better:
+            return value >= target - self.tolerance
+        return value <= target * (1 + self.tolerance)
+
+    def best(self, values: list[float]) -> float | None:
+        return (max if self.higher_is_better else min)(values, default=None)
+
+
+TOP1 = Metric("top1", "top-1", higher_is_better=True, tolerance=1e-6)
+PERPLEXITY = Metric("perplexity", "perplexity", higher_is_better=False, tolerance=1e-6, samples_spec=".2f")
+METRICS = {"classification": TOP1, "causal_lm": PERPLEXITY}
+"""`model.task` -> the metric its runs are compared on (the plain loop trains these two tasks)."""
+BY_KEY = {m.key: m for m in METRICS.values()}
+
+
+def metric_of(recipe: str, overrides: list[str]) -> Metric:
+    """The metric of the recipe's task, from its composed config (as the plain loop composes it)."""
+    from ptrun.bench.plain_loop import compose
+
+    task = compose(recipe, overrides).model.task
+    if task not in METRICS:
+        raise ValueError(f"--recipe {recipe}: model.task={task!r}; the plain peer trains {', '.join(METRICS)}")
+    return METRICS[task]
 
 
 def pick(only: list[str]) -> list[str]:
@@ -106,8 +154,8 @@ def shown(cmd: list[str]) -> str:
 
 
 def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
-            variants: dict[str, list[str]] = PTRUN) -> dict:
-    """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements."""
+            variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1) -> dict:
+    """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements, on `metric`."""
     wall_file = run_dir / "wall.json"
     if not (reuse and wall_file.is_file()):
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -118,18 +166,20 @@ def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
     wall = json.loads(wall_file.read_text())["wall_s"]
-    return dict(read_plain(run_dir) if label in PEERS else read_ptrun(run_dir), label=label, wall_s=wall,
-                run_dir=str(run_dir))
+    return dict(read_plain(run_dir, metric) if label in PEERS else read_ptrun(run_dir, metric), label=label,
+                wall_s=wall, run_dir=str(run_dir))
 
 
-def read_plain(run_dir: Path) -> dict:
-    """A plain peer's `plain.json`: training time, samples/s, final top-1, and top-1 over training time."""
+def read_plain(run_dir: Path, metric: Metric = TOP1) -> dict:
+    """A plain peer's `plain.json`: training time, samples/s, the final metric (`final_top1`), and the metric
+    over training time."""
     r = json.loads((run_dir / "plain.json").read_text())
-    return {"train_time_s": r["train_time_s"], "samples_per_s": r["samples_per_s"], "final_top1": r["final_top1"],
-            "curve": [[e["elapsed_train_s"], e["top1"]] for e in r["epochs"]]}
+    final = f"final_{metric.key}"
+    return {"train_time_s": r["train_time_s"], "samples_per_s": r["samples_per_s"], final: r[final],
+            "curve": [[e["elapsed_train_s"], e[metric.key]] for e in r["epochs"]]}
 
 
-def read_ptrun(run_dir: Path) -> dict:
+def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
     """A ptrun run's `metrics.jsonl`: the same, from the epoch events (the latest record of each epoch) and
     the end event (`total_time_s`: its training loop with evaluation and layout changes)."""
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -139,42 +189,45 @@ def read_ptrun(run_dir: Path) -> dict:
     curve, elapsed = [], 0.0
     for e in epochs:
         elapsed += e["epoch_time_s"]
-        if "top1" in (e.get("eval") or {}):
-            curve.append([elapsed, e["eval"]["top1"]])
-    final = curve[-1][1] if curve else (end.get("final_eval") or {}).get("top1")
+        if metric.key in (e.get("eval") or {}):
+            curve.append([elapsed, e["eval"][metric.key]])
+    final = curve[-1][1] if curve else (end.get("final_eval") or {}).get(metric.key)
     return {"train_time_s": train_s, "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
-            "final_top1": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s")}
+            f"final_{metric.key}": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s")}
 
 
-def time_to(curve: list[list[float]], target: float | None) -> float | None:
-    """Cumulative training time at the first evaluated epoch whose top-1 reaches `target`; None if none does."""
+def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP1) -> float | None:
+    """Cumulative training time at the first evaluated epoch whose metric reaches `target`; None if none does."""
     if target is None:
         return None
-    return next((t for t, top1 in curve if top1 >= target - TOLERANCE), None)
+    return next((t for t, value in curve if metric.reaches(value, target)), None)
 
 
-def measure(runs: list[dict]) -> list[dict]:
+def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
     """One round's rows: each run's measurements plus its start-up overhead, the round's target (the best
-    plain peer's final top-1) and the time to it, and speedups against the round's faster plain peer."""
+    plain peer's final metric: the highest top-1, the lowest perplexity) and the time to it, and speedups
+    against the round's faster plain peer."""
     peers = [r for r in runs if r["label"] in PEERS]
-    target = max((r["final_top1"] for r in peers), default=None)
+    target = metric.best([r[f"final_{metric.key}"] for r in peers])
     best_wall = min((r["wall_s"] for r in peers), default=None)
     best_train = min((r["train_time_s"] for r in peers), default=None)
     return [dict(r, overhead_s=r["wall_s"] - r["train_time_s"], target=target,
-                 time_to_target_s=time_to(r["curve"], target),
+                 time_to_target_s=time_to(r["curve"], target, metric),
                  speedup_wall=best_wall and best_wall / r["wall_s"],
                  speedup_train=best_train and best_train / r["train_time_s"]) for r in runs]
 
 
-KEYS = ("wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s",
-        "speedup_wall", "speedup_train", "ptrun_total_time_s")
+def keys(metric: Metric = TOP1) -> tuple[str, ...]:
+    """The measures of a row (`final_top1`, or `final_perplexity`, for the metric)."""
+    return ("wall_s", "train_time_s", "overhead_s", "samples_per_s", f"final_{metric.key}", "time_to_target_s",
+            "speedup_wall", "speedup_train", "ptrun_total_time_s")
 
 
-def aggregate(rounds: list[list[dict]]) -> dict:
+def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
     """Over the rounds (each `measure`d): per label the median and range of every measure and its rows; per
     check the ratio of samples/s (ptrun over its peer, round by round), its median and range."""
     rows = [{"label": row["label"], "kind": "plain" if row["label"] in PEERS else "ptrun", **row}
-            for row in label_rows(rounds, KEYS)]
+            for row in label_rows(rounds, keys(metric))]
     by_label = {row["label"]: row["runs"] for row in rows}
     checks = []
     for mine, peer in CHECKS.items():
@@ -184,33 +237,43 @@ def aggregate(rounds: list[list[dict]]) -> dict:
             checks.append({"ptrun": mine, "peer": peer, "ratio": ratio, "ratio_range": spread(ratios),
                            "rounds": ratios, "floor": FLOOR, "passed": ratio >= FLOOR})
     for row in rows:
-        top1 = [r["final_top1"] for r in row["runs"] if r.get("final_top1") is not None]
-        row["mean_top1"] = sum(top1) / len(top1) if top1 else None
-    return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds])}
+        final = [r[f"final_{metric.key}"] for r in row["runs"] if r.get(f"final_{metric.key}") is not None]
+        row[f"mean_{metric.key}"] = sum(final) / len(final) if final else None
+    return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds]),
+            "metric": metric.key}
 
 
 COLUMNS = {c[1]: c for c in (
     ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
     ("start-up overhead (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
-    ("final top-1", "final_top1", ".2f", ""), ("time to target (s)", "time_to_target_s", ".1f", ""),
+    *((f"final {m.name}", f"final_{m.key}", ".2f", "") for m in BY_KEY.values()),
+    ("time to target (s)", "time_to_target_s", ".1f", ""),
     ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x"),
-    ("mean top-1", "mean_top1", ".2f", ""))}
+    *((f"mean {m.name}", f"mean_{m.key}", ".2f", "") for m in BY_KEY.values()))}
 """A measure's table column, by its key: (header, key, format spec, suffix), as `rows_table` takes it."""
+
+
+def metric_in(result: dict) -> Metric:
+    """The metric a result compares (top-1 in a result that names none)."""
+    return BY_KEY[result.get("metric", TOP1.key)]
 
 
 def caption(result: dict) -> str:
     """The line above the tables: what was run, how it is summarized, and the target."""
     seeds = "; round r ran with train.seed=r" if result.get("seeds") else ""
-    return (rounds_caption(result) + seeds + "; speedups against the faster plain peer of each round; target = "
-            f"the best plain peer's final top-1 (median {fmt(result['target'])})")
+    metric = metric_in(result)
+    target = (f"the best plain peer's final {metric.name}" if metric.higher_is_better
+              else f"the plain peers' lowest final {metric.name}")
+    return (rounds_caption(result) + seeds + f"; speedups against the faster plain peer of each round; target = "
+            f"{target} (median {fmt(result['target'])})")
 
 
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
-    n = result["repeats"]
-    keys = ("wall_s", "train_time_s", "overhead_s", "samples_per_s", "final_top1", "time_to_target_s",
-            "speedup_wall", "speedup_train") + (("mean_top1",) if result.get("seeds") else ())
-    lines = rows_table(result["rows"], [COLUMNS[key] for key in keys], n)
+    n, metric = result["repeats"], metric_in(result)
+    shown_keys = keys(metric)[:-1] + ((f"mean_{metric.key}",) if result.get("seeds") else ())
+    columns = {**COLUMNS, "samples_per_s": ("samples/s", "samples_per_s", metric.samples_spec, "")}
+    lines = rows_table(result["rows"], [columns[key] for key in shown_keys], n)
     if result["checks"]:
         lines += ["", "| samples/s in training | ratio | at least |", "|---|---|---|"]
         for c in result["checks"]:
@@ -222,10 +285,11 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/bench_peers", recipe=None)
-    parser.add_argument("--recipe", action="append", help="bbc_news_bert (the embedded default, default) or "
-                        "digits_vit; repeatable")
+    parser.add_argument("--recipe", action="append", help="bbc_news_bert (the embedded default, default), "
+                        "digits_vit, or causal_lm (with model.pretrained and data.path: `python -m "
+                        "ptrun.bench.decoder DIR` writes both); repeatable")
     parser.add_argument("--seeds", action="store_true", help="round r runs with train.seed=r: the rounds are "
-                        "seeds (the table adds the mean final top-1)")
+                        "seeds (the table adds the mean final top-1 or perplexity)")
     parser.add_argument("--variant", action="append", default=[], help="'LABEL: KEY=V ...': one more ptrun "
                         "run, the recipe with these overrides (repeatable)")
     parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
@@ -239,14 +303,18 @@ def main() -> None:
     labels += [label for label in variants if label not in LABELS]
     out = Path(args.out)
     for recipe in args.recipe or ["bbc_news_bert"]:
+        try:
+            metric = metric_of(recipe, overrides)
+        except ValueError as e:
+            parser.error(str(e))
         rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label),
                                    [*overrides, *([f"train.seed={r}"] if args.seeds else [])], args.reuse,
-                                   variants) for label in labels]) for r in range(args.repeats)]
+                                   variants, metric) for label in labels], metric) for r in range(args.repeats)]
         result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
                   "seeds": args.seeds,
                   "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants))
                                for label in labels},
-                  **aggregate(rounds)}
+                  **aggregate(rounds, metric)}
         publish(result, out / f"bench_peers_{recipe}.json", caption, table)
 
 

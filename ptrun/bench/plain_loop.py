@@ -3,7 +3,10 @@
 Same config, data split, architecture, optimizer, schedule and batches as `ptrun train recipe=NAME`, but an
 ordinary training loop: timm / transformers model, AdamW, LambdaLR, clip_grad_norm_, and under torchrun
 DistributedDataParallel over gloo. One process, or several with each rank taking a contiguous share of every
-global batch (the global batch stays `train.global_batch_size`):
+global batch (the global batch stays `train.global_batch_size`). A classifier reports top-1; a causal LM
+(`model.task=causal_lm`: `AutoModelForCausalLM.from_pretrained` on the packed blocks of ptrun's data source)
+trains on the library's own next-token loss over the real tokens (the data's `labels`, -100 on padding) and
+reports the eval loss per predicted token and its perplexity:
 
     python -m ptrun.bench.plain_loop --recipe digits_vit --threads 2 --out plain.json [overrides ...]
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m ptrun.bench.plain_loop --threads 1 ...
@@ -26,6 +29,10 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 NO_DECAY = ("pos_embed", "cls_token", "reg_token", "position_embeddings", "token_type_embeddings")
+CAUSAL_LM = "causal_lm"
+TASKS = ("classification", CAUSAL_LM)
+IGNORE_INDEX = -100
+"""The label of a position the loss leaves out (padding): transformers' convention, and ptrun's data's."""
 
 
 def process_start() -> float:
@@ -51,8 +58,9 @@ def compose(recipe: str, overrides: list[str]):
     return cfg
 
 
-def build_model(cfg, data) -> torch.nn.Module:
-    m = cfg.model
+def build_model(m, data) -> torch.nn.Module:
+    """The model of `m` (ptrun's model config) for `data`, built the ordinary way: timm, or transformers'
+    `from_pretrained` with the recipe's dropout (and for a decoder its attention kernel, fp32 weights)."""
     if m.family == "vit":
         import timm
 
@@ -61,20 +69,46 @@ def build_model(cfg, data) -> torch.nn.Module:
                       depth=m.depth, num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, drop_rate=m.dropout,
                       drop_path_rate=m.drop_path)
         return timm.create_model(m.name, pretrained=False, **{k: v for k, v in kwargs.items() if v is not None})
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging
 
     logging.set_verbosity_error()  # the fresh classifier head's warning, once per rank
     logging.disable_progress_bar()
+    if m.task == CAUSAL_LM:
+        from ptrun.models.hf import FAMILIES, model_type  # the family's dropout fields: the recipe's 0.0 everywhere
+
+        dropout = dict.fromkeys(FAMILIES[model_type(m.pretrained)].dropout, m.dropout)
+        return AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32,
+                                                    attn_implementation=m.attention, **dropout)
     return AutoModelForSequenceClassification.from_pretrained(
         m.pretrained, num_labels=m.num_classes or data.num_classes, hidden_dropout_prob=m.dropout,
         attention_probs_dropout_prob=m.dropout)
 
 
+def model_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
 def logits(model, batch: dict) -> torch.Tensor:
     if "pixel_values" in batch:
         return model(batch["pixel_values"])
-    return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return model(**model_inputs(batch)).logits
+
+
+def predicted_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """Per row of causal-LM labels [B, T], the tokens the model predicts: position t predicts token t + 1, so
+    every label but the first counts, except padding's -100."""
+    return (labels[:, 1:] != IGNORE_INDEX).sum(1)
+
+
+def summed_loss(model, batch: dict, task: str, denominator) -> torch.Tensor:
+    """The batch's loss summed over its samples (a causal LM's: over its predicted tokens), over
+    `denominator`."""
+    if task == CAUSAL_LM:
+        # transformers' own loss: it shifts the labels, leaves the -100s out and, given num_items_in_batch,
+        # sums the tokens' losses and divides the sum by it
+        return model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=denominator).loss
+    return F.cross_entropy(logits(model, batch), batch["labels"], reduction="sum") / denominator
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,15 +137,16 @@ def main(argv: list[str] | None = None) -> None:
     from ptrun.data import build_datasets
 
     cfg = compose(args.recipe, args.overrides)
-    assert cfg.train.precision == "fp32" and cfg.model.task == "classification", "the peer trains fp32 classifiers"
-    data = build_datasets(cfg.data)
+    task = cfg.model.task
+    assert cfg.train.precision == "fp32" and task in TASKS, "the peer trains fp32 classifiers and causal LMs"
+    data = build_datasets(cfg.data, task=task)
     columns = [c for c in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
                if c in data.train.column_names]
     # Small datasets: whole tensors in memory (token columns as int64, as the embeddings want them).
     train, test = ({c: (v if v.is_floating_point() else v.long()).to(device) for c, v in split[:].items()
                     if c in columns} for split in (data.train, data.eval))
     torch.manual_seed(cfg.train.seed)
-    net = build_model(cfg, data).to(device)
+    net = build_model(cfg.model, data).to(device)
     net.train()
     model = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
@@ -134,21 +169,36 @@ def main(argv: list[str] | None = None) -> None:
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
-    def evaluate() -> float:  # top-1 in percent; each rank a contiguous shard of the eval split
+    # A causal LM's eval batches hold [B, T, vocab] logits: the training batch's size keeps them in memory.
+    eval_batch = batch if task == CAUSAL_LM else 128
+
+    def evaluate() -> dict:
+        """Top-1 in percent, or a causal LM's loss per predicted token and its perplexity; each rank a
+        contiguous shard of the eval split."""
         net.eval()
         shard = torch.tensor_split(torch.arange(len(test["labels"])), world)[rank]
-        correct = torch.zeros(2, dtype=torch.float64, device=device)
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # correct or summed loss; samples or tokens
         with torch.no_grad():
-            for ids in shard.split(128):
+            for ids in shard.split(eval_batch):
                 b = {k: v[ids.to(device)] for k, v in test.items()}
-                correct += torch.tensor([(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)], device=device)
+                if task == CAUSAL_LM:
+                    sums += torch.stack([summed_loss(net, b, task, 1).double(),
+                                         predicted_tokens(b["labels"]).sum().double()])
+                else:
+                    sums += torch.tensor([(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)],
+                                         device=device)
         if world > 1:
-            dist.all_reduce(correct)
+            dist.all_reduce(sums)
         net.train()
-        return 100.0 * correct[0].item() / correct[1].item()
+        if task == CAUSAL_LM:
+            loss = sums[0].item() / sums[1].item()
+            return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp overflows beyond ~709
+        return {"top1": 100.0 * sums[0].item() / sums[1].item()}
 
     # ---- training ------------------------------------------------------------------------------------------
     epochs, losses, elapsed, samples = [], [], 0.0, 0
+    # The loss's denominator per sample: 1, or a causal LM's predicted tokens (its loss is a token mean).
+    weight = predicted_tokens(train["labels"]) if task == CAUSAL_LM else torch.ones(n_train, device=device)
     for epoch in range(t.epochs):
         # ptrun's shuffle (seed x 1,000,003 + epoch): the same batches in the same order, so runs without
         # freezing follow the same trajectory and accuracies compare on this small eval split.
@@ -157,9 +207,10 @@ def main(argv: list[str] | None = None) -> None:
         for ids in order.split(batch)[:steps]:  # the last batch may be smaller: nothing dropped
             mine = torch.tensor_split(ids, world)[rank]  # this rank's contiguous share of the global batch
             b = {k: v[mine.to(device)] for k, v in train.items()}
-            # The share's summed loss over the global batch's size, times the world size: DDP's gradient
-            # average is then the global batch's mean loss, even when the last batch does not split evenly.
-            loss = F.cross_entropy(logits(model, b), b["labels"], reduction="sum") * (world / len(ids))
+            # The share's summed loss over the global batch's samples (or predicted tokens) over the world
+            # size: DDP's gradient average is then the global batch's mean loss, even when the last batch
+            # does not split evenly.
+            loss = summed_loss(model, b, task, weight[ids.to(device)].sum() / world)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), t.grad_clip)
@@ -169,18 +220,22 @@ def main(argv: list[str] | None = None) -> None:
             samples += len(ids)
         train_s = time.perf_counter() - t_epoch
         elapsed += train_s
-        top1 = evaluate()
+        metrics = evaluate()
         epochs.append({"epoch": epoch, "train_time_s": train_s, "elapsed_train_s": elapsed,
-                       "wall_s": time.time() - start, "top1": top1})
+                       "wall_s": time.time() - start, **metrics})
         if rank == 0:
-            print(f"epoch {epoch + 1}/{t.epochs}  {train_s:.1f}s  top-1 {top1:.2f}", flush=True)
+            shown = (f"eval loss {metrics['loss']:.4f}  perplexity {metrics['perplexity']:.2f}"
+                     if task == CAUSAL_LM else f"top-1 {metrics['top1']:.2f}")
+            print(f"epoch {epoch + 1}/{t.epochs}  {train_s:.1f}s  {shown}", flush=True)
 
     per_step = torch.stack(losses)
     if world > 1:
         dist.all_reduce(per_step)  # each rank's part of every step's global mean loss
     if rank == 0 and args.out:
-        result = {"train_time_s": elapsed, "samples_per_s": samples / elapsed, "epochs": epochs,
-                  "final_top1": epochs[-1]["top1"], "final_train_loss": per_step[-steps:].mean().item(),
+        # final_top1, or a causal LM's final_eval_loss and final_perplexity
+        final = {f"final_{'eval_loss' if key == 'loss' else key}": value for key, value in metrics.items()}
+        result = {"train_time_s": elapsed, "samples_per_s": samples / elapsed, "epochs": epochs, **final,
+                  "final_train_loss": per_step[-steps:].mean().item(),
                   "world_size": world, "threads": args.threads, "wall_s": time.time() - start}
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
