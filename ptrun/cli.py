@@ -69,8 +69,11 @@ def preflight(overrides: list[str]) -> Resolved:
         _check_run_dir_path(resolved.run_dir)
         if resolved.cfg.data.name == "hf":  # its columns and labels, read before any worker starts
             from ptrun.data.hf_source import check_hf_source
+            from ptrun.train.classes import check_resumed_classes
 
-            check_hf_source(resolved.cfg.data, resolved.cfg.model.task)
+            class_names = check_hf_source(resolved.cfg.data, resolved.cfg.model.task)
+            if resolved.cfg.train.resume and resolved.run_dir is not None:
+                check_resumed_classes(class_names, resolved.run_dir)
     except ConfigError as e:
         _fail(str(e))
     return resolved

@@ -67,6 +67,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     rank, world = dist.get_rank(), dist.get_world_size()
     stops.connect()
 
+    from ptrun.train.classes import write_class_names
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer
 
@@ -80,7 +81,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
         trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops)
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
-            _write_class_names(trainer.data.class_names, Path(cfg.run_dir) / "class_names.json")
+            write_class_names(trainer.data.class_names, cfg.run_dir)
         if held is not None:
             _release_file_log(held)
         return trainer.fit()
@@ -110,17 +111,6 @@ def _publish(config_path: Path, target: Path) -> None:
     if config_path.resolve() != target.resolve():
         tmp = target.with_name(".config.yaml.tmp")
         shutil.copyfile(config_path, tmp)
-        os.replace(tmp, target)
-
-
-def _write_class_names(names: list[str], target: Path) -> None:
-    """The data's class names in label order (what a prediction's index means), beside `config.yaml`;
-    nothing for data without classes (a causal LM)."""
-    if names:
-        import json
-
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(list(names)) + "\n")
         os.replace(tmp, target)
 
 

@@ -29,8 +29,9 @@ TEXT_MAX_LENGTH = {"glue": 128, "squad": 384, "tweet_sentiment": 64, "bbc_news":
 """Tokens per sample of each text source when `data.max_length` is unset (`ptrun.data.glue.GLUE_MAX_LENGTH`,
 `ptrun.data.squad.SQUAD_MAX_LENGTH`, `ptrun.data.packaged_text.PACKAGED_TEXT[...].max_length`,
 `ptrun.data.hf_source.HF_MAX_LENGTH`; checked alike)."""
-HF_TASKS = ("classification", "causal_lm")
-"""`model.task`s a `data.name=hf` source feeds: class labels (text or images) or next-token prediction."""
+HF_TASKS = ("classification", "regression", "causal_lm")
+"""`model.task`s a `data.name=hf` source feeds: class labels (text or images), numeric targets (text) or
+next-token prediction."""
 
 
 @dataclass
@@ -77,14 +78,16 @@ class DataConfig:
     """`hf`: the source's split to train on."""
     eval_split: Optional[str] = None
     """`hf`: the source's split to evaluate on; None = its `validation` split, else its `test` split, else
-    `eval_fraction` of `train_split` (stratified by label; a plain seeded split for `model.task=causal_lm`)."""
+    `eval_fraction` of `train_split` (stratified by label; a plain seeded split for `model.task=causal_lm` and
+    `regression`)."""
     text_column: Optional[str] = None
     """`hf`: the column of texts (tokenized with `tokenizer`). Without `label_column` it is a causal-LM corpus."""
     text_pair_column: Optional[str] = None
     """`hf`: a second text column, tokenized as the pair's second sentence (classification only)."""
     label_column: Optional[str] = None
     """`hf`: the column of class labels, strings or integers; the class names are the source's ClassLabel
-    names, else its train split's sorted distinct values."""
+    names, else its train split's sorted distinct values. With `model.task=regression`: the column of numeric
+    targets (no class names)."""
     image_column: Optional[str] = None
     """`hf`: the column of images (an Image feature, or image file paths), transformed as `imagefolder`'s."""
     pack: bool = True
@@ -125,6 +128,9 @@ def check_hf(cfg) -> None:
     if task == "classification":
         require(d.label_column is not None, "data.label_column", "the column of class labels for data.name=hf "
                 "with model.task=classification", d.label_column)
+    elif task == "regression":
+        require(d.label_column is not None, "data.label_column", "the column of numeric targets for "
+                "data.name=hf with model.task=regression", d.label_column)
     else:
         require(d.label_column is None, "data.label_column", "null with model.task=causal_lm (the text is the "
                 "target)", d.label_column)

@@ -35,7 +35,9 @@ class ModelConfig:
     bert, roberta, xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, mistral);
     `bert` means `transformers`. None = inferred from `name` and `pretrained`."""
     task: str = choice("classification", TASKS)
-    """`classification` (images, text), `regression` (one real-valued output: GLUE's STS-B), `qa` (SQuAD-style
+    """`classification` (images, text), `regression` (one real-valued output: GLUE's STS-B, or `data.name=hf`
+    with a numeric `data.label_column`; eval reports the mean squared error and the Pearson and Spearman
+    correlations), `qa` (SQuAD-style
     span extraction, encoders) or `causal_lm` (next-token prediction over the real tokens, decoders; its eval
     metric is perplexity). Decoders classify from the last real token of each text. The models and losses also
     implement `mlm` (BERT masked language modelling, its decoder tied to the word embedding), which the pipeline

@@ -12,7 +12,9 @@ call (HF_DATASETS_CACHE, else HF_HOME/datasets), so a run honours the variables 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ EVAL_SPLIT_NAMES = ("validation", "test")
 """The source's own splits taken for evaluation when `data.eval_split` is unset, in this order."""
 BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 TRUE_WORDS = {"1", "ON", "YES", "TRUE"}
+NO_DATA = re.compile(r'Instruction "[^"]+" corresponds to no data')
+"""How `datasets` refuses a split without rows (a csv of its header alone, say)."""
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,10 @@ class RawSplits:
     train: datasets.Dataset
     eval: datasets.Dataset
     class_names: list[str]
-    """Classes in label order; empty without `data.label_column`."""
+    """Classes in label order; empty without `data.label_column` and for a regression."""
     train_labels: np.ndarray | None
-    """int64 class indices of the train rows (None without `data.label_column`)."""
+    """The train rows' targets: int64 class indices (classification) or float32 values (regression); None
+    without `data.label_column`."""
     eval_labels: np.ndarray | None
 
 
@@ -59,8 +64,9 @@ def datasets_cache() -> Path:
 
 
 def read_raw(cfg: DataConfig, task: str) -> RawSplits:
-    """The train and eval rows of `cfg.path` with the columns `cfg` names checked; `task` is `classification`
-    or `causal_lm` (which splits without labels). Raises ConfigError in one line for what the user can fix."""
+    """The train and eval rows of `cfg.path` with the columns `cfg` names checked; `task` is `classification`,
+    `regression` (a numeric label column) or `causal_lm` (which splits without labels). Raises ConfigError in
+    one line for what the user can fix."""
     splits = load_source(cfg)
     train = pick_split(splits, cfg.train_split, "data.train_split", cfg.path)
     eval_name = cfg.eval_split or next((n for n in EVAL_SPLIT_NAMES if n in splits and n != cfg.train_split), None)
@@ -73,14 +79,29 @@ def read_raw(cfg: DataConfig, task: str) -> RawSplits:
             if column is not None and column not in rows.column_names:
                 raise ConfigError(f"data.{key}={column!r}: the {where} split of data.path={cfg.path!r} has no such "
                                   f"column; it has {rows.column_names}")
-    if len(train) == 0:
-        raise ConfigError(f"data.train_split={cfg.train_split!r}: the split of data.path={cfg.path!r} has no rows")
+    for name, rows in ((cfg.train_split, train), (eval_name, held_out)):
+        if rows is not None and len(rows) == 0:
+            raise empty_split(cfg, name)
     if cfg.label_column is None:
         if held_out is None:
-            train, held_out = seeded_split(train, cfg)
+            train_pos, eval_pos = seeded_split(len(train), cfg)
+            train, held_out = train.select(train_pos), train.select(eval_pos)
         return RawSplits(train, held_out, [], None, None)
 
+    if task == "regression":
+        train_targets = regression_targets(train, cfg.label_column, "train", cfg)
+        if held_out is None:
+            train_pos, eval_pos = seeded_split(len(train), cfg)
+            train, held_out = train.select(train_pos), train.select(eval_pos)
+            return RawSplits(train, held_out, [], train_targets[train_pos], train_targets[eval_pos])
+        return RawSplits(train, held_out, [], train_targets,
+                         regression_targets(held_out, cfg.label_column, "eval", cfg))
+
     class_names, train_labels = class_indices(train, cfg.label_column, None, cfg)
+    present = np.unique(train_labels)
+    if len(present) < 2:
+        raise ConfigError(f"data.label_column={cfg.label_column!r}: the train split of data.path={cfg.path!r} has "
+                          f"one class ({class_names[present[0]]!r}); classification needs two or more")
     if held_out is None:
         train_pos, eval_pos = stratified_split(train_labels, cfg, f"the labels of data.path={cfg.path!r}")
         train, held_out = train.select(train_pos), train.select(eval_pos)
@@ -97,7 +118,7 @@ def quiet():
 
     bars, level = datasets.is_progress_bar_enabled(), datasets_logging.get_verbosity()
     datasets.disable_progress_bars()
-    datasets_logging.set_verbosity_error()
+    datasets_logging.set_verbosity(datasets_logging.CRITICAL)  # a file it cannot read is our one line
     try:
         yield
     finally:
@@ -114,8 +135,9 @@ def load_source(cfg: DataConfig) -> dict[str, datasets.Dataset]:
 
 def _load_source(cfg: DataConfig) -> dict[str, datasets.Dataset]:
     path = Path(cfg.path).expanduser()
+    saved = path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json"))
     try:
-        if path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):
+        if saved:
             loaded = datasets.load_from_disk(str(path))
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         if path.is_file():
@@ -124,7 +146,7 @@ def _load_source(cfg: DataConfig) -> dict[str, datasets.Dataset]:
             return dict(datasets.load_dataset(BUILDERS[path.suffix], data_files={"train": str(path)},
                                               cache_dir=str(datasets_cache())))
         if path.is_dir():
-            if not any(f.suffix in BUILDERS for f in path.rglob("*") if f.is_file()):
+            if not data_files(path):
                 raise ConfigError(f"data.path={cfg.path!r}: the folder holds no {' / '.join(HF_FILE_SUFFIXES)} "
                                   f"files and is not a save_to_disk directory")
             return dict(datasets.load_dataset(str(path), cache_dir=str(datasets_cache())))
@@ -132,7 +154,69 @@ def _load_source(cfg: DataConfig) -> dict[str, datasets.Dataset]:
     except ConfigError:
         raise
     except Exception as e:  # a malformed file: the library's words, on one line
-        raise ConfigError(f"data.path={cfg.path!r}: cannot read it ({one_line(e)})") from e
+        empty = saved_split_without_rows(path) if saved else None
+        if empty is not None:  # `datasets` saves a split without rows but cannot load it back
+            raise empty_split(cfg, empty) from None
+        # A folder fails as a whole: the first of its files that fails alone is the one to name.
+        file, problem = (first_unreadable(path) if path.is_dir() and not saved else None) or (None, e)
+        raise unreadable(cfg, path, file, problem) from None
+
+
+def saved_split_without_rows(path: Path) -> str | None:
+    """The first split of the `save_to_disk` directory `path` that was saved without rows (its state.json
+    lists no data file), if any."""
+    if (path / "state.json").is_file():  # one Dataset: it stands for the train split
+        folders = {"train": path}
+    else:
+        try:
+            folders = {name: path / name for name in json.loads((path / "dataset_dict.json").read_text())["splits"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    for name, folder in folders.items():
+        try:
+            state = json.loads((folder / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and not state.get("_data_files"):
+            return name
+    return None
+
+
+def data_files(folder: Path) -> list[Path]:
+    """The data files of `folder` as `datasets` reads a folder: those it has a builder for, hidden ones left
+    out."""
+    return sorted(f for f in folder.rglob("*") if f.suffix in BUILDERS and f.is_file()
+                  and not any(part.startswith((".", "__")) for part in f.relative_to(folder).parts))
+
+
+def first_unreadable(folder: Path) -> tuple[Path, Exception] | None:
+    """The first data file of `folder` that `datasets` cannot read on its own, and its error; None when each
+    reads (what failed was the folder's files together: columns that differ, say)."""
+    for file in data_files(folder):
+        try:
+            datasets.load_dataset(BUILDERS[file.suffix], data_files={"train": str(file)},
+                                  cache_dir=str(datasets_cache()))
+        except Exception as e:
+            return file, e
+    return None
+
+
+def unreadable(cfg: DataConfig, path: Path, file: Path | None, e: BaseException) -> ConfigError:
+    """The one line for a source `datasets` could not read: `file` of the folder `path`, or `path` itself."""
+    what = "it" if file is None else str(file.relative_to(path))
+    if isinstance(e, ValueError) and NO_DATA.search(str(e)):  # `datasets` builds no split without rows
+        return ConfigError(f"data.path={cfg.path!r}: {'the file' if file is None else what} has no rows; give it "
+                           f"rows{'' if file is None else ', or remove it'}")
+    return ConfigError(f"data.path={cfg.path!r}: cannot read {what} ({one_line(root_cause(e))})")
+
+
+def empty_split(cfg: DataConfig, name: str) -> ConfigError:
+    """The one line for split `name` of the source without rows (a `save_to_disk` directory's: `datasets`
+    builds none from files)."""
+    key, value = ("data.train_split", cfg.train_split) if name == cfg.train_split else \
+        ("data.eval_split", cfg.eval_split)
+    return ConfigError(f"{key}={value!r}: the {name!r} split of data.path={cfg.path!r} has no rows; give it rows, "
+                       f"or name another split")
 
 
 def load_hub(cfg: DataConfig) -> dict[str, datasets.Dataset]:
@@ -172,53 +256,81 @@ def class_indices(rows: datasets.Dataset, column: str, class_names: list[str] | 
                   cfg: DataConfig) -> tuple[list[str], np.ndarray]:
     """(class names, int64 class index per row). A ClassLabel column keeps its names; other values (strings,
     integers) are named by their text and ordered by value (numbers numerically). With `class_names` given
-    (the train split's), a value outside them is refused in one line."""
+    (the train split's), each row's label is matched by name: a ClassLabel with the same names maps as it
+    stands, one with other names (or plain values) through its names, and a label outside `class_names` is
+    refused in one line."""
     feature = rows.features[column]
     values = column_values(rows, column)
     if values.null_count:
         raise ConfigError(f"data.label_column={column!r}: {values.null_count} rows of data.path={cfg.path!r} have "
                           f"no label")
     if isinstance(feature, datasets.ClassLabel):
-        names = class_names or list(feature.names)
         index = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
-        bad = sorted(set(index[(index < 0) | (index >= len(names))].tolist()))
+        bad = sorted(set(index[(index < 0) | (index >= feature.num_classes)].tolist()))
         if bad:
             raise ConfigError(f"data.label_column={column!r}: data.path={cfg.path!r} has labels {bad[:5]} outside "
-                              f"its {len(names)} class names (a test split without labels?)")
-        return names, index
-    if pa.types.is_floating(values.type) or pa.types.is_integer(values.type) or pa.types.is_boolean(values.type):
-        raw = np.asarray(values.to_numpy(zero_copy_only=False))
-        distinct = np.unique(raw)
-        if np.issubdtype(raw.dtype, np.floating) and not np.all(distinct == np.round(distinct)):
-            raise ConfigError(f"data.label_column={column!r}: data.path={cfg.path!r} has fractional labels "
-                              f"(class labels are strings or integers)")
-        as_text = [str(v) for v in (distinct.astype(np.int64) if raw.dtype.kind == "f" else distinct).tolist()]
-        keys = raw.astype(np.int64) if raw.dtype.kind == "f" else raw
+                              f"its {feature.num_classes} class names (a test split without labels?)")
+        if class_names is None or list(feature.names) == list(class_names):
+            return list(feature.names), index
+        keys = np.asarray(feature.names, dtype=object)[index].astype(str)  # another split's names: by name
+    elif pa.types.is_floating(values.type) or pa.types.is_integer(values.type) or pa.types.is_boolean(values.type):
+        keys = np.asarray(values.to_numpy(zero_copy_only=False))
+        if keys.dtype.kind == "f":
+            if not np.all(keys == np.round(keys)):
+                raise ConfigError(f"data.label_column={column!r}: data.path={cfg.path!r} has fractional labels "
+                                  f"(class labels are strings or integers; model.task=regression for numbers)")
+            keys = keys.astype(np.int64)
     else:
         keys = np.asarray(values.to_pylist(), dtype=object).astype(str)
-        distinct = np.unique(keys)
-        as_text = distinct.tolist()
+    distinct, row_of = np.unique(keys, return_inverse=True)  # numbers in numeric order, strings in text order
+    as_text = [str(v) for v in distinct.tolist()]
     names = class_names if class_names is not None else as_text
     lookup = {name: i for i, name in enumerate(names)}
-    unknown = sorted(set(as_text) - set(lookup))
+    unknown = [t for t in as_text if t not in lookup]
     if unknown:
         raise ConfigError(f"data.label_column={column!r}: the eval split has labels {unknown[:5]} that the train "
                           f"split lacks (train has {names[:10]})")
-    index_of_distinct = np.array([lookup[t] for t in as_text], dtype=np.int64)
-    positions = np.searchsorted(np.unique(keys), keys)
-    return list(names), index_of_distinct[positions]
+    return list(names), np.array([lookup[t] for t in as_text], dtype=np.int64)[row_of.reshape(-1)]
 
 
-def seeded_split(rows: datasets.Dataset, cfg: DataConfig) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """A plain train/eval split of unlabelled rows (a causal-LM corpus), fixed by `split_seed`; each side
-    keeps the source's order."""
-    n = len(rows)
+def regression_targets(rows: datasets.Dataset, column: str, where: str, cfg: DataConfig) -> np.ndarray:
+    """The float32 target of every row for `model.task=regression`: the label column must hold numbers, every
+    one finite."""
+    values = column_values(rows, column)
+    kind = values.type
+    if isinstance(rows.features[column], datasets.ClassLabel) or not (pa.types.is_floating(kind)
+                                                                      or pa.types.is_integer(kind)):
+        first = next((v for v in values.to_pylist() if v is not None), None)
+        shown = ("class labels" if isinstance(rows.features[column], datasets.ClassLabel) else
+                 f"text such as {str(first)[:40]!r}" if pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                 else f"{kind} values")
+        raise ConfigError(f"data.label_column={column!r}: the {where} split of data.path={cfg.path!r} holds "
+                          f"{shown}; model.task=regression needs numbers")
+    targets = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
+    missing = int(values.null_count) or int((~np.isfinite(targets)).sum())
+    if missing:
+        raise ConfigError(f"data.label_column={column!r}: {missing} rows of the {where} split of "
+                          f"data.path={cfg.path!r} have no finite target")
+    return targets.astype(np.float32)
+
+
+def seeded_split(n: int, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Train and eval positions of a plain split of `n` rows without classes (a causal-LM corpus, regression
+    targets), fixed by `split_seed`; each side keeps the source's order."""
     n_eval = max(1, round(n * cfg.eval_fraction))
     if n_eval >= n:
         raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: data.path={cfg.path!r} has {n} rows, too few "
                           f"to hold out {n_eval} (give data.eval_split, or more rows)")
     order = np.random.default_rng(cfg.split_seed).permutation(n)
-    return rows.select(np.sort(order[n_eval:])), rows.select(np.sort(order[:n_eval]))
+    return np.sort(order[n_eval:]), np.sort(order[:n_eval])
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The exception `e` was raised from, and so on down (`datasets` wraps a parser's error in
+    DatasetGenerationError: the parser's says what is wrong)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return e
 
 
 def one_line(e: BaseException) -> str:

@@ -1,12 +1,15 @@
 """`data.name=hf`: your own data through the `datasets` library (local csv / json / jsonl / parquet files, a
-`save_to_disk` directory, or a hub dataset id from the `datasets` cache; hf_read.py), for three tasks:
+`save_to_disk` directory, or a hub dataset id from the `datasets` cache; hf_read.py), for four tasks:
 
 - text classification (`data.text_column`, optionally `data.text_pair_column`, and `data.label_column`):
   tokenized once into ptrun's cache (hf_tokens.py), the tokenizer's inputs plus `labels`;
+- text regression (`model.task=regression`, a numeric `data.label_column`): the same rows with float32
+  `labels`, one model output, evaluated by the loss (mean squared error) and the Pearson and Spearman
+  correlations, as GLUE's STS-B is;
 - causal language modelling (`data.text_column` without a label column, or `model.task=causal_lm`):
   `input_ids`, `attention_mask` and `labels`, packed into blocks of `data.max_length` tokens (`data.pack`);
 - image classification (`data.image_column` and `data.label_column`): decoded and transformed on access
-  exactly as `imagefolder`'s images (images.py), `pixel_values` plus `labels`.
+  exactly as `imagefolder`'s images (`images.image_transform`), `pixel_values` plus `labels`.
 
 Class names come from the data (a ClassLabel's names, else the train split's sorted distinct labels).
 """
@@ -16,15 +19,20 @@ from __future__ import annotations
 import datasets
 
 from ptrun.config import ConfigError, DataConfig
+from ptrun.config.data import HF_TASKS
+from ptrun.config.rules import either
 from ptrun.data import hf_tokens
 from ptrun.data.hf_read import RawSplits, read_raw
-from ptrun.data.images import DEFAULT_IMAGE_SIZE, _image_transform
+from ptrun.data.images import DEFAULT_IMAGE_SIZE, image_transform
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import load_tokenizer
 
 HF_MAX_LENGTH = 128
 """Tokens per row when `data.max_length` is unset."""
 CAUSAL_LM = "causal_lm"
+REGRESSION = "regression"
+LABELS = {"classification": "class labels", REGRESSION: "numeric targets"}
+"""What `data.label_column` holds for each task that reads it."""
 
 
 def hf_task(cfg: DataConfig, task: str | None) -> str:
@@ -36,30 +44,33 @@ def hf_task(cfg: DataConfig, task: str | None) -> str:
 
 
 def build_hf(cfg: DataConfig, task: str | None = None) -> DataSplits:
-    """The train and eval splits of `cfg.path` for `task` (`classification` or `causal_lm`; None: inferred)."""
+    """The train and eval splits of `cfg.path` for `task` (`classification`, `regression` or `causal_lm`; None:
+    inferred)."""
     task = hf_task(cfg, task)
-    if task not in (CAUSAL_LM, "classification"):
-        raise ConfigError(f"model.task={task!r} is not allowed: classification or causal_lm for data.name=hf")
+    if task not in HF_TASKS:
+        raise ConfigError(f"model.task={task!r} is not allowed: {either(HF_TASKS)} for data.name=hf")
     if cfg.path is None:
         raise ConfigError("data.path=None is not allowed: a local data file or folder, a save_to_disk directory or "
                           "a hub dataset id (org/name) for data.name=hf")
     if cfg.image_column is None and cfg.text_column is None:
         raise ConfigError("data.text_column=None is not allowed: the column of texts for data.name=hf (or "
                           "data.image_column, the column of images)")
-    if task == "classification" and cfg.label_column is None:
-        raise ConfigError("data.label_column=None is not allowed: the column of class labels for data.name=hf "
-                          "with model.task=classification")
+    if task != CAUSAL_LM and cfg.label_column is None:
+        raise ConfigError(f"data.label_column=None is not allowed: the column of {LABELS[task]} for data.name=hf "
+                          f"with model.task={task}")
     raw = read_raw(cfg, task)
     if cfg.image_column is not None:
         return image_splits(cfg, raw)
     return text_splits(cfg, raw, task)
 
 
-def check_hf_source(cfg: DataConfig, task: str | None = None) -> None:
-    """What `build_hf` would refuse about the source itself (a missing path, split or column, an eval label
-    the train split lacks), found by reading it without tokenizing: `ptrun train` calls this before any
-    worker starts. The `datasets` cache keeps what it read, so the workers read it again quickly."""
-    read_raw(cfg, hf_task(cfg, task))
+def check_hf_source(cfg: DataConfig, task: str | None = None) -> list[str]:
+    """What `build_hf` would refuse about the source itself (a missing path, split or column, an empty
+    split, an eval label the train split lacks, a single class), found by reading it without tokenizing:
+    `ptrun train` calls this before any worker starts. Returns the class names (empty without classes),
+    which a resume must find as the run wrote them. The `datasets` cache keeps what it read, so the workers
+    read it again quickly."""
+    return read_raw(cfg, hf_task(cfg, task)).class_names
 
 
 def text_splits(cfg: DataConfig, raw: RawSplits, task: str) -> DataSplits:
@@ -83,6 +94,10 @@ def text_splits(cfg: DataConfig, raw: RawSplits, task: str) -> DataSplits:
     if task == CAUSAL_LM:
         return DataSplits(train=train, eval=held_out, num_classes=0, class_names=[],
                           input_names=hf_tokens.LM_INPUT_NAMES, image_size=None, in_chans=None, vocab_size=len(tok))
+    if task == REGRESSION:  # one output, no class names
+        return DataSplits(train=train, eval=held_out, num_classes=1, class_names=[],
+                          input_names=hf_tokens.model_inputs(tok), image_size=None, in_chans=None,
+                          vocab_size=len(tok), metrics=regression_eval_metrics)
     return DataSplits(train=train, eval=held_out, num_classes=len(raw.class_names), class_names=raw.class_names,
                       input_names=hf_tokens.model_inputs(tok), image_size=None, in_chans=None, vocab_size=len(tok))
 
@@ -97,9 +112,16 @@ def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
         if cfg.image_column != "image":
             images = images.rename_column(cfg.image_column, "image")
         out = images.add_column("labels", labels.tolist())
-        out.set_transform(_image_transform(size, augment))
+        out.set_transform(image_transform(size, augment))
         return out
 
     return DataSplits(train=split(raw.train, raw.train_labels, cfg.augment),
                       eval=split(raw.eval, raw.eval_labels, augment=False), num_classes=len(raw.class_names),
                       class_names=raw.class_names, input_names=("pixel_values",), image_size=size, in_chans=3)
+
+
+def regression_eval_metrics(outputs, eval_split: datasets.Dataset) -> dict:
+    """The Pearson and Spearman correlations (percent) of the predictions with the eval targets."""
+    from ptrun.data.metrics import regression_metrics  # torchmetrics: seconds to import, so only when evaluating
+
+    return regression_metrics(outputs, eval_split[:]["labels"])

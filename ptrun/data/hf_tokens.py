@@ -4,11 +4,13 @@ source files and the split's selection; the tokenizer's full definition; `max_le
 task and packing; the class names). A later run with the same key memory-maps the file and calls no
 tokenizer. The directory is `$PTRUN_TOKENIZED_DIR`, else `$XDG_CACHE_HOME/ptrun/tokenized` (by default
 `~/.cache/ptrun/tokenized`); the workers of a run share it, and a file lock lets one of them write an entry
-while the others wait for it.
+while the others wait for it. The directory holds only entries (`KEY.arrow`): a lock file (`KEY.lock`)
+lives while its entry is being made (and after an attempt that failed, until one succeeds), and a temporary
+file while it is being written.
 
 Rows, all padded or cut to `max_length` T (the torch format returns int64 tensors):
 - classification: what the tokenizer returns of `input_ids`, `attention_mask`, `token_type_ids` (its
-  `model_input_names`), plus `labels` (class indices);
+  `model_input_names`), plus `labels` (class indices; float32 targets for a regression);
 - causal LM, packed (`data.pack`): the documents' tokens, each document followed by the tokenizer's EOS
   token (else its SEP token), concatenated and cut into blocks of T; the last block is padded, so every
   token is kept. `attention_mask` is 1 on real tokens, `labels` the input ids with -100 on padding (not
@@ -76,22 +78,34 @@ def cached_table(key: str, write_batches: Iterator[pa.RecordBatch]) -> datasets.
         raise ConfigError(f"{DIR_ENV}: cannot create the tokenized-data cache {str(folder)!r} ({e.strerror}); "
                           f"point {DIR_ENV} at a writable directory") from e
     path = folder / f"{key}.arrow"
-    with FileLock(str(path) + ".lock"):
-        if not path.is_file():
-            tmp = path.with_name(f".{key}.{os.getpid()}.tmp")
-            try:
-                writer = None
-                for batch in write_batches:
-                    if writer is None:
-                        writer = pa.ipc.new_stream(str(tmp), batch.schema)
-                    writer.write_batch(batch)
-                if writer is None:
-                    raise ConfigError("data.path: the split yields no rows to train on")
-                writer.close()
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
+    if not path.is_file():
+        lock = path.with_name(f"{key}.lock")
+        with FileLock(str(lock)):
+            if not path.is_file():
+                write_entry(path, write_batches)
+            # The entry is there for good, so its lock has nothing left to guard: removed (while held), the
+            # directory lists entries only. A process still waiting on the removed file, or one that makes
+            # a new lock file, finds the entry under it and writes nothing; only while an entry is missing
+            # must every process share one lock file, and no lock file is removed before the entry exists.
+            lock.unlink(missing_ok=True)
     return datasets.Dataset.from_file(str(path)).with_format("torch")
+
+
+def write_entry(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
+    """`batches` written to an Arrow stream file at `path`, atomically (a temporary file renamed)."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    try:
+        writer = None
+        for batch in batches:
+            if writer is None:
+                writer = pa.ipc.new_stream(str(tmp), batch.schema)
+            writer.write_batch(batch)
+        if writer is None:
+            raise ConfigError("data.path: the split yields no rows to train on")
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def record_batch(columns: dict[str, np.ndarray]) -> pa.RecordBatch:

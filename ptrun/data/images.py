@@ -90,7 +90,7 @@ def build_imagefolder(cfg: DataConfig) -> DataSplits:
 
     def split(paths: list[str], labels: list[int], augment: bool) -> datasets.Dataset:
         ds = datasets.Dataset.from_dict({"image": paths, "labels": labels}, features=features)
-        ds.set_transform(_image_transform(size, augment))
+        ds.set_transform(image_transform(size, augment))
         return ds
 
     return DataSplits(train=split(train_paths, train_labels, cfg.augment),
@@ -121,8 +121,14 @@ def _labelled(class_files: dict[str, list[str]], class_names: list[str]) -> tupl
     return paths, labels
 
 
-def _image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, torch.Tensor]]:
-    """A batch transform for `set_transform`: PIL images -> normalised (3, size, size) float32 tensors."""
+def image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, torch.Tensor]]:
+    """The batch transform (for `datasets.Dataset.set_transform`) of every image source read from files:
+    `imagefolder` and `data.name=hf` with `data.image_column`. It takes a batch of stored images (column
+    `image`, each `{"path", "bytes"}` as an undecoded `datasets.Image` holds it) and `labels`, and returns
+    `pixel_values`, float32 [B, 3, size, size] normalised with ImageNet's mean and std, and `labels` (int64).
+    Each image is decoded to RGB by `datasets`' own decoder; one that does not decode raises a ConfigError
+    naming the file. `augment`: a random resized crop (8-100 % of the area) and a horizontal flip, for
+    training; otherwise a plain resize."""
     geometry = ([v2.RandomResizedCrop(size, scale=(0.08, 1.0), antialias=True), v2.RandomHorizontalFlip()]
                 if augment else [v2.Resize((size, size), antialias=True)])
     pipeline = v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True),

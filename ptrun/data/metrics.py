@@ -39,8 +39,7 @@ def glue_metrics(task: str, preds, labels) -> dict[str, float]:
         raise ValueError(f"unknown GLUE task {task!r}: one of {', '.join(GLUE_METRICS)}")
     preds, labels = (torch.as_tensor(v).detach().cpu() for v in (preds, labels))  # lists, arrays or tensors
     if task == "stsb":
-        x, y = preds.reshape(-1).double(), labels.reshape(-1).double()
-        result = {"pearson": pearson_corrcoef(x, y), "spearmanr": spearman_corrcoef(x, y)}
+        result = regression_metrics(preds, labels)
     else:
         if preds.ndim == 2:
             preds = preds.argmax(dim=-1)
@@ -56,9 +55,17 @@ def glue_metrics(task: str, preds, labels) -> dict[str, float]:
             result["f1"] = binary_f1_score(preds, labels)
         if "matthews_correlation" in wanted:
             result["matthews_correlation"] = binary_matthews_corrcoef(preds, labels)
-    out = {k: 100.0 * float(result[k]) for k in GLUE_METRICS[task]}
+        result = {k: 100.0 * float(v) for k, v in result.items()}
+    out = {k: result[k] for k in GLUE_METRICS[task]}
     out["score"] = float(np.mean(list(out.values())))
     return out
+
+
+def regression_metrics(preds, targets) -> dict[str, float]:
+    """The Pearson and Spearman correlations of predicted values [N] (or [N, 1]) with their targets, in
+    percent: GLUE's STS-B metrics, and those of any `model.task=regression` run."""
+    x, y = (torch.as_tensor(v).detach().cpu().reshape(-1).double() for v in (preds, targets))
+    return {"pearson": 100.0 * float(pearson_corrcoef(x, y)), "spearmanr": 100.0 * float(spearman_corrcoef(x, y))}
 
 
 def squad_metrics(predictions: Sequence[Mapping] | Mapping[str, str],

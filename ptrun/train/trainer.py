@@ -38,6 +38,7 @@ from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.precision import LossScaler, compute_dtype
 from ptrun.train import checkpointing, faults, startup, stats
+from ptrun.train.classes import agree_on_classes, check_resumed_classes
 from ptrun.train.evaluation import evaluate
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.state import EpochSums, TrainState
@@ -59,6 +60,10 @@ class Trainer:
         self.stops = stops or StopRequests()
         self.announced = False  # the start event written: from here on the run has a record to continue
         self.data = build_datasets(startup.data_config(cfg), task=cfg.model.task)
+        # Every rank maps labels to the same indices, and a resume keeps the indices the run began with.
+        agree_on_classes(self.data.class_names)
+        if resume:
+            check_resumed_classes(self.data.class_names, cfg.run_dir)
         torch.manual_seed(cfg.train.seed)  # identical per-unit initial values on every rank
         # No unit has values yet: a worker fills its own stages' units once it knows its layout (apply_plan).
         self.layered = build_model(cfg.model, num_classes=self.data.num_classes, img_size=self.data.image_size,
