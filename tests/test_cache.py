@@ -58,7 +58,12 @@ def _remove_shared_memory(tmp_path):
                   device=torch.device("cpu"), run_dir=tmp_path).close(remove=True)
 
 
-@pytest.mark.parametrize("kind", ["vit", "bert"])
+# The decoders carry (hidden, padding mask) between units, each attention half building its causal mask and
+# positions from them: the entry must hold both. Qwen3's classification head reads the mask too.
+DECODERS = ["llama_lm", "qwen3"]
+
+
+@pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
 def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind):
     layered = pc.model(kind)
     cache = make_cache(layered, tmp_path)
@@ -69,11 +74,12 @@ def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind):
     assert cache.take_stats("train") == {"hits": 0, "advanced": 0, "computed": B, "corrupt": 0, "written": B}
     again = inputs(cache, batch, raw)
     assert cache.take_stats("train")["hits"] == B
+    assert len(first) == len(again) == len(want)  # every tensor the next unit takes (a decoder's mask too)
     for a, b, w in zip(first, again, want):
         assert torch.equal(a, w) and torch.equal(b, w)
 
 
-@pytest.mark.parametrize("kind", ["vit", "bert"])
+@pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
 def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind):
     layered = pc.model(kind)
     cache = make_cache(layered, tmp_path)
@@ -85,6 +91,7 @@ def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind):
     cache.take_stats("train")
     advanced = inputs(cache, batch, raw)
     assert cache.take_stats("train")["advanced"] == B  # units 3 and 4 only, on the cached depth-3 tensors
+    assert len(advanced) == len(prefix(layered, 5, raw))
     for got, want in zip(advanced, prefix(layered, 5, raw)):
         assert torch.equal(got, want)
     inputs(cache, batch, raw)
