@@ -83,6 +83,7 @@ def reference(case: Case, vertical: bool | None = None) -> tuple[dict[str, torch
             def bound(*args, **kwargs):
                 return functional_call(net, weights, args, kwargs)
 
+            bound.config = getattr(net, "config", None)  # textbook_loss reads the library config (whether it takes token types)
             pc.textbook_loss(bound, case.kind, pc.batch(case.kind, t)).backward()
             for s in range(pp):
                 newest = history[s][-1]
