@@ -1,4 +1,4 @@
-"""AutoCache benchmark on the embedded default, side by side in one invocation.
+"""AutoCache benchmark on digits_vit, side by side in one invocation.
 
 Two runs of `ptrun train` (the digits ViT recipe, same seed and data), one without and one with the cache,
 freezing one more block every `--hold` epochs (a fixed schedule, so both runs freeze the same blocks at the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ptrun.bench.harness import command_line, fmt, publish
 
-DEPTH = 6  # blocks of the embedded default's ViT
+DEPTH = 6  # blocks of digits_vit's ViT
 
 
 def run(out: Path, name: str, overrides: list[str]) -> list[dict]:
@@ -90,7 +90,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     out = Path(args.out)
     blocks = [b for b in range(DEPTH + 1) for _ in range(args.hold)]
-    common = ["pipe.length=1", "pipe.microbatches=1", "pipe.schedule=GPipe", "freeze.policy=schedule",
+    common = ["recipe=digits_vit", "pipe.length=1", "pipe.microbatches=1", "pipe.schedule=GPipe", "freeze.policy=schedule",
               f"freeze.blocks=[{','.join(map(str, blocks))}]", "freeze.max_fraction=1.0",
               f"train.epochs={len(blocks)}", "checkpoint.every_epochs=0", "cache.min_frozen_units=1", *extra]
     off = run(out, "cache_off", common + ["auto.cache=false"])

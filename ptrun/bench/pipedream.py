@@ -1,6 +1,6 @@
 """PipeDream's asynchronous 1F1B against the flushing 1F1B at K = 2, side by side in one invocation.
 
-Runs the recipe (default: the embedded default) with `pipe.schedule=1F1B` (the recipe's own) and with
+Runs the recipe (default: digits_vit) with `pipe.schedule=1F1B` (the recipe's own) and with
 `pipe.schedule=pipedream pipe.microbatches=1` (with and without vertical sync), same seed and data, in
 interleaved rounds; once as the recipe is (freezing packs the pipeline into K = 1 later on, where pipedream
 runs synchronously) and once without freezing (K = 2 throughout). Reports per run: the median samples/s of

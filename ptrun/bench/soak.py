@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 OVERRIDES = [
-    "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
+    "recipe=digits_vit", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
     "train.max_steps_per_epoch=2", "train.export=false", "checkpoint.keep=2",
     "pipe.length=2",  # plan A is the 2-stage pipeline: the cycle moves K 2 -> 1 -> 2
     # The digits recipe caches any frozen prefix of this 2-block model; 5 units (both blocks) keeps plan B

@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--schedule", default="1F1B", choices=("GPipe", "1F1B"),
-                        help="the embedded default's schedule is 1F1B (the paper's Pipe ran GPipe)")
+                        help="digits_vit's schedule is 1F1B (the paper's Pipe ran GPipe)")
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--out", default="runs/sweep_microbatches")
