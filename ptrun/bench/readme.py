@@ -44,6 +44,7 @@ MEASURED = {
     "bench_peers_bbc_news_bert.json": "2026-11-25",
     "bench_peers_digits_vit.json": "2026-11-24",
     "bench_peers_digits_vit_seeds.json": "2026-11-25",
+    "bench_peers_bbc_news_bert_seeds.json": "2026-11-25",
     "bench_pipedream.json": "2026-11-22",
     "bench_pipedream_placement.json": "2026-11-22",
     "bench_pipeline.json": "2026-11-25",
@@ -98,7 +99,24 @@ TABLES = [
           "time) and ended at 98.35% top-1 against the peers' 98.12%; it reached the peers' final accuracy "
           "after 81 s of training against their 176 s. With freezing off, ptrun's step keeps up with the plain "
           "loop (1.04x its samples/s on one worker, 1.03x plain DDP's on two), and its start-up (wall minus "
-          "training) is within a second of the peers'. One round: each run takes 2-4 minutes on this machine."),
+          "training) is within a second of the peers'. One round: each run takes 2-4 minutes on this machine. "
+          "Measured on the BERT-only model path that the generic Hugging Face one (above) replaced."),
+    Table("bench_peers_bbc_news_bert_seeds.json", "ptrun.bench.peers",
+          "The embedded default against the plain loop over three seeds",
+          "`ptrun train` as shipped (the recipe `bbc_news_bert`) against the plain transformers loop (fused AdamW, "
+          "the recipe's batch, warm-up, schedule and clip, the same split and batch order, one process using "
+          "both cores), one seed a round (`train.seed=0..2`: split, head initialisation and batch order), on the "
+          "generic Hugging Face path that builds every encoder. The file was written by `bench_peers.py` as "
+          "`bench_peers_bbc_news_bert.json`. This VM ran about half as fast per step as the one of the table "
+          "below (the plain loop: 15 samples/s against 29).",
+          "Over seeds 0-2 ptrun finished 1.94x faster than the plain loop in wall time (1.86-1.94x; 2.06x in "
+          "training time) at a mean top-1 of 98.27% against the loop's 98.20%, and reached the loop's final "
+          "accuracy after 127 s of training against its 304 s; its start-up and evaluation (wall minus training) "
+          "cost 29 s against the loop's 37 s. Round 0 was measured again after the test suite had shared the "
+          "machine with its first measurement (the `--reuse` in the command: the other rounds were read back). "
+          "What bounds the speedup is the recipe's freeze schedule, not the engine: its ideal, frozen layers "
+          "costing nothing, is 2.47x (the interval sweep below), and the first quarter epoch, the epoch that "
+          "fills the cache, the embedding and the head always train."),
     Table("bench_peers_digits_vit.json", "ptrun.bench.peers", "ptrun against plain PyTorch: digits_vit",
           "The same five runs on `digits_vit`, a small ViT trained from scratch on scikit-learn's digits "
           "(20 epochs), with `timm.create_model` in the plain loop.",
@@ -241,7 +259,7 @@ OTHER = {
 }
 """JSON files used by `ptrun plan` and the simulator's validation, shown in [simulator.md](simulator.md)."""
 
-README_BLOCKS = {"headline": "bench_peers_bbc_news_bert.json"}
+README_BLOCKS = {"headline": "bench_peers_bbc_news_bert_seeds.json"}
 """README marker name -> the JSON file it quotes."""
 
 
