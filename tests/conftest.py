@@ -345,6 +345,20 @@ def cli(capsys, monkeypatch):
     return call
 
 
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real one-rank gloo group for a trainer in this process (evaluation is a collective), with one
+    intra-op thread as a worker has (two threads on two busy cores make a step ten times slower)."""
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
 def assert_one_error_line(out: subprocess.CompletedProcess | CliResult, code: int = 2) -> str:
     """The bad-input contract: exit `code`, one stderr line `ptrun: error: ...`, no traceback. Returns it."""
     assert out.returncode == code, out.stderr

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import pipeline_cases as pc
 from conftest import TINY, compose_config
@@ -305,15 +304,6 @@ def test_the_loader_reads_raw_inputs_only_for_samples_the_cache_cannot_serve(tmp
 # ---- evaluation through the cache, in a real trainer on one rank ---------------------------------------------
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real one-rank gloo group (evaluation is a collective), with one intra-op thread as a worker has."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    torch.set_num_threads(threads)
 
 
 def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_depth_change(tmp_path, one_rank_group):

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from conftest import assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
@@ -297,15 +296,6 @@ higher learning rate can saturate its tanh pooler early, leaving two classes ali
 every seed tried separated the three classes by epoch 23."""
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real one-rank gloo group for a trainer in this process, with one intra-op thread as a worker has."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    torch.set_num_threads(threads)
 
 
 def train(run_dir: Path, *overrides: str) -> tuple[list[dict], list[str]]:

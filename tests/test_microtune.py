@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from conftest import TINY, compose_config
@@ -202,16 +201,6 @@ def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
 # ---- the measurement, in a real trainer on one rank ----------------------------------------------------------
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real one-rank gloo group, with one intra-op thread as a worker has (two threads on two busy cores
-    make a step ten times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    torch.set_num_threads(threads)
 
 
 def build_trainer(tmp_path, name: str, *extra: str):
