@@ -122,13 +122,14 @@ def test_frozen_units_take_no_gradient_and_no_optimizer_state(saved, kind, task)
 
 
 @pytest.mark.parametrize("kind,task", tiered(CASES))
-def test_export_reloads_with_the_library(saved, kind, task, tmp_path):
+def test_export_reloads_with_the_library(saved, kind, task, tmp_path, capfd):
     layered = layered_from(saved[kind, task], task).eval()
     with torch.no_grad():  # change the weights, so the export is not the input directory again
         for p in layered.model.parameters():
             p.add_(0.01)
     names = ["negative", "neutral", "positive"]
     out = export_model(layered, tmp_path / "model", class_names=names)
+    assert "Writing model shards" not in capfd.readouterr().err  # the run's end line says where it went
     library = auto_class(task).from_pretrained(out).eval()
     b = batch()
     with torch.no_grad():

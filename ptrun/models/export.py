@@ -18,6 +18,20 @@ from pathlib import Path
 from ptrun.models.layered import LayeredModel
 
 
+def save_quietly(model, out: Path) -> None:
+    """`model.save_pretrained(out)` without the library's per-shard progress bar: the run's own end line says
+    where the model went, and a bar for one file is noise in the run's output."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None,
                  class_names: list[str] | None = None) -> Path:
     """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory."""
@@ -28,7 +42,7 @@ def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str 
         if class_names and layered.task == "classification" and len(class_names) == config.num_labels:
             config.id2label = dict(enumerate(class_names))
             config.label2id = {name: i for i, name in enumerate(class_names)}
-        layered.model.save_pretrained(out)
+        save_quietly(layered.model, out)
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
