@@ -315,7 +315,8 @@ def run_plan(args: list[str]) -> None:
         if profile is not None:
             costs = load_profile(profile, costs)
         samples = samples or default_samples(cfg) or _fail(
-            f"--samples N is needed: the training-set size of data.name={cfg.data.name} is not known")
+            f"--samples N is needed: the training-set size of data.name={cfg.data.name} is not known before it is "
+            f"tokenized (a run's start event names it: train_samples)")
         results = simulate(costs, cluster, cfg, samples)
         policy = plannable(cfg).freeze
         first = plan_epochs(costs, cluster, cfg)[0].first

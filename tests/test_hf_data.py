@@ -137,6 +137,24 @@ def test_one_file_is_split_stratified_by_eval_fraction(tmp_path, tokenizer_dir):
     assert np.bincount(data.eval[:]["labels"].numpy()).tolist() == [2, 2, 2]
 
 
+def test_the_planner_counts_training_rows_as_the_build_splits_them(tmp_path, tokenizer_dir):
+    """`ptrun plan`'s sample count, read without tokenizing: the rows the build trains on, for one file split
+    by eval_fraction, a folder with its own validation split, and unpacked causal-LM documents; a packed
+    corpus's block count is not known before tokenizing."""
+    from ptrun.data.sources import train_samples
+
+    rows = [(f"{t} {i}", label) for i in range(4) for t, label in TRAIN]
+    path = tmp_path / "news.csv"
+    frame(rows).to_csv(path, index=False)
+    kw = {"text_column": "text", "label_column": "topic", "eval_fraction": 0.25}
+    cases = [(path, kw, "classification"), (write_source("jsonl", tmp_path / "folder"), kw, "classification"),
+             (write_docs(tmp_path / "docs"), {"text_column": "text", "pack": False}, "causal_lm")]
+    for source, keys, task in cases:
+        built = hf(source, tokenizer_dir, task=task, max_length=16, **keys)
+        assert train_samples(DataConfig(name="hf", path=str(source), **keys), task) == len(built.train), source
+    assert train_samples(DataConfig(name="hf", path=str(tmp_path / "docs"), text_column="text"), "causal_lm") is None
+
+
 def test_integer_labels_are_named_in_numeric_order(tmp_path, tokenizer_dir):
     folder = tmp_path / "ints"
     folder.mkdir()

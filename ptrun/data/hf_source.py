@@ -43,9 +43,9 @@ def hf_task(cfg: DataConfig, task: str | None) -> str:
     return CAUSAL_LM if cfg.label_column is None and cfg.text_column is not None else "classification"
 
 
-def build_hf(cfg: DataConfig, task: str | None = None) -> DataSplits:
-    """The train and eval splits of `cfg.path` for `task` (`classification`, `regression` or `causal_lm`; None:
-    inferred)."""
+def checked_task(cfg: DataConfig, task: str | None) -> str:
+    """The task (`hf_task`) once the settings name what it needs: a path, a text or image column, and a label
+    column unless it is a causal LM. Raises ConfigError naming the key."""
     task = hf_task(cfg, task)
     if task not in HF_TASKS:
         raise ConfigError(f"model.task={task!r} is not allowed: {either(HF_TASKS)} for data.name=hf")
@@ -58,6 +58,13 @@ def build_hf(cfg: DataConfig, task: str | None = None) -> DataSplits:
     if task != CAUSAL_LM and cfg.label_column is None:
         raise ConfigError(f"data.label_column=None is not allowed: the column of {LABELS[task]} for data.name=hf "
                           f"with model.task={task}")
+    return task
+
+
+def build_hf(cfg: DataConfig, task: str | None = None) -> DataSplits:
+    """The train and eval splits of `cfg.path` for `task` (`classification`, `regression` or `causal_lm`; None:
+    inferred)."""
+    task = checked_task(cfg, task)
     raw = read_raw(cfg, task)
     if cfg.image_column is not None:
         return image_splits(cfg, raw)

@@ -17,7 +17,7 @@ from functools import partial
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import cifar, glue, hf_source, images, packaged_text, squad
 from ptrun.data.memory import in_memory
-from ptrun.data.splits import DataSplits
+from ptrun.data.splits import DataSplits, stratified_split
 
 
 def build_datasets(cfg: DataConfig, task: str | None = None) -> DataSplits:
@@ -31,3 +31,19 @@ def build_datasets(cfg: DataConfig, task: str | None = None) -> DataSplits:
         raise ConfigError(f"data.name={cfg.name!r} is not allowed: one of {', '.join(builders)}")
     splits = builders[cfg.name](cfg)
     return replace(splits, train=in_memory(splits.train), eval=in_memory(splits.eval))
+
+
+def train_samples(cfg: DataConfig, task: str | None = None) -> int | None:
+    """The training split's sample count, found without tokenizing, for the sources whose size follows from
+    the user's files: the packaged text corpora (their stratified split) and `hf` rows (classification or
+    regression, or a causal LM one document a row). None where it is not known that way (a packed causal LM's
+    block count follows from its tokens; the fixed corpora's sizes are `ptrun.sim.planning`'s table)."""
+    if cfg.name in packaged_text.PACKAGED_TEXT:
+        _, labels = packaged_text.read_packaged_text(cfg.name, cfg.path)
+        return len(stratified_split(labels, cfg, f"data.name={cfg.name}")[0])
+    if cfg.name == "hf":
+        task = hf_source.checked_task(cfg, task)  # the same one-line refusals as `ptrun train`
+        if task == hf_source.CAUSAL_LM and cfg.pack:
+            return None
+        return len(hf_source.read_raw(cfg, task).train)
+    return None

@@ -39,7 +39,11 @@ def default_samples(cfg: PtrunConfig) -> Optional[int]:
     """Training samples of the recipe's dataset, or None when unknown (`--samples` must say)."""
     if cfg.data.name == "glue":
         return GLUE_SAMPLES.get(cfg.data.task or "")
-    return DATASET_SAMPLES.get(cfg.data.name)
+    if cfg.data.name in DATASET_SAMPLES:
+        return DATASET_SAMPLES[cfg.data.name]
+    from ptrun.data.sources import train_samples  # reads the user's files: only when the table has no answer
+
+    return train_samples(cfg.data, cfg.model.task)
 
 
 def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
