@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -42,6 +43,21 @@ def command_line() -> str:
     """This invocation as typed (`python`, the script's path, its arguments): every benchmark stores it in its
     JSON, so the README tables generated from that JSON name the command that produced them."""
     return shlex.join(["python", *sys.argv])
+
+
+def machine_description() -> str:
+    """This machine in a few words, for a result's `machine`: its cores, CPU model and GPUs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), None)
+    except OSError:
+        cpu = None
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return (f"{cores} CPU cores" + (f" ({cpu})" if cpu else "") + ", "
+            + (f"GPU: {len(gpus)} x {' / '.join(sorted(set(gpus)))}" if gpus else "no GPU"))
 
 
 def publish(result: dict, path: Path, caption, table) -> None:

@@ -13,7 +13,9 @@ reports the eval loss per predicted token and its perplexity:
 
 (`python scripts/peers/plain_loop.py ...` in a clone is the same.) Only the loop over each epoch's batches
 counts as training time; the set-up and the evaluation after each epoch count in the wall time (`wall_s`,
-since the process started). Rank 0 writes `--out`.
+since the process started; `process_start_time`, `first_step_time` and `first_step_end_time` are Unix times:
+the process started, its first step began before the forward pass and ended after the update). Rank 0
+writes `--out`.
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---- training ------------------------------------------------------------------------------------------
     epochs, losses, elapsed, samples = [], [], 0.0, 0
+    first_step: dict[str, float] = {}  # when the first step began and ended (Unix times): the start-up
     # The loss's denominator per sample: 1, or a causal LM's predicted tokens (its loss is a token mean).
     weight = predicted_tokens(train["labels"]) if task == CAUSAL_LM else torch.ones(n_train, device=device)
     for epoch in range(t.epochs):
@@ -207,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         for ids in order.split(batch)[:steps]:  # the last batch may be smaller: nothing dropped
             mine = torch.tensor_split(ids, world)[rank]  # this rank's contiguous share of the global batch
             b = {k: v[mine.to(device)] for k, v in train.items()}
+            first_step.setdefault("first_step_time", time.time())
             # The share's summed loss over the global batch's samples (or predicted tokens) over the world
             # size: DDP's gradient average is then the global batch's mean loss, even when the last batch
             # does not split evenly.
@@ -216,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
             torch.nn.utils.clip_grad_norm_(net.parameters(), t.grad_clip)
             optimizer.step()
             scheduler.step()
+            if "first_step_end_time" not in first_step:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # once: the step has ended when its kernels have
+                first_step["first_step_end_time"] = time.time()
             losses.append(loss.detach() / world)
             samples += len(ids)
         train_s = time.perf_counter() - t_epoch
@@ -236,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
         final = {f"final_{'eval_loss' if key == 'loss' else key}": value for key, value in metrics.items()}
         result = {"train_time_s": elapsed, "samples_per_s": samples / elapsed, "epochs": epochs, **final,
                   "final_train_loss": per_step[-steps:].mean().item(),
-                  "world_size": world, "threads": args.threads, "wall_s": time.time() - start}
+                  "world_size": world, "threads": args.threads, "wall_s": time.time() - start,
+                  "process_start_time": start, **first_step}
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     if rank == 0 and args.save_state:

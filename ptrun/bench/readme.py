@@ -154,6 +154,18 @@ TABLES = [
           "`python -m ptrun.bench.decoder DIR`. The plain loop trains `AutoModelForCausalLM` on the library's own "
           "next-token loss over the real tokens, on the same blocks in the same order. The runs are compared on "
           "eval perplexity, where lower is better: the target is the plain peers' lowest.", optional=True),
+    Table("bench_startup_text_classification.json", "ptrun.bench.startup",
+          "Start-up: process start to the first step, text_classification",
+          "How long a user waits from typing the command to the first training step: the plain transformers "
+          "loop against `ptrun train recipe=text_classification` (the packaged MiniLM on a news sample csv, "
+          "`data.name=hf`), once with an empty tokenized-data cache (the first run on a file) and once with the "
+          "cache that run filled (every later run), in interleaved rounds of a few steps each "
+          "(`scripts/bench_startup.py`). Times run from spawning the command; ptrun's start event is written "
+          "once its workers hold their data, model and first layout.", optional=True),
+    Table("bench_startup_bbc_news_bert.json", "ptrun.bench.startup",
+          "Start-up: process start to the first step, bbc_news_bert",
+          "The same on the embedded default, whose packaged corpus is tokenized in memory on every run (no "
+          "tokenized-data cache): the plain loop against `ptrun train`.", optional=True),
     Table("sweep_interval_bbc_news_bert.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: bbc_news_bert",
           "PipeTransformer decides at epoch boundaries, so a 3-epoch fine-tune trains every layer for its whole "
           "first epoch. `freeze.every=0.25` decides four times an epoch. In one invocation: the plain loop, the "

@@ -14,7 +14,9 @@
    "cache": {"hits", "advanced", "computed", "corrupt", "written", the same counters of the epoch's
              evaluation as "eval_hits", "eval_advanced", ..., "cached_units", "memory_bytes", "disk_bytes"}
              with auto.cache only,
-   "memory": {"param_bytes": [per rank], "optim_bytes": [...], "rss_bytes": [...], "peak_rss_bytes": [...]}}
+   "memory": {"param_bytes": [per rank], "optim_bytes": [...], "rss_bytes": [...], "peak_rss_bytes": [...]},
+   on the first epoch a worker process trains also "first_step_time" and "first_step_end_time" (Unix times:
+   its first step began, before the forward pass, and ended, after the update)}
   {"event": "savings", "train_time_s": ..., "unfrozen_time_s": ..., "saved_s": ..., "speedup": ..., "froze": bool,
    "line": "freezing saved ~41 s: ..."} just before the end event: what freezing saved (`ptrun.report.savings`)
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}

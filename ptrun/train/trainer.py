@@ -104,6 +104,11 @@ class Trainer:
         # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
         self.live_view = bool(self.all_sum([float(self.view.live)]).item())
         self._timeline: list[dict] | None = None
+        # When this process's first training step began (before its forward pass) and ended (after its
+        # update), as Unix times on the clock of the events' `time`: its first epoch event carries them, so a
+        # benchmark can tell how long the start-up took (`ptrun.bench.startup`).
+        self.first_step_times: dict[str, float] = {}
+        self.first_step_reported = False
         self.resumed_from, plan, optimizer_states = None, self.controller.first, {}
         resumed = checkpointing.resume(cfg, self.layered, self.controller, self.scaler, rank, world_size,
                                        self._interval_at) if resume else None
@@ -217,6 +222,8 @@ class Trainer:
             if epoch_base + step == self.cfg.train.timeline_step:
                 self._timeline = self.runtime.record_timeline()  # this step's passes, up to its update
             indices, weights = self.train_sampler.global_batch(self.state.epoch, step)
+            if not self.first_step_times:
+                self.first_step_times["first_step_time"] = round(time.time(), 3)
             # An asynchronous pipeline drains before a mid-epoch checkpoint: it holds every update up to its step.
             yield Step(step, inputs, target, self._loss_denominator(indices, weights), float(weights.sum()),
                        loss_scale=self.scaler.scale, drain_after=self._checkpoint_due(epoch_base, step), extra=batch)
@@ -280,7 +287,14 @@ class Trainer:
                 "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
                 **stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
-                **stats.memory_stats(self.layered, self.layout, self.rank, self.device)}
+                **stats.memory_stats(self.layered, self.layout, self.rank, self.device), **self._first_step_fields()}
+
+    def _first_step_fields(self) -> dict[str, float]:
+        """The first step's times, for the epoch event of the epoch it fell in (later epochs: none)."""
+        if self.first_step_reported or "first_step_end_time" not in self.first_step_times:
+            return {}
+        self.first_step_reported = True
+        return dict(self.first_step_times)
 
     def _on_step(self, sums: EpochSums, segment_end: int, epoch_base: int, item: Step,
                  loss: torch.Tensor | None) -> None:
@@ -297,6 +311,10 @@ class Trainer:
                       progress=state.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch,
                       total_steps=self.total_steps, block_of=self._block_of if want_norms else None,
                       num_blocks=self.layered.num_blocks)
+        if "first_step_end_time" not in self.first_step_times:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # once: the step has ended when its kernels have
+            self.first_step_times["first_step_end_time"] = round(time.time(), 3)
         # Bookkeeping.
         if done.block_norms is not None:
             self.interval_norms += done.block_norms
