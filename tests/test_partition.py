@@ -347,6 +347,25 @@ def test_missing_or_bad_costs(method, kwargs, needle):
     assert msg.startswith(f"pipe.partition={method}") and needle in msg
 
 
+@pytest.mark.parametrize("method", ["uniform", "params", "time", "pipetransformer", "pipedream"])
+def test_one_stage_holds_every_unit_without_costs(method):
+    """A one-stage start (data parallelism alone) needs no profile: every method gives the whole model."""
+    assert partition(method, 1, num_units=5) == ((0, 5),)
+
+
+def test_a_one_stage_start_measures_no_profile(tmp_path):
+    """The start profiles the units only when a time-based partitioner has stages to balance: a one-stage
+    start returns before it touches the model or the data (both None here)."""
+    from conftest import compose_config
+    from ptrun.train.startup import measure_profile
+
+    cfg = compose_config(["pipe.partition=time", "pipe.length=1"], tmp_path)
+    assert measure_profile(cfg, None, None, None, 2, None) == (None, None)
+    with pytest.raises(AttributeError):  # two stages do profile: they read the data
+        measure_profile(compose_config(["pipe.partition=time", "pipe.length=2"], tmp_path), None, None, None, 2,
+                        None)
+
+
 def test_module_does_not_import_torch():
     code = "import sys, ptrun.parallel.partition; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

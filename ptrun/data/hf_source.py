@@ -23,7 +23,6 @@ from ptrun.config.data import HF_TASKS
 from ptrun.config.rules import either
 from ptrun.data import hf_tokens
 from ptrun.data.hf_read import RawSplits, read_raw
-from ptrun.data.images import DEFAULT_IMAGE_SIZE, image_transform
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import load_tokenizer
 
@@ -111,6 +110,8 @@ def text_splits(cfg: DataConfig, raw: RawSplits, task: str) -> DataSplits:
 
 def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
     """Images decoded and transformed on access (`set_transform`), as `imagefolder` does."""
+    from ptrun.data.images import DEFAULT_IMAGE_SIZE, image_transform  # torchvision: only for images
+
     size = cfg.image_size or DEFAULT_IMAGE_SIZE
 
     def split(rows: datasets.Dataset, labels, augment: bool) -> datasets.Dataset:

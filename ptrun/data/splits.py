@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import datasets
 import numpy as np
-import torch
 
 from ptrun.config import ConfigError, DataConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from ptrun.data.squad import QAEvalData
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -60,6 +61,8 @@ def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tupl
 def image_batches(pipeline: Callable, decode: Callable) -> Callable[[dict], dict[str, torch.Tensor]]:
     """A batch transform for `set_transform`: each stored image decoded (`decode`) and transformed
     (`pipeline`) into `pixel_values`, the labels as int64."""
+
+    import torch  # here, not at the top: the start's check of a user's files reads splits without torch
 
     def transform(batch: dict) -> dict[str, torch.Tensor]:
         out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}

@@ -322,8 +322,8 @@ def partition(method: str, num_stages: int, *, num_units: int, param_costs: Opti
             raise ConfigError(f"pipe.partition={method}: {name} has {len(vec)} entries for {num_units} units")
         return _check_costs(vec, name, method)  # checked here so the message names the method asked for
 
-    if method == "uniform":
-        return uniform(num_units, num_stages)
+    if method == "uniform" or (num_stages == 1 and method != "explicit"):
+        return uniform(num_units, num_stages)  # one stage holds every unit whatever the costs: none are needed
     if method == "params":
         return min_max(weighted_costs(need(param_costs, "parameter costs"), frozen_units), num_stages)
     if method == "time":

@@ -62,9 +62,14 @@ def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
 def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochSampler, world_size: int,
                     device: torch.device):
     """Collective: for the time-based partitioners, the units' profile (measured once, on one micro-batch of
-    the first step's samples, agreed by every rank) and the link's bandwidth; (None, None) for the others."""
+    the first step's samples, agreed by every rank) and the link's bandwidth; (None, None) for the others and
+    for a one-stage start."""
     pipe = cfg.pipe
     if pipe.partition not in NEEDS_PROFILE:
+        return None, None
+    if pipe.length * pipe.stages_per_rank == 1:
+        # One stage from the start: nothing to balance now, and AutoPipe only ever shortens a pipeline, so the
+        # profile (seconds of every worker's start-up) would never be read.
         return None, None
     # With pipe.microbatches=auto, M is a stand-in until tuning (which needs this layout) measures it.
     micro = starting_micro_batch(pipe, world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
