@@ -254,6 +254,8 @@ BAD_INPUT = [
     (["device.memory=lots"], "device.memory='lots' is not allowed"),
     (["freeze.policy=fast"], "freeze.policy='fast' is not allowed: one of pipetransformer, alpha"),
     (["freeze.policy=schedule", "freeze.blocks=[1,2]"], "freeze.blocks=[1, 2] is not allowed: non-decreasing counts"),
+    (["freeze.percentile=0"], "freeze.percentile=0.0 is not allowed: a percentile 0 < p <= 100 (50: the median)"),
+    (["freeze.threshold=1"], "freeze.threshold=1.0 is not allowed: a share of the block's peak plasticity, 0 < t < 1"),
     (["auto.batch=huge"], "auto.batch='huge' is not allowed: one of fixed_global, fixed_per_pipeline"),
     (["freeze.every=0"], "freeze.every=0.0 is not allowed: a number of epochs > 0"),
     (["freeze.every_steps=0"], "freeze.every_steps=0 is not allowed: an integer >= 1 or null"),

@@ -1,11 +1,15 @@
-"""Freeze policies: the paper's closed form and full rule, AutoFreeze's median rule, the linear baseline,
-the decision-epoch gate, the clamp to [current, cap], state round trips and the unit helpers."""
+"""Freeze policies: the paper's closed form and full rule, AutoFreeze's percentile rule, the plasticity rule,
+the linear baseline, the decision-epoch gate, the clamp to [current, cap], state round trips and the unit
+helpers."""
 
 from __future__ import annotations
 
 import json
 import math
+import random
+import statistics
 
+import numpy as np
 import pytest
 
 from ptrun.auto.freeze import (
@@ -16,6 +20,7 @@ from ptrun.auto.freeze import (
     frozen_units_for_blocks,
     make_policy,
     num_units_for_blocks,
+    percentile,
 )
 from ptrun.config import ConfigError
 
@@ -174,6 +179,120 @@ def test_autofreeze_observes_before_start():
     assert p.decide(3, 0, [4.0, 4.2, 6.0, 8.0]) == 2  # 0 0.05 0.5 1 -> median 0.275 -> block 2
 
 
+def median_rule(changes_by_interval: list[list[float]], frozen: int = 0) -> list[int]:
+    """AutoFreeze's rule as it was written before the percentile (statistics.median over the active blocks'
+    relative changes), for norms given per interval: the count at each interval."""
+    out, prev = [], None
+    for k, norms in enumerate(changes_by_interval):
+        if k >= 1:  # interval 0 never decides
+            active = range(frozen, len(norms))
+            change = {l: abs(norms[l] - prev[l]) / prev[l] for l in active}
+            median = statistics.median(change.values())
+            frozen = max(frozen, next(l for l in active if change[l] >= median))
+        prev = norms
+        out.append(frozen)
+    return out
+
+
+def test_percentile_is_numpy_linear_and_the_median_exactly_at_50():
+    rng = random.Random(0)
+    for n in range(1, 14):
+        for _ in range(50):
+            values = [rng.lognormvariate(-2, 1.5) for _ in range(n)]
+            assert percentile(values, 50) == statistics.median(values)  # bit for bit
+            q = rng.uniform(0.5, 100)
+            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-12)
+    assert percentile([3.0, 1.0, 2.0, 4.0], 100) == 4.0
+    assert percentile([0.0, 10.0], 70) == pytest.approx(7.0)
+    # numpy answers nan between two infinities; the threshold stays within its neighbours
+    assert percentile([1.0, math.inf, math.inf], 70) == math.inf
+    assert percentile([1.0, 2.0, math.inf], 50) == 2.0
+
+
+def test_autofreeze_at_50_is_the_median_rule_and_70_freezes_more():
+    # per block; sorted 0.05 0.1 0.2 0.35 0.5 0.6: the median 0.275 stops at block 3, the 70th percentile
+    # (rank 3.5) 0.425 at block 4, the 100th 0.6 at block 5
+    changes = [0.1, 0.05, 0.2, 0.35, 0.5, 0.6]
+    e0 = [10.0] * 6
+    e1 = [10.0 * (1 - c) for c in changes]
+    assert [make_policy("autofreeze", 6, percentile=q).decide(2, 0, e1) for q in (50, 70)] == [0, 0]  # no history
+    counts = {}
+    for q in (50, 70, 100):
+        p = make_policy("autofreeze", 6, percentile=q)
+        p.decide(1, 0, e0)
+        counts[q] = p.decide(2, 0, e1)
+    assert counts == {50: 3, 70: 4, 100: 5}
+    # 50 decides as the median rule did, interval after interval, on random norms
+    rng = random.Random(1)
+    for _ in range(20):
+        norms = [[rng.uniform(0.5, 2.0) for _ in range(8)] for _ in range(6)]
+        p, f, got = make_policy("autofreeze", 8, percentile=50), 0, []
+        for k, n in enumerate(norms):
+            f = p.decide(k, f, n)
+            got.append(f)
+        assert got == median_rule(norms)
+        assert got == run(make_policy("autofreeze", 8), 6, norms)  # the default is 50
+    with pytest.raises(ConfigError, match="freeze.percentile=0"):
+        make_policy("autofreeze", 6, percentile=0)
+
+
+# ------------------------------------------------------------------------------------------ plasticity
+
+def test_plasticity_freezes_the_settled_prefix():
+    p = make_policy("plasticity", 5, threshold=0.3)
+    assert p.signal == "weight_change"
+    assert p.decide(1, 0, [10.0, 8.0, 6.0, 4.0, 2.0]) == 0  # first measurement: every block at its peak
+    assert p.peaks == [10.0, 8.0, 6.0, 4.0, 2.0]
+    # blocks 0, 1 and 3 fell below 0.3 x their peak; block 2 did not (0.3 x 6 = 1.8): the prefix is 0, 1
+    assert p.decide(2, 0, [2.9, 2.3, 1.9, 1.0, 5.0]) == 2
+    assert p.peaks == [10.0, 8.0, 6.0, 4.0, 5.0]  # the peak of block 4 rose
+    # 1.7 < 0.3 x 6 and 1.1 < 0.3 x 4 settle blocks 2 and 3; block 4 (1.6, not below 0.3 x 5) trains on
+    assert p.decide(3, 2, [0.0, 0.0, 1.7, 1.1, 1.6]) == 4
+    assert p.decide(4, 4, [0.0, 0.0, 0.0, 0.0, 1.4]) == 5
+    # a frozen block never thaws, whatever is measured
+    assert p.decide(5, 5, [9.0] * 5) == 5
+
+
+def test_plasticity_needs_a_measurement_and_a_finite_value():
+    p = make_policy("plasticity", 3)
+    assert p.decide(1, 0, None) == 0 and p.peaks == [None] * 3  # nothing measured (a resume cut the interval)
+    assert p.decide(2, 0, [1.0, 1.0, 1.0]) == 0
+    assert p.decide(3, 0, None) == 0
+    assert p.decide(4, 0, [math.inf, 0.1, 0.1]) == 0  # a non-finite value never settles and is no peak
+    assert p.peaks == [1.0, 1.0, 1.0]
+    assert p.decide(5, 0, [0.1, 0.1, 0.5]) == 2
+    # a block that has only ever read 0 has not settled: below 0.3 x 0 is nothing
+    q = make_policy("plasticity", 2)
+    q.decide(1, 0, [0.0, 1.0])
+    assert q.decide(2, 0, [0.0, 0.1]) == 0
+
+
+def test_plasticity_respects_the_cap_and_start():
+    p = make_policy("plasticity", 6, max_fraction=0.5)
+    p.decide(1, 0, [1.0] * 6)
+    assert p.decide(2, 0, [0.1] * 6) == 3  # every block settled; the cap is 3
+    late = make_policy("plasticity", 4, every=0.5, start=1)
+    assert late.decide(1, 0, [1.0] * 4) == 0
+    assert late.decide(2, 0, [0.1] * 4) == 0  # no decision before epoch 1 ends, but the peaks are kept
+    assert late.peaks == [1.0] * 4
+    assert late.decide(3, 0, [0.2, 0.2, 0.5, 0.2]) == 2
+
+
+def test_plasticity_state_round_trip_through_json():
+    a = make_policy("plasticity", 4, threshold=0.5)
+    a.decide(1, 0, [4.0, 2.0, math.inf, 1.0])
+    state = json.loads(json.dumps(a.state_dict()))
+    assert state == {"policy": "plasticity", "num_blocks": 4, "peaks": [4.0, 2.0, None, 1.0]}
+    b = make_policy("plasticity", 4, threshold=0.5)
+    b.load_state_dict(state)
+    later = [1.0, 0.5, 3.0, 0.9]
+    assert b.decide(2, 0, later) == a.decide(2, 0, later) == 2
+    with pytest.raises(ValueError):
+        make_policy("autofreeze", 4).load_state_dict(state)
+    with pytest.raises(ConfigError, match="freeze.threshold=1"):
+        make_policy("plasticity", 4, threshold=1.0)
+
+
 # --------------------------------------------------------------------------------------- linear, none
 
 def test_linear_ramp():
@@ -211,10 +330,11 @@ def test_state_round_trip_through_json():
 
 
 def test_make_policy_rejects_bad_parameters():
-    assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer", "schedule"]
+    assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer", "plasticity", "schedule"]
     for bad in (dict(name="fast"), dict(name="alpha", alpha=0.0), dict(name="alpha", alpha=1.0),
                 dict(name="alpha", every=0), dict(name="alpha", max_fraction=1.5),
-                dict(name="alpha", start=-1)):
+                dict(name="alpha", start=-1), dict(name="autofreeze", percentile=100.5),
+                dict(name="plasticity", threshold=0.0)):
         with pytest.raises(ConfigError):
             make_policy(num_blocks=12, **bad)
 

@@ -391,7 +391,10 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     (["--fast"], "unknown option '--fast' for plan"),
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["recipe=vit_imagenet", "pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 16"),
-    (["recipe=vit_imagenet", "freeze.policy=autofreeze"], "freeze.policy='autofreeze' is not allowed"),
+    (["recipe=vit_imagenet", "freeze.policy=autofreeze"], "freeze.policy='autofreeze' is not allowed: it needs "
+     "measured gradient norms"),
+    (["recipe=vit_imagenet", "freeze.policy=plasticity"], "freeze.policy='plasticity' is not allowed: it needs "
+     "measured weight changes"),
     (["recipe=vit_imagenet", "pipe.length=1", "pipe.microbatches=4", "device.memory=1GB"],
      "pipe.length=1: stage 0 (units 0-25) needs ~5.20 GiB, a device offers 1.00 GiB (device.memory)"),
     (["recipe=bert_glue", "data.task=cola", "cluster=this_machine", "pipe.length=2", "model.name=bert-ultra"],

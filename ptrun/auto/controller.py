@@ -1,8 +1,9 @@
 """The PipeTransformer controller: at the end of an interval (an epoch boundary in the paper, any step with
 `freeze.every` < 1), Freeze -> AutoPipe -> AutoDP as one decision.
 
-It reads like the paper: the freeze policy looks at the last interval's per-block gradient norms and says how
-many bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
+It reads like the paper: the freeze policy looks at the last interval's per-block signal (the gradient norms
+of the paper's rule; `FreezePolicy.signal` says which, and the trainer measures that) and says how many
+bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
 halves the pipeline while the largest stage fits in the starting one; AutoDP turns the freed workers into
 more replicas (DP = world / K). With AutoCache on, a frozen prefix past the threshold is cached: it leaves
 the pipeline and costs nothing in the partition (`cached_units`). The result is the next Plan; applying it (moving weights and optimizer
@@ -29,10 +30,6 @@ from ptrun.parallel.layout import first_plan, param_costs, starting_microbatches
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import UnitProfile
 
-GRAD_NORM_POLICIES = ("pipetransformer", "autofreeze")
-"""Policies that read per-block gradient norms (the trainer only collects them for these)."""
-
-
 class Controller:
     def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
                  partition_kwargs: Optional[dict[str, Any]] = None,
@@ -45,7 +42,8 @@ class Controller:
         epoch's steps): the same fraction the trainer and the simulator place decisions with."""
         self.policy: FreezePolicy = make_policy(name, num_blocks, alpha=fr.alpha, every=self.interval_epochs,
                                                 max_fraction=fr.max_fraction, start=fr.start,
-                                                total_epochs=cfg.train.epochs, blocks=fr.blocks)
+                                                total_epochs=cfg.train.epochs, blocks=fr.blocks,
+                                                percentile=fr.percentile, threshold=fr.threshold)
         self.param_costs = list(param_costs)
         # An explicit layout cannot be re-derived for other stage counts: AutoPipe balances parameters then.
         self.method = cfg.pipe.partition if cfg.pipe.partition != "explicit" else "params"
@@ -61,8 +59,10 @@ class Controller:
         the measured table (with the explicit entries laid over it)."""
 
     @property
-    def wants_grad_norms(self) -> bool:
-        return self.policy.name in GRAD_NORM_POLICIES
+    def signal(self) -> Optional[str]:
+        """What the trainer measures for the policy over each interval (`FreezePolicy.signal`): `grad_norms`,
+        `weight_change`, or None."""
+        return self.policy.signal
 
     def global_batch(self, plan: Plan) -> int:
         """The global batch under `plan`'s DP width (it grows with DP under `fixed_per_pipeline`)."""
@@ -100,10 +100,10 @@ class Controller:
                 pass
         return plan(cached_units=0)
 
-    def decide(self, interval: int, current: Plan, grad_norms: Optional[Sequence[float]]) -> Plan:
-        """Before `interval` (at the end of the one before it): the freeze decision, then the next Plan;
-        agreed by broadcast."""
-        frozen_blocks = self.policy.decide(interval, blocks_of_units(current.frozen_units), grad_norms)
+    def decide(self, interval: int, current: Plan, measured: Optional[Sequence[float]]) -> Plan:
+        """Before `interval` (at the end of the one before it): the freeze decision on the finished interval's
+        `signal` (None: not measured), then the next Plan; agreed by broadcast."""
+        frozen_blocks = self.policy.decide(interval, blocks_of_units(current.frozen_units), measured)
         plan = self.plan_for(current, frozen_blocks, current.world_size)
         if dist.is_initialized() and dist.get_world_size() > 1:
             box = [plan.to_dict()]

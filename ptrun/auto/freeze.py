@@ -7,42 +7,56 @@ frozen) still leaves the head trainable.
 When a policy decides
 ---------------------
 Training is cut into intervals of `every` epochs (1: the paper's epoch boundaries; 0.25: four decisions an
-epoch, AutoFreeze's setting). The runtime calls `policy.decide(k, frozen_blocks, grad_norms)` at the end of
-interval k - 1, before interval k (0-based) starts, with `grad_norms` averaged over the interval that just
-finished. The return value is the frozen block count for interval k. A policy only changes the count when
-the interval starts after `start` (an epoch): k * every > start. Time is counted in epochs,
-t = k * every, so the curves below do not depend on the interval: the closed form's freeze step is
+epoch, AutoFreeze's setting). The runtime calls `policy.decide(k, frozen_blocks, measured)` at the end of
+interval k - 1, before interval k (0-based) starts, with `measured` the policy's signal over the interval
+that just finished (below). The return value is the frozen block count for interval k. A policy only
+changes the count when the interval starts after `start` (an epoch): k * every > start. Time is counted in
+epochs, t = k * every, so the curves below do not depend on the interval: the closed form's freeze step is
 T = t - start (fractional epochs), and with the defaults (start = 0, every = 1) T equals the epoch, giving
 the paper's sequence for L = 12, alpha = 1/3: 0, 4, 7, 9, 10, 11, 11, 12 over epochs 0..7. Interval 0 never
 decides (there is nothing to judge). Calling `decide` on every interval is still required by `autofreeze`,
-which compares consecutive intervals' gradient norms.
+which compares consecutive intervals' gradient norms, and by `plasticity`, which keeps each block's peak.
 
 Whatever a policy proposes, `decide` returns a value that is never below the current count (a frozen block
 never thaws: its optimizer state is gone and the cache depends on it) and never above the cap
 `floor(max_fraction * L)`; if the current count is already above the cap (a resumed run with a smaller
 `max_fraction`) it is kept.
 
-`grad_norms` is a list of L per-block gradient norms, averaged over the finished interval's steps (summed
-over the stages holding a block), or None when they were not collected. Entries of frozen blocks are ignored.
+What a policy reads
+-------------------
+A policy declares the per-block signal it reads (`signal`); the trainer measures that one alone
+(`ptrun.train.signals`) and passes it as `measured`, a list of L values >= 0, or None when nothing was
+measured (an interval without steps; for `weight_change`, an interval a resume cut: its reference copy is
+not checkpointed). Entries of frozen blocks are ignored.
+- `grad_norms` (`pipetransformer`, `autofreeze`): each block's gradient norm, averaged over the finished
+  interval's steps (summed over the stages holding a block).
+- `weight_change` (`plasticity`): each active block's relative weight change over the finished interval,
+  ||theta - ref|| / ||ref|| with ref a bfloat16 copy taken as it began, over the interval's mean learning
+  rate (so a decaying schedule does not read as settling).
+- None: the other policies read nothing.
 
 Policies (`make_policy(name, ...)`): `none`, `alpha` (the paper's closed form), `pipetransformer` (the
 paper's full rule with the gradient-norm term the released code never ran), `autofreeze` (AutoFreeze's
-median rule on the relative change of gradient norms), `linear` (a baseline ramp) and `schedule` (a list).
-Their state round-trips through `state_dict()` / `load_state_dict()` as JSON-able dicts, so a checkpoint
-resumes the same decisions.
+rule on the relative change of gradient norms, at a percentile: the median by default), `plasticity`
+(Egeria's idea in weight space: the blocks whose weights have stopped moving, against a cheap reference
+copy), `linear` (a baseline ramp) and `schedule` (a list). Their state round-trips through `state_dict()` /
+`load_state_dict()` as JSON-able dicts, so a checkpoint resumes the same decisions.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any, ClassVar, Optional, Sequence
 
-from ptrun.config import FREEZE_POLICIES, ConfigError, check_alpha, one_of
+from ptrun.config import FREEZE_POLICIES, ConfigError, check_alpha, check_percentile, check_threshold, one_of
 
 EPS = 1e-9
 """Tolerance for rounding real-valued block counts: 12 * (1 - 2/3) and 10 * 0.3 evaluate to 4.0 and
 3.0000000000000004, and a bare ceil would freeze one block too many (floor, for the cap, one too few)."""
+
+
+SIGNALS = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
+"""The per-block signals a policy may read (`FreezePolicy.signal`), in words."""
 
 
 def ceil_tol(x: float) -> int:
@@ -78,6 +92,22 @@ def num_units_for_blocks(num_blocks: int) -> int:
     return 2 * num_blocks + 2
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0 < q <= 100) of `values`, interpolated linearly between the ranks as numpy's
+    default method does. Written out because numpy's interpolation differs from `statistics.median` in the
+    last bit at q = 50 (b - (b - a) / 2 against (a + b) / 2) and answers nan between two infinite values; here
+    0.5 a + 0.5 b rounds exactly as (a + b) / 2 (halving is exact), so q = 50 is the median, and the result is
+    kept within its two neighbours (inf between infinities)."""
+    ranked = sorted(values)
+    position = (len(ranked) - 1) * q / 100.0
+    lo = math.floor(position)
+    fraction = position - lo
+    if fraction == 0.0:
+        return ranked[lo]
+    a, b = ranked[lo], ranked[lo + 1]
+    return min(max(a * (1.0 - fraction) + b * fraction, a), b)
+
+
 class FreezePolicy:
     """Base of all policies: the decision gate, the clamp to [current, cap] and the state protocol.
 
@@ -86,6 +116,9 @@ class FreezePolicy:
     """
 
     name: ClassVar[str] = "base"
+    signal: ClassVar[Optional[str]] = None
+    """The per-block signal `decide` reads (`grad_norms` or `weight_change`), None for none: the trainer
+    measures only what the policy declares."""
 
     def __init__(self, num_blocks: int, *, every: float = 1.0, max_fraction: float = 1.0, start: int = 0):
         if num_blocks < 1:
@@ -119,29 +152,30 @@ class FreezePolicy:
         """The paper's freeze step T in force at `interval`: epochs since `start` (fractional), 0 up to it."""
         return max(0.0, self.epochs(interval) - self.start)
 
-    def decide(self, interval: int, frozen_blocks: int, grad_norms: Optional[Sequence[float]] = None) -> int:
+    def decide(self, interval: int, frozen_blocks: int, measured: Optional[Sequence[float]] = None) -> int:
         """The frozen block count for `interval`, given the current count and the finished interval's
-        per-block gradient norms (or None). Call it at the end of every interval; see the module docstring."""
+        per-block `signal` (or None). Call it at the end of every interval; see the module docstring."""
         if interval < 0:
             raise ValueError(f"interval {interval} must be >= 0")
         if not 0 <= frozen_blocks <= self.num_blocks:
             raise ValueError(f"frozen block count {frozen_blocks} must be in 0..{self.num_blocks}")
-        if grad_norms is not None:
-            if len(grad_norms) != self.num_blocks:
-                raise ValueError(f"grad_norms has {len(grad_norms)} entries for {self.num_blocks} blocks")
-            grad_norms = [float(g) for g in grad_norms]
-            if any(g < 0 for g in grad_norms):
-                raise ValueError(f"gradient norms must be >= 0, got {grad_norms}")
+        if measured is not None:
+            if len(measured) != self.num_blocks:
+                raise ValueError(f"{self.signal or 'measured'} has {len(measured)} entries for "
+                                 f"{self.num_blocks} blocks")
+            measured = [float(g) for g in measured]
+            if any(g < 0 for g in measured):
+                raise ValueError(f"{self.signal or 'measured'} values must be >= 0, got {measured}")
         proposal = frozen_blocks
         if self.is_decision(interval) and frozen_blocks < self.num_blocks:
-            proposal = self._propose(interval, frozen_blocks, grad_norms)
-        self._observe(interval, grad_norms)
+            proposal = self._propose(interval, frozen_blocks, measured)
+        self._observe(interval, measured)
         return max(frozen_blocks, min(proposal, self.cap))
 
-    def _propose(self, interval: int, frozen_blocks: int, grad_norms: Optional[list[float]]) -> int:
+    def _propose(self, interval: int, frozen_blocks: int, measured: Optional[list[float]]) -> int:
         raise NotImplementedError
 
-    def _observe(self, interval: int, grad_norms: Optional[list[float]]) -> None:
+    def _observe(self, interval: int, measured: Optional[list[float]]) -> None:
         """Record what later decisions need (called on every `decide`, after the proposal)."""
 
     def _state(self) -> dict[str, Any]:
@@ -215,6 +249,8 @@ class PipeTransformerFreeze(FreezePolicy):
       whatever alpha says.
     """
 
+    signal = "grad_norms"
+
     def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.alpha = check_alpha(alpha)
@@ -257,18 +293,23 @@ class PipeTransformerFreeze(FreezePolicy):
 class AutoFreeze(FreezePolicy):
     """`autofreeze` (AutoFreeze, Liu et al. 2021): per active block, the relative change of its gradient
     norm between consecutive intervals, |n_t - n_{t-1}| / n_{t-1}; freeze every block before the first
-    active block whose change is at or above the median change over the active blocks (that block keeps
-    training). Slowly changing blocks at the bottom are the converged ones.
+    active block whose change is at or above the `percentile`-th percentile of the changes over the active
+    blocks (that block keeps training). Slowly changing blocks at the bottom are the converged ones. The
+    default, 50, is the median (`statistics.median`: the mean of the middle pair for an even count); a higher
+    percentile sets a higher bar for the block that stops the prefix, so it freezes at least as many
+    (`percentile` interpolates linearly between the ranks, as numpy's default).
 
     It needs the previous interval's norms, so the first decision (and any decision after an interval whose
     norms were not collected) freezes nothing. A previous norm of 0 gives an infinite change (unless the
-    new one is 0 too), as does a non-finite norm. The median is `statistics.median` (the mean of the middle
-    pair for an even count). The norms are means over an interval's steps, so intervals of different
-    lengths compare fairly.
+    new one is 0 too), as does a non-finite norm. The norms are means over an interval's steps, so intervals
+    of different lengths compare fairly.
     """
 
-    def __init__(self, num_blocks: int, **kw: Any):
+    signal = "grad_norms"
+
+    def __init__(self, num_blocks: int, *, percentile: float = 50.0, **kw: Any):
         super().__init__(num_blocks, **kw)
+        self.percentile = check_percentile(percentile)
         self.prev_norms: Optional[list[float]] = None
         self.prev_interval: Optional[int] = None
         """The interval `prev_norms` were averaged over."""
@@ -288,9 +329,9 @@ class AutoFreeze(FreezePolicy):
             return frozen_blocks
         active = range(frozen_blocks, self.num_blocks)
         change = {l: self.relative_change(grad_norms[l], self.prev_norms[l]) for l in active}
-        median = statistics.median(change.values())
-        # The largest change is >= the median, so a threshold block always exists.
-        return next(l for l in active if change[l] >= median)
+        threshold = percentile(change.values(), self.percentile)
+        # The percentile is at most the largest change, so a threshold block always exists.
+        return next(l for l in active if change[l] >= threshold)
 
     def _observe(self, interval, grad_norms):
         if grad_norms is None:
@@ -307,6 +348,57 @@ class AutoFreeze(FreezePolicy):
         norms = state.get("prev_norms")
         self.prev_norms = None if norms is None else [float(g) for g in norms]
         self.prev_interval = state.get("prev_interval", state.get("prev_epoch"))  # older checkpoints: epochs
+
+
+class PlasticityFreeze(FreezePolicy):
+    """`plasticity`, in the spirit of Egeria (Wang et al., EuroSys 2023: freeze the layers whose behaviour
+    has stopped changing, judged against a cheap reference copy), in weight space so it costs no forward
+    pass: a block's plasticity is its relative weight change over the finished interval, ||theta - ref|| /
+    ||ref||, against a bfloat16 copy `ref` of its parameters taken when the interval began, over the
+    interval's mean learning rate (the signal `weight_change`, measured by the trainer). A block has settled
+    once its plasticity falls below `threshold` times the largest it has shown so far (`peaks`, over every
+    interval measured, decisions or not); the policy freezes the longest prefix of settled active blocks.
+
+    The first measurement of a block is its peak, so the first decision freezes nothing. The trainer keeps
+    the reference copy in memory only (checkpoints hold the peaks, not the copy): an interval that a resume
+    cuts has no reference, and the first decision after a resume mid-interval freezes nothing either. A
+    non-finite plasticity (a reference of norm 0 that moved) never settles and is no peak.
+    """
+
+    signal = "weight_change"
+
+    def __init__(self, num_blocks: int, *, threshold: float = 0.3, **kw: Any):
+        super().__init__(num_blocks, **kw)
+        self.threshold = check_threshold(threshold)
+        self.peaks: list[Optional[float]] = [None] * num_blocks
+        """Each block's largest finite plasticity so far (None: never measured)."""
+
+    @staticmethod
+    def _peak(old: Optional[float], new: float) -> Optional[float]:
+        if not math.isfinite(new):
+            return old
+        return new if old is None else max(old, new)
+
+    def settled(self, block: int, plasticity: float) -> bool:
+        """Whether `plasticity`, measured now, is below `threshold` times the block's peak (counting it)."""
+        peak = self._peak(self.peaks[block], plasticity)
+        return math.isfinite(plasticity) and peak is not None and plasticity < self.threshold * peak
+
+    def _propose(self, interval, frozen_blocks, plasticity):
+        if plasticity is None:
+            return frozen_blocks
+        unsettled = (l for l in range(frozen_blocks, self.num_blocks) if not self.settled(l, plasticity[l]))
+        return next(unsettled, self.num_blocks)
+
+    def _observe(self, interval, plasticity):
+        if plasticity is not None:  # (a frozen block's entry is 0: its peak, never read again, stays)
+            self.peaks = [self._peak(peak, p) for peak, p in zip(self.peaks, plasticity)]
+
+    def _state(self):
+        return {"peaks": list(self.peaks)}
+
+    def _load(self, state):
+        self.peaks = [None if p is None else float(p) for p in state.get("peaks", [None] * self.num_blocks)]
 
 
 class LinearFreeze(FreezePolicy):
@@ -352,7 +444,8 @@ class ScheduledFreeze(FreezePolicy):
 
 
 POLICIES: dict[str, type[FreezePolicy]] = dict(zip(FREEZE_POLICIES, (
-    PipeTransformerFreeze, AlphaFreeze, AutoFreeze, LinearFreeze, ScheduledFreeze, NoFreeze), strict=True))
+    PipeTransformerFreeze, AlphaFreeze, AutoFreeze, PlasticityFreeze, LinearFreeze, ScheduledFreeze, NoFreeze),
+    strict=True))
 """Policy classes by name, in the order of `freeze.policy`'s values (`ptrun.config.FREEZE_POLICIES`): the
 config, the layer below, names the policies once."""
 for _name, _cls in POLICIES.items():
@@ -361,16 +454,22 @@ for _name, _cls in POLICIES.items():
 
 def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every: float = 1.0,
                 max_fraction: float = 1.0, start: int = 0, total_epochs: Optional[int] = None,
-                blocks: Optional[Sequence[int]] = None) -> FreezePolicy:
+                blocks: Optional[Sequence[int]] = None, percentile: float = 50.0,
+                threshold: float = 0.3) -> FreezePolicy:
     """Build the policy called `name` for a model of `num_blocks` blocks. `alpha` is used by `alpha` and
-    `pipetransformer`, `total_epochs` (required) by `linear`; the others ignore what they do not use.
-    Raises ConfigError for an unknown name or an out-of-range parameter."""
+    `pipetransformer`, `percentile` by `autofreeze`, `threshold` by `plasticity`, `total_epochs` (required)
+    by `linear`, `blocks` by `schedule`; the others ignore what they do not use. Raises ConfigError for an
+    unknown name or an out-of-range parameter."""
     if name not in POLICIES:
         raise ConfigError(f"freeze policy {name!r} is not allowed: {one_of(POLICIES)}")
     common: dict[str, Any] = dict(every=every, max_fraction=max_fraction, start=start)
     cls = POLICIES[name]
     if cls in (AlphaFreeze, PipeTransformerFreeze):
         return cls(num_blocks, alpha=alpha, **common)
+    if cls is AutoFreeze:
+        return cls(num_blocks, percentile=percentile, **common)
+    if cls is PlasticityFreeze:
+        return cls(num_blocks, threshold=threshold, **common)
     if cls is LinearFreeze:
         return cls(num_blocks, total_epochs=total_epochs, **common)
     if cls is ScheduledFreeze:

@@ -37,6 +37,8 @@ from ptrun.config.freezing import (
     FreezeConfig,
     check_alpha,
     check_freezing,
+    check_percentile,
+    check_threshold,
     inside_epochs,
 )
 from ptrun.config.launcher import (
@@ -100,7 +102,8 @@ __all__ = [
     "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
     "SCHEDULES", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",
-    "ModelConfig", "OptimConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "inside_epochs",
+    "ModelConfig", "OptimConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "check_percentile",
+    "check_threshold", "inside_epochs",
     "check_model_against_data", "check_paths", "load_resolved", "only_this_machine", "parse_memory",
     "parse_nnodes", "parse_recompute", "require", "schedule_problem", "schema_keys", "split_endpoint",
     "timm_vit_problem", "validate", "workers_per_node",

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ptrun.config.rules import choice, one_of, parse_memory, require
 
-FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "linear", "schedule", "none")
+FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
 """`freeze.policy`; the policies (`ptrun.auto.freeze.POLICIES`) take these names."""
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
@@ -26,8 +26,10 @@ class FreezeConfig:
     """Which bottom blocks to freeze at the end of each interval (`every`): `pipetransformer` (the paper's rule: the smaller
     of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha`
     (the closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms,
-    up to the first block at or above the median), `linear` (frozen fraction rising linearly after
-    `start`), `schedule` (the frozen block count per epoch from `blocks`) or `none`."""
+    up to the first block at or above their `percentile`), `plasticity` (the longest prefix of blocks whose
+    relative weight change per unit of learning rate has fallen below `threshold` times its peak),
+    `linear` (frozen fraction rising linearly after `start`), `schedule` (the frozen block count per epoch
+    from `blocks`) or `none`."""
     alpha: float = 0.3333333333333333
     """Freeze rate per epoch: an epoch of decisions freezes at most this fraction of the still-active blocks
     (paper: 1/3). With a shorter interval each decision takes its share, 1 - (1 - alpha)^every, so the
@@ -43,6 +45,15 @@ class FreezeConfig:
     """At most this fraction of the blocks is ever frozen (the head and final norm always train)."""
     start: int = 0
     """No freezing before the end of this epoch (the first decision ends the first interval after it)."""
+    percentile: float = 50.0
+    """For `policy=autofreeze`: the percentile (0 < p <= 100, linearly interpolated between the ranks, as
+    numpy's default) of the active blocks' relative gradient-norm changes that marks the first block to keep
+    training; every block before it freezes. 50 is the median; a higher percentile freezes more at each
+    decision (100: up to the block that changed most)."""
+    threshold: float = 0.3
+    """For `policy=plasticity`: a block has settled once its plasticity (its relative weight change over the
+    last interval, per unit of learning rate) falls below this fraction (0 < t < 1) of the largest it has
+    shown; the longest prefix of settled active blocks freezes. Higher freezes sooner."""
     blocks: Optional[list[int]] = None
     """For `policy=schedule`: frozen block count at the start of each interval (each epoch with `every=1`),
     e.g. [0, 2, 4, 4] (held after the list ends). Useful to reproduce a run's freeze sequence exactly."""
@@ -109,6 +120,20 @@ def check_alpha(alpha: float) -> float:
     return float(alpha)
 
 
+def check_percentile(percentile: float) -> float:
+    """`freeze.percentile`, AutoFreeze's threshold percentile: 0 < p <= 100."""
+    require(0.0 < percentile <= 100.0, "freeze.percentile", "a percentile 0 < p <= 100 (50: the median)",
+            percentile)
+    return float(percentile)
+
+
+def check_threshold(threshold: float) -> float:
+    """`freeze.threshold`, the share of a block's peak plasticity below which it has settled: 0 < t < 1."""
+    require(0.0 < threshold < 1.0, "freeze.threshold", "a share of the block's peak plasticity, 0 < t < 1",
+            threshold)
+    return float(threshold)
+
+
 def inside_epochs(fr: FreezeConfig) -> bool:
     """Whether decisions may fall inside an epoch (not only at its boundaries)."""
     return fr.every_steps is not None or float(fr.every) != int(fr.every)
@@ -118,6 +143,8 @@ def check_freezing(cfg) -> None:
     fr, au, ca, m = cfg.freeze, cfg.auto, cfg.cache, cfg.model
     require(fr.policy in FREEZE_POLICIES, "freeze.policy", one_of(FREEZE_POLICIES), fr.policy)
     check_alpha(fr.alpha)
+    check_percentile(fr.percentile)
+    check_threshold(fr.threshold)
     require(fr.every > 0, "freeze.every", "a number of epochs > 0 (e.g. 1, 0.5, 0.25)", fr.every)
     require(fr.every_steps is None or fr.every_steps >= 1, "freeze.every_steps", "an integer >= 1 or null",
             fr.every_steps)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Optional
 
 from ptrun.auto.controller import Controller, start
+from ptrun.auto.freeze import POLICIES, SIGNALS
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
@@ -69,11 +70,12 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
 
         cfg, _ = resolve_length(cfg, None, (), cluster.world_size, device_budget(cfg, cluster),
                                 memory=fit_memory(costs, cfg))
-    if cfg.freeze.policy == "autofreeze" and cfg.auto.freeze:
-        raise ConfigError("freeze.policy='autofreeze' is not allowed: it needs measured gradient norms; "
-                          "simulate with alpha, linear, schedule or none")
     if cfg.freeze.policy == "pipetransformer":
         return replace(cfg, freeze=replace(cfg.freeze, policy="alpha"))
+    signal = POLICIES[cfg.freeze.policy].signal
+    if signal is not None and cfg.auto.freeze:
+        raise ConfigError(f"freeze.policy={cfg.freeze.policy!r} is not allowed: it needs measured "
+                          f"{SIGNALS[signal]}; simulate with alpha, linear, schedule or none")
     return cfg
 
 

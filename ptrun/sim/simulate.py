@@ -54,9 +54,9 @@ The time model and its assumptions
    the GPU preset's value, means the input pipeline always keeps up). `step_overhead_s` is added to every
    step.
 6. Freezing. Decisions fall where the trainer's do (`ptrun.auto.intervals`: every `freeze.every` epochs, or
-   `freeze.every_steps` steps of the first layout's epoch). No gradient norms exist in a simulation: a policy
-   that reads them (`pipetransformer`) is replaced by the closed form of its first term (`alpha`, the paper's
-   schedule and what the released code ran); `autofreeze` cannot be simulated.
+   `freeze.every_steps` steps of the first layout's epoch). No gradient norms or weights exist in a
+   simulation: `pipetransformer` is replaced by the closed form of its first term (`alpha`, the paper's
+   schedule and what the released code ran); `autofreeze` and `plasticity` cannot be simulated.
 7. CPU sharing. When the workers are CPU processes on `cores_per_node` cores, shared among themselves (two
    busy workers on this machine's 2 cores get 1.89 cores' worth) and with `background_load` runnable
    processes of other jobs (other people's benchmarks), a step stretches by (the node's busy workers on

@@ -41,6 +41,7 @@ from ptrun.train import checkpointing, faults, startup, stats
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
 from ptrun.train.evaluation import evaluate
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
+from ptrun.train.signals import held_blocks, make_signal
 from ptrun.train.state import EpochSums, TrainState
 from ptrun.train.step import update
 from ptrun.train.stop import Interrupted, StopRequests
@@ -91,10 +92,9 @@ class Trainer:
         self.controller, self.tuning = startup.start_controller(cfg, self.layered, self.builder, self.data,
                                                                 self.train_sampler, world_size, self.base_steps)
         self.state = TrainState()
-        # Each block's gradient norm summed over the open interval's steps (replica 0 of each stage adds its
-        # blocks'), and a mid-epoch checkpoint's partial epoch sums.
-        self.interval_norms = torch.zeros(self.layered.num_blocks, dtype=torch.float64, device=device)
-        self.progress: dict[str, torch.Tensor] = {}
+        # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
+        self.signal = make_signal(self.controller.signal, self.layered.num_blocks, device)
+        self.progress: dict[str, torch.Tensor] = {}  # a mid-epoch checkpoint's partial epoch sums
         self.saved_global_batch: int | None = None  # the resumed checkpoint's, to map its step if it differs
         self.cache, self.plain_train = None, self.data.train
         if cfg.auto.cache:
@@ -116,9 +116,11 @@ class Trainer:
             self.resumed_from, self.state, plan = resumed.path, resumed.state, resumed.plan
             optimizer_states, self.progress = resumed.optimizer_states, resumed.progress
             self.saved_global_batch = resumed.saved_global_batch
-            if self.is_main and "interval_norms" in self.progress:  # rank 0 alone: the all-reduce counts it once
-                self.interval_norms.copy_(self.progress["interval_norms"])
+            if self.is_main:  # rank 0 alone: the all-reduce at the decision counts it once
+                self.signal.resume(self.progress)
         self.apply_plan(plan, optimizer_states)
+        if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
+            self.signal.begin()
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
 
@@ -181,8 +183,8 @@ class Trainer:
         self.steps_per_epoch = self._epoch_steps()
         if self.cache is not None and self.runtime.is_first:
             self.cache.set_depth(self.plan.cached_units, startup.first_sample(self.data, self.layered.input_names))
-        self._block_of = {id(p): self.layered.unit_block(u) for u in self.runtime.unit_indices
-                          for p in self.layered.units[u].parameters() if self.layered.unit_block(u) is not None}
+        # Replica 0 of each stage measures its blocks: the replicas agree.
+        self.signal.hold(held_blocks(self.layered, self.runtime.unit_indices, self.plan.coords(self.rank)[0] == 0))
 
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
         return stats.all_sum(values, self.device)
@@ -306,18 +308,16 @@ class Trainer:
             stats.write_timeline(self._timeline, self.cfg.run_dir, self.plan, self.rank, state.global_step)
             self._timeline = None
         # The update: the schedule's learning rate, gradients made global and clipped, the optimizer step.
-        want_norms = self.controller.wants_grad_norms and self.plan.coords(self.rank)[0] == 0  # replicas agree
         done = update(self.runtime, self.layout.optimizer, self.scaler, self.cfg.optim, self.cfg.train.grad_clip,
                       progress=state.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch,
-                      total_steps=self.total_steps, block_of=self._block_of if want_norms else None,
+                      total_steps=self.total_steps, block_of=self.signal.grad_norms_of,
                       num_blocks=self.layered.num_blocks)
         if "first_step_end_time" not in self.first_step_times:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # once: the step has ended when its kernels have
             self.first_step_times["first_step_end_time"] = round(time.time(), 3)
         # Bookkeeping.
-        if done.block_norms is not None:
-            self.interval_norms += done.block_norms
+        self.signal.after_step(done)
         if loss is not None:
             sums.loss += loss.double()
         sums.lr = done.lr
@@ -349,10 +349,9 @@ class Trainer:
     # ---- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None, step_in_epoch: int = 0) -> None:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
-        the epoch's sums so far (`progress`, already summed over the ranks). The open freeze interval's
-        gradient norm sums go with it either way (an interval may span a boundary)."""
-        if self.controller.wants_grad_norms:
-            progress = {**(progress or {}), "interval_norms": self.all_sum(self.interval_norms).cpu()}
+        the epoch's sums so far (`progress`, already summed over the ranks). What the freeze signal has
+        measured of the open interval goes with it either way (an interval may span a boundary)."""
+        progress = {**(progress or {}), **self.signal.progress(self.all_sum)}
         checkpointing.save(self.cfg, self.layered, self.layout, replace(self.state, step_in_epoch=step_in_epoch),
                            self.rank, controller=self.controller, scaler=self.scaler, param_name=self.param_name,
                            progress=progress or {})
@@ -453,23 +452,26 @@ class Trainer:
 
     def _decide(self, position: int, announce: bool = True) -> dict:
         """Collective, before step `position` of the epoch: if a freeze interval has ended since the last
-        decision, the controller's decision on its mean gradient norms, moved to if it changes the layout
-        (`announce`: a `plan` event for a change inside an epoch; the epoch's own start writes one at a
-        boundary). Returns the transition's cost for that event: its seconds and the bytes moved between the
-        workers (nothing when nothing was decided or the layout stays)."""
+        decision, the controller's decision on what its policy's signal measured over it, moved to if it
+        changes the layout (`announce`: a `plan` event for a change inside an epoch; the epoch's own start
+        writes one at a boundary); then the next interval's measurement begins. Returns the transition's cost
+        for that event: its seconds and the bytes moved between the workers (nothing when nothing was decided
+        or the layout stays)."""
         state = self.state
         interval = self._interval_at(state.epoch, position)
         if interval <= state.interval:
             return {}
-        norms = None
-        if self.controller.wants_grad_norms and state.interval_steps:
-            # Each block's gradient norm, averaged over the interval's steps, summed over the stages holding it.
-            norms = (self.all_sum(self.interval_norms) / state.interval_steps).tolist()
-        self.interval_norms.zero_()
+        measured = self.signal.measure(self.all_sum, state.interval_steps)
         state.interval, state.interval_steps = interval, 0
-        plan = self.controller.decide(interval, self.plan, norms)
-        if plan == self.plan:
-            return {}
+        plan = self.controller.decide(interval, self.plan, measured)
+        cost = self._move_to(plan, position, announce) if plan != self.plan else {}
+        self.signal.begin()  # the next interval is measured from here, in the layout it trains in
+        return cost
+
+    def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
+        """Collective: the transition to a decided `plan` before step `position`, shown and (`announce`)
+        recorded; returns its cost for the `plan` event."""
+        state = self.state
         old = self.plan
         transition_s = self.transition(plan)
         cost = {"transition_s": transition_s, "moved_bytes": int(self.all_sum([self.layout.received_bytes]).item())}
