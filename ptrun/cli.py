@@ -132,7 +132,7 @@ def train_task(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch
+    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
@@ -153,6 +153,7 @@ def train_task(cfg: DictConfig) -> None:
         check_rendezvous(typed.launcher)
     except ConfigError as e:
         _fail_start(str(e), run_dir, created_now)
+    start_worker_server(typed)  # the input is good: the workers' imports start now, beside the launcher's own
     # The workers read the resolved config from a private copy; rank 0 writes it to RUN_DIR/config.yaml once
     # the run has started, so a start that fails on bad input leaves the run directory as it was.
     with tempfile.TemporaryDirectory(prefix="ptrun-") as tmp:

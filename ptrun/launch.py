@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, parse_nnodes, workers_per_node
+from ptrun.config.model import model_family
 
 DEFAULT_RDZV_PORT = 29400  # torch's c10d default when the endpoint names no port
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
@@ -97,12 +98,8 @@ def launch_config(cfg: PtrunConfig, **overrides):
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    # torch 2.13/2.14: restarted gloo workers fail in connectFullMesh when the agent shares its TCP store
-    # with them (the store still holds the previous attempt's addresses); a separate store fixes restarts.
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # Importing torch._dynamo (timm and the pipelining schedules do) creates torch's compile cache, by
-    # default /tmp/torchinductor_USER; a cache that should outlive the run belongs with the user's caches.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
+    worker_environment()
+    start_method = overrides.pop("start_method", None) or start_worker_server(cfg)
     lc = cfg.launcher
     min_nodes, max_nodes = parse_nnodes(lc.nnodes)
     return LaunchConfig(**{
@@ -120,26 +117,52 @@ def launch_config(cfg: PtrunConfig, **overrides):
         "shutdown_timeout": lc.stop_timeout,
         # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
         "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
-        "start_method": worker_start_method(),
+        "start_method": start_method,
         **overrides,
     })
 
 
 WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
-"""What a worker imports before it can start: torch, timm, transformers, torchvision and ptrun's trainer, and
-scikit-learn's split, which the offline sources use (seconds of a start, per worker and per restart, when
-each worker imports them itself)."""
+"""What every worker imports before it can start: torch, ptrun's trainer, and scikit-learn's split, which the
+offline sources use; `worker_modules` adds the model's library."""
+LIBRARY_MODULES = {"vit": ["timm"],
+                   "transformers": ["transformers.modeling_utils", "transformers.tokenization_utils_tokenizers"]}
+"""The bulk of each model family's library (seconds each): imported once for all of a machine's workers."""
 
 
-def worker_start_method() -> str:
-    """Workers are forked from a forkserver that imported `WORKER_MODULES` once; spawned where the platform has
-    no forkserver. Not forked from the launcher: forked workers failed elastic restarts in the full test suite
+def worker_modules(cfg: PtrunConfig) -> list[str]:
+    """`WORKER_MODULES` and the library that builds `cfg.model`."""
+    return [*WORKER_MODULES, *LIBRARY_MODULES[model_family(cfg.model)]]
+
+
+def worker_environment() -> None:
+    """What the workers' environment needs before the first of them (or the forkserver) starts."""
+    # torch 2.13/2.14: restarted gloo workers fail in connectFullMesh when the agent shares its TCP store
+    # with them (the store still holds the previous attempt's addresses); a separate store fixes restarts.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Importing torch._dynamo (timm and the pipelining schedules do) creates torch's compile cache, by
+    # default /tmp/torchinductor_USER; a cache that should outlive the run belongs with the user's caches.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
+
+
+def start_worker_server(cfg: PtrunConfig) -> str:
+    """The workers' start method, with their server started now: `ptrun train` calls this as soon as the
+    input is checked, so the server imports `worker_modules` while the launcher imports elastic and forms
+    the rendezvous (seconds of every start), and `launch_config` calls it again (then it is running).
+
+    Workers are forked from a forkserver that imported the modules once; spawned where the platform has no
+    forkserver. Not forked from the launcher: forked workers failed elastic restarts in the full test suite
     (a re-formed job never came up); the forkserver is a fresh single-threaded process that only imported
     modules (no CUDA, no threads, no process group), so its children start as clean as spawned ones. It lives
-    as long as this process: every restart and every later launch here (a test session's) reuses it."""
+    as long as this process: every restart and every later launch here (a test session's) reuses it, with
+    the modules of the first."""
+    worker_environment()
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.set_forkserver_preload(WORKER_MODULES)
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(worker_modules(cfg))
+    forkserver.ensure_running()
     return "forkserver"
 
 

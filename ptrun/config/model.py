@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from ptrun.config.rules import choice, either, one_of, require
+from ptrun.errors import ConfigError
 
 TASKS = ("classification", "regression", "qa", "causal_lm")
 """`model.task`."""
@@ -92,3 +94,26 @@ def check_model(cfg) -> None:
     for key in ("num_classes", "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
         v = getattr(m, key)
         require(v is None or v >= 1, f"model.{key}", "a positive integer or null", v)
+
+
+def is_hf_dir(path: str | None) -> bool:
+    """A Hugging Face model directory (has config.json)."""
+    return path is not None and (Path(path).expanduser() / "config.json").is_file()
+
+
+def model_family(cfg: ModelConfig) -> str:
+    """`vit` (timm) or `transformers`: a Hugging Face directory as `pretrained` decides (its config.json names
+    the architecture, whatever the model group said), then `cfg.family` (`bert` is `transformers`), then the
+    name: `bert*` -> transformers; `vit_*` / `deit*` -> vit. Here, below the models, so the launcher knows
+    which library its workers will import without importing any."""
+    if is_hf_dir(cfg.pretrained):
+        return "transformers"
+    if cfg.family is not None:
+        return "vit" if cfg.family == "vit" else "transformers"
+    if cfg.name.startswith("bert"):
+        return "transformers"
+    if cfg.name.startswith(("vit_", "deit")):
+        return "vit"
+    raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
+                      f"a BERT preset (bert-tiny ... bert-large), a Hugging Face directory as model.pretrained, "
+                      f"or set model.family")

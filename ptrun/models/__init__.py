@@ -11,29 +11,11 @@ from pathlib import Path
 import torch
 
 from ptrun.config import ConfigError, ModelConfig
+from ptrun.config.model import is_hf_dir, model_family
 from ptrun.models.layered import LayeredModel, run_units
 from ptrun.models.lazy import empty_meta_parameters, init_units, parameters_on_meta
 
 __all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
-
-
-def model_family(cfg: ModelConfig) -> str:
-    """`vit` (timm) or `transformers`: a Hugging Face directory as `pretrained` decides (its config.json names
-    the architecture, whatever the model group said), then `cfg.family` (`bert` is `transformers`), then the
-    name: `bert*` -> transformers; `vit_*` / `deit*` -> vit."""
-    from ptrun.models.hf import is_hf_dir
-
-    if is_hf_dir(cfg.pretrained):
-        return "transformers"
-    if cfg.family is not None:
-        return "vit" if cfg.family == "vit" else "transformers"
-    if cfg.name.startswith("bert"):
-        return "transformers"
-    if cfg.name.startswith(("vit_", "deit")):
-        return "vit"
-    raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
-                      f"a BERT preset (bert-tiny ... bert-large), a Hugging Face directory as model.pretrained, "
-                      f"or set model.family")
 
 
 def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = None,
@@ -58,7 +40,7 @@ def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = No
                                   f"file, not a directory")
             layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
         else:
-            from ptrun.models.hf import from_directory, is_hf_dir
+            from ptrun.models.hf import from_directory
 
             if library_config is not None:
                 from ptrun.models.hf import build_transformers

@@ -56,11 +56,6 @@ assert tuple(FAMILIES) == HF_MODEL_TYPES and all(FAMILIES[t].decoder == (t in DE
 assert set(ENCODER_TYPES) | set(DECODER_TYPES) == set(HF_MODEL_TYPES)
 
 
-def is_hf_dir(path: str | None) -> bool:
-    """A Hugging Face model directory (has config.json)."""
-    return path is not None and (Path(path).expanduser() / "config.json").is_file()
-
-
 def model_type(path: str) -> str:
     """The `model_type` of the directory's config.json, checked to be a supported family."""
     try:
