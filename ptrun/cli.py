@@ -107,7 +107,7 @@ def _check_run_dir_path(path: str) -> None:
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
     """Never start over an existing run by accident, and never resume from nothing or from broken checkpoints
     alone."""
-    from ptrun.train import checkpoint
+    from ptrun.train import checkpoint_files as checkpoint  # no torch: the workers' server has not started yet
 
     existing = checkpoint.list_checkpoints(run_dir)
     if existing and not resume:

@@ -15,7 +15,6 @@ warning in favour of the previous one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,18 +30,10 @@ from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
 from ptrun.train import faults
+from ptrun.train.checkpoint_files import (MANIFEST, TRAINER, checkpoint_root, latest_valid,  # noqa: F401
+                                          list_checkpoints, sha256_of, verify)
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
-TRAINER = "trainer.json"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -50,10 +41,6 @@ def _write_json(path: Path, obj: Any) -> None:
         json.dump(obj, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-
-
-def checkpoint_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 def rng_states() -> dict[str, torch.Tensor]:
@@ -98,46 +85,13 @@ def save(run_dir: str | Path, *, global_step: int, named_params: dict[str, torch
         _write_json(tmp / TRAINER, trainer_state)
         files = sorted(p.name for p in tmp.iterdir())
         _write_json(tmp / MANIFEST, {"format": 1, "files": {
-            name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}})
+            name: {"sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoint directories, oldest first."""
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-
-
-def verify(ckpt: Path) -> str | None:
-    """None if every file matches the manifest, else what is wrong (one line)."""
-    try:
-        manifest = json.loads((ckpt / MANIFEST).read_text())
-        for name, meta in manifest["files"].items():
-            path = ckpt / name
-            if not path.is_file():
-                return f"{path} is missing"
-            if path.stat().st_size != meta["bytes"] or _sha256(path) != meta["sha256"]:
-                return f"{path} does not match its checksum"
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{ckpt / MANIFEST} is unreadable ({e.__class__.__name__})"
-    return None
-
-
-def latest_valid(run_dir: str | Path) -> Path | None:
-    """The newest checkpoint that passes `verify`; newer broken ones are reported and skipped."""
-    for ckpt in reversed(list_checkpoints(run_dir)):
-        problem = verify(ckpt)
-        if problem is None:
-            return ckpt
-        log.warning("skipping checkpoint %s: %s", ckpt.name, problem)
-    return None
 
 
 def load_extra(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
