@@ -105,7 +105,8 @@ def test_runs_and_sample_data_per_recipe(tmp_path):
     assert bench_startup.sample_data("text_classification", ["data.path=/d.csv"], tmp_path, 2) == []
     assert bench_startup.sample_data("bbc_news_bert", [], tmp_path, 2) == []
     assert bench_startup.uses_token_cache("text_classification", sample)
-    assert not bench_startup.uses_token_cache("bbc_news_bert", [])
+    assert bench_startup.uses_token_cache("bbc_news_bert", [])
+    assert not bench_startup.uses_token_cache("digits_vit", [])
     assert bench_startup.labels(True) == [P, C, W] and bench_startup.labels(False) == [P, bench_startup.PTRUN]
     cold = bench_startup.command(C, "text_classification", Path("/r"), ["train.epochs=1"])
     assert bench_startup.shown(cold) == "ptrun train hydra.run.dir=/r recipe=text_classification train.epochs=1"

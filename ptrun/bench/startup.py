@@ -7,8 +7,8 @@ In interleaved rounds (a slow spell of the shared machine hits every run alike),
   ptrun, cold cache  `ptrun train recipe=NAME` with an empty tokenized-data cache (`$PTRUN_TOKENIZED_DIR`, a
                      fresh directory each round): the first run on a data file
   ptrun, warm cache  the same command again, on the cache the cold run filled: every later run on that file
-Only `data.name=hf` text goes through that cache; a recipe whose data does not (`bbc_news_bert` tokenizes its
-packaged corpus in memory on every run) has one ptrun run, "ptrun". Every run trains `--steps` steps of one
+Text of `data.name=hf` and the packaged corpora (`bbc_news_bert`) go through that cache; a recipe whose data
+does not (the images) has one ptrun run, "ptrun". Every run trains `--steps` steps of one
 epoch (`train.epochs=1 train.max_steps_per_epoch=N` after the recipe's keys, for every run alike), then
 evaluates, saves and exits as usual.
 
@@ -59,11 +59,14 @@ COLUMNS = [("first step (s)", "first_step_s", ".1f", ""), ("first step done (s)"
 
 
 def uses_token_cache(recipe: str, overrides: list[str]) -> bool:
-    """Whether the recipe's data is tokenized through ptrun's tokenized-data cache: `data.name=hf` text."""
+    """Whether the recipe's data is tokenized through ptrun's tokenized-data cache: `data.name=hf` text and the
+    packaged corpora."""
     from ptrun.bench.plain_loop import compose
 
+    from ptrun.data.packaged_text import PACKAGED_TEXT
+
     data = compose(recipe, overrides).data
-    return data.name == "hf" and data.image_column is None
+    return (data.name == "hf" and data.image_column is None) or data.name in PACKAGED_TEXT
 
 
 def labels(cached: bool) -> list[str]:

@@ -60,6 +60,16 @@ def tokenizer_identity(tok: "PreTrainedTokenizerBase") -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def content_fingerprint(texts: list[str], labels: np.ndarray) -> str:
+    """A hash of rows held in memory (a packaged corpus's split): their texts and labels, in order."""
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode())
+        h.update(b"\0")  # a boundary: ["ab", "c"] and ["a", "bc"] differ
+    h.update(np.ascontiguousarray(labels).tobytes())
+    return h.hexdigest()
+
+
 def entry_key(fingerprint: str, tok_id: str, **settings) -> str:
     text = json.dumps({"version": FORMAT_VERSION, "rows": fingerprint, "tokenizer": tok_id, **settings},
                       sort_keys=True)

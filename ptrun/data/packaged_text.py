@@ -18,7 +18,9 @@ installed package. Neither set has an evaluation split of its own: it is split s
 once, so no eval text is also a train text; a tweet that occurs with different labels is dropped.
 
 The columns are those of the GLUE source (text.py): `input_ids`, `attention_mask`, `token_type_ids`
-padded to `max_length`, plus int64 `labels` (class indices in `class_names` order).
+padded to `max_length`, plus int64 `labels` (class indices in `class_names` order). Each split is tokenized
+once into the tokenized-data cache (`ptrun.data.hf_tokens`), keyed by its texts and labels, the tokenizer and
+`max_length`: a later run, and every worker but the first of a run, reads it memory-mapped.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import numpy as np
 from ptrun.config import ConfigError, DataConfig
 from ptrun.installed import package_dir
 from ptrun.data.splits import DataSplits, stratified_split
-from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, load_tokenizer, tokenize_texts
+from ptrun.data import hf_tokens
+from ptrun.data.text import INPUT_NAMES, chunks, load_tokenizer, tokenize_texts
 
 
 @dataclass(frozen=True)
@@ -165,10 +168,21 @@ def build_packaged_text(cfg: DataConfig, tokenizer: str | None = None) -> DataSp
     max_length = cfg.max_length or spec.max_length
     train_pos, eval_pos = stratified_split(labels, cfg, f"data.name={cfg.name}")
 
+    tok_id = hf_tokens.tokenizer_identity(tok)
+
     def split(positions: np.ndarray):
-        columns = tokenize_texts(tok, [[texts[i] for i in positions]], max_length)
-        columns["labels"] = labels[positions]
-        return arrays_to_dataset(columns)
+        # Tokenized once: later runs (and the other workers of this one) memory-map the entry of these rows.
+        chosen, targets = [texts[i] for i in positions], labels[positions]
+        key = hf_tokens.entry_key(hf_tokens.content_fingerprint(chosen, targets), tok_id, source=cfg.name,
+                                  max_length=max_length)
+
+        def batches():
+            for part in chunks(len(chosen)):
+                columns = tokenize_texts(tok, [chosen[part]], max_length)
+                columns["labels"] = targets[part]
+                yield hf_tokens.record_batch(columns)
+
+        return hf_tokens.cached_table(key, batches())
 
     return DataSplits(train=split(train_pos), eval=split(eval_pos), num_classes=len(spec.class_names),
                       class_names=list(spec.class_names), input_names=INPUT_NAMES, image_size=None,
