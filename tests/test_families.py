@@ -16,7 +16,7 @@ from ptrun.config import ConfigError, DataConfig, ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.hf import FAMILIES
-from ptrun.models.losses import WeightedLoss, make_target
+from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_target, per_sample_loss
 from ptrun.parallel.layout import param_costs
 from ptrun.parallel.optim import build_optimizer
 from ptrun.sim.costs import costs_from_config
@@ -90,6 +90,21 @@ def test_units_equal_the_library_model(saved, kind, task, attention):
         want = library_logits(library, b, task)
     assert layered.family == family(kind) and len(layered.units) == 2 * 2 + 2
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
+
+
+def test_the_causal_lm_loss_is_the_library_loss(saved):
+    """The token loss summed per sample over the predicted tokens, divided by their count, is what
+    `LlamaForCausalLM(labels=...)` returns (shifted labels, padding ignored)."""
+    layered = layered_from(saved["llama", "causal_lm"], "causal_lm").eval()
+    library = auto_class("causal_lm").from_pretrained(saved["llama", "causal_lm"]).eval()
+    b = batch()
+    labels = b["input_ids"].masked_fill(b["attention_mask"] == 0, IGNORE_INDEX)
+    target = make_target({"labels": labels, "weight": torch.ones(3)}, "causal_lm")
+    with torch.no_grad():
+        ours = per_sample_loss(layered(*(b[k] for k in layered.input_names)), target, "causal_lm")
+        want = library(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss
+    assert ours.shape == (3,)
+    torch.testing.assert_close(ours.sum() / loss_weight(target, "causal_lm"), want.double(), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("kind,task", tiered([(k, t) for k, t in CASES if t != "qa"]))

@@ -55,10 +55,14 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> to
     if task == "regression":  # one output per sample, squared error (transformers' num_labels == 1 loss)
         return (output.float().reshape(-1) - target[:, 0].float()) ** 2
     if task in TOKEN_TASKS:
-        logits = output[:, :-1] if task == "causal_lm" else output  # the last position predicts no label
-        token = F.cross_entropy(logits.float().transpose(1, 2), predicted(target, task), ignore_index=IGNORE_INDEX,
-                                reduction="none")
-        return token.sum(dim=1)
+        labels = predicted(target, task)
+        if task == "causal_lm":  # the last position predicts no label: it gets the ignored one (no logit slice)
+            labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)
+        # [b * T, vocab] rows, as transformers computes it: cross_entropy over a [b, vocab, T] view (the
+        # class dimension second) runs several times slower, forward and backward.
+        token = F.cross_entropy(output.float().reshape(-1, output.shape[-1]), labels.reshape(-1),
+                                ignore_index=IGNORE_INDEX, reduction="none")
+        return token.view(labels.shape).sum(dim=1)
     # qa: logits [b, T, 2]; the loss is the mean of the start and end cross-entropies (BERT's QA loss).
     start = F.cross_entropy(output[..., 0].float(), target[:, 0], reduction="none")
     end = F.cross_entropy(output[..., 1].float(), target[:, 1], reduction="none")
