@@ -217,7 +217,7 @@ def test_results_page_sections(tmp_path):
     entries = {e.file: e for e in readme_results.TABLES if e.module == "ptrun.bench.peers"}
     assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json",
                             "bench_peers_digits_vit_seeds.json", "bench_peers_bbc_news_bert_seeds.json",
-                            "bench_peers_causal_lm.json"}
+                            "bench_peers_bbc_news_bert_policies.json", "bench_peers_causal_lm.json"}
     text = readme_results.section(results, entries["bench_peers_bbc_news_bert.json"])
     assert "- command: `python scripts/bench_peers.py --recipe bbc_news_bert --repeats 3 --out /tmp/p`" in text
     assert "- measured: 2026-11-25" in text
@@ -458,6 +458,7 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     results = tmp_path / "results"
     shutil.copytree(Path(readme_results.__file__).parents[2] / "docs" / "results", results)
     title = "### ptrun against plain PyTorch: causal_lm"
+    (results / "bench_peers_causal_lm.json").unlink(missing_ok=True)  # the published one, if any: absent first
     assert title not in readme_results.page(results)
     (results / "bench_peers_causal_lm.json").write_text(json.dumps({
         **result_json(lm_rounds()[:1], "causal_lm", bench_peers.PERPLEXITY), "date": "2026-11-26",

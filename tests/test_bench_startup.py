@@ -122,6 +122,8 @@ def test_results_page_shows_a_startup_result_only_once_there_is_one(tmp_path):
     shutil.copytree(Path(readme_results.__file__).parents[2] / "docs" / "results", results)
     titles = [t.title for t in readme_results.TABLES if t.module == "ptrun.bench.startup"]
     assert len(titles) == 2
+    for published in results.glob("bench_startup_*.json"):  # absent first
+        published.unlink()
     page = readme_results.page(results)
     assert not any(title in page for title in titles)
     (results / "bench_startup_text_classification.json").write_text(json.dumps(result_json()))
