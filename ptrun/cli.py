@@ -82,23 +82,21 @@ def preflight(overrides: list[str]) -> Resolved:
 def _check_run_dir_path(path: str) -> None:
     """Hydra creates the run directory and its missing parents: the nearest of them that exists must be a
     directory we may write into (Hydra would otherwise fail with a traceback). Permission bits do not tell
-    (root passes them, and /proc or a read-only mount refuse anyway), so the missing directories are made and
-    removed again: a probe that leaves nothing behind."""
+    (root passes them, and /proc or a read-only mount refuse anyway), so a directory of a name of its own is made
+    where the first missing one would go, and removed again: a probe that leaves nothing behind and never
+    touches the run directory itself, which the agent of another machine sharing it may be making now."""
     target = Path(path).expanduser()
-    nearest = next(p for p in (target, *target.parents) if p.exists())  # "/" or "." at the latest
+    chain = (target, *target.parents)
+    nearest = next(p for p in chain if p.exists())  # "/" or "." at the latest
     problem = f"{nearest} is a file" if not nearest.is_dir() else None
     if problem is None and not os.access(nearest, os.W_OK | os.X_OK):
         problem = f"{nearest} is not writable"
     if problem is None and nearest != target:
-        missing = [p for p in (target, *target.parents) if not p.exists()]
+        first_missing = chain[chain.index(nearest) - 1]
         try:
-            target.mkdir(parents=True)
+            os.rmdir(tempfile.mkdtemp(prefix=f".{first_missing.name}.probe-", dir=nearest))
         except OSError as e:
-            problem = f"{e.filename or target} cannot be created: {e.strerror}"
-        finally:
-            for made in missing:
-                if made.is_dir():
-                    made.rmdir()
+            problem = f"{first_missing} cannot be created: {e.strerror}"
     if problem is not None:
         raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into "
                           f"({problem})")

@@ -406,6 +406,19 @@ def test_run_dir_that_is_a_file(where, tmp_path, cli):
     assert f"({path} is a file)" in out.stderr and snapshot(path) == before
 
 
+def test_run_dir_probes_of_agents_sharing_it_do_not_race(tmp_path):
+    """The agents of a multi-machine job share one run directory and check it at once: the probe makes a
+    directory of its own beside the missing one, so concurrent checks neither fail nor leave anything."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ptrun.cli import _check_run_dir_path
+
+    target = tmp_path / "shared" / "job"
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _check_run_dir_path(str(target)), range(400)))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_dir_that_cannot_be_created(tmp_path, cli):
     """A parent that passes the permission bits but refuses a directory (/proc; a read-only mount alike):
     one line naming what cannot be created, and nothing left of the probe."""
