@@ -46,6 +46,7 @@ from ptrun.config.launcher import (
     CPU_WORKERS,
     DeviceConfig,
     LauncherConfig,
+    check_devices,
     check_launcher,
     check_machines,
     only_this_machine,
@@ -106,5 +107,5 @@ __all__ = [
     "check_threshold", "inside_epochs",
     "check_model_against_data", "check_paths", "load_resolved", "only_this_machine", "parse_memory",
     "parse_nnodes", "parse_recompute", "require", "schedule_problem", "schema_keys", "split_endpoint",
-    "timm_vit_problem", "validate", "workers_per_node",
+    "timm_vit_problem", "validate", "workers_per_node", "check_devices",
 ]

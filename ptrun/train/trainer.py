@@ -121,6 +121,7 @@ class Trainer:
         self.apply_plan(plan, optimizer_states)
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.signal.begin()
+        faults.reached("start", self.state.global_step)
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
 
@@ -145,6 +146,11 @@ class Trainer:
 
     def _checkpoint_due(self, epoch_base: int, step: int) -> bool:
         return checkpointing.checkpoint_due(self.cfg, self.state, epoch_base, step, self.steps_per_epoch)
+
+    @property
+    def has_trained(self) -> bool:
+        """Whether this process has finished a training step (its start-up is over)."""
+        return "first_step_end_time" in self.first_step_times
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
