@@ -4,6 +4,7 @@ the data it reads; and the pass over files and directories, which `ptrun plan` (
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -227,22 +228,23 @@ def _timm_name_on_text(cfg, inputs: str | None, kind: str | None) -> str:
             f"{use_recipe(Recipe.takes_timm, cfg.recipe)}{split}")
 
 
-def check_model_fits_recipe(cfg) -> None:
+def check_model_fits_recipe(cfg, shown: str | None = None) -> None:
     """`model.pretrained` and `model.name` name a model the data (the recipe) can train: a text model is
     refused on images, a timm image model's name on text or beside a text model as model.pretrained (there
     the name would only label it: the run would train the text model under the image model's name), a
     family on a task it does not do; each naming the recipes that fit. Reads config.json files and timm's
-    source, nothing heavier."""
+    source, nothing heavier. `shown`: how to name `model.pretrained` (the hub id typed, not its snapshot)."""
     m = cfg.model
     inputs, kind = run_inputs(cfg), text_model_type(m.pretrained)
     if kind is not None and inputs == "images":
-        raise ConfigError(f"model.pretrained={m.pretrained!r} is a {kind} text model; {_trains(cfg, 'images')}: "
+        raise ConfigError(f"model.pretrained={shown or m.pretrained!r} is a {kind} text model; "
+                          f"{_trains(cfg, 'images')}: "
                           + use_recipe(lambda r: r.takes_text_model(kind), cfg.recipe))
     if is_timm_image_name(m.name) and (kind is not None or inputs == "text"):
         raise ConfigError(_timm_name_on_text(cfg, inputs, kind))
     hf = _hf_config(m.pretrained)
     if hf is not None:
-        check_model_type(m, hf, cfg.recipe)  # before the files pass: a wrong family outweighs a missing file
+        check_model_type(replace(m, pretrained=shown or m.pretrained), hf, cfg.recipe)  # before the files pass: a wrong family outweighs a missing file
 
 
 def check_model_against_data(cfg) -> None:
