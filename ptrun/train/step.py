@@ -43,10 +43,24 @@ def update(runtime, optimizer, scaler: LossScaler, optim: OptimConfig, grad_clip
 
 def block_norms(runtime, block_of: dict[int, int], num_blocks: int) -> torch.Tensor:
     """Each block's gradient norm from the squared norms the last sync measured per parameter (kept on the
-    device: no host sync per parameter)."""
-    blocks = [block_of.get(id(p)) for p in runtime.grad_sq_params]
-    in_block = [i for i, b in enumerate(blocks) if b is not None]
+    device: no host sync per parameter). The gather index is made once per set of parameters: built every
+    step, its copy to a GPU would wait for the step's kernels."""
+    params = runtime.grad_sq_params
+    ids = tuple(id(p) for p in params)
+    cached = _BLOCK_INDEX.get(id(block_of))
+    if cached is None or cached[0] != ids:
+        blocks = [block_of.get(i) for i in ids]
+        rows = [i for i, b in enumerate(blocks) if b is not None]
+        device = runtime.grad_sq.device
+        cached = (ids, torch.tensor(rows, dtype=torch.long, device=device),
+                  torch.tensor([blocks[i] for i in rows], dtype=torch.long, device=device))
+        _BLOCK_INDEX.clear()  # one layout's index at a time
+        _BLOCK_INDEX[id(block_of)] = cached
+    _, rows, blocks = cached
     sq = torch.zeros(num_blocks, dtype=torch.float64, device=runtime.grad_sq.device)
-    sq.index_add_(0, torch.tensor([blocks[i] for i in in_block], dtype=torch.long, device=sq.device),
-                  runtime.grad_sq[in_block].to(torch.float64))
+    sq.index_add_(0, blocks, runtime.grad_sq.index_select(0, rows).to(torch.float64))
     return sq.sqrt()
+
+
+_BLOCK_INDEX: dict[int, tuple] = {}
+"""`block_norms`' index for the parameter -> block map in use (by its id), with the parameters it was made for."""
