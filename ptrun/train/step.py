@@ -9,6 +9,7 @@ overflowed), and each block's gradient norm for the freeze policies that read th
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ class Update:
     """False when fp16's gradients overflowed somewhere and no rank stepped."""
     block_norms: torch.Tensor | None
     """Each block's gradient norm on this rank's stages (0 elsewhere), when asked for and stepped."""
+    signal_s: float = 0.0
+    """Host seconds spent on `block_norms` (what the freeze policy's signal costs a step)."""
 
 
 def update(runtime, optimizer, scaler: LossScaler, optim: OptimConfig, grad_clip: float, progress: float,
@@ -37,8 +40,9 @@ def update(runtime, optimizer, scaler: LossScaler, optim: OptimConfig, grad_clip
     lr = set_lr(optimizer, progress, total_steps, optim)
     want_norms = block_of is not None
     stepped = step_or_skip(runtime, optimizer, scaler, grad_clip, per_parameter=want_norms)
+    t0 = time.perf_counter()
     norms = block_norms(runtime, block_of, num_blocks) if want_norms and stepped else None
-    return Update(lr, stepped, norms)
+    return Update(lr, stepped, norms, time.perf_counter() - t0 if want_norms else 0.0)
 
 
 def block_norms(runtime, block_of: dict[int, int], num_blocks: int) -> torch.Tensor:

@@ -291,7 +291,7 @@ class Trainer:
         seen = self.all_sum(sums.seen)
         resumed = {"resumed_at_step": start} if start else {}
         return {"train_loss": self.all_sum(sums.loss).item() / steps, "samples_per_s": sums.samples / elapsed,
-                "epoch_time_s": elapsed, "lr": sums.lr, "steps": steps,
+                "epoch_time_s": elapsed, "lr": sums.lr, "steps": steps, "signal_s": sums.signal_s,
                 "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
                 **stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
@@ -323,7 +323,9 @@ class Trainer:
                 torch.cuda.synchronize(self.device)  # once: the step has ended when its kernels have
             self.first_step_times["first_step_end_time"] = round(time.time(), 3)
         # Bookkeeping.
+        t0 = time.perf_counter()
         self.signal.after_step(done)
+        sums.signal_s += done.signal_s + time.perf_counter() - t0
         if loss is not None:
             sums.loss += loss.double()
         sums.lr = done.lr
