@@ -25,21 +25,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ptrun.config import ConfigError, PtrunConfig, check_devices, check_machines, schema_keys, validate, workers_per_node
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
+from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.installed import check_tracker_ready
 
 
-def _yaml_root() -> Path:
-    """Where `configs/` and `recipes/` are: inside the package when installed from a wheel, else the clone
-    (an editable install runs the clone's `ptrun/`, with no copy in it). The packaged copy is looked for first
-    because the directory above an installed package is site-packages, where another distribution may have
-    put a top-level `configs` or `recipes` (torchtune ships a `recipes` package)."""
-    package = Path(__file__).resolve().parent
-    return package if (package / "configs" / "train.yaml").is_file() else package.parent
-
-
-CONFIG_DIR = _yaml_root() / "configs"
-RECIPE_DIR = CONFIG_DIR.parent / "recipes"
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
 UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto",
                  "launcher.nproc_per_node": "an integer >= 1 or auto"}

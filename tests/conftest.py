@@ -34,12 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def pytest_configure(config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: set-up, wheel, soak, multi-node and the longest multi-process tests; "
-                   "`pytest -m \"not slow\"` leaves them out (the inner loop), scripts/test.sh runs them")
-
-
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
     "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",

@@ -19,7 +19,7 @@ import torch
 from conftest import compose_config, final_params, run_events, run_workers
 from ptrun.train import checkpoint
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 LINES = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
          "all that glitters is not gold", "the early bird catches the worm"]

@@ -18,8 +18,7 @@ import pipeline_cases as pc
 from conftest import final_params, run_events, run_workers
 from ptrun.parallel.optim import build_optimizer
 
-pytestmark = pytest.mark.dist
-SLOW = pytest.mark.slow  # the transitions fixture (~25 s) and the cached run; the controller run stays fast
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 KINDS = ["vit", "bert", "bert_mlm"]
 
@@ -61,7 +60,6 @@ def reference_steps(kind: str) -> list[tuple[dict, dict]]:
     return out
 
 
-@SLOW
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind):
     ref = reference_steps(kind)
@@ -92,7 +90,6 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
         before = now
 
 
-@SLOW
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     """Each rank receives exactly the parameters it holds under the new layout and did not hold under the old
@@ -121,7 +118,6 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     assert moved_any
 
 
-@SLOW
 def test_32_layout_changes_leak_no_descriptors_or_threads(transitions):
     for rank in range(4):
         after_2, after_32 = torch.load(transitions / f"leaks.rank{rank}.pt")
@@ -155,7 +151,6 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
 
 
-@SLOW
 def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path, tiny):
     """AutoCache on 4 workers through K = 4 -> 2 -> 1: the frozen prefix leaves the pipeline, is computed
     once (epoch 1), advanced by the newly frozen units only (epoch 2) and read from then on (epoch 3), for

@@ -12,7 +12,7 @@ import torch
 from conftest import TINY, final_params, run_events, run_workers
 from ptrun.parallel import microtune
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 # A 2-stage 1F1B pipeline (DP 1, 16 samples a step): candidates M = 2, 4, 8. Head dropout draws random
 # numbers, so a tuning that left the generators moved would train differently.

@@ -25,8 +25,7 @@ import pipeline_cases as pc
 from pipedream_cases import Case, forward_versions
 from ptrun.parallel.plan import even_bounds
 
-pytestmark = pytest.mark.dist
-SLOW = pytest.mark.slow  # the case matrix's launches (~45 s) and the trainer runs with kills; one trainer run stays fast
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 CASES = {
     2: [Case("vit-stash", "vit", 2, 1, 6),
@@ -105,7 +104,6 @@ def max_rel_diff(ranks: list[dict], expected: dict[str, torch.Tensor]) -> float:
                for saved in ranks for n, v in saved["params"].items())
 
 
-@SLOW
 @pytest.mark.parametrize("name", ["vit-stash", "vit-K4-stash", "bert-K2-DP2"])
 def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, name):
     _, case = BY_NAME[name]
@@ -128,7 +126,6 @@ def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, na
     assert next(s for s in ranks if s["stage"] == case.pp - 1)["stash_peak"] == 0
 
 
-@SLOW
 def test_without_weight_stashing_the_mismatch_is_detectable(results):
     _, case = BY_NAME["vit-nostash"]
     ranks = load(results, "vit-nostash")
@@ -142,7 +139,6 @@ def test_without_weight_stashing_the_mismatch_is_detectable(results):
     assert max_rel_diff(ranks, expected) > 1e-4
 
 
-@SLOW
 def test_with_vertical_sync_every_stage_uses_the_input_stages_version(results):
     for name in ("bert-vertical", "vit-K4-vertical"):
         _, case = BY_NAME[name]
@@ -158,7 +154,6 @@ def test_with_vertical_sync_every_stage_uses_the_input_stages_version(results):
         assert max_rel_diff(ranks, plain) > 1e-4, name
 
 
-@SLOW
 def test_a_drain_before_a_layout_change_loses_no_update(results):
     _, case = BY_NAME["vit-drain-change"]
     ranks = load(results, "vit-drain-change")
@@ -173,7 +168,6 @@ def test_a_drain_before_a_layout_change_loses_no_update(results):
         assert [r["version"] for r in after] == list(range(case.then[2]))
 
 
-@SLOW
 @pytest.mark.parametrize("name", ["vit-K2-R2", "bert-K3-R2-vertical"])
 def test_a_replicated_first_stage_trains_like_the_grid_and_routes_each_gradient_home(results, name):
     """The reference is the K x DP semantics on the whole batch. Had a later stage sent lane d's gradient to
@@ -219,7 +213,6 @@ KILLS = [{"rank": 1, "point": "step", "step": 15}, {"rank": 0, "point": "transit
          {"rank": 1, "point": "checkpoint", "step": 30}]
 
 
-@SLOW
 def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kills(tmp_path, monkeypatch):
     import json
 
@@ -286,7 +279,6 @@ REPLICATED = [
 ]
 
 
-@SLOW
 def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp_path, monkeypatch):
     """3 workers (the input stage on two, the last stage on one) against 4 (two 2-stage pipelines), through
     freezing, AutoCache, a mid-epoch checkpoint and a killed shared-stage worker: the same parameters,

@@ -13,7 +13,7 @@ import pipeline_cases as pc
 from pipeline_cases import Case
 from ptrun.parallel.optim import build_optimizer
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]  # the full schedule matrix, two launches: ~60 s (test_train_dist keeps two pipelines in the fast tier)
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # the full schedule matrix, two launches: ~60 s
 
 SCHEDULES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2)]
 CASES = {

@@ -14,7 +14,7 @@ from conftest import compose_config, final_params, run_events, run_workers
 from ptrun.train import checkpoint
 from test_train_dist import assert_params_close, reference_params
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 STEPS = 12  # 180 training samples in global batches of 16 (the last one padded)
 HALF = STEPS // 2

@@ -9,7 +9,7 @@ from PIL import Image
 
 from conftest import TINY, run_workers
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 
 def test_a_profiled_1f1b_step_records_each_pass_in_causal_order_and_is_drawn(tmp_path):

@@ -18,7 +18,7 @@ from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
 from ptrun.parallel.optim import build_optimizer, set_lr
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 
 def reference_params(cfg, freeze_blocks: list[int] | None = None,

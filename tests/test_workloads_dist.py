@@ -11,7 +11,7 @@ import pytest
 from conftest import run_events, run_workers
 from test_text_data import SST2_ROWS, squad_articles, train_tokenizer, write_tsv
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 TINY_BERT = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.pretrained=null",
              "launcher.nproc_per_node=2", "launcher.max_restarts=0", "launcher.nnodes=1", "pipe.length=2",

@@ -73,12 +73,25 @@ def _read_recipe(path: Path, config_dir: Path, base: dict[str, str]) -> Recipe:
                   model.get("family"))
 
 
+def _yaml_root() -> Path:
+    """Where `configs/` and `recipes/` are: inside the package when installed from a wheel, else the clone
+    (an editable install runs the clone's `ptrun/`, with no copy in it). The packaged copy is looked for first
+    because the directory above an installed package is site-packages, where another distribution may have
+    put a top-level `configs` or `recipes` (torchtune ships a `recipes` package)."""
+    package = Path(__file__).resolve().parents[1]
+    return package if (package / "configs" / "train.yaml").is_file() else package.parent
+
+
+CONFIG_DIR = _yaml_root() / "configs"
+"""The config groups and the primary `train.yaml`."""
+RECIPE_DIR = CONFIG_DIR.parent / "recipes"
+"""The recipes, `recipes/NAME.yaml`."""
+
+
 @lru_cache(maxsize=1)
 def recipe_catalogue() -> tuple[Recipe, ...]:
     """Every recipe `recipe=NAME` chooses, in the order a refusal suggests them: the generic ones first (a
     model of your own: `model=transformers`), then those whose data ship with the package, then by name."""
-    from ptrun.compose import CONFIG_DIR, RECIPE_DIR  # here: ptrun.compose imports this package
-
     base = _choices(_yaml(CONFIG_DIR / "train.yaml").get("defaults", []))
     recipes = [_read_recipe(path, CONFIG_DIR, base) for path in RECIPE_DIR.glob("*.yaml")]
     return tuple(sorted(recipes, key=lambda r: (r.family != "transformers", r.data not in SHIPPED_DATA, r.name)))
