@@ -382,3 +382,34 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
         for t in (cached, plain):
             t._release_cache()
             t.close()
+
+
+def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, one_rank_group, capsys):
+    """A trainer whose cache reads its entries more slowly than the frozen prefix computes them (the store
+    made slow here) turns the cache off at the epoch's end, says so in one line, and trains on in the same
+    layout without a cached prefix; a cache that reads fast stays on."""
+    import time as _time
+
+    from ptrun.train.trainer import Trainer
+
+    cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "auto.cache=true", "train.max_steps_per_epoch=6"],
+                         tmp_path / "run")
+    trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
+    try:
+        trainer.transition(replace(trainer.plan, frozen_units=3, cached_units=3))
+        trainer.train_epoch()  # fills the entries, timing the frozen prefix on every row
+        trainer.train_epoch()  # reads them
+        assert trainer._stop_caching_if_slower() == {} and trainer.plan.cached_units == 3  # reading pays
+        read = trainer.cache.store.read
+        trainer.cache.store.read = lambda *a, **k: (_time.sleep(0.05), read(*a, **k))[1]
+        trainer.train_epoch()
+        moved = trainer._stop_caching_if_slower()
+        assert moved["transition_s"] >= 0 and trainer.plan.cached_units == 0 and trainer.plan.frozen_units == 3
+        assert not trainer.controller.caching and trainer.controller.cached_units_for(5) == 0
+        lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("AutoCache off")]
+        assert len(lines) == 1 and "recomputing its 3 frozen units" in lines[0], lines
+        trainer.cache.take_stats("train")
+        trainer.train_epoch()  # the prefix runs in the stage: the cache serves nothing
+        assert trainer.cache.take_stats("train") == dict.fromkeys(STAT_NAMES, 0)
+    finally:
+        trainer.close()

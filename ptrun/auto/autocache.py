@@ -28,8 +28,10 @@ not results (with `cache.dtype=float32`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import time
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -98,6 +100,11 @@ class AutoCache:
         # does: the prefix only ever grows, and frozen weights never change, so a unit is hashed once a run.
         self._hashes = [hashlib.blake2b(self.tag.encode(), digest_size=8)]
         self.stats: defaultdict[str, Counter] = defaultdict(Counter)
+        # What serving costs against recomputing (training's split): host seconds reading entries and the hits
+        # they served this epoch; seconds running frozen units on rows and the unit-rows run, over the run (a
+        # GPU's timed by events, read at `costs`, so nothing waits for the device meanwhile).
+        self.read_s, self.read_rows, self.read_hits, self.compute_s, self.unit_rows = 0.0, 0, 0, 0.0, 0
+        self._events: list[tuple] = []
         self._label_views: dict[str, object] = {}
 
     # ---- depth --------------------------------------------------------------------------------------
@@ -181,10 +188,14 @@ class AutoCache:
         """Read the batch's entries (I/O only: the prefetch thread calls this). Adds `cache_found` (the key
         found per sample, 0 = miss) and `cache_tensors`."""
         if self.depth:
+            t0 = time.perf_counter()
             ids = (batch["index"] + self.offset[split]).tolist()
             found, tensors, corrupt = self.store.read(ids, self.keys[split])
             if self.device.type == "cuda" and not tensors[0].is_cuda:  # pinned: the copy to the GPU overlaps
                 tensors = [t.pin_memory() for t in tensors]
+            if split == "train":
+                self.read_s += time.perf_counter() - t0
+                self.read_rows += len(ids)
             batch["cache_found"], batch["cache_tensors"], batch["cache_corrupt"] = found, tensors, corrupt
         return batch
 
@@ -211,7 +222,7 @@ class AutoCache:
             index = device_index(rows, self.device)
             carry = tuple(r.index_select(0, index) for r in raw) if start == 0 else \
                 tuple(t.index_select(0, index) for t in out)
-            with autocast(self.device, self.compute_dtype):
+            with autocast(self.device, self.compute_dtype), self._timing(split, len(rows) * (self.depth - start)):
                 result = _as_tuple(run_units(self.layered.units[start:self.depth], *carry))
             for t, r in zip(out, result):
                 t.index_copy_(0, index, r.to(t.dtype))
@@ -222,8 +233,40 @@ class AutoCache:
                 self.store.write_rows([ids[rows[j]] for j in keep], [r.index_select(0, at) for r in result],
                                       self.key[split])
                 stats["written"] += len(keep)
-        stats["hits"] += sum(d == self.depth for d in depth_of)
+        hits = sum(d == self.depth for d in depth_of)
+        stats["hits"] += hits
+        if split == "train":
+            self.read_hits += hits
         return tuple(out)
+
+    @contextlib.contextmanager
+    def _timing(self, split: str, unit_rows: int):
+        """Time the frozen units run inside the block on training's rows (`unit_rows`: rows x units)."""
+        if split != "train":
+            yield
+        elif self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end, unit_rows))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.compute_s += time.perf_counter() - t0
+            self.unit_rows += unit_rows
+
+    def costs(self) -> list[float]:
+        """[seconds reading entries, entries read, hits] this epoch (then reset), [seconds running frozen
+        units, unit-rows run] over the run: one hit's cost against recomputing its prefix (`serving_costs`)."""
+        for start, end, unit_rows in self._events:
+            end.synchronize()
+            self.compute_s += start.elapsed_time(end) / 1000
+            self.unit_rows += unit_rows
+        self._events.clear()
+        read = [self.read_s, float(self.read_rows), float(self.read_hits)]
+        self.read_s, self.read_rows, self.read_hits = 0.0, 0, 0
+        return [*read, self.compute_s, float(self.unit_rows)]
 
     def take_stats(self, split: str) -> dict[str, int]:
         """This worker's counters of `split` since the last call (then reset)."""

@@ -52,6 +52,9 @@ class Controller:
                                       **self.partition_kwargs)
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
         self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
+        self.caching = cfg.auto.cache
+        """Whether plans cache the frozen prefix: `auto.cache`, until the run measures the cache slower than
+        recomputing the prefix (`stop_caching`)."""
         self.first = first
         """The layout the run starts in (`start`)."""
         self.microbatch_table: dict[int, int] = dict(microbatch_table or cfg.auto.microbatch_table)
@@ -72,7 +75,7 @@ class Controller:
 
     def cached_units_for(self, frozen_units: int) -> int:
         """AutoCache's depth for a frozen prefix: all of it once it reaches the threshold, else none."""
-        if not self.cfg.auto.cache or frozen_units < self.min_cache_units:
+        if not self.caching or frozen_units < self.min_cache_units:
             return 0
         return frozen_units
 
@@ -111,12 +114,18 @@ class Controller:
             plan = Plan.from_dict(box[0])
         return plan
 
+    def stop_caching(self, current: Plan) -> Plan:
+        """From now on no plan caches; returns `current` without its cached prefix (the same layout)."""
+        self.caching = False
+        return replace(current, cached_units=0).check()
+
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict()}
+        return {"policy": self.policy.state_dict(), "caching": self.caching}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("policy"):
             self.policy.load_state_dict(state["policy"])
+        self.caching = self.caching and state.get("caching", True)
 
 
 def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitProfile] = None,

@@ -48,6 +48,17 @@ def write_timeline(events: list[dict], run_dir: str, plan: Plan, rank: int, glob
             {"step": global_step, "plan": plan.to_dict(), "events": [e for part in gathered for e in part]}))
 
 
+def serving_costs(cache, plan: Plan, device: torch.device) -> tuple[float, float] | None:
+    """Collective: (seconds to serve one cached sample, seconds to recompute its frozen prefix), summed over
+    the workers, when this epoch read hits from the cache and the run has timed the prefix; else None. A
+    hit's cost is the host's reading of an entry (per entry looked up); recomputing is the measured time per
+    unit and row of the frozen units the cache ran (on misses), times the units a hit saves."""
+    read_s, rows, hits, compute_s, unit_rows = all_sum(cache.costs(), device).tolist()
+    if not (plan.cached_units and hits and unit_rows):
+        return None
+    return read_s / rows, compute_s / unit_rows * plan.cached_units
+
+
 def cache_stats(cache, plan: Plan, device: torch.device) -> dict:
     """Collective: AutoCache counters of the epoch's training and of its evaluation (`eval_hits`, ...) summed
     over the workers, and this node's cache size."""

@@ -395,9 +395,10 @@ class Trainer:
             self._event("epoch", epoch=state.epoch, eval=ev, **epoch_stats)
             self.view.print(epoch_line(state.epoch, cfg.train.epochs, epoch_stats, ev, self.plan))
             state.epoch += 1
+            stopped = {} if last else self._stop_caching_if_slower()
             # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
             # in the layout the next epoch was meant to run in.
-            moved = {} if last else self._decide(0, announce=False)
+            moved = {} if last else (self._decide(0, announce=False) or stopped)
             every = cfg.checkpoint.every_epochs
             steps_due = cfg.checkpoint.every_steps and \
                 state.global_step - state.last_checkpoint_step >= cfg.checkpoint.every_steps
@@ -475,6 +476,18 @@ class Trainer:
         cost = self._move_to(plan, position, announce) if plan != self.plan else {}
         self.signal.begin()  # the next interval is measured from here, in the layout it trains in
         return cost
+
+    def _stop_caching_if_slower(self) -> dict:
+        """Collective, at an epoch boundary: if the epoch served cached samples more slowly than recomputing
+        their frozen prefix would have taken, no plan caches from here on (one line says so) and the layout
+        moves to the same one without a cached prefix; returns that transition's cost (nothing otherwise)."""
+        costs = stats.serving_costs(self.cache, self.plan, self.device) if self.cache is not None else None
+        if costs is None or costs[0] <= costs[1]:
+            return {}
+        self.view.print(f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
+                        f"{self.plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs "
+                        f"in the first stage from here on")
+        return self._move_to(self.controller.stop_caching(self.plan), 0, announce=False)
 
     def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
         """Collective: the transition to a decided `plan` before step `position`, shown and (`announce`)
