@@ -26,7 +26,11 @@ pairs=(
 keep=4  # compat venvs kept in the cache (two pairs, and the previous build of each)
 
 root=${PTRUN_VENV_ROOT:-$HOME/.cache/ptrun/venvs}/compat
-work=$(mktemp -d "${TMPDIR:-/tmp}/ptrun-compat.XXXXXX")
+work=$(mktemp -d "${TMPDIR:-/tmp}/ptrun_compat.XXXXXX")
+# The steps' temporary files go to a folder of their own: the tests' check that a session leaves nothing
+# behind in the temp directory then sees only this run's files, not those of other jobs on the machine.
+mkdir "$work/tmp"
+export TMPDIR="$work/tmp"
 failed=()
 summary=()
 
