@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ptrun.config import ConfigError, PtrunConfig, check_machines, schema_keys, validate, workers_per_node
+from ptrun.config import ConfigError, PtrunConfig, check_devices, check_machines, schema_keys, validate, workers_per_node
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
@@ -115,7 +115,7 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
        config.json only), so that the workers read local files;
     5. validated unless `check` is false (`paths=False` skips the files the run reads);
     6. with `machine` (a start on this machine): the rules of a job of several machines
-       (`check_machines`), the tracker's login or server (`check_tracker_ready`), then
+       (`check_machines`), the workers against this machine's GPUs (`check_devices`), the tracker's login or server (`check_tracker_ready`), then
        `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where they are `auto`: this
        machine's answer, which its workers read as is.
 
@@ -147,6 +147,7 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, ru
         validate(cfg, paths=paths)
     if machine:
         check_machines(cfg.launcher)
+        check_devices(cfg.launcher)
         check_tracker_ready(cfg.logger)
         cfg = replace(cfg, launcher=_this_machine(cfg.launcher))
     return Resolved(cfg, hydra_dir, note)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import multiprocessing
 import os
@@ -14,6 +15,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from ptrun.compat import agent_shutdown, launch_config_kwargs
 from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, parse_nnodes, workers_per_node
 from ptrun.config.model import model_family
 
@@ -102,7 +104,7 @@ def launch_config(cfg: PtrunConfig, **overrides):
     start_method = overrides.pop("start_method", None) or start_worker_server(cfg)
     lc = cfg.launcher
     min_nodes, max_nodes = parse_nnodes(lc.nnodes)
-    return LaunchConfig(**{
+    return LaunchConfig(**launch_config_kwargs({
         "min_nodes": min_nodes,
         "max_nodes": max_nodes,
         "nproc_per_node": workers_per_node(lc),  # `auto` resolved on this machine
@@ -113,13 +115,14 @@ def launch_config(cfg: PtrunConfig, **overrides):
         "rdzv_configs": {"join_timeout": JOIN_TIMEOUT_S, "last_call_timeout": lc.rdzv_last_call},
         "max_restarts": lc.max_restarts,
         "monitor_interval": lc.monitor_interval,
-        # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed.
+        # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed
+        # (a torch without this field gets it from ptrun's agent: `_ptrun_agent`).
         "shutdown_timeout": lc.stop_timeout,
         # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
         "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
         "start_method": start_method,
         **overrides,
-    })
+    }))
 
 
 WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
@@ -200,7 +203,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     say_waiting(config)
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
-    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _ptrun_agent(Path(tmp)) as errors, \
+    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _ptrun_agent(Path(tmp), lc.stop_timeout) as errors, \
             _quiet_agent_on_signals(), _pruned(logs), _no_cache_left(cfg):
         signum, results = 0, {}
         try:
@@ -209,11 +212,15 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
         except SignalException as e:
             signum = int(e.sigval)
         except ChildFailedError as e:
-            reports = sorted(errors.iterdir())  # named by rank: the lowest rank's report
+            reports = config_reports(errors)  # named by rank: the lowest rank's report
             if reports:
                 if not existed:  # a start that failed on bad input leaves the run directory as it was
                     shutil.rmtree(logs, ignore_errors=True)
                 raise ConfigError(reports[0].read_text().strip()) from None
+            starts = start_reports(errors)
+            if starts:
+                raise LaunchFailed(f"every worker failed at start-up with the same error, so no restart: "
+                                   f"{json.loads(starts[0].read_text())['line']}")
             rank, failure = next(iter(e.failures.items()))
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
             raise LaunchFailed(f"worker rank {rank} failed (exit code {failure.exitcode}): "
@@ -227,6 +234,39 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
         gc.collect()
         raise Stopped(signum)
     return results.get(0, {}) if isinstance(results, dict) else {}
+
+
+START_REPORT_WAIT_S = 10
+"""After a worker failed at start-up, how long the agent waits for the other workers of its machine to fail
+the same way before it decides whether to restart them (they run the same code, seconds apart at most)."""
+
+
+def config_reports(errors: Path) -> list[Path]:
+    """The bad-input reports workers wrote in `errors` (`ptrun.worker`), lowest rank first."""
+    return sorted(errors.glob("rank*"))
+
+
+def start_reports(errors: Path) -> list[Path]:
+    """The start-up failure reports workers wrote in `errors` (`ptrun.worker.report_start_failure`)."""
+    return sorted(errors.glob("start-rank*"))
+
+
+def same_start_failure(errors: Path, local_workers: int) -> bool:
+    """Whether every worker of this machine failed at start-up with the same error: a bug that a restart
+    would only repeat. Otherwise (a worker killed, a peer lost, errors that differ) the reports are logged and
+    removed, and elastic restarts the group as for any fault."""
+    import time
+
+    deadline = time.monotonic() + START_REPORT_WAIT_S
+    while 0 < len(start_reports(errors)) < local_workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reports = [json.loads(p.read_text()) for p in start_reports(errors)]
+    if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
+        return True
+    for path, report in zip(start_reports(errors), reports):
+        logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-"):], report["traceback"])
+        path.unlink(missing_ok=True)
+    return False
 
 
 @contextlib.contextmanager
@@ -312,11 +352,12 @@ def tidy_agent():
 
 
 @contextlib.contextmanager
-def _ptrun_agent(errors: Path):
+def _ptrun_agent(errors: Path, stop_timeout: float):
     """While elastic runs the workers, ptrun's agent:
-    - once a worker has reported bad input in `errors`, makes no restart (elastic restarts after any failure,
-      which would only fail the same way), and drops the agent's log of the failure (a traceback of its own)
-      and of stopping the other workers, since the one-line message says what happened;
+    - once a worker has reported bad input in `errors`, or every worker of the machine the same error at
+      start-up (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
+      fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
+      the other workers, since the one-line message says what happened;
     - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
       checkpoint" (ptrun/train/stop.py), and waits `launcher.stop_timeout` for them. Its own stops (the rest
       of a failed group, a restart, a job re-formed for machines that left or joined) send SIGTERM too, but
@@ -339,14 +380,17 @@ def _ptrun_agent(errors: Path):
                     self.signalled = True
                     raise
 
-            def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
+            def _shutdown(self, death_sig=signal.SIGTERM, timeout=None):
                 if not self.signalled:  # a stop of the agent's own: a restart, a re-form, a failed group's end
                     death_sig, timeout = signal.SIGTERM, OWN_STOP_GRACE_S
-                return super()._shutdown(death_sig, timeout)
+                elif timeout is None:  # a torch whose agent passes no timeout (before 2.12)
+                    timeout = stop_timeout
+                agent_shutdown(self, super()._shutdown, base, death_sig, timeout)
 
             def _monitor_workers(self, worker_group):
                 result = super()._monitor_workers(worker_group)
-                if result.is_failed() and any(errors.iterdir()):
+                if result.is_failed() and (config_reports(errors) or
+                                           same_start_failure(errors, worker_group.spec.local_world_size)):
                     self._remaining_restarts = 0
                 return result
 

@@ -95,6 +95,13 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
             held.setTarget(None)  # a start that failed logs nothing (logging.shutdown would flush the records)
         Path(errors, f"rank{rank:05d}").write_text(str(e))
         raise SystemExit(EXIT_BAD_INPUT)
+    except Exception as e:
+        # A failure before this attempt's first step is done that a restart would repeat (the launcher's agent
+        # restarts nothing if every worker reports the same one): reported for the launcher's one line.
+        if (trainer is not None and trainer.has_trained) or transient(e):
+            raise
+        report_start_failure(errors, rank, e)
+        raise SystemExit(1)
     finally:
         if trainer is not None:
             trainer.close()
@@ -104,6 +111,26 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
     # from the checkpoint just written.
     raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
+
+
+def transient(error: BaseException) -> bool:
+    """A failure a restart may cure: the network or a peer (a lost machine, a killed worker's partners),
+    a file system, a timeout; anything else at start-up is the same on the next attempt."""
+    return isinstance(error, (OSError, TimeoutError, dist.DistError))
+
+
+def report_start_failure(errors: str, rank: int, error: BaseException) -> None:
+    """Write `error` for the launcher: one line (its type, message and the innermost frame that raised it)
+    and the traceback, which the agent logs if it restarts after all."""
+    import json
+    import traceback
+
+    frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    where = f" ({Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
+    message = " ".join(str(error).split())
+    line = f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
+    Path(errors, f"start-rank{rank:05d}").write_text(json.dumps({"line": line, "traceback": "".join(
+        traceback.format_exception(error))}))
 
 
 def _publish(config_path: Path, target: Path) -> None:

@@ -197,9 +197,12 @@ def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
 
 # ---- AutoDP transitions inside one job ------------------------------------------------------------------
 
-TRANSITIONS = [  # (K, DP, frozen units): 4 x 1 -> 2 x 2 (embedding + block 0 frozen) -> 1 x 4 (+ block 1)
-    (4, 1, 0), (2, 2, 3), (1, 4, 5),
+TRANSITIONS = [  # (K, DP, frozen units): 4 x 1 -> 2 x 2 (embedding + block 0 frozen) -> 1 x 4 (+ block 1),
+    # each followed by a freeze in place (one more unit; two more), which keeps every unit where it is
+    (4, 1, 0), (2, 2, 3), (2, 2, 4), (1, 4, 5), (1, 4, 7),
 ]
+IN_PLACE = {2, 4}
+"""The steps of TRANSITIONS that a freeze in place leads into (the same K, DP and stages)."""
 
 
 def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
@@ -224,7 +227,9 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
             layout = build_layout(builder, plan)
             release_unheld(layered, plan, rank)  # as the trainer does after its first layout
         else:
+            old_groups = layout.groups
             layout = change_layout(builder, layout, plan)
+            same_groups = layout.groups is old_groups
         replica, _ = plan.coords(rank)
         per_replica = GLOBAL_BATCH // plan.dp
         full = batch(kind, step)
@@ -241,7 +246,7 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
         params = dict(layered.model.named_parameters())
         torch.save({"params": {k: params[k].detach().clone() for k in held},
                     "optim": optimizer_state_by_name(layout.optimizer, name_of),
-                    "received_bytes": layout.received_bytes,
+                    "received_bytes": layout.received_bytes, "same_groups": step > 0 and same_groups,
                     "materialized": sorted(n for n, p in params.items() if p.numel() > 0)},
                    out_dir / f"transition-{kind}-step{step}.rank{rank}.pt")
     layout.groups.destroy()

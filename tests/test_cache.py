@@ -22,9 +22,13 @@ from ptrun.models.layered import run_units
 B = 8  # samples per test batch
 
 
-def make_cache(layered, tmp_path: Path, **cfg) -> AutoCache:
+def make_cache(layered, tmp_path: Path, local: bool = False, **cfg) -> AutoCache:
     return AutoCache(layered, CacheConfig(dir=str(tmp_path / "cache"), **cfg), tag="test", num_train=2 * B,
-                     num_eval=B, device=torch.device("cpu"), run_dir=tmp_path)
+                     num_eval=B, device=torch.device("cpu"), run_dir=tmp_path, local=local)
+
+
+STORES = pytest.mark.parametrize("local", [False, True], ids=["shared", "local"])
+"""The node's shared store and a one-worker job's store on its own device: every entry behaves the same."""
 
 
 def make_batch(kind: str, first_id: int = 0, padding: int = 0) -> tuple[dict, tuple[torch.Tensor, ...]]:
@@ -62,10 +66,11 @@ def _remove_shared_memory(tmp_path):
 DECODERS = ["llama_lm", "qwen3"]
 
 
+@STORES
 @pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
-def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind):
+def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind, local):
     layered = pc.model(kind)
-    cache = make_cache(layered, tmp_path)
+    cache = make_cache(layered, tmp_path, local)
     batch, raw = make_batch(kind)
     cache.set_depth(3, tuple(r[:1] for r in raw))
     want = prefix(layered, 3, raw)
@@ -78,10 +83,11 @@ def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind):
         assert torch.equal(a, w) and torch.equal(b, w)
 
 
+@STORES
 @pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
-def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind):
+def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind, local):
     layered = pc.model(kind)
-    cache = make_cache(layered, tmp_path)
+    cache = make_cache(layered, tmp_path, local)
     batch, raw = make_batch(kind)
     probe = tuple(r[:1] for r in raw)
     cache.set_depth(3, probe)
@@ -191,9 +197,10 @@ def test_a_restart_revalidates_entries_by_the_frozen_weights(tmp_path):
     assert torch.equal(got[0], prefix(layered, 3, raw)[0])
 
 
-def test_padding_duplicates_are_not_written_and_eval_has_its_own_slots_and_keys(tmp_path):
+@STORES
+def test_padding_duplicates_are_not_written_and_eval_has_its_own_slots_and_keys(tmp_path, local):
     layered = pc.model("vit")
-    cache = make_cache(layered, tmp_path)
+    cache = make_cache(layered, tmp_path, local)
     batch, raw = make_batch("vit", padding=3)
     cache.set_depth(3, tuple(r[:1] for r in raw))
     inputs(cache, batch, raw)
@@ -223,9 +230,10 @@ def test_without_eval_slots_evaluation_runs_the_prefix_and_stores_nothing(tmp_pa
     assert cache.store.read(list(range(2 * B)), cache.keys["train"])[0] == [0] * (2 * B)
 
 
-def test_half_precision_storage_rounds_the_hidden_states_and_keeps_masks_exact(tmp_path):
+@STORES
+def test_half_precision_storage_rounds_the_hidden_states_and_keeps_masks_exact(tmp_path, local):
     layered = pc.model("bert")
-    cache = make_cache(layered, tmp_path, dtype="float16")
+    cache = make_cache(layered, tmp_path, local, dtype="float16")
     batch, raw = make_batch("bert")
     cache.set_depth(3, tuple(r[:1] for r in raw))
     assert cache.store.specs[0].stored == torch.float16 and cache.store.specs[1].stored == torch.float32
@@ -255,6 +263,38 @@ def test_an_unusable_cache_dir_is_one_clear_error(tmp_path):
     specs = (TensorSpec((4,), torch.float32, torch.float32),)
     with pytest.raises(ConfigError, match=r"cache.dir: cannot create the directory .*a_file/sub"):
         ActivationStore(tmp_path / "m", tmp_path / "a_file" / "sub", specs, 4, 0)
+
+
+def test_a_one_worker_job_keeps_entries_on_its_device_unless_they_do_not_fit_or_are_kept(tmp_path):
+    from ptrun.auto.cache_store import LocalStore
+
+    layered = pc.model("vit")
+    batch, raw = make_batch("vit")
+    probe = tuple(r[:1] for r in raw)
+    for local, cfg, kind in ((True, {}, LocalStore), (False, {}, ActivationStore),
+                             (True, {"keep": True}, ActivationStore),  # kept for a later run: files
+                             (True, {"max_memory": "1KB"}, ActivationStore)):  # over the budget: the tiers
+        cache = make_cache(layered, tmp_path, local, **cfg)
+        cache.set_depth(3, probe)
+        assert type(cache.store) is kind, (local, cfg)
+        cache.close(remove=True)
+
+
+def test_a_deeper_prefix_hashes_only_the_units_it_adds(tmp_path, monkeypatch):
+    layered = pc.model("vit")
+    cache = make_cache(layered, tmp_path)
+    batch, raw = make_batch("vit")
+    probe = tuple(r[:1] for r in raw)
+    hashed = []
+    for u, unit in enumerate(layered.units):
+        monkeypatch.setattr(unit, "state_dict", lambda *a, _u=u, _f=unit.state_dict, **k: hashed.append(_u) or _f(*a, **k))
+    cache.set_depth(3, probe)
+    cache.set_depth(5, probe)
+    assert hashed == [0, 1, 2, 3, 4]
+    # the keys are those of hashing the whole prefix at once (a new cache, as after a restart)
+    fresh = make_cache(layered, tmp_path)
+    fresh.set_depth(5, probe)
+    assert fresh.keys == cache.keys and fresh.key == cache.key
 
 
 def test_defaults_and_memory_sizes():

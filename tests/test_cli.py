@@ -284,7 +284,7 @@ BAD_INPUT = [
     (["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.first_stage_replicas=2", "auto.pipe=false",
       "auto.dp=false"], "pipe.length='auto' is not allowed: an integer with pipe.first_stage_replicas > 1"),
     (["pipe.schedule=pipedream", "pipe.length=2", "pipe.first_stage_replicas=2", "auto.pipe=false",
-      "auto.dp=false"], "launcher.nproc_per_node=2 is not allowed: 3 workers for pipe.first_stage_replicas=2"),
+      "auto.dp=false"], "launcher.nproc_per_node='auto' is not allowed: 3 workers for pipe.first_stage_replicas=2"),
 ]
 
 

@@ -72,13 +72,14 @@ def hub(tmp_path, monkeypatch) -> Path:
     return tmp_path / "hf" / "hub"
 
 
-def test_a_local_path_wins_and_only_org_name_can_be_an_id(tmp_path, monkeypatch):
+def test_a_local_path_wins_and_only_names_can_be_ids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org" / "tiny").mkdir(parents=True)
     assert parse_hub_id("org/tiny") is None  # it exists here
     assert parse_hub_id("org/other@v1.0").revision == "v1.0" and str(parse_hub_id("org/other@v1.0")) == "org/other@v1.0"
     assert parse_hub_id("timm/vit_base_patch16_224.augreg_in21k").repo == "timm/vit_base_patch16_224.augreg_in21k"
-    assert all(parse_hub_id(v) is None for v in ("/abs/x.safetensors", "a/b/c", "~/x/y", "name", None))
+    assert all(parse_hub_id(v) is None for v in ("/abs/x.safetensors", "a/b/c", "~/x/y", "./x", "x.pt", None))
+    assert parse_hub_id("name").repo == "name"  # a bare name is an id too (gpt2): tests/test_model_names.py
 
 
 def test_a_cached_id_resolves_to_its_snapshot_in_a_full_start(hub, tiny_bert, capsys):

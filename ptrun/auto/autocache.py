@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ptrun.auto.cache_store import ActivationStore, entry_specs
+from ptrun.auto.cache_store import ActivationStore, LocalStore, device_index, entry_specs
 from ptrun.auto.freeze import frozen_units_for_blocks
 from ptrun.config import CacheConfig, parse_memory
 from ptrun.models.layered import run_units
@@ -78,8 +78,12 @@ class AutoCache:
     num_eval (0: eval samples have no slots, and `inputs` runs the prefix on them every time)."""
 
     def __init__(self, layered, cfg: CacheConfig, *, tag: str, num_train: int, num_eval: int,
-                 device: torch.device, run_dir: str | Path, compute_dtype: torch.dtype | None = None):
+                 device: torch.device, run_dir: str | Path, compute_dtype: torch.dtype | None = None,
+                 local: bool = False):
         self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
+        # A job of one worker keeps its entries on its own device when they fit (`LocalStore`): nobody else
+        # reads them, and a GPU then never copies an activation through the host.
+        self.local = local and not cfg.keep
         self.compute_dtype = compute_dtype  # the prefix runs as it would in a stage: under the same autocast
         self.disk_dir, self.mem_dir = cache_dirs(cfg, run_dir)
         self.max_memory = parse_memory(cfg.max_memory)
@@ -89,7 +93,10 @@ class AutoCache:
         self.depth = 0
         self.keys: dict[str, dict[int, int]] = {}  # per split: key -> the prefix depth it stands for
         self.key: dict[str, int] = {}  # per split: the key of the current depth
-        self.store: ActivationStore | None = None
+        self.store: ActivationStore | LocalStore | None = None
+        # The running hash of the frozen prefix after each unit (index d: units 0 .. d-1), grown as the prefix
+        # does: the prefix only ever grows, and frozen weights never change, so a unit is hashed once a run.
+        self._hashes = [hashlib.blake2b(self.tag.encode(), digest_size=8)]
         self.stats: defaultdict[str, Counter] = defaultdict(Counter)
         self._label_views: dict[str, object] = {}
 
@@ -99,19 +106,31 @@ class AutoCache:
         return split in self.offset
 
     def depth_keys(self, depth: int) -> dict[str, dict[int, int]]:
-        """Per split with slots: key -> d for every d in 1..depth, from one pass over the prefix's weights (a
-        running hash)."""
-        running = hashlib.blake2b(self.tag.encode(), digest_size=8)
-        keys: dict[str, dict[int, int]] = {split: {} for split in self.offset}
-        for d, unit in enumerate(self.layered.units[:depth], start=1):
+        """Per split with slots: key -> d for every d in 1..depth. A unit's weights and buffers are hashed
+        the first time the prefix reaches past it (on a GPU each is a copy to the host), not at every depth."""
+        for unit in self.layered.units[len(self._hashes) - 1:depth]:
+            running = self._hashes[-1].copy()
             for name, value in unit.state_dict().items():
                 running.update(name.encode())
                 running.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            self._hashes.append(running)
+        keys: dict[str, dict[int, int]] = {split: {} for split in self.offset}
+        for d in range(1, depth + 1):
             for split, of_split in keys.items():
-                at = running.copy()
+                at = self._hashes[d].copy()
                 at.update(f"split={split};depth={d}".encode())
                 of_split[int.from_bytes(at.digest(), "little") | 1] = d  # | 1: never 0, the empty slot's key
         return keys
+
+    def _open_store(self, specs) -> ActivationStore | LocalStore:
+        """A store for entries of `specs`: on this worker's device when the job has one worker and they fit
+        in half its free memory (a GPU's) or in `cache.max_memory` (the host's), else the node's shared one."""
+        if self.local:
+            need = LocalStore.size(specs, self.num_slots)
+            room = torch.cuda.mem_get_info(self.device)[0] // 2 if self.device.type == "cuda" else self.max_memory
+            if need <= room:
+                return LocalStore(specs, self.num_slots, self.device)
+        return ActivationStore(self.mem_dir, self.disk_dir, specs, self.num_slots, self.max_memory)
 
     def set_depth(self, depth: int, probe: tuple[torch.Tensor, ...]) -> None:
         """Serve the output of units [0, depth) from now on (0 = the cache is not used). `probe` is one
@@ -132,7 +151,7 @@ class AutoCache:
         if self.store is None or self.store.specs != specs:
             if self.store is not None:
                 self.store.close()
-            self.store = ActivationStore(self.mem_dir, self.disk_dir, specs, self.num_slots, self.max_memory)
+            self.store = self._open_store(specs)
 
     # ---- batches ------------------------------------------------------------------------------------
     def fetch(self, split: str, dataset, ids: torch.Tensor, input_names: tuple[str, ...],
@@ -163,8 +182,10 @@ class AutoCache:
         found per sample, 0 = miss) and `cache_tensors`."""
         if self.depth:
             ids = (batch["index"] + self.offset[split]).tolist()
-            found = self.store.read(ids, self.keys[split])
-            batch["cache_found"], batch["cache_tensors"], batch["cache_corrupt"] = found
+            found, tensors, corrupt = self.store.read(ids, self.keys[split])
+            if self.device.type == "cuda" and not tensors[0].is_cuda:  # pinned: the copy to the GPU overlaps
+                tensors = [t.pin_memory() for t in tensors]
+            batch["cache_found"], batch["cache_tensors"], batch["cache_corrupt"] = found, tensors, corrupt
         return batch
 
     @torch.no_grad()
@@ -181,13 +202,13 @@ class AutoCache:
         if "cache_found" not in batch:
             self.lookup(split, batch)
         depth_of = [self.keys[split].get(k, 0) for k in batch.pop("cache_found")]
-        out = [t.to(self.device) for t in batch.pop("cache_tensors")]
+        out = [t.to(self.device, non_blocking=True) for t in batch.pop("cache_tensors")]
         stats["corrupt"] += batch.pop("cache_corrupt")
         ids = (batch["index"] + self.offset[split]).tolist()
         real = batch["weight"] > 0
         for start in sorted(set(depth_of) - {self.depth}):
             rows = [i for i, d in enumerate(depth_of) if d == start]
-            index = torch.tensor(rows, device=self.device)
+            index = device_index(rows, self.device)
             carry = tuple(r.index_select(0, index) for r in raw) if start == 0 else \
                 tuple(t.index_select(0, index) for t in out)
             with autocast(self.device, self.compute_dtype):
@@ -195,11 +216,12 @@ class AutoCache:
             for t, r in zip(out, result):
                 t.index_copy_(0, index, r.to(t.dtype))
             stats["computed" if start == 0 else "advanced"] += len(rows)
-            host = [r.cpu() for r in result]
-            for j, row in enumerate(rows):
-                if real[row]:
-                    self.store.write(ids[row], [h[j] for h in host], self.key[split])
-                    stats["written"] += 1
+            keep = [j for j, row in enumerate(rows) if real[row]]
+            if keep:
+                at = device_index(keep, self.device)
+                self.store.write_rows([ids[rows[j]] for j in keep], [r.index_select(0, at) for r in result],
+                                      self.key[split])
+                stats["written"] += len(keep)
         stats["hits"] += sum(d == self.depth for d in depth_of)
         return tuple(out)
 

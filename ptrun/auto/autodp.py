@@ -12,7 +12,7 @@ rank's own units, and the export first gathers every unit to rank 0 from its own
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -214,11 +214,47 @@ def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> La
     return Layout(plan, groups, runtime, optimizer)
 
 
+def keeps_owners(old: Plan, new: Plan) -> bool:
+    """Whether `new` only freezes more (or caches a longer prefix) on `old`'s layout: the same pipeline
+    length, width, stage bounds, schedule and micro-batches, so no unit changes hands and no process group
+    changes. PipeDream's asynchronous runtime drains and rebuilds as for any change."""
+    return old.schedule != "pipedream" and new.frozen_units >= old.frozen_units and \
+        replace(new, frozen_units=old.frozen_units, cached_units=old.cached_units) == old
+
+
+def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
+    """A transition that keeps every unit where it is (`keeps_owners`): the newly frozen parameters stop
+    requiring gradients and leave the optimizer (their state with them), and the stages are wrapped again on
+    the same process groups (DDP's buckets and the schedule take only what trains; a longer cached prefix
+    leaves stage 0). No group is created (a new NCCL communicator costs up to a second), nothing is sent,
+    and the optimizer keeps its other parameters' state where it is."""
+    set_frozen(b.layered, plan.frozen_units)
+    runtime = flushing_runtime(b.layered, plan, b.rank, old.groups, b.device, b.loss, b.recompute, b.compute_dtype)
+    trains = {id(p) for p in runtime.trainable_parameters()}
+    optimizer = old.optimizer
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in trains:
+                    optimizer.state.pop(p, None)
+                    p.grad = None
+            group["params"] = [p for p in group["params"] if id(p) in trains]
+        optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+        if not optimizer.param_groups:  # a stage with nothing left to train holds no optimizer
+            optimizer = None
+    return Layout(plan, old.groups, runtime, optimizer)
+
+
 def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None] | None = None) -> Layout:
-    """Collective, between two optimizer steps: move the units that change hands to their new holders,
-    destroy the old groups (undestroyed groups leak file descriptors and threads), build the new layout.
-    `midway` runs between the two (fault-injection tests stop a worker there). An asynchronous pipeline
-    must have drained first (its training loop drains at the end of every epoch)."""
+    """Collective, between two optimizer steps: move to `plan` in place where it keeps every unit's owner
+    (`freeze_in_place`); otherwise move the units that change hands to their new holders, destroy the old
+    groups (undestroyed groups leak file descriptors and threads), build the new layout. `midway` runs
+    between the two (fault-injection tests stop a worker there). An asynchronous pipeline must have drained
+    first (its training loop drains at the end of every epoch)."""
+    if keeps_owners(old.plan, plan):
+        if midway is not None:
+            midway()
+        return freeze_in_place(b, old, plan)
     states, received = move_to_new_owners(b.layered, old.plan, plan, old.optimizer, b.name_of, b.device)
     old.groups.destroy()
     if midway is not None:

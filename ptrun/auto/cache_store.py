@@ -1,5 +1,8 @@
-"""AutoCache's store: one fixed-size slot per sample in memory-mapped files that every worker of a node
-shares, a memory tier in /dev/shm up to a byte budget and a disk tier beyond it.
+"""AutoCache's stores. `LocalStore`: a job of one worker keeps its entries in its own device's memory (the
+GPU's, or the host's on a CPU), read and written with one gather and one scatter per batch, never copied
+through the host. `ActivationStore`: the workers of a node share one fixed-size slot per sample in
+memory-mapped files, a memory tier in /dev/shm up to a byte budget and a disk tier beyond it (a sample one
+replica cached is read by whichever replica trains on it in a later epoch).
 
 A slot is a 16-byte header (`key` u64, `crc32` u32, unused u32) and the sample's tensors packed one after
 another. `key` says what the slot holds (which frozen prefix, of which weights, on which data transform:
@@ -183,8 +186,73 @@ class ActivationStore:
         slot[8:12].view(np.uint32)[0] = zlib.crc32(data)
         slot[:8].view(np.uint64)[0] = key
 
+    def write_rows(self, samples: list[int], rows: list[torch.Tensor], key: int) -> None:
+        """Store `rows` (batched, on any device) as the entries of `samples` under `key`: one copy to the
+        host, then slot by slot."""
+        host = [r.detach().cpu() for r in rows]
+        for j, sample in enumerate(samples):
+            self.write(sample, [h[j] for h in host], key)
+
     def close(self) -> None:
         self._mem = self._disk = None  # the mappings close when the last view of them is gone
+
+
+def device_index(rows: list[int], device: torch.device) -> torch.Tensor:
+    """`rows` as an index tensor on `device`. To a GPU through pinned memory, asynchronously: a copy from
+    ordinary (pageable) host memory first waits for every kernel queued before it."""
+    index = torch.tensor(rows, dtype=torch.long)
+    if device.type != "cuda":
+        return index
+    return index.pin_memory().to(device, non_blocking=True)
+
+
+class LocalStore:
+    """`num_slots` entries of `specs` in this process's memory on `device`: one tensor per spec with a row
+    per sample, and each row's key in a host array (a lookup never waits for the device). Nothing outlives
+    the process, and nothing is torn by a crash, so there is no checksum: a key says what a row holds."""
+
+    def __init__(self, specs: tuple[TensorSpec, ...], num_slots: int, device: torch.device):
+        self.specs, self.num_slots = specs, num_slots
+        self.rows = [torch.zeros((num_slots, *s.shape), dtype=s.stored, device=device) for s in specs]
+        self.keys = np.zeros(num_slots, dtype=np.uint64)
+        self.device = device
+
+    @staticmethod
+    def size(specs: tuple[TensorSpec, ...], num_slots: int) -> int:
+        """The bytes a store of `num_slots` entries holds."""
+        return num_slots * sum(s.nbytes for s in specs)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.size(self.specs, self.num_slots)
+
+    disk_bytes = 0
+
+    def read(self, samples: list[int], keys: set[int] | dict[int, object]) -> tuple[list[int], list[torch.Tensor], int]:
+        """As `ActivationStore.read`, the tensors on the store's device (a miss's row holds whatever the slot
+        held: never read)."""
+        found = [int(k) if int(k) in keys else 0 for k in self.keys[samples]]
+        index = device_index(samples, self.device)
+        return found, [r.index_select(0, index).to(s.dtype) for r, s in zip(self.rows, self.specs)], 0
+
+    def write_rows(self, samples: list[int], rows: list[torch.Tensor], key: int) -> None:
+        """Store `rows` (batched) as the entries of `samples` under `key`: one scatter per tensor."""
+        if key == 0:
+            raise ValueError("key 0 marks an empty slot")
+        index = device_index(samples, self.device)
+        for store, row in zip(self.rows, rows):
+            store.index_copy_(0, index, row.detach().to(store.device, store.dtype))
+        self.keys[samples] = key
+
+    def write(self, sample: int, tensors: list[torch.Tensor], key: int) -> None:
+        """Store one sample's tensors (no batch dimension) under `key`."""
+        self.write_rows([sample], [t[None] for t in tensors], key)
+
+    def key_of(self, sample: int) -> int:
+        return int(self.keys[sample])
+
+    def close(self) -> None:
+        self.rows = []
 
 
 def remove_tree(path: str | Path) -> None:

@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # What a user on a GPU sets (and ptrun's `device.tf32`, on by default): TF32 tensor cores for fp32.
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 

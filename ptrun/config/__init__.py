@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ptrun.config.cross import (
     check_model_against_data,
+    check_model_fits_recipe,
     check_paths,
     check_pipedream,
     check_text,
@@ -46,6 +47,7 @@ from ptrun.config.launcher import (
     CPU_WORKERS,
     DeviceConfig,
     LauncherConfig,
+    check_devices,
     check_launcher,
     check_machines,
     only_this_machine,
@@ -76,9 +78,11 @@ from ptrun.config.training import (
 )
 from ptrun.errors import ConfigError
 
-GROUP_CHECKS = (check_freezing, check_logger, check_model, check_data, check_training, check_pipe,
-                check_launcher)
-"""Each group's own keys, in this order (the first broken rule is the one reported)."""
+GROUP_CHECKS = (check_freezing, check_logger, check_model, check_model_fits_recipe, check_data, check_training,
+                check_pipe, check_launcher)
+"""Each group's own keys, in this order (the first broken rule is the one reported); and, right after the
+model's, whether the recipe can train that model at all (`cross.py`): a model from the wrong family outweighs
+the keys a recipe leaves to set (`data.path`)."""
 
 
 CROSS_CHECKS = (check_pipedream, check_layout, check_text)
@@ -106,5 +110,5 @@ __all__ = [
     "check_threshold", "inside_epochs",
     "check_model_against_data", "check_paths", "load_resolved", "only_this_machine", "parse_memory",
     "parse_nnodes", "parse_recompute", "require", "schedule_problem", "schema_keys", "split_endpoint",
-    "timm_vit_problem", "validate", "workers_per_node",
+    "timm_vit_problem", "validate", "workers_per_node", "check_devices",
 ]

@@ -4,11 +4,14 @@ the data it reads; and the pass over files and directories, which `ptrun plan` (
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
 from ptrun.config.freezing import inside_epochs
-from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, HF_MODEL_TYPES
+from ptrun.config.fit import Recipe, recipe_named, use_recipe
+from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
 from ptrun.config.rules import require
 from ptrun.errors import ConfigError
 
@@ -98,18 +101,49 @@ def _hf_config(pretrained: str | None) -> dict | None:
         return None  # the model builder reports an unreadable config.json with its own words
 
 
+def _timm_models_dir() -> Path | None:
+    """timm's installed `timm/models/` source folder, found without importing timm; None without timm."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("timm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "models"
+
+
+@lru_cache(maxsize=1)
+def timm_model_names() -> frozenset[str]:
+    """Every model name timm registers (`@register_model def NAME(`), read from its source as
+    `timm_vit_problem` reads it (about 4 MB of text, some 20 ms; importing timm takes seconds); empty without
+    timm."""
+    import re
+
+    models = _timm_models_dir()
+    if models is None or not models.is_dir():
+        return frozenset()
+    pattern = re.compile(r"@register_model\s*\ndef (\w+)\(")
+    return frozenset(name for source in models.glob("*.py")
+                     for name in pattern.findall(source.read_text(errors="replace")))
+
+
+def is_timm_image_name(name: str) -> bool:
+    """`name` (an optional `.tag` aside) names a timm image model: a ViT by its prefix (ptrun's own kind,
+    known or not), or any model timm registers (resnet50, convnext_tiny ...). No text model is among them, so
+    such a name cannot be a label of a Hugging Face text model."""
+    base = name.split(".", 1)[0]
+    return base.startswith(("vit_", "deit")) or base in timm_model_names()
+
+
 def timm_vit_problem(name: str) -> str | None:
     """What keeps timm model `name` (an optional `.tag` aside) from being a ViT ptrun can split, read from
     timm's installed source without importing timm (that takes seconds, at every start): None when it is
     registered in one of TIMM_VIT_MODULES with timm's pre-norm Block (no `block_fn`) and no distillation
     token, or when timm's source cannot be read (the model builder checks again in the workers)."""
-    import importlib.util
     import re
 
-    spec = importlib.util.find_spec("timm")
-    if spec is None or not spec.submodule_search_locations:
+    models = _timm_models_dir()
+    if models is None:
         return None
-    models = Path(next(iter(spec.submodule_search_locations))) / "models"
     base = name.split(".", 1)[0]
     pattern = re.compile(rf"@register_model\s*\ndef {re.escape(base)}\(")
     # ptrun's own modules first: a supported name is found after reading three files
@@ -129,13 +163,88 @@ def timm_vit_problem(name: str) -> str | None:
     return "timm has no such model" if models.is_dir() else None
 
 
-def check_model_type(m, hf: dict) -> None:
-    """A Hugging Face directory's `model_type` must be a family ptrun splits, able to do `model.task`."""
+def check_model_type(m, hf: dict, recipe: str | None = None) -> None:
+    """A Hugging Face directory's `model_type` must be a family ptrun splits, able to do `model.task`; the
+    refusal of a task names the recipes (other than `recipe`) whose task the family does."""
     kind = hf.get("model_type")
     require(kind in HF_MODEL_TYPES, "model.pretrained", f"a Hugging Face model of a supported model_type "
             f"({', '.join(HF_MODEL_TYPES)}); this one is a {kind!r} model", m.pretrained)
-    tasks = DECODER_TASKS if kind in DECODER_TYPES else ENCODER_TASKS
-    require(m.task in tasks, "model.task", f"one of {', '.join(tasks)} for a {kind} model", m.task)
+    decoder = kind in DECODER_TYPES
+    tasks = DECODER_TASKS if decoder else ENCODER_TASKS
+    if m.task not in tasks:
+        # the task usually comes with the recipe, so what to change is the recipe (or the model)
+        other, others = ("a decoder", "an encoder") if decoder else ("an encoder", "a decoder")
+        takes = ", ".join(ENCODER_TYPES if decoder else DECODER_TYPES)
+        require(False, "model.task", f"one of {', '.join(tasks)} for a {kind} model (model.pretrained="
+                f"{m.pretrained!r}, {other}; {m.task} takes {others}: {takes}); for this model "
+                + use_recipe(lambda r: r.takes_text_model(kind), recipe), m.task)
+
+
+def _beside_weights(pretrained: str | None) -> dict | None:
+    """The config.json of `pretrained`'s directory, or of the directory of `pretrained`, a weights file (a
+    hub snapshot's model.safetensors, as a ViT is handed it): None when there is none."""
+    if pretrained is None:
+        return None
+    path = Path(pretrained).expanduser()
+    return _hf_config(str(path.parent)) if path.is_file() else _hf_config(pretrained)
+
+
+def text_model_type(pretrained: str | None) -> str | None:
+    """The `model_type` of the Hugging Face text model `pretrained` names (a directory, or a weights file
+    beside its config.json), else None: timm's own config.json names an `architecture`, no `model_type`."""
+    hf = _beside_weights(pretrained)
+    kind = hf.get("model_type") if hf is not None else None
+    return kind if kind in HF_MODEL_TYPES else None
+
+
+def run_inputs(cfg) -> str | None:
+    """`images` or `text`: what the data source gives the model; None for `data.name=hf` with neither
+    column set (its own check says which to set)."""
+    d = cfg.data
+    if d.name in SOURCE_IMAGES or (d.name == "hf" and d.image_column is not None):
+        return "images"
+    if d.name in TEXT_SOURCES or (d.name == "hf" and d.text_column is not None):
+        return "text"
+    return None
+
+
+def _trains(cfg, inputs: str) -> str:
+    """`recipe NAME trains INPUTS (data.name=SOURCE)`, or the data source alone outside a known recipe."""
+    where = f"data.name={cfg.data.name}"
+    return f"recipe {cfg.recipe} trains {inputs} ({where})" if recipe_named(cfg.recipe) else f"{where} gives {inputs}"
+
+
+def _timm_name_on_text(cfg, inputs: str | None, kind: str | None) -> str:
+    """The refusal of timm image model `model.name` where the run trains text (`inputs`) or beside a text
+    model of `kind` as model.pretrained; it names the image recipes, and why the name itself would not do
+    there when ptrun cannot split it."""
+    name = cfg.model.name
+    why = [_trains(cfg, "text")] if inputs == "text" else []
+    if kind is not None:
+        why.append(f"model.pretrained is a {kind} text model, which model.name only labels")
+    problem = timm_vit_problem(name)
+    split = f", with a timm ViT ptrun splits (not {name}: {problem})" if problem else ""
+    return (f"model.name={name!r} is a timm image model; {' and '.join(why)}: "
+            f"{use_recipe(Recipe.takes_timm, cfg.recipe)}{split}")
+
+
+def check_model_fits_recipe(cfg, shown: str | None = None) -> None:
+    """`model.pretrained` and `model.name` name a model the data (the recipe) can train: a text model is
+    refused on images, a timm image model's name on text or beside a text model as model.pretrained (there
+    the name would only label it: the run would train the text model under the image model's name), a
+    family on a task it does not do; each naming the recipes that fit. Reads config.json files and timm's
+    source, nothing heavier. `shown`: how to name `model.pretrained` (the hub id typed, not its snapshot)."""
+    m = cfg.model
+    inputs, kind = run_inputs(cfg), text_model_type(m.pretrained)
+    if kind is not None and inputs == "images":
+        raise ConfigError(f"model.pretrained={shown or m.pretrained!r} is a {kind} text model; "
+                          f"{_trains(cfg, 'images')}: "
+                          + use_recipe(lambda r: r.takes_text_model(kind), cfg.recipe))
+    if is_timm_image_name(m.name) and (kind is not None or inputs == "text"):
+        raise ConfigError(_timm_name_on_text(cfg, inputs, kind))
+    hf = _hf_config(m.pretrained)
+    if hf is not None:
+        check_model_type(replace(m, pretrained=shown or m.pretrained), hf, cfg.recipe)  # before the files pass: a wrong family outweighs a missing file
 
 
 def check_model_against_data(cfg) -> None:
@@ -171,7 +280,7 @@ def check_model_against_data(cfg) -> None:
                     f"{chans}, the channels of data.name={d.name}'s images, or null to follow the data", m.in_chans)
     if family == "bert":
         if hf is not None:
-            check_model_type(m, hf)
+            check_model_type(m, hf, cfg.recipe)
             # the same rule as the model builder's (models/bert.py _check_against_dir): sizes are the weights'
             have = {"depth": hf.get("num_hidden_layers"), "embed_dim": hf.get("hidden_size"),
                     "num_heads": hf.get("num_attention_heads"), "vocab_size": hf.get("vocab_size"),

@@ -1,7 +1,8 @@
 """Hugging Face hub ids as `model.pretrained` and `data.tokenizer`, turned into local directories and files.
 
 A value that exists on disk is a path, whatever it looks like. Otherwise one of the form `org/name` or
-`org/name@revision` (a branch, a tag or a commit) is a hub id: it is looked up in the Hugging Face cache and,
+`org/name@revision` (a branch, a tag or a commit) is a hub id, and so is a bare `name[@revision]` (`gpt2`,
+`bert-base-uncased`: the hub's oldest models have no org) that does not end like a file (`.safetensors`, `.pt`): it is looked up in the Hugging Face cache and,
 unless `HF_HUB_OFFLINE` is set, the files ptrun reads are fetched into it once (never the whole repo). The
 start does this on each machine, before any worker (`ptrun.compose.resolve`), and hands the workers the
 snapshot directory (or, for a timm ViT, its weights file): the weights loader, the tokenizer and the
@@ -24,8 +25,14 @@ from typing import Mapping, Optional
 
 from ptrun.errors import ConfigError
 
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
-"""`org/name` with an optional `@revision`: what a value that is not on disk must look like to be a hub id."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
+"""`org/name` with an optional `@revision`: what a value that is not on disk must look like to be a hub id
+(each part starting with a letter or digit, as the hub's do: `./x` and `../x` are paths)."""
+BARE_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
+"""`name[@revision]` without an org, as users type the oldest hub models (`bert-base-uncased`, `gpt2`,
+`roberta-base`): no slash, nor a leading `.` or `~` (a path)."""
+FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".pkl", ".json", ".npz", ".h5", ".msgpack")
+"""Endings that make a bare name a missing file rather than a hub id (hub names may hold dots: Qwen2.5-0.5B)."""
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 """Weight files of a Hugging Face directory that the weights loader reads (the first found wins)."""
 FETCHED_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors")
@@ -52,10 +59,15 @@ class HubId:
 
 def parse_hub_id(value: Optional[str]) -> Optional[HubId]:
     """The hub id `value` names, or None when it is unset, exists on disk, or does not look like one."""
-    if value is None or Path(value).expanduser().exists() or not HUB_ID.match(value):
+    if value is None or Path(value).expanduser().exists() or not (HUB_ID.match(value) or is_bare_hub_id(value)):
         return None
     repo, _, revision = value.partition("@")
     return HubId(repo, revision or None)
+
+
+def is_bare_hub_id(value: str) -> bool:
+    """`value` reads as a hub id without an org (`gpt2`, `bert-base-uncased@main`), not as a file name."""
+    return bool(BARE_HUB_ID.match(value)) and not value.partition("@")[0].lower().endswith(FILE_SUFFIXES)
 
 
 def hub_cache(env: Mapping[str, str]) -> Path:
@@ -81,6 +93,13 @@ def resolve_hub_ids(cfg, *, full: bool = True, env: Optional[Mapping[str, str]] 
     m, d = cfg.model, cfg.data
     model_id, tokenizer_id = parse_hub_id(m.pretrained), parse_hub_id(d.tokenizer)
     vit = m.family == "vit" or (m.family is None and m.name.startswith(("vit_", "deit")))
+    if model_id is not None and vit and full:
+        text_dir = _text_model_dir("model.pretrained", model_id, env)
+        if text_dir is not None:  # a text model where a ViT was expected: refused before its weights come
+            from ptrun.config.cross import check_model_fits_recipe  # here: cross is above this module
+
+            check_model_fits_recipe(replace(cfg, model=replace(m, pretrained=text_dir)), shown=str(model_id))
+            vit = False  # not refused (model.family=vit over a label of its own): fetched as the text model
     if model_id is not None and (full or not vit):  # plan sizes a ViT from its name: nothing to fetch
         key = "model.pretrained"
         if not full:
@@ -97,6 +116,21 @@ def resolve_hub_ids(cfg, *, full: bool = True, env: Optional[Mapping[str, str]] 
         _say("data.tokenizer", tokenizer_id, local)
         cfg = replace(cfg, data=replace(d, tokenizer=local))
     return cfg
+
+
+def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> Optional[str]:
+    """The snapshot directory of `hub_id`, its config.json alone fetched, when that names a Hugging Face
+    text model (a `model_type` ptrun splits; timm's config.json names an `architecture`); else None."""
+    import json
+
+    from ptrun.config.model import HF_MODEL_TYPES
+
+    try:
+        config = Path(_fetch_file(key, hub_id, "config.json", env))
+        kind = json.loads(config.read_text()).get("model_type")
+    except (ConfigError, OSError, ValueError, AttributeError):
+        return None  # no config.json, or none readable: the weights' fetch says what is wrong
+    return str(config.parent) if kind in HF_MODEL_TYPES else None
 
 
 def _say(key: str, hub_id: HubId, local: str) -> None:
@@ -149,6 +183,8 @@ def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], 
         return f"{head}, nor a valid Hugging Face hub id ({' '.join(str(error).split())[:160]})"
     if isinstance(error, LocalEntryNotFoundError):
         why = "HF_HUB_OFFLINE=1" if hub_offline(env) else "the hub cannot be reached"
+        # a bare name may as well be a directory the user mistyped: say it is neither
+        what = f"no such file or directory, and {what}" if "/" not in hub_id.repo else what
         return (f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
                 f"fetch it on a machine with access: {hub_id.fetch_command()}")
     if isinstance(error, RevisionNotFoundError):

@@ -16,10 +16,11 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: Union[int, str] = 2
-    """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU): an integer, or
-    `auto`: one per visible GPU when the workers use CUDA (`backend` auto or nccl on a machine with a GPU),
-    else `CPU_WORKERS` (2) emulated devices. Each machine of a multi-machine job counts its own."""
+    nproc_per_node: Union[int, str] = "auto"
+    """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU): `auto` (the
+    default) is one per visible GPU when the workers use CUDA (`backend` auto or nccl on a machine with a
+    GPU), else `CPU_WORKERS` (2) emulated devices; or an integer, which on CUDA may not exceed the visible
+    GPUs. Each machine of a multi-machine job counts its own."""
     nnodes: str = "1"
     """Number of machines, `N` or `MIN:MAX` for an elastic job. With MIN > 1, `rdzv_endpoint` must be a
     `host:port` every machine reaches (not loopback, not port 0), and the same command runs on each machine."""
@@ -83,19 +84,34 @@ CPU_WORKERS = 2
 machine, ptrun's default worker count."""
 
 
+def visible_gpus(lc: LauncherConfig) -> int:
+    """The GPUs this machine's workers will use: those CUDA sees when `backend` lets them (the rule of
+    `ptrun.worker.pick_device`), else 0. Imports torch (seconds): called only where the answer matters."""
+    if lc.backend == "gloo":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def workers_per_node(lc: LauncherConfig) -> int:
     """`launcher.nproc_per_node` as the number of workers the launcher starts on this machine: an integer as
-    given; `auto`: one per visible GPU when the workers will use CUDA (the rule of `ptrun.worker.pick_device`),
-    else CPU_WORKERS. torch is imported for `auto` only: it costs seconds, and validation runs before every
-    start."""
+    given; `auto`: one per visible GPU when the workers will use CUDA, else CPU_WORKERS. torch is imported
+    for `auto` only: it costs seconds, and validation runs before every start."""
     if lc.nproc_per_node != "auto":
         return lc.nproc_per_node  # type: ignore[return-value]
-    if lc.backend in ("auto", "nccl"):
-        import torch
+    return visible_gpus(lc) or CPU_WORKERS
 
-        if torch.cuda.is_available():
-            return torch.cuda.device_count()
-    return CPU_WORKERS
+
+def check_devices(lc: LauncherConfig) -> None:
+    """On the machine that starts: one worker per GPU at most (a worker beyond them would ask CUDA for a
+    device that does not exist), and `backend=nccl` only where there is a GPU. Raises ConfigError."""
+    gpus = visible_gpus(lc)
+    require(lc.backend != "nccl" or gpus > 0, "launcher.backend", "gloo or auto on a machine without a GPU "
+            "(nccl needs CUDA)", lc.backend)
+    require(lc.nproc_per_node == "auto" or not gpus or lc.nproc_per_node <= gpus, "launcher.nproc_per_node",
+            f"at most the {gpus} GPU{'s' if gpus > 1 else ''} this machine shows (CUDA_VISIBLE_DEVICES), or auto "
+            f"for one worker per GPU", lc.nproc_per_node)
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int | None] | None:

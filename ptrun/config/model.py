@@ -31,7 +31,8 @@ class ModelConfig:
     name: str = "vit_tiny_patch16_224"
     """timm model name (any `vit_*` / `deit_*`), a BERT preset (`bert-tiny`, `bert-mini`, `bert-small`,
     `bert-medium`, `bert-base`, `bert-large`: random weights), or a label of your own when `pretrained` is a
-    Hugging Face model (its architecture comes from its config.json, not from this name)."""
+    Hugging Face model (its architecture comes from its config.json, not from this name; a timm model's name
+    there is refused, as is a text model on an image recipe: the refusal names the recipes that fit)."""
     family: Optional[str] = choice(None, FAMILIES)
     """`vit` (timm) or `transformers` (a Hugging Face model: a BERT preset, or `pretrained`'s `model_type`:
     bert, roberta, xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, mistral);
@@ -47,8 +48,9 @@ class ModelConfig:
     not accept it."""
     pretrained: Optional[str] = None
     """Pretrained weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), a Hugging
-    Face model directory, or a Hugging Face hub id `org/name[@revision]` (a value that exists on disk is a
-    path). An id is looked up in the Hugging Face cache (HF_HOME, HF_HUB_CACHE) and, unless HF_HUB_OFFLINE=1,
+    Face model directory, or a Hugging Face hub id `org/name[@revision]` or, for the hub's models without an
+    org, `name[@revision]` (`gpt2`, `bert-base-uncased`); a value that exists on disk is a path, and so is a
+    missing one that starts with `.`, `/` or `~` or ends like a file (`.safetensors`, `.pt`, `.bin`). An id is looked up in the Hugging Face cache (HF_HOME, HF_HUB_CACHE) and, unless HF_HUB_OFFLINE=1,
     its config.json, safetensors weights and tokenizer files are fetched into it once, at the start on each
     machine; the workers read the local snapshot. A timm ViT's id is its timm repo, the name with its tag:
     `model.name=vit_base_patch16_224.augreg_in21k model.pretrained=timm/vit_base_patch16_224.augreg_in21k`

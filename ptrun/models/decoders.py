@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ptrun.compat import causal_mask_kwargs
+
 
 def positions(hidden: torch.Tensor) -> torch.Tensor:
     """Positions 0..T-1 as the library builds them when given none ([1, T])."""
@@ -34,8 +36,8 @@ def attention_mask(config, layer: int, hidden: torch.Tensor, keep: torch.Tensor)
     types = getattr(config, "layer_types", None)
     sliding = (types[layer] == "sliding_attention") if types else getattr(config, "sliding_window", None) is not None
     make = create_sliding_window_causal_mask if sliding else create_causal_mask
-    return make(config=config, inputs_embeds=hidden, attention_mask=keep > 0.5, cache=None,
-                position_ids=positions(hidden))
+    return make(config=config, inputs_embeds=hidden, attention_mask=keep > 0.5,
+                **causal_mask_kwargs(make, positions(hidden)))
 
 
 class TokenEmbed(nn.Module):

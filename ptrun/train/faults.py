@@ -8,7 +8,10 @@ itself SIGKILL, with no chance to clean up, when it reaches point P at global st
 - `step`: right after the optimizer step that makes the global step S (mid-epoch);
 - `transition`: in the middle of a layout change at global step S (state shared, new layout not built);
 - `checkpoint`: in the middle of writing the checkpoint of global step S (its own files written, the
-  directory not yet complete).
+  directory not yet complete);
+- `start`: once the trainer is built, before the first step; an entry with `"raise": MESSAGE` raises
+  TypeError(MESSAGE) there instead of dying, on every rank when it names none (a bug that a restart would
+  only repeat).
 
 Unset (always, outside tests) it costs one dictionary lookup per call.
 """
@@ -20,7 +23,7 @@ import os
 import signal
 from functools import cache
 
-POINTS = ("step", "transition", "checkpoint")
+POINTS = ("step", "transition", "checkpoint", "start")
 
 
 @cache
@@ -34,8 +37,10 @@ def _planned() -> dict | None:
 
 
 def reached(point: str, step: int) -> None:
-    """Die here if this worker's attempt planned to."""
+    """Die here (or raise) if this worker's attempt planned to."""
     planned = _planned()
-    if planned and planned["point"] == point and planned["step"] == step \
-            and planned["rank"] == int(os.environ.get("RANK", "0")):
+    if planned and planned["point"] == point and planned.get("step", step) == step \
+            and planned.get("rank", int(os.environ.get("RANK", "0"))) == int(os.environ.get("RANK", "0")):
+        if "raise" in planned:
+            raise TypeError(planned["raise"])
         os.kill(os.getpid(), signal.SIGKILL)

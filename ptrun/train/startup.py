@@ -154,5 +154,5 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
                       "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
     cache = AutoCache(layered, cfg.cache, tag=tag, num_train=len(data.train),
                       num_eval=len(data.eval) if cfg.cache.eval else 0, device=device, run_dir=cfg.run_dir,
-                      compute_dtype=compute_dtype)
+                      compute_dtype=compute_dtype, local=dist.get_world_size() == 1)
     return cache, plain_train

@@ -75,6 +75,9 @@ class EpochSums:
     samples: float = 0.0
     t0: float = field(default_factory=time.perf_counter)
     lr: float = 0.0
+    signal_s: float = 0.0
+    """Host seconds this rank spent measuring the freeze policy's signal (per step: its share of the update,
+    and counting it)."""
 
     def so_far(self, all_sum) -> dict[str, torch.Tensor]:
         """Collective (`all_sum` sums over the ranks): the epoch's sums so far, for a mid-epoch checkpoint."""

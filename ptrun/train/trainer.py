@@ -121,6 +121,7 @@ class Trainer:
         self.apply_plan(plan, optimizer_states)
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.signal.begin()
+        faults.reached("start", self.state.global_step)
         # Opened once the start has succeeded: a failed one leaves no new file in the run directory.
         self.metrics = MetricsLog(cfg.run_dir, cfg.logger, cfg) if self.is_main else None
 
@@ -145,6 +146,11 @@ class Trainer:
 
     def _checkpoint_due(self, epoch_base: int, step: int) -> bool:
         return checkpointing.checkpoint_due(self.cfg, self.state, epoch_base, step, self.steps_per_epoch)
+
+    @property
+    def has_trained(self) -> bool:
+        """Whether this process has finished a training step (its start-up is over)."""
+        return "first_step_end_time" in self.first_step_times
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
@@ -285,7 +291,7 @@ class Trainer:
         seen = self.all_sum(sums.seen)
         resumed = {"resumed_at_step": start} if start else {}
         return {"train_loss": self.all_sum(sums.loss).item() / steps, "samples_per_s": sums.samples / elapsed,
-                "epoch_time_s": elapsed, "lr": sums.lr, "steps": steps,
+                "epoch_time_s": elapsed, "lr": sums.lr, "steps": steps, "signal_s": sums.signal_s,
                 "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
                 **stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
@@ -317,7 +323,9 @@ class Trainer:
                 torch.cuda.synchronize(self.device)  # once: the step has ended when its kernels have
             self.first_step_times["first_step_end_time"] = round(time.time(), 3)
         # Bookkeeping.
+        t0 = time.perf_counter()
         self.signal.after_step(done)
+        sums.signal_s += done.signal_s + time.perf_counter() - t0
         if loss is not None:
             sums.loss += loss.double()
         sums.lr = done.lr

@@ -1,0 +1,70 @@
+"""What differs between the torch and transformers releases ptrun supports, decided by capability, here alone.
+
+Each gate asks the installed library what it can do (a dataclass field, a keyword in a signature), never its
+version string, and is computed once: the rest of ptrun calls these functions and stays free of version
+checks. The supported range is what pyproject.toml declares and CI runs (its oldest and newest pairs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from functools import cache
+
+
+@cache
+def launch_config_fields() -> frozenset[str]:
+    """The fields of this torch's `LaunchConfig` (`shutdown_timeout` arrived in torch 2.12)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return frozenset(f.name for f in dataclasses.fields(LaunchConfig))
+
+
+def launch_config_kwargs(fields: dict) -> dict:
+    """`fields` less those this torch's LaunchConfig does not know (the agent applies what matters of them
+    itself: see `agent_shutdown`)."""
+    known = launch_config_fields()
+    return {k: v for k, v in fields.items() if k in known}
+
+
+@cache
+def _shutdown_takes_timeout(agent_class: type) -> bool:
+    return "timeout" in inspect.signature(agent_class._shutdown).parameters
+
+
+def agent_shutdown(agent, shutdown, base_class: type, death_sig, timeout: float) -> None:
+    """Stop `agent`'s workers through `shutdown` (its `_shutdown` up the class chain down to elastic's
+    `base_class`) with a grace of `timeout` seconds between `death_sig` and SIGKILL. Before torch 2.12
+    `_shutdown` takes no timeout and waits the process context's default (30 s); the context's `close` is then
+    given the timeout for the duration of the call."""
+    if _shutdown_takes_timeout(base_class):
+        shutdown(death_sig, timeout)
+        return
+    context = getattr(agent, "_pcontext", None)
+    if context is None:
+        shutdown(death_sig)
+        return
+    close = context.close
+    context.close = lambda sig=death_sig, grace=timeout: close(sig, grace)
+    try:
+        shutdown(death_sig)
+    finally:
+        context.close = close
+
+
+@cache
+def _mask_parameters(function) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)
+
+
+def causal_mask_kwargs(function, positions) -> dict:
+    """The keywords for transformers' `create_causal_mask` / `create_sliding_window_causal_mask` that say "no
+    key-value cache" and give the positions: the cache is `cache=` from transformers 5.24, `past_key_values=`
+    before; releases that still take `cache_position` get the positions there too."""
+    params = _mask_parameters(function)
+    kwargs = {"cache": None} if "cache" in params else {"past_key_values": None}
+    if "cache_position" in params:
+        kwargs["cache_position"] = positions[0]
+    if "position_ids" in params:
+        kwargs["position_ids"] = positions
+    return kwargs

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# ptrun against the plain loop on this machine's GPU, needing no network: run on a host with its own CUDA torch
+# (`source .gpu-kit/install.sh` first where ptrun is not installed: ../shared/gpu/README.md, or docs/gpu.md).
+#   1-2. bbc_news_bert (the embedded default) at 128 and at 512 tokens: the plain transformers loop, ptrun with
+#        freezing off, ptrun's default (freezing + AutoCache)
+#   3.   digits_vit: the same three
+#   4.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
+# Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
+# to the plain loop (> 1: faster than it), and the final metric. Everything lands in $1 (default: a new temp dir):
+# a job's log, its runs, and its bench_peers_<recipe>.json.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
+limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 digits causal_lm} "  # which jobs, to rerun a few
+read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
+py=${PYTHON:-python3}
+mkdir -p "$out"
+"$py" -c "import torch, transformers; print('gpu_check:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', '| torch', torch.__version__, '| transformers', transformers.__version__)"
+
+summary() {  # one line from a bench_peers JSON
+  "$py" - "$1" "$2" <<'PY'
+import json, sys
+job, path = sys.argv[1], sys.argv[2]
+r = json.load(open(path))
+metric = r["metric"]
+rows = {row["label"]: row for row in r["rows"]}
+plain = rows.get("plain loop")
+parts = []
+for label, row in rows.items():
+    t = row["train_time_s"]["median"] if isinstance(row["train_time_s"], dict) else row["train_time_s"]
+    final = row.get(f"final_{metric}")
+    final = final["median"] if isinstance(final, dict) else final
+    ratio = ""
+    if plain is not None and row is not plain:
+        p = plain["train_time_s"]["median"] if isinstance(plain["train_time_s"], dict) else plain["train_time_s"]
+        ratio = f" ({p / t:.2f}x)"
+    parts.append(f"{label} {t:.2f} s{ratio} {metric} {final:.2f}" if final is not None else f"{label} {t:.2f} s{ratio}")
+print(f"{job}: " + " | ".join(parts), flush=True)
+PY
+}
+
+job() {  # job NAME RECIPE ONLY [OVERRIDES...]
+  local name=$1 recipe=$2 only=$3; shift 3
+  local dir="$out/$name"
+  [[ $jobs == *" $name "* ]] || return 0
+  if timeout "$limit" "$py" "$repo/scripts/bench_peers.py" --recipe "$recipe" --only "$only" --repeats 1 \
+       --out "$dir" "$@" "${extra[@]}" > "$dir.log" 2>&1; then
+    summary "$name" "$dir/bench_peers_$recipe.json"
+  else
+    echo "$name: FAILED (exit $?; log $dir.log): $(grep -v '^\s*$' "$dir.log" | tail -n 1)"
+  fi
+}
+
+cd "$repo"
+job bbc128 bbc_news_bert a,c,e
+job bbc512 bbc_news_bert a,c,e data.max_length=512
+job digits digits_vit a,c,e
+if [[ $jobs != *" causal_lm "* ]]; then :
+elif timeout 120 "$py" -m ptrun.bench.decoder "$out/lm" > "$out/lm.log" 2>&1; then
+  job causal_lm causal_lm a,c "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl" train.max_steps_per_epoch=40
+else
+  echo "causal_lm: FAILED to write the small Llama (log $out/lm.log)"
+fi
+echo "gpu_check: done; runs and logs in $out"

@@ -1,0 +1,130 @@
+"""The machine a run starts on: one worker per visible GPU by default, a worker count beyond the GPUs refused
+before anything starts, and the library differences ptrun gates by capability (`ptrun.compat`).
+
+The GPU count is stubbed (`torch.cuda`), which is what `launcher.nproc_per_node=auto` reads on a GPU host."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+
+import pytest
+import torch
+
+from ptrun import compat
+from ptrun.compose import resolve
+from ptrun.config import ConfigError
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Make CUDA report `n` visible GPUs."""
+
+    def show(n: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+    return show
+
+
+@pytest.mark.parametrize("count", [1, 4])
+def test_the_default_starts_one_worker_per_visible_gpu(gpus, count, tmp_path):
+    from ptrun.launch import launch_config
+
+    gpus(count)
+    cfg = resolve([], {}, run_dir=tmp_path, paths=False, machine=True).cfg
+    assert cfg.launcher.nproc_per_node == count
+    # what elastic is asked to start on this machine
+    assert launch_config(cfg, start_method="spawn").nproc_per_node == count
+
+
+def test_the_default_on_a_machine_without_a_gpu_is_two_emulated_devices(gpus, tmp_path):
+    gpus(0)
+    assert resolve([], {}, run_dir=tmp_path, paths=False, machine=True).cfg.launcher.nproc_per_node == 2
+
+
+def test_more_workers_than_gpus_is_refused_in_one_line(gpus, tmp_path):
+    gpus(1)
+    with pytest.raises(ConfigError) as e:
+        resolve(["launcher.nproc_per_node=2"], {}, run_dir=tmp_path, paths=False, machine=True)
+    assert str(e.value) == ("launcher.nproc_per_node=2 is not allowed: at most the 1 GPU this machine shows "
+                            "(CUDA_VISIBLE_DEVICES), or auto for one worker per GPU")
+    # gloo workers run on the CPU, whatever GPUs there are
+    gloo = resolve(["launcher.nproc_per_node=2", "launcher.backend=gloo"], {}, run_dir=tmp_path, paths=False,
+                   machine=True)
+    assert gloo.cfg.launcher.nproc_per_node == 2
+
+
+def test_nccl_without_a_gpu_is_refused(gpus, tmp_path):
+    gpus(0)
+    with pytest.raises(ConfigError, match=r"launcher.backend='nccl' is not allowed: gloo or auto"):
+        resolve(["launcher.backend=nccl"], {}, run_dir=tmp_path, paths=False, machine=True)
+
+
+def test_more_workers_than_gpus_exits_2_before_any_worker(gpus, tmp_path, cli):
+    gpus(1)
+    out = cli("train", "launcher.nproc_per_node=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "launcher.nproc_per_node=4 is not allowed: at most the 1 GPU" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---- capability gates ----------------------------------------------------------------------------------
+
+
+def test_causal_mask_keywords_follow_the_function_signature():
+    positions = torch.arange(5)[None]
+
+    def new(config, inputs_embeds, attention_mask, cache, position_ids=None):  # transformers >= 5.24
+        pass
+
+    def old(config, inputs_embeds, attention_mask, cache_position=None, past_key_values=None, position_ids=None):
+        pass
+
+    assert compat.causal_mask_kwargs(new, positions).keys() == {"cache", "position_ids"}
+    got = compat.causal_mask_kwargs(old, positions)
+    assert got.keys() == {"past_key_values", "cache_position", "position_ids"} and got["past_key_values"] is None
+    assert torch.equal(got["cache_position"], positions[0])
+    # the installed transformers accepts what the gate gives it
+    from transformers.masking_utils import create_causal_mask
+
+    assert set(compat.causal_mask_kwargs(create_causal_mask, positions)) <= set(
+        inspect.signature(create_causal_mask).parameters)
+
+
+def test_launch_config_keeps_only_the_fields_this_torch_knows(tmp_path):
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    kwargs = compat.launch_config_kwargs({"min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1,
+                                          "logs_specs": DefaultLogsSpecs(log_dir=str(tmp_path)),
+                                          "shutdown_timeout": 5, "a_field_no_torch_has": 1})
+    assert "a_field_no_torch_has" not in kwargs
+    LaunchConfig(**kwargs)  # builds
+
+
+class _Context:
+    def __init__(self):
+        self.closed = []
+
+    def close(self, death_sig=None, timeout=30):
+        self.closed.append((death_sig, timeout))
+
+
+def test_agent_shutdown_gives_the_grace_to_an_agent_whose_shutdown_takes_none():
+    class OldAgent:  # torch < 2.12: `_shutdown(death_sig)`, the context's default grace
+        def __init__(self):
+            self._pcontext = _Context()
+
+        def _shutdown(self, death_sig=signal.SIGTERM):
+            self._pcontext.close(death_sig)
+
+    class NewAgent(OldAgent):
+        def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
+            self._pcontext.close(death_sig, timeout)
+
+    for cls in (OldAgent, NewAgent):
+        agent = cls()
+        compat.agent_shutdown(agent, agent._shutdown, cls, signal.SIGINT, 7)
+        assert agent._pcontext.closed == [(signal.SIGINT, 7)], cls
+        assert agent._pcontext.close.__func__ is _Context.close  # put back
