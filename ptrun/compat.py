@@ -53,6 +53,21 @@ def agent_shutdown(agent, shutdown, base_class: type, death_sig, timeout: float)
 
 
 @cache
+def _ddp_parameters() -> frozenset[str]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
+
+
+def ddp_no_buffer_sync() -> dict:
+    """DistributedDataParallel's keyword that turns off the buffer broadcast before every forward pass:
+    `forward_sync_buffers=False` where it exists (torch 2.12 on, which deprecates the other), else
+    `broadcast_buffers=False`."""
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in _ddp_parameters() else \
+        {"broadcast_buffers": False}
+
+
+@cache
 def _mask_parameters(function) -> frozenset[str]:
     return frozenset(inspect.signature(function).parameters)
 

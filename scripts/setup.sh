@@ -92,7 +92,7 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
   # Keep only the newest few venvs so the disk does not fill up (the venvs only: scripts/compat.sh keeps its
   # own in the compat/ subfolder).
-  ls -1dt "$root"/*/ 2>/dev/null | grep -E '/(system-)?[0-9a-f]{16}/$' | tail -n +4 | sed 's:/$::' \
+  ls -1dt "$root"/*/ 2>/dev/null | grep -E '/(system-)?[0-9a-f]{16}/$' | tail -n +5 | sed 's:/$::' \
     | while read -r old; do rm -rf "$old" "$old.log"; done
 fi
 # This clone's venv: the shared packages through a .pth line (a plain path: the shared venv's own .pth

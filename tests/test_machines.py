@@ -128,3 +128,10 @@ def test_agent_shutdown_gives_the_grace_to_an_agent_whose_shutdown_takes_none():
         compat.agent_shutdown(agent, agent._shutdown, cls, signal.SIGINT, 7)
         assert agent._pcontext.closed == [(signal.SIGINT, 7)], cls
         assert agent._pcontext.close.__func__ is _Context.close  # put back
+
+
+def test_ddp_takes_the_buffer_keyword_this_torch_knows():
+    from torch.nn.parallel import DistributedDataParallel
+
+    (key,) = compat.ddp_no_buffer_sync()
+    assert key in inspect.signature(DistributedDataParallel.__init__).parameters

@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from ptrun.compat import ddp_no_buffer_sync
 from ptrun.config import parse_recompute
 from ptrun.models.layered import run_units
 from ptrun.parallel.groups import Groups
@@ -250,9 +251,9 @@ def data_parallel(module: nn.Module, groups: Groups, device: torch.device) -> Di
     """`module` in DistributedDataParallel over the DP group, summing (not averaging) the replicas' bucketed
     gradients during the backward pass. No initial broadcast: every replica already holds the same weights
     (one seed, or moved there by AutoDP)."""
-    ddp = DistributedDataParallel(module, process_group=groups.dp, forward_sync_buffers=False, init_sync=False,
-                                  gradient_as_bucket_view=True,
-                                  device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(module, process_group=groups.dp, init_sync=False, gradient_as_bucket_view=True,
+                                  device_ids=[device.index] if device.type == "cuda" else None,
+                                  **ddp_no_buffer_sync())
     ddp.register_comm_hook(groups.dp, _sum_hook)
     return ddp
 
