@@ -90,6 +90,29 @@ def epoch_pieces(run: Run, epoch: dict[str, Any]) -> Optional[list[Piece]]:
     return pieces
 
 
+def warm_up(run: Run, epoch: dict[str, Any], pieces: list[Piece]) -> list[Piece]:
+    """`pieces` of `epoch` with its warm-up cut off as a piece of its own, marked by `WARM_UP` on its event: the
+    first step a worker process trained (from the loop's start, the batches' first fetch included, to the end
+    of its update: the epoch event's `first_step_end_time`), in an epoch where a process started (the run's
+    first, or the first after a resume). That step pays for what every later step reuses (the allocator's
+    first blocks, the kernels' first calls; on a GPU the CUDA context's and libraries' start-up), once per
+    run: a run without freezing pays it too, once, and never again."""
+    end = epoch.get("first_step_end_time")
+    if end is None or not pieces:
+        return pieces
+    first, seconds, samples = pieces[0]
+    steps = epoch.get("steps") or 0
+    per_step = epoch.get("samples", 0) / steps if steps else 0.0
+    warm = min(seconds, max(0.0, end - first["time"]))
+    if samples <= per_step:  # a stretch of one step: all of it is warm-up
+        return [({**first, WARM_UP: True}, seconds, samples), *pieces[1:]]
+    return [({**first, WARM_UP: True}, warm, per_step), (first, seconds - warm, samples - per_step), *pieces[1:]]
+
+
+WARM_UP = "_warm_up"
+"""The key `warm_up` sets on the (copied) plan event of a warm-up piece."""
+
+
 def freezing_savings(run: Run) -> Optional[Savings]:
     """What freezing saved in `run` (see the module docstring); None when it cannot be told: no epoch yet, an
     epoch without its plan event, or a run that froze before any stretch with every unit training was
@@ -98,6 +121,7 @@ def freezing_savings(run: Run) -> Optional[Savings]:
         return None
     train_s = 0.0
     pieces: list[Piece] = []
+    epoch_of: list[int] = []  # each piece's epoch
     for epoch in run.epochs:
         mine = epoch_pieces(run, epoch)
         if mine is None:
@@ -106,15 +130,29 @@ def freezing_savings(run: Run) -> Optional[Savings]:
         train_s += epoch["epoch_time_s"]
         if (opening["epoch"], opening.get("step", 0)) == (epoch["epoch"], epoch.get("resumed_at_step", 0)):
             train_s += opening.get("transition_s", 0.0)  # the change into this epoch, made before its loop
+            mine = warm_up(run, epoch, mine)  # only a loop that opened with its plan event has a known start
         pieces += mine
+        epoch_of += [epoch["epoch"]] * len(mine)
     if not any(event.get("frozen_units") for event, _, _ in pieces):
         return Savings(train_s, train_s, froze=False)
-    unfrozen = [(seconds, samples) for event, seconds, samples in pieces if not event.get("frozen_units")]
-    measured_s, measured_samples = math.fsum(s for s, _ in unfrozen), math.fsum(n for _, n in unfrozen)
-    if measured_samples <= 0:
+    unfrozen = [(event, s, n) for event, s, n in pieces if not event.get("frozen_units")]
+    steady = [(s, n) for event, s, n in unfrozen if not event.get(WARM_UP)]
+    # the first epoch's later steps run slower too (measured on two CPU cores: steps 2 to 7 up to 2x the
+    # steady step): where the stretches after it trained every unit for an epoch or more, they alone tell
+    later = [(s, n) for (event, s, n), e in zip(pieces, epoch_of)
+             if e > run.epochs[0]["epoch"] and not event.get("frozen_units") and not event.get(WARM_UP)]
+    if math.fsum(n for _, n in later) >= run.epochs[0].get("samples", math.inf):
+        steady = later
+    if math.fsum(n for _, n in steady) <= 0:  # a single step trained every unit: its warm-up is all there is
+        steady = [(s, n) for _, s, n in unfrozen]
+    rate_s, rate_samples = math.fsum(s for s, _ in steady), math.fsum(n for _, n in steady)
+    if rate_samples <= 0:
         return None
-    all_samples = math.fsum(n for _, _, n in pieces)
-    return Savings(train_s, measured_s / measured_samples * all_samples, froze=True)
+    frozen_samples = math.fsum(n for event, _, n in pieces if event.get("frozen_units"))
+    # the stretches that trained every unit ran as they would without freezing, warm-up and all: counted as
+    # measured; the frozen stretches' samples at the steady seconds per sample of those stretches
+    measured_s = math.fsum(s for _, s, _ in unfrozen)
+    return Savings(train_s, measured_s + rate_s / rate_samples * frozen_samples, froze=True)
 
 
 def savings_lines(runs: Sequence[Run]) -> list[str]:
