@@ -34,10 +34,12 @@ import os
 import subprocess
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, dir_name, label_rows, markdown_lines, median, publish,
-                                 rounds_parser, spread, train)
+from ptrun.bench.harness import (cell, command_line, label_rows, machine_description, markdown_lines, publish,
+                                 rounds_parser, train)
+from ptrun.bench.tiny import SHARED
 
 RECIPE = "bbc_news_bert"
 MODES = ("small", "normal")
@@ -70,10 +72,11 @@ def frozen_at(changes: list[dict], epoch: int, step: int) -> int:
 
 def unit_params(net) -> list[list]:
     """The parameters of each of ptrun's units of a transformers encoder classifier, in ptrun's order
-    (`ptrun.models.encoders.split_encoder`): the embeddings, each layer's attention half and feed-forward
-    half, the head (pooler and classifier)."""
+    (`ptrun.models.encoders.split_encoder`; BERT, RoBERTa, XLM-R, ELECTRA): the embeddings, each layer's
+    attention half and feed-forward half, the head (pooler and classifier)."""
     base = getattr(net, net.base_model_prefix)
-    units = [list(base.embeddings.parameters())]
+    project = getattr(base, "embeddings_project", None)  # ELECTRA's, where its embeddings are narrower
+    units = [[*base.embeddings.parameters(), *(project.parameters() if project is not None else ())]]
     for layer in base.encoder.layer:
         units += [list(layer.attention.parameters()),
                   [*layer.intermediate.parameters(), *layer.output.parameters()]]
@@ -306,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         from ptrun.report import load_run
 
         first = load_run(out / mode / "round0" / "ptrun")
-        result = {"command": command_line(), "recipe": args.recipe, "mode": mode, "model": first.start["model"]
+        result = {"command": command_line(), "date": date.today().isoformat(),
+                  "machine": machine_description() + SHARED, "recipe": args.recipe, "mode": mode, "model": first.start["model"]
                   if mode == "normal" else "tiny BERT, 4 layers, 64 wide", "overrides": common[mode],
                   "repeats": args.repeats, "num_units": first.start["num_units"], "schedule": schedules[mode][0],
                   "same_schedule": all(s == schedules[mode][0] for s in schedules[mode]),

