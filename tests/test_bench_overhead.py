@@ -75,6 +75,16 @@ def test_per_epoch_overhead_and_the_whole_run(tmp_path):
     text = overhead.table(result)
     assert "| epoch 1 | 0/3/5 | 3.00 (3.00-3.00) | 2.00 (2.00-2.00) | 1.50x (1.50-1.50) |" in text
     assert "epoch 1 step 2: 3 of 10" in overhead.caption(result)
+    # with the cache-off run beside it (epochs of 2.5 s and 1.8 s, 0.5 s between): its own overhead columns
+    nocache = write_run(tmp_path / "nocache", [*EVENTS[:4], epoch(1003.0, 0, 2.5), EVENTS[5], epoch(1005.5, 1, 1.8)])
+    both = overhead.merged(rows, overhead.compare(nocache, oracle))
+    assert [r["nocache_overhead"] for r in both] == pytest.approx([1.25, 1.125, 4.8 / 3.85])
+    result = dict(result, nocache=True, rows=label_rows([both], overhead.KEYS + ("nocache_ptrun_s", "nocache_overhead")),
+                  repeats=1)
+    for row in result["rows"]:
+        row["frozen"] = row["runs"][0]["frozen"]
+    assert "| epoch 2 | 7 | 2.00 | 1.80 | 1.60 | 1.25x | 1.12x |" in overhead.table(result)
+    assert "ptrun with `auto.cache=false`" in overhead.caption(result)
     oracle.write_text(json.dumps({"num_units": 12, "epochs": []}))
     with pytest.raises(SystemExit, match="12 units"):
         overhead.compare(run_dir, oracle)

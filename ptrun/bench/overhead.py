@@ -9,8 +9,9 @@ A frozen unit's parameters stop requiring gradients (autograd then records nothi
 it runs as under `no_grad`, its activations unsaved, no backward through it) and leave the optimizer (its
 Adam moments dropped, the others' kept). No cache: the frozen prefix runs forward every step.
 
-Per round, interleaved (a slow spell of the shared machine hits both alike): `ptrun train recipe=NAME` with
-the given overrides, then the oracle on its schedule. Reported per epoch: ptrun's training loop
+Per round, interleaved (a slow spell of the shared machine hits all alike): `ptrun train recipe=NAME` with
+the given overrides, the same with `auto.cache=false` (the oracle has no cache: this pair leaves ptrun's own
+fixed costs; `--no-cache-off` leaves it out), then the oracle on the first run's schedule. Reported per epoch: ptrun's training loop
 (`epoch_time_s`) over the oracle's, and over the whole run (the loops plus the layout changes between
 epochs, which both sides pay: ptrun's transitions, the oracle's optimizer rebuild).
 
@@ -267,21 +268,40 @@ def compare(run_dir: Path, oracle_file: Path) -> list[dict]:
     return rows
 
 
+SIDES = {"ptrun": [], "ptrun, cache off": ["auto.cache=false"]}
+"""ptrun's runs of a round (label -> overrides): the recipe as shipped, whose schedule the oracle follows, and
+the same without AutoCache (the oracle has none), which leaves ptrun's own fixed costs against the oracle."""
+NO_CACHE = "nocache"
+"""The prefix of the cache-off run's keys in a row."""
+
+
+def merged(default: list[dict], nocache: list[dict] | None) -> list[dict]:
+    """A round's rows: the default run's against the oracle, with the cache-off run's as `nocache_*` keys."""
+    if nocache is None:
+        return default
+    return [{**d, f"{NO_CACHE}_ptrun_s": c["ptrun_s"], f"{NO_CACHE}_overhead": c["overhead"],
+             **({f"{NO_CACHE}_final_train_loss": c["ptrun_final_train_loss"]} if "ptrun_final_train_loss" in c else {})}
+            for d, c in zip(default, nocache)]
+
+
 def caption(result: dict) -> str:
-    return (f"{result['recipe']} ({result['mode']} model: {result['model']}): {result['repeats']} round(s) of ptrun "
-            f"and the oracle loop, interleaved; medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
+    return (f"{result['recipe']} ({result['mode']} model: {result['model']}): {result['repeats']} round(s) of ptrun"
+            + (", ptrun with `auto.cache=false`" if result.get("nocache") else "")
+            + " and the oracle loop, interleaved; medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
             + "; overhead = ptrun's seconds over the oracle's; frozen units: "
             + ", ".join(f"epoch {c['epoch'] + 1} step {c['step']}: {c['frozen_units']} of {result['num_units']}"
                         for c in result["schedule"]))
 
 
 def table(result: dict) -> str:
-    n = result["repeats"]
-    return "\n".join(markdown_lines(
-        ["", "units frozen", "ptrun (s)", "oracle loop (s)", "overhead"],
-        [[r["label"], "-" if r["frozen"] is None else "/".join(map(str, r["frozen"])),
-          cell(r, "ptrun_s", ".2f", "", n), cell(r, "oracle_s", ".2f", "", n), cell(r, "overhead", ".2f", "x", n)]
-         for r in result["rows"]]))
+    n, nocache = result["repeats"], result.get("nocache")
+    header = ["", "units frozen", "ptrun (s)", *(["ptrun, cache off (s)"] if nocache else []), "oracle loop (s)",
+              "overhead", *(["overhead, cache off"] if nocache else [])]
+    return "\n".join(markdown_lines(header, (
+        [r["label"], "-" if r["frozen"] is None else "/".join(map(str, r["frozen"])), cell(r, "ptrun_s", ".2f", "", n),
+         *([cell(r, f"{NO_CACHE}_ptrun_s", ".2f", "", n)] if nocache else []), cell(r, "oracle_s", ".2f", "", n),
+         cell(r, "overhead", ".2f", "x", n), *([cell(r, f"{NO_CACHE}_overhead", ".2f", "x", n)] if nocache else [])]
+        for r in result["rows"])))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -290,31 +310,39 @@ def main(argv: list[str] | None = None) -> None:
         return oracle(argv[1:])
     parser = rounds_parser(__doc__, "runs/bench_overhead", recipe=RECIPE, repeats=3)
     parser.add_argument("--mode", action="append", choices=MODES, help="repeatable; default: small")
+    parser.add_argument("--no-cache-off", action="store_true", help="leave out the run with auto.cache=false")
     args, overrides = parser.parse_known_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     modes = args.mode or ["small"]
+    sides = {k: v for k, v in SIDES.items() if not (args.no_cache_off and v)}
     common = {mode: [f"recipe={args.recipe}", *mode_overrides(mode, out), "train.export=false", *overrides]
               for mode in modes}
     rounds: dict[str, list] = {mode: [] for mode in modes}
     schedules: dict[str, list] = {mode: [] for mode in modes}
     for r in range(args.repeats):
-        for mode in modes:  # interleaved: each round runs every mode's pair
+        for mode in modes:  # interleaved: each round runs every mode's runs
             where = out / mode / f"round{r}"
-            run_dir = train(where / "ptrun", common[mode], args.reuse)
-            oracle_file = run_oracle(run_dir, where / "oracle.json", args.recipe, common[mode][1:], args.reuse)
-            rounds[mode].append(compare(run_dir, oracle_file))
-            schedules[mode].append(schedule(run_dir))
+            dirs = {label: train(where / ("ptrun" if not extra else "ptrun_cache_off"), [*common[mode], *extra],
+                                 args.reuse) for label, extra in sides.items()}
+            oracle_file = run_oracle(dirs["ptrun"], where / "oracle.json", args.recipe, common[mode][1:], args.reuse)
+            rows = {label: compare(d, oracle_file) for label, d in dirs.items()}
+            rounds[mode].append(merged(rows["ptrun"], rows.get("ptrun, cache off")))
+            schedules[mode] += [schedule(d) for d in dirs.values()]
     for mode in modes:
         from ptrun.report import load_run
 
         first = load_run(out / mode / "round0" / "ptrun")
+        keys = KEYS + ((f"{NO_CACHE}_ptrun_s", f"{NO_CACHE}_overhead") if len(sides) > 1 else ())
         result = {"command": command_line(), "date": date.today().isoformat(),
-                  "machine": machine_description() + SHARED, "recipe": args.recipe, "mode": mode, "model": first.start["model"]
-                  if mode == "normal" else "tiny BERT, 4 layers, 64 wide", "overrides": common[mode],
-                  "repeats": args.repeats, "num_units": first.start["num_units"], "schedule": schedules[mode][0],
+                  "machine": machine_description() + SHARED, "recipe": args.recipe, "mode": mode,
+                  "model": first.start["model"] if mode == "normal" else "tiny BERT, 4 layers, 64 wide",
+                  "overrides": common[mode], "repeats": args.repeats, "num_units": first.start["num_units"],
+                  "nocache": len(sides) > 1, "schedule": schedules[mode][0],
+                  # every ptrun run of every round froze the same units at the same steps (the oracle follows
+                  # the default run's of its round)
                   "same_schedule": all(s == schedules[mode][0] for s in schedules[mode]),
-                  "rows": label_rows(rounds[mode], KEYS)}
+                  "rows": label_rows(rounds[mode], keys)}
         for row in result["rows"]:
             row["frozen"] = row["runs"][0]["frozen"]
         publish(result, out / f"bench_overhead_{args.recipe}_{mode}.json", caption, table)

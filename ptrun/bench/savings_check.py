@@ -29,7 +29,7 @@ from ptrun.bench.tiny import SHARED
 RECIPES = ("digits_vit", "text_classification")
 FREEZING, OFF = "freezing", "freezing off"
 RUNS = {FREEZING: [], OFF: ["auto.freeze=false", "auto.cache=false"]}
-KEYS = ("estimate_s", "measured_s", "error", "first_rate_estimate_s", "first_rate_error", "train_s")
+KEYS = ("estimate_s", "measured_s", "error", "first_rate_estimate_s", "first_rate_error", "train_s", "rate_ratio")
 
 
 def recipe_overrides(recipe: str, out: Path, per_class: int = 80) -> list[str]:
@@ -55,25 +55,46 @@ def first_rate_estimate(run) -> float | None:
     return math.fsum(s for s, _ in unfrozen) / samples * math.fsum(n for _, _, n in pieces)
 
 
+def rate_ratio(on, off) -> float | None:
+    """The freezing run's steady seconds per sample with every unit training (what the estimate prices the
+    frozen samples at) over the run without freezing's, in the same epochs, warm-up left out of both: 1 when
+    the machine ran both alike. On a shared machine it drifts, and the estimate's error with it."""
+    from ptrun.report.savings import WARM_UP, run_pieces, steady_pieces
+
+    on_pieces, off_pieces = run_pieces(on), run_pieces(off)
+    if on_pieces is None or off_pieces is None:
+        return None
+    steady = steady_pieces(on, on_pieces[1])
+    epochs = {p[0] for p in steady}
+    same = [p for p in off_pieces[1] if p[0] in epochs and not p[1].get(WARM_UP)]
+    if not steady or not same:
+        return None
+    rate = lambda pieces: math.fsum(p[2] for p in pieces) / math.fsum(p[3] for p in pieces)  # noqa: E731
+    return rate(steady) / rate(same)
+
+
 def measure(dirs: dict[str, Path]) -> dict:
     """One round: the freezing run's estimate (and the earlier one) against the measured run without freezing."""
     from ptrun.report import load_run
     from ptrun.report.savings import freezing_savings
 
-    on, off = (freezing_savings(load_run(dirs[label])) for label in (FREEZING, OFF))
-    first = first_rate_estimate(load_run(dirs[FREEZING]))
+    on_run, off_run = load_run(dirs[FREEZING]), load_run(dirs[OFF])
+    on, off = freezing_savings(on_run), freezing_savings(off_run)
+    first = first_rate_estimate(on_run)
     estimate = on.unfrozen_s  # None: too few steady steps with every unit training to estimate
     return {"label": "estimate against measured", "estimate_s": estimate, "measured_s": off.train_s,
             "train_s": on.train_s, "error": estimate and estimate / off.train_s - 1, "line": on.line(),
-            "steady_steps": on.steady_steps,
+            "steady_steps": on.steady_steps, "rate_ratio": rate_ratio(on_run, off_run),
             "first_rate_estimate_s": first, "first_rate_error": first and first / off.train_s - 1,
             "runs": {label: str(d) for label, d in dirs.items()}}
 
 
 def caption(result: dict) -> str:
-    return (f"{result['recipe']}: {result['repeats']} round(s) of 2 runs (freezing, freezing off), interleaved; "
+    data = f" on the tiny BERT, {result['per_class']} articles a topic" if result.get("per_class") else ""
+    return (f"{result['recipe']}{data}: {result['repeats']} round(s) of 2 runs (freezing, freezing off), interleaved; "
             f"medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
-            + "; error = estimate / measured - 1")
+            + "; error = estimate / measured - 1; rate ratio = the freezing run's steady seconds per sample with "
+            "every unit training over the run without freezing's in the same epochs (1: the machine ran both alike)")
 
 
 def table(result: dict) -> str:
@@ -84,8 +105,10 @@ def table(result: dict) -> str:
         [[cell(row, "train_s", ".2f", "", n), cell(row, "estimate_s", ".2f", "", n),
           cell(row, "measured_s", ".2f", "", n), pct(row, "error", n), cell(row, "first_rate_estimate_s", ".2f", "", n),
           pct(row, "first_rate_error", n)]])
-    per_round = markdown_lines(["round", "steady steps", "estimate (s)", "measured (s)", "error", "earlier error"],
-                               [[str(i), fmt(r.get("steady_steps"), "d"), fmt(r["estimate_s"]), f"{r['measured_s']:.2f}",
+    per_round = markdown_lines(["round", "steady steps", "rate ratio", "estimate (s)", "measured (s)", "error",
+                                "earlier error"],
+                               [[str(i), fmt(r.get("steady_steps"), "d"), fmt(r.get("rate_ratio")), fmt(r["estimate_s"]),
+                                 f"{r['measured_s']:.2f}",
                                  "-" if r["error"] is None else f"{100 * r['error']:+.0f}%",
                                  "-" if r["first_rate_error"] is None else f"{100 * r['first_rate_error']:+.0f}%"]
                                 for i, r in enumerate(row["runs"])])
@@ -116,7 +139,9 @@ def main() -> None:
         result = {"command": command_line(), "date": date.today().isoformat(),
                   "machine": machine_description() + SHARED, "recipe": recipe, "overrides": common, "repeats": args.repeats,
                   "rows": label_rows(rounds, KEYS)}
-        publish(result, out / f"check_savings_{recipe}.json", caption, table)
+        name = recipe + (f"_{args.per_class}" if recipe == "text_classification" and args.per_class != 80 else "")
+        result["per_class"] = args.per_class if recipe == "text_classification" else None
+        publish(result, out / f"check_savings_{name}.json", caption, table)
 
 
 if __name__ == "__main__":

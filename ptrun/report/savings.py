@@ -152,16 +152,11 @@ WARM_UP = "_warm_up"
 """The key `warm_up` sets on the (copied) plan event of a warm-up piece."""
 
 
-def freezing_savings(run: Run) -> Optional[Savings]:
-    """What freezing saved in `run` (see the module docstring); None when it cannot be told: no epoch yet, an
-    epoch without its plan event, or a run that froze before any stretch with every unit training was
-    measured. Too few steady steps with every unit training give a `Savings` without an estimate."""
-    if not run.epochs or not run.plans:
-        return None
-    train_s = 0.0
-    pieces: list[Piece] = []
-    per_step: list[float] = []  # the samples of a step in each piece's epoch
-    later: list[bool] = []  # whether each piece is in an epoch after the run's first
+def run_pieces(run: Run) -> Optional[tuple[float, list[tuple[int, dict[str, Any], float, float, float]]]]:
+    """The run's training seconds (`Savings.train_s`) and its pieces in order, each as (its epoch, its plan
+    event, seconds, samples, samples a step), warm-up cut off (`warm_up`); None when an epoch has no plan event
+    to cut it by."""
+    train_s, pieces = 0.0, []
     for epoch in run.epochs:
         mine = epoch_pieces(run, epoch)
         if mine is None:
@@ -171,28 +166,44 @@ def freezing_savings(run: Run) -> Optional[Savings]:
         if (opening["epoch"], opening.get("step", 0)) == (epoch["epoch"], epoch.get("resumed_at_step", 0)):
             train_s += opening.get("transition_s", 0.0)  # the change into this epoch, made before its loop
             mine = warm_up(epoch, mine)  # only a loop that opened with its plan event has a known start
-        pieces += mine
-        per_step += [epoch.get("samples", 0) / epoch["steps"] if epoch.get("steps") else 0.0] * len(mine)
-        later += [epoch["epoch"] > run.epochs[0]["epoch"]] * len(mine)
-    if not any(event.get("frozen_units") for event, _, _ in pieces):
+        per_step = epoch.get("samples", 0) / epoch["steps"] if epoch.get("steps") else 0.0
+        pieces += [(epoch["epoch"], event, seconds, samples, per_step) for event, seconds, samples in mine]
+    return train_s, pieces
+
+
+def steady_pieces(run: Run, pieces: list) -> list:
+    """The `run_pieces` that give the steady rate with every unit training: those with no unit frozen, warm-up
+    left out, and only those after the first epoch where they hold an epoch's samples or more (the first
+    epoch's steps after its first can run slower too: measured on two CPU cores, steps 2 to 7 up to 2x the
+    steady step)."""
+    steady = [p for p in pieces if not p[1].get("frozen_units") and not p[1].get(WARM_UP)]
+    after_first = [p for p in steady if p[0] > run.epochs[0]["epoch"]]
+    if math.fsum(p[3] for p in after_first) >= run.epochs[0].get("samples", math.inf):
+        return after_first
+    return steady
+
+
+def freezing_savings(run: Run) -> Optional[Savings]:
+    """What freezing saved in `run` (see the module docstring); None when it cannot be told: no epoch yet, an
+    epoch without its plan event, or a run that froze before any stretch with every unit training was
+    measured. Too few steady steps with every unit training give a `Savings` without an estimate."""
+    if not run.epochs or not run.plans or (cut := run_pieces(run)) is None:
+        return None
+    train_s, pieces = cut
+    if not any(p[1].get("frozen_units") for p in pieces):
         return Savings(train_s, train_s, froze=False)
-    unfrozen = [i for i, (event, _, _) in enumerate(pieces) if not event.get("frozen_units")]
+    unfrozen = [p for p in pieces if not p[1].get("frozen_units")]
     if not unfrozen:
         return None
-    steady = [i for i in unfrozen if not pieces[i][0].get(WARM_UP)]
-    # the first epoch's later steps can run slower too (measured on two CPU cores: steps 2 to 7 up to 2x the
-    # steady step): where the stretches after it trained every unit for an epoch or more, they alone tell
-    after_first = [i for i in steady if later[i]]
-    if math.fsum(pieces[i][2] for i in after_first) >= run.epochs[0].get("samples", math.inf):
-        steady = after_first
-    steps = round(math.fsum(pieces[i][2] / per_step[i] for i in steady if per_step[i]))
-    rate_s, rate_samples = math.fsum(pieces[i][1] for i in steady), math.fsum(pieces[i][2] for i in steady)
+    steady = steady_pieces(run, pieces)
+    steps = round(math.fsum(p[3] / p[4] for p in steady if p[4]))
+    rate_s, rate_samples = math.fsum(p[2] for p in steady), math.fsum(p[3] for p in steady)
     if steps < MIN_STEADY_STEPS or rate_samples <= 0:
         return Savings(train_s, None, froze=True, steady_steps=steps)
-    frozen_samples = math.fsum(n for event, _, n in pieces if event.get("frozen_units"))
+    frozen_samples = math.fsum(p[3] for p in pieces if p[1].get("frozen_units"))
     # the stretches that trained every unit ran as they would without freezing, warm-up and all: counted as
     # measured; the frozen stretches' samples at the steady seconds per sample of those stretches
-    measured_s = math.fsum(pieces[i][1] for i in unfrozen)
+    measured_s = math.fsum(p[2] for p in unfrozen)
     return Savings(train_s, measured_s + rate_s / rate_samples * frozen_samples, froze=True, steady_steps=steps)
 
 
