@@ -210,6 +210,46 @@ TABLES = [
           "starting after the launcher's imports, the packaged corpus tokenized by every worker on every run) "
           "the same benchmark put ptrun 8.6 s behind the plain loop on text_classification (8.3 s warm).",
           optional=True),
+    Table("bench_overhead_bbc_news_bert_small.json", "ptrun.bench.overhead",
+          "ptrun against a loop frozen by hand: tiny model, steps of milliseconds",
+          "What ptrun's machinery costs where a step takes tens of milliseconds, as a real model's does on a "
+          "GPU, so that fixed costs (layout changes, per-step work) show on the CPU: the embedded default's recipe "
+          "on a tiny random BERT (4 layers, 64 wide, MiniLM's tokenizer; the same BBC News data, the same "
+          "schedule mechanism) against an oracle loop: the plain transformers loop (`ptrun.bench.plain_loop`'s model, data, batches, fused AdamW, schedule and "
+          "clip) on the same two processes and threads as ptrun (DDP over gloo, one thread each), which freezes "
+          "the same units at the same steps: its schedule is read from the ptrun run's `plan` events, what a user "
+          "who knew it could write by hand. A frozen unit's parameters stop requiring gradients (autograd then "
+          "records nothing for the frozen prefix, as under `no_grad`) and leave the optimizer; DDP is wrapped "
+          "again after each freeze; no cache. ptrun runs as shipped (AutoCache serves the frozen prefix) and "
+          "with `auto.cache=false`, against the same oracle. Seconds are the epochs' training loops; the whole "
+          "run adds the layout changes between epochs (ptrun's transitions, the oracle's re-wrap).",
+          "@NOTES_SMALL@", optional=True),
+    Table("bench_overhead_bbc_news_bert_normal.json", "ptrun.bench.overhead",
+          "ptrun against a loop frozen by hand: bbc_news_bert",
+          "The same on the embedded default's own model (all-MiniLM-L6-v2), epochs capped at 24 steps "
+          "(`train.max_steps_per_epoch=24`: decisions every 6 steps, so the schedule still freezes) to measure "
+          "in minutes.",
+          "@NOTES_NORMAL@", optional=True),
+    Table("check_savings_digits_vit.json", "ptrun.bench.savings_check",
+          "The savings line against a run without freezing: digits_vit",
+          "How true the line a run ends with is (`freezing saved ~X s: ... without freezing it would take ~Y s`): "
+          "the recipe as shipped, whose estimate Y prices the samples it trained with units frozen at its own "
+          "steady seconds per sample while every unit trained (warm-up left out), against the same recipe with "
+          "`auto.freeze=false auto.cache=false`, measured, in interleaved rounds "
+          "(`scripts/check_savings.py`). The earlier estimate priced every sample at the first stretch's rate, "
+          "warm-up included. The rate ratio shows how differently the shared machine ran the two runs.",
+          "@NOTES_DIGITS@", optional=True),
+    Table("check_savings_text_classification_320.json", "ptrun.bench.savings_check",
+          "The savings line against a run without freezing: text_classification",
+          "The same on `recipe=text_classification` with a tiny random BERT (4 layers, 64 wide; steps of tens of "
+          "milliseconds) on the packaged news sample, 320 articles a topic (80 steps an epoch, decisions every "
+          "20).",
+          "@NOTES_TC@", optional=True),
+    Table("check_savings_text_classification.json", "ptrun.bench.savings_check",
+          "The savings line when too few steps trained every layer: text_classification, 80 articles a topic",
+          "The same with 80 articles a topic (20 steps an epoch): the first decision, after 5 steps, froze "
+          "units, so 4 steps after the first trained every unit.",
+          "@NOTES_TC80@", optional=True),
     Table("sweep_interval_bbc_news_bert.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: bbc_news_bert",
           "PipeTransformer decides at epoch boundaries, so a 3-epoch fine-tune trains every layer for its whole "
           "first epoch. `freeze.every=0.25` decides four times an epoch. In one invocation: the plain loop, the "
