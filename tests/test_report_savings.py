@@ -134,7 +134,8 @@ def test_later_epochs_with_every_unit_training_give_the_rate(tmp_path):
 def test_too_few_steady_steps_give_no_estimate(tmp_path, unfrozen_steps):
     """Every unit trained for `unfrozen_steps` steps, the first of them warm-up: 9 steady steps are too few to
     price the frozen ones (the line says so, the event has no estimate); 10 are enough."""
-    events = [start(1000.0), plan(1000.0, 0, 0, 0, 1, 2, 1), plan(1000.0 + unfrozen_steps, 0, unfrozen_steps, 3, 1, 2, 1),
+    events = [start(1000.0), plan(1000.0, 0, 0, 0, 1, 2, 1),
+              plan(1000.0 + unfrozen_steps, 0, unfrozen_steps, 3, 1, 2, 1),
               first_epoch(1040.0, 40.0, first_step_end=1001.0)]
     saved = freezing_savings(load_run(write_run(tmp_path / "r", events)))
     assert saved.steady_steps == unfrozen_steps - 1

@@ -11,7 +11,8 @@ Adam moments dropped, the others' kept). No cache: the frozen prefix runs forwar
 
 Per round, interleaved (a slow spell of the shared machine hits all alike): `ptrun train recipe=NAME` with
 the given overrides, the same with `auto.cache=false` (the oracle has no cache: this pair leaves ptrun's own
-fixed costs; `--no-cache-off` leaves it out), then the oracle on the first run's schedule. Reported per epoch: ptrun's training loop
+fixed costs; `--no-cache-off` leaves it out), then the oracle on the first run's schedule. Reported per epoch:
+ptrun's training loop
 (`epoch_time_s`) over the oracle's, and over the whole run (the loops plus the layout changes between
 epochs, which both sides pay: ptrun's transitions, the oracle's optimizer rebuild).
 
@@ -162,7 +163,8 @@ def oracle(argv: list[str]) -> None:
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
-        return {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": max(0.0, 1 - progress)}.get(o.schedule, 1.0)
+        return {"cosine": 0.5 * (1 + math.cos(math.pi * progress)),
+                "linear": max(0.0, 1 - progress)}.get(o.schedule, 1.0)
 
     frozen, epochs, losses, global_step = 0, [], [], 0
     for epoch in range(t.epochs):
@@ -194,7 +196,10 @@ def oracle(argv: list[str]) -> None:
             losses.append(loss.detach() / world)
             global_step += 1
         epochs.append({"epoch": epoch, "train_time_s": time.perf_counter() - t_epoch, "transition_s": transition_s,
-                       "frozen_units": frozen, "steps": steps})
+                       "frozen_units": frozen, "steps": steps,
+                       # what froze: the parameters still training, and those the optimizer still updates
+                       "trainable_params": sum(p.numel() for p in net.parameters() if p.requires_grad),
+                       "optimizer_params": sum(p.numel() for g in optimizer.param_groups for p in g["params"])})
         if rank == 0:
             print(f"oracle epoch {epoch + 1}/{t.epochs}  {epochs[-1]['train_time_s']:.2f}s  {frozen} units frozen",
               flush=True)
@@ -264,7 +269,8 @@ def compare(run_dir: Path, oracle_file: Path) -> list[dict]:
     ptrun_total = oracle_total = 0.0
     for e in run.epochs:
         plan = run.plan_for(e["epoch"])
-        boundary = plan.get("transition_s", 0.0) if plan and plan["epoch"] == e["epoch"] and not plan.get("step") else 0.0
+        opens = plan and plan["epoch"] == e["epoch"] and not plan.get("step")  # a change at the boundary into it
+        boundary = plan.get("transition_s", 0.0) if opens else 0.0
         o = ours[e["epoch"]]
         ptrun_total += e["epoch_time_s"] + boundary
         oracle_total += o["train_time_s"] + o["transition_s"]
@@ -292,14 +298,16 @@ def merged(default: list[dict], nocache: list[dict] | None) -> list[dict]:
     if nocache is None:
         return default
     return [{**d, f"{NO_CACHE}_ptrun_s": c["ptrun_s"], f"{NO_CACHE}_overhead": c["overhead"],
-             **({f"{NO_CACHE}_final_train_loss": c["ptrun_final_train_loss"]} if "ptrun_final_train_loss" in c else {})}
+             **({f"{NO_CACHE}_final_train_loss": c["ptrun_final_train_loss"]}
+                if "ptrun_final_train_loss" in c else {})}
             for d, c in zip(default, nocache)]
 
 
 def caption(result: dict) -> str:
     return (f"{result['recipe']} ({result['mode']} model: {result['model']}): {result['repeats']} round(s) of ptrun"
             + (", ptrun with `auto.cache=false`" if result.get("nocache") else "")
-            + " and the oracle loop, interleaved; medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
+            + " and the oracle loop, interleaved; medians"
+            + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
             + "; overhead = ptrun's seconds over the oracle's; frozen units: "
             + ", ".join(f"epoch {c['epoch'] + 1} step {c['step']}: {c['frozen_units']} of {result['num_units']}"
                         for c in result["schedule"]))

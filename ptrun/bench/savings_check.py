@@ -103,11 +103,13 @@ def table(result: dict) -> str:
         ["training with freezing (s)", "estimate without freezing (s)", "measured without freezing (s)",
          "error", "earlier estimate (s)", "its error"],
         [[cell(row, "train_s", ".2f", "", n), cell(row, "estimate_s", ".2f", "", n),
-          cell(row, "measured_s", ".2f", "", n), pct(row, "error", n), cell(row, "first_rate_estimate_s", ".2f", "", n),
+          cell(row, "measured_s", ".2f", "", n), pct(row, "error", n),
+          cell(row, "first_rate_estimate_s", ".2f", "", n),
           pct(row, "first_rate_error", n)]])
     per_round = markdown_lines(["round", "steady steps", "rate ratio", "estimate (s)", "measured (s)", "error",
                                 "earlier error"],
-                               [[str(i), fmt(r.get("steady_steps"), "d"), fmt(r.get("rate_ratio")), fmt(r["estimate_s"]),
+                               [[str(i), fmt(r.get("steady_steps"), "d"), fmt(r.get("rate_ratio")),
+                                 fmt(r["estimate_s"]),
                                  f"{r['measured_s']:.2f}",
                                  "-" if r["error"] is None else f"{100 * r['error']:+.0f}%",
                                  "-" if r["first_rate_error"] is None else f"{100 * r['first_rate_error']:+.0f}%"]
