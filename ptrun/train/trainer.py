@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+WARM_UP_STEPS = 5
+"""The steps of a process's warm-up (the allocator's first blocks, kernels' first calls; 2 to 7 steps on a CPU):
+its epoch event records when they ended (`warm_up_end_time`), and the savings estimate leaves them out of the
+all-training rate."""
+
 
 class Trainer:
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
@@ -108,6 +113,7 @@ class Trainer:
         # update), as Unix times on the clock of the events' `time`: its first epoch event carries them, so a
         # benchmark can tell how long the start-up took (`ptrun.bench.startup`).
         self.first_step_times: dict[str, float] = {}
+        self.process_steps = 0  # steps this process has trained (a resumed one counts from its start)
         self.first_step_reported = False
         self.resumed_from, plan, optimizer_states = None, self.controller.first, {}
         resumed = checkpointing.resume(cfg, self.layered, self.controller, self.scaler, rank, world_size,
@@ -318,10 +324,14 @@ class Trainer:
                       progress=state.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch,
                       total_steps=self.total_steps, block_of=self.signal.grad_norms_of,
                       num_blocks=self.layered.num_blocks)
-        if "first_step_end_time" not in self.first_step_times:
+        self.process_steps += 1
+        if self.process_steps in (1, WARM_UP_STEPS):  # the first step's end, and the warm-up's
             if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # once: the step has ended when its kernels have
-            self.first_step_times["first_step_end_time"] = round(time.time(), 3)
+                torch.cuda.synchronize(self.device)  # twice: a step has ended when its kernels have
+            key = "first_step_end_time" if self.process_steps == 1 else "warm_up_end_time"
+            self.first_step_times[key] = round(time.time(), 3)
+            if self.process_steps == WARM_UP_STEPS:
+                self.first_step_times["warm_up_steps"] = WARM_UP_STEPS
         # Bookkeeping.
         t0 = time.perf_counter()
         self.signal.after_step(done)
