@@ -103,8 +103,9 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
 
     def train(first: int, count: int, drains=()) -> None:
         layout.runtime.trace = []
-        layout.runtime.train_steps(steps(layered, loss.task, layout.plan, rank, case.kind, first, count, drains),
-                                   on_step=update)
+        for step, loss_share in layout.runtime.train_steps(steps(layered, loss.task, layout.plan, rank, case.kind,
+                                                                 first, count, drains)):
+            update(step, loss_share)
         traces.append([{k: v for k, v in r.items() if k != "grads"} for r in layout.runtime.trace])
         versions.append(layout.runtime.version)
 

@@ -22,7 +22,9 @@ from ptrun.config import OptimConfig
 from ptrun.auto.autodp import Builder, build_layout, optimizer_state_by_name
 from ptrun.parallel.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
-from ptrun.parallel.precision import LossScaler, step_or_skip
+from ptrun.parallel.precision import LossScaler
+from ptrun.train.state import TrainState
+from ptrun.train.step import StepParts, train_step
 
 CPU = torch.device("cpu")
 SGD = OptimConfig(name="sgd", lr=0.1, momentum=0.9, weight_decay=0.0, schedule="constant", warmup_fraction=0.0)
@@ -50,6 +52,11 @@ def _step_inputs(layered, plan: Plan, loss: WeightedLoss, kind: str, step: int, 
     per = pc.GLOBAL_BATCH // plan.dp
     local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
     return tuple(local[k] for k in layered.input_names), make_target(local, loss.task), denominator
+
+
+def step_or_skip(runtime, optimizer, scaler: LossScaler, clip: float) -> bool:
+    """ptrun's update of one step (`train_step`) at SGD's constant learning rate; whether it stepped."""
+    return train_step(TrainState(), 0.0, StepParts(runtime, optimizer, scaler, SGD, clip, total_steps=1))[1].stepped
 
 
 def _held(layered, runtime) -> dict[str, torch.Tensor]:

@@ -44,7 +44,7 @@ from torch.func import functional_call
 
 from ptrun.config import ConfigError
 from ptrun.parallel.groups import Groups
-from ptrun.parallel.pipeline import OnStep, StageRuntime, Step
+from ptrun.parallel.pipeline import StageRuntime, Step
 from ptrun.parallel.plan import Plan
 from ptrun.models.losses import WeightedLoss
 
@@ -127,6 +127,7 @@ class AsyncPipelineRuntime(StageRuntime):
     the callback; the version counter here counts those updates."""
 
     clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
+    asynchronous = True  # later steps are in flight when one's update is due
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
                  compute_dtype: torch.dtype | None = None, weight_stashing: bool = True,
@@ -307,11 +308,11 @@ class AsyncPipelineRuntime(StageRuntime):
                                "grads": {n: p.grad.detach().clone() for n, p in self._live.items()
                                          if p.grad is not None}})
 
-    def train_steps(self, steps: Iterable[Step], on_step: OnStep) -> None:
-        """Train on `steps` with PipeDream's 1F1B. After each step's backward pass on this stage,
-        `on_step(step, loss)` must apply the update (the loss is set on the last stage only; it is this
-        replica's share of the global mean loss); the pipeline drains after every step marked `drain_after`
-        and after the last."""
+    def train_steps(self, steps: Iterable[Step]) -> Iterator[tuple[Step, torch.Tensor | None]]:
+        """Train on `steps` with PipeDream's 1F1B. After each step's backward pass on this stage it yields
+        `(step, loss)` (the loss on the last stage only: this replica's share of the global mean loss); the
+        caller applies the update, and the next forward passes run when it resumes. The pipeline drains after
+        every step marked `drain_after` and after the last."""
         self.train(True)
         records: deque[_InFlight] = deque()
         for kind, step in async_1f1b(self.limit, steps, ends_segment=lambda s: s.drain_after):
@@ -320,12 +321,17 @@ class AsyncPipelineRuntime(StageRuntime):
                 continue
             record = records.popleft()
             self._backward(record)
-            on_step(step, record.loss.detach() if record.loss is not None else None)
+            yield step, record.loss.detach() if record.loss is not None else None
             self._after_update(records)
             if not records:
                 self._wait_sends()  # drained: nothing of this segment is left on the wire
         self._stash.clear()
         self._working = None  # rebuilt from the current weights when training resumes
+
+    def take_stash_peak(self) -> int:
+        """The most bytes of stashed weight versions held since the last call."""
+        peak, self.stash_bytes_peak = self.stash_bytes_peak, 0
+        return peak
 
     @torch.no_grad()
     def forward_only(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor | None:

@@ -17,7 +17,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -122,9 +122,33 @@ class Step:
     """Whatever the caller wants back after the step's update (its batch)."""
 
 
-OnStep = Callable[[Step, "torch.Tensor | None"], None]
-"""Called after each step's backward pass on this rank, to apply the update: `on_step(step, loss)`, the loss
-being this rank's share of the global mean loss (None where an asynchronous stage has none)."""
+class Runtime(Protocol):
+    """What the trainer asks of the runtime of a rank's stages, whichever it is: a flushing schedule
+    (`PipelineRuntime`, `LocalRuntime` at K = 1) or PipeDream's asynchronous 1F1B
+    (`ptrun.parallel.pipedream.AsyncPipelineRuntime`)."""
+
+    asynchronous: bool
+    """Whether steps overlap (later steps are in flight when one's update is due): a stop then waits for the
+    epoch's end, where the pipeline drains."""
+    is_first: bool
+    is_last: bool
+    unit_indices: list[int]
+
+    def train_steps(self, steps: Iterable[Step]) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
+        """Each step's forward and backward passes; yields `(step, loss)` when the step's update is due (the
+        caller applies it, then resumes), the loss being this rank's share of the global mean loss (None
+        where an asynchronous stage has none)."""
+
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor: ...
+
+    def zero_grad(self) -> None: ...
+
+    def trainable_parameters(self) -> list[nn.Parameter]: ...
+
+    def forward_only(self, inputs: tuple, target: torch.Tensor) -> "torch.Tensor | None": ...
+
+    def take_stash_peak(self) -> "int | None":
+        """PipeDream: the most bytes of stashed weight versions held since the last call; None elsewhere."""
 
 
 class StageRuntime:
@@ -135,6 +159,8 @@ class StageRuntime:
     clip_over_pipeline = True
     """Whether the clipping norm spans every stage (a flushing schedule: all stages are at the same step)
     or this stage alone (asynchronous stages step apart)."""
+    asynchronous = False
+    """A flushing runtime finishes each step before the next (`Runtime.asynchronous`)."""
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
                  recompute: str = "none", compute_dtype: torch.dtype | None = None):
@@ -156,11 +182,15 @@ class StageRuntime:
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
-    def train_steps(self, steps: Iterable[Step], on_step: OnStep) -> None:
-        """Train on `steps`: each step's forward and backward passes, then `on_step` (the update). A flushing
-        runtime finishes each step before the next; the asynchronous one overlaps them."""
+    def train_steps(self, steps: Iterable[Step]) -> Iterator[tuple[Step, torch.Tensor]]:
+        """Each step's forward and backward passes; yields `(step, loss)` for its update, which the caller
+        applies before asking for the next step."""
         for step in steps:
-            on_step(step, self.forward_backward(step.inputs, step.target, step.denominator, step.loss_scale))
+            yield step, self.forward_backward(step.inputs, step.target, step.denominator, step.loss_scale)
+
+    def take_stash_peak(self) -> None:
+        """No weight versions are stashed."""
+        return None
 
     # ---- parameters ---------------------------------------------------------------------------------
     def _unique_parameters(self) -> list[nn.Parameter]:

@@ -16,7 +16,6 @@ each rank's own gradients only, which would let the stages' weights drift apart.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
@@ -68,17 +67,3 @@ class LossScaler:
     def load_state_dict(self, state: dict) -> None:
         if self.enabled and state:
             self.scale, self.good_steps, self.skipped = state["scale"], state["good_steps"], state["skipped"]
-
-
-def step_or_skip(runtime, optimizer: torch.optim.Optimizer | None, scaler: LossScaler, grad_clip: float,
-                 per_parameter: bool = False) -> bool:
-    """After a forward + backward: make the gradients global, undo the loss scale, clip, and step unless
-    fp16's gradients overflowed somewhere (then no rank steps and the scale drops). Returns whether it
-    stepped. Collective over every rank of the job. Only fp16 reads the norm on the host (its verdict);
-    fp32 and bf16 steps never wait for the device."""
-    norm = runtime.sync_and_clip(grad_clip, inv_scale=1.0 / scaler.scale, per_parameter=per_parameter)
-    stepped = not scaler.enabled or scaler.update(math.isfinite(norm.item()))
-    if optimizer is not None and stepped:
-        optimizer.step()
-    runtime.zero_grad()
-    return stepped

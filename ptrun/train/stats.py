@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.plan import Plan
 
 
@@ -23,10 +22,12 @@ def all_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.T
 
 
 def stash_stats(runtime, device: torch.device) -> dict:
-    """pipedream: the most bytes of weight copies (stashed versions) any rank held during the epoch."""
-    if not isinstance(runtime, AsyncPipelineRuntime):
+    """Collective: pipedream's most bytes of weight copies (stashed versions) any rank held during the epoch;
+    nothing for the other runtimes (every rank of a job runs the same kind)."""
+    held = runtime.take_stash_peak()
+    if held is None:
         return {}
-    peak = torch.tensor([float(runtime.stash_bytes_peak)], dtype=torch.float64, device=device)
+    peak = torch.tensor([float(held)], dtype=torch.float64, device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     return {"stash_bytes_peak": int(peak.item())}
 

@@ -1,22 +1,25 @@
-"""The update of one training step, after the runtime's forward and backward passes: the learning rate for
-the step's position, the gradients made global and clipped, the optimizer step (skipped where fp16
-overflowed), and each block's gradient norm for the freeze policies that read them.
+"""One training step's update, after the runtime's forward and backward passes, read top to bottom:
 
-    runtime.train_steps(steps, on_step)        # forward + backward per step, any runtime
-      on_step(step, loss) -> update(...)       # this module: schedule, sync and clip, step
-                          -> bookkeeping       # the trainer: counters, sample uses, what is due after it
+    for step, loss in runtime.train_steps(steps):               # forward + backward, any runtime
+        state, done = train_step(state, progress, StepParts(...))   # this module: the update
+
+`train_step` sets the schedule's learning rate, makes the gradients global and clips them by the global norm,
+steps the optimizer (or skips where fp16 overflowed on any rank), clears the gradients, measures each
+block's gradient norm for the freeze policies that read them, and returns the run's position one step on.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ptrun.config import OptimConfig
 from ptrun.parallel.optim import set_lr
-from ptrun.parallel.precision import LossScaler, step_or_skip
+from ptrun.parallel.precision import LossScaler
+from ptrun.train.state import TrainState
 
 
 @dataclass(frozen=True)
@@ -33,16 +36,41 @@ class Update:
     """Host seconds spent on `block_norms` (what the freeze policy's signal costs a step)."""
 
 
-def update(runtime, optimizer, scaler: LossScaler, optim: OptimConfig, grad_clip: float, progress: float,
-           total_steps: int, block_of: dict[int, int] | None = None, num_blocks: int = 0) -> Update:
-    """Collective over every rank of the job. `progress` is the step's position in the first layout's steps
-    (the schedule's clock, `total_steps` long); `block_of` (parameter id -> block) asks for per-block norms."""
-    lr = set_lr(optimizer, progress, total_steps, optim)
-    want_norms = block_of is not None
-    stepped = step_or_skip(runtime, optimizer, scaler, grad_clip, per_parameter=want_norms)
+@dataclass(frozen=True)
+class StepParts:
+    """What a layout's steps are updated with."""
+
+    runtime: object
+    """The rank's `ptrun.parallel.pipeline.Runtime`."""
+    optimizer: torch.optim.Optimizer | None
+    scaler: LossScaler
+    optim: OptimConfig
+    grad_clip: float
+    total_steps: int
+    """The schedule's length in the first layout's steps."""
+    block_of: dict[int, int] | None = None
+    """Parameter id -> block, to measure per-block gradient norms (None: not measured)."""
+    num_blocks: int = 0
+
+
+def train_step(state: TrainState, progress: float, parts: StepParts) -> tuple[TrainState, Update]:
+    """Collective over every rank of the job: the update of the step whose backward pass just ran, at
+    `progress` (its position in the first layout's steps, the schedule's clock). Returns the state one step
+    on (its global and interval step counts) and what the update did."""
+    runtime, optimizer, scaler = parts.runtime, parts.optimizer, parts.scaler
+    lr = set_lr(optimizer, progress, parts.total_steps, parts.optim)
+    want_norms = parts.block_of is not None
+    # The norm is the same on every rank; only fp16 reads it on the host (its verdict): fp32 and bf16 steps
+    # never wait for the device.
+    norm = runtime.sync_and_clip(parts.grad_clip, inv_scale=1.0 / scaler.scale, per_parameter=want_norms)
+    stepped = not scaler.enabled or scaler.update(math.isfinite(norm.item()))
+    if optimizer is not None and stepped:
+        optimizer.step()
+    runtime.zero_grad()
     t0 = time.perf_counter()
-    norms = block_norms(runtime, block_of, num_blocks) if want_norms and stepped else None
-    return Update(lr, stepped, norms, time.perf_counter() - t0 if want_norms else 0.0)
+    norms = block_norms(runtime, parts.block_of, parts.num_blocks) if want_norms and stepped else None
+    done = Update(lr, stepped, norms, time.perf_counter() - t0 if want_norms else 0.0)
+    return replace(state, global_step=state.global_step + 1, interval_steps=state.interval_steps + 1), done
 
 
 def block_norms(runtime, block_of: dict[int, int], num_blocks: int) -> torch.Tensor:

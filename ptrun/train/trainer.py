@@ -3,8 +3,9 @@ and at the end of every freeze interval (each epoch boundary by default; any ste
 let the controller freeze, repartition and widen data parallelism, in the running job.
 
 Each worker builds the model without storage and fills only its stages' units; the layout is a Plan value,
-and a transition moves only the units that change hands. Read `train_epoch` and `_on_step` first: a step's
-forward and backward passes run in the runtime (`runtime.train_steps`), its update in `ptrun.train.step`.
+and a transition moves only the units that change hands. Read `train_epoch` first: its loop takes each step's
+forward and backward passes from the runtime (`runtime.train_steps`, an iterator), applies the update
+(`ptrun.train.step.train_step`), counts the step (`_count`) and does what is due after it (`_after_step`).
 The start (`startup.py`), checkpoints (`checkpointing.py`), evaluation (`evaluation.py`) and the epoch's
 extra statistics (`stats.py`) are plain functions this class calls; the run's position is one `TrainState`.
 """
@@ -33,7 +34,6 @@ from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import LABEL_KEYS, TOKEN_TASKS, WeightedLoss, loss_weight, make_target
-from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.precision import LossScaler, compute_dtype
@@ -43,7 +43,7 @@ from ptrun.train.evaluation import evaluate
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.signals import held_blocks, make_signal
 from ptrun.train.state import EpochSums, TrainState
-from ptrun.train.step import update
+from ptrun.train.step import StepParts, Update, train_step
 from ptrun.train.stop import Interrupted, StopRequests
 
 if TYPE_CHECKING:
@@ -197,6 +197,10 @@ class Trainer:
             self.cache.set_depth(self.plan.cached_units, startup.first_sample(self.data, self.layered.input_names))
         # Replica 0 of each stage measures its blocks: the replicas agree.
         self.signal.hold(held_blocks(self.layered, self.runtime.unit_indices, self.plan.coords(self.rank)[0] == 0))
+        self.step_parts = StepParts(self.runtime, layout.optimizer, self.scaler, self.cfg.optim,
+                                    self.cfg.train.grad_clip, self.total_steps, self.signal.grad_norms_of,
+                                    self.layered.num_blocks)
+        """What this layout's steps are updated with (`ptrun.train.step.train_step`)."""
 
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
         return stats.all_sum(values, self.device)
@@ -277,8 +281,6 @@ class Trainer:
         epoch_base = state.global_step - start  # the global step before this epoch's step 0
         skipped_before = self.scaler.skipped
         self.view.start_epoch(state.epoch, self.cfg.train.epochs, self.steps_per_epoch)
-        if isinstance(self.runtime, AsyncPipelineRuntime):
-            self.runtime.stash_bytes_peak = 0
         position = start
         while position < self.steps_per_epoch:
             self._decide(position)  # a decision inside the epoch (or one a resume has not made yet)
@@ -287,8 +289,11 @@ class Trainer:
                 # in the new layout, at this step
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
             end = self._segment_end(position)
-            self.runtime.train_steps(self._steps(position, end, epoch_base),
-                                     on_step=partial(self._on_step, sums, end, epoch_base))
+            for item, loss in self.runtime.train_steps(self._steps(position, end, epoch_base)):
+                self._end_timeline()
+                self.state, done = train_step(self.state, self._progress(item.step), self.step_parts)
+                self._count(sums, item, loss, done)
+                self._after_step(sums, item.step, end, epoch_base)
             position = end
         elapsed = time.perf_counter() - sums.t0
         self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
@@ -310,20 +315,19 @@ class Trainer:
         self.first_step_reported = True
         return dict(self.first_step_times)
 
-    def _on_step(self, sums: EpochSums, segment_end: int, epoch_base: int, item: Step,
-                 loss: torch.Tensor | None) -> None:
-        """After one step's forward and backward passes on this rank: the update, the epoch's sums, and what
-        is due after the step (a fault point, a mid-epoch checkpoint, a stop, the live view)."""
-        state, step, batch = self.state, item.step, item.extra
+    def _progress(self, step: int) -> float:
+        """Step `step` of this epoch on the learning-rate schedule's clock (the first layout's steps)."""
+        return self.state.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
+
+    def _end_timeline(self) -> None:
+        """After the step `train.timeline_step` names has run its passes: its timeline is written."""
         if self._timeline is not None:
             self.runtime.stop_timeline()
-            stats.write_timeline(self._timeline, self.cfg.run_dir, self.plan, self.rank, state.global_step)
+            stats.write_timeline(self._timeline, self.cfg.run_dir, self.plan, self.rank, self.state.global_step)
             self._timeline = None
-        # The update: the schedule's learning rate, gradients made global and clipped, the optimizer step.
-        done = update(self.runtime, self.layout.optimizer, self.scaler, self.cfg.optim, self.cfg.train.grad_clip,
-                      progress=state.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch,
-                      total_steps=self.total_steps, block_of=self.signal.grad_norms_of,
-                      num_blocks=self.layered.num_blocks)
+
+    def _count(self, sums: EpochSums, item: Step, loss: torch.Tensor | None, done: Update) -> None:
+        """A step's bookkeeping: the first steps' end times, the freeze signal, the epoch's sums."""
         self.process_steps += 1
         if self.process_steps in (1, WARM_UP_STEPS):  # the first step's end, and the warm-up's
             if self.device.type == "cuda":
@@ -332,7 +336,6 @@ class Trainer:
             self.first_step_times[key] = round(time.time(), 3)
             if self.process_steps == WARM_UP_STEPS:
                 self.first_step_times["warm_up_steps"] = WARM_UP_STEPS
-        # Bookkeeping.
         t0 = time.perf_counter()
         self.signal.after_step(done)
         sums.signal_s += done.signal_s + time.perf_counter() - t0
@@ -341,15 +344,15 @@ class Trainer:
         sums.lr = done.lr
         sums.samples += item.samples
         if self.runtime.is_first:
-            sums.seen.index_add_(0, batch["index"], batch["weight"].double())
-        state.interval_steps += 1
-        state.global_step += 1
-        # What is due after the step.
-        faults.reached("step", state.global_step)
-        # A stop is decided between the steps of a synchronous runtime; PipeDream's asynchronous one has
-        # later steps in flight, so it stops at the epoch's end (in `fit`).
-        stop = not isinstance(self.runtime, AsyncPipelineRuntime) and self.stops.poll() \
-            and step + 1 < self.steps_per_epoch
+            sums.seen.index_add_(0, item.extra["index"], item.extra["weight"].double())
+
+    def _after_step(self, sums: EpochSums, step: int, segment_end: int, epoch_base: int) -> None:
+        """What is due after step `step` of the epoch: a fault point, a mid-epoch checkpoint, a stop, the live
+        view."""
+        faults.reached("step", self.state.global_step)
+        # A stop is decided between the steps of a synchronous runtime; an asynchronous one has later steps
+        # in flight, so it stops at the epoch's end (in `fit`).
+        stop = not self.runtime.asynchronous and self.stops.poll() and step + 1 < self.steps_per_epoch
         # A checkpoint due where a decision falls is written after it (`train_epoch`), in the new layout.
         if (self._checkpoint_due(epoch_base, step) and step + 1 < segment_end) or stop:
             self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=step + 1)
@@ -379,7 +382,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
         stop there if asked to. Returns the final eval."""
-        cfg, state = self.cfg, self.state
+        cfg = self.cfg
         # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines
         # that joined or left) ends them before they train: nothing is recorded, the run goes on from where it
         # was when they started.
@@ -390,32 +393,32 @@ class Trainer:
         t_start = time.perf_counter()
         moved: dict = {}  # the last transition's cost, on the plan event of the epoch it led into
         self.view.show_layout(self.plan, self.layered.unit_names)
-        while state.epoch < cfg.train.epochs:
+        while self.state.epoch < cfg.train.epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
             # epochs, or a step a stop interrupted before its decision) comes first.
-            moved = self._decide(state.step_in_epoch, announce=False) or moved
-            self._event("plan", epoch=state.epoch, step=state.step_in_epoch, **{"transition_s": 0.0, **moved},
+            moved = self._decide(self.state.step_in_epoch, announce=False) or moved
+            self._event("plan", epoch=self.state.epoch, step=self.state.step_in_epoch, **{"transition_s": 0.0, **moved},
                         **self.plan.to_dict(), **tuned)
             tuned = {}
             epoch_stats = self.train_epoch()
-            last = state.epoch == cfg.train.epochs - 1
-            ev = self.evaluate() if last or (state.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
-            state.remember(ev)
+            last = self.state.epoch == cfg.train.epochs - 1
+            ev = self.evaluate() if last or (self.state.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
+            self.state.remember(ev)
             epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
-            self._event("epoch", epoch=state.epoch, eval=ev, **epoch_stats)
-            self.view.print(epoch_line(state.epoch, cfg.train.epochs, epoch_stats, ev, self.plan))
-            state.epoch += 1
+            self._event("epoch", epoch=self.state.epoch, eval=ev, **epoch_stats)
+            self.view.print(epoch_line(self.state.epoch, cfg.train.epochs, epoch_stats, ev, self.plan))
+            self.state.epoch += 1
             stopped = {} if last else self._stop_caching_if_slower()
             # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
             # in the layout the next epoch was meant to run in.
             moved = {} if last else (self._decide(0, announce=False) or stopped)
             every = cfg.checkpoint.every_epochs
             steps_due = cfg.checkpoint.every_steps and \
-                state.global_step - state.last_checkpoint_step >= cfg.checkpoint.every_steps
-            if (every and (state.epoch % every == 0 or last)) or steps_due:
+                self.state.global_step - self.state.last_checkpoint_step >= cfg.checkpoint.every_steps
+            if (every and (self.state.epoch % every == 0 or last)) or steps_due:
                 self.save_checkpoint()
             if not last and self.stops.now():
-                if state.last_checkpoint_step != state.global_step:
+                if self.state.last_checkpoint_step != self.state.global_step:
                     self.save_checkpoint()
                 raise Interrupted(self.stops.agreed)
         total = time.perf_counter() - t_start
@@ -423,12 +426,12 @@ class Trainer:
             self.export()
         self._release_cache()
         saved = self._savings()
-        self._event("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=state.last_eval,
-                    best_eval=state.best_eval)
-        self.view.print(done_line(cfg.train.epochs, total, state.last_eval, cfg.run_dir))
+        self._event("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=self.state.last_eval,
+                    best_eval=self.state.best_eval)
+        self.view.print(done_line(cfg.train.epochs, total, self.state.last_eval, cfg.run_dir))
         if saved is not None:
             self.view.print(saved.line())
-        return state.last_eval
+        return self.state.last_eval
 
     def _event(self, event: str, **fields) -> None:
         """A record in metrics.jsonl (and the trackers); rank 0 keeps them."""
