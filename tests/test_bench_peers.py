@@ -217,7 +217,10 @@ def test_results_page_sections(tmp_path):
     entries = {e.file: e for e in readme_results.TABLES if e.module == "ptrun.bench.peers"}
     assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json",
                             "bench_peers_digits_vit_seeds.json", "bench_peers_bbc_news_bert_seeds.json",
-                            "bench_peers_bbc_news_bert_policies.json", "bench_peers_causal_lm.json"}
+                            "bench_peers_bbc_news_bert_policies.json", "bench_peers_causal_lm.json",
+                            # scripts/gpu_check.sh's jobs on one GPU
+                            "bench_peers_bbc_news_bert_gpu.json", "bench_peers_bbc_news_bert_512_gpu.json",
+                            "bench_peers_digits_vit_gpu.json", "bench_peers_causal_lm_gpu.json"}
     text = readme_results.section(results, entries["bench_peers_bbc_news_bert.json"])
     assert "- command: `python scripts/bench_peers.py --recipe bbc_news_bert --repeats 3 --out /tmp/p`" in text
     assert "- measured: 2026-11-25" in text
