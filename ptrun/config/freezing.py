@@ -9,7 +9,8 @@ from typing import Optional
 from ptrun.config.rules import choice, one_of, parse_memory, require
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
-"""`freeze.policy`; the policies (`ptrun.auto.freeze.POLICIES`) take these names."""
+"""`freeze.policy`: the policies' names, declared here once; each policy class registers under one
+(`ptrun.auto.freeze.registered`), and the registry must hold them all."""
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
 optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global
@@ -30,7 +31,7 @@ class FreezeConfig:
     relative weight change per unit of learning rate has fallen below `threshold` times its peak),
     `linear` (frozen fraction rising linearly after `start`), `schedule` (the frozen block count per epoch
     from `blocks`) or `none`."""
-    alpha: float = 0.3333333333333333
+    alpha: float = 1 / 3
     """Freeze rate per epoch: an epoch of decisions freezes at most this fraction of the still-active blocks
     (paper: 1/3). With a shorter interval each decision takes its share, 1 - (1 - alpha)^every, so the
     closed form F = ceil(L(1 - (1 - alpha)^T)) holds with T counting (fractional) epochs."""
