@@ -19,6 +19,7 @@ from ptrun.config.cross import (
     timm_vit_problem,
 )
 from ptrun.config.data import (
+    DATA_SOURCE_SPECS,
     DATA_SOURCES,
     GLUE_TASKS,
     PACKAGED_TEXT_SOURCES,
@@ -26,6 +27,7 @@ from ptrun.config.data import (
     TEXT_MAX_LENGTH,
     TEXT_SOURCES,
     DataConfig,
+    DataSource,
     check_data,
 )
 from ptrun.config.freezing import (
@@ -111,7 +113,7 @@ def validate(cfg, paths: bool = True) -> None:
 
 __all__ = [
     "ATTENTIONS", "BACKENDS", "FAMILIES", "choice", "choices_of", "either", "one_of", "check_concrete",
-    "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCES", "FREEZE_POLICIES",
+    "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCE_SPECS", "DATA_SOURCES", "DataSource", "FREEZE_POLICIES",
     "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
     "SCHEDULE_SPECS", "SCHEDULES", "Schedule", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",
