@@ -76,7 +76,7 @@ from ptrun.config.pipe import (
     parse_recompute,
     schedule_problem,
 )
-from ptrun.config.rules import choice, choices_of, either, one_of, parse_memory, require
+from ptrun.config.rules import check_choices, choice, choices_of, either, one_of, parse_memory, require
 from ptrun.config.schema import LOGGERS, PtrunConfig, check_logger, load_resolved, schema_keys
 from ptrun.config.training import (
     LR_SCHEDULES,
@@ -112,7 +112,7 @@ def validate(cfg, paths: bool = True) -> None:
 
 
 __all__ = [
-    "ATTENTIONS", "BACKENDS", "FAMILIES", "choice", "choices_of", "either", "one_of", "check_concrete",
+    "ATTENTIONS", "BACKENDS", "FAMILIES", "check_choices", "choice", "choices_of", "either", "one_of", "check_concrete",
     "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCE_SPECS", "DATA_SOURCES", "DataSource", "FREEZE_POLICIES",
     "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
     "SCHEDULE_SPECS", "SCHEDULES", "Schedule", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",

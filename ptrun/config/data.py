@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from ptrun.config.rules import choice, either, one_of, require
+from ptrun.config.rules import check_choices, choice, either, one_of, require
 from ptrun.errors import ConfigError
 
 
@@ -87,7 +87,7 @@ class DataConfig:
     """Resize images to this many pixels a side; None = the source's own size."""
     augment: bool = False
     """Random crop + flip for training images (imagefolder, cifar10, cifar100); digits has no augmentation."""
-    task: Optional[str] = choice(None, GLUE_TASKS + (None,))
+    task: Optional[str] = choice(None, GLUE_TASKS + (None,), check=False)  # checked for glue only
     """GLUE task for `name=glue`: cola, sst2, mrpc, qqp, stsb (regression), mnli (dev matched), qnli, rte
     or wnli."""
     tokenizer: Optional[str] = None
@@ -123,7 +123,7 @@ class DataConfig:
 
 def check_data(cfg) -> None:
     d = cfg.data
-    require(d.name in DATA_SOURCES, "data.name", one_of(DATA_SOURCES), d.name)
+    check_choices(d, "data")
     require(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", "0 < f < 1", d.eval_fraction)
     if d.name == "glue":
         require(d.task in GLUE_TASKS, "data.task", f"{one_of(GLUE_TASKS)} for data.name=glue", d.task)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ptrun.config.rules import choice, one_of, parse_memory, require
+from ptrun.config.rules import check_choices, choice, parse_memory, require
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
 """`freeze.policy`: the policies' names, declared here once; each policy class registers under one
@@ -142,7 +142,7 @@ def inside_epochs(fr: FreezeConfig) -> bool:
 
 def check_freezing(cfg) -> None:
     fr, au, ca, m = cfg.freeze, cfg.auto, cfg.cache, cfg.model
-    require(fr.policy in FREEZE_POLICIES, "freeze.policy", one_of(FREEZE_POLICIES), fr.policy)
+    check_choices(fr, "freeze")
     check_alpha(fr.alpha)
     check_percentile(fr.percentile)
     check_threshold(fr.threshold)
@@ -160,12 +160,11 @@ def check_freezing(cfg) -> None:
         require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
                 and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
                 f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
-    require(ca.dtype in CACHE_DTYPES, "cache.dtype", one_of(CACHE_DTYPES), ca.dtype)
-    require(ca.augment in CACHE_AUGMENT, "cache.augment", one_of(CACHE_AUGMENT), ca.augment)
+    check_choices(ca, "cache")
     require(ca.min_frozen_units is None or ca.min_frozen_units >= 1, "cache.min_frozen_units",
             "an integer >= 1 or null", ca.min_frozen_units)
     parse_memory(ca.max_memory)
-    require(au.batch in BATCH_POLICIES, "auto.batch", one_of(BATCH_POLICIES), au.batch)
+    check_choices(au, "auto")
     if inside_epochs(fr):
         # A fixed_per_pipeline transition changes the global batch, so the epoch's remaining steps would
         # no longer be the windows of the same order that the steps before it used.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
-from ptrun.config.rules import choice, one_of, require
+from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
 
 
@@ -143,7 +143,7 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
 def check_pipe(cfg) -> None:
     """The pipeline's own keys, and its stages against the model's unit count."""
     p, m = cfg.pipe, cfg.model
-    require(p.schedule in SCHEDULES, "pipe.schedule", one_of(SCHEDULES), p.schedule)
+    check_choices(p, "pipe")
     auto_k = p.length == "auto"
     require(auto_k or (isinstance(p.length, int) and p.length >= 1), "pipe.length", "an integer >= 1 or auto",
             p.length)
@@ -155,7 +155,6 @@ def check_pipe(cfg) -> None:
         require(p.stages is None, "pipe.length", "an integer with pipe.stages (explicit stages fix the length)",
                 p.length)
     require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
-    require(p.partition in PARTITIONS, "pipe.partition", one_of(PARTITIONS), p.partition)
     require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
             "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit", p.stages)
     num_stages = (1 if auto_k else p.length) * p.stages_per_rank
