@@ -15,6 +15,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -233,21 +234,35 @@ def print_sweep_summary(jobs: list[tuple[Path, list[str]]]) -> None:
     print(sweep_table(runs, [" ".join(o for o in overrides if o in varying) for _, overrides in jobs]))
 
 
+def _arguments(args: list[str], command: str, valued: dict[str, str],
+               allowed: str) -> Iterator[tuple[str | None, str]]:
+    """A subcommand's arguments, in order: (OPTION, VALUE) for each option of `valued` (`--OPTION VALUE` or
+    `--OPTION=VALUE`; a missing value fails: `OPTION needs ...`, the words `valued` gives), (None, ARG) for
+    the others. `-h` / `--help` prints USAGE and ends the command; another `-...` fails, naming `allowed`."""
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            print(USAGE, end="")
+            raise SystemExit(0)
+        option = arg.split("=", 1)[0]
+        if option in valued:
+            yield option, arg[len(option) + 1:] if "=" in arg else (
+                args.pop(0) if args else _fail(f"{option} needs {valued[option]}"))
+        elif arg.startswith("-"):
+            _fail(f"unknown option '{arg}' for {command} (allowed: {allowed})")
+        else:
+            yield None, arg
+
+
 def run_report(args: list[str]) -> None:
     """`ptrun report RUN_DIR [RUN_DIR ...] [--out DIR]`: figures and report.md (see ptrun/report)."""
     from ptrun.report import ReportError, find_runs, write_report
     from ptrun.report.savings import savings_lines
 
     paths, out = [], None
-    while args:
-        arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            print(USAGE, end="")
-            return
-        if arg == "--out" or arg.startswith("--out="):
-            out = arg[len("--out="):] if "=" in arg else (args.pop(0) if args else _fail("--out needs a directory"))
-        elif arg.startswith("-"):
-            _fail(f"unknown option '{arg}' for report (allowed: --out DIR)")
+    for option, arg in _arguments(args, "report", {"--out": "a directory"}, "--out DIR"):
+        if option == "--out":
+            out = arg
         else:
             paths.append(arg)
     if not paths:
@@ -283,21 +298,14 @@ def run_plan(args: list[str]) -> None:
     from ptrun.sim.simulate import default_samples, device_budget, fit_memory, plan_epochs, plannable
 
     overrides, cluster_name, cluster_keys, profile, samples = [], "paper", {}, None, None
-    while args:
-        arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            print(USAGE, end="")
-            return
-        if arg in ("--profile", "--samples") or arg.startswith(("--profile=", "--samples=")):
-            value = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else _fail(f"{arg} needs a value"))
-            if arg.startswith("--profile"):
-                profile = value
-            elif not value.isdigit() or int(value) < 1:
-                _fail(f"--samples {value} is not allowed: the number of training samples, an integer >= 1")
-            else:
-                samples = int(value)
-        elif arg.startswith("-"):
-            _fail(f"unknown option '{arg}' for plan (allowed: --profile FILE, --samples N)")
+    valued = {"--profile": "a value", "--samples": "a value"}
+    for option, arg in _arguments(args, "plan", valued, "--profile FILE, --samples N"):
+        if option == "--profile":
+            profile = arg
+        elif option == "--samples":
+            if not arg.isdigit() or int(arg) < 1:
+                _fail(f"--samples {arg} is not allowed: the number of training samples, an integer >= 1")
+            samples = int(arg)
         elif arg.startswith("cluster="):
             cluster_name = arg.split("=", 1)[1]
         elif arg.startswith("cluster."):

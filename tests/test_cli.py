@@ -106,8 +106,8 @@ def test_threads_per_worker_auto_shares_the_cores_among_a_machines_workers(tmp_p
 
 
 def test_the_validation_tables_match_the_data_sources():
-    """config.py repeats the sources' default image sizes and token lengths (importing the data stack would
-    slow every start): they must agree with the sources themselves."""
+    """The config's table of sources (`DATA_SOURCE_SPECS`: validation must not import the data stack, which
+    would slow every start) holds their default image sizes and token lengths: the sources use them."""
     from ptrun.data import cifar, glue, images, sources, squad
     from ptrun.data.packaged_text import PACKAGED_TEXT
 

@@ -1,6 +1,6 @@
-"""The package's layers, read from its source: `models`, `data`, `parallel`, `auto` and `train` from the bottom
-up, each importing only from layers below it (or from the base modules every layer may use), and no import
-cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they never
+"""The package's layers, read from its source: `report`, `models`, `data`, `parallel`, `auto`, `train`, `sim` and
+`bench` from the bottom up (every package but the base's `config`), each importing only from layers below it
+(or from the base modules every layer may use), and no import cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they never
 run)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
-LAYERS = ("models", "data", "parallel", "auto", "train")
+LAYERS = ("report", "models", "data", "parallel", "auto", "train", "sim", "bench")
 """Bottom first: a module in one of these packages imports from its own layer or lower ones only."""
 BASE = ("ptrun.compat", "ptrun.errors", "ptrun.installed", "ptrun.config", "ptrun.compose")
 """Below every layer: each (a module, or a package with its modules) imports only from itself and the ones
@@ -77,8 +77,13 @@ def test_no_layer_imports_from_one_above_it():
               if layer(name) is not None and layer(dep) is not None and layer(dep) > layer(name)]
     upward += [f"{name} -> {dep}" for name, deps in graph().items() if base(name) is not None
                for dep in sorted(deps) if base(dep) is None or base(dep) > base(name)]
-    assert not upward, "imports against the layers (models < data < parallel < auto < train, base below all):\n" \
-        + "\n".join(upward)
+    assert not upward, f"imports against the layers ({' < '.join(LAYERS)}, base below all):\n" + "\n".join(upward)
+
+
+def test_every_package_has_a_layer():
+    """A new package takes its place in LAYERS (or the base's), so the check above covers it."""
+    packages = {path.parent.name for path in PACKAGE.glob("*/*.py")}
+    assert packages - set(LAYERS) == {"config"}, sorted(packages - set(LAYERS))
 
 
 def test_no_import_cycles():

@@ -48,64 +48,30 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Optional, Sequence
 
-from ptrun.config import FREEZE_POLICIES, ConfigError, check_alpha, check_percentile, check_threshold, one_of
-
-EPS = 1e-9
-"""Tolerance for rounding real-valued block counts: 12 * (1 - 2/3) and 10 * 0.3 evaluate to 4.0 and
-3.0000000000000004, and a bare ceil would freeze one block too many (floor, for the cap, one too few)."""
-
+from ptrun.auto.counts import (  # noqa: F401 (the helpers are this module's too, as they always were)
+    EPS, blocks_of_units, ceil_tol, floor_tol, frozen_units_for_blocks, num_units_for_blocks, percentile)
+from ptrun.config import (FREEZE_POLICIES, ConfigError, FreezeConfig, check_alpha, check_percentile,
+                          check_threshold, one_of)
 
 SIGNALS = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
 """The per-block signals a policy may read (`FreezePolicy.signal`), in words."""
 
 
-def ceil_tol(x: float) -> int:
-    """ceil(x), treating values within EPS above an integer as that integer (3.0000000000000004 -> 3)."""
-    return math.ceil(x - EPS)
+POLICIES: dict[str, type[FreezePolicy]] = {}
+"""Policy classes by name (`registered`), in the order of `freeze.policy`'s values: the config, the layer
+below, declares the names (`ptrun.config.FREEZE_POLICIES`), and each policy class registers under one."""
 
 
-def floor_tol(x: float) -> int:
-    """floor(x), treating values within EPS below an integer as that integer (28.999999999999996 -> 29)."""
-    return math.floor(x + EPS)
+def registered(name: str):
+    """Class decorator: the policy `name` (one of the config's `FREEZE_POLICIES`), the name its state and
+    messages carry."""
+    assert name in FREEZE_POLICIES and name not in POLICIES, name
 
-
-def frozen_units_for_blocks(frozen_blocks: int) -> int:
-    """Length of the frozen unit prefix for F frozen blocks: 0 if F == 0, else 1 + 2F (the embedding,
-    then each block's attention and MLP halves). The embedding freezes together with the first block:
-    below the first block nothing else feeds it, and freezing it alone would save almost nothing."""
-    if frozen_blocks < 0:
-        raise ValueError(f"frozen block count {frozen_blocks} must be >= 0")
-    return 0 if frozen_blocks == 0 else 1 + 2 * frozen_blocks
-
-
-def blocks_of_units(frozen_units: int) -> int:
-    """The number of whole blocks inside a frozen unit prefix (the inverse of `frozen_units_for_blocks`
-    on its values; a prefix that ends inside a block, or holds only the embedding, counts the whole
-    blocks only: 1 -> 0, 2 -> 0, 3 -> 1, 4 -> 1)."""
-    if frozen_units < 0:
-        raise ValueError(f"frozen unit count {frozen_units} must be >= 0")
-    return 0 if frozen_units <= 1 else (frozen_units - 1) // 2
-
-
-def num_units_for_blocks(num_blocks: int) -> int:
-    """Units of a model with L blocks: embedding + 2L halves + head = 2L + 2."""
-    return 2 * num_blocks + 2
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 < q <= 100) of `values`, interpolated linearly between the ranks as numpy's
-    default method does. Written out because numpy's interpolation differs from `statistics.median` in the
-    last bit at q = 50 (b - (b - a) / 2 against (a + b) / 2) and answers nan between two infinite values; here
-    0.5 a + 0.5 b rounds exactly as (a + b) / 2 (halving is exact), so q = 50 is the median, and the result is
-    kept within its two neighbours (inf between infinities)."""
-    ranked = sorted(values)
-    position = (len(ranked) - 1) * q / 100.0
-    lo = math.floor(position)
-    fraction = position - lo
-    if fraction == 0.0:
-        return ranked[lo]
-    a, b = ranked[lo], ranked[lo + 1]
-    return min(max(a * (1.0 - fraction) + b * fraction, a), b)
+    def register(cls: type[FreezePolicy]) -> type[FreezePolicy]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+    return register
 
 
 class FreezePolicy:
@@ -119,8 +85,11 @@ class FreezePolicy:
     signal: ClassVar[Optional[str]] = None
     """The per-block signal `decide` reads (`grad_norms` or `weight_change`), None for none: the trainer
     measures only what the policy declares."""
+    params: ClassVar[tuple[str, ...]] = ()
+    """The `make_policy` keywords (`freeze.*` keys) the policy's constructor takes beyond the common ones."""
 
-    def __init__(self, num_blocks: int, *, every: float = 1.0, max_fraction: float = 1.0, start: int = 0):
+    def __init__(self, num_blocks: int, *, every: float = FreezeConfig.every,
+                 max_fraction: float = FreezeConfig.max_fraction, start: int = FreezeConfig.start):
         if num_blocks < 1:
             raise ConfigError(f"freeze: the model has {num_blocks} blocks; a policy needs at least 1")
         if not every > 0:
@@ -201,6 +170,7 @@ class FreezePolicy:
                 f"max_fraction={self.max_fraction}, start={self.start})")
 
 
+@registered("none")
 class NoFreeze(FreezePolicy):
     """`none`: never freezes (and, like every policy, never thaws what is already frozen)."""
 
@@ -208,12 +178,15 @@ class NoFreeze(FreezePolicy):
         return frozen_blocks
 
 
+@registered("alpha")
 class AlphaFreeze(FreezePolicy):
     """`alpha`: the paper's closed form F_T = ceil(L * (1 - (1 - alpha)^T)), the first term of the rule
     alone (what the released code ran), T in epochs (fractional between boundaries). It depends only on T,
     so it needs no state and resumes exactly."""
 
-    def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
+    params = ("alpha",)
+
+    def __init__(self, num_blocks: int, *, alpha: float = FreezeConfig.alpha, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.alpha = check_alpha(alpha)
 
@@ -225,6 +198,7 @@ class AlphaFreeze(FreezePolicy):
         return self.target(self.freeze_step(interval))
 
 
+@registered("pipetransformer")
 class PipeTransformerFreeze(FreezePolicy):
     """`pipetransformer`: the paper's full rule
     F_T = min(ceil(F_{T-1} + alpha * (L - F_{T-1})), argmin_{l >= F_{T-1}} ||g_l|| + 1).
@@ -249,9 +223,10 @@ class PipeTransformerFreeze(FreezePolicy):
       whatever alpha says.
     """
 
+    params = ("alpha",)
     signal = "grad_norms"
 
-    def __init__(self, num_blocks: int, *, alpha: float = 1 / 3, **kw: Any):
+    def __init__(self, num_blocks: int, *, alpha: float = FreezeConfig.alpha, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.alpha = check_alpha(alpha)
         self.reach = 0.0
@@ -290,6 +265,7 @@ class PipeTransformerFreeze(FreezePolicy):
         self.reach = float(state.get("reach", 0.0))
 
 
+@registered("autofreeze")
 class AutoFreeze(FreezePolicy):
     """`autofreeze` (AutoFreeze, Liu et al. 2021): per active block, the relative change of its gradient
     norm between consecutive intervals, |n_t - n_{t-1}| / n_{t-1}; freeze every block before the first
@@ -305,9 +281,10 @@ class AutoFreeze(FreezePolicy):
     of different lengths compare fairly.
     """
 
+    params = ("percentile",)
     signal = "grad_norms"
 
-    def __init__(self, num_blocks: int, *, percentile: float = 50.0, **kw: Any):
+    def __init__(self, num_blocks: int, *, percentile: float = FreezeConfig.percentile, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.percentile = check_percentile(percentile)
         self.prev_norms: Optional[list[float]] = None
@@ -350,6 +327,7 @@ class AutoFreeze(FreezePolicy):
         self.prev_interval = state.get("prev_interval", state.get("prev_epoch"))  # older checkpoints: epochs
 
 
+@registered("plasticity")
 class PlasticityFreeze(FreezePolicy):
     """`plasticity`, in the spirit of Egeria (Wang et al., EuroSys 2023: freeze the layers whose behaviour
     has stopped changing, judged against a cheap reference copy), in weight space so it costs no forward
@@ -365,9 +343,10 @@ class PlasticityFreeze(FreezePolicy):
     non-finite plasticity (a reference of norm 0 that moved) never settles and is no peak.
     """
 
+    params = ("threshold",)
     signal = "weight_change"
 
-    def __init__(self, num_blocks: int, *, threshold: float = 0.3, **kw: Any):
+    def __init__(self, num_blocks: int, *, threshold: float = FreezeConfig.threshold, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.threshold = check_threshold(threshold)
         self.peaks: list[Optional[float]] = [None] * num_blocks
@@ -401,11 +380,14 @@ class PlasticityFreeze(FreezePolicy):
         self.peaks = [None if p is None else float(p) for p in state.get("peaks", [None] * self.num_blocks)]
 
 
+@registered("linear")
 class LinearFreeze(FreezePolicy):
     """`linear`: a baseline ramp. The frozen fraction rises linearly from 0 at epoch `start` to
     `max_fraction` at the last epoch (`total_epochs - 1`): F(e) = floor(max_fraction * L * (e - start) /
     (total_epochs - 1 - start)), e in (fractional) epochs at each decision, so the count holds between
     decisions. If the ramp has no length (start >= total_epochs - 1) it never freezes."""
+
+    params = ("total_epochs",)
 
     def __init__(self, num_blocks: int, *, total_epochs: Optional[int] = None, **kw: Any):
         super().__init__(num_blocks, **kw)
@@ -425,10 +407,13 @@ class LinearFreeze(FreezePolicy):
         return self.target(self.epochs(interval))
 
 
+@registered("schedule")
 class ScheduledFreeze(FreezePolicy):
     """`schedule`: the frozen block count of each interval read from a list (`blocks[k]`, the last entry
     held after the list ends). Reproduces a run's freeze sequence exactly, for tests and benchmarks; it
     ignores start (the list says everything)."""
+
+    params = ("blocks",)
 
     def __init__(self, num_blocks: int, *, blocks: Optional[Sequence[int]] = None, **kw: Any):
         super().__init__(num_blocks, **kw)
@@ -443,35 +428,20 @@ class ScheduledFreeze(FreezePolicy):
         return self.blocks[min(interval, len(self.blocks) - 1)]
 
 
-POLICIES: dict[str, type[FreezePolicy]] = dict(zip(FREEZE_POLICIES, (
-    PipeTransformerFreeze, AlphaFreeze, AutoFreeze, PlasticityFreeze, LinearFreeze, ScheduledFreeze, NoFreeze),
-    strict=True))
-"""Policy classes by name, in the order of `freeze.policy`'s values (`ptrun.config.FREEZE_POLICIES`): the
-config, the layer below, names the policies once."""
-for _name, _cls in POLICIES.items():
-    _cls.name = _name  # the name a policy's state and messages carry is its config name
+assert sorted(POLICIES) == sorted(FREEZE_POLICIES), "every freeze.policy value has one policy class"
+POLICIES = {name: POLICIES[name] for name in FREEZE_POLICIES}
 
 
-def make_policy(name: str, num_blocks: int, *, alpha: float = 1 / 3, every: float = 1.0,
-                max_fraction: float = 1.0, start: int = 0, total_epochs: Optional[int] = None,
-                blocks: Optional[Sequence[int]] = None, percentile: float = 50.0,
-                threshold: float = 0.3) -> FreezePolicy:
+def make_policy(name: str, num_blocks: int, *, alpha: float = FreezeConfig.alpha, every: float = FreezeConfig.every,
+                max_fraction: float = FreezeConfig.max_fraction, start: int = FreezeConfig.start,
+                total_epochs: Optional[int] = None, blocks: Optional[Sequence[int]] = None,
+                percentile: float = FreezeConfig.percentile, threshold: float = FreezeConfig.threshold) -> FreezePolicy:
     """Build the policy called `name` for a model of `num_blocks` blocks. `alpha` is used by `alpha` and
     `pipetransformer`, `percentile` by `autofreeze`, `threshold` by `plasticity`, `total_epochs` (required)
-    by `linear`, `blocks` by `schedule`; the others ignore what they do not use. Raises ConfigError for an
-    unknown name or an out-of-range parameter."""
+    by `linear`, `blocks` by `schedule` (each policy's `params`); the others ignore what they do not use.
+    Raises ConfigError for an unknown name or an out-of-range parameter."""
     if name not in POLICIES:
         raise ConfigError(f"freeze policy {name!r} is not allowed: {one_of(POLICIES)}")
-    common: dict[str, Any] = dict(every=every, max_fraction=max_fraction, start=start)
     cls = POLICIES[name]
-    if cls in (AlphaFreeze, PipeTransformerFreeze):
-        return cls(num_blocks, alpha=alpha, **common)
-    if cls is AutoFreeze:
-        return cls(num_blocks, percentile=percentile, **common)
-    if cls is PlasticityFreeze:
-        return cls(num_blocks, threshold=threshold, **common)
-    if cls is LinearFreeze:
-        return cls(num_blocks, total_epochs=total_epochs, **common)
-    if cls is ScheduledFreeze:
-        return cls(num_blocks, blocks=blocks, **common)
-    return cls(num_blocks, **common)
+    given = dict(alpha=alpha, percentile=percentile, threshold=threshold, total_epochs=total_epochs, blocks=blocks)
+    return cls(num_blocks, every=every, max_fraction=max_fraction, start=start, **{k: given[k] for k in cls.params})

@@ -19,6 +19,7 @@ from ptrun.config.cross import (
     timm_vit_problem,
 )
 from ptrun.config.data import (
+    DATA_SOURCE_SPECS,
     DATA_SOURCES,
     GLUE_TASKS,
     PACKAGED_TEXT_SOURCES,
@@ -26,6 +27,7 @@ from ptrun.config.data import (
     TEXT_MAX_LENGTH,
     TEXT_SOURCES,
     DataConfig,
+    DataSource,
     check_data,
 )
 from ptrun.config.freezing import (
@@ -64,8 +66,17 @@ from ptrun.config.layout import (
     world_problem,
 )
 from ptrun.config.model import ATTENTIONS, FAMILIES, TASKS, ModelConfig, check_model
-from ptrun.config.pipe import PARTITIONS, SCHEDULES, PipeConfig, check_pipe, parse_recompute, schedule_problem
-from ptrun.config.rules import choice, choices_of, either, one_of, parse_memory, require
+from ptrun.config.pipe import (
+    PARTITIONS,
+    SCHEDULE_SPECS,
+    SCHEDULES,
+    PipeConfig,
+    Schedule,
+    check_pipe,
+    parse_recompute,
+    schedule_problem,
+)
+from ptrun.config.rules import check_choices, choice, choices_of, either, one_of, parse_memory, require
 from ptrun.config.schema import LOGGERS, PtrunConfig, check_logger, load_resolved, schema_keys
 from ptrun.config.training import (
     LR_SCHEDULES,
@@ -101,10 +112,10 @@ def validate(cfg, paths: bool = True) -> None:
 
 
 __all__ = [
-    "ATTENTIONS", "BACKENDS", "FAMILIES", "choice", "choices_of", "either", "one_of", "check_concrete",
-    "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCES", "FREEZE_POLICIES",
+    "ATTENTIONS", "BACKENDS", "FAMILIES", "check_choices", "choice", "choices_of", "either", "one_of", "check_concrete",
+    "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCE_SPECS", "DATA_SOURCES", "DataSource", "FREEZE_POLICIES",
     "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
-    "SCHEDULES", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
+    "SCHEDULE_SPECS", "SCHEDULES", "Schedule", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",
     "ModelConfig", "OptimConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "check_percentile",
     "check_threshold", "inside_epochs",

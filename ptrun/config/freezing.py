@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ptrun.config.rules import choice, one_of, parse_memory, require
+from ptrun.config.rules import check_choices, choice, parse_memory, require
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
-"""`freeze.policy`; the policies (`ptrun.auto.freeze.POLICIES`) take these names."""
+"""`freeze.policy`: the policies' names, declared here once; each policy class registers under one
+(`ptrun.auto.freeze.registered`), and the registry must hold them all."""
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
 optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global
@@ -30,7 +31,7 @@ class FreezeConfig:
     relative weight change per unit of learning rate has fallen below `threshold` times its peak),
     `linear` (frozen fraction rising linearly after `start`), `schedule` (the frozen block count per epoch
     from `blocks`) or `none`."""
-    alpha: float = 0.3333333333333333
+    alpha: float = 1 / 3
     """Freeze rate per epoch: an epoch of decisions freezes at most this fraction of the still-active blocks
     (paper: 1/3). With a shorter interval each decision takes its share, 1 - (1 - alpha)^every, so the
     closed form F = ceil(L(1 - (1 - alpha)^T)) holds with T counting (fractional) epochs."""
@@ -141,7 +142,7 @@ def inside_epochs(fr: FreezeConfig) -> bool:
 
 def check_freezing(cfg) -> None:
     fr, au, ca, m = cfg.freeze, cfg.auto, cfg.cache, cfg.model
-    require(fr.policy in FREEZE_POLICIES, "freeze.policy", one_of(FREEZE_POLICIES), fr.policy)
+    check_choices(fr, "freeze")
     check_alpha(fr.alpha)
     check_percentile(fr.percentile)
     check_threshold(fr.threshold)
@@ -159,12 +160,11 @@ def check_freezing(cfg) -> None:
         require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
                 and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
                 f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
-    require(ca.dtype in CACHE_DTYPES, "cache.dtype", one_of(CACHE_DTYPES), ca.dtype)
-    require(ca.augment in CACHE_AUGMENT, "cache.augment", one_of(CACHE_AUGMENT), ca.augment)
+    check_choices(ca, "cache")
     require(ca.min_frozen_units is None or ca.min_frozen_units >= 1, "cache.min_frozen_units",
             "an integer >= 1 or null", ca.min_frozen_units)
     parse_memory(ca.max_memory)
-    require(au.batch in BATCH_POLICIES, "auto.batch", one_of(BATCH_POLICIES), au.batch)
+    check_choices(au, "auto")
     if inside_epochs(fr):
         # A fixed_per_pipeline transition changes the global batch, so the epoch's remaining steps would
         # no longer be the windows of the same order that the steps before it used.

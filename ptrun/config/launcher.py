@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from ptrun.config.rules import choice, either, parse_memory, require
+from ptrun.config.rules import check_choices, choice, either, parse_memory, require
 from ptrun.errors import ConfigError
 
 LOCAL_HOST_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
@@ -44,7 +44,7 @@ class LauncherConfig:
     """Intra-op threads per worker (CPU): `auto` shares the cores this process may use equally among the
     machine's workers (2 workers on 2 cores: 1 each, so they do not oversubscribe; 1 worker: both), or an
     integer >= 1."""
-    backend: str = choice("auto", BACKENDS)
+    backend: str = choice("auto", BACKENDS, wording=either)
     """Process-group backend: `auto` (nccl with CUDA, else gloo), `gloo` or `nccl`."""
 
 
@@ -177,7 +177,7 @@ def check_launcher(cfg) -> None:
     require(lc.stop_timeout >= 1, "launcher.stop_timeout", "whole seconds >= 1", lc.stop_timeout)
     require(lc.threads_per_worker == "auto" or (isinstance(lc.threads_per_worker, int) and lc.threads_per_worker >= 1),
             "launcher.threads_per_worker", "an integer >= 1 or auto", lc.threads_per_worker)
-    require(lc.backend in BACKENDS, "launcher.backend", either(BACKENDS), lc.backend)
+    check_choices(lc, "launcher")
     parse_nnodes(lc.nnodes)
     if cfg.device.memory is not None:
         parse_memory(cfg.device.memory, total=1, key="device.memory")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ptrun.config.rules import choice, either, one_of, require
+from ptrun.config.rules import check_choices, choice, either, require
 from ptrun.errors import ConfigError
 
 TASKS = ("classification", "regression", "qa", "causal_lm")
@@ -33,7 +33,7 @@ class ModelConfig:
     `bert-medium`, `bert-base`, `bert-large`: random weights), or a label of your own when `pretrained` is a
     Hugging Face model (its architecture comes from its config.json, not from this name; a timm model's name
     there is refused, as is a text model on an image recipe: the refusal names the recipes that fit)."""
-    family: Optional[str] = choice(None, FAMILIES)
+    family: Optional[str] = choice(None, FAMILIES, wording=either)
     """`vit` (timm) or `transformers` (a Hugging Face model: a BERT preset, or `pretrained`'s `model_type`:
     bert, roberta, xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, mistral);
     `bert` means `transformers`. None = inferred from `name` and `pretrained`."""
@@ -79,7 +79,7 @@ class ModelConfig:
     """Dropout probability: ViT head dropout (timm drop_rate); BERT hidden and attention dropout."""
     drop_path: float = 0.0
     """Stochastic depth rate (ViT only)."""
-    attention: str = choice("sdpa", ATTENTIONS)
+    attention: str = choice("sdpa", ATTENTIONS, wording=either)
     """BERT's attention kernel: `sdpa` (torch's fused scaled-dot-product attention, what transformers picks by
     default: about 1.5x faster a step here) or `eager` (transformers' explicit softmax(QK^T + mask) V, bit for
     bit the library model's own forward whatever its mask). timm's ViT uses its own default (fused); DeBERTa
@@ -88,11 +88,9 @@ class ModelConfig:
 
 def check_model(cfg) -> None:
     m = cfg.model
-    require(m.task in TASKS, "model.task", one_of(TASKS), m.task)
-    require(m.family in FAMILIES, "model.family", either(FAMILIES), m.family)
+    check_choices(m, "model")
     require(0.0 <= m.dropout < 1.0, "model.dropout", "0 <= p < 1", m.dropout)
     require(0.0 <= m.drop_path < 1.0, "model.drop_path", "0 <= p < 1", m.drop_path)
-    require(m.attention in ATTENTIONS, "model.attention", either(ATTENTIONS), m.attention)
     for key in ("num_classes", "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
         v = getattr(m, key)
         require(v is None or v >= 1, f"model.{key}", "a positive integer or null", v)

@@ -3,13 +3,50 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
-from ptrun.config.rules import choice, one_of, require
+from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
 
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-             "DualPipeV", "pipedream")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What ptrun knows of one `pipe.schedule`, in one place: the config's rules (`schedule_problem`), the
+    stage placement (`ptrun.parallel.plan.Plan.local_stages`), the runtime (`ptrun.parallel.pipeline`) and the
+    memory estimate (`ptrun.parallel.fit`) read it."""
+
+    stages_per_rank: Optional[int]
+    """The stages a rank must hold (1: the schedule drives one stage; 2: a V), None: any count (looped)."""
+    microbatches: Literal["any", "one", "at_least_length", "multiple_of_length", "at_least_stages"] = "any"
+    """The micro-batch count M it needs: any, exactly 1, at least K, a multiple of K, or at least the K x 2
+    stages of a V."""
+    v_shape: bool = False
+    """Rank r holds stages r and 2K-1-r (the pipeline folds back), not r, r+K, r+2K, ..."""
+    split_backward: bool = False
+    """The backward of a stage is split into input and weight passes. The weight pass writes `.grad` from
+    `torch.autograd.grad`, so DDP's gradient hooks never fire: the replicas sum gradients after the step
+    (`StageRuntime._all_reduce_dp`) instead of in DDP's buckets during the backward pass."""
+    bounded_in_flight: bool = False
+    """At most K micro-batches' activations held at once (1F1B's steady state); otherwise all M (GPipe, and the
+    looped and V schedules, conservatively)."""
+    flushing: bool = True
+    """A torch.distributed.pipelining `Schedule<name>` that flushes the pipeline every step; False: ptrun's
+    asynchronous PipeDream runtime."""
+
+
+SCHEDULE_SPECS: dict[str, Schedule] = {
+    "GPipe": Schedule(stages_per_rank=1),
+    "1F1B": Schedule(stages_per_rank=1, microbatches="at_least_length", bounded_in_flight=True),
+    "Interleaved1F1B": Schedule(stages_per_rank=None, microbatches="multiple_of_length"),
+    "LoopedBFS": Schedule(stages_per_rank=None),
+    "InterleavedZeroBubble": Schedule(stages_per_rank=None, microbatches="multiple_of_length", split_backward=True),
+    "ZBVZeroBubble": Schedule(stages_per_rank=2, microbatches="at_least_stages", v_shape=True, split_backward=True),
+    "DualPipeV": Schedule(stages_per_rank=2, microbatches="at_least_stages", v_shape=True, split_backward=True),
+    "pipedream": Schedule(stages_per_rank=1, microbatches="one", bounded_in_flight=True, flushing=False),
+}
+"""Every `pipe.schedule`, by name, with its properties."""
+SCHEDULES = tuple(SCHEDULE_SPECS)
 """`pipe.schedule`."""
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
 """`pipe.partition`; the partitioners (`ptrun.parallel.partition.PARTITIONERS`) are these."""
@@ -84,18 +121,21 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
     it is valid. Shared by config validation and `Plan.check`, so a plan the controller makes obeys the same
     rules as one a user writes."""
     stages = pp * stages_per_rank
-    if schedule in ("GPipe", "1F1B", "pipedream") and stages_per_rank != 1:
-        return "pipe.stages_per_rank", f"1 for {schedule}", stages_per_rank
-    if schedule in ("ZBVZeroBubble", "DualPipeV") and stages_per_rank != 2:
-        return "pipe.stages_per_rank", f"2 for {schedule} (a V of two stages per rank)", stages_per_rank
-    if schedule == "pipedream" and microbatches != 1:
-        return ("pipe.microbatches", "1 for pipedream (a mini-batch is one replica batch; the pipeline stays "
+    spec = SCHEDULE_SPECS.get(schedule)
+    if spec is None:
+        return None
+    if spec.stages_per_rank is not None and stages_per_rank != spec.stages_per_rank:
+        why = " (a V of two stages per rank)" if spec.v_shape else ""
+        return "pipe.stages_per_rank", f"{spec.stages_per_rank} for {schedule}{why}", stages_per_rank
+    rule = spec.microbatches
+    if rule == "one" and microbatches != 1:
+        return ("pipe.microbatches", f"1 for {schedule} (a mini-batch is one replica batch; the pipeline stays "
                 "full across steps instead)", microbatches)
-    if schedule == "1F1B" and microbatches < pp:
-        return "pipe.microbatches", f"at least pipe.length={pp} for 1F1B", microbatches
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and microbatches % pp:
+    if rule == "at_least_length" and microbatches < pp:
+        return "pipe.microbatches", f"at least pipe.length={pp} for {schedule}", microbatches
+    if rule == "multiple_of_length" and microbatches % pp:
         return "pipe.microbatches", f"a multiple of pipe.length={pp} for {schedule}", microbatches
-    if schedule in ("ZBVZeroBubble", "DualPipeV") and microbatches < stages:
+    if rule == "at_least_stages" and microbatches < stages:
         return "pipe.microbatches", f"at least 2 x pipe.length={stages} for {schedule}", microbatches
     return None
 
@@ -103,7 +143,7 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
 def check_pipe(cfg) -> None:
     """The pipeline's own keys, and its stages against the model's unit count."""
     p, m = cfg.pipe, cfg.model
-    require(p.schedule in SCHEDULES, "pipe.schedule", one_of(SCHEDULES), p.schedule)
+    check_choices(p, "pipe")
     auto_k = p.length == "auto"
     require(auto_k or (isinstance(p.length, int) and p.length >= 1), "pipe.length", "an integer >= 1 or auto",
             p.length)
@@ -115,7 +155,6 @@ def check_pipe(cfg) -> None:
         require(p.stages is None, "pipe.length", "an integer with pipe.stages (explicit stages fix the length)",
                 p.length)
     require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
-    require(p.partition in PARTITIONS, "pipe.partition", one_of(PARTITIONS), p.partition)
     require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
             "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit", p.stages)
     num_stages = (1 if auto_k else p.length) * p.stages_per_rank

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import field
-from typing import Any, Iterable
+from dataclasses import field, fields
+from typing import Any, Callable, Iterable
 
 from ptrun.errors import ConfigError
 
 CHOICES = "choices"
-"""The metadata key of a field made by `choice`: its allowed values."""
-
-
-def choice(default: Any, values: tuple) -> Any:
-    """A dataclass field whose value is one of `values`, the field's one declaration of them: its check's
-    message (`one_of`, `either`) and docs/config.md are made from the same tuple. OmegaConf 2.3 cannot type a
-    structured config's field as a `Literal`, so the field keeps its plain type and carries its values in its
-    metadata (`choices_of`)."""
-    assert default in values, (default, values)
-    return field(default=default, metadata={CHOICES: tuple(values)})
-
-
-def choices_of(dataclass_field) -> tuple | None:
-    """The allowed values of a field made by `choice`, else None."""
-    return dataclass_field.metadata.get(CHOICES)
+"""The metadata key of a field made by `choice`: its allowed values (and `WORDING`, `CHECK`: how its check
+words them, and whether `check_choices` checks it)."""
+WORDING, CHECK = "choices_wording", "choices_check"
 
 
 def _words(values: Iterable) -> list[str]:
@@ -45,6 +33,32 @@ def require(ok: bool, key: str, allowed: str, value: Any) -> None:
     """ConfigError `KEY=VALUE is not allowed: ALLOWED` unless `ok`."""
     if not ok:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def choice(default: Any, values: tuple, *, wording: Callable[[Iterable], str] = one_of, check: bool = True) -> Any:
+    """A dataclass field whose value is one of `values`, the field's one declaration of them: its check
+    (`check_choices`, whose message lists them with `wording`: `one_of` or `either`) and docs/config.md are
+    made from the same tuple. `check=False` leaves the check to the group's own (a rule that depends on other
+    keys). OmegaConf 2.3 cannot type a structured config's field as a `Literal`, so the field keeps its plain
+    type and carries its values in its metadata (`choices_of`)."""
+    assert default in values, (default, values)
+    return field(default=default, metadata={CHOICES: tuple(values), WORDING: wording, CHECK: check})
+
+
+def choices_of(dataclass_field) -> tuple | None:
+    """The allowed values of a field made by `choice`, else None."""
+    return dataclass_field.metadata.get(CHOICES)
+
+
+def check_choices(group: Any, prefix: str = "") -> None:
+    """The fields of the config group `group` (a dataclass instance, its keys under `prefix`; "" for the top
+    level) that `choice` made hold one of their values: ConfigError `KEY=VALUE is not allowed: one of ...`
+    at the first that does not, in the order the fields are declared."""
+    for f in fields(group):
+        values = choices_of(f)
+        if values is not None and f.metadata[CHECK]:
+            value = getattr(group, f.name)
+            require(value in values, f"{prefix}.{f.name}" if prefix else f.name, f.metadata[WORDING](values), value)
 
 
 def parse_memory(spec: str, total: int | None = None, key: str = "cache.max_memory") -> int:

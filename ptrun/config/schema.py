@@ -15,7 +15,7 @@ from ptrun.config.freezing import AutoConfig, CacheConfig, FreezeConfig
 from ptrun.config.launcher import DeviceConfig, LauncherConfig
 from ptrun.config.model import ModelConfig
 from ptrun.config.pipe import PipeConfig
-from ptrun.config.rules import choice, either, require
+from ptrun.config.rules import check_choices, choice, either, require
 from ptrun.config.training import CheckpointConfig, OptimConfig, TrainConfig
 from ptrun.installed import check_installed
 
@@ -40,7 +40,7 @@ class PtrunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
-    logger: str = choice("jsonl", LOGGERS)
+    logger: str = choice("jsonl", LOGGERS, wording=either)
     """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) and also
     `tensorboard` (TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`), `wandb` (a Weights & Biases
     run, files in RUN_DIR/wandb; `WANDB_MODE=offline` sends nothing) or `mlflow` (an MLflow run in
@@ -51,7 +51,7 @@ class PtrunConfig:
 
 
 def check_logger(cfg) -> None:
-    require(cfg.logger in LOGGERS, "logger", either(LOGGERS), cfg.logger)
+    check_choices(cfg)
     if cfg.logger in ("wandb", "mlflow"):
         check_installed(cfg.logger)  # here, not in the workers: a missing package is one line, not a crash
 

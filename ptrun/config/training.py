@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ptrun.config.rules import choice, one_of, require
+from ptrun.config.rules import check_choices, choice, require
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """`train.precision`."""
@@ -78,7 +78,7 @@ class CheckpointConfig:
 
 def check_training(cfg) -> None:
     t, o, ck = cfg.train, cfg.optim, cfg.checkpoint
-    require(t.precision in PRECISIONS, "train.precision", one_of(PRECISIONS), t.precision)
+    check_choices(t, "train")
     require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
     require(t.global_batch_size >= 1, "train.global_batch_size", "an integer >= 1", t.global_batch_size)
     require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
@@ -86,10 +86,9 @@ def check_training(cfg) -> None:
     require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)
     require(t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
             "an integer >= 1 or null", t.max_steps_per_epoch)
-    require(o.name in OPTIMIZERS, "optim.name", one_of(OPTIMIZERS), o.name)
+    check_choices(o, "optim")
     require(o.lr > 0, "optim.lr", "a learning rate > 0", o.lr)
     require(o.weight_decay >= 0, "optim.weight_decay", "a value >= 0", o.weight_decay)
-    require(o.schedule in LR_SCHEDULES, "optim.schedule", one_of(LR_SCHEDULES), o.schedule)
     require(0.0 <= o.warmup_fraction < 1.0, "optim.warmup_fraction", "0 <= f < 1", o.warmup_fraction)
     require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)",
             list(o.betas))

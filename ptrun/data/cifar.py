@@ -21,10 +21,10 @@ import pyarrow as pa
 import torch
 from torchvision.transforms import v2
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
 from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, image_batches
 
-CIFAR_SIZE = 32
+CIFAR_SIZE = DATA_SOURCE_SPECS["cifar10"].image[0]  # 32: the side of the stored images
 PIXELS = 3 * CIFAR_SIZE * CIFAR_SIZE
 
 

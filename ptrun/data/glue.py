@@ -13,11 +13,11 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, load_tokenizer, tokenize_texts
 
-GLUE_MAX_LENGTH = 128
+GLUE_MAX_LENGTH = DATA_SOURCE_SPECS["glue"].max_length
 """Tokens per example when `data.max_length` is unset."""
 NO_GOLD_LABEL = "-"
 """NLI rows whose annotators did not agree carry this label; they have no gold class and are skipped."""

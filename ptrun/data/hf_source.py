@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datasets
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
 from ptrun.config.data import HF_TASKS
 from ptrun.config.rules import either
 from ptrun.data import hf_tokens
@@ -26,7 +26,7 @@ from ptrun.data.hf_read import RawSplits, read_raw
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import load_tokenizer
 
-HF_MAX_LENGTH = 128
+HF_MAX_LENGTH = DATA_SOURCE_SPECS["hf"].max_length
 """Tokens per row when `data.max_length` is unset."""
 CAUSAL_LM = "causal_lm"
 REGRESSION = "regression"

@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
 from ptrun.data.splits import (EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, image_batches,
                                stratified_split)
 
-DEFAULT_IMAGE_SIZE = 224
+DEFAULT_IMAGE_SIZE = DATA_SOURCE_SPECS["imagefolder"].image[0]
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, "
                       "or path/<class>/*.png)")

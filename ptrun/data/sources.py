@@ -14,26 +14,17 @@ from __future__ import annotations
 from dataclasses import replace
 from importlib import import_module
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, DataConfig
 from ptrun.data import hf_source, packaged_text
 from ptrun.data.memory import in_memory
 from ptrun.data.splits import DataSplits, stratified_split
 
-BUILDERS = {"digits": "images.build_digits", "imagefolder": "images.build_imagefolder",
-            "cifar10": "cifar.build_cifar10", "cifar100": "cifar.build_cifar100", "glue": "glue.build_glue",
-            "squad": "squad.build_squad", **{name: "packaged_text.build_packaged_text"
-                                             for name in packaged_text.PACKAGED_TEXT},
-            "hf": "hf_source.build_hf"}
-"""Source name -> its builder in `ptrun.data` (MODULE.FUNCTION), imported when that source is built: a text
-run's workers do not import torchvision."""
-
-
 def build_datasets(cfg: DataConfig, task: str | None = None) -> DataSplits:
     """Build the splits of `cfg.name` for the model's `task` (`model.task`; only `hf` reads it, and infers it
-    from its columns when None); raises ConfigError for an unknown source or a bad `cfg.path`."""
-    if cfg.name not in BUILDERS:
-        raise ConfigError(f"data.name={cfg.name!r} is not allowed: one of {', '.join(BUILDERS)}")
-    module, function = BUILDERS[cfg.name].split(".")
+    from its columns when None; `cfg.name` is one the config's validation accepted, `DATA_SOURCE_SPECS`);
+    raises ConfigError for a bad `cfg.path`. The builder's module is imported here, when its source is built:
+    a text run's workers do not import torchvision."""
+    module, function = DATA_SOURCE_SPECS[cfg.name].builder.split(".")
     build = getattr(import_module(f"ptrun.data.{module}"), function)
     splits = build(cfg, task=task) if cfg.name == "hf" else build(cfg)
     return replace(splits, train=in_memory(splits.train), eval=in_memory(splits.eval))

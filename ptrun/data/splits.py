@@ -4,7 +4,7 @@ ImageNet's normalisation. The bottom of `ptrun.data`: the source modules import 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import datasets
 import numpy as np
@@ -13,8 +13,6 @@ from ptrun.config import ConfigError, DataConfig
 
 if TYPE_CHECKING:
     import torch
-
-    from ptrun.data.squad import QAEvalData
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -37,8 +35,9 @@ class DataSplits:
     in_chans: int | None
     vocab_size: int | None = None
     """Tokenizer vocabulary size of a text source (the BERT embedding rows); None for images."""
-    qa_eval: QAEvalData | None = None
-    """SQuAD only: what turns the eval features' start/end logits into answer texts (see squad.py)."""
+    qa_eval: Any = None
+    """SQuAD only: what turns the eval features' start/end logits into answer texts (`ptrun.data.squad.QAEvalData`;
+    typed loosely so that this module, the bottom of `ptrun.data`, names no source)."""
     metrics: Callable[[torch.Tensor, datasets.Dataset], dict] | None = None
     """The task's own eval metrics (GLUE's per task, SQuAD's exact match and F1), from every eval output in
     sample order and the eval split; None: the trainer reports the loss (and top-1) only."""

@@ -18,14 +18,14 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from ptrun.config import ConfigError, DataConfig
+from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, chunks, compact, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SQUAD_MAX_LENGTH = 384
+SQUAD_MAX_LENGTH = DATA_SOURCE_SPECS["squad"].max_length
 """Tokens per window when `data.max_length` is unset."""
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ptrun.config import ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
+from ptrun.config import SCHEDULE_SPECS, ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
 from ptrun.config.layout import auto_lengths, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
@@ -128,7 +128,7 @@ def follow_microbatches(pp: int, per_replica: int, cfg: PtrunConfig) -> int:
 def _in_flight(schedule: str, pp: int, microbatches: int) -> int:
     """Micro-batches whose activations the first stage holds at once: all of them under GPipe (and the looped
     schedules, conservatively), at most K under 1F1B's steady state."""
-    return min(pp, microbatches) if schedule in ("1F1B", "pipedream") else microbatches
+    return min(pp, microbatches) if SCHEDULE_SPECS[schedule].bounded_in_flight else microbatches
 
 
 def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget: int) -> LengthChoice:

@@ -26,23 +26,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from ptrun.compat import ddp_no_buffer_sync
-from ptrun.config import parse_recompute
+from ptrun.config import SCHEDULE_SPECS, parse_recompute
 from ptrun.models.layered import run_units
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.plan import Plan
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel.precision import autocast
-
-SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
-"""Schedules that drive exactly one stage per rank."""
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-"""Schedules that drive a list of stages per rank (`pipe.stages_per_rank`). Both are
-torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the module
-brings in torch._dynamo, about 1.8 s of every worker's start-up."""
-SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-"""Schedules that split a stage's backward into input and weight passes. The weight pass writes `.grad`
-from `torch.autograd.grad`, so DDP's gradient hooks never fire: their replicas sum gradients after the
-step (`StageRuntime._all_reduce_dp`) instead of in DDP's buckets during the backward pass."""
 
 
 class StageModule(nn.Module):
@@ -302,7 +291,8 @@ class PipelineRuntime(StageRuntime):
         # of this rank's stages share (a tie inside one rank) would be reduced by both wrappers: then, as under
         # the split-backward schedules, the replicas are summed after the step.
         shared = sum(len([p for p in m.parameters() if p.requires_grad]) for m in self.modules) > len(self._trainable)
-        wrap = self.dp_peers > 1 and plan.schedule not in SPLIT_BACKWARD_SCHEDULES and not shared
+        spec = SCHEDULE_SPECS[plan.schedule]
+        wrap = self.dp_peers > 1 and not spec.split_backward and not shared
         runs = [data_parallel(m, groups, device) if wrap and any(p.requires_grad for p in m.parameters()) else m
                 for m in self.modules]
         self._ddp = [m for m in runs if isinstance(m, DistributedDataParallel)]
@@ -310,8 +300,10 @@ class PipelineRuntime(StageRuntime):
         self.stages = [pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
                        for m, s in zip(runs, self.stage_indices)]
         kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
+        # torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the
+        # module brings in torch._dynamo, about 1.8 s of every worker's start-up.
         schedule = getattr(pipelining, f"Schedule{plan.schedule}")
-        self.schedule = schedule(self.stages[0] if plan.schedule in SINGLE_STAGE_SCHEDULES else self.stages, **kwargs)
+        self.schedule = schedule(self.stages[0] if spec.stages_per_rank == 1 else self.stages, **kwargs)
 
     # ---- running ------------------------------------------------------------------------------------
     def _run(self, run, inputs: tuple, target: torch.Tensor | None, **last):

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ptrun.config import ConfigError, schedule_problem
+from ptrun.config import SCHEDULE_SPECS, ConfigError, schedule_problem
 
-V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 """Schedules that place two stages per rank in a V (rank r holds stages r and 2K-1-r)."""
 
 
@@ -58,7 +57,7 @@ class Plan:
     def local_stages(self, stage_rank: int) -> list[int]:
         """Stage indices held by pipeline position `stage_rank`: V-shaped schedules fold the pipeline back
         (rank r holds r and 2K-1-r), the others loop (rank r holds r, r+K, r+2K, ...)."""
-        if self.schedule in V_SCHEDULES:
+        if SCHEDULE_SPECS[self.schedule].v_shape:
             return [stage_rank, 2 * self.pp - 1 - stage_rank]
         return [stage_rank + i * self.pp for i in range(self.stages_per_rank)]
 
