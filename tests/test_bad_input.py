@@ -350,11 +350,13 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
 @SLOW
 @DIST
 def test_no_room_for_the_activation_cache(copy_of_run):
-    """Resuming into the cached plan reserves the cache's memory tier (~4 MB) at once; a file-size limit of
-    1 MB makes the kernel refuse it (EFBIG), as a full /dev/shm would (ENOSPC). Nothing of the run changes,
-    but the store's lock file in cache.dir (RUN_DIR/cache by default) stays behind: other workers may be
-    waiting on it, so only a run that finishes removes it."""
-    line, added = run_case("cache_memory_unavailable", copy_of_run, *BASE_RUN, "train.resume=true",
+    """Resuming into the cached plan with two workers reserves the node's shared cache memory tier (~4 MB) at
+    once (one worker would keep its entries in its own memory); a file-size limit of 1 MB makes the kernel
+    refuse it (EFBIG), as a full /dev/shm would (ENOSPC). Nothing of the run changes, but the store's lock file
+    in cache.dir (RUN_DIR/cache by default) stays behind: other workers may be waiting on it, so only a run
+    that finishes removes it."""
+    two_workers = [o for o in BASE_RUN if o not in ONE_WORKER]
+    line, added = run_case("cache_memory_unavailable", copy_of_run, *two_workers, "train.resume=true",
                            may_add=True, limit_file_size=1 << 20)
     assert line.startswith("ptrun: error: cache.max_memory: cannot reserve ")
     lock = next(iter(added - {"cache"}), "")
