@@ -258,7 +258,7 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     return {"transitions": transitions, "restarts": restarts, "checkpoint_every": checkpoint_every,
             "warmup": warmup, "memory_limit_mib_per_100": memory_limit, "overrides": OVERRIDES + list(overrides),
             "plans": json.loads((samples_dir / "plans.json").read_text()), "wall_s": wall,
-            "transitions_run": len(moved) // cfg.launcher.nproc_per_node, "transition_s_mean": sum(moved) / len(moved),
+            "transitions_run": len(moved) // config.nproc_per_node, "transition_s_mean": sum(moved) / len(moved),
             "agent": {"before": agent_before, "after": agent_after, "at_attempt_start": at_start},
             "rows": rows, "problems": problems, "samples": samples}
 
