@@ -165,7 +165,10 @@ def start_worker_server(cfg: PtrunConfig) -> str:
     from multiprocessing import forkserver
 
     multiprocessing.set_forkserver_preload(worker_modules(cfg))
-    forkserver.ensure_running()
+    try:
+        forkserver.ensure_running()
+    except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
+        return "spawn"
     return "forkserver"
 
 

@@ -331,11 +331,14 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
         s.bind(("", 0))
         port = s.getsockname()[1]
     endpoint = f"{socket.gethostname()}:{port}"
-    # SIGKILLed below, the launcher cleans up nothing: its private files go to a temp dir of its own
-    (tmp_path / "tmp").mkdir()
+    # SIGKILLed below, the launcher cleans up nothing: its private files go to a temp dir of its own, whose path
+    # is too long for the workers' forkserver's Unix socket (about 107 bytes), as a user's TMPDIR may be: the
+    # launcher starts its workers another way
+    tmp = tmp_path / ("long-temp-dir-" * 8)
+    tmp.mkdir()
     agent = start_ptrun("train", *TINY, "launcher.nnodes=2", f"launcher.rdzv_endpoint={endpoint}",
                         "launcher.rdzv_id=wait-test", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
-                        env={"TMPDIR": str(tmp_path / "tmp")}, stderr=subprocess.PIPE, start_new_session=True)
+                        env={"TMPDIR": str(tmp)}, stderr=subprocess.PIPE, start_new_session=True)
     silent = threading.Timer(120, os.killpg, (agent.pid, signal.SIGKILL))  # a silent wait ends the test
     silent.start()
     try:
@@ -344,7 +347,9 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
         silent.cancel()
         os.killpg(agent.pid, signal.SIGKILL)
         agent.wait()
-    assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on each)"
+    rest = agent.stderr.read()  # what followed, to show if the line is not the one expected
+    assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on " \
+                   f"each)", rest
 
 
 @SLOW
