@@ -22,6 +22,7 @@ import pytest
 
 from conftest import (TINY, final_params, mapped_shm_inodes, run_events, run_workers, semaphores, start_ptrun,
                       worker_pids)
+from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes, one lost and regained: ~100 s
 
@@ -156,15 +157,22 @@ def test_a_node_lost_and_regained(tmp_path, semaphore_watch):
     widths = {(p["pp"], p["dp"]) for p in run_events(run_dir, "plan")}
     assert widths == {(2, 2), (2, 1)}  # re-planned for the world it had: fewer replicas, the same pipeline
 
-    # The uninterrupted run ends at the same weights up to float drift: DP = 1 and DP = 2 sum each global batch's
-    # gradient in another order, and 400 steps amplify those 1e-7 differences (measured: at most 1.3e-3 after
-    # 640 steps). Losing or repeating an epoch's steps moves weights by 1e-2 and more.
+    # No step lost or repeated: every epoch (its latest record: the attempt that got through) trained its 40
+    # steps' 640 samples, none twice, and the run ends at its 400th step.
+    epochs = {e["epoch"]: e for e in run_events(run_dir, "epoch")}
+    assert sorted(epochs) == list(range(10))
+    assert all(e["samples"] == 40 * 16 and e["sample_uses_max"] == 1 for e in epochs.values()), epochs
+    assert checkpoint.load(checkpoint.latest_valid(run_dir))[2]["global_step"] == 10 * 40
+    # And the uninterrupted run ends at the same weights up to float drift: DP = 1 and DP = 2 sum each global
+    # batch's gradient in another order, and 400 steps amplify those 1e-7 differences, the more the longer the
+    # job ran at DP = 1, which depends on when the lost node's replacement joins (measured: 1.3e-3 to 6.6e-3).
+    # Losing or repeating an epoch's steps moves weights by 1e-2 and more.
     clean = tmp_path / "clean"
     run_workers(JOB[:-2] + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], clean)
     got, want = final_params(run_dir), final_params(clean)
     assert got.keys() == want.keys()
     drift = max((got[n] - want[n]).abs().max().item() for n in want)
-    assert drift < 5e-3, drift
+    assert drift < 1e-2, drift
     final = {r: run_events(r)[-1]["final_eval"] for r in (run_dir, clean)}
     assert abs(final[run_dir]["top1"] - final[clean]["top1"]) <= 1.5, final
     assert final[run_dir]["loss"] == pytest.approx(final[clean]["loss"], rel=0.01), final
