@@ -12,6 +12,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -258,8 +259,6 @@ def same_start_failure(errors: Path, local_workers: int) -> bool:
     """Whether every worker of this machine failed at start-up with the same error: a bug that a restart
     would only repeat. Otherwise (a worker killed, a peer lost, errors that differ) the reports are logged and
     removed, and elastic restarts the group as for any fault."""
-    import time
-
     deadline = time.monotonic() + START_REPORT_WAIT_S
     while 0 < len(start_reports(errors)) < local_workers and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -15,7 +15,7 @@ from ptrun.config.freezing import AutoConfig, CacheConfig, FreezeConfig
 from ptrun.config.launcher import DeviceConfig, LauncherConfig
 from ptrun.config.model import ModelConfig
 from ptrun.config.pipe import PipeConfig
-from ptrun.config.rules import check_choices, choice, either, require
+from ptrun.config.rules import check_choices, choice, either
 from ptrun.config.training import CheckpointConfig, OptimConfig, TrainConfig
 from ptrun.installed import check_installed
 

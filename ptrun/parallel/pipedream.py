@@ -122,9 +122,9 @@ def _parse_header(head: torch.Tensor) -> tuple[int, list[tuple[torch.dtype, tupl
 class AsyncPipelineRuntime(StageRuntime):
     """This rank's stage of `plan`, run with PipeDream's asynchronous 1F1B (`pipe.schedule=pipedream`).
 
-    `train_steps` runs a stream of mini-batches and calls back after each update; `forward_only` evaluates
-    (synchronously: evaluation changes no weights). The optimizer belongs to the caller, which steps it in
-    the callback; the version counter here counts those updates."""
+    `train_steps` runs a stream of mini-batches and yields each for its update; `forward_only` evaluates
+    (synchronously: evaluation changes no weights). The optimizer belongs to the caller, which steps it after
+    each yield; the version counter here counts those updates."""
 
     clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
     asynchronous = True  # later steps are in flight when one's update is due

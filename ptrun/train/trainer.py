@@ -156,7 +156,7 @@ class Trainer:
     @property
     def has_trained(self) -> bool:
         """Whether this process has finished a training step (its start-up is over)."""
-        return "first_step_end_time" in self.first_step_times
+        return self.process_steps > 0
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
