@@ -56,15 +56,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     stops = StopRequests()
     stops.install()  # first: a signal during the start is kept for the first step boundary
     cfg = load_resolved(config_path)
-    # elastic_launch, unlike torchrun, does not set OMP_NUM_THREADS: one intra-op thread per emulated device.
-    torch.set_num_threads(worker_threads(cfg.launcher.threads_per_worker, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    # Late in training, tiny gradients and optimizer moments become denormal floats, which run tens of
-    # times slower on x86 CPUs; flushing them to zero costs nothing in accuracy.
-    torch.set_flush_denormal(True)
-    device, backend = pick_device(cfg.launcher.backend)
-    dist.init_process_group(backend, timeout=timedelta(minutes=10),
-                            device_id=device if device.type == "cuda" else None)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    device, rank, world = join_job(cfg)
     stops.connect()
 
     from ptrun.train.classes import write_class_names
@@ -111,6 +103,19 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
     # from the checkpoint just written.
     raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
+
+
+def join_job(cfg, timeout: timedelta = timedelta(minutes=10)) -> tuple[torch.device, int, int]:
+    """This process's part of the job: its threads, its device and the job's process group; returns the
+    device, the rank and the world size."""
+    # elastic_launch, unlike torchrun, does not set OMP_NUM_THREADS: one intra-op thread per emulated device.
+    torch.set_num_threads(worker_threads(cfg.launcher.threads_per_worker, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    # Late in training, tiny gradients and optimizer moments become denormal floats, which run tens of
+    # times slower on x86 CPUs; flushing them to zero costs nothing in accuracy.
+    torch.set_flush_denormal(True)
+    device, backend = pick_device(cfg.launcher.backend)
+    dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+    return device, dist.get_rank(), dist.get_world_size()
 
 
 def transient(error: BaseException) -> bool:

@@ -112,3 +112,30 @@ def test_the_checks_see_an_import_inside_a_function(tmp_path):
                       "def f():\n    from ptrun.auto import controller\n")
     modules = module_names()
     assert imports("ptrun.models.m", source, modules) == {"ptrun.auto.controller"}
+
+
+MAX_MODULE_LINES = 450
+ROOT = PACKAGE.parent
+
+
+def test_no_module_is_over_450_lines():
+    """Small modules with one job each: a module that grows past this is split along its jobs."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "ptrun").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_the_walkthrough_quotes_the_step_as_it_is():
+    """docs/codebase.md quotes `train_step` whole and the epoch's loop line for line: a change to either shows
+    here until the document follows."""
+    import inspect
+    import textwrap
+
+    from ptrun.train import step, trainer
+
+    doc = (ROOT / "docs" / "codebase.md").read_text()
+    assert inspect.getsource(step.train_step) in doc
+    loop = inspect.getsource(trainer.Trainer.train_epoch)
+    start = loop.index("for item, loss in self.runtime.train_steps(")
+    quoted = textwrap.dedent(loop[start - 12:loop.index("position = end")]).strip().splitlines()
+    assert all(line.strip() in doc for line in quoted), quoted

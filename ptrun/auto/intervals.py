@@ -8,6 +8,7 @@ A freeze interval is a number of epochs, held as an exact fraction: `freeze.ever
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 
@@ -39,3 +40,38 @@ def segment_end(epoch: int, position: int, steps_per_epoch: int, interval: Fract
     now = interval_at(epoch, position, steps_per_epoch, interval)
     return next((n for n in range(position + 1, steps_per_epoch)
                  if interval_at(epoch, n, steps_per_epoch, interval) > now), steps_per_epoch)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """The positions of a layout's steps: its epochs' steps, the freeze intervals that fall in them and the
+    learning-rate schedule's clock."""
+
+    steps_per_epoch: int
+    """An epoch's steps in this layout (`epoch_steps` of its global batch)."""
+    base_steps: int
+    """An epoch's steps in the first layout: the schedule's clock, the same curve whatever later global
+    batches do to the steps."""
+    every: float
+    every_steps: int | None
+    """`freeze.every` and `freeze.every_steps`."""
+    decides: bool = True
+    """Whether anything is decided (`auto.freeze`): without, an epoch is one segment."""
+
+    @property
+    def interval(self) -> Fraction:
+        """The freeze interval in epochs."""
+        return interval_epochs(self.every, self.every_steps, self.steps_per_epoch)
+
+    def interval_at(self, epoch: int, steps_done: int) -> int:
+        """The freeze interval in force after `steps_done` steps of `epoch`."""
+        return interval_at(epoch, steps_done, self.steps_per_epoch, self.interval)
+
+    def segment_end(self, epoch: int, position: int) -> int:
+        """The step of `epoch` after which the next decision falls (or the epoch's end); each segment starts
+        its own batch loader."""
+        return segment_end(epoch, position, self.steps_per_epoch, self.interval if self.decides else None)
+
+    def progress(self, epoch: int, step: int) -> float:
+        """Step `step` of `epoch` on the schedule's clock."""
+        return epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch

@@ -2,18 +2,20 @@
 
     python scripts/soak.py [--transitions 200] [--restarts 5] [--run-dir runs/soak] [--out FILE] [overrides ...]
 
-Two gloo workers, started by torch.distributed.elastic with the settings of `ptrun.launch.launch`, each build
-a `Trainer` for a tiny ViT on the digits default and loop: train a short epoch (`train.max_steps_per_epoch`),
-then `trainer.transition()` into the next of three Plans the controller makes for this model, in a cycle:
+Two gloo workers, started by torch.distributed.elastic with the settings of `ptrun.launch.launch`, each run
+the `Trainer` of a tiny ViT on the digits default (`fit`, short epochs: `train.max_steps_per_epoch`), whose
+decision at each epoch's end (its `decide` hook) is the next of three Plans the controller makes for this
+model, in a cycle:
   A  nothing frozen, K = 2, DP = 1                             `first_plan`
   B  embedding + block 0 frozen, K = 2, DP = 1, no cache       `Controller.plan_for(A, 1 block)`
   C  everything below the head frozen and cached, K = 1, DP = 2  `Controller.plan_for(A, 2 blocks)`
 A real run freezes monotonically (a handful of transitions); the cycle drives every kind of change (stage
 boundaries move, K halves and doubles, DP widens and narrows, AutoCache turns on and off) through the same
-code as often as asked. After every transition each rank records its open file descriptors, threads (Python
-and OS) and RSS. Every `--checkpoint-every` transitions the workers evaluate and write a checkpoint; in
-restart attempts 0 .. R-1 the last rank SIGKILLs itself two transitions after a checkpoint, the agent
-restarts the group and the workers resume from that checkpoint (TORCHELASTIC_RESTART_COUNT).
+code as often as asked. At every decision (after a transition and an epoch in its layout) each rank records
+its open file descriptors, threads (Python and OS) and RSS. Every `--checkpoint-every` epochs the workers
+evaluate and write a checkpoint; in restart attempts 0 .. R-1 the last rank SIGKILLs itself two transitions
+after a checkpoint, the agent restarts the group and the workers resume from that checkpoint
+(TORCHELASTIC_RESTART_COUNT).
 
 Judged per worker process after its first `--warmup` transitions (they allocate caches): open file
 descriptors and threads must not grow at all; private memory (RSS less the shared pages of AutoCache's
@@ -54,6 +56,7 @@ OVERRIDES = [
     # The digits recipe caches any frozen prefix of this 2-block model; 5 units (both blocks) keeps plan B
     # frozen but uncached, so the cycle has a frozen, a cached and a plain layout.
     "cache.min_frozen_units=5",
+    "freeze.every=1",  # a decision at every epoch's end, and only there
 ]
 CYCLE = 3  # plans A, B, C
 METRICS = ("fds", "threads", "os_threads", "rss_mib", "private_mib", "shared_mib")
@@ -97,60 +100,50 @@ def kill_points(transitions: int, restarts: int, checkpoint_every: int) -> list[
 
 
 def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, checkpoint_every: int) -> None:
-    """One spawned worker (as `ptrun.worker.run_worker` starts one), looping through the plans."""
+    """One spawned worker (as `ptrun.worker.run_worker` starts one): the Trainer's own `fit`, whose decisions
+    are the cycle's plans (its `decide` hook), which records this process's usage at each."""
     started = time.time()
     from ptrun.config import load_resolved
-    from ptrun.config.launcher import worker_threads
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer
-    from ptrun.worker import pick_device
+    from ptrun.worker import join_job
 
     cfg = load_resolved(config_path)
-    torch.set_num_threads(worker_threads(cfg.launcher.threads_per_worker, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    torch.set_flush_denormal(True)
-    device, backend = pick_device(cfg.launcher.backend)
-    dist.init_process_group(backend, timeout=timedelta(minutes=5))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    device, rank, world = join_job(cfg, timeout=timedelta(minutes=5))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     setup_logging(cfg.run_dir, rank)
-    trainer = Trainer(cfg, rank, world, device, resume=attempt > 0)
-    plans = cycle_plans(trainer)
-    done = trainer.state.global_step // trainer.steps_per_epoch  # transitions before the checkpoint resumed from
-    assert trainer.plan == plans[done % CYCLE], (done, trainer.plan)
-    if rank == 0 and attempt == 0:
-        (Path(samples_dir) / "plans.json").write_text(json.dumps([p.to_dict() for p in plans]))
     kill_at = kill_points(transitions, restarts, checkpoint_every)
     with open(Path(samples_dir) / f"rank{rank}.jsonl", "a") as out:
-        def record(seconds: float, **extra) -> None:
-            row = {"attempt": attempt, "rank": rank, "transition": done, "seconds": seconds, "time": time.time(),
-                   **extra, **usage()}
+        def record(done: int, **extra) -> None:
+            row = {"attempt": attempt, "rank": rank, "transition": done, "time": time.time(), **extra, **usage()}
             out.write(json.dumps(row) + "\n")
             out.flush()  # a killed worker keeps what it measured
 
-        record(0.0, started=started)  # the fresh process, and when it started (before its imports)
-        while done < transitions:
-            trainer.train_epoch()
-            trainer.state.epoch += 1
-            seconds = trainer.transition(plans[(done + 1) % CYCLE])
-            done += 1
-            record(seconds)
-            if done % checkpoint_every == 0:
-                trainer.state.last_eval = trainer.evaluate()
-                trainer.save_checkpoint()
-            if attempt < restarts and done == kill_at[attempt] and rank == world - 1:
+        def decide(trainer, interval: int):
+            """Before epoch `interval` (an epoch after transition `interval - 1`): the usage, a kill where one
+            is due, and the next plan of the cycle."""
+            record(interval - 1, **({"started": started} if interval - 1 == first else {}))
+            if attempt < restarts and interval - 1 == kill_at[attempt] and rank == world - 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-    dist.barrier()  # every worker is done with the cache before one per node deletes it (as `fit` ends)
-    if trainer.cache is not None:
-        trainer.cache.close(remove=int(os.environ.get("LOCAL_RANK", "0")) == 0)
+            return plans[interval % CYCLE]
+
+        trainer = Trainer(cfg, rank, world, device, resume=attempt > 0, decide=decide)
+        plans = cycle_plans(trainer)
+        first = trainer.state.epoch  # the transitions before the checkpoint resumed from
+        assert trainer.plan == plans[first % CYCLE], (first, trainer.plan)
+        if rank == 0 and attempt == 0:
+            (Path(samples_dir) / "plans.json").write_text(json.dumps([p.to_dict() for p in plans]))
+        trainer.fit()
+        record(transitions)
     trainer.close()
     dist.destroy_process_group()
 
 
-def compose(overrides: list[str], run_dir: Path):
+def soak_config(overrides: list[str], run_dir: Path):
     """The resolved config `ptrun train OVERRIDES` would run."""
-    from ptrun.compose import compose as compose_config
+    from ptrun.compose import compose
 
-    return compose_config(overrides, run_dir=run_dir, recipe="soak")
+    return compose(overrides, run_dir=run_dir, recipe="soak")
 
 
 def watch(into: list, stop: threading.Event, every: float = 0.5) -> None:
@@ -208,8 +201,9 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     shutil.rmtree(run_dir, ignore_errors=True)
     samples_dir = run_dir / "soak"
     samples_dir.mkdir(parents=True)
-    cfg = compose(OVERRIDES + [f"train.epochs={transitions + 1}", f"launcher.max_restarts={restarts}",
-                               *overrides], run_dir)
+    cfg = soak_config(OVERRIDES + [f"train.epochs={transitions + 1}", f"launcher.max_restarts={restarts}",
+                                   f"checkpoint.every_epochs={checkpoint_every}", "checkpoint.every_steps=0",
+                                   f"train.eval_every_epochs={checkpoint_every}", *overrides], run_dir)
     config_path = run_dir / "config.yaml"
     config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
@@ -254,11 +248,13 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     for m in ("fds", "os_threads"):
         if at_start and max(x[m] for x in at_start) > at_start[0][m]:
             problems.append(f"the agent's {m} grew across restarts: {[x[m] for x in at_start]}")
-    moved = [s["seconds"] for s in samples if s["seconds"] > 0]
+    # each transition's seconds, as the run's plan events recorded them (every attempt's)
+    moved = [e["transition_s"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if e.get("event") == "plan" and e.get("transition_s", 0) > 0]
     return {"transitions": transitions, "restarts": restarts, "checkpoint_every": checkpoint_every,
             "warmup": warmup, "memory_limit_mib_per_100": memory_limit, "overrides": OVERRIDES + list(overrides),
             "plans": json.loads((samples_dir / "plans.json").read_text()), "wall_s": wall,
-            "transitions_run": len(moved) // config.nproc_per_node, "transition_s_mean": sum(moved) / len(moved),
+            "transitions_run": len(moved), "transition_s_mean": sum(moved) / len(moved),
             "agent": {"before": agent_before, "after": agent_after, "at_attempt_start": at_start},
             "rows": rows, "problems": problems, "samples": samples}
 

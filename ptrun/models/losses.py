@@ -47,6 +47,16 @@ def loss_weight(target: torch.Tensor, task: str) -> torch.Tensor:
     return weight.sum()
 
 
+def batch_denominator(train, indices: torch.Tensor, weights: torch.Tensor, task: str) -> float:
+    """The loss weight of a whole global batch (`indices` into the training set `train`, with their 0/1
+    weights), which every rank needs before the step though it holds only its share: its real samples, or for
+    a token task their predicted tokens."""
+    if task not in TOKEN_TASKS:
+        return float(weights.sum())
+    labels = train[list(map(int, indices))]["labels"]
+    return float(loss_weight(make_target({"labels": labels, "weight": weights}, task), task))
+
+
 def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
     """Unweighted loss of every sample in the micro-batch, shape [b] (for a token task: summed over its
     predicted tokens)."""

@@ -27,11 +27,13 @@ boundaries, the start-up and the export. A run that never froze a unit saved not
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ptrun.report.runs import Run
+from ptrun.report.runs import ReportError, Run, load_run
 
 
 MIN_STEADY_STEPS = 10
@@ -205,6 +207,16 @@ def freezing_savings(run: Run) -> Optional[Savings]:
     # measured; the frozen stretches' samples at the steady seconds per sample of those stretches
     measured_s = math.fsum(p[2] for p in unfrozen)
     return Savings(train_s, measured_s + rate_s / rate_samples * frozen_samples, froze=True, steady_steps=steps)
+
+
+def run_savings(run_dir: str | Path) -> Optional[Savings]:
+    """What freezing saved in the run in `run_dir`, from its own metrics.jsonl (the trainer's last line); None
+    when it cannot be told, or when the file cannot be read (said in a warning: training is done by then)."""
+    try:
+        return freezing_savings(load_run(Path(run_dir)))
+    except ReportError as e:
+        logging.getLogger(__name__).warning("no estimate of what freezing saved: %s", e)
+        return None
 
 
 def savings_lines(runs: Sequence[Run]) -> list[str]:

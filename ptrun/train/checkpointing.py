@@ -5,7 +5,7 @@ The files themselves are `checkpoint.py`'s."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,9 +29,10 @@ def stage_param_names(layered, runtime, plan: Plan) -> list[str]:
 
 
 def save(cfg: PtrunConfig, layered, layout, state: TrainState, rank: int, *, controller, scaler,
-         param_name: dict[int, str], progress: dict[str, torch.Tensor]) -> None:
-    """Collective. `state.step_in_epoch` 0 is an epoch boundary; otherwise `progress` holds the epoch's sums so
-    far (summed over the ranks), and either way the open freeze interval's gradient norm sums."""
+         param_name: dict[int, str]) -> None:
+    """Collective: the run's position (`state` whole: `state.step_in_epoch` 0 is an epoch boundary; its
+    `progress` holds what a resume there carries on), this rank's stages and their optimizer state, and the
+    states of the controller and the loss scaler."""
     plan, runtime = layout.plan, layout.runtime
     params = dict(layered.model.named_parameters())
     names = stage_param_names(layered, runtime, plan)
@@ -43,8 +44,7 @@ def save(cfg: PtrunConfig, layered, layout, state: TrainState, rank: int, *, con
     replica, stage = plan.coords(rank)
     path = checkpoint.save(cfg.run_dir, global_step=state.global_step, named_params={n: params[n] for n in names},
                            optim_state=optim_state, writer=replica == 0, stage=stage, trainer_state=saved,
-                           keep=cfg.checkpoint.keep, progress=progress)
-    state.last_checkpoint_step = state.global_step
+                           keep=cfg.checkpoint.keep, progress=state.progress)
     log.info("checkpoint written: %s", path)
 
 
@@ -58,10 +58,6 @@ class Resumed:
     """The layout to continue in."""
     optimizer_states: dict
     """The optimizer state of the parameters this rank holds, by name."""
-    progress: dict = field(default_factory=dict)
-    """The checkpoint's partial epoch sums (a mid-epoch checkpoint) and open interval's norm sums."""
-    saved_global_batch: int | None = None
-    """The checkpoint's global batch, to map its step if this run's differs."""
 
 
 def _check_model(ckpt, state: dict, cfg: PtrunConfig, layered) -> None:
@@ -96,10 +92,12 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
         return None
     saved = checkpoint.trainer_state(ckpt)
     _check_model(ckpt, saved, cfg, layered)
-    state = TrainState.from_dict(saved, interval_of(saved["epoch"], saved.get("step_in_epoch", 0)))
+    saved_plan = Plan.from_dict(saved["plan"])
+    state = TrainState.from_dict(saved, checkpoint.load_extra(ckpt, "progress"),
+                                 interval=interval_of(saved["epoch"], saved.get("step_in_epoch", 0)),
+                                 global_batch=controller.global_batch(saved_plan))
     controller.load_state_dict(saved.get("controller", {}))
     scaler.load_state_dict(saved.get("loss_scale", {}))
-    saved_plan = Plan.from_dict(saved["plan"])
     if saved_plan.world_size == world_size:
         plan = saved_plan
         rng = checkpoint.load_extra(ckpt, f"rng-rank{rank}")
@@ -118,11 +116,10 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     if rank == 0:
         log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
                  state.epoch, state.step_in_epoch, state.global_step, plan.frozen_units)
-    return Resumed(str(ckpt), state, plan, optim_state, checkpoint.load_extra(ckpt, "progress") or {},
-                   controller.global_batch(saved_plan))
+    return Resumed(str(ckpt), state, plan, optim_state)
 
 
-def resume_step(step: int, saved_batch: int | None, batch: int) -> int:
+def resume_step(step: int, saved_batch: int, batch: int) -> int:
     """The step of a resumed epoch to start at. If the global batch changed with the world size
     (`auto.batch=fixed_per_pipeline`), the step that starts at or before the same sample offset: up to one
     batch of samples is trained twice, none is skipped."""
@@ -139,3 +136,11 @@ def checkpoint_due(cfg: PtrunConfig, state: TrainState, epoch_base: int, step: i
     every = cfg.checkpoint.every_steps
     return bool(every) and epoch_base + step + 1 - state.last_checkpoint_step >= every \
         and step + 1 < steps_per_epoch
+
+
+def boundary_due(cfg: PtrunConfig, state: TrainState, last: bool) -> bool:
+    """A checkpoint at the epoch boundary `state.epoch` (`last`: the run's end): every
+    `checkpoint.every_epochs` epochs and at the end, or `checkpoint.every_steps` steps since the last one."""
+    every, every_steps = cfg.checkpoint.every_epochs, cfg.checkpoint.every_steps
+    steps_due = every_steps and state.global_step - state.last_checkpoint_step >= every_steps
+    return bool((every and (state.epoch % every == 0 or last)) or steps_due)

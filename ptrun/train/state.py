@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
@@ -35,18 +35,28 @@ class TrainState:
     """The best evaluation so far by `metric_key`, with its epoch."""
     last_eval: dict = field(default_factory=dict)
     """The newest evaluation."""
+    global_batch: int = 0
+    """The global batch that `step_in_epoch` counts in (0: not known yet); a resume whose layout has another
+    maps the step to the same sample offset (`ptrun.train.checkpointing.resume_step`)."""
+    progress: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Mid-epoch: the epoch's sums so far (summed over the ranks: loss, sample uses, samples); and at any
+    position, what the freeze signal has measured of the open interval (an interval may span a boundary)."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The JSON part (`progress`, tensors, is written beside it)."""
+        return asdict(replace(self, progress={}), dict_factory=lambda items: {k: v for k, v in items if k != "progress"})
 
     @classmethod
-    def from_dict(cls, saved: dict, interval: int = 0) -> "TrainState":
-        """The state a checkpoint holds. `interval` stands in for a checkpoint that predates the interval
-        fields (the interval of its position). A checkpoint's position is its last checkpoint step."""
-        known = {f.name for f in fields(cls)}
-        state = cls(**{k: v for k, v in saved.items() if k in known})
+    def from_dict(cls, saved: dict, progress: dict[str, torch.Tensor] | None = None, *, interval: int = 0,
+                  global_batch: int = 0) -> "TrainState":
+        """The state a checkpoint holds (its JSON part and its tensors). `interval` and `global_batch` stand in
+        for a checkpoint written before they were saved. A checkpoint's position is its last checkpoint step."""
+        known = {f.name for f in fields(cls)} - {"progress"}
+        state = cls(**{k: v for k, v in saved.items() if k in known}, progress=dict(progress or {}))
         if "interval" not in saved:
             state.interval = interval
+        if "global_batch" not in saved:
+            state.global_batch = global_batch
         state.last_checkpoint_step = state.global_step
         return state
 

@@ -1,17 +1,58 @@
 """What an epoch event reports beside the loss: AutoCache's counters, fp16's loss scale and skipped steps,
-PipeDream's stashed weight bytes, each worker's memory, and one step's recorded timeline."""
+PipeDream's stashed weight bytes, each worker's memory, the first steps' times, and one step's recorded
+timeline."""
 
 from __future__ import annotations
 
 import json
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ptrun.parallel.plan import Plan
+
+
+WARM_UP_STEPS = 5
+"""The steps of a process's warm-up (the allocator's first blocks, kernels' first calls; 2 to 7 steps on a CPU):
+its epoch event records when they ended (`warm_up_end_time`), and the savings estimate leaves them out of the
+all-training rate."""
+
+
+class StepClock:
+    """When this process's first training step began (before its forward pass) and ended (after its update),
+    and when its warm-up ended, as Unix times on the clock of the events' `time`: the epoch event of the epoch
+    they fell in carries them, so a benchmark can tell how long the start-up took (`ptrun.bench.startup`)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.steps = 0
+        """Steps this process has trained (a resumed one counts from its start)."""
+        self.times: dict[str, float] = {}
+        self.reported = False
+
+    def step_begins(self) -> None:
+        if not self.times:
+            self.times["first_step_time"] = round(time.time(), 3)
+
+    def step_ended(self) -> None:
+        self.steps += 1
+        if self.steps in (1, WARM_UP_STEPS):  # the first step's end, and the warm-up's
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # a step has ended when its kernels have
+            self.times["first_step_end_time" if self.steps == 1 else "warm_up_end_time"] = round(time.time(), 3)
+            if self.steps == WARM_UP_STEPS:
+                self.times["warm_up_steps"] = WARM_UP_STEPS
+
+    def epoch_fields(self) -> dict[str, float]:
+        """The first step's times, for the epoch event of the epoch it fell in (later epochs: none)."""
+        if self.reported or "first_step_end_time" not in self.times:
+            return {}
+        self.reported = True
+        return dict(self.times)
 
 
 def all_sum(values: list[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -99,3 +140,14 @@ def resident_bytes() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
+
+
+def cache_slower(cache, plan: Plan, device: torch.device) -> str | None:
+    """Collective: the line that turns AutoCache off when this epoch served a cached sample more slowly than
+    recomputing its frozen prefix would have taken (`serving_costs`); None when it paid or cannot be told."""
+    costs = serving_costs(cache, plan, device)
+    if costs is None or costs[0] <= costs[1]:
+        return None
+    return (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
+            f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
+            f"from here on")

@@ -17,50 +17,47 @@ import os
 import signal
 import time
 from dataclasses import replace
-from fractions import Fraction
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, gather_to
-from ptrun.auto.intervals import epoch_steps, interval_at, interval_epochs, segment_end
+from ptrun.auto.intervals import Positions, epoch_steps
 from ptrun.auto.residency import held_units, release_unheld
 from ptrun.config import PtrunConfig
-from ptrun.data import EpochSampler, build_datasets, iterate_batches
+from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.lazy import init_units
-from ptrun.models.losses import LABEL_KEYS, TOKEN_TASKS, WeightedLoss, loss_weight, make_target
+from ptrun.models.losses import WeightedLoss, batch_denominator
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.precision import LossScaler, compute_dtype
+from ptrun.report.savings import run_savings
 from ptrun.train import checkpointing, faults, startup, stats
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
 from ptrun.train.evaluation import evaluate
+from ptrun.train.feed import Feed
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.signals import held_blocks, make_signal
 from ptrun.train.state import EpochSums, TrainState
 from ptrun.train.step import StepParts, Update, train_step
 from ptrun.train.stop import Interrupted, StopRequests
 
-if TYPE_CHECKING:
-    from ptrun.report.savings import Savings
-
 log = logging.getLogger(__name__)
 
-WARM_UP_STEPS = 5
-"""The steps of a process's warm-up (the allocator's first blocks, kernels' first calls; 2 to 7 steps on a CPU):
-its epoch event records when they ended (`warm_up_end_time`), and the savings estimate leaves them out of the
-all-training rate."""
+Decide = Callable[["Trainer", int], Plan]
+"""A decision made in place of the controller's (a benchmark's or a test's): the trainer and the freeze interval
+about to start -> the plan to train it in (the same on every rank)."""
 
 
 class Trainer:
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
-                 stops: StopRequests | None = None):
+                 stops: StopRequests | None = None, decide: Decide | None = None):
         self.rank, self.world_size, self.device = rank, world_size, device
+        self.decide = decide
         self.is_main = rank == 0
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
@@ -85,22 +82,18 @@ class Trainer:
         self.builder = Builder(self.layered, rank, device, self.loss, cfg.optim, self.param_name, pipe.recompute,
                                self.compute_dtype, pipe.weight_stashing, pipe.vertical_sync)
         """What this worker's layouts are built from (the same for every Plan)."""
-        # Pinned host batches make their copy to the GPU asynchronous (`non_blocking` below).
         self.pin_memory = device.type == "cuda" and cfg.device.pin_memory
         self.train_sampler = EpochSampler(len(self.data.train), cfg.train.global_batch_size, cfg.train.seed)
         self.eval_sampler = EpochSampler(len(self.data.eval), cfg.train.global_batch_size, cfg.train.seed,
                                          shuffle=False)
-        # The learning-rate schedule runs on epoch progress measured in the first layout's steps, so it
-        # is the same curve whatever the batch policy does to the steps of later epochs.
-        self.base_steps = self.steps_per_epoch = self._epoch_steps()
-        self.total_steps = cfg.train.epochs * self.base_steps
+        base_steps = self._epoch_steps()
+        self.positions = Positions(base_steps, base_steps, cfg.freeze.every, cfg.freeze.every_steps, cfg.auto.freeze)
+        self.total_steps = cfg.train.epochs * base_steps
         self.controller, self.tuning = startup.start_controller(cfg, self.layered, self.builder, self.data,
-                                                                self.train_sampler, world_size, self.base_steps)
+                                                                self.train_sampler, world_size, base_steps)
         self.state = TrainState()
         # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
         self.signal = make_signal(self.controller.signal, self.layered.num_blocks, device)
-        self.progress: dict[str, torch.Tensor] = {}  # a mid-epoch checkpoint's partial epoch sums
-        self.saved_global_batch: int | None = None  # the resumed checkpoint's, to map its step if it differs
         self.cache, self.plain_train = None, self.data.train
         if cfg.auto.cache:
             self.cache, self.plain_train = startup.make_cache(cfg, self.layered, self.data, device,
@@ -109,21 +102,15 @@ class Trainer:
         # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
         self.live_view = bool(self.all_sum([float(self.view.live)]).item())
         self._timeline: list[dict] | None = None
-        # When this process's first training step began (before its forward pass) and ended (after its
-        # update), as Unix times on the clock of the events' `time`: its first epoch event carries them, so a
-        # benchmark can tell how long the start-up took (`ptrun.bench.startup`).
-        self.first_step_times: dict[str, float] = {}
-        self.process_steps = 0  # steps this process has trained (a resumed one counts from its start)
-        self.first_step_reported = False
+        self.clock = stats.StepClock(device)
         self.resumed_from, plan, optimizer_states = None, self.controller.first, {}
         resumed = checkpointing.resume(cfg, self.layered, self.controller, self.scaler, rank, world_size,
-                                       self._interval_at) if resume else None
+                                       self.positions.interval_at) if resume else None
         if resumed is not None:
             self.resumed_from, self.state, plan = resumed.path, resumed.state, resumed.plan
-            optimizer_states, self.progress = resumed.optimizer_states, resumed.progress
-            self.saved_global_batch = resumed.saved_global_batch
+            optimizer_states = resumed.optimizer_states
             if self.is_main:  # rank 0 alone: the all-reduce at the decision counts it once
-                self.signal.resume(self.progress)
+                self.signal.resume(self.state.progress)
         self.apply_plan(plan, optimizer_states)
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.signal.begin()
@@ -136,19 +123,9 @@ class Trainer:
         return epoch_steps(len(self.data.train), self.train_sampler.global_batch_size,
                            self.cfg.train.max_steps_per_epoch)
 
-    def _interval(self) -> Fraction:
-        """The freeze interval in epochs, for the layout's steps per epoch."""
-        return interval_epochs(self.cfg.freeze.every, self.cfg.freeze.every_steps, self.steps_per_epoch)
-
-    def _interval_at(self, epoch: int, steps_done: int) -> int:
-        """The freeze interval in force after `steps_done` steps of `epoch`."""
-        return interval_at(epoch, steps_done, self.steps_per_epoch, self._interval())
-
-    def _segment_end(self, position: int) -> int:
-        """The step of this epoch after which the next decision falls (or the epoch's end). Without freezing
-        nothing is ever decided, so an epoch is one segment (each segment starts its own batch loader)."""
-        return segment_end(self.state.epoch, position, self.steps_per_epoch,
-                           self._interval() if self.cfg.auto.freeze else None)
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.positions.steps_per_epoch
 
     def _checkpoint_due(self, epoch_base: int, step: int) -> bool:
         return checkpointing.checkpoint_due(self.cfg, self.state, epoch_base, step, self.steps_per_epoch)
@@ -156,7 +133,7 @@ class Trainer:
     @property
     def has_trained(self) -> bool:
         """Whether this process has finished a training step (its start-up is over)."""
-        return self.process_steps > 0
+        return self.clock.steps > 0
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
@@ -166,11 +143,6 @@ class Trainer:
     @property
     def runtime(self):
         return self.layout.runtime
-
-    @property
-    def caching(self) -> bool:
-        """Whether this rank reads its inputs from AutoCache (the first stage, while a prefix is cached)."""
-        return self.cache is not None and self.plan.cached_units > 0 and self.runtime.is_first
 
     def apply_plan(self, plan: Plan, optimizer_states: dict | None = None) -> None:
         """Build `plan`'s layout on this rank (the first one, or after a resume); `transition` changes it."""
@@ -192,9 +164,14 @@ class Trainer:
         if global_batch != self.train_sampler.global_batch_size:
             self.train_sampler = EpochSampler(len(self.data.train), global_batch, self.cfg.train.seed)
             self.eval_sampler = EpochSampler(len(self.data.eval), global_batch, self.cfg.train.seed, shuffle=False)
-        self.steps_per_epoch = self._epoch_steps()
+        self.positions = replace(self.positions, steps_per_epoch=self._epoch_steps())
         if self.cache is not None and self.runtime.is_first:
             self.cache.set_depth(self.plan.cached_units, startup.first_sample(self.data, self.layered.input_names))
+        caching = self.cache is not None and self.plan.cached_units > 0 and self.runtime.is_first
+        replica, dp = (0, 1) if len(self.plan.lanes(self.rank)) > 1 else (self.plan.coords(self.rank)[0], self.plan.dp)
+        self.feed = Feed(self.data, self.plain_train, self.cache if caching else None, self.train_sampler,
+                         self.eval_sampler, replica, dp, self.device, self.layered.input_names, self.cfg.model.task,
+                         self.pin_memory)
         # Replica 0 of each stage measures its blocks: the replicas agree.
         self.signal.hold(held_blocks(self.layered, self.runtime.unit_indices, self.plan.coords(self.rank)[0] == 0))
         self.step_parts = StepParts(self.runtime, layout.optimizer, self.scaler, self.cfg.optim,
@@ -206,78 +183,41 @@ class Trainer:
         return stats.all_sum(values, self.device)
 
     # ---- batches ------------------------------------------------------------------------------------
-    def _inputs_and_target(self, batch: dict, split: str) -> tuple[tuple, torch.Tensor]:
-        names = self.layered.input_names
-        inputs = tuple(batch[k].to(self.device, non_blocking=True) for k in names if k in batch)
-        if self.caching:  # raw inputs are there only for samples the cache does not serve
-            inputs = self.cache.inputs(split, batch, inputs)
-        return inputs, make_target(batch, self.cfg.model.task).to(self.device, non_blocking=True)
-
-    def _batches(self, split: str, start_step: int = 0, end_step: int | None = None):
-        """This rank's batches of `split` from `start_step` up to `end_step` (the epoch's end): its replica's
-        share, or the whole global batch on a stage shared by every replica (AutoCache entries read in the
-        loading thread when caching)."""
-        if split == "train":
-            data = self.plain_train if self.caching else self.data.train
-            sampler, epoch = self.train_sampler, self.state.epoch
-            steps = self.steps_per_epoch if end_step is None else end_step
-        else:
-            data, sampler, epoch, steps = self.data.eval, self.eval_sampler, 0, None
-        fetch = None
-        if self.caching and self.cache.holds(split):
-            fetch = partial(self.cache.fetch, split, data, input_names=self.layered.input_names,
-                            label_names=LABEL_KEYS[self.cfg.model.task])
-        # A stage shared by every replica (PipeDream's stage replication) runs the whole global batch, in lanes.
-        replica, dp = (0, 1) if len(self.plan.lanes(self.rank)) > 1 else (self.plan.coords(self.rank)[0], self.plan.dp)
-        return iterate_batches(data, sampler, epoch, replica, dp, start_step=start_step,
-                               max_steps=steps, fetch=fetch, pin_memory=self.pin_memory)
-
     def _steps(self, start: int, end: int, epoch_base: int):
         """Steps `start .. end - 1` of the epoch as the runtime takes them (built as it pulls them, so a
         checkpoint's due date sees every update before it)."""
-        for step, batch in self._batches("train", start_step=start, end_step=end):
-            inputs, target = self._inputs_and_target(batch, "train")
+        for step, batch in self.feed.batches("train", self.state.epoch, start, end):
+            inputs, target = self.feed.inputs_and_target(batch, "train")
             if epoch_base + step == self.cfg.train.timeline_step:
                 self._timeline = self.runtime.record_timeline()  # this step's passes, up to its update
             indices, weights = self.train_sampler.global_batch(self.state.epoch, step)
-            if not self.first_step_times:
-                self.first_step_times["first_step_time"] = round(time.time(), 3)
+            denominator = batch_denominator(self.data.train, indices, weights, self.cfg.model.task)
+            self.clock.step_begins()
             # An asynchronous pipeline drains before a mid-epoch checkpoint: it holds every update up to its step.
-            yield Step(step, inputs, target, self._loss_denominator(indices, weights), float(weights.sum()),
-                       loss_scale=self.scaler.scale, drain_after=self._checkpoint_due(epoch_base, step), extra=batch)
-
-    def _loss_denominator(self, indices, weights) -> float:
-        """The global batch's loss weight, which every rank needs before the step: its real (weight-1)
-        samples, or for a token task (causal LM) their predicted tokens, read from the labels of the whole
-        global batch (each rank holds only its share)."""
-        task = self.cfg.model.task
-        if task not in TOKEN_TASKS:
-            return float(weights.sum())
-        labels = self.data.train[list(map(int, indices))]["labels"]
-        return float(loss_weight(make_target({"labels": labels, "weight": weights}, task), task))
+            yield Step(step, inputs, target, denominator, float(weights.sum()), loss_scale=self.scaler.scale,
+                       drain_after=self._checkpoint_due(epoch_base, step), extra=batch)
 
     # ---- train --------------------------------------------------------------------------------------
     def train_epoch(self) -> dict:
         """One epoch from where it resumes, in segments between the freeze decisions that fall inside it (one
         segment with whole-epoch intervals); returns the epoch event's statistics (`fit` adds the cache's
         counters once the epoch's evaluation has counted its own)."""
-        state = self.state
-        start = checkpointing.resume_step(state.step_in_epoch, self.saved_global_batch,
-                                          self.train_sampler.global_batch_size)
+        state, batch = self.state, self.train_sampler.global_batch_size
+        start = checkpointing.resume_step(state.step_in_epoch, state.global_batch, batch)
         if start != state.step_in_epoch and self.is_main:
-            batch, saved = self.train_sampler.global_batch_size, self.saved_global_batch
             log.warning("the global batch changed from %d to %d on resuming: epoch %d restarts at step %d "
-                        "(%d samples of it are trained twice)", saved, batch, state.epoch, start,
-                        state.step_in_epoch * saved - start * batch)
+                        "(%d samples of it are trained twice)", state.global_batch, batch, state.epoch, start,
+                        state.step_in_epoch * state.global_batch - start * batch)
         # Sums over the epoch; a resumed epoch starts from the checkpoint's (held by rank 0 alone, so the
         # all-reduce at the end counts them once).
-        carried = self.progress if (start and self.is_main) else {}
+        progress = state.progress if start else {}
+        carried = progress if self.is_main else {}
         sums = EpochSums(
             loss=carried.get("loss_sum", torch.zeros(1, dtype=torch.float64))[0].to(self.device),
             # How often each training sample was used this epoch (counted on each replica's first stage).
             seen=carried.get("seen", torch.zeros(len(self.data.train), dtype=torch.float64)).clone(),
-            samples_before=float(self.progress["samples"][0]) if start and "samples" in self.progress else 0.0)
-        self.progress, state.step_in_epoch = {}, 0
+            samples_before=float(progress["samples"][0]) if "samples" in progress else 0.0)
+        state.progress, state.step_in_epoch, state.global_batch = {}, 0, batch
         epoch_base = state.global_step - start  # the global step before this epoch's step 0
         skipped_before = self.scaler.skipped
         self.view.start_epoch(state.epoch, self.cfg.train.epochs, self.steps_per_epoch)
@@ -288,10 +228,11 @@ class Trainer:
                 # the checkpoint due at the segment's last step, written after the decision: a restart resumes
                 # in the new layout, at this step
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
-            end = self._segment_end(position)
+            end = self.positions.segment_end(state.epoch, position)
             for item, loss in self.runtime.train_steps(self._steps(position, end, epoch_base)):
                 self._end_timeline()
-                self.state, done = train_step(self.state, self._progress(item.step), self.step_parts)
+                progress = self.positions.progress(state.epoch, item.step)  # the schedule's clock
+                self.state, done = train_step(self.state, progress, self.step_parts)
                 self._count(sums, item, loss, done)
                 self._after_step(sums, item.step, end, epoch_base)
             position = end
@@ -306,18 +247,7 @@ class Trainer:
                 "samples": int(sums.samples_before + sums.samples), **resumed,
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
                 **stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
-                **stats.memory_stats(self.layered, self.layout, self.rank, self.device), **self._first_step_fields()}
-
-    def _first_step_fields(self) -> dict[str, float]:
-        """The first step's times, for the epoch event of the epoch it fell in (later epochs: none)."""
-        if self.first_step_reported or "first_step_end_time" not in self.first_step_times:
-            return {}
-        self.first_step_reported = True
-        return dict(self.first_step_times)
-
-    def _progress(self, step: int) -> float:
-        """Step `step` of this epoch on the learning-rate schedule's clock (the first layout's steps)."""
-        return self.state.epoch * self.base_steps + step * self.base_steps / self.steps_per_epoch
+                **stats.memory_stats(self.layered, self.layout, self.rank, self.device), **self.clock.epoch_fields()}
 
     def _end_timeline(self) -> None:
         """After the step `train.timeline_step` names has run its passes: its timeline is written."""
@@ -328,14 +258,7 @@ class Trainer:
 
     def _count(self, sums: EpochSums, item: Step, loss: torch.Tensor | None, done: Update) -> None:
         """A step's bookkeeping: the first steps' end times, the freeze signal, the epoch's sums."""
-        self.process_steps += 1
-        if self.process_steps in (1, WARM_UP_STEPS):  # the first step's end, and the warm-up's
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # twice: a step has ended when its kernels have
-            key = "first_step_end_time" if self.process_steps == 1 else "warm_up_end_time"
-            self.first_step_times[key] = round(time.time(), 3)
-            if self.process_steps == WARM_UP_STEPS:
-                self.first_step_times["warm_up_steps"] = WARM_UP_STEPS
+        self.clock.step_ended()
         t0 = time.perf_counter()
         self.signal.after_step(done)
         sums.signal_s += done.signal_s + time.perf_counter() - t0
@@ -364,7 +287,7 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """Collective: the eval split's metrics."""
-        batches = ((batch, *self._inputs_and_target(batch, "eval")) for _, batch in self._batches("eval"))
+        batches = ((batch, *self.feed.inputs_and_target(batch, "eval")) for _, batch in self.feed.batches("eval"))
         return evaluate(self.runtime, batches, self.data, self.cfg.model.task, self.device, self.is_main)
 
     # ---- checkpoints --------------------------------------------------------------------------------
@@ -372,10 +295,10 @@ class Trainer:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
         the epoch's sums so far (`progress`, already summed over the ranks). What the freeze signal has
         measured of the open interval goes with it either way (an interval may span a boundary)."""
-        progress = {**(progress or {}), **self.signal.progress(self.all_sum)}
-        checkpointing.save(self.cfg, self.layered, self.layout, replace(self.state, step_in_epoch=step_in_epoch),
-                           self.rank, controller=self.controller, scaler=self.scaler, param_name=self.param_name,
-                           progress=progress or {})
+        position = replace(self.state, step_in_epoch=step_in_epoch, global_batch=self.train_sampler.global_batch_size,
+                           progress={**(progress or {}), **self.signal.progress(self.all_sum)})
+        checkpointing.save(self.cfg, self.layered, self.layout, position, self.rank, controller=self.controller,
+                           scaler=self.scaler, param_name=self.param_name)
         self.state.last_checkpoint_step = self.state.global_step
 
     # ---- the run ------------------------------------------------------------------------------------
@@ -412,10 +335,7 @@ class Trainer:
             # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
             # in the layout the next epoch was meant to run in.
             moved = {} if last else (self._decide(0, announce=False) or stopped)
-            every = cfg.checkpoint.every_epochs
-            steps_due = cfg.checkpoint.every_steps and \
-                self.state.global_step - self.state.last_checkpoint_step >= cfg.checkpoint.every_steps
-            if (every and (self.state.epoch % every == 0 or last)) or steps_due:
+            if checkpointing.boundary_due(cfg, self.state, last):
                 self.save_checkpoint()
             if not last and self.stops.now():
                 if self.state.last_checkpoint_step != self.state.global_step:
@@ -425,7 +345,9 @@ class Trainer:
         if cfg.train.export:
             self.export()
         self._release_cache()
-        saved = self._savings()
+        saved = run_savings(self.cfg.run_dir) if self.metrics is not None else None
+        if saved is not None:
+            self._event("savings", **saved.event_fields())
         self._event("end", epochs=cfg.train.epochs, total_time_s=total, final_eval=self.state.last_eval,
                     best_eval=self.state.best_eval)
         self.view.print(done_line(cfg.train.epochs, total, self.state.last_eval, cfg.run_dir))
@@ -437,24 +359,6 @@ class Trainer:
         """A record in metrics.jsonl (and the trackers); rank 0 keeps them."""
         if self.metrics is not None:
             self.metrics.write(event, **fields)
-
-    def _savings(self) -> Savings | None:
-        """Rank 0, at the end: what freezing saved, estimated from this run's own `metrics.jsonl` by the
-        function `ptrun report` uses (`ptrun.report.savings`), written as the `savings` event; None on the
-        other ranks or when the records cannot tell."""
-        if self.metrics is None:
-            return None
-        from ptrun.report.runs import ReportError, load_run
-        from ptrun.report.savings import freezing_savings
-
-        try:
-            saved = freezing_savings(load_run(Path(self.cfg.run_dir)))
-        except ReportError as e:  # the run's own file: only a disk problem gets here, and training is done
-            log.warning("no estimate of what freezing saved: %s", e)
-            return None
-        if saved is not None:
-            self._event("savings", **saved.event_fields())
-        return saved
 
     def _announce(self) -> None:
         """The start event and the terminal's first lines."""
@@ -480,12 +384,12 @@ class Trainer:
         for that event: its seconds and the bytes moved between the workers (nothing when nothing was decided
         or the layout stays)."""
         state = self.state
-        interval = self._interval_at(state.epoch, position)
+        interval = self.positions.interval_at(state.epoch, position)
         if interval <= state.interval:
             return {}
         measured = self.signal.measure(self.all_sum, state.interval_steps)
         state.interval, state.interval_steps = interval, 0
-        plan = self.controller.decide(interval, self.plan, measured)
+        plan = self.decide(self, interval) if self.decide else self.controller.decide(interval, self.plan, measured)
         cost = self._move_to(plan, position, announce) if plan != self.plan else {}
         self.signal.begin()  # the next interval is measured from here, in the layout it trains in
         return cost
@@ -494,12 +398,10 @@ class Trainer:
         """Collective, at an epoch boundary: if the epoch served cached samples more slowly than recomputing
         their frozen prefix would have taken, no plan caches from here on (one line says so) and the layout
         moves to the same one without a cached prefix; returns that transition's cost (nothing otherwise)."""
-        costs = stats.serving_costs(self.cache, self.plan, self.device) if self.cache is not None else None
-        if costs is None or costs[0] <= costs[1]:
+        slower = stats.cache_slower(self.cache, self.plan, self.device) if self.cache is not None else None
+        if slower is None:
             return {}
-        self.view.print(f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
-                        f"{self.plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs "
-                        f"in the first stage from here on")
+        self.view.print(slower)
         return self._move_to(self.controller.stop_caching(self.plan), 0, announce=False)
 
     def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
