@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from ptrun.bench import peers as bench_peers
-from ptrun.bench import readme as readme_results
+from ptrun.bench import readme as readme_entries
+from ptrun.bench import results_page
 
 PLAIN = ["-m", bench_peers.PLAIN]
 
@@ -214,14 +215,14 @@ def test_results_page_sections(tmp_path):
     for recipe in ("digits_vit", "bbc_news_bert"):
         (results / f"bench_peers_{recipe}.json").write_text(
             json.dumps({**result_json(rounds()[:1], recipe), "date": "2026-11-25"}))
-    entries = {e.file: e for e in readme_results.TABLES if e.module == "ptrun.bench.peers"}
+    entries = {e.file: e for e in readme_entries.TABLES if e.module == "ptrun.bench.peers"}
     assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json",
                             "bench_peers_digits_vit_seeds.json", "bench_peers_bbc_news_bert_seeds.json",
                             "bench_peers_bbc_news_bert_policies.json", "bench_peers_causal_lm.json",
                             # scripts/gpu_check.sh's jobs on one GPU
                             "bench_peers_bbc_news_bert_gpu.json", "bench_peers_bbc_news_bert_512_gpu.json",
                             "bench_peers_digits_vit_gpu.json", "bench_peers_causal_lm_gpu.json"}
-    text = readme_results.section(results, entries["bench_peers_bbc_news_bert.json"])
+    text = results_page.section(results, entries["bench_peers_bbc_news_bert.json"])
     assert "- command: `python scripts/bench_peers.py --recipe bbc_news_bert --repeats 3 --out /tmp/p`" in text
     assert "- measured: 2026-11-25" in text
     assert "bbc_news_bert: 1 round(s)" in text
@@ -459,14 +460,14 @@ def test_perplexity_aggregate_table_and_caption():
 def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     """bench_peers_causal_lm.json is on the results page when docs/results/ has it, and only then."""
     results = tmp_path / "results"
-    shutil.copytree(Path(readme_results.__file__).parents[2] / "docs" / "results", results)
+    shutil.copytree(Path(readme_entries.__file__).parents[2] / "docs" / "results", results)
     title = "### ptrun against plain PyTorch: causal_lm"
     (results / "bench_peers_causal_lm.json").unlink(missing_ok=True)  # the published one, if any: absent first
-    assert title not in readme_results.page(results)
+    assert title not in results_page.page(results)
     (results / "bench_peers_causal_lm.json").write_text(json.dumps({
         **result_json(lm_rounds()[:1], "causal_lm", bench_peers.PERPLEXITY), "date": "2026-11-26",
         "command": "python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama"}))
-    page = readme_results.page(results)
+    page = results_page.page(results)
     assert page.count(title) == 1 and "](#ptrun-against-plain-pytorch-causal_lm)" in page
     section = page.split(title)[1].split("\n### ")[0]
     assert "- command: `python scripts/bench_peers.py --recipe causal_lm --only a,c" in section

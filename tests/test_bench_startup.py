@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import TINY, compose_config, run_events
-from ptrun.bench import readme as readme_results
+from ptrun.bench import readme as readme_entries
+from ptrun.bench import results_page
 from ptrun.bench import startup as bench_startup
 from ptrun.bench.harness import label_rows
 
@@ -119,15 +120,15 @@ def test_results_page_shows_a_startup_result_only_once_there_is_one(tmp_path):
     """The start-up sections are optional: without their JSON the page leaves them out (and is generated);
     with it, the section shows its command, the date and machine the JSON records, and the table."""
     results = tmp_path / "results"
-    shutil.copytree(Path(readme_results.__file__).parents[2] / "docs" / "results", results)
-    titles = [t.title for t in readme_results.TABLES if t.module == "ptrun.bench.startup"]
+    shutil.copytree(Path(readme_entries.__file__).parents[2] / "docs" / "results", results)
+    titles = [t.title for t in readme_entries.TABLES if t.module == "ptrun.bench.startup"]
     assert len(titles) == 2
     for published in results.glob("bench_startup_*.json"):  # absent first
         published.unlink()
-    page = readme_results.page(results)
+    page = results_page.page(results)
     assert not any(title in page for title in titles)
     (results / "bench_startup_text_classification.json").write_text(json.dumps(result_json()))
-    page = readme_results.page(results)
+    page = results_page.page(results)
     title = "### Start-up: process start to the first step, text_classification"
     assert page.count(title) == 1 and titles[1] not in page
     section = page.split(title)[1].split("\n### ")[0]

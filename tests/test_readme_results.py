@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ptrun.bench import readme as readme_results
+from ptrun.bench import readme as readme_entries
+from ptrun.bench import results_page
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -141,7 +142,7 @@ def tree(tmp_path):
 
 def run(tree, *flags: str) -> int:
     readme, page, results = tree
-    return readme_results.main(["--readme", str(readme), "--page", str(page), "--results", str(results), *flags])
+    return results_page.main(["--readme", str(readme), "--page", str(page), "--results", str(results), *flags])
 
 
 def test_page_comes_from_the_json(tree):
@@ -161,13 +162,13 @@ def test_page_comes_from_the_json(tree):
     for name, make in SYNTHETIC.items():
         assert f"- command: `{make()['command']}`" in text
     assert "- command: `python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`" in text
-    for filename, date in readme_results.MEASURED.items():
+    for filename, date in readme_entries.MEASURED.items():
         assert filename in text
-    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + readme_results.MACHINE in text
+    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + readme_entries.MACHINE in text
     # The current results first, the older ones under their own heading, then the simulator's files.
     current, older = text.split("## Older measurements")
     assert "### ptrun against plain PyTorch: bbc_news_bert" in current and "bench_speedup.json" not in current
-    assert "### Speedup breakdown, digits_vit" in older and readme_results.OLDER in older
+    assert "### Speedup breakdown, digits_vit" in older and readme_entries.OLDER in older
     # The README: its block rewritten from the peers' JSON, the prose around it untouched.
     body = readme.read_text()
     assert "stale text" not in body and "**1.94x faster**" in body
@@ -224,7 +225,7 @@ def test_bad_json_is_one_line_naming_the_file(tree, capsys, content, reason):
 
 def test_a_result_without_a_date_or_a_place_is_named(tree, capsys, monkeypatch):
     readme, page, results = tree
-    monkeypatch.delitem(readme_results.MEASURED, "bench_memory.json")
+    monkeypatch.delitem(readme_entries.MEASURED, "bench_memory.json")
     assert run(tree) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_memory.json: no date" in err
@@ -245,7 +246,7 @@ def test_missing_markers_are_named(tree, capsys):
 
 def test_real_readme_and_page_match_docs_results():
     """README.md's number and docs/results.md are what docs/results/*.json give: a hand edit fails here."""
-    assert readme_results.main(["--check"]) == 0
+    assert results_page.main(["--check"]) == 0
 
 
 def test_recorded_dates_are_the_json_files_last_commits():
@@ -255,7 +256,7 @@ def test_recorded_dates_are_the_json_files_last_commits():
                                  text=True, check=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no git history here")
-    for filename, date in readme_results.MEASURED.items():
+    for filename, date in readme_entries.MEASURED.items():
         path = f"docs/results/{filename}"
         if path not in tracked:
             continue
@@ -300,7 +301,7 @@ INTERNAL = re.compile(r"\bsession \d+|\bsessions? \d|\bissue \d+|\bissue #\d+|\b
 
 
 @pytest.mark.parametrize("path", [*DOCS, *sorted((REPO / "configs").rglob("*.yaml")),
-                                  *sorted((REPO / "recipes").glob("*.yaml")), Path(readme_results.__file__)],
+                                  *sorted((REPO / "recipes").glob("*.yaml")), Path(readme_entries.__file__)],
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_no_internal_work_items(path):
     """User-facing text speaks of ptrun, not of how it was developed."""

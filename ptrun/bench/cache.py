@@ -16,24 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, fmt, publish
+from ptrun.bench.harness import command_line, fmt, publish, train
 
 DEPTH = 6  # blocks of digits_vit's ViT
 
 
 def run(out: Path, name: str, overrides: list[str]) -> list[dict]:
     """One `ptrun train` run into `out/name`: its `metrics.jsonl` events."""
-    run_dir = out / name
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *overrides]
-    print("$ " + " ".join(cmd[2:]), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_dir = train(out / name, overrides)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

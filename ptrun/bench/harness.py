@@ -69,14 +69,23 @@ def publish(result: dict, path: Path, caption, table) -> None:
     print(f"\nwritten: {path}")
 
 
-def train(run_dir: Path, overrides: list[str], reuse: bool) -> Path:
+def fresh_run_dir(marker: Path, reuse: bool) -> bool:
+    """Whether to make a run: not with `reuse` when its `marker` (a file the finished run leaves in its
+    directory) is there, the run being read back (`--reuse`); else the run's directory, the marker's folder,
+    is emptied for it."""
+    if reuse and marker.is_file():
+        return False
+    shutil.rmtree(marker.parent, ignore_errors=True)
+    marker.parent.mkdir(parents=True)
+    return True
+
+
+def train(run_dir: Path, overrides: list[str], reuse: bool = False) -> Path:
     """One `ptrun train` run into `run_dir` (or, with `reuse`, the one already there)."""
-    if reuse and (run_dir / "metrics.jsonl").is_file():
-        return run_dir
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *overrides]
-    print("$ ptrun train " + " ".join(cmd[4:]), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    if fresh_run_dir(run_dir / "metrics.jsonl", reuse):
+        cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *overrides]
+        print("$ ptrun train " + " ".join(cmd[4:]), flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return run_dir
 
 

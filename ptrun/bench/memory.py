@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, fmt, median, publish, rounds_parser
+from ptrun.bench.harness import command_line, fmt, fresh_run_dir, median, publish, rounds_parser
 from ptrun.bench.processes import worker_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,9 +64,7 @@ def execute(label: str, tree: Path, run_dir: Path, overrides: list[str], reuse: 
     """One run of `tree`'s ptrun into `run_dir` (or, with `reuse`, the one already there): its memory
     samples and events."""
     samples_file = run_dir / "memory_samples.json"
-    if not (reuse and samples_file.is_file()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
+    if fresh_run_dir(samples_file, reuse):
         cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *RUN, *overrides]
         # The tree's own environment (`scripts/setup.sh`: its editable ptrun over the shared dependencies)
         cmd[0] = str(tree / ".venv" / "bin" / "python")

@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, dir_name, fmt, label_rows, median, publish, rounds_caption,
-                                 rounds_parser, rows_table, spread)
+from ptrun.bench.harness import (cell, command_line, dir_name, fmt, fresh_run_dir, label_rows, median, publish,
+                                 rounds_caption, rounds_parser, rows_table, spread)
 
 PLAIN = "ptrun.bench.plain_loop"
 """The peers' module, run as `python -m`: a plain PyTorch loop that uses nothing of ptrun's engine."""
@@ -153,13 +152,18 @@ def shown(cmd: list[str]) -> str:
     return " ".join(["python", *cmd[1:]])
 
 
+def commands(labels: list[str], recipe: str, overrides: list[str],
+             variants: dict[str, list[str]] = PTRUN) -> dict[str, str]:
+    """Each run's command line as the user would type it, RUN_DIR standing for its directory (a result's
+    `commands`)."""
+    return {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants)) for label in labels}
+
+
 def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
             variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1) -> dict:
     """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements, on `metric`."""
     wall_file = run_dir / "wall.json"
-    if not (reuse and wall_file.is_file()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
+    if fresh_run_dir(wall_file, reuse):
         cmd = command(label, recipe, run_dir, overrides, variants)
         print(f"$ {shown(cmd)}", flush=True)
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
@@ -315,8 +319,7 @@ def main() -> None:
                                    variants, metric) for label in labels], metric) for r in range(args.repeats)]
         result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
                   "seeds": args.seeds,
-                  "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants))
-                               for label in labels},
+                  "commands": commands(labels, recipe, overrides, variants),
                   **aggregate(rounds, metric)}
         publish(result, out / f"bench_peers_{recipe}.json", caption, table)
 

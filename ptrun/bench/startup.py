@@ -42,8 +42,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ptrun.bench.harness import (command_line, dir_name, label_rows, machine_description, publish,
-                                 rounds_caption, rounds_parser, rows_table)
+from ptrun.bench.harness import (command_line, dir_name, fresh_run_dir, label_rows, machine_description,
+                                 publish, rounds_caption, rounds_parser, rows_table)
 from ptrun.bench.peers import command as peer_command, shown
 
 PLAIN, COLD, WARM, PTRUN = "plain loop", "ptrun, cold cache", "ptrun, warm cache", "ptrun"
@@ -92,9 +92,7 @@ def execute(cmd: list[str], run_dir: Path, tokenized: Path, empty_cache: bool, r
     """Run `cmd` with its tokenized-data cache in `tokenized` (emptied first if `empty_cache`), or with `reuse`
     read the run already in `run_dir`: when it was spawned (Unix time) and its wall time."""
     spawned = run_dir / "spawn.json"
-    if not (reuse and spawned.is_file()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
+    if fresh_run_dir(spawned, reuse):
         if empty_cache:
             shutil.rmtree(tokenized, ignore_errors=True)
         print(f"$ {TOKENIZED_DIR}={tokenized} {shown(cmd)}", flush=True)

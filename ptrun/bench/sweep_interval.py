@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ptrun.bench.harness import (command_line, dir_name, fmt, ideal_speedup, label_rows, median, publish,
                                  rounds_caption, rounds_parser, rows_table)
-from ptrun.bench.peers import COLUMNS, command, execute, measure, shown
+from ptrun.bench.peers import COLUMNS, commands, execute, measure
 
 PEER = "plain loop"
 VARIANTS = {
@@ -70,8 +70,7 @@ def main() -> None:
                 run["ideal"] = None if run["label"] == PEER else ideal_speedup(Path(run["run_dir"]))
             rounds.append(measure(runs))
         result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
-                  "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, VARIANTS))
-                               for label in labels},
+                  "commands": commands(labels, recipe, overrides, VARIANTS),
                   **aggregate(rounds)}
         publish(result, out / f"sweep_interval_{recipe}.json", caption, table)
 

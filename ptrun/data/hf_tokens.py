@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from ptrun.config import ConfigError
 from ptrun.data.hf_read import column_values
-from ptrun.data.text import INPUT_NAMES, chunks, compact
+from ptrun.data.text import INPUT_NAMES, arrow_columns, chunks, compact
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -120,11 +120,7 @@ def write_entry(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
 
 def record_batch(columns: dict[str, np.ndarray]) -> pa.RecordBatch:
     """Equal-length arrays as a record batch; 2-D arrays become fixed-size list columns."""
-    arrays = {}
-    for name, values in columns.items():
-        flat = pa.array(np.ascontiguousarray(values).reshape(-1))
-        arrays[name] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1]) if values.ndim == 2 else flat
-    return pa.RecordBatch.from_pydict(arrays)
+    return pa.RecordBatch.from_pydict(arrow_columns(columns))
 
 
 def texts(rows: datasets.Dataset, column: str, part: slice) -> list[str]:
@@ -151,13 +147,14 @@ def classification_batches(rows: datasets.Dataset, labels: np.ndarray, tok: "Pre
         yield record_batch(columns)
 
 
-def end_of_document(tok: "PreTrainedTokenizerBase") -> int:
-    """The token that ends each document: EOS, else SEP."""
+def end_and_pad(tok: "PreTrainedTokenizerBase") -> tuple[int, int]:
+    """The token that ends each document (EOS, else SEP) and the one that pads a row (the pad token, else
+    that end token)."""
     token_id = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
     if token_id is None:
         raise ConfigError(f"data.tokenizer: {type(tok).__name__} has neither an EOS nor a SEP token to end "
                           f"documents with for model.task=causal_lm")
-    return int(token_id)
+    return int(token_id), (tok.pad_token_id if tok.pad_token_id is not None else int(token_id))
 
 
 def lm_rows(ids: np.ndarray, real: np.ndarray) -> pa.RecordBatch:
@@ -169,8 +166,7 @@ def lm_rows(ids: np.ndarray, real: np.ndarray) -> pa.RecordBatch:
 def packed_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str,
                    block: int) -> Iterator[pa.RecordBatch]:
     """Documents + EOS, concatenated and cut into blocks of `block` tokens (the last one padded)."""
-    eos = end_of_document(tok)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    eos, pad = end_and_pad(tok)
     carry = np.zeros(0, dtype=np.int64)
     for part in chunks(len(rows)):
         # verbose=False: a document longer than the model's positions is expected here (it spans blocks)
@@ -189,8 +185,7 @@ def packed_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", colum
 def document_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str,
                      length: int) -> Iterator[pa.RecordBatch]:
     """One document a row: its first `length - 1` tokens and EOS, padded to `length`."""
-    eos = end_of_document(tok)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    eos, pad = end_and_pad(tok)
     for part in chunks(len(rows)):
         docs = tok(texts(rows, column, part), add_special_tokens=False, truncation=True,
                    max_length=length - 1)["input_ids"]

@@ -66,15 +66,21 @@ def compact(name: str, values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32 if name == "input_ids" else np.int8)
 
 
-def arrays_to_dataset(columns: dict[str, np.ndarray]) -> datasets.Dataset:
-    """A torch-formatted Dataset from equal-length arrays; 2-D arrays become fixed-size list columns.
-
-    Built from Arrow buffers directly: `Dataset.from_dict` would walk every token as a Python object."""
+def arrow_columns(columns: dict[str, np.ndarray]) -> dict[str, pa.Array]:
+    """Equal-length arrays as Arrow arrays, built from their buffers (not token by token as Python objects);
+    2-D arrays become fixed-size list columns."""
     arrow = {}
     for name, values in columns.items():
         flat = pa.array(np.ascontiguousarray(values).reshape(-1))
         arrow[name] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1]) if values.ndim == 2 else flat
-    return datasets.Dataset(pa.table(arrow)).with_format("torch")
+    return arrow
+
+
+def arrays_to_dataset(columns: dict[str, np.ndarray]) -> datasets.Dataset:
+    """A torch-formatted Dataset from equal-length arrays; 2-D arrays become fixed-size list columns.
+
+    Built from Arrow buffers directly: `Dataset.from_dict` would walk every token as a Python object."""
+    return datasets.Dataset(pa.table(arrow_columns(columns))).with_format("torch")
 
 
 # ---- SQuAD v1.1 --------------------------------------------------------------------------------------
