@@ -179,6 +179,14 @@ def test_variants_and_seeded_rounds():
     for bad in ("no label", f"{E}: auto.cache=false", ": freeze.start=1"):
         with pytest.raises(ValueError, match="--variant"):
             bench_peers.variant(bad)
+    # an --engine run: the same command line, by another interpreter, which its `commands` entry names
+    cmd = bench_peers.command("before", "digits_vit", Path("/r"), [], {"before": []}, {"before": "/b/python"})
+    assert cmd[:3] == ["/b/python", "-m", "ptrun.cli"] and cmd[3:] == bench_peers.command(
+        E, "digits_vit", Path("/r"), [])[3:]
+    assert bench_peers.commands(["before", E], "digits_vit", [], {**bench_peers.PTRUN, "before": []},
+                                {"before": "/b/python"}) == {
+        "before": "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit  (by /b/python)",
+        E: "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit"}
     result = {**result_json(rounds(), "digits_vit"), "seeds": True}
     rows = {r["label"]: r for r in result["rows"]}
     assert rows[E]["mean_top1"] == pytest.approx((96.5 + 97.0 + 96.5) / 3)

@@ -31,7 +31,9 @@ Overrides (`train.epochs=2`) apply to every run, the plain peers' included. With
 run with `train.seed=r` (the split, the initial weights and the batch order all follow it), so the rounds are
 seeds, and the table adds each run's mean final top-1 over them. Each `--variant 'LABEL: KEY=V ...'` adds a
 ptrun run with those overrides after the recipe's (a seeded sweep of a recipe's keys against the same peers:
-`--only a,e --seeds --repeats 5 --variant 'start 12: freeze.start=12'`).
+`--only a,e --seeds --repeats 5 --variant 'start 12: freeze.start=12'`). Each `--engine 'LABEL: PYTHON [KEY=V ...]'`
+adds a ptrun run of the recipe (with those overrides) made by another interpreter, such as another checkout's
+venv: the engine before and after a change, side by side (`--only e --engine 'before: ../base/.venv/bin/python'`).
 """
 
 from __future__ import annotations
@@ -131,9 +133,10 @@ def variant(text: str) -> tuple[str, list[str]]:
 
 
 def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
-            variants: dict[str, list[str]] = PTRUN) -> list[str]:
+            variants: dict[str, list[str]] = PTRUN, pythons: dict[str, str] | None = None) -> list[str]:
     """The command line of one run (its results land in `run_dir`): a plain peer, or the ptrun run `label`
-    names in `variants` (label -> overrides after `recipe=NAME`)."""
+    names in `variants` (label -> overrides after `recipe=NAME`), by the interpreter `pythons` names for it
+    (this one by default)."""
     if label in PEERS:
         nproc, threads = PEERS[label]
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
@@ -141,8 +144,8 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
                     f"--log-dir={os.devnull}"] if nproc > 1 else []
         return [sys.executable, *launcher, "-m", PLAIN, f"--recipe={recipe}", f"--threads={threads}",
                 f"--out={run_dir / 'plain.json'}", *overrides]
-    return [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", f"recipe={recipe}",
-            *variants[label], *overrides]
+    return [(pythons or {}).get(label, sys.executable), "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}",
+            f"recipe={recipe}", *variants[label], *overrides]
 
 
 def shown(cmd: list[str]) -> str:
@@ -153,18 +156,20 @@ def shown(cmd: list[str]) -> str:
 
 
 def commands(labels: list[str], recipe: str, overrides: list[str],
-             variants: dict[str, list[str]] = PTRUN) -> dict[str, str]:
+             variants: dict[str, list[str]] = PTRUN, pythons: dict[str, str] | None = None) -> dict[str, str]:
     """Each run's command line as the user would type it, RUN_DIR standing for its directory (a result's
-    `commands`)."""
-    return {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants)) for label in labels}
+    `commands`; a run by another interpreter says which)."""
+    pythons = pythons or {}
+    return {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants))
+            + (f"  (by {pythons[label]})" if label in pythons else "") for label in labels}
 
 
 def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
-            variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1) -> dict:
+            variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1, pythons: dict[str, str] | None = None) -> dict:
     """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements, on `metric`."""
     wall_file = run_dir / "wall.json"
     if fresh_run_dir(wall_file, reuse):
-        cmd = command(label, recipe, run_dir, overrides, variants)
+        cmd = command(label, recipe, run_dir, overrides, variants, pythons)
         print(f"$ {shown(cmd)}", flush=True)
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
         # empty (ptrun's runs use the user's cache, as ptrun does).
@@ -299,12 +304,18 @@ def main() -> None:
                         "seeds (the table adds the mean final top-1 or perplexity)")
     parser.add_argument("--variant", action="append", default=[], help="'LABEL: KEY=V ...': one more ptrun "
                         "run, the recipe with these overrides (repeatable)")
+    parser.add_argument("--engine", action="append", default=[], help="'LABEL: PYTHON [KEY=V ...]': one more "
+                        "ptrun run of the recipe (with these overrides), by another interpreter (another checkout's "
+                        "venv; repeatable)")
     parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
                         "a-e for the runs in order, comma-separated (--only a,b,e); default: all five")
     args, overrides = parser.parse_known_args()
     try:
         labels = pick(args.only) if args.only else list(LABELS)
         variants = {**PTRUN, **dict(map(variant, args.variant))}
+        engines = {label: words for label, words in map(variant, args.engine)}
+        pythons = {label: words[0] for label, words in engines.items() if words}
+        variants.update({label: words[1:] for label, words in engines.items()})
     except ValueError as e:
         parser.error(str(e))
     labels += [label for label in variants if label not in LABELS]
@@ -316,10 +327,10 @@ def main() -> None:
             parser.error(str(e))
         rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label),
                                    [*overrides, *([f"train.seed={r}"] if args.seeds else [])], args.reuse,
-                                   variants, metric) for label in labels], metric) for r in range(args.repeats)]
+                                   variants, metric, pythons) for label in labels], metric) for r in range(args.repeats)]
         result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
                   "seeds": args.seeds,
-                  "commands": commands(labels, recipe, overrides, variants),
+                  "commands": commands(labels, recipe, overrides, variants, pythons),
                   **aggregate(rounds, metric)}
         publish(result, out / f"bench_peers_{recipe}.json", caption, table)
 
