@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import resource
+import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -33,12 +35,29 @@ class StepClock:
         """Steps this process has trained (a resumed one counts from its start)."""
         self.times: dict[str, float] = {}
         self.reported = False
+        self.recent: deque[float] = deque(maxlen=32)
+        """The host's seconds between the ends of consecutive steps, lately (a GPU's queue keeps the host
+        in step with the device once it has filled)."""
+        self.last_end: float | None = None
 
     def step_begins(self) -> None:
         if not self.times:
             self.times["first_step_time"] = round(time.time(), 3)
 
+    def pause(self) -> None:
+        """Steps stop here for a while (a decision, an evaluation): the next step's time is not a step's."""
+        self.last_end = None
+
+    @property
+    def step_s(self) -> float | None:
+        """The median of the recent steps' seconds (None before two steps in a row)."""
+        return statistics.median(self.recent) if self.recent else None
+
     def step_ended(self) -> None:
+        now = time.perf_counter()
+        if self.last_end is not None:
+            self.recent.append(now - self.last_end)
+        self.last_end = now
         self.steps += 1
         if self.steps in (1, WARM_UP_STEPS):  # the first step's end, and the warm-up's
             if self.device.type == "cuda":

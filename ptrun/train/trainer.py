@@ -235,6 +235,7 @@ class Trainer:
                 self.state, done = train_step(self.state, progress, self.step_parts)
                 self._count(sums, item, loss, done)
                 self._after_step(sums, item.step, end, epoch_base)
+            self.clock.pause()
             position = end
         elapsed = time.perf_counter() - sums.t0
         self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
@@ -411,7 +412,7 @@ class Trainer:
         old = self.plan
         transition_s = self.transition(plan)
         cost = {"transition_s": transition_s, "moved_bytes": int(self.all_sum([self.layout.received_bytes]).item())}
-        self.view.print(transition_line(state.epoch, old, plan, transition_s, step=position))
+        self.view.print(transition_line(state.epoch, old, plan, transition_s, position, self.clock.step_s))
         self.view.show_layout(plan, self.layered.unit_names)
         if announce:
             self._event("plan", epoch=state.epoch, step=position, **cost, **plan.to_dict())
