@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
-from ptrun.config import DataConfig, PtrunConfig
+from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
@@ -27,14 +27,6 @@ from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 
 log = logging.getLogger("ptrun.train.trainer")
-
-
-def data_config(cfg: PtrunConfig) -> DataConfig:
-    """The data configuration as the sources need it: a text source's tokenizer defaults to the model's own
-    directory (`model.pretrained`)."""
-    if cfg.data.tokenizer is None and cfg.model.pretrained is not None:
-        return replace(cfg.data, tokenizer=cfg.model.pretrained)
-    return cfg.data
 
 
 def first_sample(data: DataSplits, input_names) -> tuple:
@@ -144,7 +136,7 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
     plain_train = data.train
     if cfg.data.augment:
         if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-            plain_train = build_datasets(replace(data_config(cfg), augment=False),
+            plain_train = build_datasets(replace(cfg.data, augment=False),
                                          task=cfg.model.task).train
         elif is_main:
             log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
