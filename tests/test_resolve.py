@@ -63,6 +63,9 @@ def test_slurm_is_applied_from_the_environment_given_and_the_command_line_wins()
 def test_plan_sizes_the_launcher_before_the_checks():
     with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 4"):
         for_cluster(["pipe.length=3"], nodes=1, gpus_per_node=4)
+    # several machines: the cluster's world size, which validation leaves to a start's workers
+    with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 8"):
+        for_cluster(["recipe=digits_vit", "pipe.length=3"], nodes=2, gpus_per_node=4)
     cfg = for_cluster(["recipe=digits_vit", "pipe.length=4"], nodes=2, gpus_per_node=4)
     assert (cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.run_dir) == (4, "2", "")
 
