@@ -1,10 +1,13 @@
 """`ptrun SUBCOMMAND [args]`: `train` (Hydra overrides follow), `recipes`, `report` and `plan`.
 
-`ptrun train` resolves the config ONCE here (`ptrun.compose.resolve`: composed, SLURM's layout applied,
-validated, this machine's `auto` values filled), writes the resolved YAML to a private file and launches
-the workers, which only read that file (rank 0 copies it to RUN_DIR/config.yaml once the run has
-started). Bad input ends with one line on stderr naming the key or file and what is allowed, exit code 2,
-and the run directory as it was (docs/errors.md lists the cases).
+`ptrun train` composes and resolves the config ONCE here (`ptrun.compose.resolve`: composed, SLURM's layout
+applied, validated, defaults filled; then `for_this_machine`: this machine checked and its `auto` values
+filled), creates the run directory (`hydra.run.dir`) as Hydra would, writes the resolved YAML to a private
+file and launches the workers, which only read that file (rank 0 copies it to RUN_DIR/config.yaml once the
+run has started). Hydra's own app runs only a sweep (`-m`: one job per point, each resolved from what Hydra
+composed for it) and the flags that print (`--help`, `--cfg`, ...). Bad input ends with one line on stderr
+naming the key or file and what is allowed, exit code 2, and the run directory as it was (docs/errors.md
+lists the cases).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from ptrun.compose import CONFIG_DIR, RECIPE_DIR, Resolved, register_schema, resolve
+from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, for_cluster, for_this_machine, register_schema,
+                           resolve, settle, typed)
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.errors import EXIT_BAD_INPUT
 
-# Hydra flags that do not start a run: let Hydra handle them without our pre-flight composition.
-HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
+# Hydra flags that a single run does not take: a sweep, or printing instead of running. Hydra's app handles them.
+HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
                     "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}
 
 USAGE = """usage: ptrun SUBCOMMAND [args]
@@ -59,30 +63,29 @@ def recipe_summaries() -> dict[str, str]:
     return out
 
 
-PREFLIGHT: list[Resolved] = []
-"""What `preflight` resolved for a single run: its Hydra job starts it as it is (nothing is checked twice)."""
-
-
-def preflight(overrides: list[str]) -> Resolved:
-    """Resolve the config (`ptrun.compose.resolve`), so bad input fails before Hydra creates anything."""
+def checked_start(overrides: list[str]) -> Resolved:
+    """A single run's config, resolved once and for this machine, with what the workers would otherwise find
+    out first checked now (the run directory can be made; an `hf` source's columns and labels), so bad input
+    fails before anything is created."""
     try:
-        resolved = resolve(overrides, os.environ, machine=True)
-        _check_run_dir_path(resolved.run_dir)
-        if resolved.cfg.data.name == "hf":  # its columns and labels, read before any worker starts
+        start = for_this_machine(resolve(overrides, os.environ))
+        cfg = start.cfg
+        _check_run_dir_path(cfg.run_dir)
+        if cfg.data.name == "hf":  # its columns and labels, read before any worker starts
             from ptrun.data.hf_source import check_hf_source
             from ptrun.train.classes import check_resumed_classes
 
-            class_names = check_hf_source(resolved.cfg.data, resolved.cfg.model.task)
-            if resolved.cfg.train.resume and resolved.run_dir is not None:
-                check_resumed_classes(class_names, resolved.run_dir)
+            class_names = check_hf_source(cfg.data, cfg.model.task)
+            if cfg.train.resume:
+                check_resumed_classes(class_names, cfg.run_dir)
     except ConfigError as e:
         _fail(str(e))
-    return resolved
+    return start
 
 
 def _check_run_dir_path(path: str) -> None:
-    """Hydra creates the run directory and its missing parents: the nearest of them that exists must be a
-    directory we may write into (Hydra would otherwise fail with a traceback). Permission bits do not tell
+    """The start creates the run directory and its missing parents: the nearest of them that exists must be a
+    directory we may write into (making it would otherwise fail with a traceback). Permission bits do not tell
     (root passes them, and /proc or a read-only mount refuse anyway), so a directory of a name of its own is made
     where the first missing one would go, and removed again: a probe that leaves nothing behind and never
     touches the run directory itself, which the agent of another machine sharing it may be making now."""
@@ -126,46 +129,54 @@ SWEEP_JOBS: list[tuple[Path, list[str]]] = []
 """(run directory, the sweep's overrides) of each job of a `-m` sweep, in order, for its closing summary."""
 
 
-def train_task(cfg: DictConfig) -> None:
-    """Hydra's task function: runs once per job (once, or once per sweep point with -m)."""
+def hydra_job(cfg: DictConfig) -> None:
+    """Hydra's task function, for the jobs Hydra's app starts: each point of a `-m` sweep (or a run that a
+    Hydra flag sent through the app). The job's config is the one Hydra composed for it, resolved here."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
-
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
+    run_dir = Path(hydra_cfg.runtime.output_dir).resolve()  # Hydra created it
+    overrides = list(hydra_cfg.overrides.task)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        SWEEP_JOBS.append((run_dir, list(hydra_cfg.overrides.task)))
+        SWEEP_JOBS.append((run_dir, overrides))
     created_now = not any(run_dir.iterdir())
     try:
-        if hydra_cfg.mode == RunMode.RUN and PREFLIGHT:
-            resolved = PREFLIGHT[0]
-        else:  # a sweep's job: resolved from what Hydra composed for it
-            OmegaConf.resolve(cfg)
-            cfg.run_dir = str(run_dir)
-            resolved = resolve(list(hydra_cfg.overrides.task), os.environ, composed=cfg, machine=True)
-        typed = replace(resolved.cfg, run_dir=str(run_dir))
-        if resolved.slurm_note is not None:
-            print(resolved.slurm_note, flush=True)
-        _check_run_dir(run_dir, typed.train.resume)
-        check_rendezvous(typed.launcher)
+        OmegaConf.resolve(cfg)
+        cfg.run_dir = str(run_dir)
+        start = for_this_machine(settle(typed(cfg), overrides, os.environ))
     except ConfigError as e:
         _fail_start(str(e), run_dir, created_now)
-    start_worker_server(typed)  # the input is good: the workers' imports start now, beside the launcher's own
+    launch_run(start, run_dir, overrides, created_now)
+
+
+def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
+    """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
+    run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
+    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
+
+    typed_cfg = replace(start.cfg, run_dir=str(run_dir))
+    try:
+        if start.slurm_note is not None:
+            print(start.slurm_note, flush=True)
+        _check_run_dir(run_dir, typed_cfg.train.resume)
+        check_rendezvous(typed_cfg.launcher)
+    except ConfigError as e:
+        _fail_start(str(e), run_dir, created_now)
+    start_worker_server(typed_cfg)  # the input is good: the workers' imports start now, beside the launcher's own
     # The workers read the resolved config from a private copy; rank 0 writes it to RUN_DIR/config.yaml once
     # the run has started, so a start that fails on bad input leaves the run directory as it was.
     with tempfile.TemporaryDirectory(prefix="ptrun-") as tmp:
         config_path = Path(tmp) / "config.yaml"
-        config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(typed)))
+        config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(typed_cfg)))
         try:
-            launch(typed, config_path)
+            launch(typed_cfg, config_path)
         except ConfigError as e:  # bad input a worker found
             _fail_start(str(e), run_dir, created_now)
         except LaunchFailed as e:
             _fail(str(e), code=1)
         except Stopped as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
-            _stopped(e.signum, run_dir, list(hydra_cfg.overrides.task))
+            _stopped(e.signum, run_dir, overrides)
 
 
 def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  # noqa: F821
@@ -194,27 +205,34 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
 
 
 def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
-    """Bad input: the one-line error, and the run directory Hydra created for this start removed again
-    (if nothing was written into it)."""
+    """Bad input: the one-line error, and the run directory created for this start removed again (if nothing
+    was written into it)."""
     if created_now and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
     _fail(message)
 
 
 def run_train(args: list[str]) -> None:
-    import hydra
-
     try:
         register_schema()
     except ConfigError as e:
         _fail(str(e))
-    if not HYDRA_INFO_FLAGS.intersection(args):
-        PREFLIGHT[:] = [preflight(args)]
-    app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(train_task)
-    sys.argv = ["ptrun train", *args]
-    app()
-    if SWEEP_JOBS:
-        print_sweep_summary(SWEEP_JOBS)
+    sys.argv = ["ptrun train", *args]  # Hydra's app parses it; the workers and trackers see it as the command
+    if HYDRA_FLAGS.intersection(args):
+        import hydra
+
+        app = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)(hydra_job)
+        app()
+        if SWEEP_JOBS:
+            print_sweep_summary(SWEEP_JOBS)
+        return
+    start = checked_start(args)
+    # The run directory and its missing parents, as Hydra makes `hydra.run.dir` for its job (configs/train.yaml
+    # asks Hydra for nothing else there: no `.hydra/`, no job log); a start that fails on bad input removes
+    # it again while it is empty.
+    run_dir = Path(start.cfg.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    launch_run(start, run_dir, list(args), created_now=not any(run_dir.iterdir()))
 
 
 def print_sweep_summary(jobs: list[tuple[Path, list[str]]]) -> None:
@@ -281,12 +299,10 @@ def run_report(args: list[str]) -> None:
 
 
 def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
-    """The recipe resolved for the cluster: its launcher sized to it, then validated (the layout against the
-    world size where one machine makes it; a cluster of several is checked by the first plan, as a start is);
-    data and weight paths are not needed to plan, so they are not checked."""
+    """The recipe resolved for the cluster (`ptrun.compose.for_cluster`): its launcher sized to it, then
+    validated against its world size; data and weight paths are not needed to plan, so they are not checked."""
     try:
-        return resolve(overrides, run_dir="", paths=False,
-                       launcher={"nproc_per_node": cluster.gpus_per_node, "nnodes": str(cluster.nodes)}).cfg
+        return for_cluster(overrides, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
     except ConfigError as e:
         _fail(str(e))
 

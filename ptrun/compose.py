@@ -1,15 +1,22 @@
 """From overrides to a config: the one place that composes `configs/train.yaml` with Hydra's compose API and
-resolves it (`resolve`: SLURM's layout, validation, the values a start on this machine fills in), for
-`ptrun train` and `ptrun plan`, the tests and the scripts alike, and turns composition errors into one line.
+resolves it, for `ptrun train` and `ptrun plan`, the tests and the scripts alike, and turns composition
+errors into one line.
+
+`resolve(overrides, env)` is the part every start shares and depends on no machine: composed once, SLURM's
+layout from `env`, hub ids made local, validated, the tokenizer default filled. What depends on where the
+config runs is a named step its caller applies: `for_this_machine` (`ptrun train`: the machines, this
+machine's GPUs and tracker, `auto` filled with this machine's answers) or `for_cluster` (`ptrun plan`: the
+launcher sized to a cluster, no files read).
 
 The yaml lives beside the package, not in it: `configs/` (the primary config and the groups `model/`, `data/`,
 `optim/`, `launcher/`) and `recipes/` (the presets chosen with `recipe=NAME`), as in torchtune. A wheel ships
 both inside the package (setup.py maps them to `ptrun/configs` and `ptrun/recipes`), so `ptrun` also runs
 where no clone is.
 
-    cfg = compose(["recipe=digits_vit", "train.epochs=5"], run_dir="runs/a")   # typed, validated
-    start = resolve(overrides, os.environ, machine=True)                        # what `ptrun train` starts
-    raw = compose_dict(overrides, hydra=True)                                   # the DictConfig, with hydra.*
+    start = for_this_machine(resolve(overrides, os.environ))       # what `ptrun train` starts
+    cfg = for_cluster(overrides, nodes=2, gpus_per_node=8)          # what `ptrun plan` plans
+    cfg = compose(["recipe=digits_vit", "train.epochs=5"], run_dir="runs/a")   # tests and benchmarks
+    raw = compose_dict(overrides, hydra=True)                       # the DictConfig, with hydra.*
 """
 
 from __future__ import annotations
@@ -18,14 +25,16 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ptrun.config import ConfigError, PtrunConfig, check_devices, check_machines, schema_keys, validate, workers_per_node
+from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_width, schema_keys,
+                          validate, workers_per_node)
+from ptrun.config.cross import run_inputs
+from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
-from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.installed import check_tracker_ready
 
@@ -82,80 +91,107 @@ def typed(cfg: DictConfig) -> PtrunConfig:
 
 @dataclass(frozen=True)
 class Resolved:
-    """A config resolved once, with what its caller needs besides it."""
+    """A config resolved once (`cfg.run_dir`: where the run goes, `hydra.run.dir` as composed), with the
+    start's one line saying the layout came from SLURM (`slurm_note`; None outside SLURM)."""
 
     cfg: PtrunConfig
-    run_dir: Optional[str]
-    """`hydra.run.dir` as composed (None when Hydra composed the config: a sweep's job)."""
-    slurm_note: Optional[str]
-    """The start's one line saying the layout came from SLURM (None outside SLURM)."""
+    slurm_note: Optional[str] = None
 
 
-def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None, *, run_dir: str | Path | None = None,
-            recipe: str | None = None, composed: DictConfig | None = None, check: bool = True,
-            paths: bool = True, machine: bool = False, launcher: dict[str, Any] | None = None) -> Resolved:
-    """The config `ptrun train OVERRIDES` runs, resolved once, in this order:
+def composed(overrides: list[str]) -> PtrunConfig:
+    """The typed config Hydra composes for `overrides`, nothing resolved or checked yet: `recipe` the chosen
+    recipe and `run_dir` `hydra.run.dir` (they interpolate Hydra's runtime, which only a Hydra job has: set
+    here from what was composed). ConfigError, one line, on a bad override."""
+    raw = compose_dict(overrides, hydra=True)
+    recipe = OmegaConf.select(raw, "hydra.runtime.choices.recipe")
+    run_dir = str(OmegaConf.select(raw, "hydra.run.dir"))
+    with open_dict(raw):
+        del raw["hydra"]
+    raw.recipe, raw.run_dir = recipe, run_dir
+    return typed(raw)
 
-    1. composed (skipped when Hydra `composed` it already: a sweep's job);
-    2. `launcher` fields replaced (`ptrun plan` sizes the launcher to its cluster);
-    3. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
-       `launcher.*` keys in `overrides` winning;
-    4. a Hugging Face hub id in `model.pretrained` or `data.tokenizer` replaced by its snapshot in the
-       hub cache, fetched once where the hub is reachable (`ptrun.config.hub`; `paths=False`: a model's
-       config.json only), so that the workers read local files;
-    5. validated unless `check` is false (`paths=False` skips the files the run reads);
-    6. with `machine` (a start on this machine): the rules of a job of several machines
-       (`check_machines`), the workers against this machine's GPUs (`check_devices`), the tracker's login or server (`check_tracker_ready`), then
-       `launcher.nproc_per_node` and `launcher.threads_per_worker` filled where they are `auto`: this
-       machine's answer, which its workers read as is.
 
-    `run_dir` (None: `hydra.run.dir`) and `recipe` (None: the chosen one) name the run; ConfigError, one line
-    naming the key, at the first problem. `pipe.length=auto` and an unset `pipe.microbatches` need the built
-    model and the device: the workers fill them (`ptrun.parallel.fit.resolve_length`)."""
-    hydra_dir = None
-    raw = composed
-    if raw is None:
-        raw = compose_dict(overrides, hydra=True)
-        # `recipe` and `run_dir` interpolate Hydra's runtime, which only a `ptrun train` job has: set them here.
-        chosen = OmegaConf.select(raw, "hydra.runtime.choices.recipe")
-        hydra_dir = str(OmegaConf.select(raw, "hydra.run.dir"))
-        with open_dict(raw):
-            del raw["hydra"]
-        raw.recipe = recipe or chosen
-        raw.run_dir = str(hydra_dir if run_dir is None else run_dir)
-    cfg = typed(raw)
-    if launcher:
-        cfg = replace(cfg, launcher=replace(cfg.launcher, **launcher))
+def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None) -> Resolved:
+    """The config `ptrun train OVERRIDES` runs, composed once (`composed`) and resolved (`settle`); nothing
+    here depends on the machine it runs on (`for_this_machine` is that step). `env`: the environment SLURM's
+    layout is read from (None: none is read). ConfigError, one line naming the key, at the first problem."""
+    return settle(composed(overrides), overrides, env)
+
+
+def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, str]] = None, *,
+           check: bool = True) -> Resolved:
+    """A composed config (`composed`, or what Hydra composed for a sweep's job) resolved, in this order:
+
+    1. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
+       `launcher.*` keys in `overrides` winning (the checks that depend on the node count see the job's);
+    2. a Hugging Face hub id in `model.pretrained` or `data.tokenizer` replaced by its snapshot in the hub
+       cache, fetched once where the hub is reachable (`ptrun.config.hub`), so that the workers read local
+       files;
+    3. validated (`ptrun.config.validate`, the files the run reads included) unless `check` is false (the
+       benchmarks that read only the model and data keys);
+    4. the defaults that follow from other keys filled (`with_defaults`), so the YAML the workers read holds
+       every value as it is used.
+
+    `pipe.length=auto` and an unset `pipe.microbatches` need the built model and the device: the workers fill
+    them (`ptrun.parallel.fit.resolve_length`)."""
     note = None
     if env is not None:
-        # checks that depend on the node count must see the job's
         explicit = explicit_fields(overrides)
         cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
         note = summary(cfg.launcher, env, explicit)
-    cfg = resolve_hub_ids(cfg, full=paths)
+    cfg = resolve_hub_ids(cfg, full=True)
     if check:
-        validate(cfg, paths=paths)
-    if machine:
-        check_machines(cfg.launcher)
-        check_devices(cfg.launcher)
-        check_tracker_ready(cfg.logger)
-        cfg = replace(cfg, launcher=_this_machine(cfg.launcher))
-    return Resolved(cfg, hydra_dir, note)
+        validate(cfg, paths=True)
+    return Resolved(with_defaults(cfg), note)
 
 
-def _this_machine(lc):
-    """`launcher` with `nproc_per_node` and `threads_per_worker` as this machine answers `auto` (after the
-    checks, whose messages say what `auto` came to)."""
+def with_defaults(cfg: PtrunConfig) -> PtrunConfig:
+    """`cfg` with the values that default to other keys': a text source's `data.tokenizer` is the model's own
+    directory (`model.pretrained`) when unset. Applied after validation, whose messages name the keys as given."""
+    if cfg.data.tokenizer is None and cfg.model.pretrained is not None and run_inputs(cfg) == "text":
+        cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.model.pretrained))
+    return cfg
+
+
+def for_this_machine(resolved: Resolved) -> Resolved:
+    """`ptrun train`'s step after `resolve`, on the machine that launches: the rules of a job of several
+    machines (`check_machines`), the workers against this machine's GPUs (`check_devices`), the tracker's
+    login or server (`check_tracker_ready`); then `launcher.nproc_per_node` and `launcher.threads_per_worker`
+    filled where they are `auto`: this machine's answers (after the checks, whose messages say what `auto`
+    came to), which its workers read as they are."""
+    cfg = resolved.cfg
+    lc = cfg.launcher
+    check_machines(lc)
+    check_devices(lc)
+    check_tracker_ready(cfg.logger)
     workers = workers_per_node(lc)
-    return replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
+    lc = replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
+    return replace(resolved, cfg=replace(cfg, launcher=lc))
+
+
+def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunConfig:
+    """The config `ptrun plan` projects onto a cluster of `nodes` x `gpus_per_node` devices: composed, its
+    launcher sized to the cluster before the checks, a hub model's config.json alone fetched (the planner
+    sizes the model from it), validated without the data and weight files (a plan reads none), the defaults
+    filled. The pipeline length is checked against the cluster's world size: by the validation on one node,
+    here on several (a start checks that in its workers, once the rendezvous has counted them)."""
+    cfg = composed(overrides)
+    cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
+    cfg = resolve_hub_ids(cfg, full=False)
+    validate(cfg, paths=False)
+    if nodes > 1 and cfg.pipe.length != "auto":  # `auto` is chosen, and checked, by the plan itself
+        check_width(cfg.pipe, nodes * gpus_per_node)
+    return with_defaults(cfg)
 
 
 def compose(overrides: list[str], run_dir: str | Path = "", recipe: str | None = None,
             check: bool = True) -> PtrunConfig:
-    """The config `ptrun train OVERRIDES` would run in `run_dir` (validated unless `check` is false), as the
-    tests and benchmarks use it: no SLURM, `auto` values left for the launch; `recipe` replaces the chosen
-    recipe's name (a test's or a script's own label)."""
-    return resolve(overrides, run_dir=run_dir, recipe=recipe, check=check).cfg
+    """`resolve` as the tests and benchmarks use it: the run in `run_dir`, named `recipe` (a test's or a
+    script's own label; None: the chosen recipe's), no SLURM, `auto` values left for the launch, validated
+    unless `check` is false."""
+    cfg = composed(overrides)
+    cfg = replace(cfg, run_dir=str(run_dir), recipe=recipe or cfg.recipe)
+    return settle(cfg, overrides, check=check).cfg
 
 
 def explain(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ptrun.compose import resolve
+from ptrun.compose import for_cluster, resolve
 from ptrun.config import ConfigError
 from ptrun.config.hub import parse_hub_id
 
@@ -84,7 +84,7 @@ def test_a_local_path_wins_and_only_names_can_be_ids(tmp_path, monkeypatch):
 
 def test_a_cached_id_resolves_to_its_snapshot_in_a_full_start(hub, tiny_bert, capsys):
     snapshot = cache_repo(hub, "org/tiny-bert", tiny_bert, MAIN)
-    cfg = resolve([*TEXT, "model.pretrained=org/tiny-bert"], run_dir="r").cfg
+    cfg = resolve([*TEXT, "model.pretrained=org/tiny-bert"]).cfg
     assert cfg.model.pretrained == str(snapshot) and (snapshot / "model.safetensors").is_file()
     assert f"model.pretrained=org/tiny-bert -> {snapshot}" in capsys.readouterr().err
     # what the workers do with it: the model and its tokenizer, from the snapshot
@@ -104,19 +104,19 @@ def test_a_revision_picks_the_named_ref_or_commit(hub, tiny_bert, tmp_path):
     cache_repo(hub, "org/tiny-bert", tiny_bert, MAIN)
     deeper = cache_repo(hub, "org/tiny-bert", save_tiny_bert(tmp_path / "three", layers=3), V1, refs=("v1",))
     for rev in ("v1", V1):
-        cfg = resolve([*TEXT, f"model.pretrained=org/tiny-bert@{rev}"], run_dir="r").cfg
+        cfg = resolve([*TEXT, f"model.pretrained=org/tiny-bert@{rev}"]).cfg
         assert cfg.model.pretrained == str(deeper)
     with pytest.raises(ConfigError, match=r"^model.pretrained='org/tiny-bert@v2': not in the Hugging Face "
                                           r"cache .* and HF_HUB_OFFLINE=1; fetch it on a machine "
                                           r"with access: hf download org/tiny-bert --revision v2$"):
-        resolve([*TEXT, "model.pretrained=org/tiny-bert@v2"], run_dir="r")
+        resolve([*TEXT, "model.pretrained=org/tiny-bert@v2"])
 
 
 def test_a_tokenizer_id_resolves_the_same_way(hub, tiny_bert, tmp_path):
     snapshot = cache_repo(hub, "org/tok", tiny_bert, MAIN)
     weights = tmp_path / "bert-weights"
     save_tiny_bert(weights)
-    cfg = resolve([*TEXT, f"model.pretrained={weights}", "data.tokenizer=org/tok"], run_dir="r").cfg
+    cfg = resolve([*TEXT, f"model.pretrained={weights}", "data.tokenizer=org/tok"]).cfg
     assert (cfg.model.pretrained, cfg.data.tokenizer) == (str(weights), str(snapshot))
 
 
@@ -135,7 +135,7 @@ def test_a_cached_snapshot_without_weights_is_one_line(hub, tiny_bert, tmp_path)
     (config_only / "config.json").write_bytes((tiny_bert / "config.json").read_bytes())
     snapshot = cache_repo(hub, "org/sizes", config_only, MAIN)
     with pytest.raises(ConfigError) as e:
-        resolve([*TEXT, "model.pretrained=org/sizes"], run_dir="r")
+        resolve([*TEXT, "model.pretrained=org/sizes"])
     assert str(e.value) == (f"model.pretrained='org/sizes': its snapshot {snapshot} holds none of model.safetensors, "
                             f"model.safetensors.index.json, pytorch_model.bin; fetch them on a machine with access: "
                             f"hf download org/sizes")
@@ -152,7 +152,7 @@ def test_plan_needs_only_the_config_json_of_an_id(hub, cli, tmp_path):
          "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "vocab_size": 128256,
          "max_position_embeddings": 8192}))
     snapshot = cache_repo(hub, "meta-llama/Meta-Llama-3-8B", sizes, MAIN)
-    cfg = resolve([*TEXT, "model.pretrained=meta-llama/Meta-Llama-3-8B"], run_dir="", paths=False).cfg
+    cfg = for_cluster([*TEXT, "model.pretrained=meta-llama/Meta-Llama-3-8B"], nodes=1, gpus_per_node=1)
     assert cfg.model.pretrained == str(snapshot)
     out = cli("plan", *TEXT, "model.pretrained=meta-llama/Meta-Llama-3-8B", "cluster=paper", "pipe.length=16",
               "--samples", "2000")
@@ -177,13 +177,13 @@ def test_a_timm_hub_id_resolves_to_its_weights_file(hub, tmp_path):
     name = "vit_tiny_patch16_224.augreg_in21k"
     overrides = ["recipe=digits_vit", f"model.name={name}"]
     torch.manual_seed(0)
-    source = build_model(resolve(overrides, run_dir="r").cfg.model, num_classes=10, img_size=8, in_chans=1)
+    source = build_model(resolve(overrides).cfg.model, num_classes=10, img_size=8, in_chans=1)
     repo = tmp_path / "timm-repo"
     repo.mkdir()
     save_file({k: v.contiguous() for k, v in source.model.state_dict().items()}, str(repo / "model.safetensors"))
     (repo / "config.json").write_text('{"architecture": "vit_tiny_patch16_224", "num_classes": 10}')
     snapshot = cache_repo(hub, f"timm/{name}", repo, MAIN)
-    cfg = resolve([*overrides, f"model.pretrained=timm/{name}"], run_dir="r").cfg
+    cfg = resolve([*overrides, f"model.pretrained=timm/{name}"]).cfg
     assert cfg.model.pretrained == str(snapshot / "model.safetensors")
     torch.manual_seed(1)
     loaded = build_model(cfg.model, num_classes=10, img_size=8, in_chans=1)
@@ -197,11 +197,11 @@ def test_an_unreachable_hub_falls_back_to_the_cache(hub, tiny_bert, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     snapshot = cache_repo(hub, "org/tiny-bert", tiny_bert, MAIN)
-    assert resolve([*TEXT, "model.pretrained=org/tiny-bert"], run_dir="r").cfg.model.pretrained == str(snapshot)
+    assert resolve([*TEXT, "model.pretrained=org/tiny-bert"]).cfg.model.pretrained == str(snapshot)
     with pytest.raises(ConfigError, match=r"^model.pretrained='org/nothing': not in the Hugging Face cache"
                                           r" .* and the hub cannot be reached; fetch it on a machine "
                                           r"with access: hf download org/nothing$"):
-        resolve([*TEXT, "model.pretrained=org/nothing"], run_dir="r")
+        resolve([*TEXT, "model.pretrained=org/nothing"])
 
 
 def test_the_messages_are_in_the_catalogue():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ptrun import compat
-from ptrun.compose import resolve
+from ptrun.compose import for_this_machine, resolve
 from ptrun.config import ConfigError
 
 
@@ -32,7 +32,7 @@ def test_the_default_starts_one_worker_per_visible_gpu(gpus, count, tmp_path):
     from ptrun.launch import launch_config
 
     gpus(count)
-    cfg = resolve([], {}, run_dir=tmp_path, paths=False, machine=True).cfg
+    cfg = for_this_machine(resolve([], {})).cfg
     assert cfg.launcher.nproc_per_node == count
     # what elastic is asked to start on this machine
     assert launch_config(cfg, start_method="spawn").nproc_per_node == count
@@ -40,25 +40,24 @@ def test_the_default_starts_one_worker_per_visible_gpu(gpus, count, tmp_path):
 
 def test_the_default_on_a_machine_without_a_gpu_is_two_emulated_devices(gpus, tmp_path):
     gpus(0)
-    assert resolve([], {}, run_dir=tmp_path, paths=False, machine=True).cfg.launcher.nproc_per_node == 2
+    assert for_this_machine(resolve([], {})).cfg.launcher.nproc_per_node == 2
 
 
 def test_more_workers_than_gpus_is_refused_in_one_line(gpus, tmp_path):
     gpus(1)
     with pytest.raises(ConfigError) as e:
-        resolve(["launcher.nproc_per_node=2"], {}, run_dir=tmp_path, paths=False, machine=True)
+        for_this_machine(resolve(["launcher.nproc_per_node=2"], {}))
     assert str(e.value) == ("launcher.nproc_per_node=2 is not allowed: at most the 1 GPU this machine shows "
                             "(CUDA_VISIBLE_DEVICES), or auto for one worker per GPU")
     # gloo workers run on the CPU, whatever GPUs there are
-    gloo = resolve(["launcher.nproc_per_node=2", "launcher.backend=gloo"], {}, run_dir=tmp_path, paths=False,
-                   machine=True)
+    gloo = for_this_machine(resolve(["launcher.nproc_per_node=2", "launcher.backend=gloo"], {}))
     assert gloo.cfg.launcher.nproc_per_node == 2
 
 
 def test_nccl_without_a_gpu_is_refused(gpus, tmp_path):
     gpus(0)
     with pytest.raises(ConfigError, match=r"launcher.backend='nccl' is not allowed: gloo or auto"):
-        resolve(["launcher.backend=nccl"], {}, run_dir=tmp_path, paths=False, machine=True)
+        for_this_machine(resolve(["launcher.backend=nccl"], {}))
 
 
 def test_more_workers_than_gpus_exits_2_before_any_worker(gpus, tmp_path, cli):

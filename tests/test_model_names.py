@@ -121,26 +121,26 @@ def test_a_bare_hub_id_missing_offline_says_how_to_fetch_it(cli, hub, tmp_path):
 # ---- what is still accepted --------------------------------------------------------------------------------
 
 def test_a_label_names_a_text_model_of_your_own(tiny_bert):
-    cfg = resolve([*TEXT, f"model.pretrained={tiny_bert}", "model.name=my-news-model"], run_dir="r").cfg
+    cfg = resolve([*TEXT, f"model.pretrained={tiny_bert}", "model.name=my-news-model"]).cfg
     assert (cfg.model.name, cfg.model.pretrained) == ("my-news-model", str(tiny_bert))
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "deit_tiny_patch16_224"])
 def test_a_vit_name_on_the_image_recipe(name):
-    assert resolve(["recipe=digits_vit", f"model.name={name}"], run_dir="r").cfg.model.name == name
+    assert resolve(["recipe=digits_vit", f"model.name={name}"]).cfg.model.name == name
 
 
 def test_a_decoder_on_text_classification(models, tiny_bert, tmp_path):
     data = tmp_path / "news.csv"
     data.write_text("text,topic\nthe news,a\nthe film,b\n")
     cfg = resolve(["recipe=text_classification", f"model.pretrained={models['gpt2']}", f"data.path={data}",
-                   f"data.tokenizer={tiny_bert}"], run_dir="r").cfg
+                   f"data.tokenizer={tiny_bert}"]).cfg
     assert cfg.model.pretrained == str(models["gpt2"])
 
 
 def test_a_cached_bare_hub_id_resolves(hub, tiny_bert, capsys):  # noqa: F811
     snapshot = cache_repo(hub, "bert-base-uncased", tiny_bert, MAIN)
-    cfg = resolve([*TEXT, "model.pretrained=bert-base-uncased"], run_dir="r").cfg
+    cfg = resolve([*TEXT, "model.pretrained=bert-base-uncased"]).cfg
     assert cfg.model.pretrained == str(snapshot)
     assert f"model.pretrained=bert-base-uncased -> {snapshot}" in capsys.readouterr().err
 

@@ -1,6 +1,7 @@
-"""The config is resolved once (`ptrun.compose.resolve`): composed, SLURM's layout applied, validated, this
-machine's `auto` values filled; the layout rules in one place; each choice declared once; docs/config.md
-made from the schema."""
+"""The config is resolved once (`ptrun.compose.resolve`: composed, SLURM's layout applied, validated, defaults
+filled), then made for where it runs (`for_this_machine`: this machine's `auto` values; `for_cluster`: a
+plan's cluster); `ptrun train` composes once and makes its run directory itself; the layout rules in one
+place; each choice declared once; docs/config.md made from the schema."""
 
 from __future__ import annotations
 
@@ -9,34 +10,40 @@ from pathlib import Path
 
 import pytest
 
-import ptrun.compose
-from ptrun.compose import compose, resolve
+from conftest import TINY, run_ptrun
+from ptrun.compose import compose, for_cluster, for_this_machine, resolve
 from ptrun.config import (FREEZE_POLICIES, PARTITIONS, ConfigError, PtrunConfig, check_concrete, choices_of,
                           workers_per_node)
 from ptrun.config.docs import field_docs, keys, render
+from ptrun.config.schema import load_resolved
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 SRUN = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
         "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NTASKS_PER_NODE": "1"}
 
 
-def counted(monkeypatch, module, name):
-    calls = []
-    original = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(a), original(*a, **k))[1])
-    return calls
-
-
-def test_a_start_is_validated_once_and_its_machine_checked_once(monkeypatch):
-    validations = counted(monkeypatch, ptrun.compose, "validate")
-    machines = counted(monkeypatch, ptrun.compose, "check_machines")
-    resolved = resolve(["pipe.length=1", "launcher.nproc_per_node=auto"], {}, machine=True)
-    assert len(validations) == 1 and len(machines) == 1
-    # this machine's answers to `auto`, which the workers read as they are
+def test_resolve_leaves_the_machine_to_its_own_step():
+    """`resolve` reads nothing of the machine it runs on; `for_this_machine` fills `auto` with this machine's
+    answers, which the workers read as they are."""
+    resolved = resolve(["pipe.length=1", "launcher.nproc_per_node=auto"], {})
     lc = resolved.cfg.launcher
-    assert lc.nproc_per_node == workers_per_node(replace(lc, nproc_per_node="auto"))
-    assert isinstance(lc.threads_per_worker, int) and lc.threads_per_worker >= 1
-    assert resolved.run_dir.startswith("runs/") and resolved.slurm_note is None
+    assert (lc.nproc_per_node, lc.threads_per_worker) == ("auto", "auto")
+    assert resolved.cfg.run_dir.startswith("runs/") and resolved.slurm_note is None
+    here = for_this_machine(resolved).cfg.launcher
+    assert here.nproc_per_node == workers_per_node(lc)
+    assert isinstance(here.threads_per_worker, int) and here.threads_per_worker >= 1
+    assert for_this_machine(resolved).cfg.pipe == resolved.cfg.pipe
+
+
+def test_the_resolved_config_holds_the_tokenizer_a_text_source_uses():
+    """A text source's `data.tokenizer` defaults to `model.pretrained`: filled by `resolve`, so the YAML the
+    workers read (and the run directory's config.yaml) holds it; given, it stays; an image source has none."""
+    text = resolve(["recipe=bbc_news_bert"]).cfg
+    assert text.model.pretrained is not None and text.data.tokenizer == text.model.pretrained
+    given = resolve(["recipe=bbc_news_bert", f"data.tokenizer={text.model.pretrained}/."]).cfg
+    assert given.data.tokenizer == f"{text.model.pretrained}/."
+    assert compose(["recipe=bbc_news_bert"], check=False).data.tokenizer == text.model.pretrained
+    assert resolve(["recipe=digits_vit"]).cfg.data.tokenizer is None
 
 
 def test_compose_is_resolve_without_the_machine():
@@ -55,7 +62,12 @@ def test_slurm_is_applied_from_the_environment_given_and_the_command_line_wins()
 
 def test_plan_sizes_the_launcher_before_the_checks():
     with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 4"):
-        resolve(["pipe.length=3"], paths=False, launcher={"nproc_per_node": 4})
+        for_cluster(["pipe.length=3"], nodes=1, gpus_per_node=4)
+    # several machines: the cluster's world size, which validation leaves to a start's workers
+    with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 8"):
+        for_cluster(["recipe=digits_vit", "pipe.length=3"], nodes=2, gpus_per_node=4)
+    cfg = for_cluster(["recipe=digits_vit", "pipe.length=4"], nodes=2, gpus_per_node=4)
+    assert (cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.run_dir) == (4, "2", "")
 
 
 def test_the_layout_rules_are_one_function():
@@ -141,19 +153,31 @@ def test_docs_config_md_is_up_to_date():
     assert DOCS.read_text() == render(), "regenerate it: python -m ptrun.config.docs > docs/config.md"
 
 
-def test_ptrun_train_resolves_once_and_its_hydra_job_starts_that(monkeypatch, tmp_path):
-    """`ptrun train`: the pre-flight resolves the config; the Hydra job (which creates the run directory)
-    launches that config as it is, validated and machine-checked once."""
+def test_ptrun_train_composes_once_and_makes_the_run_directory_as_hydra_did(tmp_path):
+    """A single run starts from the one config `resolve` made: no state held between two compositions, the
+    run directory (`hydra.run.dir`, here its default under the working directory) made by the start with
+    nothing of Hydra's in it (configs/train.yaml asks for no `.hydra/` and no job log), and its config.yaml
+    the resolved config, run_dir the directory's absolute path."""
     import ptrun.cli
-    import ptrun.launch
 
-    validations = counted(monkeypatch, ptrun.compose, "validate")
-    machines = counted(monkeypatch, ptrun.compose, "check_machines")
-    launched = []
-    monkeypatch.setattr(ptrun.launch, "launch", lambda cfg, path: launched.append((cfg, path.read_text())) or {})
-    monkeypatch.setattr("sys.argv", ["ptrun"])
-    run_dir = tmp_path / "run"
-    ptrun.cli.run_train(["pipe.length=1", "train.epochs=2", f"hydra.run.dir={run_dir}"])
-    assert len(validations) == 1 and len(machines) == 1
-    (cfg, text), = launched
-    assert cfg.run_dir == str(run_dir) and cfg.train.epochs == 2 and "nproc_per_node: 2" in text
+    # a sweep's jobs, for its closing summary, and nothing a single run hands from its check to its start
+    assert {name for name, value in vars(ptrun.cli).items()
+            if isinstance(value, (list, dict)) and not name.startswith("__")} == {"SWEEP_JOBS"}
+    out = run_ptrun("train", *TINY, "train.epochs=1", "train.max_steps_per_epoch=2", "checkpoint.every_epochs=1",
+                    cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    run_dir, = (tmp_path / "runs").iterdir()
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"config.yaml", "train.log", "checkpoints"} <= names and not any(n.startswith(".") for n in names)
+    cfg = load_resolved(run_dir / "config.yaml")
+    assert cfg.run_dir == str(run_dir.resolve()) and cfg.recipe == "digits_vit"
+    assert cfg.launcher.nproc_per_node == 2 and cfg.train.epochs == 1
+
+
+def test_ptrun_train_with_a_bad_key_exits_2_in_one_line_and_makes_no_run_directory(tmp_path, cli):
+    for args in (["train.epoch=3"], ["train.epoch=3", f"hydra.run.dir={tmp_path / 'run'}"]):
+        out = cli("train", *args, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith("ptrun: error: unknown key 'train.epoch'; did you mean 'train.epochs'?")
+        assert list(tmp_path.iterdir()) == []

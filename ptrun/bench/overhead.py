@@ -95,7 +95,7 @@ def oracle(argv: list[str]) -> None:
 
     import torch
 
-    from ptrun.bench.plain_loop import NO_DECAY, build_model, compose, summed_loss
+    from ptrun.bench.plain_loop import NO_DECAY, build_model, recipe_config, summed_loss
     from ptrun.data import build_datasets
 
     parser = argparse.ArgumentParser(description="the oracle static-freeze loop")
@@ -115,7 +115,7 @@ def oracle(argv: list[str]) -> None:
     path = Path(args.schedule)
     changes = schedule(path) if path.is_dir() else json.loads(path.read_text())
 
-    cfg = compose(args.recipe, args.overrides)
+    cfg = recipe_config(args.recipe, args.overrides)
     assert cfg.model.task == "classification" and cfg.train.precision == "fp32"
     data = build_datasets(cfg.data, task=cfg.model.task)
     columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in data.train.column_names]

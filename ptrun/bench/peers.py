@@ -104,9 +104,9 @@ BY_KEY = {m.key: m for m in METRICS.values()}
 
 def metric_of(recipe: str, overrides: list[str]) -> Metric:
     """The metric of the recipe's task, from its composed config (as the plain loop composes it)."""
-    from ptrun.bench.plain_loop import compose
+    from ptrun.bench.plain_loop import recipe_config
 
-    task = compose(recipe, overrides).model.task
+    task = recipe_config(recipe, overrides).model.task
     if task not in METRICS:
         raise ValueError(f"--recipe {recipe}: model.task={task!r}; the plain peer trains {', '.join(METRICS)}")
     return METRICS[task]

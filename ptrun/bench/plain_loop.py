@@ -47,17 +47,13 @@ def process_start() -> float:
         return T0
 
 
-def compose(recipe: str, overrides: list[str]):
-    """ptrun's composed config for the recipe, exactly as `ptrun train recipe=NAME overrides...` sees it."""
-    from dataclasses import replace
+def recipe_config(recipe: str, overrides: list[str]):
+    """ptrun's resolved config for the recipe, exactly as `ptrun train recipe=NAME overrides...` sees it
+    (defaults filled: a text source's tokenizer is the model's), not validated: the loop reads its model,
+    data and training keys and writes nothing to the run directory."""
+    from ptrun.compose import compose
 
-    from ptrun.compose import compose as compose_config
-
-    # data and model only: nothing is written to the run directory
-    cfg = compose_config([f"recipe={recipe}", *overrides], run_dir=tempfile.gettempdir(), check=False)
-    if cfg.data.tokenizer is None and cfg.model.pretrained is not None:  # ptrun.train.trainer.data_config
-        cfg.data = replace(cfg.data, tokenizer=cfg.model.pretrained)
-    return cfg
+    return compose([f"recipe={recipe}", *overrides], run_dir=tempfile.gettempdir(), check=False)
 
 
 def build_model(m, data) -> torch.nn.Module:
@@ -140,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     # ---- preparation: ptrun's config and data split; the model built the ordinary way --------------------
     from ptrun.data import build_datasets
 
-    cfg = compose(args.recipe, args.overrides)
+    cfg = recipe_config(args.recipe, args.overrides)
     task = cfg.model.task
     assert cfg.train.precision == "fp32" and task in TASKS, "the peer trains fp32 classifiers and causal LMs"
     data = build_datasets(cfg.data, task=task)

@@ -61,11 +61,11 @@ COLUMNS = [("first step (s)", "first_step_s", ".1f", ""), ("first step done (s)"
 def uses_token_cache(recipe: str, overrides: list[str]) -> bool:
     """Whether the recipe's data is tokenized through ptrun's tokenized-data cache: `data.name=hf` text and the
     packaged corpora."""
-    from ptrun.bench.plain_loop import compose
+    from ptrun.bench.plain_loop import recipe_config
 
     from ptrun.data.packaged_text import PACKAGED_TEXT
 
-    data = compose(recipe, overrides).data
+    data = recipe_config(recipe, overrides).data
     return (data.name == "hf" and data.image_column is None) or data.name in PACKAGED_TEXT
 
 

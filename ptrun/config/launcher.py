@@ -149,7 +149,7 @@ def check_machines(lc: LauncherConfig) -> None:
     tests compose the two-machine recipes for a cluster without naming one): with MIN > 1 in
     `launcher.nnodes`, a rendezvous endpoint other machines can reach; with MAX > 1, a shared `rdzv_id`.
     Called once, when `ptrun train` resolves the config for a start on this machine
-    (`ptrun.compose.resolve`, before Hydra creates the run directory). Raises ConfigError."""
+    (`ptrun.compose.for_this_machine`, before the run directory is created). Raises ConfigError."""
     lo, hi = parse_nnodes(lc.nnodes)
     endpoint = split_endpoint(lc.rdzv_endpoint)
     if lo > 1 and endpoint is not None and (only_this_machine(endpoint[0]) or endpoint[1] == 0):

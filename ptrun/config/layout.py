@@ -5,9 +5,11 @@ M divides a replica's batch), and the micro-batch count against the schedule (`s
 refuses a job no length fits (`no_length_fits`).
 
 Called by the config's validation (`check_layout`, where the world size is known before the start: one
-machine, or the cluster `ptrun plan` is given), by `ptrun.parallel.fit.resolve_length` once it has made K and
-M concrete in the workers, and by the first plan (`ptrun.parallel.layout.first_plan`), so a layout the start
-chooses obeys the rules a layout the user writes does."""
+machine), and once more only where a value becomes known later: in the workers, the values
+`ptrun.parallel.fit.resolve_length` fills (`check_concrete`), or on several machines the world size the
+rendezvous counted (`check_width`, `ptrun.train.startup.fill_length`); in `ptrun plan`, the world size of a
+cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a layout the
+user writes does."""
 
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ def width_problem(pipe, world: int, nproc: Any = None, note: str = "") -> tuple 
     if replicas == 1 and world % k:
         return "pipe.length", f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes{note})", k
     return None
+
+
+def check_width(pipe, world: int) -> None:
+    """`width_problem` as a ConfigError naming the key: an integer `pipe.length` against the world size that
+    only the start knows (several machines: counted by the rendezvous; a cluster `ptrun plan` is given)."""
+    problem = width_problem(pipe, world)
+    if problem:
+        require(False, *problem)
 
 
 def data_parallel_width(pipe, world: int) -> int:
@@ -128,7 +138,7 @@ def check_concrete(pipe, world: int, global_batch: int) -> None:
 
 def check_layout(cfg) -> None:
     """The config's layout against the workers of one machine, when `launcher.nnodes` is 1 (with more machines
-    the world is known only at the start, which checks it then: `first_plan`, `resolve_length`), and the
+    the world is known only at the start, which checks it then: `ptrun.train.startup.fill_length`), and the
     micro-batch count against the schedule: `auto` and unset need one count that works. With
     `pipe.length=auto` on one machine, some length must obey the rules (memory picks among them later)."""
     p, t, lc = cfg.pipe, cfg.train, cfg.launcher

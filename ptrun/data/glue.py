@@ -1,6 +1,6 @@
 """GLUE (the original TSVs, or parquet / json tables with the Hugging Face column names), tokenized with a
-local tokenizer directory (`data.tokenizer`, which the trainer fills from `model.pretrained` when unset). The
-dataset columns are the model inputs plus `labels`."""
+local tokenizer directory (`data.tokenizer`, which `ptrun.compose.resolve` fills from `model.pretrained` when
+unset). The dataset columns are the model inputs plus `labels`."""
 
 from __future__ import annotations
 

@@ -192,11 +192,14 @@ def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, bu
                    memory: UnitMemory | None = None) -> tuple[PtrunConfig, LengthChoice | None]:
     """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit
     (`memory`, else measured on `layered` with `sample`), an unset micro-batch count from the length
-    (`pick_microbatches`). Returns the choice when K was chosen. The layout it returns obeys every rule that
-    depends on the length and the world size (`ptrun.config.check_concrete`, the rules the config's
-    validation applies before the start where it can): nothing needs validating again; ConfigError naming
-    the key otherwise. `pipe.microbatches=auto` stays for the trainer to measure."""
+    (`pick_microbatches`). Returns the choice when K was chosen. The layout it fills is checked here, the one
+    check of values the launcher could not see (`ptrun.config.check_concrete`, the rules the config's
+    validation applies to a layout the user writes): nothing needs validating again; ConfigError naming the
+    key otherwise. `cfg` itself when there is nothing to fill; `pipe.microbatches=auto` stays for the trainer
+    to measure."""
     pipe = cfg.pipe
+    if pipe.length != "auto" and pipe.microbatches is not None:
+        return cfg, None
     choice = None
     if pipe.length == "auto":
         memory = memory or measure_unit_memory(layered, sample, cfg.optim.name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ptrun.config import ConfigError, PipeConfig, data_parallel_width, require, width_problem
+from ptrun.config import ConfigError, PipeConfig, data_parallel_width
 from ptrun.models.layered import LayeredModel
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition
@@ -50,13 +50,12 @@ def starting_micro_batch(pipe: PipeConfig, world_size: int, global_batch: int, t
 def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, profile: UnitProfile | None = None,
                bandwidth: float | None = None, microbatches: int | None = None) -> Plan:
     """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with
-    `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`)."""
+    `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`).
+    `pipe` obeys the layout rules at `world_size` already: checked by the config's validation, or where the
+    start filled it or learnt the world size (`ptrun.train.startup.fill_length`, `ptrun.compose.for_cluster`)."""
     microbatches = pipe.microbatches if microbatches is None else microbatches
     if not isinstance(microbatches, int):
         raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")
-    problem = width_problem(pipe, world_size)  # the config's rule, for a length the start chose too
-    if problem:
-        require(False, *problem)
     num_units = len(layered.units)
     num_stages = pipe.length * pipe.stages_per_rank
     if num_stages > num_units:

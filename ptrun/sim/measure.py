@@ -63,11 +63,12 @@ import torch.multiprocessing as mp
 WORLD = 2
 
 
-def compose(overrides: list[str]):
-    """The recipe's typed config (data and weight paths are not needed: digits ships with scikit-learn)."""
-    from ptrun.compose import compose as compose_config
+def unchecked_config(overrides: list[str]):
+    """The recipe's typed config, resolved but not validated (data and weight paths are not needed: digits
+    ships with scikit-learn)."""
+    from ptrun.compose import compose
 
-    return compose_config(overrides, recipe="measure", check=False)
+    return compose(overrides, recipe="measure", check=False)
 
 
 CPU = time.process_time
@@ -269,10 +270,9 @@ def worker(rank: int, port: int, overrides: list[str], batch: int, passes: int, 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from ptrun.data import build_datasets
     from ptrun.models import build_model
-    from ptrun.train.startup import data_config
 
-    cfg = compose(overrides)
-    data = build_datasets(data_config(cfg))
+    cfg = unchecked_config(overrides)
+    data = build_datasets(cfg.data)
     torch.manual_seed(cfg.train.seed)
     layered = build_model(cfg.model, num_classes=data.num_classes,
                           img_size=data.image_size, in_chans=data.in_chans, vocab_size=data.vocab_size)

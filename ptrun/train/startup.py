@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
-from ptrun.config import DataConfig, PtrunConfig
+from ptrun.config import PtrunConfig, check_width, parse_nnodes
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
@@ -29,14 +29,6 @@ from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 log = logging.getLogger("ptrun.train.trainer")
 
 
-def data_config(cfg: PtrunConfig) -> DataConfig:
-    """The data configuration as the sources need it: a text source's tokenizer defaults to the model's own
-    directory (`model.pretrained`)."""
-    if cfg.data.tokenizer is None and cfg.model.pretrained is not None:
-        return replace(cfg.data, tokenizer=cfg.model.pretrained)
-    return cfg.data
-
-
 def first_sample(data: DataSplits, input_names) -> tuple:
     """The first training sample's model inputs, batched (shapes and dtypes for the start's estimates)."""
     probe = dict(data.train[[0]])
@@ -46,9 +38,13 @@ def first_sample(data: DataSplits, input_names) -> tuple:
 def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
                 device: torch.device) -> tuple[PtrunConfig, LengthChoice | None]:
     """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
-    count made the one that follows the length (`resolve_length`, which checks the length's rules). Every
-    rank takes the smallest device budget, so all choose the same layout."""
+    count made the one that follows the length (`resolve_length`, which checks the layout it fills). Every
+    rank takes the smallest device budget, so all choose the same layout. A layout the user wrote was checked
+    by the launcher where it knew the world size (one machine); on several, the world is the rendezvous's,
+    and the length is checked against it here (`check_width`)."""
     if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
+        if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
+            check_width(cfg.pipe, world_size)
         return cfg, None
     budget = torch.tensor([float(device_budget(cfg, device))], dtype=torch.float64, device=device)
     dist.all_reduce(budget, op=dist.ReduceOp.MIN)
@@ -144,7 +140,7 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
     plain_train = data.train
     if cfg.data.augment:
         if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-            plain_train = build_datasets(replace(data_config(cfg), augment=False),
+            plain_train = build_datasets(replace(cfg.data, augment=False),
                                          task=cfg.model.task).train
         elif is_main:
             log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "

@@ -62,7 +62,7 @@ class Trainer:
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
         self.announced = False  # the start event written: from here on the run has a record to continue
-        self.data = build_datasets(startup.data_config(cfg), task=cfg.model.task)
+        self.data = build_datasets(cfg.data, task=cfg.model.task)
         # Every rank maps labels to the same indices, and a resume keeps the indices the run began with.
         agree_on_classes(self.data.class_names)
         if resume:
@@ -438,7 +438,7 @@ class Trainer:
         """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format."""
         gather_to(self.layered, self.plan, 0, self.device)
         if self.is_main:
-            out = export_model(self.layered, Path(self.cfg.run_dir) / "model", startup.data_config(self.cfg).tokenizer,
+            out = export_model(self.layered, Path(self.cfg.run_dir) / "model", self.cfg.data.tokenizer,
                                class_names=self.data.class_names)
             library = "timm" if self.layered.family == "vit" else "transformers"
             self.view.print(f"model saved for {library} without ptrun: {out}")
