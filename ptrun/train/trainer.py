@@ -235,7 +235,7 @@ class Trainer:
                 self.state, done = train_step(self.state, progress, self.step_parts)
                 self._count(sums, item, loss, done)
                 self._after_step(sums, item.step, end, epoch_base)
-            self.clock.pause()
+            self.clock.pause()  # the next step's time is not a step's: a decision comes first
             position = end
         elapsed = time.perf_counter() - sums.t0
         self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
