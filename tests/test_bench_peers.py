@@ -482,3 +482,19 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     assert "target = the plain peers' lowest final perplexity (median 200.00)." in section
     assert "| ptrun, freezing off, 1 worker | 58.0 | 49.0 | 9.0 | 20.40 | 180.00 | 24.5 | 1.03x | 1.02x |" in section
     assert "| ptrun, freezing off, 1 worker / plain loop | 1.02x | 0.95x: yes |" in section
+
+
+def test_a_ptrun_runs_signal_share_is_read_and_tabled(tmp_path):
+    """The host time a run's rank 0 spent measuring the freeze policy's signal, over its training time, from
+    the epoch events: a column of its own under the runs (not for runs that do not record it)."""
+    events = [{"event": "epoch", "epoch": e, "epoch_time_s": 2.0, "samples": 100, "signal_s": s,
+               "eval": {"top1": 90.0 + e}} for e, s in enumerate([0.02, 0.06])]
+    events.append({"event": "end", "total_time_s": 4.5})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    run = bench_peers.read_ptrun(tmp_path)
+    assert run["signal_share"] == pytest.approx(0.08 / 4.0) and run["samples_per_s"] == pytest.approx(50.0)
+    rows = [dict(run, label=E, wall_s=6.0), {"label": A, "wall_s": 8.0, "train_time_s": 6.0, "samples_per_s": 33.0,
+                                             "final_top1": 91.0, "curve": [[6.0, 91.0]]}]
+    result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
+    text = bench_peers.table(result)
+    assert f"| {E} | 2.00% |" in text and f"| {A} | " not in text.split("freeze policy's signal")[1]

@@ -204,8 +204,11 @@ def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
         if metric.key in (e.get("eval") or {}):
             curve.append([elapsed, e["eval"][metric.key]])
     final = curve[-1][1] if curve else (end.get("final_eval") or {}).get(metric.key)
+    # the host time rank 0 spent measuring what the freeze policy reads, as a share of training
+    signal = sum(e["signal_s"] for e in epochs) / train_s if all("signal_s" in e for e in epochs) else None
     return {"train_time_s": train_s, "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
-            f"final_{metric.key}": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s")}
+            f"final_{metric.key}": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s"),
+            "signal_share": signal}
 
 
 def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP1) -> float | None:
@@ -232,7 +235,7 @@ def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
 def keys(metric: Metric = TOP1) -> tuple[str, ...]:
     """The measures of a row (`final_top1`, or `final_perplexity`, for the metric)."""
     return ("wall_s", "train_time_s", "overhead_s", "samples_per_s", f"final_{metric.key}", "time_to_target_s",
-            "speedup_wall", "speedup_train", "ptrun_total_time_s")
+            "speedup_wall", "speedup_train", "ptrun_total_time_s", "signal_share")
 
 
 def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
@@ -283,7 +286,7 @@ def caption(result: dict) -> str:
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
     n, metric = result["repeats"], metric_in(result)
-    shown_keys = keys(metric)[:-1] + ((f"mean_{metric.key}",) if result.get("seeds") else ())
+    shown_keys = keys(metric)[:-2] + ((f"mean_{metric.key}",) if result.get("seeds") else ())
     columns = {**COLUMNS, "samples_per_s": ("samples/s", "samples_per_s", metric.samples_spec, "")}
     lines = rows_table(result["rows"], [columns[key] for key in shown_keys], n)
     if result["checks"]:
@@ -292,6 +295,10 @@ def table(result: dict) -> str:
             verdict = "yes" if c["passed"] else "**no**"
             lines.append(f"| {c['ptrun']} / {c['peer']} | {cell(c, 'ratio', '.2f', 'x', n)} "
                          f"| {c['floor']:.2f}x: {verdict} |")
+    signal = [r for r in result["rows"] if r.get("signal_share")]
+    if signal:
+        lines += ["", "| the freeze policy's signal (host time measuring it) | share of training time |", "|---|---|"]
+        lines += [f"| {r['label']} | {cell(r, 'signal_share', '.2%', '', n)} |" for r in signal]
     return "\n".join(lines)
 
 
