@@ -8,18 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-SHARED = "; shared with other engineers' jobs while measured (a load of 3-5 on the two cores): timings are noisy"
-"""What a result measured on the shared development VM adds to its `machine`."""
-
-
 def machine() -> str:
-    """This machine for a result's `machine`: `harness.machine_description()`, and on a host without a GPU
-    (the shared development VM) that it was shared."""
+    """This machine for a result's `machine`: `harness.machine_description()`, and on a host without a GPU (the
+    development VM, which other jobs may share) its load average over the last 15 minutes, the benchmark's own
+    processes included: about 2 on two cores when it ran alone, more when it shared them."""
+    import os
+
     import torch
 
     from ptrun.bench.harness import machine_description
 
-    return machine_description() + ("" if torch.cuda.is_available() else SHARED)
+    if torch.cuda.is_available():
+        return machine_description()
+    return machine_description() + f"; load average {os.getloadavg()[2]:.1f} over the 15 minutes before it ended"
 
 
 def packaged_minilm() -> Path:
