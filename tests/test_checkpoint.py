@@ -51,3 +51,25 @@ def test_resume_from_only_broken_checkpoints_is_refused(tmp_path, one_rank_group
     line = assert_one_error_line(cli("train", "train.resume=true", f"hydra.run.dir={run_dir}", cwd=tmp_path))
     assert "no valid checkpoint to resume from" in line and "optim-stage0.pt" in line
     assert sorted((p.name, p.stat().st_size) for p in run_dir.rglob("*")) == before
+
+
+def test_the_position_is_one_value_whose_tensors_travel_beside_its_json():
+    """A TrainState is the run's whole position: its JSON part and its tensors (a mid-epoch epoch's sums, the
+    open interval's measurements) give it back whole; a checkpoint from before the global batch was saved
+    takes the one its plan implies."""
+    import json
+
+    import torch
+
+    from ptrun.train.state import TrainState
+
+    state = TrainState(epoch=2, step_in_epoch=7, global_step=47, interval=5, interval_steps=3, global_batch=32,
+                       best_eval={"top1": 90.0, "epoch": 1}, progress={"seen": torch.arange(4.0)})
+    saved = json.loads(json.dumps(state.to_dict()))  # as trainer.json holds it
+    assert "progress" not in saved
+    back = TrainState.from_dict(saved, {k: v.clone() for k, v in state.progress.items()})
+    assert back.to_dict() == {**state.to_dict(), "last_checkpoint_step": 47}
+    assert torch.equal(back.progress["seen"], state.progress["seen"])
+    older = {k: v for k, v in saved.items() if k not in ("global_batch", "interval")}
+    legacy = TrainState.from_dict(older, None, interval=4, global_batch=16)
+    assert (legacy.global_batch, legacy.interval, legacy.progress) == (16, 4, {})

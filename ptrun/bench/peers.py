@@ -165,7 +165,8 @@ def commands(labels: list[str], recipe: str, overrides: list[str],
 
 
 def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
-            variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1, pythons: dict[str, str] | None = None) -> dict:
+            variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1,
+            pythons: dict[str, str] | None = None) -> dict:
     """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements, on `metric`."""
     wall_file = run_dir / "wall.json"
     if fresh_run_dir(wall_file, reuse):
@@ -334,7 +335,8 @@ def main() -> None:
             parser.error(str(e))
         rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label),
                                    [*overrides, *([f"train.seed={r}"] if args.seeds else [])], args.reuse,
-                                   variants, metric, pythons) for label in labels], metric) for r in range(args.repeats)]
+                                   variants, metric, pythons) for label in labels], metric)
+                  for r in range(args.repeats)]
         result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
                   "seeds": args.seeds,
                   "commands": commands(labels, recipe, overrides, variants, pythons),

@@ -44,7 +44,7 @@ class TrainState:
 
     def to_dict(self) -> dict:
         """The JSON part (`progress`, tensors, is written beside it)."""
-        return asdict(replace(self, progress={}), dict_factory=lambda items: {k: v for k, v in items if k != "progress"})
+        return {k: v for k, v in asdict(replace(self, progress={})).items() if k != "progress"}
 
     @classmethod
     def from_dict(cls, saved: dict, progress: dict[str, torch.Tensor] | None = None, *, interval: int = 0,
