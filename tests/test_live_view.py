@@ -46,3 +46,39 @@ def test_the_epoch_line_shows_the_cache_hit_rates_of_training_and_of_its_evaluat
     cache.update(eval_hits=30, eval_advanced=10)
     line = epoch_line(0, 3, stats, {"top1": 50.0}, PLAN)
     assert "eval_top1 50.00  cache 5 units, 90% hits, eval 75% hits (1.5 MiB)" in line
+
+
+def test_a_transition_says_its_cost_in_steps():
+    """The transition line gives the change's seconds and, once steps have been timed, their number in steps of
+    the run's recent median: two significant digits below 10, whole steps above."""
+    from dataclasses import replace
+
+    from ptrun.train.report import transition_line
+
+    new = replace(PLAN, frozen_units=7)
+    assert transition_line(1, PLAN, new, 0.02).endswith("transition 0.02s")
+    assert transition_line(1, PLAN, new, 0.02, step=27, step_s=0.65).startswith("epoch 2, step 28: 7 of 14 units")
+    assert transition_line(1, PLAN, new, 0.02, 27, 0.65).endswith("transition 0.02s (0.031 steps' time)")
+    assert transition_line(1, PLAN, new, 3.0, 27, 0.02).endswith("transition 3.00s (150 steps' time)")
+
+
+def test_the_step_clock_times_steps_in_a_row_only():
+    """The recent step time is the median of the gaps between step ends within a segment: the gap across a
+    pause (a decision, an evaluation) is no step's."""
+    import time
+
+    import torch
+
+    from ptrun.train.stats import StepClock
+
+    clock = StepClock(torch.device("cpu"))
+    assert clock.step_s is None
+    for gap in (0.0, 0.01, 0.01):
+        time.sleep(gap)
+        clock.step_ended()
+    clock.pause()
+    time.sleep(0.5)
+    clock.step_ended()
+    # two gaps counted, neither of them the one across the pause
+    assert clock.steps == 4 and len(clock.recent) == 2 and max(clock.recent) < 0.5
+    assert clock.step_s == sorted(clock.recent)[0] + (sorted(clock.recent)[1] - sorted(clock.recent)[0]) / 2

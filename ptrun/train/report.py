@@ -209,7 +209,8 @@ def transition_line(epoch: int, old, new, transition_s: float, step: int = 0, st
     """A layout change before `epoch` (0-based), or before its step `step` (1-based in the line); with the
     run's recent seconds a step (`step_s`), its cost in steps too."""
     at = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
-    in_steps = f" ({transition_s / step_s:.1f} steps' time)" if step_s else ""
+    steps = transition_s / step_s if step_s else None
+    in_steps = "" if steps is None else f" ({steps:.2g} steps' time)" if steps < 10 else f" ({steps:.0f} steps' time)"
     return (f"{at}: {new.frozen_units} of {new.num_units} units frozen (was {old.frozen_units}); "
             f"K {old.pp} -> {new.pp}, DP {old.dp} -> {new.dp}, M {old.microbatches} -> {new.microbatches}; "
             f"stages {list(map(list, new.stage_bounds))}; transition {transition_s:.2f}s{in_steps}")
