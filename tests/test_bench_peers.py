@@ -227,6 +227,7 @@ def test_results_page_sections(tmp_path):
     assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json",
                             "bench_peers_digits_vit_seeds.json", "bench_peers_bbc_news_bert_seeds.json",
                             "bench_peers_bbc_news_bert_policies.json", "bench_peers_causal_lm.json",
+                            "bench_peers_digits_vit_engine.json",
                             # scripts/gpu_check.sh's jobs on one GPU
                             "bench_peers_bbc_news_bert_gpu.json", "bench_peers_bbc_news_bert_512_gpu.json",
                             "bench_peers_digits_vit_gpu.json", "bench_peers_causal_lm_gpu.json"}
