@@ -180,6 +180,10 @@ def test_variants_and_seeded_rounds():
         with pytest.raises(ValueError, match="--variant"):
             bench_peers.variant(bad)
     # an --engine run: the same command line, by another interpreter, which its `commands` entry names
+    assert bench_peers.engine("before: /b/python auto.cache=false") == ("before", ["/b/python", "auto.cache=false"])
+    for bad in ("before:", "no label /b/python", f"{E}: /b/python"):
+        with pytest.raises(ValueError, match="--engine"):
+            bench_peers.engine(bad)
     cmd = bench_peers.command("before", "digits_vit", Path("/r"), [], {"before": []}, {"before": "/b/python"})
     assert cmd[:3] == ["/b/python", "-m", "ptrun.cli"] and cmd[3:] == bench_peers.command(
         E, "digits_vit", Path("/r"), [])[3:]

@@ -132,6 +132,17 @@ def variant(text: str) -> tuple[str, list[str]]:
     return label.strip(), overrides.split()
 
 
+def engine(text: str) -> tuple[str, list[str]]:
+    """`--engine 'LABEL: PYTHON KEY=V ...'` -> (LABEL, [PYTHON, overrides])."""
+    try:
+        label, words = variant(text)
+    except ValueError:
+        words = []
+    if not words:
+        raise ValueError(f"--engine {text!r}: expected 'LABEL: PYTHON [KEY=VALUE ...]' with a label of its own")
+    return label, words
+
+
 def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
             variants: dict[str, list[str]] = PTRUN, pythons: dict[str, str] | None = None) -> list[str]:
     """The command line of one run (its results land in `run_dir`): a plain peer, or the ptrun run `label`
@@ -321,8 +332,8 @@ def main() -> None:
     try:
         labels = pick(args.only) if args.only else list(LABELS)
         variants = {**PTRUN, **dict(map(variant, args.variant))}
-        engines = {label: words for label, words in map(variant, args.engine)}
-        pythons = {label: words[0] for label, words in engines.items() if words}
+        engines = {label: words for label, words in map(engine, args.engine)}
+        pythons = {label: words[0] for label, words in engines.items()}
         variants.update({label: words[1:] for label, words in engines.items()})
     except ValueError as e:
         parser.error(str(e))
