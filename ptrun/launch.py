@@ -129,9 +129,11 @@ def launch_config(cfg: PtrunConfig, **overrides):
 WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
 """What every worker imports before it can start: torch, ptrun's trainer, and scikit-learn's split, which the
 offline sources use; `worker_modules` adds the model's library."""
-LIBRARY_MODULES = {"vit": ["timm"],
+LIBRARY_MODULES = {"vit": ["ptrun.models.vit"],
                    "transformers": ["transformers.modeling_utils", "transformers.tokenization_utils_tokenizers"]}
-"""The bulk of each model family's library (seconds each): imported once for all of a machine's workers."""
+"""The bulk of each model family's library (seconds each): imported once for all of a machine's workers. timm
+through ptrun.models.vit, which imports it with wandb hidden: `import timm` alone imports wandb when it is
+installed (seconds, and a temporary directory that a killed worker leaves behind)."""
 
 
 def worker_modules(cfg: PtrunConfig) -> list[str]:

@@ -134,3 +134,21 @@ def test_ddp_takes_the_buffer_keyword_this_torch_knows():
 
     (key,) = compat.ddp_no_buffer_sync()
     assert key in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+@pytest.mark.parametrize("recipe", ["digits_vit", "bbc_news_bert"])
+def test_the_workers_preloaded_modules_leave_wandb_out(recipe):
+    """The forkserver imports each family's library once for all workers. `import timm` alone imports wandb when
+    it is installed (seconds at every start, and a temporary directory a killed worker leaves behind); the
+    modules preloaded must not, though wandb is installed here."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from ptrun.launch import worker_modules
+
+    assert importlib.util.find_spec("wandb") is not None, "wandb is installed (ptrun[trackers]): the test needs it"
+    modules = worker_modules(for_this_machine(resolve([f"recipe={recipe}"], {})).cfg)
+    code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('wandb' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"], modules
