@@ -29,7 +29,7 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_width, schema_keys,
+from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_concrete, schema_keys,
                           validate, workers_per_node)
 from ptrun.config.cross import run_inputs
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
@@ -173,14 +173,14 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     """The config `ptrun plan` projects onto a cluster of `nodes` x `gpus_per_node` devices: composed, its
     launcher sized to the cluster before the checks, a hub model's config.json alone fetched (the planner
     sizes the model from it), validated without the data and weight files (a plan reads none), the defaults
-    filled. The pipeline length is checked against the cluster's world size: by the validation on one node,
-    here on several (a start checks that in its workers, once the rendezvous has counted them)."""
+    filled. The layout is checked against the cluster's world size: by the validation on one node, here on
+    several (a start checks that in its workers, once the rendezvous has counted them)."""
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
     if nodes > 1 and cfg.pipe.length != "auto":  # `auto` is chosen, and checked, by the plan itself
-        check_width(cfg.pipe, nodes * gpus_per_node)
+        check_concrete(cfg.pipe, nodes * gpus_per_node, cfg.train.global_batch_size)
     return with_defaults(cfg)
 
 

@@ -66,6 +66,10 @@ def test_plan_sizes_the_launcher_before_the_checks():
     # several machines: the cluster's world size, which validation leaves to a start's workers
     with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 8"):
         for_cluster(["recipe=digits_vit", "pipe.length=3"], nodes=2, gpus_per_node=4)
+    # and the batch at that world size: the same rules as on one machine, not the length alone
+    with pytest.raises(ConfigError, match=r"^train.global_batch_size=36 is not allowed: a multiple of the "
+                                          r"data-parallel width 16"):
+        for_cluster(["recipe=digits_vit", "pipe.length=1", "train.global_batch_size=36"], nodes=2, gpus_per_node=8)
     cfg = for_cluster(["recipe=digits_vit", "pipe.length=4"], nodes=2, gpus_per_node=4)
     assert (cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.run_dir) == (4, "2", "")
 

@@ -60,7 +60,6 @@ from ptrun.config.launcher import (
 from ptrun.config.layout import (
     check_concrete,
     check_layout,
-    check_width,
     data_parallel_width,
     replica_batch,
     width_problem,
@@ -114,7 +113,7 @@ def validate(cfg, paths: bool = True) -> None:
 
 __all__ = [
     "ATTENTIONS", "BACKENDS", "FAMILIES", "check_choices", "choice", "choices_of", "either", "one_of", "check_concrete",
-    "check_layout", "check_width", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCE_SPECS", "DATA_SOURCES", "DataSource", "FREEZE_POLICIES",
+    "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCE_SPECS", "DATA_SOURCES", "DataSource", "FREEZE_POLICIES",
     "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
     "SCHEDULE_SPECS", "SCHEDULES", "Schedule", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",

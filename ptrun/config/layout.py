@@ -7,8 +7,8 @@ refuses a job no length fits (`no_length_fits`).
 Called by the config's validation (`check_layout`, where the world size is known before the start: one
 machine), and once more only where a value becomes known later: in the workers, the values
 `ptrun.parallel.fit.resolve_length` fills (`check_concrete`), or on several machines the world size the
-rendezvous counted (`check_width`, `ptrun.train.startup.fill_length`); in `ptrun plan`, the world size of a
-cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a layout the
+rendezvous counted (`check_concrete`, `ptrun.train.startup.fill_length`); in `ptrun plan`, the world size of
+a cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a layout the
 user writes does."""
 
 from __future__ import annotations
@@ -36,14 +36,6 @@ def width_problem(pipe, world: int, nproc: Any = None, note: str = "") -> tuple 
     if replicas == 1 and world % k:
         return "pipe.length", f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes{note})", k
     return None
-
-
-def check_width(pipe, world: int) -> None:
-    """`width_problem` as a ConfigError naming the key: an integer `pipe.length` against the world size that
-    only the start knows (several machines: counted by the rendezvous; a cluster `ptrun plan` is given)."""
-    problem = width_problem(pipe, world)
-    if problem:
-        require(False, *problem)
 
 
 def data_parallel_width(pipe, world: int) -> int:
@@ -126,8 +118,8 @@ def replica_batch(pipe, world: int, global_batch: int) -> int:
 
 
 def check_concrete(pipe, world: int, global_batch: int) -> None:
-    """Every layout rule for an integer `pipe.length` on `world` workers (what the start chose, or what a plan
-    runs), with an integer `pipe.microbatches` or `auto` (measured later, among the counts the schedule
+    """Every layout rule for an integer `pipe.length` on `world` workers (what the start chose, a layout written
+    for several machines once the rendezvous has counted them, or what a plan runs), with an integer `pipe.microbatches` or `auto` (measured later, among the counts the schedule
     accepts); ConfigError naming the key."""
     problem = world_problem(pipe, world, global_batch)
     if problem is None and isinstance(pipe.microbatches, int):

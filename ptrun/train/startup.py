@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
-from ptrun.config import PtrunConfig, check_width, parse_nnodes
+from ptrun.config import PtrunConfig, check_concrete, parse_nnodes
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
@@ -41,10 +41,10 @@ def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
     count made the one that follows the length (`resolve_length`, which checks the layout it fills). Every
     rank takes the smallest device budget, so all choose the same layout. A layout the user wrote was checked
     by the launcher where it knew the world size (one machine); on several, the world is the rendezvous's,
-    and the length is checked against it here (`check_width`)."""
+    and the layout (length, batch, micro-batches) is checked against it here (`check_concrete`)."""
     if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
         if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
-            check_width(cfg.pipe, world_size)
+            check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
         return cfg, None
     budget = torch.tensor([float(device_budget(cfg, device))], dtype=torch.float64, device=device)
     dist.all_reduce(budget, op=dist.ReduceOp.MIN)
