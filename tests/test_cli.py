@@ -223,6 +223,8 @@ BAD_INPUT = [
     (["model.num_heads=5"], "model.num_heads=5 is not allowed: a divisor of model.embed_dim=64"),
     (["model=bert_base", "data=glue", "data.path=/tmp", "data.tokenizer=/tmp", "data.max_length=1024"],
      "data.max_length=1024 is not allowed: at most 512, the position table of model.name='bert-base'"),
+    (["recipe=bert_glue", "data.task=sst-2"], "data.task='sst-2' is not allowed: one of cola, sst2, mrpc, qqp, stsb, mnli, "
+                                               "qnli, rte, wnli for data.name=glue"),
     (["recipe=bbc_news_bert", "data.max_length=1024"],
      "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained="),
     (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),

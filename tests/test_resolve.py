@@ -185,3 +185,25 @@ def test_ptrun_train_with_a_bad_key_exits_2_in_one_line_and_makes_no_run_directo
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
         assert out.stderr.startswith("ptrun: error: unknown key 'train.epoch'; did you mean 'train.epochs'?")
         assert list(tmp_path.iterdir()) == []
+
+
+def test_a_group_chosen_on_the_command_line_is_what_trains():
+    """`ptrun train [recipe=R] data=glue` trains GLUE: a recipe picks its model, data and optimizer as config
+    group options, which the command line replaces, and sets only values on top of them. A recipe that set
+    `data.name` itself would silently train its own data over the user's choice."""
+    import yaml
+
+    from ptrun.compose import composed
+
+    root = Path(__file__).resolve().parents[1]
+    identity = {"model": {"name", "family"}, "data": {"name"}, "optim": {"name"}}
+    for recipe in sorted((root / "recipes").glob("*.yaml")):
+        values = yaml.safe_load(recipe.read_text())
+        for group, keys in identity.items():
+            assert not keys & set(values.get(group) or {}), f"{recipe.name} sets {group}'s identity: choose an option"
+    # what that gives: the default recipe with each group's options in turn
+    for group, keys in identity.items():
+        for option in sorted((root / "configs" / group).glob("*.yaml")):
+            chosen = yaml.safe_load(option.read_text())
+            got = getattr(composed([f"{group}={option.stem}"]), group)
+            assert {k: getattr(got, k) for k in keys} == {k: chosen[k] for k in keys}, f"{group}={option.stem}"
