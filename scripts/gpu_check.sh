@@ -3,8 +3,10 @@
 # (`source .gpu-kit/install.sh` first where ptrun is not installed: ../shared/gpu/README.md, or docs/gpu.md).
 #   1-2. bbc_news_bert (the embedded default) at 128 and at 512 tokens: the plain transformers loop, ptrun with
 #        freezing off, ptrun's default (freezing + AutoCache)
-#   3.   digits_vit: the same three
-#   4.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
+#   3.   steps512: the model's own step at 512 tokens, ptrun's units against the library's model on one batch,
+#        and the kernels each spends its time in (`python -m ptrun.bench.model_step --profile`)
+#   4.   digits_vit: the same three as 1-2
+#   5.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
 # to the plain loop (> 1: faster than it), and the final metric. Everything lands in $1 (default: a new temp dir):
 # a job's log, its runs, and its bench_peers_<recipe>.json.
@@ -12,7 +14,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
 limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
-jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 digits causal_lm} "  # which jobs, to rerun a few
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 digits causal_lm} "  # which jobs, to rerun a few
 read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -55,6 +57,14 @@ job() {  # job NAME RECIPE ONLY [OVERRIDES...]
 cd "$repo"
 job bbc128 bbc_news_bert a,c,e
 job bbc512 bbc_news_bert a,c,e data.max_length=512
+if [[ $jobs == *" steps512 "* ]]; then
+  if timeout "$limit" "$py" -m ptrun.bench.model_step --recipe bbc_news_bert --steps 20 --profile \
+       --out "$out/model_step_bbc_news_bert_512.json" data.max_length=512 "${extra[@]}" > "$out/steps512.log" 2>&1; then
+    echo "steps512: $(grep -m1 'ptrun units / library model' "$out/steps512.log")"
+  else
+    echo "steps512: FAILED (exit $?; log $out/steps512.log): $(grep -v '^\s*$' "$out/steps512.log" | tail -n 1)"
+  fi
+fi
 job digits digits_vit a,c,e
 if [[ $jobs != *" causal_lm "* ]]; then :
 elif timeout 120 "$py" -m ptrun.bench.decoder "$out/lm" > "$out/lm.log" 2>&1; then

@@ -1,0 +1,153 @@
+"""The model's own training step, ptrun's units against the library's model, in one process: what the two
+cost on the same batch of the recipe's data (its first global batch), each with fused AdamW, in interleaved
+rounds; with `--profile`, the operators (on a GPU: the kernels) each spends its time in.
+
+What the engine adds around the step (the runtime, the feed, the cache, the freeze signal) is left out on
+purpose: a gap here is the model's (its units, its masks, the kernels they pick), a gap in `bench_peers` that
+is not here is the engine's.
+
+    python -m ptrun.bench.model_step --recipe bbc_news_bert --steps 20 --profile data.max_length=512
+
+Prints one line per model (median milliseconds per step, min-max over the rounds), the ratio, and with
+`--profile` the top operators of each; `--out FILE` writes the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ptrun.bench.plain_loop import NO_DECAY, build_model as library_model, logits, recipe_config
+
+
+def first_batch(data, size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The split's first `size` samples as tensors on `device` (token columns as int64, as embeddings take)."""
+    batch = data.train[list(range(min(size, len(data.train))))]
+    return {k: (v if v.is_floating_point() else v.long()).to(device) for k, v in batch.items()
+            if k in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")}
+
+
+def adamw(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
+    """The plain loop's optimizer: fused AdamW, no decay on biases, norms and position tables."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.ndim > 1 and not any(k in n for k in NO_DECAY)]
+    rest = [p for n, p in named if not (p.ndim > 1 and not any(k in n for k in NO_DECAY))]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=optim.lr, fused=True)
+
+
+def step_fn(forward: Callable[[], torch.Tensor], labels: torch.Tensor, optimizer) -> Callable[[], None]:
+    def step() -> None:
+        loss = F.cross_entropy(forward(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def models(cfg, data, batch: dict, device: torch.device) -> dict[str, tuple[torch.nn.Module, Callable[[], None]]]:
+    """{label: (module, one training step)} for the library's model and ptrun's units, the same architecture."""
+    from ptrun.models import build_model
+
+    torch.manual_seed(cfg.train.seed)
+    library = library_model(cfg.model, data).to(device).train()
+    torch.manual_seed(cfg.train.seed)
+    layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size,
+                          in_chans=data.in_chans, vocab_size=data.vocab_size).to(device).train()
+    inputs = tuple(batch[k] for k in layered.input_names if k in batch)
+    return {"library model": (library, step_fn(lambda: logits(library, batch), batch["labels"],
+                                               adamw(library, cfg.optim))),
+            "ptrun units": (layered, step_fn(lambda: layered(*inputs), batch["labels"],
+                                             adamw(layered, cfg.optim)))}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(step: Callable[[], None], steps: int, device: torch.device) -> float:
+    """Milliseconds per step over `steps` steps, the device's queue drained before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3, top: int = 12) -> list[dict]:
+    """The operators one of `steps` steps spends most time in (self time; on a GPU the device's), largest
+    first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
+    return [{"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps, "calls_per_step": e.count / steps}
+            for e in events]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="bbc_news_bert")
+    parser.add_argument("--steps", type=int, default=10, help="steps a round times, per model")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of both models, interleaved")
+    parser.add_argument("--profile", action="store_true", help="also list each model's top operators")
+    parser.add_argument("--out", help="write the result as JSON here")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE on top of the recipe")
+    args = parser.parse_args(argv)
+
+    from ptrun.data import build_datasets
+
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":  # as the plain loop and ptrun's `device.tf32` do
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    cfg = recipe_config(args.recipe, args.overrides)
+    if cfg.model.task != "classification":
+        parser.error(f"--recipe {args.recipe}: model.task={cfg.model.task}; this benchmark steps classifiers")
+    data = build_datasets(cfg.data, task=cfg.model.task)
+    batch = first_batch(data, cfg.train.global_batch_size, device)
+    runs = models(cfg, data, batch, device)
+    params = {label: sum(p.numel() for p in m.parameters() if p.requires_grad) for label, (m, _) in runs.items()}
+    for _, step in runs.values():  # warm-up: allocator, kernels' autotuning, the optimizer's state
+        timed(step, 2, device)
+    ms: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(args.rounds):
+        for label, (_, step) in runs.items():
+            ms[label].append(timed(step, args.steps, device))
+    shape = {k: list(v.shape) for k, v in batch.items()}
+    result = {"recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(device)
+              if device.type == "cuda" else "cpu", "torch": torch.__version__, "batch": shape, "params": params,
+              "steps": args.steps, "rounds": args.rounds,
+              "ms_per_step": {label: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+                              for label, v in ms.items()}}
+    library, units = (result["ms_per_step"][k]["median"] for k in ("library model", "ptrun units"))
+    for label, m in result["ms_per_step"].items():
+        print(f"{label}: {m['median']:.2f} ms/step ({m['min']:.2f}-{m['max']:.2f}), {params[label] / 1e6:.2f} M "
+              f"trainable parameters", flush=True)
+    print(f"ptrun units / library model: {library / units:.2f}x the library's speed; batch {shape}", flush=True)
+    if args.profile:
+        result["top_operators"] = {label: top_operators(step, device) for label, (_, step) in runs.items()}
+        for label, ops in result["top_operators"].items():
+            print(f"{label}, top operators (ms per step, calls per step):", flush=True)
+            for op in ops:
+                print(f"  {op['ms_per_step']:8.3f}  {op['calls_per_step']:6.1f}  {op['name']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
