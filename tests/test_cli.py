@@ -225,6 +225,8 @@ BAD_INPUT = [
      "data.max_length=1024 is not allowed: at most 512, the position table of model.name='bert-base'"),
     (["recipe=bert_glue", "data.task=sst-2"], "data.task='sst-2' is not allowed: one of cola, sst2, mrpc, qqp, stsb, mnli, "
                                                "qnli, rte, wnli for data.name=glue"),
+    (["data.task=rte"], "data.task='rte' is not allowed: unset for data.name=digits (the GLUE task, for "
+                        "data.name=glue)"),
     (["recipe=bbc_news_bert", "data.max_length=1024"],
      "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained="),
     (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),

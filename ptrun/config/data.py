@@ -127,6 +127,9 @@ def check_data(cfg) -> None:
     require(0.0 < d.eval_fraction < 1.0, "data.eval_fraction", "0 < f < 1", d.eval_fraction)
     if d.name == "glue":
         require(d.task in GLUE_TASKS, "data.task", f"{one_of(GLUE_TASKS)} for data.name=glue", d.task)
+    else:  # no other source reads it: a task given for another source would be ignored without a word
+        require(d.task is None, "data.task", f"unset for data.name={d.name} (the GLUE task, for data.name=glue)",
+                d.task)
     if d.name == "hf":
         check_hf(cfg)
 
