@@ -230,6 +230,7 @@ BAD_INPUT = [
     (["recipe=bbc_news_bert", "data.max_length=1024"],
      "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained="),
     (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),
+    (["train.profile_step=-1"], "train.profile_step=-1 is not allowed: a step >= 0 or null"),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
     (["launcher.threads_per_worker=0"], "launcher.threads_per_worker=0 is not allowed: an integer >= 1 or auto"),
     (["model.attention=flash"], "model.attention='flash' is not allowed: sdpa or eager"),

@@ -1,4 +1,5 @@
-"""A profiled step's pipeline timeline: real passes recorded on each stage and drawn as a Gantt chart."""
+"""A profiled step's pipeline timeline: real passes recorded on each stage and drawn as a Gantt chart; and the
+same run's torch.profiler trace of its steps (`train.profile_step`), per rank."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 def test_a_profiled_1f1b_step_records_each_pass_in_causal_order_and_is_drawn(tmp_path):
     run = tmp_path / "run"
     run_workers([*TINY, "pipe.length=2", "pipe.microbatches=4", "pipe.schedule=1F1B", "train.epochs=1",
-                 "train.max_steps_per_epoch=3", "train.timeline_step=1", "checkpoint.every_epochs=0",
-                 "train.export=false"], run)
+                 "train.max_steps_per_epoch=3", "train.timeline_step=1", "train.profile_step=1",
+                 "checkpoint.every_epochs=0", "train.export=false"], run)
+    # The profile: steps 1-2 (the run ends before a third), each stage's own operators and what it sends to and
+    # receives from the other stage (activations one way, their gradients the other).
+    for rank in (0, 1):
+        assert (run / "profile" / f"rank{rank}.txt").read_text().startswith(f"steps 1-2, rank {rank}, by ")
+        names = {e.get("name") for e in json.loads((run / "profile" / f"rank{rank}.json").read_text())["traceEvents"]}
+        assert {"aten::mm", "c10d::send", "c10d::recv_"} <= names, sorted(n for n in names if n and "c10d" in n)
     record = json.loads((run / "timeline.json").read_text())
     assert record["step"] == 1 and record["plan"]["pp"] == 2
     passes = {(e["stage"], e["kind"], e["microbatch"]): e for e in record["events"]}

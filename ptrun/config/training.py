@@ -36,6 +36,11 @@ class TrainConfig:
     timeline_step: Optional[int] = None
     """Record when each stage runs each micro-batch's forward and backward in this (0-based) step of the
     first epoch, into RUN_DIR/timeline.json; `ptrun report` draws it as a Gantt chart. None = off."""
+    profile_step: Optional[int] = None
+    """Profile `PROFILE_STEPS` (3) steps from this (0-based) step of the run on with torch.profiler: every
+    operator and, on a GPU, every kernel, per rank into RUN_DIR/profile/rankR.json (a Chrome trace:
+    https://ui.perfetto.dev) and rankR.txt (the operators by self time). A step after a freeze shows what
+    training costs with it. None = off."""
     precision: str = choice("fp32", PRECISIONS)
     """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
     loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and
@@ -76,6 +81,10 @@ class CheckpointConfig:
     """Checkpoints kept in the run directory; older ones are deleted after a newer one is complete."""
 
 
+PROFILE_STEPS = 3
+"""Steps `train.profile_step` covers: enough to see a step's pattern repeat, few enough to keep traces small."""
+
+
 def check_training(cfg) -> None:
     t, o, ck = cfg.train, cfg.optim, cfg.checkpoint
     check_choices(t, "train")
@@ -84,6 +93,8 @@ def check_training(cfg) -> None:
     require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
     require(t.eval_every_epochs >= 1, "train.eval_every_epochs", "an integer >= 1", t.eval_every_epochs)
     require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)
+    require(t.profile_step is None or t.profile_step >= 0, "train.profile_step", "a step >= 0 or null",
+            t.profile_step)
     require(t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
             "an integer >= 1 or null", t.max_steps_per_epoch)
     check_choices(o, "optim")

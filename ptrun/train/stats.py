@@ -4,7 +4,6 @@ timeline."""
 
 from __future__ import annotations
 
-import json
 import resource
 import statistics
 import sys
@@ -97,16 +96,6 @@ def scaler_stats(scaler, skipped_before: int) -> dict:
     if not scaler.enabled:
         return {}
     return {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped - skipped_before}
-
-
-def write_timeline(events: list[dict], run_dir: str, plan: Plan, rank: int, global_step: int) -> None:
-    """Collective: every rank's recorded passes of one step, written by rank 0 to RUN_DIR/timeline.json
-    (only replica 0's pipeline: the replicas run the same schedule)."""
-    gathered: list = [None] * plan.world_size
-    dist.all_gather_object(gathered, events if plan.coords(rank)[0] == 0 else [])
-    if rank == 0:
-        (Path(run_dir) / "timeline.json").write_text(json.dumps(
-            {"step": global_step, "plan": plan.to_dict(), "events": [e for part in gathered for e in part]}))
 
 
 def serving_costs(cache, plan: Plan, device: torch.device) -> tuple[float, float] | None:

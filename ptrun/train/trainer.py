@@ -40,6 +40,7 @@ from ptrun.train import checkpointing, faults, startup, stats
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
 from ptrun.train.evaluation import evaluate
 from ptrun.train.feed import Feed
+from ptrun.train.recorders import StepRecorders
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.signals import held_blocks, make_signal
 from ptrun.train.state import EpochSums, TrainState
@@ -101,7 +102,7 @@ class Trainer:
         self.view = ProgressView(enabled=self.is_main)
         # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
         self.live_view = bool(self.all_sum([float(self.view.live)]).item())
-        self._timeline: list[dict] | None = None
+        self.recorders = StepRecorders(cfg.train.timeline_step, cfg.train.profile_step, cfg.run_dir, rank, device)
         self.clock = stats.StepClock(device)
         self.resumed_from, plan, optimizer_states = None, self.controller.first, {}
         resumed = checkpointing.resume(cfg, self.layered, self.controller, self.scaler, rank, world_size,
@@ -188,8 +189,7 @@ class Trainer:
         checkpoint's due date sees every update before it)."""
         for step, batch in self.feed.batches("train", self.state.epoch, start, end):
             inputs, target = self.feed.inputs_and_target(batch, "train")
-            if epoch_base + step == self.cfg.train.timeline_step:
-                self._timeline = self.runtime.record_timeline()  # this step's passes, up to its update
+            self.recorders.begin(self.runtime, epoch_base + step)
             indices, weights = self.train_sampler.global_batch(self.state.epoch, step)
             denominator = batch_denominator(self.data.train, indices, weights, self.cfg.model.task)
             self.clock.step_begins()
@@ -230,7 +230,7 @@ class Trainer:
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
             end = self.positions.segment_end(state.epoch, position)
             for item, loss in self.runtime.train_steps(self._steps(position, end, epoch_base)):
-                self._end_timeline()
+                self.recorders.end(self.runtime, self.plan, self.state.global_step)
                 progress = self.positions.progress(state.epoch, item.step)  # the schedule's clock
                 self.state, done = train_step(self.state, progress, self.step_parts)
                 self._count(sums, item, loss, done)
@@ -249,13 +249,6 @@ class Trainer:
                 "sample_uses_min": int(seen.min().item()), "sample_uses_max": int(seen.max().item()),
                 **stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
                 **stats.memory_stats(self.layered, self.layout, self.rank, self.device), **self.clock.epoch_fields()}
-
-    def _end_timeline(self) -> None:
-        """After the step `train.timeline_step` names has run its passes: its timeline is written."""
-        if self._timeline is not None:
-            self.runtime.stop_timeline()
-            stats.write_timeline(self._timeline, self.cfg.run_dir, self.plan, self.rank, self.state.global_step)
-            self._timeline = None
 
     def _count(self, sums: EpochSums, item: Step, loss: torch.Tensor | None, done: Update) -> None:
         """A step's bookkeeping: the first steps' end times, the freeze signal, the epoch's sums."""
@@ -343,6 +336,7 @@ class Trainer:
                     self.save_checkpoint()
                 raise Interrupted(self.stops.agreed)
         total = time.perf_counter() - t_start
+        self.recorders.close()
         if cfg.train.export:
             self.export()
         self._release_cache()

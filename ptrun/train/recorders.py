@@ -1,0 +1,88 @@
+"""What a run records of chosen steps besides its metrics: the pipeline's timeline (`train.timeline_step`: when
+each stage ran each micro-batch's forward and backward, for `ptrun report`'s Gantt chart) and a profile
+(`train.profile_step`: torch.profiler over `PROFILE_STEPS` steps, every operator and on a GPU every kernel, as
+a Chrome trace and a table per rank)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ptrun.config.training import PROFILE_STEPS
+from ptrun.parallel.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+class StepRecorders:
+    """Starts a recording as the runtime takes the step it names (`begin`) and ends it after that step's
+    update (`end`). An asynchronous pipeline takes steps ahead of its updates: a recording then spans the
+    updates that finish meanwhile, which is what ran."""
+
+    def __init__(self, timeline_step: int | None, profile_step: int | None, run_dir: str, rank: int,
+                 device: torch.device) -> None:
+        self.timeline_step, self.profile_step = timeline_step, profile_step
+        self.run_dir, self.rank, self.device = Path(run_dir), rank, device
+        self._timeline: list[dict] | None = None
+        self._profiler: torch.profiler.profile | None = None
+        self._profiled = 0
+
+    def begin(self, runtime, global_step: int) -> None:
+        """Before the passes of step `global_step` (counted over the run from 0)."""
+        if global_step == self.timeline_step:
+            self._timeline = runtime.record_timeline()  # this step's passes, up to its update
+        if global_step == self.profile_step:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            else:  # the profiler's library logs its stages and a failed GPU count on stderr; on a GPU keep them
+                os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (CUPTI's permission errors are among them)
+            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler.__enter__()
+
+    def end(self, runtime, plan: Plan, global_step: int) -> None:
+        """Collective when a timeline ends here: after a step's update (`global_step`: the steps done)."""
+        if self._timeline is not None:
+            runtime.stop_timeline()
+            write_timeline(self._timeline, self.run_dir, plan, self.rank, global_step)
+            self._timeline = None
+        if self._profiler is not None:
+            self._profiled += 1
+            if self._profiled == PROFILE_STEPS:
+                self.close()
+
+    def close(self) -> None:
+        """Write the profile now (at the run's end, one that started within its last steps)."""
+        if self._profiler is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the kernels launched so far belong to the steps profiled
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        folder = self.run_dir / "profile"
+        folder.mkdir(exist_ok=True)
+        profiler.export_chrome_trace(str(folder / f"rank{self.rank}.json"))
+        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = profiler.key_averages().table(sort_by=key, row_limit=40)
+        (folder / f"rank{self.rank}.txt").write_text(
+            f"steps {self.profile_step}-{self.profile_step + self._profiled - 1}, rank {self.rank}, by "
+            f"{key}\n{table}\n")
+        if self.rank == 0:
+            log.info("profile of %d step(s) from step %d written to %s (rankR.json: a Chrome trace for "
+                     "https://ui.perfetto.dev; rankR.txt: the operators by self time)", self._profiled,
+                     self.profile_step, folder)
+
+
+def write_timeline(events: list[dict], run_dir: Path, plan: Plan, rank: int, global_step: int) -> None:
+    """Collective: every rank's recorded passes of one step, written by rank 0 to RUN_DIR/timeline.json
+    (only replica 0's pipeline: the replicas run the same schedule)."""
+    gathered: list = [None] * plan.world_size
+    dist.all_gather_object(gathered, events if plan.coords(rank)[0] == 0 else [])
+    if rank == 0:
+        (run_dir / "timeline.json").write_text(json.dumps(
+            {"step": global_step, "plan": plan.to_dict(), "events": [e for part in gathered for e in part]}))
