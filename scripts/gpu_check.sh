@@ -5,8 +5,10 @@
 #        freezing off, ptrun's default (freezing + AutoCache)
 #   3.   steps512: the model's own step at 512 tokens, ptrun's units against the library's model on one batch,
 #        and the kernels each spends its time in (`python -m ptrun.bench.model_step --profile`)
-#   4.   digits_vit: the same three as 1-2
-#   5.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
+#   4.   profile512: ptrun with freezing off at 512 tokens, steps 20-22 under torch.profiler (`train.profile_step`):
+#        the kernels' time and, in the trace, the host's gaps between them
+#   5.   digits_vit: the same three as 1-2
+#   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
 # to the plain loop (> 1: faster than it), and the final metric. Everything lands in $1 (default: a new temp dir):
 # a job's log, its runs, and its bench_peers_<recipe>.json.
@@ -14,7 +16,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
 limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
-jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 digits causal_lm} "  # which jobs, to rerun a few
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 profile512 digits causal_lm} "  # which jobs, to rerun a few
 read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -63,6 +65,16 @@ if [[ $jobs == *" steps512 "* ]]; then
     echo "steps512: $(grep -m1 'ptrun units / library model' "$out/steps512.log")"
   else
     echo "steps512: FAILED (exit $?; log $out/steps512.log): $(grep -v '^\s*$' "$out/steps512.log" | tail -n 1)"
+  fi
+fi
+if [[ $jobs == *" profile512 "* ]]; then
+  if timeout "$limit" ptrun train hydra.run.dir="$out/profile512" data.max_length=512 auto.freeze=false auto.cache=false \
+       train.epochs=1 train.max_steps_per_epoch=24 train.profile_step=20 train.export=false "${extra[@]}" \
+       > "$out/profile512.log" 2>&1; then
+    echo "profile512: $out/profile512/profile/rank0.json (trace); the top operators (on a GPU: kernels):"
+    sed -n '5,9p' "$out/profile512/profile/rank0.txt" | cut -c1-150
+  else
+    echo "profile512: FAILED (exit $?; log $out/profile512.log): $(grep -v '^\s*$' "$out/profile512.log" | tail -n 1)"
   fi
 fi
 job digits digits_vit a,c,e
