@@ -9,6 +9,7 @@
 #        the kernels' time and, in the trace, the host's gaps between them
 #   5.   digits_vit: the same three as 1-2
 #   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
+#   7.   profile_lm: ptrun's steps 20-22 on that Llama under torch.profiler, as profile512
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
 # to the plain loop (> 1: faster than it), and the final metric. Everything lands in $1 (default: a new temp dir):
 # a job's log, its runs, and its bench_peers_<recipe>.json.
@@ -16,7 +17,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
 limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
-jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 profile512 digits causal_lm} "  # which jobs, to rerun a few
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 profile512 digits causal_lm profile_lm} "  # which jobs, to rerun a few
 read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -56,6 +57,18 @@ job() {  # job NAME RECIPE ONLY [OVERRIDES...]
   fi
 }
 
+profile() {  # profile NAME [OVERRIDES...]: ptrun, freezing off, steps 20-22 under torch.profiler; its top operators
+  local name=$1; shift
+  [[ $jobs == *" $name "* ]] || return 0
+  if timeout "$limit" "$py" -m ptrun.cli train hydra.run.dir="$out/$name" auto.freeze=false auto.cache=false train.epochs=1 \
+       train.max_steps_per_epoch=24 train.profile_step=20 train.export=false "$@" "${extra[@]}" > "$out/$name.log" 2>&1; then
+    echo "$name: $out/$name/profile/rank0.json (trace); the top operators (on a GPU: kernels):"
+    sed -n '5,9p' "$out/$name/profile/rank0.txt" | cut -c1-150
+  else
+    echo "$name: FAILED (exit $?; log $out/$name.log): $(grep -v '^\s*$' "$out/$name.log" | tail -n 1)"
+  fi
+}
+
 cd "$repo"
 job bbc128 bbc_news_bert a,c,e
 job bbc512 bbc_news_bert a,c,e data.max_length=512
@@ -67,20 +80,12 @@ if [[ $jobs == *" steps512 "* ]]; then
     echo "steps512: FAILED (exit $?; log $out/steps512.log): $(grep -v '^\s*$' "$out/steps512.log" | tail -n 1)"
   fi
 fi
-if [[ $jobs == *" profile512 "* ]]; then
-  if timeout "$limit" ptrun train hydra.run.dir="$out/profile512" data.max_length=512 auto.freeze=false auto.cache=false \
-       train.epochs=1 train.max_steps_per_epoch=24 train.profile_step=20 train.export=false "${extra[@]}" \
-       > "$out/profile512.log" 2>&1; then
-    echo "profile512: $out/profile512/profile/rank0.json (trace); the top operators (on a GPU: kernels):"
-    sed -n '5,9p' "$out/profile512/profile/rank0.txt" | cut -c1-150
-  else
-    echo "profile512: FAILED (exit $?; log $out/profile512.log): $(grep -v '^\s*$' "$out/profile512.log" | tail -n 1)"
-  fi
-fi
+profile profile512 data.max_length=512
 job digits digits_vit a,c,e
-if [[ $jobs != *" causal_lm "* ]]; then :
+if [[ $jobs != *" causal_lm "* && $jobs != *" profile_lm "* ]]; then :
 elif timeout 120 "$py" -m ptrun.bench.decoder "$out/lm" > "$out/lm.log" 2>&1; then
   job causal_lm causal_lm a,c "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl" train.max_steps_per_epoch=40
+  profile profile_lm recipe=causal_lm "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"
 else
   echo "causal_lm: FAILED to write the small Llama (log $out/lm.log)"
 fi
