@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 
 
 class StepRecorders:
-    """Starts a recording as the runtime takes the step it names (`begin`) and ends it after that step's
-    update (`end`). An asynchronous pipeline takes steps ahead of its updates: a recording then spans the
-    updates that finish meanwhile, which is what ran."""
+    """Each recording starts as the run takes the step it names (`begin`, before its batch is made). The
+    timeline ends after that step's passes (`end`); the profile when the step after its last begins (its
+    updates included), or at the run's end (`close`). An asynchronous pipeline takes steps ahead of its
+    updates: a recording then holds the work that ran meanwhile, which is what the steps cost."""
 
     def __init__(self, timeline_step: int | None, profile_step: int | None, run_dir: str, rank: int,
                  device: torch.device) -> None:
@@ -30,10 +31,12 @@ class StepRecorders:
         self.run_dir, self.rank, self.device = Path(run_dir), rank, device
         self._timeline: list[dict] | None = None
         self._profiler: torch.profiler.profile | None = None
-        self._profiled = 0
+        self._last_step = -1  # the last step begun while profiling
 
     def begin(self, runtime, global_step: int) -> None:
-        """Before the passes of step `global_step` (counted over the run from 0)."""
+        """Before step `global_step` (counted over the run from 0)."""
+        if self._profiler is not None and global_step >= self.profile_step + PROFILE_STEPS:
+            self.close()
         if global_step == self.timeline_step:
             self._timeline = runtime.record_timeline()  # this step's passes, up to its update
         if global_step == self.profile_step:
@@ -44,20 +47,18 @@ class StepRecorders:
                 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (CUPTI's permission errors are among them)
             self._profiler = torch.profiler.profile(activities=activities)
             self._profiler.__enter__()
+        if self._profiler is not None:
+            self._last_step = global_step
 
     def end(self, runtime, plan: Plan, global_step: int) -> None:
-        """Collective when a timeline ends here: after a step's update (`global_step`: the steps done)."""
+        """Collective when the timeline's step is `global_step`: after its passes, before its update."""
         if self._timeline is not None:
             runtime.stop_timeline()
             write_timeline(self._timeline, self.run_dir, plan, self.rank, global_step)
             self._timeline = None
-        if self._profiler is not None:
-            self._profiled += 1
-            if self._profiled == PROFILE_STEPS:
-                self.close()
 
     def close(self) -> None:
-        """Write the profile now (at the run's end, one that started within its last steps)."""
+        """Write the profile, if one is running."""
         if self._profiler is None:
             return
         if self.device.type == "cuda":
@@ -69,13 +70,11 @@ class StepRecorders:
         profiler.export_chrome_trace(str(folder / f"rank{self.rank}.json"))
         key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=key, row_limit=40)
-        (folder / f"rank{self.rank}.txt").write_text(
-            f"steps {self.profile_step}-{self.profile_step + self._profiled - 1}, rank {self.rank}, by "
-            f"{key}\n{table}\n")
+        steps = f"steps {self.profile_step}-{self._last_step}"
+        (folder / f"rank{self.rank}.txt").write_text(f"{steps}, rank {self.rank}, by {key}\n{table}\n")
         if self.rank == 0:
-            log.info("profile of %d step(s) from step %d written to %s (rankR.json: a Chrome trace for "
-                     "https://ui.perfetto.dev; rankR.txt: the operators by self time)", self._profiled,
-                     self.profile_step, folder)
+            log.info("profile of %s written to %s (rankR.json: a Chrome trace for https://ui.perfetto.dev; "
+                     "rankR.txt: the operators by self time)", steps, folder)
 
 
 def write_timeline(events: list[dict], run_dir: Path, plan: Plan, rank: int, global_step: int) -> None:

@@ -188,8 +188,8 @@ class Trainer:
         """Steps `start .. end - 1` of the epoch as the runtime takes them (built as it pulls them, so a
         checkpoint's due date sees every update before it)."""
         for step, batch in self.feed.batches("train", self.state.epoch, start, end):
-            inputs, target = self.feed.inputs_and_target(batch, "train")
             self.recorders.begin(self.runtime, epoch_base + step)
+            inputs, target = self.feed.inputs_and_target(batch, "train")
             indices, weights = self.train_sampler.global_batch(self.state.epoch, step)
             denominator = batch_denominator(self.data.train, indices, weights, self.cfg.model.task)
             self.clock.step_begins()
