@@ -43,9 +43,13 @@ def test_the_epoch_line_shows_the_cache_hit_rates_of_training_and_of_its_evaluat
              "cached_units": 5, "memory_bytes": 3 << 19, "disk_bytes": 0}
     stats = {"train_loss": 0.5, "samples_per_s": 100.0, "epoch_time_s": 2.0, "cache": cache}
     assert "  cache 5 units, 90% hits (1.5 MiB)  [K=2" in epoch_line(0, 3, stats, {}, PLAN)  # not evaluated
-    cache.update(eval_hits=30, eval_advanced=10)
+    cache.update(eval_hits=30, eval_computed=10)
     line = epoch_line(0, 3, stats, {"top1": 50.0}, PLAN)
     assert "eval_top1 50.00  cache 5 units, 90% hits, eval 75% hits (1.5 MiB)" in line
+    # entries of a shallower depth, advanced by the newly frozen units, are served too: the line says so
+    cache.update(hits=18, advanced=82, computed=0, eval_hits=2, eval_advanced=98, eval_computed=0)
+    line = epoch_line(0, 3, stats, {"top1": 50.0}, PLAN)
+    assert "cache 5 units, 18% hits + 82% advanced, eval 2% hits + 98% advanced (1.5 MiB)" in line
 
 
 def test_a_transition_says_its_cost_in_steps():

@@ -191,15 +191,22 @@ def start_line(model: str, units: int, params: int, train: int, evals: int, work
             f"samples; {workers} workers on {device}, precision {precision}; run dir {run_dir}")
 
 
+def served(counters: dict, prefix: str = "") -> str:
+    """The share of samples an entry served whole (`hits`) and, where some were, the share an entry of a
+    shallower depth served with only the newly frozen units run (`advanced`)."""
+    hits, advanced = counters.get(f"{prefix}hits", 0), counters.get(f"{prefix}advanced", 0)
+    used = max(hits + advanced + counters.get(f"{prefix}computed", 0), 1)
+    return f"{100 * hits / used:.0f}% hits" + (f" + {100 * advanced / used:.0f}% advanced" if advanced else "")
+
+
 def epoch_line(epoch: int, epochs: int, stats: dict, ev: dict, plan) -> str:
     """One epoch: its loss and speed, the eval (if any), the cache's use, the layout it ran in."""
     shown = " ".join(f"eval_{k} {v:.2f}" for k, v in ev.items())
     if stats.get("cache", {}).get("cached_units"):
         c = stats["cache"]
-        used = c["hits"] + c["advanced"] + c["computed"]
-        eval_used = c.get("eval_hits", 0) + c.get("eval_advanced", 0) + c.get("eval_computed", 0)
-        eval_hits = f", eval {100 * c['eval_hits'] / eval_used:.0f}% hits" if eval_used else ""
-        shown += (f"  cache {c['cached_units']} units, {100 * c['hits'] / max(used, 1):.0f}% hits{eval_hits} "
+        evaluated = any(c.get(f"eval_{k}", 0) for k in ("hits", "advanced", "computed"))
+        eval_share = f", eval {served(c, 'eval_')}" if evaluated else ""
+        shown += (f"  cache {c['cached_units']} units, {served(c)}{eval_share} "
                   f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)")
     return (f"epoch {epoch + 1}/{epochs}  loss {stats['train_loss']:.4f}  {stats['samples_per_s']:.0f} samples/s  "
             f"{stats['epoch_time_s']:.1f}s  {shown}  [K={plan.pp} DP={plan.dp} M={plan.microbatches}]")
