@@ -74,7 +74,7 @@ job bbc128 bbc_news_bert a,c,e
 job bbc512 bbc_news_bert a,c,e data.max_length=512
 if [[ $jobs == *" steps512 "* ]]; then
   if timeout "$limit" "$py" -m ptrun.bench.model_step --recipe bbc_news_bert --steps 20 --profile \
-       --out "$out/model_step_bbc_news_bert_512.json" data.max_length=512 "${extra[@]}" > "$out/steps512.log" 2>&1; then
+       --out "$out/model_step_bbc_news_bert_512_gpu.json" data.max_length=512 "${extra[@]}" > "$out/steps512.log" 2>&1; then
     echo "steps512: $(grep -m1 'ptrun units / library model' "$out/steps512.log")"
   else
     echo "steps512: FAILED (exit $?; log $out/steps512.log): $(grep -v '^\s*$' "$out/steps512.log" | tail -n 1)"

@@ -28,6 +28,12 @@ def test_both_models_step_the_same_architecture_on_the_same_batch(tmp_path, reci
         ops = result["top_operators"][label]
         assert ops and all(op["ms_per_step"] >= 0 and op["calls_per_step"] > 0 for op in ops), label
         assert any("mm" in op["name"] for op in ops), label  # the matrix products are among the top
+    # the results page's caption and table (`ptrun.bench.results_page`)
+    assert model_step.caption(result).startswith(f"{recipe} ({' '.join(overrides)}), one batch (16 x ")
+    text = model_step.table(result)
+    library = result["ms_per_step"]["library model"]["median"]
+    assert f"| library model | {library:.2f} (" in text and "| 1.00x |" in text
+    assert "| ptrun units: top operators | ms per step | calls per step |" in text
 
 
 def test_a_recipe_that_is_not_a_classifier_is_refused(capsys):

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from datetime import date
 
 import torch
 import torch.nn.functional as F
 
+from ptrun.bench.harness import markdown_lines
 from ptrun.bench.plain_loop import NO_DECAY, build_model as library_model, logits, recipe_config
+from ptrun.bench.tiny import machine
+
+LIBRARY, UNITS = "library model", "ptrun units"
 
 
 def first_batch(data, size: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -61,10 +68,8 @@ def models(cfg, data, batch: dict, device: torch.device) -> dict[str, tuple[torc
     layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size,
                           in_chans=data.in_chans, vocab_size=data.vocab_size).to(device).train()
     inputs = tuple(batch[k] for k in layered.input_names if k in batch)
-    return {"library model": (library, step_fn(lambda: logits(library, batch), batch["labels"],
-                                               adamw(library, cfg.optim))),
-            "ptrun units": (layered, step_fn(lambda: layered(*inputs), batch["labels"],
-                                             adamw(layered, cfg.optim)))}
+    return {LIBRARY: (library, step_fn(lambda: logits(library, batch), batch["labels"], adamw(library, cfg.optim))),
+            UNITS: (layered, step_fn(lambda: layered(*inputs), batch["labels"], adamw(layered, cfg.optim)))}
 
 
 def sync(device: torch.device) -> None:
@@ -88,6 +93,10 @@ def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    if device.type != "cuda":  # the profiler's library logs its stages and a failed GPU count on stderr
+        import os
+
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
@@ -106,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", action="store_true", help="also list each model's top operators")
     parser.add_argument("--out", help="write the result as JSON here")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE on top of the recipe")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
 
     from ptrun.data import build_datasets
@@ -127,12 +137,14 @@ def main(argv: list[str] | None = None) -> dict:
         for label, (_, step) in runs.items():
             ms[label].append(timed(step, args.steps, device))
     shape = {k: list(v.shape) for k, v in batch.items()}
-    result = {"recipe": args.recipe, "overrides": args.overrides, "device": torch.cuda.get_device_name(device)
-              if device.type == "cuda" else "cpu", "torch": torch.__version__, "batch": shape, "params": params,
-              "steps": args.steps, "rounds": args.rounds,
+    result = {"command": shlex.join(["python", "-m", "ptrun.bench.model_step", *argv]),
+              "date": date.today().isoformat(), "machine": f"{machine()}; torch {torch.__version__}",
+              "recipe": args.recipe, "overrides": args.overrides,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "batch": shape, "params": params, "steps": args.steps, "rounds": args.rounds,
               "ms_per_step": {label: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                               for label, v in ms.items()}}
-    library, units = (result["ms_per_step"][k]["median"] for k in ("library model", "ptrun units"))
+    library, units = (result["ms_per_step"][k]["median"] for k in (LIBRARY, UNITS))
     for label, m in result["ms_per_step"].items():
         print(f"{label}: {m['median']:.2f} ms/step ({m['min']:.2f}-{m['max']:.2f}), {params[label] / 1e6:.2f} M "
               f"trainable parameters", flush=True)
@@ -147,6 +159,25 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def caption(result: dict) -> str:
+    shape = " x ".join(str(n) for n in next(v for k, v in result["batch"].items() if k != "labels"))
+    return (f"{result['recipe']} ({' '.join(result['overrides']) or 'as shipped'}), one batch ({shape}), on "
+            f"{result['device']}: {result['rounds']} round(s) of {result['steps']} steps of each model, interleaved; "
+            f"medians (min-max over the rounds)")
+
+
+def table(result: dict) -> str:
+    ms, library = result["ms_per_step"], result["ms_per_step"][LIBRARY]["median"]
+    rows = [[label, f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})", f"{library / m['median']:.2f}x",
+             f"{result['params'][label] / 1e6:.2f}"] for label, m in ms.items()]
+    lines = markdown_lines(["model", "ms per step", "speed against the library's", "trainable parameters (M)"], rows)
+    for label, ops in result.get("top_operators", {}).items():
+        lines += ["", *markdown_lines([f"{label}: top operators", "ms per step", "calls per step"],
+                                      [[f"`{op['name']}`", f"{op['ms_per_step']:.3f}", f"{op['calls_per_step']:.0f}"]
+                                       for op in ops[:8]])]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

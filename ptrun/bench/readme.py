@@ -266,6 +266,22 @@ TABLES = [
           "epoch: the plain transformers loop against ptrun with freezing off.",
           "0.90x the loop's training speed at the same perplexity; the decoder path ran on transformers 5.17, "
           "whose causal-mask function takes `past_key_values` where 5.24 takes `cache` (`ptrun/compat.py`)."),
+    Table("model_step_bbc_news_bert_512.json", "ptrun.bench.model_step",
+          "The model's own step: ptrun's units against the library's model, bbc_news_bert at 512 tokens",
+          "Where a gap between ptrun and the plain loop lies: in the model or in the engine. One training step of "
+          "the model alone (forward, cross-entropy, backward, fused AdamW) on the recipe's first batch, the "
+          "library's `AutoModelForSequenceClassification` against ptrun's units built from the same modules, "
+          "in interleaved rounds in one process (`python -m ptrun.bench.model_step`); with the operators each "
+          "spends its time in. No runtime, feed, cache or freeze signal: a gap here is the model's.",
+          "On the CPU the units run at the library's speed (1.00x) and spend their time in the same operators, "
+          "the CPU's flash-attention kernel with the padding mask included: at 512 tokens 64% of the articles are "
+          "shorter, so every batch of 16 has padding and both pass a mask. `scripts/gpu_check.sh` runs the same "
+          "on a GPU (`steps512`), where the last run had ptrun with freezing off at 0.84x the loop at 512 tokens "
+          "against 1.18x at 128."),
+    Table("model_step_bbc_news_bert_512_gpu.json", "ptrun.bench.model_step",
+          "On one GPU: the model's own step at 512 tokens",
+          "The same comparison on one GPU (`scripts/gpu_check.sh`, job `steps512`): the kernels each model runs.",
+          optional=True),
     Table("check_savings_bbc_news_bert_gpu.json", "ptrun.bench.savings_check",
           "The savings line against a run without freezing: bbc_news_bert on a GPU",
           "How true the line a run ends with is (`freezing saved ~X s: ... without freezing it would take ~Y s`), "
