@@ -317,3 +317,9 @@ def test_the_code_names_no_internal_work_items():
     hits = [f"{p.relative_to(REPO)}: {line.strip()}" for p in code for line in p.read_text().splitlines()
             if internal.search(line) or re.search(r"\bSPEC\b", line)]
     assert not hits, hits
+
+
+def test_the_readme_reads_in_two_minutes():
+    """At most 150 lines: what, set-up, first run, own model and data, several machines; the rest is in docs/."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: move detail to docs/"
