@@ -11,7 +11,8 @@
 #   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
 #   7.   profile_lm: ptrun's steps 20-22 on that Llama under torch.profiler, as profile512
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
-# to the plain loop (> 1: faster than it), and the final metric; a profile job adds its top five operators. Everything lands in $1 (default: a new temp dir):
+# to the plain loop (> 1: faster than it), and the final metric; a profile job adds its top five operators.
+# Everything lands in $1 (default: a new temp dir):
 # a job's log, its runs, and its bench_peers_<recipe>.json.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -90,18 +90,15 @@ def timed(step: Callable[[], None], steps: int, device: torch.device) -> float:
 def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3, top: int = 12) -> list[dict]:
     """The operators one of `steps` steps spends most time in (self time; on a GPU the device's), largest
     first."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    if device.type != "cuda":  # the profiler's library logs its stages and a failed GPU count on stderr
-        import os
+    from ptrun.train.recorders import profiler_activities, self_time_key
 
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    with profile(activities=activities) as prof:
+    with profile(activities=profiler_activities(device)) as prof:
         for _ in range(steps):
             step()
         sync(device)
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    key = self_time_key(device)
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
     return [{"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps, "calls_per_step": e.count / steps}
             for e in events]

@@ -119,8 +119,9 @@ def replica_batch(pipe, world: int, global_batch: int) -> int:
 
 def check_concrete(pipe, world: int, global_batch: int) -> None:
     """Every layout rule for an integer `pipe.length` on `world` workers (what the start chose, a layout written
-    for several machines once the rendezvous has counted them, or what a plan runs), with an integer `pipe.microbatches` or `auto` (measured later, among the counts the schedule
-    accepts); ConfigError naming the key."""
+    for several machines once the rendezvous has counted them, or what a plan runs), with an integer
+    `pipe.microbatches` or `auto` (measured later, among the counts the schedule accepts); ConfigError naming
+    the key."""
     problem = world_problem(pipe, world, global_batch)
     if problem is None and isinstance(pipe.microbatches, int):
         problem = schedule_problem(pipe.schedule, pipe.length, pipe.stages_per_rank, pipe.microbatches)

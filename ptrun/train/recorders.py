@@ -40,12 +40,7 @@ class StepRecorders:
         if global_step == self.timeline_step:
             self._timeline = runtime.record_timeline()  # this step's passes, up to its update
         if global_step == self.profile_step:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            else:  # the profiler's library logs its stages and a failed GPU count on stderr; on a GPU keep them
-                os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (CUPTI's permission errors are among them)
-            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler = torch.profiler.profile(activities=profiler_activities(self.device))
             self._profiler.__enter__()
         if self._profiler is not None:
             self._last_step = global_step
@@ -68,13 +63,30 @@ class StepRecorders:
         folder = self.run_dir / "profile"
         folder.mkdir(exist_ok=True)
         profiler.export_chrome_trace(str(folder / f"rank{self.rank}.json"))
-        key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        key = self_time_key(self.device)
         table = profiler.key_averages().table(sort_by=key, row_limit=40)
         steps = f"steps {self.profile_step}-{self._last_step}"
         (folder / f"rank{self.rank}.txt").write_text(f"{steps}, rank {self.rank}, by {key}\n{table}\n")
         if self.rank == 0:
             log.info("profile of %s written to %s (rankR.json: a Chrome trace for https://ui.perfetto.dev; "
                      "rankR.txt: the operators by self time)", steps, folder)
+
+
+def profiler_activities(device: torch.device) -> list:
+    """What torch.profiler records on `device`: the host's operators, and on a GPU its kernels. On a CPU the
+    profiler's library is quieted first: it logs its stages and a failed GPU count on stderr (on a GPU it
+    keeps them: CUPTI's permission errors come that way)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    return activities
+
+
+def self_time_key(device: torch.device) -> str:
+    """The profiler's total to rank operators by: the GPU's own time on a GPU, else the host's."""
+    return "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
 
 
 def write_timeline(events: list[dict], run_dir: Path, plan: Plan, rank: int, global_step: int) -> None:
