@@ -10,6 +10,7 @@
 #   5.   digits_vit: the same three as 1-2
 #   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
 #   7.   profile_lm: ptrun's steps 20-22 on that Llama under torch.profiler, as profile512
+#   8.   steps_lm: that Llama's own step, as steps512 (and how often each reads a value on the host: a sync)
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
 # to the plain loop (> 1: faster than it), and the final metric; a profile job adds its top five operators.
 # Everything lands in $1 (default: a new temp dir):
@@ -18,7 +19,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
 limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
-jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 profile512 digits causal_lm profile_lm} "  # which jobs, to rerun a few
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 profile512 digits causal_lm profile_lm steps_lm} "  # which jobs, to rerun a few
 read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -41,7 +42,11 @@ for label, row in rows.items():
     if plain is not None and row is not plain:
         p = plain["train_time_s"]["median"] if isinstance(plain["train_time_s"], dict) else plain["train_time_s"]
         ratio = f" ({p / t:.2f}x)"
-    parts.append(f"{label} {t:.2f} s{ratio} {metric} {final:.2f}" if final is not None else f"{label} {t:.2f} s{ratio}")
+    part = f"{label} {t:.2f} s{ratio} {metric} {final:.2f}" if final is not None else f"{label} {t:.2f} s{ratio}"
+    if row.get("to_first_step_s") is not None:  # the wall time outside training, split
+        part += (f" [wall {row['wall_s']:.1f} s: to the first step {row['to_first_step_s']:.1f}, "
+                 f"eval {row['eval_s']:.1f}, rest {row['rest_s']:.1f}]")
+    parts.append(part)
 print(f"{job}: " + " | ".join(parts), flush=True)
 PY
 }
@@ -63,8 +68,20 @@ profile() {  # profile NAME [OVERRIDES...]: ptrun, freezing off, steps 20-22 und
   [[ $jobs == *" $name "* ]] || return 0
   if timeout "$limit" "$py" -m ptrun.cli train hydra.run.dir="$out/$name" auto.freeze=false auto.cache=false train.epochs=1 \
        train.max_steps_per_epoch=24 train.profile_step=20 train.export=false "$@" "${extra[@]}" > "$out/$name.log" 2>&1; then
-    echo "$name: $out/$name/profile/rank0.json (trace); the top operators (on a GPU: kernels):"
+    echo "$name: $out/$name/profile/rank0.json (trace); $(head -n 1 "$out/$name/profile/rank0.txt"); the top operators (on a GPU: kernels):"
     sed -n '5,9p' "$out/$name/profile/rank0.txt" | cut -c1-150
+  else
+    echo "$name: FAILED (exit $?; log $out/$name.log): $(grep -v '^\s*$' "$out/$name.log" | tail -n 1)"
+  fi
+}
+
+steps() {  # steps NAME RECIPE OUT_JSON [OVERRIDES...]: the model's own step, ptrun's units against the library's
+  local name=$1 recipe=$2 json=$3; shift 3
+  [[ $jobs == *" $name "* ]] || return 0
+  if timeout "$limit" "$py" -m ptrun.bench.model_step --recipe "$recipe" --steps 20 --profile --out "$out/$json" \
+       "$@" "${extra[@]}" > "$out/$name.log" 2>&1; then
+    echo "$name: $(grep -m1 'ptrun units / library model' "$out/$name.log"); host reads a step:" \
+      "$(grep 'host reads' "$out/$name.log" | sed 's/ of a tensor.*//' | paste -sd ';' -)"
   else
     echo "$name: FAILED (exit $?; log $out/$name.log): $(grep -v '^\s*$' "$out/$name.log" | tail -n 1)"
   fi
@@ -73,20 +90,14 @@ profile() {  # profile NAME [OVERRIDES...]: ptrun, freezing off, steps 20-22 und
 cd "$repo"
 job bbc128 bbc_news_bert a,c,e
 job bbc512 bbc_news_bert a,c,e data.max_length=512
-if [[ $jobs == *" steps512 "* ]]; then
-  if timeout "$limit" "$py" -m ptrun.bench.model_step --recipe bbc_news_bert --steps 20 --profile \
-       --out "$out/model_step_bbc_news_bert_512_gpu.json" data.max_length=512 "${extra[@]}" > "$out/steps512.log" 2>&1; then
-    echo "steps512: $(grep -m1 'ptrun units / library model' "$out/steps512.log")"
-  else
-    echo "steps512: FAILED (exit $?; log $out/steps512.log): $(grep -v '^\s*$' "$out/steps512.log" | tail -n 1)"
-  fi
-fi
+steps steps512 bbc_news_bert model_step_bbc_news_bert_512_gpu.json data.max_length=512
 profile profile512 data.max_length=512
 job digits digits_vit a,c,e
-if [[ $jobs != *" causal_lm "* && $jobs != *" profile_lm "* ]]; then :
+if [[ $jobs != *" causal_lm "* && $jobs != *" profile_lm "* && $jobs != *" steps_lm "* ]]; then :
 elif timeout 120 "$py" -m ptrun.bench.decoder "$out/lm" > "$out/lm.log" 2>&1; then
   job causal_lm causal_lm a,c "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl" train.max_steps_per_epoch=40
   profile profile_lm recipe=causal_lm "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"
+  steps steps_lm causal_lm model_step_causal_lm_gpu.json "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"
 else
   echo "causal_lm: FAILED to write the small Llama (log $out/lm.log)"
 fi

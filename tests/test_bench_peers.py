@@ -503,3 +503,21 @@ def test_a_ptrun_runs_signal_share_is_read_and_tabled(tmp_path):
     result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
     text = bench_peers.table(result)
     assert f"| {E} | 2.00% |" in text and f"| {A} | " not in text.split("freeze policy's signal")[1]
+
+
+def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_rest():
+    """From the spawn to the first step, the evaluations, and what is left of the wall time; tabled under the
+    runs for the runs that recorded them (a result written before they were has no such table)."""
+    timed = dict(run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]]), first_step_time=1005.5, eval_s=2.5)
+    assert bench_peers.outside_training(timed, spawned=1000.0) == {"to_first_step_s": 5.5, "rest_s": 2.0}
+    assert bench_peers.outside_training(timed, spawned=None) == {}
+    assert bench_peers.outside_training(dict(timed, eval_s=None), spawned=1000.0) == {}
+    ptrun_run = dict(run(E, 20.0, 10.0, 200.0, [[10.0, 96.0]]), first_step_time=2004.0, eval_s=1.0)
+    rows = [dict(timed, **bench_peers.outside_training(timed, 1000.0)),
+            dict(ptrun_run, **bench_peers.outside_training(ptrun_run, 2000.0))]
+    result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
+    text = bench_peers.table(result)
+    assert f"| {A} | 5.5 | 2.5 | 2.0 |" in text and f"| {E} | 4.0 | 1.0 | 5.0 |" in text
+    old = {**bench_peers.aggregate([bench_peers.measure([run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]])])]),
+           "repeats": 1, "recipe": "digits_vit"}
+    assert "to the first step" not in bench_peers.table(old)

@@ -20,6 +20,7 @@ from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_ta
 from ptrun.parallel.layout import param_costs
 from ptrun.parallel.optim import build_optimizer
 from ptrun.sim.costs import costs_from_config
+from ptrun.train import recorders
 
 CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + \
         [(k, t) for k in DECODERS for t in ("classification", "causal_lm")]
@@ -105,6 +106,35 @@ def test_the_causal_lm_loss_is_the_library_loss(saved):
         want = library(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss
     assert ours.shape == (3,)
     torch.testing.assert_close(ours.sum() / loss_weight(target, "causal_lm"), want.double(), rtol=1e-6, atol=0)
+
+
+def host_reads(forward) -> int:
+    """How often `forward()` reads a tensor's value on the host (on a GPU each one waits for the device)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        forward()
+    return recorders.host_reads(prof)
+
+
+@pytest.mark.parametrize("kind,task", tiered([(k, t) for k, t in CASES if k in DECODERS]))
+def test_decoder_units_build_the_masks_once_a_pass_as_the_library_does(saved, kind, task):
+    """A decoder's attention halves share one mask (per layer type) and rotary table a forward pass, so
+    training reads the device no more often than the library model does; the next pass, with other
+    padding, builds its own."""
+    layered = layered_from(saved[kind, task], task)
+    library = auto_class(task).from_pretrained(saved[kind, task])
+    b = batch()
+    for drop in (None, 2):  # the batch, then one whose last row is cut shorter: other padding
+        if drop is not None:
+            b["attention_mask"][-1, drop:] = 0
+            b["input_ids"] = b["input_ids"] * b["attention_mask"]
+        ours = host_reads(lambda: layered(*(b[k] for k in layered.input_names)).sum().backward())
+        theirs = host_reads(lambda: library_logits(library, b, task).sum().backward())
+        assert ours <= theirs, (ours, theirs)
+        with torch.no_grad():
+            torch.testing.assert_close(layered(*(b[k] for k in layered.input_names)),
+                                       library_logits(library, b, task), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind,task", tiered([(k, t) for k, t in CASES if t != "qa"]))

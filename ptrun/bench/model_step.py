@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from ptrun.bench.harness import markdown_lines
-from ptrun.bench.plain_loop import NO_DECAY, build_model as library_model, logits, recipe_config
+from ptrun.bench.plain_loop import CAUSAL_LM, NO_DECAY, build_model as library_model, logits, recipe_config
 from ptrun.bench.tiny import machine
+from ptrun.models.losses import IGNORE_INDEX
 
 LIBRARY, UNITS = "library model", "ptrun units"
 
@@ -49,9 +50,17 @@ def adamw(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
                               {"params": rest, "weight_decay": 0.0}], lr=optim.lr, fused=True)
 
 
-def step_fn(forward: Callable[[], torch.Tensor], labels: torch.Tensor, optimizer) -> Callable[[], None]:
+def loss_of(logits_: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    """The mean loss: a classifier's cross-entropy, or a causal LM's over the next tokens (labels shifted by
+    one, padding's -100 left out), as the library computes it."""
+    if task == CAUSAL_LM:
+        return F.cross_entropy(logits_[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits_, labels)
+
+
+def step_fn(forward: Callable[[], torch.Tensor], labels: torch.Tensor, optimizer, task: str) -> Callable[[], None]:
     def step() -> None:
-        loss = F.cross_entropy(forward(), labels)
+        loss = loss_of(forward(), labels, task)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -68,8 +77,10 @@ def models(cfg, data, batch: dict, device: torch.device) -> dict[str, tuple[torc
     layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size,
                           in_chans=data.in_chans, vocab_size=data.vocab_size).to(device).train()
     inputs = tuple(batch[k] for k in layered.input_names if k in batch)
-    return {LIBRARY: (library, step_fn(lambda: logits(library, batch), batch["labels"], adamw(library, cfg.optim))),
-            UNITS: (layered, step_fn(lambda: layered(*inputs), batch["labels"], adamw(layered, cfg.optim)))}
+    task = cfg.model.task
+    return {LIBRARY: (library, step_fn(lambda: logits(library, batch), batch["labels"], adamw(library, cfg.optim),
+                                       task)),
+            UNITS: (layered, step_fn(lambda: layered(*inputs), batch["labels"], adamw(layered, cfg.optim), task))}
 
 
 def sync(device: torch.device) -> None:
@@ -87,12 +98,12 @@ def timed(step: Callable[[], None], steps: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
-def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3, top: int = 12) -> list[dict]:
+def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3, top: int = 12) -> dict:
     """The operators one of `steps` steps spends most time in (self time; on a GPU the device's), largest
-    first."""
+    first, and how often a step reads a value on the host."""
     from torch.profiler import profile
 
-    from ptrun.train.recorders import profiler_activities, self_time_key
+    from ptrun.train.recorders import host_reads, profiler_activities, self_time_key
 
     with profile(activities=profiler_activities(device)) as prof:
         for _ in range(steps):
@@ -100,8 +111,9 @@ def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3
         sync(device)
     key = self_time_key(device)
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
-    return [{"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps, "calls_per_step": e.count / steps}
-            for e in events]
+    return {"host_reads_per_step": host_reads(prof) / steps,
+            "top": [{"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps,
+                     "calls_per_step": e.count / steps} for e in events]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -121,8 +133,9 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":  # as the plain loop and ptrun's `device.tf32` do
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     cfg = recipe_config(args.recipe, args.overrides)
-    if cfg.model.task != "classification":
-        parser.error(f"--recipe {args.recipe}: model.task={cfg.model.task}; this benchmark steps classifiers")
+    if cfg.model.task not in ("classification", CAUSAL_LM):
+        parser.error(f"--recipe {args.recipe}: model.task={cfg.model.task}; this benchmark steps classifiers "
+                     f"and causal LMs")
     data = build_datasets(cfg.data, task=cfg.model.task)
     batch = first_batch(data, cfg.train.global_batch_size, device)
     runs = models(cfg, data, batch, device)
@@ -148,9 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"ptrun units / library model: {library / units:.2f}x the library's speed; batch {shape}", flush=True)
     if args.profile:
         result["top_operators"] = {label: top_operators(step, device) for label, (_, step) in runs.items()}
-        for label, ops in result["top_operators"].items():
-            print(f"{label}, top operators (ms per step, calls per step):", flush=True)
-            for op in ops:
+        for label, profiled in result["top_operators"].items():
+            print(f"{label}: {profiled['host_reads_per_step']:.0f} host reads of a tensor's value per step; top "
+                  f"operators (ms per step, calls per step):", flush=True)
+            for op in profiled["top"]:
                 print(f"  {op['ms_per_step']:8.3f}  {op['calls_per_step']:6.1f}  {op['name']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
@@ -170,8 +184,10 @@ def table(result: dict) -> str:
     rows = [[label, f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})", f"{library / m['median']:.2f}x",
              f"{result['params'][label] / 1e6:.2f}"] for label, m in ms.items()]
     lines = markdown_lines(["model", "ms per step", "speed against the library's", "trainable parameters (M)"], rows)
-    for label, ops in result.get("top_operators", {}).items():
-        lines += ["", *markdown_lines([f"{label}: top operators", "ms per step", "calls per step"],
+    for label, profiled in result.get("top_operators", {}).items():
+        ops = profiled["top"] if isinstance(profiled, dict) else profiled  # results written before host reads
+        reads = f" ({profiled['host_reads_per_step']:.0f} host reads a step)" if isinstance(profiled, dict) else ""
+        lines += ["", *markdown_lines([f"{label}: top operators{reads}", "ms per step", "calls per step"],
                                       [[f"`{op['name']}`", f"{op['ms_per_step']:.3f}", f"{op['calls_per_step']:.0f}"]
                                        for op in ops[:8]])]
     return "\n".join(lines)

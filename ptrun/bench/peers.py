@@ -186,12 +186,23 @@ def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse:
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
         # empty (ptrun's runs use the user's cache, as ptrun does).
         env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if label in PEERS else None
-        t0 = time.perf_counter()
+        spawned, t0 = time.time(), time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-        wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
-    wall = json.loads(wall_file.read_text())["wall_s"]
-    return dict(read_plain(run_dir, metric) if label in PEERS else read_ptrun(run_dir, metric), label=label,
-                wall_s=wall, run_dir=str(run_dir))
+        wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0, "spawn_time": spawned}))
+    wall = json.loads(wall_file.read_text())
+    run = dict(read_plain(run_dir, metric) if label in PEERS else read_ptrun(run_dir, metric), label=label,
+               wall_s=wall["wall_s"], run_dir=str(run_dir))
+    return dict(run, **outside_training(run, wall.get("spawn_time")))
+
+
+def outside_training(run: dict, spawned: float | None) -> dict:
+    """Where a run's time outside its training loop went: from the spawn to its first training step
+    (`to_first_step_s`: imports, workers, data, model), its evaluations (`eval_s`), and the rest (`rest_s`:
+    layout changes, checkpoints, export, exit). Empty for a run measured before these were recorded."""
+    if spawned is None or run.get("first_step_time") is None or run.get("eval_s") is None:
+        return {}
+    to_first = run["first_step_time"] - spawned
+    return {"to_first_step_s": to_first, "rest_s": run["wall_s"] - run["train_time_s"] - to_first - run["eval_s"]}
 
 
 def read_plain(run_dir: Path, metric: Metric = TOP1) -> dict:
@@ -200,7 +211,13 @@ def read_plain(run_dir: Path, metric: Metric = TOP1) -> dict:
     r = json.loads((run_dir / "plain.json").read_text())
     final = f"final_{metric.key}"
     return {"train_time_s": r["train_time_s"], "samples_per_s": r["samples_per_s"], final: r[final],
-            "curve": [[e["elapsed_train_s"], e[metric.key]] for e in r["epochs"]]}
+            "curve": [[e["elapsed_train_s"], e[metric.key]] for e in r["epochs"]],
+            "first_step_time": r.get("first_step_time"), "eval_s": eval_seconds(r["epochs"])}
+
+
+def eval_seconds(epochs: list[dict]) -> float | None:
+    """The epochs' evaluations in seconds (None where a run did not record them)."""
+    return sum(e["eval_time_s"] for e in epochs) if all("eval_time_s" in e for e in epochs) else None
 
 
 def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
@@ -218,9 +235,10 @@ def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
     final = curve[-1][1] if curve else (end.get("final_eval") or {}).get(metric.key)
     # the host time rank 0 spent measuring what the freeze policy reads, as a share of training
     signal = sum(e["signal_s"] for e in epochs) / train_s if all("signal_s" in e for e in epochs) else None
+    first = next((e["first_step_time"] for e in events if e["event"] == "epoch" and "first_step_time" in e), None)
     return {"train_time_s": train_s, "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
             f"final_{metric.key}": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s"),
-            "signal_share": signal}
+            "signal_share": signal, "first_step_time": first, "eval_s": eval_seconds(epochs)}
 
 
 def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP1) -> float | None:
@@ -247,7 +265,11 @@ def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
 def keys(metric: Metric = TOP1) -> tuple[str, ...]:
     """The measures of a row (`final_top1`, or `final_perplexity`, for the metric)."""
     return ("wall_s", "train_time_s", "overhead_s", "samples_per_s", f"final_{metric.key}", "time_to_target_s",
-            "speedup_wall", "speedup_train", "ptrun_total_time_s", "signal_share")
+            "speedup_wall", "speedup_train", *OUTSIDE, "ptrun_total_time_s", "signal_share")
+
+
+OUTSIDE = ("to_first_step_s", "eval_s", "rest_s")
+"""The parts of a run's time outside training (`outside_training`)."""
 
 
 def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
@@ -298,7 +320,7 @@ def caption(result: dict) -> str:
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
     n, metric = result["repeats"], metric_in(result)
-    shown_keys = keys(metric)[:-2] + ((f"mean_{metric.key}",) if result.get("seeds") else ())
+    shown_keys = keys(metric)[:-2 - len(OUTSIDE)] + ((f"mean_{metric.key}",) if result.get("seeds") else ())
     columns = {**COLUMNS, "samples_per_s": ("samples/s", "samples_per_s", metric.samples_spec, "")}
     lines = rows_table(result["rows"], [columns[key] for key in shown_keys], n)
     if result["checks"]:
@@ -307,6 +329,11 @@ def table(result: dict) -> str:
             verdict = "yes" if c["passed"] else "**no**"
             lines.append(f"| {c['ptrun']} / {c['peer']} | {cell(c, 'ratio', '.2f', 'x', n)} "
                          f"| {c['floor']:.2f}x: {verdict} |")
+    split = [r for r in result["rows"] if r.get("to_first_step_s") is not None]
+    if split:
+        lines += ["", "| outside training (s) | to the first step | evaluation | the rest: layout changes, "
+                      "checkpoints, export, exit |", "|---|---|---|---|"]
+        lines += [f"| {r['label']} | " + " | ".join(cell(r, k, ".1f", "", n) for k in OUTSIDE) + " |" for r in split]
     signal = [r for r in result["rows"] if r.get("signal_share")]
     if signal:
         lines += ["", "| the freeze policy's signal (host time measuring it) | share of training time |", "|---|---|"]

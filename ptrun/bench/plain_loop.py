@@ -226,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
             samples += len(ids)
         train_s = time.perf_counter() - t_epoch
         elapsed += train_s
+        t_eval = time.perf_counter()
         metrics = evaluate()
-        epochs.append({"epoch": epoch, "train_time_s": train_s, "elapsed_train_s": elapsed,
+        epochs.append({"epoch": epoch, "train_time_s": train_s, "eval_time_s": time.perf_counter() - t_eval,
+                       "elapsed_train_s": elapsed,
                        "wall_s": time.time() - start, **metrics})
         if rank == 0:
             shown = (f"eval loss {metrics['loss']:.4f}  perplexity {metrics['perplexity']:.2f}"

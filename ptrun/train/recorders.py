@@ -66,7 +66,10 @@ class StepRecorders:
         key = self_time_key(self.device)
         table = profiler.key_averages().table(sort_by=key, row_limit=40)
         steps = f"steps {self.profile_step}-{self._last_step}"
-        (folder / f"rank{self.rank}.txt").write_text(f"{steps}, rank {self.rank}, by {key}\n{table}\n")
+        reads = host_reads(profiler)
+        (folder / f"rank{self.rank}.txt").write_text(
+            f"{steps}, rank {self.rank}, by {key}; {reads} host reads of a tensor's value "
+            f"({reads / (self._last_step - self.profile_step + 1):.1f} a step)\n{table}\n")
         if self.rank == 0:
             log.info("profile of %s written to %s (rankR.json: a Chrome trace for https://ui.perfetto.dev; "
                      "rankR.txt: the operators by self time)", steps, folder)
@@ -82,6 +85,17 @@ def profiler_activities(device: torch.device) -> list:
     else:
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     return activities
+
+
+HOST_READS = ("aten::item", "aten::is_nonzero")
+"""The operators that read a tensor's value on the host (`.item()`, `bool(t)`): on a GPU each waits for the
+device's queue to drain, so the host can no longer run ahead of the kernels (on a CPU they count reads of host
+tensors too)."""
+
+
+def host_reads(prof) -> int:
+    """How often the profiled code read a tensor's value on the host."""
+    return sum(e.count for e in prof.key_averages() if e.key in HOST_READS)
 
 
 def self_time_key(device: torch.device) -> str:

@@ -9,8 +9,8 @@
    with pipe.microbatches=auto on a run's first plan also "microbatches_reason": "M=2 at K=2: ...",
    "microbatch_tuning": {"source": measured|cached|no choice, "seconds", "chosen": {K: M}, "table": {K: M},
    "samples_per_s": {K: {M: ...}}, "cache_file"}}
-  {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "lr": ...,
-   "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
+  {"event": "epoch", "epoch": E, "train_loss": ..., "samples_per_s": ..., "epoch_time_s": ..., "eval_time_s": ...,
+   "lr": ..., "steps": S, "samples": N, "eval": {"top1": ..., "loss": ...} or {} when not evaluated,
    "cache": {"hits", "advanced", "computed", "corrupt", "written", the same counters of the epoch's
              evaluation as "eval_hits", "eval_advanced", ..., "cached_units", "memory_bytes", "disk_bytes"}
              with auto.cache only,

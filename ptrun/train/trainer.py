@@ -319,7 +319,9 @@ class Trainer:
             tuned = {}
             epoch_stats = self.train_epoch()
             last = self.state.epoch == cfg.train.epochs - 1
+            t_eval = time.perf_counter()
             ev = self.evaluate() if last or (self.state.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
+            epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
             self.state.remember(ev)
             epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
             self._event("epoch", epoch=self.state.epoch, eval=ev, **epoch_stats)
