@@ -7,8 +7,8 @@ with the library's own functions: the causal (or sliding-window) mask with `crea
 `create_sliding_window_causal_mask`, as the library model does for that layer's type, and the Llama family's
 rotary position embeddings from the positions `0..T-1` (`rotary_emb`, which holds buffers only, so every
 attention half may share it). Inputs are padded on the right, so positions are the same on every stage
-without carrying them. As in the library model, each is built once per forward pass and stage, not per layer
-(`ForwardShared`): building the mask reads the padding mask on the host, a device sync on a GPU.
+without carrying them. As in the library model, each is built once a forward pass and stage, not per layer
+(`ptrun.models.per_pass`).
 
 Heads: `causal_lm` (final norm, `lm_head`: logits [B, T, vocab]; the loss shifts the labels) and
 `classification` / `regression` (final norm, `score` at the last real token of each sequence, which is
@@ -17,13 +17,11 @@ where the library pools, from `input_ids != pad_token_id`; here from `keep`, so 
 
 from __future__ import annotations
 
-import weakref
-from typing import Callable
-
 import torch
 from torch import nn
 
 from ptrun.compat import causal_mask_kwargs
+from ptrun.models.per_pass import PerPass
 
 
 def positions(hidden: torch.Tensor) -> torch.Tensor:
@@ -42,32 +40,6 @@ def attention_mask(config, layer: int, hidden: torch.Tensor, keep: torch.Tensor)
     make = create_sliding_window_causal_mask if sliding else create_causal_mask
     return make(config=config, inputs_embeds=hidden, attention_mask=keep > 0.5,
                 **causal_mask_kwargs(make, positions(hidden)))
-
-
-class ForwardShared:
-    """What every attention half of a forward pass needs alike (the masks by layer type, the rotary
-    embeddings), built by the first that asks and reused by the rest of that pass on the stage. A pass is
-    known by its padding mask `keep`, which the units hand on unchanged; what was built is dropped with it.
-    A recomputed unit (activation checkpointing) gets what its forward got. One per model; a copy of the
-    model starts empty."""
-
-    def __init__(self) -> None:
-        self._keep: weakref.ref | None = None
-        self._built: dict = {}
-
-    def get(self, key, keep: torch.Tensor, build: Callable[[], object]):
-        if self._keep is None or self._keep() is not keep:
-            built = self._built = {}  # a new pass; the callback clears only its own pass's entries
-            self._keep = weakref.ref(keep, lambda _: built.clear())
-        if key not in self._built:
-            self._built[key] = build()
-        return self._built[key]
-
-    def __deepcopy__(self, memo) -> "ForwardShared":
-        return ForwardShared()
-
-    def __reduce__(self):
-        return ForwardShared, ()
 
 
 class TokenEmbed(nn.Module):
@@ -92,22 +64,22 @@ class DecoderAttnHalf(nn.Module):
     and (Llama family) the model's rotary embedding."""
 
     def __init__(self, config, layer: int, norm: nn.Module, attention: nn.Module,
-                 rotary: nn.Module | None = None, shared: ForwardShared | None = None) -> None:
+                 rotary: nn.Module | None = None, per_pass: PerPass | None = None) -> None:
         super().__init__()
         self.config, self.layer = config, layer
         # The rotary embedding holds buffers only (no parameter), so every attention half may register the
         # model's one module: it then moves with each stage to its device.
         self.norm, self.attention, self.rotary = norm, attention, rotary
-        self.shared = shared or ForwardShared()
+        self.per_pass = per_pass or PerPass()
         types = getattr(config, "layer_types", None)
         self.mask_kind = types[layer] if types else "attention"  # the layers of one type share a mask
 
     def forward(self, hidden: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = self.shared.get((self.mask_kind, hidden.dtype), keep,
+        mask = self.per_pass.get((self.mask_kind, hidden.dtype), keep,
                                lambda: attention_mask(self.config, self.layer, hidden, keep))
         extra = {}
         if self.rotary is not None:
-            extra["position_embeddings"] = self.shared.get(("rotary", hidden.dtype), keep,
+            extra["position_embeddings"] = self.per_pass.get(("rotary", hidden.dtype), keep,
                                                            lambda: self.rotary(hidden, positions(hidden)))
         out = self.attention(self.norm(hidden), attention_mask=mask, **extra)
         return hidden + (out[0] if isinstance(out, tuple) else out), keep
@@ -151,17 +123,17 @@ class LastTokenHead(nn.Module):
 def split_decoder(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of a GPT-2 or Llama-family task model."""
     base = getattr(model, model.base_model_prefix)
-    config, shared = model.config, ForwardShared()
+    config, per_pass = model.config, PerPass()
     if hasattr(base, "wte"):  # GPT-2: wte + wpe, blocks of (ln_1, attn, ln_2, mlp), ln_f
         units: list[nn.Module] = [TokenEmbed(base.wte, base.wpe, base.drop)]
         for i, block in enumerate(base.h):
-            units += [DecoderAttnHalf(config, i, block.ln_1, block.attn, shared=shared),
+            units += [DecoderAttnHalf(config, i, block.ln_1, block.attn, per_pass=per_pass),
                       DecoderMlpHalf(block.ln_2, block.mlp)]
         final_norm = base.ln_f
     else:  # Llama family: embed_tokens, layers of (input_layernorm, self_attn, post_attention_layernorm, mlp)
         units = [TokenEmbed(base.embed_tokens)]
         for i, layer in enumerate(base.layers):
-            units += [DecoderAttnHalf(config, i, layer.input_layernorm, layer.self_attn, base.rotary_emb, shared),
+            units += [DecoderAttnHalf(config, i, layer.input_layernorm, layer.self_attn, base.rotary_emb, per_pass),
                       DecoderMlpHalf(layer.post_attention_layernorm, layer.mlp)]
         final_norm = base.norm
     if task == "causal_lm":

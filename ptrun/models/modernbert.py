@@ -4,8 +4,8 @@ embed | (attention half, MLP half) x L | head. ModernBERT's layer is pre-norm li
 then x + mlp(norm(x)); layer 0's attention norm is an identity), so the embedding and MLP halves are the
 decoders' (`ptrun.models.decoders`) and every unit after the embedding takes and returns `(hidden, keep)`, `keep`
 being the float 0/1 padding mask [B, T]. The library runs the padded path here (its masks are built from the
-padding mask; nothing is unpadded). What it builds once at model level, each attention half builds for its own
-layer on its own stage, with the library's own functions:
+padding mask; nothing is unpadded). What it builds once at model level, the attention halves build once a pass on
+each stage (`ptrun.models.per_pass`), for their layer's type, with the library's own functions:
 
 - the mask of the layer's type (`config.layer_types`): `create_bidirectional_mask` for a global layer,
   `create_bidirectional_sliding_window_mask` for a local one (window `local_attention`), as the model does;
@@ -25,15 +25,18 @@ import torch
 from torch import nn
 
 from ptrun.models.decoders import DecoderMlpHalf, TokenEmbed, positions
+from ptrun.models.per_pass import PerPass
 
 
 class ModernBertAttnHalf(nn.Module):
     """x + attention(attn_norm(x)) with the mask and rotary embedding of the layer's type."""
 
-    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module) -> None:
+    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module,
+                 per_pass: PerPass | None = None) -> None:
         super().__init__()
         self.config, self.layer_type = config, layer_type
         self.norm, self.attention, self.rotary = norm, attention, rotary
+        self.per_pass = per_pass or PerPass()
 
     def mask(self, hidden: torch.Tensor, keep: torch.Tensor):
         """The library model's mask for this layer's type (None where sdpa needs none: no padding)."""
@@ -44,8 +47,11 @@ class ModernBertAttnHalf(nn.Module):
         return make(config=self.config, inputs_embeds=hidden, attention_mask=keep > 0.5)
 
     def forward(self, hidden: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rope = self.rotary(hidden, positions(hidden), self.layer_type)
-        out, _ = self.attention(self.norm(hidden), position_embeddings=rope, attention_mask=self.mask(hidden, keep))
+        key = (self.layer_type, hidden.dtype)  # the layers of one type share a mask and a rotary table
+        rope = self.per_pass.get(("rotary", *key), keep,
+                                 lambda: self.rotary(hidden, positions(hidden), self.layer_type))
+        mask = self.per_pass.get(("mask", *key), keep, lambda: self.mask(hidden, keep))
+        out, _ = self.attention(self.norm(hidden), position_embeddings=rope, attention_mask=mask)
         return hidden + out, keep
 
 
@@ -71,11 +77,11 @@ class ModernBertHead(nn.Module):
 def split_modernbert(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of a ModernBERT task model (`...ForSequenceClassification`, `...ForQuestionAnswering`)."""
     base = model.model
-    config = model.config
+    config, per_pass = model.config, PerPass()
     units: list[nn.Module] = [TokenEmbed(base.embeddings)]
     for layer in base.layers:
-        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb),
-                  DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
+        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb,
+                                     per_pass), DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
     pooling = None if task == "qa" else config.classifier_pooling
     units.append(ModernBertHead(base.final_norm, model.head, model.drop, model.classifier, pooling))
     return units
