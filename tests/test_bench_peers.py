@@ -456,7 +456,7 @@ def test_perplexity_aggregate_table_and_caption():
     assert (check["ptrun"], check["peer"]) == (C, A)
     assert check["rounds"] == pytest.approx([20.4 / 20.0, 17.5 / 19.0]) and check["passed"] is True  # median 0.97
     text = bench_peers.table(result)
-    assert text.splitlines()[0] == ("| run | wall (s) | training (s) | start-up overhead (s) | samples/s | final "
+    assert text.splitlines()[0] == ("| run | wall (s) | training (s) | outside training (s) | samples/s | final "
                                     "perplexity | time to target (s) | speedup, wall | speedup, training | mean "
                                     "perplexity |")
     # samples/s with two decimals: a causal LM trains a few blocks a second

@@ -20,10 +20,15 @@ def test_a_profiled_1f1b_step_records_each_pass_in_causal_order_and_is_drawn(tmp
                  "checkpoint.every_epochs=0", "train.export=false"], run)
     # The profile: steps 1-2 (the run ends before a third), each stage's own operators and what it sends to and
     # receives from the other stage (activations one way, their gradients the other).
+    # The table's first line counts the trace's reads of a value on the host (on a GPU, each a wait for it).
     for rank in (0, 1):
-        assert (run / "profile" / f"rank{rank}.txt").read_text().startswith(f"steps 1-2, rank {rank}, by ")
-        names = {e.get("name") for e in json.loads((run / "profile" / f"rank{rank}.json").read_text())["traceEvents"]}
+        header = (run / "profile" / f"rank{rank}.txt").read_text().splitlines()[0]
+        events = json.loads((run / "profile" / f"rank{rank}.json").read_text())["traceEvents"]
+        names = {e.get("name") for e in events}
         assert {"aten::mm", "c10d::send", "c10d::recv_"} <= names, sorted(n for n in names if n and "c10d" in n)
+        reads = sum(e.get("name") == "aten::_local_scalar_dense" for e in events)
+        assert header.startswith(f"steps 1-2, rank {rank}, by ")
+        assert header.endswith(f"; {reads} host reads of a tensor's value ({reads / 2:.1f} a step)"), header
     record = json.loads((run / "timeline.json").read_text())
     assert record["step"] == 1 and record["plan"]["pp"] == 2
     passes = {(e["stage"], e["kind"], e["microbatch"]): e for e in record["events"]}

@@ -249,7 +249,7 @@ def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP
 
 
 def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
-    """One round's rows: each run's measurements plus its start-up overhead, the round's target (the best
+    """One round's rows: each run's measurements plus its time outside training, the round's target (the best
     plain peer's final metric: the highest top-1, the lowest perplexity) and the time to it, and speedups
     against the round's faster plain peer."""
     peers = [r for r in runs if r["label"] in PEERS]
@@ -294,7 +294,7 @@ def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
 
 COLUMNS = {c[1]: c for c in (
     ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
-    ("start-up overhead (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
+    ("outside training (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
     *((f"final {m.name}", f"final_{m.key}", ".2f", "") for m in BY_KEY.values()),
     ("time to target (s)", "time_to_target_s", ".1f", ""),
     ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x"),
@@ -331,8 +331,8 @@ def table(result: dict) -> str:
                          f"| {c['floor']:.2f}x: {verdict} |")
     split = [r for r in result["rows"] if r.get("to_first_step_s") is not None]
     if split:
-        lines += ["", "| outside training (s) | to the first step | evaluation | the rest: layout changes, "
-                      "checkpoints, export, exit |", "|---|---|---|---|"]
+        lines += ["", "| where the time outside training went (s) | to the first step | evaluation | the rest: layout "
+                      "changes, checkpoints, export, exit |", "|---|---|---|---|"]
         lines += [f"| {r['label']} | " + " | ".join(cell(r, k, ".1f", "", n) for k in OUTSIDE) + " |" for r in split]
     signal = [r for r in result["rows"] if r.get("signal_share")]
     if signal:

@@ -39,8 +39,9 @@ class TrainConfig:
     profile_step: Optional[int] = None
     """Profile `PROFILE_STEPS` (3) steps from this (0-based) step of the run on with torch.profiler: every
     operator and, on a GPU, every kernel, per rank into RUN_DIR/profile/rankR.json (a Chrome trace:
-    https://ui.perfetto.dev) and rankR.txt (the operators by self time). A step after a freeze shows what
-    training costs with it. None = off."""
+    https://ui.perfetto.dev) and rankR.txt (the operators by self time, after a line that counts the host's
+    reads of tensor values: on a GPU, each a wait for the device). A step after a freeze shows what training
+    costs with it. None = off."""
     precision: str = choice("fp32", PRECISIONS)
     """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
     loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and

@@ -87,15 +87,15 @@ def profiler_activities(device: torch.device) -> list:
     return activities
 
 
-HOST_READS = ("aten::item", "aten::is_nonzero")
-"""The operators that read a tensor's value on the host (`.item()`, `bool(t)`): on a GPU each waits for the
-device's queue to drain, so the host can no longer run ahead of the kernels (on a CPU they count reads of host
-tensors too)."""
+HOST_READ = "aten::_local_scalar_dense"
+"""The operator every read of a tensor's value on the host ends in (`.item()`, `bool(t)`, `float(t)`): on a GPU
+each waits for the device's queue to drain, so the host can no longer run ahead of the kernels (on a CPU it
+counts reads of host tensors too)."""
 
 
 def host_reads(prof) -> int:
     """How often the profiled code read a tensor's value on the host."""
-    return sum(e.count for e in prof.key_averages() if e.key in HOST_READS)
+    return sum(e.count for e in prof.key_averages() if e.key == HOST_READ)
 
 
 def self_time_key(device: torch.device) -> str:
