@@ -26,7 +26,10 @@ CASES = {
     # so layer 0's input crosses to the stage of the convolution
     + [Case(kind, "1F1B", 2, 1) for kind in pc.FAMILIES]
     + [Case("llama_lm", "GPipe", 1, 2), Case("llama_lm", "ZBVZeroBubble", 2, 1, 2),
-       Case("deberta-v2-conv", "Interleaved1F1B", 2, 1, 2)],
+       Case("deberta-v2-conv", "Interleaved1F1B", 2, 1, 2)]
+    # recomputed attention halves under 1F1B (a micro-batch's backward after the next one's forward) get the
+    # masks and rotary tables of their own pass (`ptrun.models.per_pass`)
+    + [Case("llama_lm", "1F1B", 2, 1, recompute="every:1"), Case("modernbert", "1F1B", 2, 1, recompute="every:1")],
     4: [Case(kind, s, pp, 4 // pp, v) for kind in ("vit", "bert") for s, v in SCHEDULES for pp in (2, 4)]
     + [Case("bert_mlm", "GPipe", 2, 2), Case("bert_mlm", "1F1B", 4, 1), Case("bert_mlm", "ZBVZeroBubble", 2, 2, 2),
        Case("vit", "GPipe", 4, 1, recompute="every:2")],
