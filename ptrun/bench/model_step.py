@@ -1,6 +1,8 @@
 """The model's own training step, ptrun's units against the library's model, in one process: what the two
-cost on the same batch of the recipe's data (its first global batch), each with fused AdamW, in interleaved
-rounds; with `--profile`, the operators (on a GPU: the kernels) each spends its time in.
+cost on the same batch of the recipe's data (its first global batch), a classifier's or a causal LM's (the
+next-token loss), each with fused AdamW, in interleaved rounds; with `--profile`, the operators (on a GPU: the
+kernels) each spends its time in, and how often a step reads a tensor's value on the host (on a GPU, each read
+waits for the device: the units should read no more often than the library's model).
 
 What the engine adds around the step (the runtime, the feed, the cache, the freeze signal) is left out on
 purpose: a gap here is the model's (its units, its masks, the kernels they pick), a gap in `bench_peers` that
@@ -9,7 +11,7 @@ is not here is the engine's.
     python -m ptrun.bench.model_step --recipe bbc_news_bert --steps 20 --profile data.max_length=512
 
 Prints one line per model (median milliseconds per step, min-max over the rounds), the ratio, and with
-`--profile` the top operators of each; `--out FILE` writes the same as JSON.
+`--profile` the host reads and top operators of each; `--out FILE` writes the same as JSON.
 """
 
 from __future__ import annotations
