@@ -150,6 +150,21 @@ def test_units_read_the_device_no_more_often_than_the_library_model(tmp_path, ki
                                        library_logits(library, b, task), rtol=0, atol=1e-5)
 
 
+def test_a_stage_shares_one_pass_across_its_checkpointed_chunks(tmp_path):
+    """A stage that recomputes every unit runs each in a chunk of its own; its forward is still one pass, so
+    it reads the device as often as the library model's forward does."""
+    from ptrun.parallel.stage_module import StageModule
+
+    path = four_layers("llama", "causal_lm", tmp_path / "llama")
+    layered, library = layered_from(path, "causal_lm"), auto_class("causal_lm").from_pretrained(path)
+    stage = StageModule(layered.units, recompute=1).train()
+    b = batch()
+    inputs = [b[k] for k in layered.input_names]
+    ours = host_reads(lambda: stage(*inputs))
+    assert ours <= host_reads(lambda: library_logits(library, b, "causal_lm")), ours
+    torch.testing.assert_close(stage(*inputs), library_logits(library, b, "causal_lm"), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind,task", tiered([(k, t) for k, t in CASES if t != "qa"]))
 def test_frozen_units_take_no_gradient_and_no_optimizer_state(saved, kind, task):
     layered = layered_from(saved[kind, task], task).train()

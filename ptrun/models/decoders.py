@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ptrun.compat import causal_mask_kwargs
-from ptrun.models.per_pass import PerPass
+from ptrun.models.per_pass import shared
 
 
 def positions(hidden: torch.Tensor) -> torch.Tensor:
@@ -64,23 +64,22 @@ class DecoderAttnHalf(nn.Module):
     and (Llama family) the model's rotary embedding."""
 
     def __init__(self, config, layer: int, norm: nn.Module, attention: nn.Module,
-                 rotary: nn.Module | None = None, per_pass: PerPass | None = None) -> None:
+                 rotary: nn.Module | None = None) -> None:
         super().__init__()
         self.config, self.layer = config, layer
         # The rotary embedding holds buffers only (no parameter), so every attention half may register the
         # model's one module: it then moves with each stage to its device.
         self.norm, self.attention, self.rotary = norm, attention, rotary
-        self.per_pass = per_pass or PerPass()
         types = getattr(config, "layer_types", None)
         self.mask_kind = types[layer] if types else "attention"  # the layers of one type share a mask
 
     def forward(self, hidden: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = self.per_pass.get((self.mask_kind, hidden.dtype), keep,
-                               lambda: attention_mask(self.config, self.layer, hidden, keep))
+        mask = shared(("mask", self.mask_kind, hidden.dtype),
+                      lambda: attention_mask(self.config, self.layer, hidden, keep))
         extra = {}
         if self.rotary is not None:
-            extra["position_embeddings"] = self.per_pass.get(("rotary", hidden.dtype), keep,
-                                                           lambda: self.rotary(hidden, positions(hidden)))
+            extra["position_embeddings"] = shared(("rotary", hidden.dtype),
+                                                  lambda: self.rotary(hidden, positions(hidden)))
         out = self.attention(self.norm(hidden), attention_mask=mask, **extra)
         return hidden + (out[0] if isinstance(out, tuple) else out), keep
 
@@ -123,17 +122,17 @@ class LastTokenHead(nn.Module):
 def split_decoder(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of a GPT-2 or Llama-family task model."""
     base = getattr(model, model.base_model_prefix)
-    config, per_pass = model.config, PerPass()
+    config = model.config
     if hasattr(base, "wte"):  # GPT-2: wte + wpe, blocks of (ln_1, attn, ln_2, mlp), ln_f
         units: list[nn.Module] = [TokenEmbed(base.wte, base.wpe, base.drop)]
         for i, block in enumerate(base.h):
-            units += [DecoderAttnHalf(config, i, block.ln_1, block.attn, per_pass=per_pass),
+            units += [DecoderAttnHalf(config, i, block.ln_1, block.attn),
                       DecoderMlpHalf(block.ln_2, block.mlp)]
         final_norm = base.ln_f
     else:  # Llama family: embed_tokens, layers of (input_layernorm, self_attn, post_attention_layernorm, mlp)
         units = [TokenEmbed(base.embed_tokens)]
         for i, layer in enumerate(base.layers):
-            units += [DecoderAttnHalf(config, i, layer.input_layernorm, layer.self_attn, base.rotary_emb, per_pass),
+            units += [DecoderAttnHalf(config, i, layer.input_layernorm, layer.self_attn, base.rotary_emb),
                       DecoderMlpHalf(layer.post_attention_layernorm, layer.mlp)]
         final_norm = base.norm
     if task == "causal_lm":

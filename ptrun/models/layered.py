@@ -33,12 +33,16 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from ptrun.models.per_pass import one_pass
+
 
 def run_units(units: Sequence[nn.Module], *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """Run `units` in order; a unit's tuple output is splatted into the next unit."""
+    """Run `units` in order; a unit's tuple output is splatted into the next unit. One pass: the units share
+    what they build for it alike (`ptrun.models.per_pass`)."""
     out: torch.Tensor | tuple[torch.Tensor, ...] = inputs
-    for unit in units:
-        out = unit(*(out if isinstance(out, tuple) else (out,)))
+    with one_pass():
+        for unit in units:
+            out = unit(*(out if isinstance(out, tuple) else (out,)))
     return out
 
 

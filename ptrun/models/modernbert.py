@@ -25,18 +25,16 @@ import torch
 from torch import nn
 
 from ptrun.models.decoders import DecoderMlpHalf, TokenEmbed, positions
-from ptrun.models.per_pass import PerPass
+from ptrun.models.per_pass import shared
 
 
 class ModernBertAttnHalf(nn.Module):
     """x + attention(attn_norm(x)) with the mask and rotary embedding of the layer's type."""
 
-    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module,
-                 per_pass: PerPass | None = None) -> None:
+    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module) -> None:
         super().__init__()
         self.config, self.layer_type = config, layer_type
         self.norm, self.attention, self.rotary = norm, attention, rotary
-        self.per_pass = per_pass or PerPass()
 
     def mask(self, hidden: torch.Tensor, keep: torch.Tensor):
         """The library model's mask for this layer's type (None where sdpa needs none: no padding)."""
@@ -48,9 +46,8 @@ class ModernBertAttnHalf(nn.Module):
 
     def forward(self, hidden: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (self.layer_type, hidden.dtype)  # the layers of one type share a mask and a rotary table
-        rope = self.per_pass.get(("rotary", *key), keep,
-                                 lambda: self.rotary(hidden, positions(hidden), self.layer_type))
-        mask = self.per_pass.get(("mask", *key), keep, lambda: self.mask(hidden, keep))
+        rope = shared(("rotary", *key), lambda: self.rotary(hidden, positions(hidden), self.layer_type))
+        mask = shared(("mask", *key), lambda: self.mask(hidden, keep))
         out, _ = self.attention(self.norm(hidden), position_embeddings=rope, attention_mask=mask)
         return hidden + out, keep
 
@@ -77,11 +74,11 @@ class ModernBertHead(nn.Module):
 def split_modernbert(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of a ModernBERT task model (`...ForSequenceClassification`, `...ForQuestionAnswering`)."""
     base = model.model
-    config, per_pass = model.config, PerPass()
+    config = model.config
     units: list[nn.Module] = [TokenEmbed(base.embeddings)]
     for layer in base.layers:
-        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb,
-                                     per_pass), DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
+        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb),
+                  DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
     pooling = None if task == "qa" else config.classifier_pooling
     units.append(ModernBertHead(base.final_norm, model.head, model.drop, model.classifier, pooling))
     return units

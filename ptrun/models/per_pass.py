@@ -1,35 +1,43 @@
-"""`PerPass`: what every attention half of one forward pass needs alike (its masks, its rotary tables), built
-once a pass and stage, as the library model builds them once a forward. Built per layer instead, each mask
-would read the padding mask on the host (transformers' masking functions check it for padding): on a GPU,
-a wait for the device at every layer."""
+"""What every attention half of one forward pass needs alike (its masks, its rotary tables), built once a pass
+as the library model builds them once a forward. Built per layer instead, each mask would read the padding
+mask on the host (transformers' masking functions check it for padding): on a GPU, a wait for the device at
+every layer.
+
+A pass is one `run_units` call (`ptrun.models.layered`) or one stage's forward (`StageModule`): one batch
+through a slice of units. Inside it `shared(key, build)` builds on the first call and hands the same object to
+the rest; outside any pass (a unit called on its own) it builds every time. What a pass built is dropped when
+the pass ends. A pass is not known by its tensors: a pipeline stage receives every step's activations into the
+same buffers, so a key made of a tensor's identity would hand one step's masks to the next."""
 
 from __future__ import annotations
 
-import weakref
-from typing import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
+
+_built: ContextVar[dict | None] = ContextVar("ptrun_per_pass", default=None)
 
 
-class PerPass:
-    """Built by the first unit that asks and reused by the rest of that pass on the stage. A pass is known by
-    its padding mask `keep`, which the units hand on unchanged; what was built is dropped with it. A
-    recomputed unit (activation checkpointing) gets what its forward got. One per model; a copy of the model
-    starts empty."""
+@contextmanager
+def one_pass() -> Iterator[None]:
+    """The units run inside share what they build with `shared`. Inside an open pass, that same pass: a stage
+    opens one for its whole forward, so its activation-checkpointed chunks share it too (their recomputation
+    in the backward pass, outside it, builds anew)."""
+    if _built.get() is not None:
+        yield
+        return
+    token = _built.set({})
+    try:
+        yield
+    finally:
+        _built.reset(token)
 
-    def __init__(self) -> None:
-        self._keep: weakref.ref | None = None
-        self._built: dict = {}
 
-    def get(self, key, keep, build: Callable[[], object]):
-        """What `build()` returns for `key` in the pass of `keep` (built on the first call of the pass)."""
-        if self._keep is None or self._keep() is not keep:
-            built = self._built = {}  # a new pass; the callback clears only its own pass's entries
-            self._keep = weakref.ref(keep, lambda _: built.clear())
-        if key not in self._built:
-            self._built[key] = build()
-        return self._built[key]
-
-    def __deepcopy__(self, memo) -> "PerPass":
-        return PerPass()
-
-    def __reduce__(self):
-        return PerPass, ()
+def shared(key, build: Callable[[], object]):
+    """What `build()` returns for `key` in this pass (built on its first call), or a new build outside a pass."""
+    built = _built.get()
+    if built is None:
+        return build()
+    if key not in built:
+        built[key] = build()
+    return built[key]

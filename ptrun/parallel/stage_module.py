@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ptrun.models.layered import run_units
+from ptrun.models.per_pass import one_pass
 from ptrun.parallel.precision import autocast
 
 
@@ -45,7 +46,7 @@ class StageModule(nn.Module):
             # Received in the compute dtype, the residual stream goes on in float32 as autocast keeps it in
             # one process: one rounding per boundary rather than bf16 sums through the rest of the model.
             carry = (carry[0].float(), *carry[1:])
-        with autocast(carry[0].device, self.compute_dtype):
+        with autocast(carry[0].device, self.compute_dtype), one_pass():
             if self.recompute is None or not training:
                 out = run_units(self.units, *carry)
             else:
