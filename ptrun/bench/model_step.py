@@ -111,9 +111,9 @@ def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3
         for _ in range(steps):
             step()
         sync(device)
-    key = self_time_key(device)
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
-    return {"host_reads_per_step": host_reads(prof) / steps,
+    key, averages = self_time_key(device), prof.key_averages()
+    events = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
+    return {"host_reads_per_step": host_reads(averages) / steps,
             "top": [{"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps,
                      "calls_per_step": e.count / steps} for e in events]}
 

@@ -265,11 +265,13 @@ def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
 def keys(metric: Metric = TOP1) -> tuple[str, ...]:
     """The measures of a row (`final_top1`, or `final_perplexity`, for the metric)."""
     return ("wall_s", "train_time_s", "overhead_s", "samples_per_s", f"final_{metric.key}", "time_to_target_s",
-            "speedup_wall", "speedup_train", *OUTSIDE, "ptrun_total_time_s", "signal_share")
+            "speedup_wall", "speedup_train", *UNTABLED)
 
 
 OUTSIDE = ("to_first_step_s", "eval_s", "rest_s")
 """The parts of a run's time outside training (`outside_training`)."""
+UNTABLED = (*OUTSIDE, "ptrun_total_time_s", "signal_share")
+"""The measures the runs' table leaves out (the parts outside training and the signal have tables of their own)."""
 
 
 def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
@@ -320,7 +322,8 @@ def caption(result: dict) -> str:
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_peers_<recipe>.json`: the runs, then the throughput checks."""
     n, metric = result["repeats"], metric_in(result)
-    shown_keys = keys(metric)[:-2 - len(OUTSIDE)] + ((f"mean_{metric.key}",) if result.get("seeds") else ())
+    seeds = [f"mean_{metric.key}"] if result.get("seeds") else []
+    shown_keys = [k for k in keys(metric) if k not in UNTABLED] + seeds
     columns = {**COLUMNS, "samples_per_s": ("samples/s", "samples_per_s", metric.samples_spec, "")}
     lines = rows_table(result["rows"], [columns[key] for key in shown_keys], n)
     if result["checks"]:

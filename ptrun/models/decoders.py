@@ -126,8 +126,7 @@ def split_decoder(model: nn.Module, task: str) -> list[nn.Module]:
     if hasattr(base, "wte"):  # GPT-2: wte + wpe, blocks of (ln_1, attn, ln_2, mlp), ln_f
         units: list[nn.Module] = [TokenEmbed(base.wte, base.wpe, base.drop)]
         for i, block in enumerate(base.h):
-            units += [DecoderAttnHalf(config, i, block.ln_1, block.attn),
-                      DecoderMlpHalf(block.ln_2, block.mlp)]
+            units += [DecoderAttnHalf(config, i, block.ln_1, block.attn), DecoderMlpHalf(block.ln_2, block.mlp)]
         final_norm = base.ln_f
     else:  # Llama family: embed_tokens, layers of (input_layernorm, self_attn, post_attention_layernorm, mlp)
         units = [TokenEmbed(base.embed_tokens)]

@@ -63,10 +63,10 @@ class StepRecorders:
         folder = self.run_dir / "profile"
         folder.mkdir(exist_ok=True)
         profiler.export_chrome_trace(str(folder / f"rank{self.rank}.json"))
-        key = self_time_key(self.device)
-        table = profiler.key_averages().table(sort_by=key, row_limit=40)
+        key, averages = self_time_key(self.device), profiler.key_averages()
+        table = averages.table(sort_by=key, row_limit=40)
         steps = f"steps {self.profile_step}-{self._last_step}"
-        reads = host_reads(profiler)
+        reads = host_reads(averages)
         (folder / f"rank{self.rank}.txt").write_text(
             f"{steps}, rank {self.rank}, by {key}; {reads} host reads of a tensor's value "
             f"({reads / (self._last_step - self.profile_step + 1):.1f} a step)\n{table}\n")
@@ -93,9 +93,9 @@ each waits for the device's queue to drain, so the host can no longer run ahead 
 counts reads of host tensors too)."""
 
 
-def host_reads(prof) -> int:
-    """How often the profiled code read a tensor's value on the host."""
-    return sum(e.count for e in prof.key_averages() if e.key == HOST_READ)
+def host_reads(averages) -> int:
+    """How often the profiled code read a tensor's value on the host, from its `key_averages()`."""
+    return sum(e.count for e in averages if e.key == HOST_READ)
 
 
 def self_time_key(device: torch.device) -> str:
