@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -120,7 +121,12 @@ def wandb_history(offline_dir: Path) -> tuple[dict[tuple[int, str], float], list
 @pytest.mark.dist
 def test_wandb_offline_run_holds_every_epochs_metrics(tmp_path, offline):
     run_dir = tmp_path / "wandb_run"
+    temporary = Path(tempfile.gettempdir())
+    before = set(temporary.glob("tmp*wandb-*"))
     run_workers(OVERRIDES + ["logger=wandb"], run_dir)
+    # the workers imported wandb, which makes temporary directories (tmp...wandb-media, tmp...wandb-artifacts)
+    # that only a normal interpreter exit removes
+    assert set(temporary.glob("tmp*wandb-*")) == before
     events = run_events(run_dir)
     run_id = json.loads((run_dir / STATE_FILE).read_text())["wandb"]
     assert run_id.startswith("wandb_run-")
