@@ -160,10 +160,13 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
         if start.slurm_note is not None:
             print(start.slurm_note, flush=True)
         _check_run_dir(run_dir, typed_cfg.train.resume)
+        # The config is good: the workers' server starts importing their modules now, beside the launcher's
+        # own imports (the rendezvous check below is the first to import torch). Should the check fail, the
+        # server ends with this process once its imports are done; no worker starts.
+        start_worker_server(typed_cfg)
         check_rendezvous(typed_cfg.launcher)
     except ConfigError as e:
         _fail_start(str(e), run_dir, created_now)
-    start_worker_server(typed_cfg)  # the input is good: the workers' imports start now, beside the launcher's own
     # The workers read the resolved config from a private copy; rank 0 writes it to RUN_DIR/config.yaml once
     # the run has started, so a start that fails on bad input leaves the run directory as it was.
     with tempfile.TemporaryDirectory(prefix="ptrun-") as tmp:

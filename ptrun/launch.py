@@ -167,11 +167,16 @@ def start_worker_server(cfg: PtrunConfig) -> str:
         return "spawn"
     from multiprocessing import forkserver
 
-    multiprocessing.set_forkserver_preload(worker_modules(cfg))
+    from ptrun.server_exit import SERVER_ENV
+
+    multiprocessing.set_forkserver_preload([*worker_modules(cfg), "ptrun.server_exit"])
+    os.environ[SERVER_ENV] = "1"  # the server's environment alone: the launcher's goes to the workers
     try:
         forkserver.ensure_running()
     except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
         return "spawn"
+    finally:
+        del os.environ[SERVER_ENV]
     return "forkserver"
 
 

@@ -38,6 +38,16 @@ def pick_device(backend: str) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
+def use_gpu_switches(switches, device: torch.device) -> None:
+    """`device.tf32` and `device.cudnn_benchmark` (`switches`, the config's `device`) for this process's kernels
+    on a GPU: torch's default is full-precision float32 matmuls, several times slower on tensor-core GPUs than
+    the TF32 a user's own loop usually turns on. Nothing on the CPU, where neither switch means anything."""
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = switches.tf32
+    torch.backends.cudnn.benchmark = switches.cudnn_benchmark
+
+
 def adopt_environment(launcher_env: dict[str, str]) -> None:
     """This worker's environment becomes the launcher's at launch time plus what elastic set for it (RANK,
     MASTER_ADDR, ...: whatever differs from the environment at import)."""
@@ -51,12 +61,16 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     """Returns rank 0's final eval. On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a
     checkpoint there and exit with 128 + the signal's number, as a shell reports a process the signal ended."""
     adopt_environment(launcher_env)
+    from ptrun.train.stats import StartClock
     from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
+
+    start_clock = StartClock()
 
     stops = StopRequests()
     stops.install()  # first: a signal during the start is kept for the first step boundary
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
+    start_clock.lap("process_group")
     stops.connect()
 
     from ptrun.train.classes import write_class_names
@@ -70,7 +84,8 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     trainer, stopped = None, 0
     try:
-        trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops)
+        trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops,
+                          start_clock=start_clock)
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
             write_class_names(trainer.data.class_names, cfg.run_dir)
@@ -127,6 +142,7 @@ def join_job(cfg, timeout: timedelta = timedelta(minutes=10)) -> tuple[torch.dev
     # times slower on x86 CPUs; flushing them to zero costs nothing in accuracy.
     torch.set_flush_denormal(True)
     device, backend = pick_device(cfg.launcher.backend)
+    use_gpu_switches(cfg.device, device)
     dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
     return device, dist.get_rank(), dist.get_world_size()
 

@@ -44,7 +44,12 @@ for label, row in rows.items():
         ratio = f" ({p / t:.2f}x)"
     part = f"{label} {t:.2f} s{ratio} {metric} {final:.2f}" if final is not None else f"{label} {t:.2f} s{ratio}"
     if row.get("to_first_step_s") is not None:  # the wall time outside training, split
-        part += (f" [wall {row['wall_s']:.1f} s: to the first step {row['to_first_step_s']:.1f}, "
+        run = row["runs"][0]
+        start = ""
+        if run.get("start_phases"):  # ptrun: the launcher's share, then the worker's phases
+            start = (f" (to the worker {run['to_worker_s']:.1f}, then "
+                     + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in run["start_phases"].items()) + ")")
+        part += (f" [wall {row['wall_s']:.1f} s: to the first step {row['to_first_step_s']:.1f}{start}, "
                  f"eval {row['eval_s']:.1f}, rest {row['rest_s']:.1f}]")
     parts.append(part)
 print(f"{job}: " + " | ".join(parts), flush=True)

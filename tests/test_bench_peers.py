@@ -513,6 +513,9 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
     assert bench_peers.outside_training(timed, spawned=None) == {}
     assert bench_peers.outside_training(dict(timed, eval_s=None), spawned=1000.0) == {}
     ptrun_run = dict(run(E, 20.0, 10.0, 200.0, [[10.0, 96.0]]), first_step_time=2004.0, eval_s=1.0)
+    # a ptrun run's worker began at 2003.2: the launcher's share of its 4 s to the first step
+    assert bench_peers.outside_training(dict(ptrun_run, worker_start_time=2003.2), 2000.0) == pytest.approx(
+        {"to_first_step_s": 4.0, "rest_s": 5.0, "to_worker_s": 3.2})
     rows = [dict(timed, **bench_peers.outside_training(timed, 1000.0)),
             dict(ptrun_run, **bench_peers.outside_training(ptrun_run, 2000.0))]
     result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}

@@ -1,11 +1,13 @@
 """The machine a run starts on: one worker per visible GPU by default, a worker count beyond the GPUs refused
 before anything starts, and the library differences ptrun gates by capability (`ptrun.compat`).
 
-The GPU count is stubbed (`torch.cuda`), which is what `launcher.nproc_per_node=auto` reads on a GPU host."""
+The GPU count is stubbed (`torch.cuda`, which `launcher.nproc_per_node=auto` reads where the launcher cannot count
+without torch): how it is counted without torch is tested in test_gpus.py."""
 
 from __future__ import annotations
 
 import inspect
+import os
 import signal
 
 import pytest
@@ -21,6 +23,7 @@ def gpus(monkeypatch):
     """Make CUDA report `n` visible GPUs."""
 
     def show(n: int) -> None:
+        monkeypatch.setattr("ptrun.config.launcher.visible_gpus_without_torch", lambda: None)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
 
@@ -152,3 +155,51 @@ def test_the_workers_preloaded_modules_leave_wandb_out(recipe):
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('wandb' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"], modules
+
+
+@pytest.mark.parametrize("server", [True, False])
+def test_the_workers_server_ends_without_tearing_down_its_libraries(server, tmp_path):
+    """The forkserver holds ptrun's stdout and stderr, which its workers write to: it must end with its launcher,
+    not after tearing down torch (`ptrun.server_exit`). In a process with the server's environment, an exit
+    handler a library registered before it is skipped (the process ends first); anywhere else (a user's or a
+    test's process importing ptrun) the module changes nothing and the handler runs."""
+    import subprocess
+    import sys
+
+    from ptrun.server_exit import SERVER_ENV
+
+    marker = tmp_path / "library_exit_handler_ran"
+    code = (f"import atexit, pathlib, torch\n"
+            f"atexit.register(pathlib.Path({str(marker)!r}).touch)\n"
+            f"import ptrun.server_exit\n")
+    env = {k: v for k, v in os.environ.items() if k != SERVER_ENV}
+    if server:
+        env[SERVER_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert marker.exists() is not server
+
+
+def test_the_gpu_switches_reach_torch_on_a_gpu_and_nothing_else_on_the_cpu():
+    """`device.tf32` and `device.cudnn_benchmark` are what a worker on a GPU runs with (TF32 matmuls by default,
+    as a user's own loop on a GPU has them); a CPU worker leaves torch's switches alone. torch's switches are
+    process-wide flags, settable without a GPU; they are put back after the test."""
+    from ptrun.config.launcher import DeviceConfig
+    from ptrun.worker import use_gpu_switches
+
+    flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
+             (torch.backends.cudnn, "benchmark")]
+    before = [getattr(owner, name) for owner, name in flags]
+    try:
+        for owner, name in flags:
+            setattr(owner, name, False)
+        gpu = torch.device("cuda", 0)
+        use_gpu_switches(DeviceConfig(), torch.device("cpu"))
+        assert [getattr(owner, name) for owner, name in flags] == [False, False, False]
+        use_gpu_switches(DeviceConfig(), gpu)
+        assert [getattr(owner, name) for owner, name in flags] == [True, True, True]
+        use_gpu_switches(DeviceConfig(tf32=False, cudnn_benchmark=True), gpu)
+        assert [getattr(owner, name) for owner, name in flags] == [False, False, True]
+    finally:
+        for (owner, name), value in zip(flags, before):
+            setattr(owner, name, value)

@@ -197,12 +197,16 @@ def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse:
 
 def outside_training(run: dict, spawned: float | None) -> dict:
     """Where a run's time outside its training loop went: from the spawn to its first training step
-    (`to_first_step_s`: imports, workers, data, model), its evaluations (`eval_s`), and the rest (`rest_s`:
-    layout changes, checkpoints, export, exit). Empty for a run measured before these were recorded."""
+    (`to_first_step_s`: imports, workers, data, model; of it, for ptrun, `to_worker_s` until its worker began:
+    the launcher and the workers' server), its evaluations (`eval_s`), and the rest (`rest_s`: layout changes,
+    checkpoints, export, exit). Empty for a run measured before these were recorded."""
     if spawned is None or run.get("first_step_time") is None or run.get("eval_s") is None:
         return {}
     to_first = run["first_step_time"] - spawned
-    return {"to_first_step_s": to_first, "rest_s": run["wall_s"] - run["train_time_s"] - to_first - run["eval_s"]}
+    split = {"to_first_step_s": to_first, "rest_s": run["wall_s"] - run["train_time_s"] - to_first - run["eval_s"]}
+    if run.get("worker_start_time") is not None:  # a ptrun run: the launcher's share of the way to the first step
+        split["to_worker_s"] = run["worker_start_time"] - spawned
+    return split
 
 
 def read_plain(run_dir: Path, metric: Metric = TOP1) -> dict:
@@ -236,9 +240,11 @@ def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
     # the host time rank 0 spent measuring what the freeze policy reads, as a share of training
     signal = sum(e["signal_s"] for e in epochs) / train_s if all("signal_s" in e for e in epochs) else None
     first = next((e["first_step_time"] for e in events if e["event"] == "epoch" and "first_step_time" in e), None)
+    start = next((e for e in events if e["event"] == "start"), {})
     return {"train_time_s": train_s, "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
             f"final_{metric.key}": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s"),
-            "signal_share": signal, "first_step_time": first, "eval_s": eval_seconds(epochs)}
+            "signal_share": signal, "first_step_time": first, "eval_s": eval_seconds(epochs),
+            "worker_start_time": start.get("worker_start_time"), "start_phases": start.get("start_phases")}
 
 
 def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP1) -> float | None:

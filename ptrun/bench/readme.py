@@ -254,11 +254,14 @@ TABLES = [
           "the loop's 98.12%. Measured after freezes that keep the layout became in-place (no process group "
           "created, nothing sent), before AutoCache kept a one-worker job's entries in the GPU's memory: every "
           "cached or cache-filling batch still went through host shared memory, a wait for the GPU per step. The "
-          "code before in-place freezes ran the default at 0.68x on the same kind of GPU."),
+          "code before in-place freezes ran the default at 0.68x on the same kind of GPU. In all four GPU runs "
+          "here ptrun multiplied float32 matrices in full precision while the loop used TF32: `device.tf32` was "
+          "documented as on by default but no worker applied it (it does since)."),
     Table("bench_peers_bbc_news_bert_512_gpu.json", "ptrun.bench.peers", "On one GPU: bbc_news_bert at 512 tokens",
           "The same three runs with `data.max_length=512`.",
           "Freezing off 0.84x the loop, the default 0.57x (0.54x before in-place freezes), the same code as at "
-          "128 tokens: the host-memory cache moves 4x the bytes a sample here."),
+          "128 tokens: the host-memory cache moves 4x the bytes a sample here, and at 512 tokens the matrices are "
+          "large enough for the loop's TF32, which ptrun lacked (above), to count."),
     Table("bench_peers_digits_vit_gpu.json", "ptrun.bench.peers", "On one GPU: digits_vit",
           "The small ViT trained from scratch (millisecond steps: per-step costs show), the same three runs.",
           "Freezing off 1.08x the loop, the default 1.11x; top-1 94.2% and 93.6% against the loop's 97.8% in this "
@@ -278,8 +281,8 @@ TABLES = [
           "On the CPU the units run at the library's speed (1.00x) and spend their time in the same operators, "
           "the CPU's flash-attention kernel with the padding mask included: at 512 tokens 64% of the articles are "
           "shorter, so every batch of 16 has padding and both pass a mask. `scripts/gpu_check.sh` runs the same "
-          "on a GPU (`steps512`), where the last run had ptrun with freezing off at 0.84x the loop at 512 tokens "
-          "against 1.18x at 128."),
+          "on a GPU (`steps512`, both models with TF32), where the last run had ptrun with freezing off at 0.84x "
+          "the loop at 512 tokens against 1.18x at 128, ptrun without TF32 and the loop with it."),
     Table("model_step_bbc_news_bert_512_gpu.json", "ptrun.bench.model_step",
           "On one GPU: the model's own step at 512 tokens",
           "The same comparison on one GPU (`scripts/gpu_check.sh`, job `steps512`): the kernels each model runs.",

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from ptrun.config.gpus import visible_gpus_without_torch
 from ptrun.config.rules import check_choices, choice, either, parse_memory, require
 from ptrun.errors import ConfigError
 
@@ -35,8 +36,9 @@ class LauncherConfig:
     max_restarts: int = 3
     """Elastic restarts of the worker group after a failure (a worker dying, a machine lost) before the job
     fails; taking in a machine that joins does not count."""
-    monitor_interval: float = 0.5
-    """Seconds between the elastic agent's health checks of its workers."""
+    monitor_interval: float = 0.1
+    """Seconds between the elastic agent's health checks of its workers (torchrun's default): also how long a
+    finished run may wait for the agent to see its workers have ended."""
     stop_timeout: int = 60
     """Seconds the workers get after Ctrl-C or SIGTERM to finish their step and write a checkpoint before
     they are killed (keep it below the scheduler's grace period, e.g. SLURM's `--signal=B:TERM@SECONDS`)."""
@@ -86,9 +88,13 @@ machine, ptrun's default worker count."""
 
 def visible_gpus(lc: LauncherConfig) -> int:
     """The GPUs this machine's workers will use: those CUDA sees when `backend` lets them (the rule of
-    `ptrun.worker.pick_device`), else 0. Imports torch (seconds): called only where the answer matters."""
+    `ptrun.worker.pick_device`), else 0. Without importing torch where `ptrun.config.gpus` can tell (torch costs
+    seconds to import); called only where the answer matters."""
     if lc.backend == "gloo":
         return 0
+    counted = visible_gpus_without_torch()
+    if counted is not None:
+        return counted
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -96,8 +102,7 @@ def visible_gpus(lc: LauncherConfig) -> int:
 
 def workers_per_node(lc: LauncherConfig) -> int:
     """`launcher.nproc_per_node` as the number of workers the launcher starts on this machine: an integer as
-    given; `auto`: one per visible GPU when the workers will use CUDA, else CPU_WORKERS. torch is imported
-    for `auto` only: it costs seconds, and validation runs before every start."""
+    given; `auto`: one per visible GPU when the workers will use CUDA, else CPU_WORKERS (`visible_gpus`)."""
     if lc.nproc_per_node != "auto":
         return lc.nproc_per_node  # type: ignore[return-value]
     return visible_gpus(lc) or CPU_WORKERS

@@ -1,7 +1,9 @@
 """What rank 0 tells the user and the run record: `metrics.jsonl`, the log, and the terminal.
 
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
-  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "resumed_from": ...}
+  {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "params": P,
+   "resumed_from": ..., "worker_start_time": ... (Unix time rank 0's worker began), "start_phases": {"process_group_s",
+   "data_s", "model_s", "controller_s", "cache_s", "layout_s"} (seconds of each, in order, from then to the start)}
   {"event": "plan", "epoch": E, "step": S, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
    "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
    after a layout change "moved_bytes" (parameters and optimizer state sent between the workers); one at each
@@ -185,10 +187,11 @@ def layout_table(plan, unit_names: list[str]):
 
 # ---- the terminal's lines ---------------------------------------------------------------------------------
 
-def start_line(model: str, units: int, params: int, train: int, evals: int, workers: int, device: str,
-               precision: str, run_dir: str) -> str:
-    return (f"ptrun: {model} ({units} units, {params / 1e6:.2f} M params) on {train} train / {evals} eval "
-            f"samples; {workers} workers on {device}, precision {precision}; run dir {run_dir}")
+def start_line(start: dict, run_dir: str) -> str:
+    """The terminal's first line, from the start event's fields."""
+    return (f"ptrun: {start['model']} ({start['num_units']} units, {start['params'] / 1e6:.2f} M params) on "
+            f"{start['train_samples']} train / {start['eval_samples']} eval samples; {start['world_size']} workers "
+            f"on {start['device'].split(':')[0]}, precision {start['precision']}; run dir {run_dir}")
 
 
 def served(counters: dict, prefix: str = "") -> str:

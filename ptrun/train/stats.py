@@ -23,6 +23,24 @@ its epoch event records when they ended (`warm_up_end_time`), and the savings es
 all-training rate."""
 
 
+class StartClock:
+    """Where a worker's start went, for the start event: when the worker began (a Unix time: what precedes it,
+    from the command, is the launcher's and the workers' server's imports) and the seconds of each phase after
+    it, in order (the process group, the data, the model, the controller, the cache, the first layout). On a
+    GPU these are where the start differs from a loop without ptrun; `scripts/gpu_check.sh` prints them."""
+
+    def __init__(self):
+        self.began = round(time.time(), 3)
+        self.phases: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """`phase` ended now: the seconds since the last lap (or the worker's beginning) are its."""
+        now = time.perf_counter()
+        self.phases[f"{phase}_s"] = round(now - self._last, 3)
+        self._last = now
+
+
 class StepClock:
     """When this process's first training step began (before its forward pass) and ended (after its update),
     and when its warm-up ended, as Unix times on the clock of the events' `time`: the epoch event of the epoch

@@ -56,10 +56,11 @@ about to start -> the plan to train it in (the same on every rank)."""
 
 class Trainer:
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
-                 stops: StopRequests | None = None, decide: Decide | None = None):
+                 stops: StopRequests | None = None, decide: Decide | None = None,
+                 start_clock: stats.StartClock | None = None):
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.decide = decide
-        self.is_main = rank == 0
+        self.start_clock = start_clock = start_clock or stats.StartClock()
+        self.decide, self.is_main = decide, rank == 0
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
         self.announced = False  # the start event written: from here on the run has a record to continue
@@ -68,30 +69,32 @@ class Trainer:
         agree_on_classes(self.data.class_names)
         if resume:
             check_resumed_classes(self.data.class_names, cfg.run_dir)
+        start_clock.lap("data")
         torch.manual_seed(cfg.train.seed)  # identical per-unit initial values on every rank
         # No unit has values yet: a worker fills its own stages' units once it knows its layout (apply_plan).
         self.layered = build_model(cfg.model, num_classes=self.data.num_classes, img_size=self.data.image_size,
                                    in_chans=self.data.in_chans, vocab_size=self.data.vocab_size, units=())
         self.param_name = {id(p): n for n, p in self.layered.model.named_parameters()}
         # `pipe.length=auto` and an unset micro-batch count need the model and the devices: filled here, once.
-        self.cfg, self.length_choice = startup.fill_length(cfg, self.layered, self.data, world_size, device)
-        cfg = self.cfg
+        cfg, self.length_choice = startup.fill_length(cfg, self.layered, self.data, world_size, device)
+        self.cfg = cfg
+        start_clock.lap("model")
         self.loss = WeightedLoss(cfg.model.task)
         self.compute_dtype = compute_dtype(cfg.train.precision)
         self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
-        pipe = cfg.pipe
-        self.builder = Builder(self.layered, rank, device, self.loss, cfg.optim, self.param_name, pipe.recompute,
-                               self.compute_dtype, pipe.weight_stashing, pipe.vertical_sync)
+        self.builder = Builder(self.layered, rank, device, self.loss, cfg.optim, self.param_name, cfg.pipe.recompute,
+                               self.compute_dtype, cfg.pipe.weight_stashing, cfg.pipe.vertical_sync)
         """What this worker's layouts are built from (the same for every Plan)."""
         self.pin_memory = device.type == "cuda" and cfg.device.pin_memory
-        self.train_sampler = EpochSampler(len(self.data.train), cfg.train.global_batch_size, cfg.train.seed)
-        self.eval_sampler = EpochSampler(len(self.data.eval), cfg.train.global_batch_size, cfg.train.seed,
-                                         shuffle=False)
+        batch, seed = cfg.train.global_batch_size, cfg.train.seed
+        self.train_sampler = EpochSampler(len(self.data.train), batch, seed)
+        self.eval_sampler = EpochSampler(len(self.data.eval), batch, seed, shuffle=False)
         base_steps = self._epoch_steps()
         self.positions = Positions(base_steps, base_steps, cfg.freeze.every, cfg.freeze.every_steps, cfg.auto.freeze)
         self.total_steps = cfg.train.epochs * base_steps
         self.controller, self.tuning = startup.start_controller(cfg, self.layered, self.builder, self.data,
                                                                 self.train_sampler, world_size, base_steps)
+        start_clock.lap("controller")
         self.state = TrainState()
         # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
         self.signal = make_signal(self.controller.signal, self.layered.num_blocks, device)
@@ -99,6 +102,7 @@ class Trainer:
         if cfg.auto.cache:
             self.cache, self.plain_train = startup.make_cache(cfg, self.layered, self.data, device,
                                                               self.compute_dtype, self.is_main)
+        start_clock.lap("cache")
         self.view = ProgressView(enabled=self.is_main)
         # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
         self.live_view = bool(self.all_sum([float(self.view.live)]).item())
@@ -113,6 +117,7 @@ class Trainer:
             if self.is_main:  # rank 0 alone: the all-reduce at the decision counts it once
                 self.signal.resume(self.state.progress)
         self.apply_plan(plan, optimizer_states)
+        start_clock.lap("layout")
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.signal.begin()
         faults.reached("start", self.state.global_step)
@@ -361,14 +366,13 @@ class Trainer:
         """The start event and the terminal's first lines."""
         cfg = self.cfg
         self.announced = True
-        self._event("start", world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
-                    num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
-                    train_samples=len(self.data.train), eval_samples=len(self.data.eval),
-                    resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
-        self.view.print(start_line(cfg.model.name, len(self.layered.units),
-                                   sum(s.numel() for s in self.layered.param_shapes.values()), len(self.data.train),
-                                   len(self.data.eval), self.world_size, self.device.type, cfg.train.precision,
-                                   cfg.run_dir))
+        start = dict(world_size=self.world_size, recipe=cfg.recipe, model=cfg.model.name,
+                     num_units=len(self.layered.units), num_blocks=self.layered.num_blocks,
+                     params=sum(s.numel() for s in self.layered.param_shapes.values()),
+                     train_samples=len(self.data.train), eval_samples=len(self.data.eval),
+                     resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
+        self._event("start", **start, worker_start_time=self.start_clock.began, start_phases=self.start_clock.phases)
+        self.view.print(start_line(start, cfg.run_dir))
         for choice in (self.length_choice, self.tuning):
             if choice is not None:
                 self.view.print(choice.summary())
