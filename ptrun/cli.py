@@ -66,11 +66,15 @@ def recipe_summaries() -> dict[str, str]:
 def checked_start(overrides: list[str]) -> Resolved:
     """A single run's config, resolved once and for this machine, with what the workers would otherwise find
     out first checked now (the run directory can be made; an `hf` source's columns and labels), so bad input
-    fails before anything is created."""
+    fails before anything is created. Once the config itself is good, the workers' server starts importing
+    their modules, beside the checks that read files; a check that fails stops it (no worker has started)."""
+    from ptrun.launch import start_worker_server
+
     try:
         start = for_this_machine(resolve(overrides, os.environ))
         cfg = start.cfg
         _check_run_dir_path(cfg.run_dir)
+        start_worker_server(cfg)
         if cfg.data.name == "hf":  # its columns and labels, read before any worker starts
             from ptrun.data.hf_source import check_hf_source
             from ptrun.train.classes import check_resumed_classes
@@ -79,7 +83,7 @@ def checked_start(overrides: list[str]) -> Resolved:
             if cfg.train.resume:
                 check_resumed_classes(class_names, cfg.run_dir)
     except ConfigError as e:
-        _fail(str(e))
+        _fail_start(str(e))
     return start
 
 
@@ -160,9 +164,8 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
         if start.slurm_note is not None:
             print(start.slurm_note, flush=True)
         _check_run_dir(run_dir, typed_cfg.train.resume)
-        # The config is good: the workers' server starts importing their modules now, beside the launcher's
-        # own imports (the rendezvous check below is the first to import torch). Should the check fail, the
-        # server ends with this process once its imports are done; no worker starts.
+        # The workers' server imports their modules beside the launcher's own imports (the rendezvous check is
+        # the first to import torch); a single run started it already (`checked_start`), a sweep's job here.
         start_worker_server(typed_cfg)
         check_rendezvous(typed_cfg.launcher)
     except ConfigError as e:
@@ -207,10 +210,13 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
     raise SystemExit(code)
 
 
-def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
-    """Bad input: the one-line error, and the run directory created for this start removed again (if nothing
-    was written into it)."""
-    if created_now and run_dir.is_dir() and not any(run_dir.iterdir()):
+def _fail_start(message: str, run_dir: Path | None = None, created_now: bool = False) -> "NoReturn":  # noqa: F821
+    """Bad input: the one-line error, the workers' server stopped if it had started, and the run directory
+    created for this start removed again (if nothing was written into it)."""
+    from ptrun.launch import stop_worker_server
+
+    stop_worker_server()
+    if created_now and run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
     _fail(message)
 

@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -178,6 +179,18 @@ def start_worker_server(cfg: PtrunConfig) -> str:
     finally:
         del os.environ[SERVER_ENV]
     return "forkserver"
+
+
+def stop_worker_server() -> None:
+    """End the workers' server this process started, at once: a start refused after the server began importing
+    (it has started no worker, and would otherwise finish its imports before it noticed); nothing without one."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the module's instance, which `ensure_running` started
+    if getattr(server, "_forkserver_pid", None) is None:
+        return
+    os.kill(server._forkserver_pid, signal.SIGKILL)
+    server._stop()  # reaps it and removes its socket file
 
 
 def say_waiting(config) -> None:

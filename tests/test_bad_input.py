@@ -111,11 +111,16 @@ def run_case(case: str, run_dir: Path, *args: str, cli=None, may_add: bool = Fal
     """Run `ptrun train ARGS` on `run_dir`, in this process through `cli` (the fixture) where given, else in
     a process of its own; check the one-line error, and that every file the run directory held before is
     unchanged. A failed start adds nothing either, unless `may_add` (a run that had started before it met
-    the bad input). Returns the error line and the files added."""
+    the bad input), and in this process no workers' server is left running. Returns the error line and the
+    files added."""
     before = snapshot(run_dir) if run_dir.exists() else {}
     argv = [*args, f"hydra.run.dir={run_dir}"]
     out = cli("train", *argv, cwd=run_dir.parent) if cli else ptrun_train(*argv, cwd=run_dir.parent, **kwargs)
     assert_one_line(out, case)
+    if cli:  # the workers' server, started once the config was good, went with the refusal
+        from multiprocessing import forkserver
+
+        assert forkserver._forkserver._forkserver_pid is None, case
     after = snapshot(run_dir) if run_dir.exists() else {}
     assert {k: after.get(k) for k in before} == before
     if not may_add:

@@ -216,7 +216,7 @@ class AutoCache:
         out = [t.to(self.device, non_blocking=True) for t in batch.pop("cache_tensors")]
         stats["corrupt"] += batch.pop("cache_corrupt")
         ids = (batch["index"] + self.offset[split]).tolist()
-        real = batch["weight"] > 0
+        real = (batch["weight"] > 0).tolist()  # one conversion, not a tensor read per row
         for start in sorted(set(depth_of) - {self.depth}):
             rows = [i for i, d in enumerate(depth_of) if d == start]
             index = device_index(rows, self.device)

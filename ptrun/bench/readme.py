@@ -195,21 +195,24 @@ TABLES = [
           "cache that run filled (every later run), in interleaved rounds of a few steps each "
           "(`scripts/bench_startup.py`). Times run from spawning the command; ptrun's start event is written "
           "once its workers hold their data, model and first layout. The plain loop tokenizes on every run.",
-          "With the cache warm ptrun reached its first step 1.9 s after the plain loop (3.0 s on the first run "
-          "on the file). What is left is serial work before the workers exist: the launcher reads the user's "
-          "file once to refuse bad columns or labels before any worker starts (the `datasets` import and read), "
-          "then the workers' server imports torch, the trainer and transformers while the launcher imports "
-          "elastic and forms the rendezvous.", optional=True),
+          "With the cache warm ptrun reached its first step 0.8 s before the plain loop (0.7-1.4 s over the "
+          "rounds); the first run on the file, which tokenizes it, level with the loop. Once the config is "
+          "checked (0.3 s, without torch) the workers' server imports torch, the trainer and transformers while "
+          "the launcher reads the user's file to refuse bad columns or labels (a refusal stops the server), "
+          "imports elastic and forms the rendezvous. With the server started after that read and the launcher's "
+          "own torch import, the warm start came 0.4 s after the loop's that day (1.9 s the day before).",
+          optional=True),
     Table("bench_startup_bbc_news_bert.json", "ptrun.bench.startup",
           "Start-up: process start to the first step, bbc_news_bert",
           "The same on the embedded default: the plain loop against `ptrun train` with the tokenized-data "
           "cache empty and warm (the packaged corpus is tokenized once into it).",
-          "With the cache warm ptrun's first step came 0.1 s after the plain loop's (0.0-0.8 s over the "
-          "rounds); the first run, which tokenizes, 1.3 s after. On the code before this start-up work (a unit "
-          "profile at every start, the launcher's checks importing torch and torchvision, the workers' server "
-          "starting after the launcher's imports, the packaged corpus tokenized by every worker on every run) "
-          "the same benchmark put ptrun 8.6 s behind the plain loop on text_classification (8.3 s warm).",
-          optional=True),
+          "With the cache warm ptrun's first step came 0.8 s before the plain loop's (0.7-0.8 s over the "
+          "rounds); the first run, which tokenizes, level with it. The launcher no longer imports torch before "
+          "starting the workers' server (for its GPU count and rendezvous check): side by side, 4 rounds of "
+          "`ptrun train recipe=bbc_news_bert train.epochs=1 train.max_steps_per_epoch=3` on each code, the start "
+          "event moved from 6.4 to 5.5 s. Before the earlier start-up work (a unit profile at every start, the "
+          "packaged corpus tokenized by every worker on every run) ptrun was 8.6 s behind the loop on "
+          "text_classification.", optional=True),
     Table("bench_overhead_bbc_news_bert_small.json", "ptrun.bench.overhead",
           "ptrun against a loop frozen by hand: tiny model, steps of milliseconds",
           "What ptrun's machinery costs where a step takes tens of milliseconds, as a real model's does on a "
@@ -244,8 +247,8 @@ TABLES = [
           "with the same last-epoch training loss (0.3615); the oracle, following that schedule, ended at 0.3350. "
           "The plain loop and ptrun do not train step for step alike even without freezing (on the tiny model "
           "after 16 steps, both unfrozen, they ended 0.2% apart; likely their classifier heads' different random "
-          "initial values): that the"" oracle froze the right units and dropped them from its optimizer is checked by "
-          "`tests/test_bench_overhead.py`, not by the loss.", optional=True),
+          "initial values): that the oracle froze the right units and dropped them from its optimizer is checked "
+          "by `tests/test_bench_overhead.py`, not by the loss.", optional=True),
     Table("bench_peers_bbc_news_bert_gpu.json", "ptrun.bench.peers", "On one GPU: bbc_news_bert at 128 tokens",
           "`scripts/gpu_check.sh` on one H100 (the host's own torch 2.11 and transformers 5.17): the plain "
           "transformers loop (fused AdamW, TF32, one process), ptrun with freezing off, and ptrun's default (one "
@@ -255,8 +258,7 @@ TABLES = [
           "created, nothing sent), before AutoCache kept a one-worker job's entries in the GPU's memory: every "
           "cached or cache-filling batch still went through host shared memory, a wait for the GPU per step. The "
           "code before in-place freezes ran the default at 0.68x on the same kind of GPU. In all four GPU runs "
-          "here ptrun multiplied float32 matrices in full precision while the loop used TF32: `device.tf32` was "
-          "documented as on by default but no worker applied it (it does since)."),
+          "here ptrun multiplied in full float32, the loop in TF32: no worker applied `device.tf32` (one does since)."),
     Table("bench_peers_bbc_news_bert_512_gpu.json", "ptrun.bench.peers", "On one GPU: bbc_news_bert at 512 tokens",
           "The same three runs with `data.max_length=512`.",
           "Freezing off 0.84x the loop, the default 0.57x (0.54x before in-place freezes), the same code as at "
