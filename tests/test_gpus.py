@@ -12,7 +12,7 @@ import torch
 
 from conftest import cli_env
 
-from ptrun.config.gpus import visible_of
+from ptrun.config.gpus import torch_has_cuda, visible_of
 
 SPECS = ["", "0", "1", "0,1", "1,0", "0,1,2,3", "3,0", "0,5", "5,0", "2, 3", " 1 ,0", "0,,1", "0,-1,1", "-1",
          "0,1,0", "1,1", "0,9,0", "1gpu", "GPU-4a5b", "MIG-GPU-1/2/3", "0,GPU-4a5b"]
@@ -36,6 +36,12 @@ def test_cuda_visible_devices_is_read_as_torch_reads_it(raw, monkeypatch):
         assert ours == torch_count, (spec, raw, ours, parsed)
     assert left_to_torch == {"1gpu", "GPU-4a5b", "MIG-GPU-1/2/3", "0,GPU-4a5b"}
     assert visible_of(None, raw) == raw
+
+
+def test_a_cuda_build_of_torch_is_told_without_importing_it():
+    """A CPU build of torch shows no GPU whatever the machine has; the launcher tells the builds apart by the
+    CUDA library the package ships, as torch itself says."""
+    assert torch_has_cuda() == torch.backends.cuda.is_built()
 
 
 def test_the_launcher_checks_a_start_without_importing_torch():

@@ -23,7 +23,7 @@ MEASURED = {
     "bench_peers_digits_vit.json": "2026-11-24",
     "bench_peers_digits_vit_seeds.json": "2026-11-25",
     "bench_peers_digits_vit_engine.json": "2026-11-26",
-    "bench_peers_bbc_news_bert_seeds.json": "2026-11-26",
+    "bench_peers_bbc_news_bert_seeds.json": "2026-11-27",
     "bench_peers_bbc_news_bert_policies.json": "2026-11-25",
     "bench_peers_causal_lm.json": "2026-11-25",
     "bench_pipedream.json": "2026-11-22",
@@ -88,19 +88,19 @@ TABLES = [
           "the recipe's batch, warm-up, schedule and clip, the same split and batch order, one process using "
           "both cores), one seed a round (`train.seed=0..2`: split, head initialisation and batch order), on the "
           "generic Hugging Face path that builds every encoder. The file was written by `bench_peers.py` as "
-          "`bench_peers_bbc_news_bert.json`. Measured on an otherwise idle machine; its plain loop ran 20 samples/s "
-          "(29 on the VM of the table below, 15 on the one of this table's earlier measurement).",
-          "Over seeds 0-2 ptrun finished 1.96x faster than the plain loop in wall time (1.87-2.03x; 2.02x in "
-          "training time, 1.93-2.08x) at a mean top-1 of 98.27% against the loop's 98.20%, and reached the "
-          "loop's final accuracy after 109 s of training against its 251 s. Outside training, its start-up took "
-          "as long as the loop's (6.0 s to the first step against 6.1 s), its evaluations half as long (10.9 s "
-          "against 22.1 s: AutoCache serves the eval split's frozen prefix too), and its checkpoints, export and "
-          "exit 1.7 s against the loop's 1.6 s. Measuring what the freeze policy reads (each block's gradient "
+          "`bench_peers_bbc_news_bert.json`. Measured on an otherwise idle machine (the loop: 21 samples/s).",
+          "Over seeds 0-2 ptrun finished 1.93x faster than the plain loop in wall time (1.85-1.96x; 1.97x in "
+          "training time, 1.88-1.99x) at a mean top-1 of 98.27% against the loop's 98.20%, and reached the "
+          "loop's final accuracy after 110 s of training against its 239 s. Outside training, its start-up was "
+          "shorter than the loop's (4.8 s to the first step against 5.5 s), its evaluations half as long (11.1 s "
+          "against 22.2 s: AutoCache serves the eval split's frozen prefix too), and its checkpoints, export and "
+          "exit 1.8 s against the loop's 1.5 s. Measuring what the freeze policy reads (each block's gradient "
           "norm) took 0.03% of the training time. What bounds the speedup is the recipe's freeze schedule, not "
           "the engine: its ideal, frozen layers costing nothing, is 2.47x (the interval sweep below): the first "
           "quarter epoch, the epoch that fills the cache, the embedding and the head always train. A run's own "
-          "estimate of its time without freezing (264 s in round 0) lies within 2% of the loop's training time "
-          "in that round (259 s)."),
+          "estimate of its time without freezing lies within 8% of the loop's training time in the same round "
+          "(266 against 248 s, 259 against 239 s, 274 against 255 s). The code before the launcher's faster "
+          "start measured 1.96x (1.87-2.03x), on a day the loop ran slower."),
     Table("bench_peers_digits_vit_engine.json", "ptrun.bench.peers",
           "The engine on millisecond steps: digits_vit with freezing off, before and after the step's restructuring",
           "Where per-step overhead shows on a CPU: `digits_vit`'s steps take about 8 ms, as a real model's do on a "

@@ -5,18 +5,21 @@ allows) before the workers' server may start importing torch and the model's lib
 count (and `torch.cuda.is_available()`, which initialises the CUDA driver) put seconds of a GPU machine's
 start, one or two on a CPU, in front of the workers' own imports. The common cases need neither:
 
-- a machine with no GPU driver's device files has no GPU torch could use: 0;
+- a machine with no GPU driver's device files, or a torch built without CUDA, has no GPU torch could use: 0;
 - an NVIDIA machine answers through NVML, the driver's management library, which counts devices without
   initialising CUDA (what `torch.cuda.device_count()` itself asks first), with `CUDA_VISIBLE_DEVICES` unset
   or a list of device numbers.
 
 Anything else (device UUIDs or MIG instances in `CUDA_VISIBLE_DEVICES`, a ROCm machine, NVML missing or
-failing) is left to torch, as before."""
+failing) is left to torch, as before. (Where NVML sees GPUs that CUDA cannot use, a driver too old for the
+torch, the count is NVML's: the workers then find no CUDA and train on the CPU.)"""
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
+from pathlib import Path
 from typing import Optional
 
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg", "/dev/nvmap", "/dev/nvhost-ctrl-gpu")
@@ -26,7 +29,7 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg", "/
 
 def visible_gpus_without_torch() -> Optional[int]:
     """The GPUs CUDA would show this process, or None where only torch can tell."""
-    if not any(os.path.exists(path) for path in GPU_DEVICE_FILES):
+    if not any(os.path.exists(path) for path in GPU_DEVICE_FILES) or not torch_has_cuda():
         return 0
     raw = nvml_device_count()
     return None if raw is None else visible_of(os.environ.get("CUDA_VISIBLE_DEVICES"), raw)
@@ -50,6 +53,13 @@ def visible_of(spec: Optional[str], raw: int) -> Optional[int]:
             return 0
         numbers.append(int(entry))
     return next((i for i, n in enumerate(numbers) if n >= raw), len(numbers))
+
+
+def torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build (its CUDA library is there), found without importing it: a
+    CPU build's `torch.cuda.is_available()` is always False."""
+    spec = importlib.util.find_spec("torch")
+    return spec is not None and spec.origin is not None and any(Path(spec.origin).parent.glob("lib/libtorch_cuda*"))
 
 
 def nvml_device_count() -> Optional[int]:
