@@ -154,36 +154,32 @@ def worker_environment() -> None:
 
 def start_worker_server(cfg: PtrunConfig) -> str:
     """The workers' start method, with their server started now: `ptrun train` calls this as soon as the
-    input is checked, so the server imports `worker_modules` while the launcher imports elastic and forms
-    the rendezvous (seconds of every start), and `launch_config` calls it again (then it is running).
+    config is checked, so the server imports `worker_modules` while the launcher reads the data file it
+    checks, imports elastic and forms the rendezvous (seconds of every start); `launch_config` calls it again
+    (then it is running); `ptrun train` stops it as it ends (`stop_worker_server`).
 
     Workers are forked from a forkserver that imported the modules once; spawned where the platform has no
     forkserver. Not forked from the launcher: forked workers failed elastic restarts in the full test suite
     (a re-formed job never came up); the forkserver is a fresh single-threaded process that only imported
-    modules (no CUDA, no threads, no process group), so its children start as clean as spawned ones. It lives
-    as long as this process: every restart and every later launch here (a test session's) reuses it, with
-    the modules of the first."""
+    modules (no CUDA, no threads, no process group), so its children start as clean as spawned ones. Every
+    restart and every later launch here (a test session's) reuses it, with the modules of the first."""
     worker_environment()
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     from multiprocessing import forkserver
 
-    from ptrun.server_exit import SERVER_ENV
-
-    multiprocessing.set_forkserver_preload([*worker_modules(cfg), "ptrun.server_exit"])
-    os.environ[SERVER_ENV] = "1"  # the server's environment alone: the launcher's goes to the workers
+    multiprocessing.set_forkserver_preload(worker_modules(cfg))
     try:
         forkserver.ensure_running()
     except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
         return "spawn"
-    finally:
-        del os.environ[SERVER_ENV]
     return "forkserver"
 
 
 def stop_worker_server() -> None:
-    """End the workers' server this process started, at once: a start refused after the server began importing
-    (it has started no worker, and would otherwise finish its imports before it noticed); nothing without one."""
+    """End the workers' server this process started, at once (its workers have ended, or none started), where
+    closing its pipe would have it finish what it is importing, then tear its libraries down first; nothing
+    without one."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # the module's instance, which `ensure_running` started

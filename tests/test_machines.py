@@ -7,7 +7,6 @@ without torch): how it is counted without torch is tested in test_gpus.py."""
 from __future__ import annotations
 
 import inspect
-import os
 import signal
 
 import pytest
@@ -155,29 +154,6 @@ def test_the_workers_preloaded_modules_leave_wandb_out(recipe):
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('wandb' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"], modules
-
-
-@pytest.mark.parametrize("server", [True, False])
-def test_the_workers_server_ends_without_tearing_down_its_libraries(server, tmp_path):
-    """The forkserver holds ptrun's stdout and stderr, which its workers write to: it must end with its launcher,
-    not after tearing down torch (`ptrun.server_exit`). In a process with the server's environment, an exit
-    handler a library registered before it is skipped (the process ends first); anywhere else (a user's or a
-    test's process importing ptrun) the module changes nothing and the handler runs."""
-    import subprocess
-    import sys
-
-    from ptrun.server_exit import SERVER_ENV
-
-    marker = tmp_path / "library_exit_handler_ran"
-    code = (f"import atexit, pathlib, torch\n"
-            f"atexit.register(pathlib.Path({str(marker)!r}).touch)\n"
-            f"import ptrun.server_exit\n")
-    env = {k: v for k, v in os.environ.items() if k != SERVER_ENV}
-    if server:
-        env[SERVER_ENV] = "1"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert marker.exists() is not server
 
 
 def test_the_gpu_switches_reach_torch_on_a_gpu_and_nothing_else_on_the_cpu():
