@@ -12,6 +12,7 @@ lists the cases).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -373,6 +374,8 @@ def run_plan(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The console script's entry (`argv` None: the command line's); a caller in a process that goes on passes
+    `argv`."""
     try:
         _main(argv)
     except BrokenPipeError:
@@ -380,6 +383,11 @@ def main(argv: list[str] | None = None) -> None:
         # /dev/null so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(128 + signal.SIGPIPE)
+    finally:
+        if argv is None:
+            # The process ends next: its last garbage collections would walk every object torch and elastic
+            # made (0.5 s after a run on 2 CPU cores); frozen, they are skipped. Exit handlers still run.
+            gc.freeze()
 
 
 def _main(argv: list[str] | None) -> None:

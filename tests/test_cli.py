@@ -320,3 +320,17 @@ def test_existing_run_is_not_overwritten_without_resume(tmp_path):
 def test_unknown_subcommand(tmp_path):
     out = ptrun("fly", cwd=tmp_path)
     assert out.returncode == 2 and "unknown subcommand 'fly' (allowed: train, recipes, report" in out.stderr
+
+
+@pytest.mark.parametrize("as_script", [True, False])
+def test_the_console_script_leaves_its_objects_to_the_exit_not_to_the_collector(as_script):
+    """Run as the console script (`main()` with the command line's arguments), ptrun freezes its objects as it
+    returns, so the interpreter's last collections skip them (0.5 s after a run); a caller that passes its own
+    arguments goes on living, and its collector is left as it was."""
+    call = "main()" if as_script else "main(['recipes'])"
+    code = ("import gc, sys\nfrom ptrun.cli import main\nsys.argv = ['ptrun', 'recipes']\n"
+            f"{call}\nprint(gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(as_script)
