@@ -85,7 +85,7 @@ def checked_start(overrides: list[str]) -> Resolved:
             if cfg.train.resume:
                 check_resumed_classes(class_names, cfg.run_dir)
     except ConfigError as e:
-        _fail_start(str(e))
+        _fail(str(e))
     return start
 
 
@@ -212,10 +212,10 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
     raise SystemExit(code)
 
 
-def _fail_start(message: str, run_dir: Path | None = None, created_now: bool = False) -> "NoReturn":  # noqa: F821
+def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
     """Bad input: the one-line error, and the run directory created for this start removed again (if nothing
     was written into it)."""
-    if created_now and run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
+    if created_now and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
     _fail(message)
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config import load_resolved
-from ptrun.config.launcher import worker_threads
+from ptrun.config.launcher import DeviceConfig, worker_threads
 from ptrun.errors import EXIT_BAD_INPUT, ConfigError
 
 ENV_AT_IMPORT = dict(os.environ)
@@ -38,7 +38,7 @@ def pick_device(backend: str) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def use_gpu_switches(switches, device: torch.device) -> None:
+def use_gpu_switches(switches: DeviceConfig, device: torch.device) -> None:
     """`device.tf32` and `device.cudnn_benchmark` (`switches`, the config's `device`) for this process's kernels
     on a GPU: torch's default is full-precision float32 matmuls, several times slower on tensor-core GPUs than
     the TF32 a user's own loop usually turns on. Nothing on the CPU, where neither switch means anything."""
@@ -65,7 +65,6 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
 
     start_clock = StartClock()
-
     stops = StopRequests()
     stops.install()  # first: a signal during the start is kept for the first step boundary
     cfg = load_resolved(config_path)
