@@ -248,6 +248,24 @@ def test_controller_caches_from_the_threshold_and_respects_fixed_stages():
     assert fixed.cached_units == first.stage_bounds[0][1] - 1  # the first stage keeps one unit to run
 
 
+def test_the_cache_stops_where_the_model_keeps_only_the_first_token():
+    from ptrun.auto.controller import Controller, start
+    from ptrun.config import ModelConfig, PtrunConfig
+    from ptrun.models import build_model
+
+    cfg = PtrunConfig(run_dir="unused")
+    cfg.auto.cache = True
+    cfg.train.global_batch_size = 64
+    first = start_plan()
+    capped = Controller(cfg, 8, EQUAL, first, max_cached_units=15)  # units 15, 16 return the first token only
+    assert capped.plan_for(first, 7, 8).cached_units == 15 and capped.plan_for(first, 6, 8).cached_units == 13
+    assert Controller(cfg, 8, EQUAL, first).plan_for(first, 7, 8).cached_units == 15  # uncapped: one unit a stage
+    bert = build_model(ModelConfig(name="bert-tiny", depth=4, embed_dim=32, num_heads=2, vocab_size=100),
+                       num_classes=3)
+    cfg.pipe.length, cfg.pipe.microbatches = 1, 1
+    assert start(cfg, bert, 1).max_cached_units == bert.sequence_units == 7  # embed, 3 layers: its input
+
+
 def test_a_prefix_too_long_for_the_pipeline_is_cached_shorter_not_dropped():
     from ptrun.auto.controller import Controller
     from ptrun.config import PtrunConfig

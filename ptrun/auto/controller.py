@@ -33,7 +33,8 @@ from ptrun.parallel.profile import UnitProfile
 class Controller:
     def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
                  partition_kwargs: Optional[dict[str, Any]] = None,
-                 microbatch_table: Optional[Mapping[int, int]] = None, steps_per_epoch: Optional[int] = None):
+                 microbatch_table: Optional[Mapping[int, int]] = None, steps_per_epoch: Optional[int] = None,
+                 max_cached_units: Optional[int] = None):
         self.cfg = cfg
         fr = cfg.freeze
         name = fr.policy if cfg.auto.freeze else "none"
@@ -52,6 +53,8 @@ class Controller:
                                       **self.partition_kwargs)
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
         self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
+        self.max_cached_units = max_cached_units
+        """The deepest prefix an entry can hold (`LayeredModel.sequence_units`; None: any)."""
         self.caching = cfg.auto.cache
         """Whether plans cache the frozen prefix: `auto.cache`, until the run measures the cache slower than
         recomputing the prefix (`stop_caching`)."""
@@ -74,10 +77,12 @@ class Controller:
         return self.cfg.train.global_batch_size
 
     def cached_units_for(self, frozen_units: int) -> int:
-        """AutoCache's depth for a frozen prefix: all of it once it reaches the threshold, else none."""
-        if not self.caching or frozen_units < self.min_cache_units:
+        """AutoCache's depth for a frozen prefix: all of it once it reaches the threshold (at most the units
+        whose outputs hold every token), else none."""
+        depth = min(frozen_units, self.max_cached_units if self.max_cached_units is not None else frozen_units)
+        if not self.caching or depth < self.min_cache_units:
             return 0
-        return frozen_units
+        return depth
 
     def plan_for(self, current: Plan, frozen_blocks: int, world_size: int) -> Plan:
         """The layout for `frozen_blocks` frozen blocks, starting from `current` (pure)."""
@@ -142,4 +147,4 @@ def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitP
     partition_kwargs = {} if profile is None else dict(time_costs=profile.time_s,
                                                        activation=profile.activation_bytes, bandwidth=bandwidth)
     return Controller(cfg, layered.num_blocks, param_costs(layered), first, partition_kwargs, microbatch_table,
-                      steps_per_epoch)
+                      steps_per_epoch, max_cached_units=layered.sequence_units)

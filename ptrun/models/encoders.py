@@ -7,9 +7,21 @@ transformers picks; the additive mask goes in as SDPA's `attn_mask`) or `eager`,
 scores as the library's eager forward does. The halves call the library's own modules: BERT, RoBERTa, XLM-R
 and ELECTRA share one layer layout (`attention`, `intermediate`, `output`, each with its residual add and
 LayerNorm inside); DistilBERT's block keeps the residual adds and LayerNorms beside its modules.
+
+A sequence-classification head reads the first token only ([CLS] / <s>: BERT's pooler, RoBERTa's and
+ELECTRA's classification heads, DistilBERT's pre-classifier), so the last layer's other rows are computed for
+nothing: a third of the layer's matrix work at any length, and nearly all of it once only the top layer
+trains. There the last attention half returns the first token's row only, [B, 1, H], and the MLP half after it
+runs that one row. BERT, RoBERTa, XLM-R and ELECTRA also ask the first token's query only (keys and values
+still come from every token), through the family's own cross-attention forward run on the layer's
+self-attention weights; DistilBERT's attention takes no separate query, so it runs whole and keeps one row.
+Logits and gradients are the library's.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -35,15 +47,44 @@ class EncoderEmbed(nn.Module):
 
 
 class AttnHalf(nn.Module):
-    """The layer's attention module: self-attention, output dense + dropout, LayerNorm(x + .)."""
+    """The layer's attention module: self-attention, output dense + dropout, LayerNorm(x + .). With
+    `first_token` (the family's cross-attention forward, see the module's docstring) it returns the first
+    token's row only."""
 
-    def __init__(self, attention: nn.Module) -> None:
+    def __init__(self, attention: nn.Module, first_token: Callable | None = None) -> None:
         super().__init__()
         self.attention = attention
+        self.first_token = first_token
+
+    @property
+    def first_token_only(self) -> bool:
+        """Whether the output is the first token's row only ([B, 1, H])."""
+        return self.first_token is not None
 
     def forward(self, hidden: torch.Tensor, ext_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.first_token is not None:
+            query = hidden[:, :1]
+            context = self.first_token(self.attention.self, query, encoder_hidden_states=hidden,
+                                       attention_mask=ext_mask)[0]
+            return self.attention.output(context, query), ext_mask
         out = self.attention(hidden, attention_mask=ext_mask)
         return (out[0] if isinstance(out, tuple) else out), ext_mask
+
+
+def first_token_attention(attention: nn.Module) -> Callable | None:
+    """The forward that runs `attention`'s self-attention weights for one query row: the family's own
+    `<Name>CrossAttention.forward` (BERT, RoBERTa, XLM-R and ELECTRA define it beside `<Name>SelfAttention`,
+    reading the same attributes: query, key, value, dropout, scaling), which takes queries from one tensor and
+    keys and values from another. None where the library has none, or where the layer is not plain
+    self-attention over absolute positions (a relative-position or causal one would need more than that)."""
+    inner = getattr(attention, "self", None)
+    name = type(inner).__name__
+    if inner is None or not hasattr(attention, "output") or not name.endswith("SelfAttention"):
+        return None
+    if getattr(inner, "is_causal", False) or getattr(inner, "position_embedding_type", "absolute") != "absolute":
+        return None
+    cross = getattr(sys.modules[type(inner).__module__], name[:-len("SelfAttention")] + "CrossAttention", None)
+    return getattr(cross, "forward", None)
 
 
 class MlpHalf(nn.Module):
@@ -58,15 +99,19 @@ class MlpHalf(nn.Module):
 
 
 class DistilAttnHalf(nn.Module):
-    """DistilBERT: sa_layer_norm(x + attention(x))."""
+    """DistilBERT: sa_layer_norm(x + attention(x)); the first token's row only with `first_token_only`."""
 
-    def __init__(self, attention: nn.Module, norm: nn.Module) -> None:
+    def __init__(self, attention: nn.Module, norm: nn.Module, first_token_only: bool = False) -> None:
         super().__init__()
         self.attention, self.norm = attention, norm
+        self.first_token_only = first_token_only
 
     def forward(self, hidden: torch.Tensor, ext_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.attention(hidden, attention_mask=ext_mask)
-        return self.norm((out[0] if isinstance(out, tuple) else out) + hidden), ext_mask
+        out = out[0] if isinstance(out, tuple) else out
+        if self.first_token_only:
+            out, hidden = out[:, :1], hidden[:, :1]
+        return self.norm(out + hidden), ext_mask
 
 
 class DistilMlpHalf(nn.Module):
@@ -98,16 +143,21 @@ class Head(nn.Module):
 
 def split_encoder(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of an encoder task model (`...ForSequenceClassification`, `...ForQuestionAnswering`,
-    `BertForMaskedLM`)."""
+    `BertForMaskedLM`). Under a sequence-classification head the last layer computes the first token only."""
     base = getattr(model, model.base_model_prefix)
     units: list[nn.Module] = [EncoderEmbed(base.embeddings, getattr(base, "embeddings_project", None))]
+    first_token = task in ("classification", "regression")  # each family's head pools the first token
     if hasattr(base, "transformer"):  # DistilBERT
-        for block in base.transformer.layer:
-            units += [DistilAttnHalf(block.attention, block.sa_layer_norm),
+        blocks = list(base.transformer.layer)
+        for block in blocks:
+            units += [DistilAttnHalf(block.attention, block.sa_layer_norm, first_token and block is blocks[-1]),
                       DistilMlpHalf(block.ffn, block.output_layer_norm)]
     else:
-        for layer in base.encoder.layer:
-            units += [AttnHalf(layer.attention), MlpHalf(layer.intermediate, layer.output)]
+        layers = list(base.encoder.layer)
+        for layer in layers:
+            last = first_token and layer is layers[-1]
+            units += [AttnHalf(layer.attention, first_token_attention(layer.attention) if last else None),
+                      MlpHalf(layer.intermediate, layer.output)]
     units.append(encoder_head(model, task))
     return units
 

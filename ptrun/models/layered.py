@@ -71,6 +71,10 @@ class LayeredModel(nn.Module):
         self.unit_names = (["embed"] + [f"block.{b}.{half}" for b in range(self.num_blocks)
                                         for half in ("attn", "mlp")] + ["head"])
         self.input_names = input_names
+        self.sequence_units = next((i for i, unit in enumerate(self.units) if getattr(unit, "first_token_only", False)),
+                                   len(self.units))
+        """How many leading units return every token's row. A classification head's last layer may keep the first
+        token's only (ptrun.models.encoders); AutoCache caches no deeper, where an entry would change shape."""
         self.tied: dict[str, tuple[int, ...]] = {}
         self._param_names, self._shared_names = self._partition(tied)
         self.library_config: dict = {}

@@ -95,7 +95,7 @@ def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
 
 def stand_in(costs: ModelCosts) -> SimpleNamespace:
     """What the start reads of a LayeredModel: its blocks, and units whose parameters have the analytic sizes
-    (meta-device tensors: no memory)."""
+    (meta-device tensors: no memory), every one returning the whole sequence (the costs price it so)."""
     import torch
     from torch import nn
 
@@ -104,7 +104,7 @@ def stand_in(costs: ModelCosts) -> SimpleNamespace:
         unit = nn.Module()
         unit.weight = nn.Parameter(torch.empty(int(n), device="meta"))
         units.append(unit)
-    return SimpleNamespace(units=units, num_blocks=costs.num_blocks)
+    return SimpleNamespace(units=units, num_blocks=costs.num_blocks, sequence_units=len(units))
 
 
 def start_profile(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> tuple[SimpleNamespace | None, float | None]:
