@@ -92,8 +92,25 @@ def test_units_equal_the_library_model(saved, kind, task, attention):
     assert layered.family == family(kind) and len(layered.units) == 2 * 2 + 2
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
     # the head pools the first token, so the last layer computes that row only (ptrun.models.encoders)
-    first_token = task == "classification" and kind in ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+    first_token = task == "classification" and (
+        kind in ("bert", "roberta", "xlm-roberta", "electra", "distilbert") or
+        kind == "modernbert" and library.config.classifier_pooling == "cls")
     assert layered.sequence_units == len(layered.units) - (3 if first_token else 0)
+
+
+def test_modernbert_pooling_its_first_token_computes_one_row_of_its_last_layer(tmp_path):
+    config = tiny_config("modernbert", num_labels=3)
+    config.classifier_pooling = "cls"  # the tiny one pools the mean, which reads every row
+    torch.manual_seed(0)
+    auto_class("classification").from_config(config).save_pretrained(tmp_path)
+    layered = layered_from(tmp_path, "classification").eval()
+    library = auto_class("classification").from_pretrained(tmp_path).eval()
+    b = batch()
+    with torch.no_grad():
+        ours = layered(*(b[k] for k in layered.input_names))
+        want = library_logits(library, b, "classification")
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
+    assert layered.sequence_units == len(layered.units) - 3
 
 
 def test_the_causal_lm_loss_is_the_library_loss(saved):

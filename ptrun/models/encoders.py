@@ -10,9 +10,9 @@ LayerNorm inside); DistilBERT's block keeps the residual adds and LayerNorms bes
 
 A sequence-classification head reads the first token only ([CLS] / <s>: BERT's pooler, RoBERTa's and
 ELECTRA's classification heads, DistilBERT's pre-classifier), so the last layer's other rows are computed for
-nothing: a third of the layer's matrix work at any length, and nearly all of it once only the top layer
-trains. There the last attention half returns the first token's row only, [B, 1, H], and the MLP half after it
-runs that one row. BERT, RoBERTa, XLM-R and ELECTRA also ask the first token's query only (keys and values
+nothing: all of its work but the keys and values, about five sixths of a layer (DistilBERT: its MLP, two
+thirds), in every step while the layer trains and most of a step once it is the only one. There the last
+attention half returns the first token's row only, [B, 1, H], and the MLP half after it runs that one row. BERT, RoBERTa, XLM-R and ELECTRA also ask the first token's query only (keys and values
 still come from every token), through the family's own cross-attention forward run on the layer's
 self-attention weights; DistilBERT's attention takes no separate query, so it runs whole and keeps one row.
 Logits and gradients are the library's.

@@ -16,7 +16,8 @@ each stage (`ptrun.models.per_pass`), for their layer's type, with the library's
 
 Head: the final norm, then pooling (`classifier_pooling`: the first token, or the mean over the real tokens,
 from `keep`), the prediction head (dense, activation, norm), dropout and the classifier; for `qa` the same at
-every token, without pooling.
+every token, without pooling. Under first-token pooling the last attention half keeps the first token's row
+and the MLP half after it runs that row only: the head reads nothing else (`ptrun.models.encoders` says why).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from ptrun.models.per_pass import shared
 class ModernBertAttnHalf(nn.Module):
     """x + attention(attn_norm(x)) with the mask and rotary embedding of the layer's type."""
 
-    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module) -> None:
+    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module,
+                 first_token_only: bool = False) -> None:
         super().__init__()
         self.config, self.layer_type = config, layer_type
         self.norm, self.attention, self.rotary = norm, attention, rotary
+        self.first_token_only = first_token_only
 
     def mask(self, hidden: torch.Tensor, keep: torch.Tensor):
         """The library model's mask for this layer's type (None where sdpa needs none: no padding)."""
@@ -49,6 +52,8 @@ class ModernBertAttnHalf(nn.Module):
         rope = shared(("rotary", *key), lambda: self.rotary(hidden, positions(hidden), self.layer_type))
         mask = shared(("mask", *key), lambda: self.mask(hidden, keep))
         out, _ = self.attention(self.norm(hidden), position_embeddings=rope, attention_mask=mask)
+        if self.first_token_only:
+            return hidden[:, :1] + out[:, :1], keep
         return hidden + out, keep
 
 
@@ -76,9 +81,10 @@ def split_modernbert(model: nn.Module, task: str) -> list[nn.Module]:
     base = model.model
     config = model.config
     units: list[nn.Module] = [TokenEmbed(base.embeddings)]
-    for layer in base.layers:
-        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb),
-                  DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
     pooling = None if task == "qa" else config.classifier_pooling
+    for layer in base.layers:
+        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb,
+                                     pooling == "cls" and layer is base.layers[-1]),
+                  DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
     units.append(ModernBertHead(base.final_norm, model.head, model.drop, model.classifier, pooling))
     return units
