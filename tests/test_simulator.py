@@ -75,6 +75,25 @@ def test_analytic_sizes_equal_the_built_models(tmp_path):
     assert [2 * a for a in costs.act_bytes] == prof.activation_bytes
 
 
+@pytest.mark.parametrize("task", ["classification", "qa"])
+def test_analytic_sizes_follow_the_last_layer_a_classification_head_reads(task):
+    import torch
+
+    from ptrun.config import ModelConfig
+    from ptrun.models import build_model
+    from ptrun.parallel.profile import profile_units
+
+    layered = build_model(ModelConfig(name="bert-tiny", depth=2, embed_dim=32, num_heads=2, vocab_size=100,
+                                      task=task), num_classes=3)
+    costs = bert_costs(seq_len=9, hidden=32, depth=2, intermediate=128, vocab_size=100, task=task, num_labels=3)
+    ids = torch.randint(1, 100, (2, 9))
+    prof = profile_units(layered, (ids, torch.ones_like(ids), torch.zeros_like(ids)), torch.device("cpu"), repeats=1)
+    assert [2 * a for a in costs.act_bytes] == prof.activation_bytes  # one row out of the last layer's halves
+    assert stand_in(costs).sequence_units == layered.sequence_units == (3 if task == "classification" else 6)
+    whole = bert_costs(seq_len=9, hidden=32, depth=2, intermediate=128, vocab_size=100, task="qa")
+    assert (costs.fwd_flops[-3] < whole.fwd_flops[-3]) == (task == "classification")  # the last MLP: one token
+
+
 def test_costs_from_the_recipes(tmp_path):
     _, vit = paper_config("vit_cifar100", tmp_path)
     assert vit.params[-1] == 2 * 768 + 768 * 100 + 100  # CIFAR-100's head, at 224 px (data.image_size)

@@ -25,7 +25,10 @@ Formulas (N tokens, width D, MLP hidden H = mlp_ratio x D, C input channels, P p
           size); embed = word (V D) + position (512 D) + token type (2 D) tables + LN (2 D), 0 FLOPs;
           every unit but the head also passes on the additive mask (N fp32 values a sample).
           head: qa 2 D + 2 params, 2 N D 2 FLOPs; classification pooler + classifier; mlm transform +
-          the tied decoder (V D, counted again: the head's stage holds a replica).
+          the tied decoder (V D, counted again: the head's stage holds a replica). Under a classification
+          head the last layer computes the first token's row (`ptrun.models.encoders`): its attention
+          2 N D^2 x 2 (k and v) + 2 D^2 x 2 (q and output) + 2 N D x 2 (one query's scores), DistilBERT's
+          whole; its MLP one token; both halves output one row.
     The decoders (`decoder_costs`), DeBERTa-v2 / v3 (`deberta_costs`) and ModernBERT (`modernbert_costs`)
     are priced from their whole config.json, each function saying what it counts.
 
@@ -83,6 +86,8 @@ class ModelCosts:
     gradient's backward: a frozen unit on a later pipeline stage); None: derived (`ptrun.sim.simulate`)."""
     update_seconds: Optional[tuple[float, ...]] = None
     """Measured seconds per optimizer step of each unit's parameters (clip work + optimizer); None: 0."""
+    sequence_units: Optional[int] = None
+    """How many leading units return every token's row (`LayeredModel.sequence_units`); None: all of them."""
 
     @property
     def num_units(self) -> int:
@@ -137,11 +142,19 @@ def vit_costs(*, img_size: int, patch_size: int, embed_dim: int, depth: int, mlp
 
 
 def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, vocab_size: int = 30522,
-               max_positions: int = 512, task: str = "qa", num_labels: int = 2) -> ModelCosts:
-    """Costs of a Hugging Face BERT as ptrun splits it (the mask travels with the hidden state)."""
+               max_positions: int = 512, task: str = "qa", num_labels: int = 2,
+               whole_attention: bool = False) -> ModelCosts:
+    """Costs of a Hugging Face BERT as ptrun splits it (the mask travels with the hidden state);
+    `whole_attention`: the last layer's attention runs every query under a classification head (DistilBERT)."""
     t, d = seq_len, hidden
     mask = t * FP32
     bp, bf, ba = _blocks(depth, t, d, intermediate, mask)
+    tail = task in ("classification", "regression")
+    if tail:  # the last layer computes the first token's row (ptrun.models.encoders)
+        if not whole_attention:
+            bf[-2] = 2.0 * (2 * t * d * d + 2 * d * d + 2 * t * d)
+        bf[-1] = mlp_flops(1, d, intermediate)
+        ba[-2:] = [d * FP32 + mask] * 2
     embed_p = vocab_size * d + max_positions * d + 2 * d + 2 * d
     if task == "qa":
         head = (2 * d + 2, 2.0 * t * d * 2, t * 2 * FP32)
@@ -153,7 +166,8 @@ def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, voca
     params = [embed_p, *bp, head[0]]
     flops = [0.0, *bf, head[1]]
     acts = [t * d * FP32 + mask, *ba, head[2]]
-    return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops))
+    return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops),
+                      sequence_units=2 * depth - 1 if tail else None)
 
 
 def decoder_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, heads: int, kv_heads: int,
@@ -240,7 +254,8 @@ def modernbert_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classific
     (`ptrun.models.modernbert`): pre-norm halves (layer 0's attention norm is an identity), fused QKV, a gated
     MLP (Wi: D x 2I, Wo: I x D), the padding mask travelling with the hidden state. Local layers are counted
     as global ones: the padded path computes every score and masks those outside the window. Head: final norm,
-    the prediction head (dense, norm) and the classifier, on the pooled token or (qa) every token."""
+    the prediction head (dense, norm) and the classifier, on the pooled token or (qa) every token. Pooling the
+    first token, the last layer keeps that row after its attention: its MLP runs one token."""
     t, d, i, v = seq_len, hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
     norm = d * (2 if hf.get("norm_bias", False) else 1)
     attn_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
@@ -254,9 +269,13 @@ def modernbert_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classific
     pooled = t if task == "qa" else 1
     head = (head_p, 2.0 * pooled * (d * d + d * labels), pooled * labels * FP32)
     act = t * d * FP32 + t * FP32
-    return ModelCosts(unit_names(depth), tuple(map(float, params + [head[0]])),
-                      tuple(map(float, [act] * (1 + 2 * depth) + [head[2]])),
-                      tuple([0.0] + [attn_f, mlp_f] * depth + [head[1]]))
+    acts, flops = [act] * (1 + 2 * depth), [0.0] + [attn_f, mlp_f] * depth
+    first_token = task != "qa" and hf.get("classifier_pooling", "cls") == "cls"
+    if first_token:  # ptrun.models.modernbert
+        acts[-2:] = [d * FP32 + t * FP32] * 2
+        flops[-1] = 2.0 * 3 * d * i
+    return ModelCosts(unit_names(depth), tuple(map(float, params + [head[0]])), tuple(map(float, acts + [head[2]])),
+                      tuple(flops + [head[1]]), sequence_units=2 * depth - 1 if first_token else None)
 
 
 ENCODER_COSTS = {"deberta-v2": deberta_costs, "modernbert": modernbert_costs}
@@ -336,7 +355,7 @@ def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
         return bert_costs(seq_len=data.max_length or (384 if data.name == "squad" else 128), hidden=width,
                           depth=depth, intermediate=hidden, vocab_size=model.vocab_size or hf.get("vocab") or 30522,
                           max_positions=model.max_position_embeddings or hf.get("positions") or 512,
-                          task=model.task, num_labels=labels)
+                          task=model.task, num_labels=labels, whole_attention=hf.get("model_type") == "distilbert")
     m = re.match(r"(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)_(\d+)", model.name)
     width, depth, _ = VIT_SIZES[m.group(1)] if m else (None, None, None)
     native, chans, classes = DATA_IMAGES.get(data.name, (None, 3, None))

@@ -95,7 +95,7 @@ def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
 
 def stand_in(costs: ModelCosts) -> SimpleNamespace:
     """What the start reads of a LayeredModel: its blocks, and units whose parameters have the analytic sizes
-    (meta-device tensors: no memory), every one returning the whole sequence (the costs price it so)."""
+    (meta-device tensors: no memory), and how many return every token (the costs say)."""
     import torch
     from torch import nn
 
@@ -104,7 +104,8 @@ def stand_in(costs: ModelCosts) -> SimpleNamespace:
         unit = nn.Module()
         unit.weight = nn.Parameter(torch.empty(int(n), device="meta"))
         units.append(unit)
-    return SimpleNamespace(units=units, num_blocks=costs.num_blocks, sequence_units=len(units))
+    sequence_units = len(units) if costs.sequence_units is None else costs.sequence_units
+    return SimpleNamespace(units=units, num_blocks=costs.num_blocks, sequence_units=sequence_units)
 
 
 def start_profile(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> tuple[SimpleNamespace | None, float | None]:
