@@ -1,6 +1,7 @@
 """`data.name=hf` on real workers: string labels from the user's csv files keep their class indices on every
 rank and across a resume (`class_names.json`, the exported model's id2label), the resume reads the tokenized
-data the first run wrote, and a resume whose data names other classes is refused before any worker starts."""
+data the first run wrote, and a resume whose data names other classes is refused before any worker starts. A
+classification BERT caches no deeper than its last layer's input, and trains as it does without the cache."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from conftest import assert_one_error_line, run_events, run_workers, wordpiece_tokenizer
 from test_hf_data import NAMES, TOY_EVAL, TOY_TRAIN, write_source
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two launches of two workers
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # four launches of two workers
 
 TINY_BERT = ["model=bert_base", "model.pretrained=null", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
              "data.name=hf", "data.text_column=text", "data.label_column=topic", "data.max_length=16",
@@ -54,3 +55,24 @@ def test_string_labels_keep_their_indices_on_every_rank_and_across_a_resume(tmp_
     assert (f"data: the classes the data names now, ['business', 'film', 'sports', 'tech'], are not the run's "
             f"({run / 'class_names.json'}: ['business', 'sports', 'tech'])") in line, line
     assert sorted((p, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
+
+
+def test_a_classification_bert_caches_up_to_its_last_layer_and_trains_as_without_the_cache(tmp_path, monkeypatch):
+    """Its last layer computes the first token's row only, so with every layer frozen the cache holds the last
+    layer's input (3 of the 6 units), never the one-row outputs after it; the run trains and evaluates as the
+    same run without the cache does."""
+    monkeypatch.setenv("PTRUN_TOKENIZED_DIR", str(tmp_path / "tokenized"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    source = write_source("csv", tmp_path / "news", TOY_TRAIN, TOY_EVAL)
+    tokenizer = wordpiece_tokenizer(tmp_path / "tokenizer", [t for t, _ in TOY_TRAIN], vocab_size=200)
+    frozen = [a for a in TINY_BERT if a not in ("freeze.policy=none", "auto.cache=false")] + [
+        f"data.path={source}", f"data.tokenizer={tokenizer}", "train.epochs=3", "freeze.policy=schedule",
+        "freeze.blocks=[0,2,2]", "freeze.max_fraction=1.0", "cache.min_frozen_units=3", "cache.dtype=float32"]
+    run_workers([*frozen, "auto.cache=true"], tmp_path / "cached")
+    run_workers([*frozen, "auto.cache=false"], tmp_path / "uncached")
+    plans = run_events(tmp_path / "cached", "plan")
+    assert [(p["frozen_units"], p["cached_units"]) for p in plans] == [(0, 0)] + [(5, 3)] * (len(plans) - 1)
+    cached, uncached = run_events(tmp_path / "cached", "epoch"), run_events(tmp_path / "uncached", "epoch")
+    assert cached[2]["cache"]["computed"] == 0 and cached[2]["cache"]["hits"] >= cached[2]["samples"]
+    for mine, reference in zip(cached, uncached):
+        assert mine["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], rel=1e-4)

@@ -53,8 +53,8 @@ class Controller:
                                       **self.partition_kwargs)
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
         self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
-        self.max_cached_units = max_cached_units
-        """The deepest prefix an entry can hold (`LayeredModel.sequence_units`; None: any)."""
+        self.max_cached_units = first.num_units if max_cached_units is None else max_cached_units
+        """The deepest prefix an entry can hold: `LayeredModel.sequence_units` (None given: every unit)."""
         self.caching = cfg.auto.cache
         """Whether plans cache the frozen prefix: `auto.cache`, until the run measures the cache slower than
         recomputing the prefix (`stop_caching`)."""
@@ -79,7 +79,7 @@ class Controller:
     def cached_units_for(self, frozen_units: int) -> int:
         """AutoCache's depth for a frozen prefix: all of it once it reaches the threshold (at most the units
         whose outputs hold every token), else none."""
-        depth = min(frozen_units, self.max_cached_units if self.max_cached_units is not None else frozen_units)
+        depth = min(frozen_units, self.max_cached_units)
         if not self.caching or depth < self.min_cache_units:
             return 0
         return depth

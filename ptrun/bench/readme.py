@@ -98,7 +98,7 @@ TABLES = [
           "too), the rest 1.4 s against 2.0 s; measuring the freeze policy's signal took 0.04% of the training "
           "time. With freezing off ptrun ends lower (mean 97.33%), as it did before the last-layer change (seed "
           "0: 97.65% then and now): it trains every layer, like the loop, from a head initialised by its own "
-          "per-unit generator. The code before the last-layer change measured 1.93x (1.85-1.96x) that morning."),
+          "per-unit generator. The code before the change (25cf320) measured 1.93x (1.85-1.96x) the same day."),
     Table("bench_peers_digits_vit_engine.json", "ptrun.bench.peers",
           "The engine on millisecond steps: digits_vit with freezing off, before and after the step's restructuring",
           "Where per-step overhead shows on a CPU: `digits_vit`'s steps take about 8 ms, as a real model's do on a "

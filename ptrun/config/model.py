@@ -22,6 +22,8 @@ ENCODER_TASKS = ("classification", "regression", "qa")
 """The tasks of the encoder families (BERT presets also do `mlm`)."""
 DECODER_TASKS = ("causal_lm", "classification", "regression")
 """The tasks of the decoder families."""
+POOLED_TASKS = ("classification", "regression")
+"""The tasks whose head reads one vector a sample (an encoder's: the first token, or a mean), not every token."""
 ATTENTIONS = ("sdpa", "eager")
 """`model.attention`."""
 

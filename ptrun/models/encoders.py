@@ -12,10 +12,11 @@ A sequence-classification head reads the first token only ([CLS] / <s>: BERT's p
 ELECTRA's classification heads, DistilBERT's pre-classifier), so the last layer's other rows are computed for
 nothing: all of its work but the keys and values, about five sixths of a layer (DistilBERT: its MLP, two
 thirds), in every step while the layer trains and most of a step once it is the only one. There the last
-attention half returns the first token's row only, [B, 1, H], and the MLP half after it runs that one row. BERT, RoBERTa, XLM-R and ELECTRA also ask the first token's query only (keys and values
-still come from every token), through the family's own cross-attention forward run on the layer's
-self-attention weights; DistilBERT's attention takes no separate query, so it runs whole and keeps one row.
-Logits and gradients are the library's.
+attention half returns the first token's row only, [B, 1, H], and the MLP half after it runs that one row.
+BERT, RoBERTa, XLM-R and ELECTRA also ask the first token's query only (keys and values still come from every
+token), through the family's own cross-attention forward run on the layer's self-attention weights;
+DistilBERT's attention takes no separate query, so it runs whole and keeps one row. Logits and gradients are
+the library's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from ptrun.config.model import POOLED_TASKS
 
 
 class EncoderEmbed(nn.Module):
@@ -146,7 +149,7 @@ def split_encoder(model: nn.Module, task: str) -> list[nn.Module]:
     `BertForMaskedLM`). Under a sequence-classification head the last layer computes the first token only."""
     base = getattr(model, model.base_model_prefix)
     units: list[nn.Module] = [EncoderEmbed(base.embeddings, getattr(base, "embeddings_project", None))]
-    first_token = task in ("classification", "regression")  # each family's head pools the first token
+    first_token = task in POOLED_TASKS  # each family here pools the first token
     if hasattr(base, "transformer"):  # DistilBERT
         blocks = list(base.transformer.layer)
         for block in blocks:

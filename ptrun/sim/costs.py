@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig
-from ptrun.config.model import DECODER_TYPES
+from ptrun.config.model import DECODER_TYPES, POOLED_TASKS
 
 FP32 = 4
 """Bytes of an fp32 value: activations, gradients and the cache's default dtype."""
@@ -149,7 +149,7 @@ def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, voca
     t, d = seq_len, hidden
     mask = t * FP32
     bp, bf, ba = _blocks(depth, t, d, intermediate, mask)
-    tail = task in ("classification", "regression")
+    tail = task in POOLED_TASKS
     if tail:  # the last layer computes the first token's row (ptrun.models.encoders)
         if not whole_attention:
             bf[-2] = 2.0 * (2 * t * d * d + 2 * d * d + 2 * t * d)
