@@ -1,0 +1,35 @@
+"""The code's style, checked by ruff with the settings in pyproject.toml: pyflakes, pycodestyle (lines up to 120
+columns, one statement a line) and ruff's formatter."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ruff(*args: str, source: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "ruff", *args]
+    return subprocess.run(command, cwd=ROOT, input=source, capture_output=True, text=True)
+
+
+@pytest.mark.xfail(strict=False, reason="the tree is not yet formatted")
+def test_ruff_check_and_format_pass():
+    checked = ruff("check", "--output-format", "concise", ".")
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    formatted = ruff("format", "--check", ".")
+    assert formatted.returncode == 0, formatted.stdout[-3000:]
+
+
+def test_ruff_reads_the_project_settings():
+    """The checks the style test relies on are on: an unused import, two statements on a line and a line of
+    121 columns each fail, from the settings in pyproject.toml."""
+    source = "import os\nx = 1; y = 2\nz = '" + "a" * 115 + "'\n"
+    done = ruff("check", "--output-format", "concise", "--stdin-filename", "m.py", "-", source=source)
+    assert done.returncode == 1
+    assert set(re.findall(r": ([A-Z]\d+) ", done.stdout)) == {"F401", "E702", "E501"}, done.stdout
