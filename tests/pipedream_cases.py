@@ -8,6 +8,7 @@ the backward pass actually ran on. The test replays the same semantics in one pr
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch.distributed as dist
 import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.config import OptimConfig
-from ptrun.parallel.pipedream import async_1f1b
+from ptrun.parallel.pipedream import backwards_due
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
@@ -51,12 +52,24 @@ class Case:
         return self.dp + self.pp - 1 if self.replicated else self.pp * self.dp
 
 
+def order_1f1b(limit: int, items, drains) -> list[tuple[str, int]]:
+    """One stage's passes over the segment `items` as the runtime runs them (`backwards_due` after each forward
+    pass): ("F", t) and ("B", t), draining after each step in `drains` and after the segment's last."""
+    items, in_flight, order = list(items), deque(), []
+    for i, t in enumerate(items):
+        in_flight.append(t)
+        order.append(("F", t))
+        for _ in range(backwards_due(len(in_flight), limit, t in drains or i == len(items) - 1)):
+            order.append(("B", in_flight.popleft()))
+    return order
+
+
 def forward_versions(pp: int, first: int, count: int, drains) -> list[dict[int, int]]:
     """Per stage: step -> the number of updates its 1F1B order applied before that step's forward pass."""
     out = []
     for s in range(pp):
         version, at = 0, {}
-        for kind, t in async_1f1b(pp - s, range(first, first + count), lambda t: t in drains):
+        for kind, t in order_1f1b(pp - s, range(first, first + count), drains):
             if kind == "F":
                 at[t] = version
             else:
@@ -70,7 +83,7 @@ def plan_for(n: int, pp: int, dp: int, replicated: bool = False) -> Plan:
                 schedule="pipedream", replicate_first_only=replicated).check()
 
 
-def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int, drains=()):
+def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int):
     """This rank's mini-batches: its replica's share of each global batch, or all of it on a shared stage
     (as the trainer loads them)."""
     replica, _ = plan.coords(rank)
@@ -81,7 +94,7 @@ def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int,
         full = pc.batch(kind, t)
         local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
         yield Step(t, tuple(local[k] for k in layered.input_names), make_target(local, loss_task),
-                   float(loss_weight(make_target(full, loss_task), loss_task)), drain_after=t in drains)
+                   float(loss_weight(make_target(full, loss_task), loss_task)))
 
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
@@ -103,9 +116,11 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
 
     def train(first: int, count: int, drains=()) -> None:
         layout.runtime.trace = []
-        for step, loss_share in layout.runtime.train_steps(steps(layered, loss.task, layout.plan, rank, case.kind,
-                                                                 first, count, drains)):
-            update(step, loss_share)
+        for step in steps(layered, loss.task, layout.plan, rank, case.kind, first, count):
+            drain = step.step in drains or step.step == first + count - 1  # a segment's last step drains
+            for done, loss_share in layout.runtime.train_step(step, drain=drain):
+                update(done, loss_share)
+        layout.runtime.pause()
         traces.append([{k: v for k, v in r.items() if k != "grads"} for r in layout.runtime.trace])
         versions.append(layout.runtime.version)
 

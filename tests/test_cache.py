@@ -361,16 +361,16 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
     try:
         cached.train_epoch()  # nothing frozen yet: a model whose predictions depend on each sample's features
         n = len(cached.data.eval)
-        padding = -n % cached.eval_sampler.global_batch_size  # the last batch's weight-0 repeats of samples 0 ..
+        padding = -n % cached.layouts.eval_sampler.global_batch_size  # the last batch's weight-0 repeats of samples 0 ..
         zero = dict.fromkeys(STAT_NAMES, 0)
         expected = [(3, {**zero, "computed": n, "written": n, "hits": padding}),
                     (5, {**zero, "advanced": n, "written": n, "hits": padding}),
                     (5, {**zero, "hits": n + padding})]
         metrics = []
         for depth, counts in expected:
-            cached.transition(replace(cached.plan, frozen_units=depth, cached_units=depth))
+            cached.layouts.switch_to(replace(cached.plan, frozen_units=depth, cached_units=depth), 0)
             cached.train_epoch()  # the active units change; the frozen ones, which key the entries, do not
-            plain.transition(replace(plain.plan, frozen_units=depth))
+            plain.layouts.switch_to(replace(plain.plan, frozen_units=depth), 0)
             plain.layered.model.load_state_dict(cached.layered.model.state_dict())
             got, want = cached.evaluate(), plain.evaluate()
             assert cached.cache.take_stats("eval") == counts, depth
@@ -396,7 +396,7 @@ def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, o
                          tmp_path / "run")
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
-        trainer.transition(replace(trainer.plan, frozen_units=3, cached_units=3))
+        trainer.layouts.switch_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0)
         trainer.train_epoch()  # fills the entries, timing the frozen prefix on every row
         trainer.train_epoch()  # reads them
         assert trainer._stop_caching_if_slower() == {} and trainer.plan.cached_units == 3  # reading pays

@@ -126,16 +126,33 @@ def test_no_module_is_over_450_lines():
 
 
 def test_the_walkthrough_quotes_the_step_as_it_is():
-    """docs/codebase.md quotes `train_step` whole and the epoch's loop line for line: a change to either shows
-    here until the document follows."""
+    """docs/codebase.md quotes `train_step` and the segment's loop whole: a change to either shows here until
+    the document follows."""
     import inspect
-    import textwrap
 
     from ptrun.train import step, trainer
 
     doc = (ROOT / "docs" / "codebase.md").read_text()
     assert inspect.getsource(step.train_step) in doc
-    loop = inspect.getsource(trainer.Trainer.train_epoch)
-    start = loop.index("for item, loss in self.runtime.train_steps(")
-    quoted = textwrap.dedent(loop[start - 12:loop.index("position = end")]).strip().splitlines()
-    assert all(line.strip() in doc for line in quoted), quoted
+    loop = inspect.getsource(trainer.Trainer._train_segment)
+    quoted = [line.strip() for line in loop.splitlines() if line.strip() and not line.strip().startswith('"""')]
+    assert all(line in doc for line in quoted), quoted
+
+
+def test_the_trainer_keeps_the_loop_and_the_wiring():
+    """The Trainer composes a few parts: at most 15 attributes, an `__init__` of at most 40 lines, and no part
+    (no call at all) is handed the trainer itself."""
+    import ast
+    import inspect
+
+    from ptrun.train import trainer
+
+    tree = ast.parse(inspect.getsource(trainer))
+    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                  and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    assert len(attributes) <= 15, sorted(attributes)
+    assert len(inspect.getsource(trainer.Trainer.__init__).splitlines()) <= 40
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    handed = [call.lineno for call in calls
+              if any(isinstance(a, ast.Name) and a.id == "self" for a in [*call.args, *(k.value for k in call.keywords)])]
+    assert handed == [], f"trainer.py hands `self` to a call at lines {handed}"

@@ -220,7 +220,7 @@ def test_tuning_in_the_trainer_changes_nothing_about_training(tmp_path, monkeypa
     tuned = build_trainer(tmp_path, "auto", "pipe.microbatches=auto")
     rng_tuned = torch.get_rng_state()
     try:
-        t = tuned.tuning
+        t = tuned.record.tuning
         assert t.source == "measured" and sorted(t.costs) == [(1, 1), (1, 2), (1, 4)]
         assert all(s > 0 for s in t.costs.values())
         chosen = t.choices[1].microbatches
@@ -233,7 +233,7 @@ def test_tuning_in_the_trainer_changes_nothing_about_training(tmp_path, monkeypa
         tuned.close()
     plain = build_trainer(tmp_path, "plain", f"pipe.microbatches={chosen}")
     try:
-        assert plain.tuning is None
+        assert plain.record.tuning is None
         assert torch.equal(torch.get_rng_state(), rng_tuned)
         for name, p in plain.layered.model.named_parameters():
             assert torch.equal(weights[name], p.detach()), name
@@ -241,8 +241,8 @@ def test_tuning_in_the_trainer_changes_nothing_about_training(tmp_path, monkeypa
         plain.close()
     again = build_trainer(tmp_path, "again", "pipe.microbatches=auto")
     try:
-        assert again.tuning.source == "cached" and again.tuning.costs == t.costs
-        cache = json.loads((tmp_path / "microtune").joinpath(again.tuning.cache_file.rsplit("/", 1)[-1]).read_text())
+        assert again.record.tuning.source == "cached" and again.record.tuning.costs == t.costs
+        cache = json.loads((tmp_path / "microtune").joinpath(again.record.tuning.cache_file.rsplit("/", 1)[-1]).read_text())
         assert cache["fields"]["world_size"] == 1 and cache["fields"]["lengths"] == [[1, 1, 16, [1, 2, 4]]]
     finally:
         again.close()

@@ -6,19 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipedream_cases import forward_versions
-from ptrun.parallel.pipedream import _header, _parse_header, async_1f1b
+from pipedream_cases import forward_versions, order_1f1b
+from ptrun.parallel.pipedream import _header, _parse_header
 from ptrun.parallel.plan import Plan
 from ptrun.sim.simulate import pipeline_seconds
 
 
 def test_the_1f1b_order_warms_up_alternates_and_drains():
-    assert list(async_1f1b(2, range(4), lambda t: False)) == [
+    assert list(order_1f1b(2, range(4), ())) == [
         ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
-    assert list(async_1f1b(1, range(3), lambda t: False)) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+    assert list(order_1f1b(1, range(3), ())) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
                                                                ("B", 2)]
     # a segment ending at step 1: both in-flight steps finish before step 2 starts
-    assert list(async_1f1b(3, range(4), lambda t: t == 1)) == [
+    assert list(order_1f1b(3, range(4), (1,))) == [
         ("F", 0), ("F", 1), ("B", 0), ("B", 1), ("F", 2), ("F", 3), ("B", 2), ("B", 3)]
     # stage s of K runs step t with the weights of K - s - 1 updates ago, once the pipeline is full
     assert forward_versions(3, 0, 6, ()) == [{0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 5: 3},
@@ -28,8 +28,8 @@ def test_the_1f1b_order_warms_up_alternates_and_drains():
 
 
 def test_a_stage_that_ends_the_stream_mid_warm_up_drains_what_it_started():
-    assert list(async_1f1b(4, range(2), lambda t: False)) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
-    assert list(async_1f1b(2, [], lambda t: False)) == []
+    assert list(order_1f1b(4, range(2), ())) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert list(order_1f1b(2, [], ())) == []
 
 
 def test_the_header_carries_version_dtypes_and_shapes():

@@ -6,10 +6,11 @@ of the paper's rule; `FreezePolicy.signal` says which, and the trainer measures 
 bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
 halves the pipeline while the largest stage fits in the starting one; AutoDP turns the freed workers into
 more replicas (DP = world / K). With AutoCache on, a frozen prefix past the threshold is cached: it leaves
-the pipeline and costs nothing in the partition (`cached_units`). The result is the next Plan; applying it (moving weights and optimizer
-state, rebuilding groups and stages, resharding the samples) is the trainer's job. Every input here is
-identical on every rank, so every rank computes the same Plan; rank 0's is broadcast anyway, so a
-disagreement could never deadlock the pipeline.
+the pipeline and costs nothing in the partition (`cached_units`). The result is the next Plan; applying it
+(moving weights and optimizer state, rebuilding groups and stages, resharding the samples) is the trainer's
+job. Every input here is identical on every rank, so every rank computes the same Plan; rank 0's is broadcast
+anyway, so a disagreement could never deadlock the pipeline. When a decision falls, and when the cache stops,
+is `Decisions`'.
 """
 
 from __future__ import annotations
@@ -17,18 +18,28 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 from functools import partial
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import default_min_units
 from ptrun.auto.autopipe import next_plan, starting_max
 from ptrun.auto.freeze import FreezePolicy, blocks_of_units, frozen_units_for_blocks, make_policy
-from ptrun.auto.intervals import interval_epochs
+from ptrun.auto.intervals import Positions, interval_epochs
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.parallel.layout import first_plan, param_costs, starting_microbatches
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.profile import UnitProfile
+
+Decide = Callable[[int, Plan, Optional[Sequence[float]]], Plan]
+"""A decision made in place of the controller's (a benchmark's or a test's), with `Controller.decide`'s
+arguments: the freeze interval about to start, the plan in force and what the policy's signal measured over
+the interval that ended (None: nothing) -> the plan to train the interval in (the same on every rank)."""
+
+AllSum = Callable[[torch.Tensor], torch.Tensor]
+"""The sum over every rank of the job."""
+
 
 class Controller:
     def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
@@ -148,3 +159,56 @@ def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitP
                                                        activation=profile.activation_bytes, bandwidth=bandwidth)
     return Controller(cfg, layered.num_blocks, param_costs(layered), first, partition_kwargs, microbatch_table,
                       steps_per_epoch, max_cached_units=layered.sequence_units)
+
+
+
+class Decisions:
+    """When the controller decides, and when the cache stops: the trainer asks before each segment of steps
+    (`due`) and at each epoch's end (`cache_stop`); moving to what is decided is the trainer's.
+
+    It holds the freeze policy's measurement (`signal`, `ptrun.train.signals`): measured over each interval,
+    read at its decision, begun again once the next interval's layout is in place (`interval_begins`)."""
+
+    def __init__(self, controller: Controller, signal, all_sum: AllSum, decide: Optional[Decide] = None):
+        self.controller, self.signal, self.all_sum = controller, signal, all_sum
+        self.decide = decide
+        """A decision in place of the controller's (None: the controller's)."""
+
+    def due(self, positions: Positions, epoch: int, position: int, interval: int, steps: int,
+            current: Plan) -> Optional[tuple[int, Plan]]:
+        """Collective, before step `position` of `epoch`, with freeze interval `interval` in force for `steps`
+        steps and `current` the plan: if an interval has ended since, the interval now beginning and the plan
+        decided for it on what the signal measured (None: no decision falls here)."""
+        now = positions.interval_at(epoch, position)
+        if now <= interval:
+            return None
+        measured = self.signal.measure(self.all_sum, steps)
+        decide = self.decide or self.controller.decide
+        return now, decide(now, current, measured)
+
+    def interval_begins(self) -> None:
+        """The next interval is measured from here, in the layout it trains in."""
+        self.signal.begin()
+
+    def cache_stop(self, cache, plan: Plan) -> Optional[tuple[str, Plan]]:
+        """Collective, at an epoch boundary: when the epoch served cached samples more slowly than recomputing
+        their frozen prefix would have taken, the line that says so and the same layout without a cached
+        prefix (no plan caches from here on); None when the cache paid or cannot be told."""
+        costs = serving_costs(cache, plan, self.all_sum)
+        if costs is None or costs[0] <= costs[1]:
+            return None
+        line = (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
+                f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first "
+                f"stage from here on")
+        return line, self.controller.stop_caching(plan)
+
+
+def serving_costs(cache, plan: Plan, all_sum: AllSum) -> Optional[tuple[float, float]]:
+    """Collective: (seconds to serve one cached sample, seconds to recompute its frozen prefix), summed over
+    the workers, when this epoch read hits from the cache and the run has timed the prefix; else None. A
+    hit's cost is the host's reading of an entry (per entry looked up); recomputing is the measured time per
+    unit and row of the frozen units the cache ran (on misses), times the units a hit saves."""
+    read_s, rows, hits, compute_s, unit_rows = all_sum(cache.costs()).tolist()
+    if not (plan.cached_units and hits and unit_rows):
+        return None
+    return read_s / rows, compute_s / unit_rows * plan.cached_units

@@ -119,7 +119,7 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
             out.write(json.dumps(row) + "\n")
             out.flush()  # a killed worker keeps what it measured
 
-        def decide(trainer, interval: int):
+        def decide(interval: int, current, measured):
             """Before epoch `interval` (an epoch after transition `interval - 1`): the usage, a kill where one
             is due, and the next plan of the cycle."""
             record(interval - 1, **({"started": started} if interval - 1 == first else {}))

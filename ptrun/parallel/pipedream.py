@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -48,39 +48,20 @@ from ptrun.parallel.pipeline import StageRuntime, Step
 from ptrun.parallel.plan import Plan
 from ptrun.models.losses import WeightedLoss
 
-_END = object()
-
-
-def async_1f1b(limit: int, items: Iterable, ends_segment: Callable[[Any], bool]) -> Iterator[tuple[str, Any]]:
-    """PipeDream's 1F1B order for one stage: yields ("F", item) and ("B", item).
-
-    A forward pass is taken whenever fewer than `limit` items are in flight and the segment is open; else
-    the oldest item's backward pass. An item for which `ends_segment` is true closes the segment: nothing
-    after it starts until everything in flight has finished (a drain). Items are pulled lazily, so the
-    caller may decide `ends_segment` from state that earlier backward passes changed."""
-    items = iter(items)
-    in_flight: deque = deque()
-    segment_open, exhausted = True, False
-    while True:
-        if segment_open and not exhausted and len(in_flight) < limit:
-            item = next(items, _END)
-            if item is _END:
-                exhausted = True
-                continue
-            in_flight.append(item)
-            segment_open = not ends_segment(item)
-            yield "F", item
-        elif in_flight:
-            yield "B", in_flight.popleft()
-        elif exhausted:
-            return
-        else:
-            segment_open = True
+def backwards_due(in_flight: int, limit: int, drain: bool) -> int:
+    """PipeDream's 1F1B order for one stage, after a step's forward pass: how many of the `in_flight` steps
+    (that one included) run their backward pass now, oldest first. Once `limit` steps are in flight the
+    oldest one's; with `drain` every one (nothing after it starts until all have finished). The next step's
+    forward pass comes after them, so a stage alternates one forward and one backward pass once full."""
+    if drain:
+        return in_flight
+    return 1 if in_flight >= limit else 0
 
 
 @dataclass
 class _InFlight:
     step: Step
+    loss_scale: float
     version: int
     weights: dict[str, torch.Tensor] | None  # the tensors the forward pass ran on (None: the live parameters)
     inputs: list[tuple] = field(default_factory=list)  # per lane (replica served)
@@ -122,9 +103,9 @@ def _parse_header(head: torch.Tensor) -> tuple[int, list[tuple[torch.dtype, tupl
 class AsyncPipelineRuntime(StageRuntime):
     """This rank's stage of `plan`, run with PipeDream's asynchronous 1F1B (`pipe.schedule=pipedream`).
 
-    `train_steps` runs a stream of mini-batches and yields each for its update; `forward_only` evaluates
-    (synchronously: evaluation changes no weights). The optimizer belongs to the caller, which steps it after
-    each yield; the version counter here counts those updates."""
+    `train_step` takes one mini-batch at a time and yields each for its update when it is due; `forward_only`
+    evaluates (synchronously: evaluation changes no weights). The optimizer belongs to the caller, which steps
+    it after each yield; the version counter here counts those updates."""
 
     clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
     asynchronous = True  # later steps are in flight when one's update is due
@@ -158,6 +139,7 @@ class AsyncPipelineRuntime(StageRuntime):
         self._working: dict[str, torch.Tensor] | None = None  # the one copy refreshed in place (no stashing)
         self._newest_requested = 0  # vertical sync: no later mini-batch asks for an older version than this
         self._sends: list = []  # (work, tensors) of asynchronous sends not yet known complete
+        self._in_flight: deque[_InFlight] = deque()  # the steps whose forward pass ran and backward has not
         self.stash_bytes_peak = 0
         self.trace: list[dict] | None = None  # tests: per pass, the version and a fingerprint of the weights used
 
@@ -250,9 +232,9 @@ class AsyncPipelineRuntime(StageRuntime):
             return self.module(*carry)
         return functional_call(self.module, weights, carry, strict=False)
 
-    def _forward(self, step: Step) -> _InFlight:
+    def _forward(self, step: Step, loss_scale: float) -> _InFlight:
         version = self.version
-        record = _InFlight(step, version, None)
+        record = _InFlight(step, loss_scale, version, None)
         targets = self._lane_targets(step.target) if self.is_last else ()
         sent_versions = []
         for i in range(len(self.lanes)):
@@ -270,7 +252,7 @@ class AsyncPipelineRuntime(StageRuntime):
             record.inputs.append(carry)
             out = self._run_module(record.weights, carry)
             if self.is_last:
-                lane_loss = self.loss(out, targets[i], denominator=step.denominator, scale=step.loss_scale)
+                lane_loss = self.loss(out, targets[i], denominator=step.denominator, scale=loss_scale)
                 record.outputs.append(lane_loss)
                 record.loss = lane_loss if record.loss is None else record.loss + lane_loss
             else:
@@ -308,25 +290,27 @@ class AsyncPipelineRuntime(StageRuntime):
                                "grads": {n: p.grad.detach().clone() for n, p in self._live.items()
                                          if p.grad is not None}})
 
-    def train_steps(self, steps: Iterable[Step]) -> Iterator[tuple[Step, torch.Tensor | None]]:
-        """Train on `steps` with PipeDream's 1F1B. After each step's backward pass on this stage it yields
-        `(step, loss)` (the loss on the last stage only: this replica's share of the global mean loss); the
-        caller applies the update, and the next forward passes run when it resumes. The pipeline drains after
-        every step marked `drain_after` and after the last."""
+    def train_step(self, step: Step, loss_scale: float = 1.0,
+                   drain: bool = False) -> Iterator[tuple[Step, torch.Tensor | None]]:
+        """`step`'s forward pass, then the backward passes PipeDream's 1F1B runs now (`backwards_due`): after
+        each it yields `(step, loss)` for that step's update (the loss on the last stage only: this replica's
+        share of the global mean loss). The caller applies the update and resumes; the pipeline drains (every
+        step in flight finishes) with `drain`, which the caller asks for at a segment's last step and before
+        a mid-epoch checkpoint."""
         self.train(True)
-        records: deque[_InFlight] = deque()
-        for kind, step in async_1f1b(self.limit, steps, ends_segment=lambda s: s.drain_after):
-            if kind == "F":
-                records.append(self._forward(step))
-                continue
-            record = records.popleft()
+        self._in_flight.append(self._forward(step, loss_scale))
+        for _ in range(backwards_due(len(self._in_flight), self.limit, drain)):
+            record = self._in_flight.popleft()
             self._backward(record)
-            yield step, record.loss.detach() if record.loss is not None else None
-            self._after_update(records)
-            if not records:
+            yield record.step, record.loss.detach() if record.loss is not None else None
+            self._after_update(self._in_flight)
+            if not self._in_flight:
                 self._wait_sends()  # drained: nothing of this segment is left on the wire
+
+    def pause(self) -> None:
+        """The stashed weight copies go: they are rebuilt from the current weights when training resumes."""
         self._stash.clear()
-        self._working = None  # rebuilt from the current weights when training resumes
+        self._working = None
 
     def take_stash_peak(self) -> int:
         """The most bytes of stashed weight versions held since the last call."""
@@ -359,9 +343,9 @@ class AsyncPipelineRuntime(StageRuntime):
         events: list[dict] = []
         self._timed_originals = (self._forward, self._backward)
 
-        def forward(step: Step) -> _InFlight:
+        def forward(step: Step, loss_scale: float) -> _InFlight:
             start = time.time()
-            record = self._timed_originals[0](step)
+            record = self._timed_originals[0](step, loss_scale)
             events.append({"stage": self.stage, "microbatch": step.step, "kind": "F", "start_s": start,
                            "end_s": time.time()})
             return record

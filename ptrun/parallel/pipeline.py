@@ -17,7 +17,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,7 @@ from ptrun.parallel.stage_module import StageModule
 
 @dataclass
 class Step:
-    """One mini-batch as the trainer hands it to a runtime's `train_steps`."""
+    """One mini-batch's data as the trainer hands it to a runtime's `train_step`."""
 
     step: int
     """The step of the epoch."""
@@ -47,11 +47,6 @@ class Step:
     samples: float = 0.0
     """The global batch's real (weight-1) samples, for the trainer's counts (the denominator too, unless the
     loss is a mean over tokens)."""
-    loss_scale: float = 1.0
-    """fp16's loss scale, which multiplies the loss backward starts from (1 otherwise)."""
-    drain_after: bool = False
-    """An asynchronous pipeline finishes every step up to this one before starting the next (a checkpoint
-    follows it); flushing schedules finish every step anyway."""
     extra: Any = None
     """Whatever the caller wants back after the step's update (its batch)."""
 
@@ -68,10 +63,17 @@ class Runtime(Protocol):
     is_last: bool
     unit_indices: list[int]
 
-    def train_steps(self, steps: Iterable[Step]) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
-        """Each step's forward and backward passes; yields `(step, loss)` when the step's update is due (the
-        caller applies it, then resumes), the loss being this rank's share of the global mean loss (None
-        where an asynchronous stage has none)."""
+    def train_step(self, step: Step, loss_scale: float = 1.0,
+                   drain: bool = False) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
+        """`step`'s passes, its loss multiplied by `loss_scale` (fp16's, 1 otherwise) where backward starts;
+        yields `(step, loss)` for each step whose update is now due (the caller applies it, then resumes): a
+        flushing runtime yields `step` itself, PipeDream the oldest step in flight once its pipeline is full,
+        and with `drain` every step in flight. The loss is this rank's share of the global mean loss (None
+        where an asynchronous stage has none), without the loss scale."""
+
+    def pause(self) -> None:
+        """Training stops here for a while (a decision, an evaluation, the epoch's end; nothing is in flight):
+        what only running steps need goes."""
 
     def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor: ...
 
@@ -116,11 +118,14 @@ class StageRuntime:
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
-    def train_steps(self, steps: Iterable[Step]) -> Iterator[tuple[Step, torch.Tensor]]:
-        """Each step's forward and backward passes; yields `(step, loss)` for its update, which the caller
-        applies before asking for the next step."""
-        for step in steps:
-            yield step, self.forward_backward(step.inputs, step.target, step.denominator, step.loss_scale)
+    def train_step(self, step: Step, loss_scale: float = 1.0,
+                   drain: bool = False) -> Iterator[tuple[Step, torch.Tensor]]:
+        """`step`'s forward and backward passes; yields `(step, loss)` for its update (a flushing schedule
+        finishes every step: `drain` changes nothing)."""
+        yield step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale)
+
+    def pause(self) -> None:
+        """Nothing outlives a step."""
 
     def take_stash_peak(self) -> None:
         """No weight versions are stashed."""
@@ -261,8 +266,8 @@ class PipelineRuntime(StageRuntime):
     def forward_backward(self, inputs: tuple, target: torch.Tensor, denominator: float,
                          loss_scale: float = 1.0) -> torch.Tensor:
         """One pipelined forward + backward over the replica batch, the loss divided by `denominator` and
-        multiplied by `loss_scale` (`Step`). Returns this rank's share of the global mean loss (non-zero on
-        last stages only; summing over all ranks gives the global loss), without the loss scale."""
+        multiplied by `loss_scale` (`Runtime.train_step`). Returns this rank's share of the global mean loss
+        (non-zero on last stages only; summing over all ranks gives the global loss), without the loss scale."""
         self.train(True)
         losses: list[torch.Tensor] = []
         with contextlib.ExitStack() as stack:
@@ -361,7 +366,7 @@ class LocalRuntime(StageRuntime):
     def forward_backward(self, inputs: tuple, target: torch.Tensor, denominator: float,
                          loss_scale: float = 1.0) -> torch.Tensor:
         """Forward + backward over the replica batch, the loss divided by `denominator` and multiplied by
-        `loss_scale` (`Step`); returns this replica's share of the global mean loss (summing over the
+        `loss_scale` (`Runtime.train_step`); returns this replica's share of the global mean loss (summing over the
         replicas gives the global loss), without the loss scale."""
         self.train(True)
         loss_fn = partial(self.loss, denominator=denominator, scale=loss_scale)

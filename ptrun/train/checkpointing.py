@@ -1,17 +1,21 @@
-"""A worker's checkpoints: what this rank writes (its stages' parameters and optimizer state, the run's
-`TrainState`, and mid-epoch the epoch's sums so far), and resuming from the newest valid one into any layout.
-The files themselves are `checkpoint.py`'s."""
+"""A worker's checkpoints: when one is due, what this rank writes (its stages' parameters and optimizer state,
+the run's `TrainState`, and mid-epoch the epoch's sums so far), resuming from the newest valid one into any
+layout, how many are kept, and the model exported in its library's format at the end (`Checkpoints`, the
+trainer's part). The files themselves are `checkpoint.py`'s."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from ptrun.auto.autodp import gather_to
 from ptrun.auto.freeze import blocks_of_units
 from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate
 from ptrun.parallel.plan import Plan
 from ptrun.train import checkpoint
@@ -144,3 +148,39 @@ def boundary_due(cfg: PtrunConfig, state: TrainState, last: bool) -> bool:
     every, every_steps = cfg.checkpoint.every_epochs, cfg.checkpoint.every_steps
     steps_due = every_steps and state.global_step - state.last_checkpoint_step >= every_steps
     return bool((every and (state.epoch % every == 0 or last)) or steps_due)
+
+
+class Checkpoints:
+    """The trainer's checkpoints: when one is due, saving one (`checkpoint.keep` are kept), resuming from the
+    newest, and the model exported at the end."""
+
+    def __init__(self, cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size: int,
+                 param_name: dict[int, str]):
+        self.cfg, self.layered, self.controller, self.scaler = cfg, layered, controller, scaler
+        self.rank, self.world_size, self.param_name = rank, world_size, param_name
+
+    def resume(self, interval_of) -> Resumed | None:
+        """The newest valid checkpoint, read for the units this rank holds in the plan it resumes in (`resume`)."""
+        return resume(self.cfg, self.layered, self.controller, self.scaler, self.rank, self.world_size, interval_of)
+
+    def due(self, state: TrainState, epoch_base: int, step: int, steps_per_epoch: int) -> bool:
+        """A mid-epoch checkpoint after `step` of this epoch (`checkpoint_due`)."""
+        return checkpoint_due(self.cfg, state, epoch_base, step, steps_per_epoch)
+
+    def due_at_boundary(self, state: TrainState, last: bool) -> bool:
+        """A checkpoint at the epoch boundary `state.epoch` (`boundary_due`)."""
+        return boundary_due(self.cfg, state, last)
+
+    def save(self, layout, position: TrainState) -> None:
+        """Collective: `position` (the run's state as a resume should find it) with this rank's stages."""
+        save(self.cfg, self.layered, layout, position, self.rank, controller=self.controller, scaler=self.scaler,
+             param_name=self.param_name)
+
+    def export(self, plan: Plan, device: torch.device, class_names) -> Path | None:
+        """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format;
+        returns where (None on the other ranks)."""
+        gather_to(self.layered, plan, 0, device)
+        if self.rank != 0:
+            return None
+        return export_model(self.layered, Path(self.cfg.run_dir) / "model", self.cfg.data.tokenizer,
+                            class_names=class_names)

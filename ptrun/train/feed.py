@@ -9,7 +9,8 @@ from functools import partial
 import torch
 
 from ptrun.data import EpochSampler, iterate_batches
-from ptrun.models.losses import LABEL_KEYS, make_target
+from ptrun.models.losses import LABEL_KEYS, batch_denominator, make_target
+from ptrun.parallel.pipeline import Step
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class Feed:
         if self.cache is not None:  # raw inputs are there only for samples the cache does not serve
             inputs = self.cache.inputs(split, batch, inputs)
         return inputs, make_target(batch, self.task).to(self.device, non_blocking=True)
+
+    def step(self, epoch: int, index: int, batch: dict) -> Step:
+        """Step `index` of `epoch` as a runtime takes it: this rank's inputs and target on the device, the
+        global batch's loss weight and real samples, and the batch (for its sample counts)."""
+        inputs, target = self.inputs_and_target(batch, "train")
+        indices, weights = self.train_sampler.global_batch(epoch, index)
+        denominator = batch_denominator(self.data.train, indices, weights, self.task)
+        return Step(index, inputs, target, denominator, float(weights.sum()), extra=batch)
 
     def batches(self, split: str, epoch: int = 0, start_step: int = 0, end_step: int | None = None):
         """This rank's `(step, batch)` of `split` in `epoch` from `start_step` up to `end_step` (the epoch's

@@ -1,6 +1,7 @@
-"""How a worker's trainer starts: the pipeline length and micro-batch count when they are `auto`, the units'
-profile for the time-based partitioners, the controller and its first layout, micro-batch tuning, and
-AutoCache. Each function is called once from `Trainer.__init__`, in this order."""
+"""How a worker's trainer starts: the data, the model's units (without values), the pipeline length and
+micro-batch count when they are `auto`, what its layouts are built from, the units' profile for the time-based
+partitioners, the controller and its first layout, micro-batch tuning, and AutoCache. Each function is called
+once from `Trainer.__init__`, in this order."""
 
 from __future__ import annotations
 
@@ -15,16 +16,21 @@ import torch.distributed as dist
 from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
+from ptrun.auto.intervals import epoch_steps
 from ptrun.config import PtrunConfig, check_concrete, parse_nnodes
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
+from ptrun.models import build_model
 from ptrun.models.lazy import init_units
+from ptrun.models.losses import WeightedLoss
 from ptrun.parallel import microtune
 from ptrun.parallel.fit import LengthChoice, device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
+from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
+from ptrun.train.classes import agree_on_classes, check_resumed_classes
 
 log = logging.getLogger("ptrun.train.trainer")
 
@@ -33,6 +39,31 @@ def first_sample(data: DataSplits, input_names) -> tuple:
     """The first training sample's model inputs, batched (shapes and dtypes for the start's estimates)."""
     probe = dict(data.train[[0]])
     return tuple(probe[k] for k in input_names if k in probe)
+
+
+def load_data(cfg: PtrunConfig, resume: bool) -> DataSplits:
+    """Collective: the run's data. Every rank maps labels to the same indices, and a resume keeps the indices
+    the run began with."""
+    data = build_datasets(cfg.data, task=cfg.model.task)
+    agree_on_classes(data.class_names)
+    if resume:
+        check_resumed_classes(data.class_names, cfg.run_dir)
+    return data
+
+
+def build_units(cfg: PtrunConfig, data: DataSplits):
+    """The model as layer units without values: a worker fills its own stages' units once it knows its layout
+    (`LayoutInUse.start`). The seed first: identical per-unit initial values on every rank."""
+    torch.manual_seed(cfg.train.seed)
+    return build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.in_chans,
+                       vocab_size=data.vocab_size, units=())
+
+
+def make_builder(cfg: PtrunConfig, layered, rank: int, device: torch.device) -> Builder:
+    """What this worker's layouts are built from (the same for every Plan)."""
+    param_name = {id(p): n for n, p in layered.model.named_parameters()}
+    return Builder(layered, rank, device, WeightedLoss(cfg.model.task), cfg.optim, param_name, cfg.pipe.recompute,
+                   compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync)
 
 
 def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
@@ -116,11 +147,15 @@ def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder
     return tuning
 
 
-def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSplits, sampler: EpochSampler,
-                     world_size: int, steps_per_epoch: int) -> tuple[Controller, microtune.Tuning | None]:
-    """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`). With
-    `pipe.microbatches=auto` the first start's layout is measured for the M per length, and the controller
-    starts again with that table, so the first plan and AutoPipe's later picks use it."""
+def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSplits,
+                     world_size: int) -> tuple[Controller, microtune.Tuning | None]:
+    """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`), over the epochs of the
+    configured global batch. With `pipe.microbatches=auto` the first start's layout is measured for the M per
+    length, and the controller starts again with that table, so the first plan and AutoPipe's later picks use
+    it."""
+    batch = cfg.train.global_batch_size
+    sampler = EpochSampler(len(data.train), batch, cfg.train.seed)
+    steps_per_epoch = epoch_steps(len(data.train), batch, cfg.train.max_steps_per_epoch)
     profile, bandwidth = measure_profile(cfg, layered, data, sampler, world_size, builder.device)
     begin = partial(start, cfg, layered, world_size, profile=profile, bandwidth=bandwidth,
                     steps_per_epoch=steps_per_epoch)
@@ -132,12 +167,14 @@ def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSpli
 
 
 def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device, compute_dtype,
-               is_main: bool) -> tuple[AutoCache, object]:
-    """AutoCache for this worker, and the training set cached samples are read from (without random
-    augmentation where `cache.augment=off`). Its entries are keyed by everything that shapes a cached
-    activation besides the frozen weights and the split: the model and data configuration and the augmentation
-    mode. Eval samples have slots only with `cache.eval`."""
+               is_main: bool) -> tuple[AutoCache | None, object]:
+    """AutoCache for this worker (None without `auto.cache`), and the training set cached samples are read
+    from (without random augmentation where `cache.augment=off`). Its entries are keyed by everything that
+    shapes a cached activation besides the frozen weights and the split: the model and data configuration and
+    the augmentation mode. Eval samples have slots only with `cache.eval`."""
     plain_train = data.train
+    if not cfg.auto.cache:
+        return None, plain_train
     if cfg.data.augment:
         if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
             plain_train = build_datasets(replace(cfg.data, augment=False),

@@ -1,6 +1,5 @@
 """What an epoch event reports beside the loss: AutoCache's counters, fp16's loss scale and skipped steps,
-PipeDream's stashed weight bytes, each worker's memory, the first steps' times, and one step's recorded
-timeline."""
+PipeDream's stashed weight bytes, each worker's memory, and the first steps' times."""
 
 from __future__ import annotations
 
@@ -116,17 +115,6 @@ def scaler_stats(scaler, skipped_before: int) -> dict:
     return {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped - skipped_before}
 
 
-def serving_costs(cache, plan: Plan, device: torch.device) -> tuple[float, float] | None:
-    """Collective: (seconds to serve one cached sample, seconds to recompute its frozen prefix), summed over
-    the workers, when this epoch read hits from the cache and the run has timed the prefix; else None. A
-    hit's cost is the host's reading of an entry (per entry looked up); recomputing is the measured time per
-    unit and row of the frozen units the cache ran (on misses), times the units a hit saves."""
-    read_s, rows, hits, compute_s, unit_rows = all_sum(cache.costs(), device).tolist()
-    if not (plan.cached_units and hits and unit_rows):
-        return None
-    return read_s / rows, compute_s / unit_rows * plan.cached_units
-
-
 def cache_stats(cache, plan: Plan, device: torch.device) -> dict:
     """Collective: AutoCache counters of the epoch's training and of its evaluation (`eval_hits`, ...) summed
     over the workers, and this node's cache size."""
@@ -166,14 +154,3 @@ def resident_bytes() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
-
-
-def cache_slower(cache, plan: Plan, device: torch.device) -> str | None:
-    """Collective: the line that turns AutoCache off when this epoch served a cached sample more slowly than
-    recomputing its frozen prefix would have taken (`serving_costs`); None when it paid or cannot be told."""
-    costs = serving_costs(cache, plan, device)
-    if costs is None or costs[0] <= costs[1]:
-        return None
-    return (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
-            f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
-            f"from here on")

@@ -1,7 +1,7 @@
 """One training step's update, after the runtime's forward and backward passes, read top to bottom:
 
-    for step, loss in runtime.train_steps(steps):               # forward + backward, any runtime
-        state, done = train_step(state, progress, StepParts(...))   # this module: the update
+    for item, loss in runtime.train_step(step, loss_scale, drain):  # forward + backward, any runtime
+        state, done = train_step(state, progress, StepParts(...))     # this module: the update
 
 `train_step` sets the schedule's learning rate, makes the gradients global and clips them by the global norm,
 steps the optimizer (or skips where fp16 overflowed on any rank), clears the gradients, measures each
