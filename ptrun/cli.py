@@ -160,6 +160,7 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
     from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
+    from ptrun.sim.fill import fill_layout
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
     try:
@@ -170,8 +171,12 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
         # the first to import torch); a single run started it already (`checked_start`), a sweep's job here.
         start_worker_server(typed_cfg)
         check_rendezvous(typed_cfg.launcher)
+        # The layout's `auto` values made numbers, for the workers and config.yaml (torch is imported by now).
+        typed_cfg, choice = fill_layout(typed_cfg)
     except ConfigError as e:
         _fail_start(str(e), run_dir, created_now)
+    if choice is not None:
+        print(choice.summary(), flush=True)
     # The workers read the resolved config from a private copy; rank 0 writes it to RUN_DIR/config.yaml once
     # the run has started, so a start that fails on bad input leaves the run directory as it was.
     with tempfile.TemporaryDirectory(prefix="ptrun-") as tmp:
@@ -317,7 +322,9 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
 
 def run_plan(args: list[str]) -> None:
     """`ptrun plan ...` (see USAGE and ptrun/sim)."""
-    from ptrun.sim import costs_from_config, get_cluster, load_profile, report, simulate
+    from ptrun.sim import costs_from_config, get_cluster, load_profile
+    from ptrun.sim.report import report
+    from ptrun.sim.simulate import simulate
     from ptrun.parallel.fit import stage_bytes
     from ptrun.sim.simulate import default_samples, device_budget, fit_memory, plan_epochs, plannable
 

@@ -132,8 +132,8 @@ def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, st
     4. the defaults that follow from other keys filled (`with_defaults`), so the YAML the workers read holds
        every value as it is used.
 
-    `pipe.length=auto` and an unset `pipe.microbatches` need the built model and the device: the workers fill
-    them (`ptrun.parallel.fit.resolve_length`)."""
+    `pipe.length=auto` and an unset `pipe.microbatches` need the devices' memory: the launcher fills them before
+    the workers start (`ptrun.sim.fill.fill_layout`)."""
     note = None
     if env is not None:
         explicit = explicit_fields(overrides)

@@ -82,7 +82,10 @@ def masked(line: str, run_dir: str) -> str:
 
 def run(ptrun: str, run_dir: Path, overrides: list[str]) -> list[str]:
     """One run's events and printed lines, normalised, one string each."""
-    done = subprocess.run([ptrun, "train", *overrides, f"hydra.run.dir={run_dir}"], capture_output=True, text=True)
+    # From the run's own directory: a worker imports ptrun from its working directory before the install's.
+    run_dir.mkdir(parents=True)
+    command = [ptrun, "train", *overrides, f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(command, cwd=run_dir, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{ptrun} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     lines = [masked(line, str(run_dir)) for line in done.stdout.splitlines()]

@@ -151,3 +151,25 @@ def test_the_trainer_and_the_planner_give_a_stage_the_same_share_of_a_device():
 
 def test_parameter_gradient_and_optimizer_state_copies():
     assert (state_copies("adamw"), state_copies("sgd")) == (4, 3)
+
+
+# ---- filled by the launcher, from the planner's stand-in ----------------------------------------------------
+
+
+def test_the_launcher_fills_the_length_and_micro_batches_from_the_stand_in():
+    """`pipe.length=auto` and an unset micro-batch count become numbers before any worker starts: the digits ViT
+    fits a device (K = 1, M = 1); a device of 64 KiB fits no layout, named in one error; an explicit length
+    keeps its value and gets the micro-batches that follow it; nothing `auto` comes back as it was."""
+    from ptrun.compose import compose
+    from ptrun.sim.fill import fill_layout
+
+    digits = compose(["recipe=digits_vit", "launcher.nproc_per_node=2"])
+    assert (digits.pipe.length, digits.pipe.microbatches) == ("auto", None)
+    filled, choice = fill_layout(digits)
+    assert (filled.pipe.length, filled.pipe.microbatches, choice.length) == (1, 1, 1)
+    assert choice.summary().startswith("pipe.length=auto: the model needs ~0.0")
+    with pytest.raises(ConfigError, match="pipe.length=auto: no layout fits 2 workers: K=1: the largest stage"):
+        fill_layout(replace(digits, device=replace(digits.device, memory="64KB")))
+    explicit, choice = fill_layout(compose(["recipe=digits_vit", "launcher.nproc_per_node=2", "pipe.length=2"]))
+    assert (explicit.pipe.length, explicit.pipe.microbatches, choice) == (2, 2, None)  # auto.microbatch_table
+    assert fill_layout(filled) == (filled, None)

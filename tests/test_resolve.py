@@ -208,3 +208,20 @@ def test_a_group_chosen_on_the_command_line_is_what_trains():
             chosen = yaml.safe_load(option.read_text())
             got = getattr(composed([f"{group}={option.stem}"]), group)
             assert {k: getattr(got, k) for k in keys} == {k: chosen.get(k) for k in keys}, f"{group}={option.stem}"
+
+
+@pytest.mark.slow
+def test_a_runs_config_holds_the_layout_the_launcher_filled(tmp_path):
+    """`pipe.length=auto` and an unset micro-batch count reach the workers, and the run's config.yaml, as numbers:
+    the launcher fills them before any worker starts, and says what it chose in the line before the run's first."""
+    run_dir = tmp_path / "run"
+    out = run_ptrun("train", "recipe=digits_vit", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
+                    "train.epochs=1", "train.max_steps_per_epoch=2", "train.export=false", "freeze.policy=none",
+                    "launcher.nproc_per_node=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cfg = load_resolved(run_dir / "config.yaml")
+    assert (cfg.pipe.length, cfg.pipe.microbatches) == (1, 1)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("pipe.length=auto: the model needs ~0.00 GiB per device") and "K = 1" in lines[0]
+    assert lines[1].startswith("ptrun: vit_tiny_patch16_224 (6 units")
+    assert not any("pipe.length" in line for line in lines[1:])

@@ -13,7 +13,8 @@ from ptrun.auto.freeze import make_policy
 from ptrun.cli import main
 from ptrun.parallel.layout import first_plan, param_costs
 from ptrun.parallel.plan import Plan
-from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile, simulate, speedups, vit_costs
+from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile, speedups, vit_costs
+from ptrun.sim.simulate import simulate
 from ptrun.sim.cluster import Cluster
 from ptrun.sim.costs import ModelCosts, bert_costs
 from ptrun.sim.simulate import (COMBINATIONS, combination_config, frozen_grad_seconds, pipeline_seconds, plan_epochs,

@@ -62,6 +62,48 @@ def torch_has_cuda() -> bool:
     return spec is not None and spec.origin is not None and any(Path(spec.origin).parent.glob("lib/libtorch_cuda*"))
 
 
+def visible_gpu_memory_without_torch() -> Optional[int]:
+    """The memory of the smallest GPU CUDA would show this process, in bytes (NVML's count of each device's
+    total memory), or None where only torch can tell (as `visible_gpus_without_torch`)."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    totals = nvml_memory_totals()
+    if totals is None:
+        return None
+    shown = visible_of(spec, len(totals))
+    if shown is None or shown == 0:
+        return None
+    numbers = [int(e) for e in spec.split(",")[:shown]] if spec is not None else list(range(shown))
+    return min(totals[n] for n in numbers)
+
+
+def nvml_memory_totals() -> Optional[list[int]]:
+    """Each NVIDIA GPU's total memory in bytes, by NVML's device number, or None where NVML cannot answer."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        totals = []
+        for i in range(count.value):
+            handle, memory = ctypes.c_void_p(), Memory()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0 or \
+                    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+                return None
+            totals.append(memory.total)
+        return totals
+    finally:
+        nvml.nvmlShutdown()
+
+
 def nvml_device_count() -> Optional[int]:
     """The machine's NVIDIA GPUs as NVML counts them, or None where NVML cannot be loaded or answer."""
     try:

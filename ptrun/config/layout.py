@@ -5,9 +5,10 @@ M divides a replica's batch), and the micro-batch count against the schedule (`s
 refuses a job no length fits (`no_length_fits`).
 
 Called by the config's validation (`check_layout`, where the world size is known before the start: one
-machine), and once more only where a value becomes known later: in the workers, the values
-`ptrun.parallel.fit.resolve_length` fills (`check_concrete`), or on several machines the world size the
-rendezvous counted (`check_concrete`, `ptrun.train.startup.fill_length`); in `ptrun plan`, the world size of
+machine), and once more only where a value becomes known later: the values the launcher fills
+(`ptrun.parallel.fit.resolve_length`, through `ptrun.sim.fill`: `check_concrete`), or on several machines in
+the workers, the world size the rendezvous counted (`check_concrete`, `ptrun.train.startup.check_world`); in
+`ptrun plan`, the world size of
 a cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a layout the
 user writes does."""
 
@@ -131,7 +132,7 @@ def check_concrete(pipe, world: int, global_batch: int) -> None:
 
 def check_layout(cfg) -> None:
     """The config's layout against the workers of one machine, when `launcher.nnodes` is 1 (with more machines
-    the world is known only at the start, which checks it then: `ptrun.train.startup.fill_length`), and the
+    the world is known only at the start, which checks it then: `ptrun.train.startup.check_world`), and the
     micro-batch count against the schedule: `auto` and unset need one count that works. With
     `pipe.length=auto` on one machine, some length must obey the rules (memory picks among them later)."""
     p, t, lc = cfg.pipe, cfg.train, cfg.launcher

@@ -59,7 +59,8 @@ class PipeConfig:
     shortest pipeline whose largest stage fits one device's memory (`device.memory`): its parameters,
     gradients and optimizer state plus the activations of the micro-batches it holds, estimated from the
     model's units before training. A model that fits one device trains as pure data parallelism (K = 1), as a
-    user would run it; the start line prints the estimate and the choice."""
+    user would run it. The launcher chooses before any worker starts, from the model's analytic sizes (as `ptrun
+    plan` does) and the devices' memory, prints the estimate and the choice, and the run's config.yaml holds it."""
     microbatches: Union[int, str, None] = None
     """Micro-batches M each replica's batch is split into (GPipe chunks): unset (the default), M follows the
     pipeline length and the per-replica batch (`auto.microbatch_table`, else the paper's table: 1 at K = 1);

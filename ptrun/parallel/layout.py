@@ -52,7 +52,8 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
     """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with
     `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`).
     `pipe` obeys the layout rules at `world_size` already: checked by the config's validation, or where the
-    start filled it or learnt the world size (`ptrun.train.startup.fill_length`, `ptrun.compose.for_cluster`)."""
+    launcher filled it (`ptrun.sim.fill`) or the start learnt the world size (`ptrun.train.startup.check_world`,
+    `ptrun.compose.for_cluster`)."""
     microbatches = pipe.microbatches if microbatches is None else microbatches
     if not isinstance(microbatches, int):
         raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")

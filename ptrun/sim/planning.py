@@ -16,6 +16,7 @@ from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
 from ptrun.sim.costs import ModelCosts
+from ptrun.sim.fill import ACTIVATION_PER_OUTPUT, fit_memory
 from ptrun.sim.pricing import unit_seconds
 
 COMBINATIONS: dict[str, tuple[str, dict[str, bool]]] = {
@@ -77,20 +78,6 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
         raise ConfigError(f"freeze.policy={cfg.freeze.policy!r} is not allowed: it needs measured "
                           f"{SIGNALS[signal]}; simulate with alpha, linear, schedule or none")
     return cfg
-
-
-ACTIVATION_PER_OUTPUT = 6.0
-"""Bytes autograd keeps per byte of a unit's output, for the planner (which measures nothing). Measured with
-`ptrun.parallel.fit.measure_unit_memory` on the digits ViT: 4.4-7.6 for its attention and MLP halves."""
-
-
-def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
-    """The planner's per-unit memory: float32 parameters, gradients and optimizer state from the analytic
-    sizes; activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
-    from ptrun.parallel.fit import UnitMemory, state_copies
-
-    copies = state_copies(cfg.optim.name)
-    return UnitMemory([4.0 * copies * n for n in costs.params], [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 
 def stand_in(costs: ModelCosts) -> SimpleNamespace:

@@ -33,14 +33,11 @@ class RunRecord:
         device: torch.device,
         start_clock: stats.StartClock,
         all_sum: AllSum,
-        length_choice=None,
         tuning=None,
     ):
         self.cfg, self.rank = cfg, rank
         self.start_clock = start_clock
         """The start's phases, for the start event."""
-        self.choices = [c for c in (length_choice, tuning) if c is not None]
-        """What the start chose for the user (`pipe.length=auto`, `pipe.microbatches=auto`): a line each."""
         self.tuning = tuning
         """The micro-batch tuning (`ptrun.parallel.microtune.Tuning`), or None."""
         self.tuned = tuning.event_fields() if tuning is not None else {}
@@ -89,8 +86,8 @@ class RunRecord:
         )
         self.event("start", **start, worker_start_time=self.start_clock.began, start_phases=self.start_clock.phases)
         self.print(start_line(start, cfg.run_dir))
-        for choice in self.choices:
-            self.print(choice.summary())
+        if self.tuning is not None:
+            self.print(self.tuning.summary())
         self.view.show_layout(plan, layered.unit_names)
 
     def epoch_plan(self, epoch: int, step: int, moved: dict, plan: Plan) -> None:

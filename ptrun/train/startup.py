@@ -1,5 +1,5 @@
-"""How a worker's trainer starts: the data, the model's units (without values), the pipeline length and
-micro-batch count when they are `auto`, what its layouts are built from, the units' profile for the time-based
+"""How a worker's trainer starts: the data, the model's units (without values), the layout checked against the
+world a rendezvous counted, what its layouts are built from, the units' profile for the time-based
 partitioners, the controller and its first layout, micro-batch tuning, and AutoCache. Each function is called
 once from `Trainer.__init__`, in this order."""
 
@@ -17,14 +17,13 @@ from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.intervals import epoch_steps
-from ptrun.config import PtrunConfig, check_concrete, parse_nnodes
+from ptrun.config import ConfigError, PtrunConfig, check_concrete, parse_nnodes
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel import microtune
-from ptrun.parallel.fit import LengthChoice, device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
@@ -66,24 +65,15 @@ def make_builder(cfg: PtrunConfig, layered, rank: int, device: torch.device) -> 
                    compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync)
 
 
-def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
-                device: torch.device) -> tuple[PtrunConfig, LengthChoice | None]:
-    """Collective: `pipe.length=auto` made the shortest pipeline that fits a device, an unset micro-batch
-    count made the one that follows the length (`resolve_length`, which checks the layout it fills). Every
-    rank takes the smallest device budget, so all choose the same layout. A layout the user wrote was checked
-    by the launcher where it knew the world size (one machine); on several, the world is the rendezvous's,
-    and the layout (length, batch, micro-batches) is checked against it here (`check_concrete`)."""
-    if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
-        if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
-            check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
-        return cfg, None
-    budget = torch.tensor([float(device_budget(cfg, device))], dtype=torch.float64, device=device)
-    dist.all_reduce(budget, op=dist.ReduceOp.MIN)
-    resolved, choice = resolve_length(cfg, layered, first_sample(data, layered.input_names), world_size,
-                                      int(budget.item()))
-    if dist.get_rank() == 0 and choice is not None:
-        log.info("%s", choice.summary())
-    return resolved, choice
+def check_world(cfg: PtrunConfig, world_size: int) -> None:
+    """The one value of the layout a launch cannot know: on several machines, the world size the rendezvous
+    counted. The layout the launcher filled (`ptrun.sim.fill`) or the user wrote is checked against it here
+    (`check_concrete`); on one machine the launcher checked it already."""
+    if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
+        raise ConfigError("pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
+                          "(ptrun.sim.fill.fill_layout, which ptrun train runs)")
+    if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
+        check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
 
 
 def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochSampler, world_size: int,

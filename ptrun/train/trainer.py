@@ -45,16 +45,14 @@ class Trainer:
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
                  stops: StopRequests | None = None, decide: Decide | None = None,
                  start_clock: stats.StartClock | None = None):
-        self.rank, self.world_size, self.device = rank, world_size, device
+        startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
         clock = start_clock or stats.StartClock()
         self.data = startup.load_data(cfg, resume)
         clock.lap("data")
         self.layered = startup.build_units(cfg, self.data)
-        # `pipe.length=auto` and an unset micro-batch count need the model and the devices: filled here, once.
-        self.cfg, length_choice = startup.fill_length(cfg, self.layered, self.data, world_size, device)
-        cfg = self.cfg
         clock.lap("model")
         builder = startup.make_builder(cfg, self.layered, rank, device)
         self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
@@ -66,7 +64,7 @@ class Trainer:
                                                      rank == 0)
         clock.lap("cache")
         self.decisions = Decisions(controller, signal, self.all_sum, decide)
-        self.record = RunRecord(cfg, rank, device, clock, self.all_sum, length_choice, tuning)
+        self.record = RunRecord(cfg, rank, device, clock, self.all_sum, tuning)
         self.checkpoints = Checkpoints(cfg, self.layered, controller, self.scaler, rank, world_size, builder.name_of)
         self.layouts = LayoutInUse(cfg, builder, self.data, plain_train, self.cache, signal, self.scaler,
                                    controller.global_batch)
