@@ -32,6 +32,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_concrete, schema_keys,
                           validate, workers_per_node)
 from ptrun.config.cross import run_inputs
+from ptrun.config.data import data_defaults
+from ptrun.config.freezing import cache_dtype
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
@@ -147,10 +149,13 @@ def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, st
 
 def with_defaults(cfg: PtrunConfig) -> PtrunConfig:
     """`cfg` with the values that default to other keys': a text source's `data.tokenizer` is the model's own
-    directory (`model.pretrained`) when unset. Applied after validation, whose messages name the keys as given."""
+    directory (`model.pretrained`) when unset; `cache.dtype=auto` the compute dtype of `train.precision`; the
+    data source's image size or token length (`data_defaults`).
+    Applied after validation, whose messages name the keys as given."""
     if cfg.data.tokenizer is None and cfg.model.pretrained is not None and run_inputs(cfg) == "text":
         cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.model.pretrained))
-    return cfg
+    cache = replace(cfg.cache, dtype=cache_dtype(cfg.cache.dtype, cfg.train.precision))
+    return replace(cfg, data=data_defaults(cfg.data), cache=cache)
 
 
 def for_this_machine(resolved: Resolved) -> Resolved:

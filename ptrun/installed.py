@@ -9,7 +9,9 @@ import contextlib
 import importlib.util
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 from ptrun.errors import ConfigError
 
@@ -42,14 +44,14 @@ def hidden(*modules: str):
 
 
 def required_modules(logger: str) -> list[str]:
-    """The top-level modules `logger` imports in the workers."""
-    if logger == "wandb":
-        return ["wandb"]
-    if logger == "mlflow":
-        # The SQLite store in the run directory needs SQLAlchemy and Alembic, which mlflow-skinny leaves out;
-        # a tracking server (MLFLOW_TRACKING_URI) needs neither.
-        return ["mlflow"] + ([] if os.environ.get("MLFLOW_TRACKING_URI") else ["sqlalchemy", "alembic"])
-    return []
+    """The top-level modules `logger` imports in the workers (`Logger.modules`)."""
+    return LOGGER_SPECS[logger].modules()
+
+
+def mlflow_modules() -> list[str]:
+    """MLflow's client; the SQLite store in the run directory needs SQLAlchemy and Alembic too, which
+    mlflow-skinny leaves out (a tracking server, MLFLOW_TRACKING_URI, needs neither)."""
+    return ["mlflow"] + ([] if os.environ.get("MLFLOW_TRACKING_URI") else ["sqlalchemy", "alembic"])
 
 
 def check_installed(logger: str, modules: list[str] | None = None) -> None:
@@ -72,7 +74,8 @@ def check_tracker_ready(logger: str) -> None:
     (a worker would otherwise fail after its start-up, with the tracker's traceback): `wandb` online needs a
     login, `mlflow` a tracking server that accepts a connection within `TRACKER_TIMEOUT_S`. Nothing is sent
     to either: the wandb key is looked up where wandb looks for it, the server only connected to."""
-    problem = wandb_login_problem() if logger == "wandb" else mlflow_server_problem() if logger == "mlflow" else None
+    check = LOGGER_SPECS[logger].problem
+    problem = check() if check is not None else None
     if problem:
         raise ConfigError(problem)
 
@@ -155,3 +158,26 @@ def mlflow_server_problem() -> str | None:
     via = f" through the proxy {target.hostname}:{target.port or default_port}" if target is not parts else ""
     return (f"logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable{via} ({reason}); start the tracking "
             f"server, or unset MLFLOW_TRACKING_URI to log into RUN_DIR/mlflow.db")
+
+
+@dataclass(frozen=True)
+class Logger:
+    """What ptrun knows of one `logger`, in one place: the writer that mirrors a run's events
+    (`ptrun.train.report.open_mirror`), the modules the workers import for it (`check_installed`) and what
+    keeps its tracker from taking a run (`check_tracker_ready`)."""
+
+    writer: Optional[str] = None
+    """The class in `ptrun.report` that mirrors the events, `MODULE.CLASS` (None: metrics.jsonl alone)."""
+    modules: Callable[[], list[str]] = list
+    """The top-level modules the workers import for it."""
+    problem: Optional[Callable[[], Optional[str]]] = None
+    """Why its tracker cannot take the run now (None: it can), asked before any worker starts."""
+
+
+LOGGER_SPECS: dict[str, Logger] = {
+    "jsonl": Logger(),
+    "tensorboard": Logger("tensorboard.TensorBoardLog"),
+    "wandb": Logger("trackers.WandbLog", lambda: ["wandb"], wandb_login_problem),
+    "mlflow": Logger("trackers.MlflowLog", mlflow_modules, mlflow_server_problem),
+}
+"""Every `logger`, by name, with what it needs."""

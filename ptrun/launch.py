@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ptrun.compat import agent_shutdown, launch_config_kwargs
 from ptrun.config import ConfigError, LauncherConfig, PtrunConfig, parse_nnodes, workers_per_node
-from ptrun.config.model import model_family
+from ptrun.config.model import FAMILY_SPECS, model_family
 
 DEFAULT_RDZV_PORT = 29400  # torch's c10d default when the endpoint names no port
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
@@ -130,16 +130,11 @@ def launch_config(cfg: PtrunConfig, **overrides):
 WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
 """What every worker imports before it can start: torch, ptrun's trainer, and scikit-learn's split, which the
 offline sources use; `worker_modules` adds the model's library."""
-LIBRARY_MODULES = {"vit": ["ptrun.models.vit"],
-                   "transformers": ["transformers.modeling_utils", "transformers.tokenization_utils_tokenizers"]}
-"""The bulk of each model family's library (seconds each): imported once for all of a machine's workers. timm
-through ptrun.models.vit, which imports it with wandb hidden: `import timm` alone imports wandb when it is
-installed (seconds, and a temporary directory that a killed worker leaves behind)."""
 
 
 def worker_modules(cfg: PtrunConfig) -> list[str]:
-    """`WORKER_MODULES` and the library that builds `cfg.model`."""
-    return [*WORKER_MODULES, *LIBRARY_MODULES[model_family(cfg.model)]]
+    """`WORKER_MODULES` and the library that builds `cfg.model` (`Family.preload`)."""
+    return [*WORKER_MODULES, *FAMILY_SPECS[model_family(cfg.model)].preload]
 
 
 def worker_environment() -> None:

@@ -108,7 +108,7 @@ def test_threads_per_worker_auto_shares_the_cores_among_a_machines_workers(tmp_p
 def test_the_validation_tables_match_the_data_sources():
     """The config's table of sources (`DATA_SOURCE_SPECS`: validation must not import the data stack, which
     would slow every start) holds their default image sizes and token lengths: the sources use them."""
-    from ptrun.data import cifar, glue, images, sources, squad
+    from ptrun.data import cifar, images, sources
     from ptrun.data.packaged_text import PACKAGED_TEXT
 
     assert SOURCE_IMAGES["imagefolder"][0] == images.DEFAULT_IMAGE_SIZE
@@ -117,7 +117,6 @@ def test_the_validation_tables_match_the_data_sources():
 
     digits = sources.build_datasets(DataConfig(name="digits"))
     assert SOURCE_IMAGES["digits"] == (digits.image_size, digits.in_chans)
-    assert TEXT_MAX_LENGTH["glue"] == glue.GLUE_MAX_LENGTH and TEXT_MAX_LENGTH["squad"] == squad.SQUAD_MAX_LENGTH
     assert all(TEXT_MAX_LENGTH[name] == spec.max_length for name, spec in PACKAGED_TEXT.items())
 
 

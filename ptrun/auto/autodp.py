@@ -203,7 +203,7 @@ def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> La
     its stage directly (DDP over the replicas), any other a flushing schedule."""
     set_frozen(b.layered, plan.frozen_units)
     groups = build_groups(plan, b.rank, b.layered.tied)
-    if plan.schedule == "pipedream":
+    if not plan.flushing:
         runtime = AsyncPipelineRuntime(b.layered, plan, b.rank, groups, b.device, b.loss,
                                        compute_dtype=b.compute_dtype, weight_stashing=b.weight_stashing,
                                        vertical_sync=b.vertical_sync)
@@ -218,7 +218,7 @@ def keeps_owners(old: Plan, new: Plan) -> bool:
     """Whether `new` only freezes more (or caches a longer prefix) on `old`'s layout: the same pipeline
     length, width, stage bounds, schedule and micro-batches, so no unit changes hands and no process group
     changes. PipeDream's asynchronous runtime drains and rebuilds as for any change."""
-    return old.schedule != "pipedream" and new.frozen_units >= old.frozen_units and \
+    return old.flushing and new.frozen_units >= old.frozen_units and \
         replace(new, frozen_units=old.frozen_units, cached_units=old.cached_units) == old
 
 

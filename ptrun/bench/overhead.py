@@ -42,6 +42,7 @@ from pathlib import Path
 from ptrun.bench.harness import (cell, command_line, label_rows, markdown_lines, publish,
                                  rounds_parser, train)
 from ptrun.bench.tiny import machine
+from ptrun.config import LR_SCHEDULE_SPECS, PRECISION_SPECS
 
 RECIPE = "bbc_news_bert"
 MODES = ("small", "normal")
@@ -116,7 +117,7 @@ def oracle(argv: list[str]) -> None:
     changes = schedule(path) if path.is_dir() else json.loads(path.read_text())
 
     cfg = recipe_config(args.recipe, args.overrides)
-    assert cfg.model.task == "classification" and cfg.train.precision == "fp32"
+    assert cfg.model.task == "classification" and PRECISION_SPECS[cfg.train.precision].autocast is None
     data = build_datasets(cfg.data, task=cfg.model.task)
     columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in data.train.column_names]
     train_data = {c: (v if v.is_floating_point() else v.long()) for c, v in data.train[:].items() if c in columns}
@@ -163,8 +164,7 @@ def oracle(argv: list[str]) -> None:
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
-        return {"cosine": 0.5 * (1 + math.cos(math.pi * progress)),
-                "linear": max(0.0, 1 - progress)}.get(o.schedule, 1.0)
+        return LR_SCHEDULE_SPECS[o.schedule](progress)
 
     frozen, epochs, losses, global_step = 0, [], [], 0
     for epoch in range(t.epochs):

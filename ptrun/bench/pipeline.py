@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from ptrun.bench.harness import command_line
+from ptrun.config import schedule_problem
 
 # torch is imported inside the functions that use it: `readme_results.py` imports this module for `caption`
 # and `table` alone, and importing torch would cost it seconds.
@@ -193,7 +194,7 @@ def worker(args: dict, out: str, command: str) -> None:
     results: dict = {"bubble": [], "dp": None}
     for schedule in ("GPipe", "1F1B"):
         for m in (1, 2, 4, 8):
-            if schedule == "1F1B" and m < 2:
+            if schedule_problem(schedule, world, 1, m):
                 continue  # 1F1B needs M >= K
             r = bench_pipeline(args, rank, schedule, m)
             stats = torch.tensor([r["wall"], 1 - r["busy"] / r["wall"]], dtype=torch.float64)

@@ -134,11 +134,12 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
     # ---- preparation: ptrun's config and data split; the model built the ordinary way --------------------
+    from ptrun.config import LR_SCHEDULE_SPECS, PRECISION_SPECS
     from ptrun.data import build_datasets
 
     cfg = recipe_config(args.recipe, args.overrides)
     task = cfg.model.task
-    assert cfg.train.precision == "fp32" and task in TASKS, "the peer trains fp32 classifiers and causal LMs"
+    assert PRECISION_SPECS[cfg.train.precision].autocast is None and task in TASKS, "the peer trains fp32 classifiers and causal LMs"
     data = build_datasets(cfg.data, task=task)
     columns = [c for c in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
                if c in data.train.column_names]
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
-        return {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": max(0.0, 1 - progress)}.get(o.schedule, 1.0)
+        return LR_SCHEDULE_SPECS[o.schedule](progress)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 

@@ -79,8 +79,11 @@ from ptrun.config.pipe import (
 from ptrun.config.rules import check_choices, choice, choices_of, either, one_of, parse_memory, require
 from ptrun.config.schema import LOGGERS, PtrunConfig, check_logger, load_resolved, schema_keys
 from ptrun.config.training import (
+    LR_SCHEDULE_SPECS,
     LR_SCHEDULES,
+    OPTIMIZER_SPECS,
     OPTIMIZERS,
+    PRECISION_SPECS,
     PRECISIONS,
     CheckpointConfig,
     OptimConfig,
@@ -114,7 +117,8 @@ def validate(cfg, paths: bool = True) -> None:
 __all__ = [
     "ATTENTIONS", "BACKENDS", "FAMILIES", "check_choices", "choice", "choices_of", "either", "one_of", "check_concrete",
     "check_layout", "data_parallel_width", "replica_batch", "width_problem", "world_problem", "BATCH_POLICIES", "CACHE_AUGMENT", "CACHE_DTYPES", "CPU_WORKERS", "DATA_SOURCE_SPECS", "DATA_SOURCES", "DataSource", "FREEZE_POLICIES",
-    "GLUE_TASKS", "LOGGERS", "LR_SCHEDULES", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS", "PRECISIONS",
+    "GLUE_TASKS", "LOGGERS", "LR_SCHEDULE_SPECS", "LR_SCHEDULES", "OPTIMIZER_SPECS", "OPTIMIZERS", "PACKAGED_TEXT_SOURCES", "PARTITIONS",
+    "PRECISION_SPECS", "PRECISIONS",
     "SCHEDULE_SPECS", "SCHEDULES", "Schedule", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",
     "ModelConfig", "OptimConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "check_percentile",

@@ -12,6 +12,8 @@ from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, chec
 from ptrun.config.freezing import inside_epochs
 from ptrun.config.fit import Recipe, recipe_named, use_recipe
 from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
+from ptrun.config.pipe import SCHEDULE_SPECS
+from ptrun.config.training import PRECISION_SPECS
 from ptrun.config.rules import require
 from ptrun.errors import ConfigError
 
@@ -24,17 +26,17 @@ TIMM_VIT_MODULES = ("vision_transformer", "vision_transformer_hybrid", "deit")
 def check_pipedream(cfg) -> None:
     """What PipeDream's asynchronous schedule and its stage replication rule out elsewhere."""
     p, t, au = cfg.pipe, cfg.train, cfg.auto
-    if p.schedule == "pipedream":
+    if not SCHEDULE_SPECS[p.schedule].flushing:
         require(p.recompute == "none", "pipe.recompute", "none with pipe.schedule=pipedream (a stashed weight "
                 "version is used once per pass)", p.recompute)
-        require(t.precision != "fp16", "train.precision", "fp32 or bf16 with pipe.schedule=pipedream (fp16's "
-                "loss scale needs every stage to step or skip together; pipedream stages step apart)",
-                t.precision)
+        require(not PRECISION_SPECS[t.precision].loss_scale, "train.precision", "fp32 or bf16 with "
+                "pipe.schedule=pipedream (fp16's loss scale needs every stage to step or skip together; pipedream "
+                "stages step apart)", t.precision)
         require(not inside_epochs(cfg.freeze), "freeze.every", "whole epochs with pipe.schedule=pipedream (its "
                 "stages step apart, so a layout changes only where the pipeline drains: an epoch's end)",
                 cfg.freeze.every_steps or cfg.freeze.every)
     if p.first_stage_replicas > 1:
-        require(p.schedule == "pipedream", "pipe.first_stage_replicas",
+        require(not SCHEDULE_SPECS[p.schedule].flushing, "pipe.first_stage_replicas",
                 "1 unless pipe.schedule=pipedream (stage replication is PipeDream's)", p.first_stage_replicas)
         for key, on in (("auto.pipe", au.pipe), ("auto.dp", au.dp)):
             require(not on, key, "false with pipe.first_stage_replicas > 1 (a replicated layout stays as "

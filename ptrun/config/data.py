@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -184,3 +184,18 @@ def check_hf_path(cfg) -> None:
         problem = hf_path_problem(d.path)
         if problem is not None:
             raise ConfigError(f"data.path={d.path!r}: {problem}")
+
+
+def data_defaults(d: DataConfig) -> DataConfig:
+    """`d` with its source's defaults (`DATA_SOURCE_SPECS`) where unset: an image source's `image_size`, a text
+    source's `max_length`. Filled once, in resolution (`ptrun.compose.with_defaults`: the YAML the workers read
+    holds them), and for a `DataConfig` made without it where the data is built (`ptrun.data.build_datasets`).
+    `hf`, whose columns say what it gives, keeps its own."""
+    spec = DATA_SOURCE_SPECS.get(d.name)
+    if spec is None:  # not a source: the config's validation, or the builder, names it
+        return d
+    if d.image_size is None and spec.image is not None:
+        d = replace(d, image_size=spec.image[0])
+    if d.max_length is None and spec.inputs == "text":
+        d = replace(d, max_length=spec.max_length)
+    return d

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ptrun.config.rules import check_choices, choice, parse_memory, require
+from ptrun.config.training import PRECISION_SPECS
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
 """`freeze.policy`: the policies' names, declared here once; each policy class registers under one
@@ -15,8 +16,18 @@ BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
 optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global
 batch grows with DP (the paper's setting, with no learning-rate change)."""
-CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-"""`cache.dtype`."""
+CACHE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Every dtype `cache.dtype` stores entries in (a torch dtype's name), with the bytes of one element."""
+CACHE_DTYPES = ("auto", *CACHE_DTYPE_BYTES)
+"""`cache.dtype`: `auto` is `train.precision`'s compute dtype, filled in resolution (`cache_dtype`)."""
+
+
+def cache_dtype(dtype: str, precision: str) -> str:
+    """The dtype a cache of `cache.dtype=dtype` stores in: `auto` is `train.precision`'s compute dtype
+    (`Precision.autocast`; float32 without autocast)."""
+    if dtype in CACHE_DTYPE_BYTES:
+        return dtype
+    return PRECISION_SPECS[precision].autocast or "float32"
 CACHE_AUGMENT = ("fixed", "off")
 """`cache.augment`."""
 

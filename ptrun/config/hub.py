@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
+from ptrun.config.model import named_family
 from ptrun.errors import ConfigError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
@@ -92,7 +93,7 @@ def resolve_hub_ids(cfg, *, full: bool = True, env: Optional[Mapping[str, str]] 
     env = os.environ if env is None else env
     m, d = cfg.model, cfg.data
     model_id, tokenizer_id = parse_hub_id(m.pretrained), parse_hub_id(d.tokenizer)
-    vit = m.family == "vit" or (m.family is None and m.name.startswith(("vit_", "deit")))
+    vit = named_family(m) == "vit"
     if model_id is not None and vit and full:
         text_dir = _text_model_dir("model.pretrained", model_id, env)
         if text_dir is not None:  # a text model where a ViT was expected: refused before its weights come

@@ -11,7 +11,34 @@ from ptrun.errors import ConfigError
 
 TASKS = ("classification", "regression", "qa", "causal_lm")
 """`model.task`."""
-FAMILIES = ("vit", "transformers", "bert", None)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What ptrun knows of one model family, in one place: the library that builds it and whose format the
+    run exports (`ptrun.models`), the model names that mean it when `model.family` is unset
+    (`model_family`), and the modules a machine's workers import once before they start (`ptrun.launch`:
+    seconds each)."""
+
+    library: str
+    """The library that builds the model: `timm` or `transformers`."""
+    names: tuple[str, ...]
+    """Prefixes of `model.name` that mean this family."""
+    preload: tuple[str, ...]
+    """The bulk of its library, imported by the workers' server. timm through ptrun.models.vit, which imports
+    it with wandb hidden: `import timm` alone imports wandb when it is installed (seconds, and a temporary
+    directory that a killed worker leaves behind)."""
+
+
+FAMILY_SPECS: dict[str, Family] = {
+    "vit": Family("timm", ("vit_", "deit"), ("ptrun.models.vit",)),
+    "transformers": Family("transformers", ("bert",),
+                           ("transformers.modeling_utils", "transformers.tokenization_utils_tokenizers")),
+}
+"""Every model family, by the name `model_family` gives."""
+FAMILY_ALIASES = {"bert": "transformers"}
+"""`model.family` values that name a family of `FAMILY_SPECS` by another name (ptrun's BERT presets)."""
+FAMILIES = (*FAMILY_SPECS, *FAMILY_ALIASES, None)
 """`model.family` (None: inferred from the name and `pretrained`)."""
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "deberta-v2", "modernbert")
 """Encoder `model_type`s (config.json) ptrun splits into units: classification, regression, qa."""
@@ -103,6 +130,14 @@ def is_hf_dir(path: str | None) -> bool:
     return path is not None and (Path(path).expanduser() / "config.json").is_file()
 
 
+def named_family(cfg: ModelConfig) -> Optional[str]:
+    """The family `model.family` names (an alias resolved), else the one `model.name` begins with
+    (`Family.names`); None when neither says."""
+    if cfg.family is not None:
+        return FAMILY_ALIASES.get(cfg.family, cfg.family)
+    return next((family for family, spec in FAMILY_SPECS.items() if cfg.name.startswith(spec.names)), None)
+
+
 def model_family(cfg: ModelConfig) -> str:
     """`vit` (timm) or `transformers`: a Hugging Face directory as `pretrained` decides (its config.json names
     the architecture, whatever the model group said), then `cfg.family` (`bert` is `transformers`), then the
@@ -110,12 +145,9 @@ def model_family(cfg: ModelConfig) -> str:
     which library its workers will import without importing any."""
     if is_hf_dir(cfg.pretrained):
         return "transformers"
-    if cfg.family is not None:
-        return "vit" if cfg.family == "vit" else "transformers"
-    if cfg.name.startswith("bert"):
-        return "transformers"
-    if cfg.name.startswith(("vit_", "deit")):
-        return "vit"
+    named = named_family(cfg)
+    if named is not None:
+        return named
     raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
                       f"a BERT preset (bert-tiny ... bert-large), a Hugging Face directory as model.pretrained, "
                       f"or set model.family")

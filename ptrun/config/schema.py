@@ -17,10 +17,10 @@ from ptrun.config.model import ModelConfig
 from ptrun.config.pipe import PipeConfig
 from ptrun.config.rules import check_choices, choice, either
 from ptrun.config.training import CheckpointConfig, OptimConfig, TrainConfig
-from ptrun.installed import check_installed
+from ptrun.installed import LOGGER_SPECS, check_installed
 
-LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
-"""`logger`."""
+LOGGERS = tuple(LOGGER_SPECS)
+"""`logger` (`ptrun.installed.LOGGER_SPECS`)."""
 
 
 @dataclass

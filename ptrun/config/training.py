@@ -2,16 +2,67 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from ptrun.config.rules import check_choices, choice, require
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+
+@dataclass(frozen=True)
+class Precision:
+    """What ptrun knows of one `train.precision`, in one place: the stages' autocast (`ptrun.parallel.precision`),
+    the loss scale (the trainer's), PipeDream's rule (`ptrun.config.cross`) and the planner's byte counts read it."""
+
+    autocast: Optional[str]
+    """The dtype stages compute in under torch.autocast (a torch dtype's name); None: plain float32."""
+    bytes: int
+    """Bytes of one activation element in that dtype."""
+    loss_scale: bool = False
+    """Whether the loss is scaled before backward (fp16's range underflows small gradients), so every stage
+    must step or skip a step together."""
+
+
+PRECISION_SPECS: dict[str, Precision] = {
+    "fp32": Precision(autocast=None, bytes=4),
+    "bf16": Precision(autocast="bfloat16", bytes=2),
+    "fp16": Precision(autocast="float16", bytes=2, loss_scale=True),
+}
+"""Every `train.precision`, by name, with its properties."""
+PRECISIONS = tuple(PRECISION_SPECS)
 """`train.precision`."""
-OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """What ptrun knows of one `optim.name`: the torch class (`ptrun.parallel.optim.build_optimizer`), the
+    keywords it takes from the config besides the learning rate, and the state it keeps per parameter element
+    (`ptrun.parallel.fit`'s memory estimate)."""
+
+    torch_class: str
+    """Its class in torch.optim."""
+    options: Callable[["OptimConfig"], dict]
+    """Its keywords from `optim.*` (the learning rate and weight decay are set per group)."""
+    state_copies: int
+    """float32 tensors of optimizer state per parameter element."""
+
+
+OPTIMIZER_SPECS: dict[str, Optimizer] = {
+    "adamw": Optimizer("AdamW", lambda o: {"betas": tuple(o.betas), "eps": o.eps}, state_copies=2),
+    "sgd": Optimizer("SGD", lambda o: {"momentum": o.momentum}, state_copies=1),
+}
+"""Every `optim.name`, by name: AdamW keeps two moments (`exp_avg`, `exp_avg_sq`), SGD a momentum buffer."""
+OPTIMIZERS = tuple(OPTIMIZER_SPECS)
 """`optim.name`."""
-LR_SCHEDULES = ("cosine", "linear", "constant")
+
+LR_SCHEDULE_SPECS: dict[str, Callable[[float], float]] = {
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: max(0.0, 1.0 - progress),
+    "constant": lambda progress: 1.0,
+}
+"""Every `optim.schedule`, by name: the peak learning rate's multiplier after the warm-up, at `progress` (0 to 1)
+through the steps after it."""
+LR_SCHEDULES = tuple(LR_SCHEDULE_SPECS)
 """`optim.schedule`."""
 
 

@@ -78,7 +78,7 @@ def _build(cfg: DataConfig, variant: Variant) -> DataSplits:
         if len(labels) == 0 or labels.min() < 0 or labels.max() >= variant.classes:
             raise ConfigError(f"data.path={cfg.path!r}: the {where} split has {len(labels)} images with labels "
                               f"outside 0..{variant.classes - 1}; is this {variant.name}?")
-    size = cfg.image_size or CIFAR_SIZE
+    size = cfg.image_size
     train.set_transform(_transform(size, cfg.augment))
     test.set_transform(_transform(size, augment=False))
     return DataSplits(train=train, eval=test, num_classes=variant.classes, class_names=names,

@@ -13,12 +13,10 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
+from ptrun.config import ConfigError, DataConfig
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, load_tokenizer, tokenize_texts
 
-GLUE_MAX_LENGTH = DATA_SOURCE_SPECS["glue"].max_length
-"""Tokens per example when `data.max_length` is unset."""
 NO_GOLD_LABEL = "-"
 """NLI rows whose annotators did not agree carry this label; they have no gold class and are skipped."""
 
@@ -90,7 +88,7 @@ def build_glue(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
     spec = GLUE_TASKS[cfg.task]
     tok = load_tokenizer(tokenizer or cfg.tokenizer, "glue")
     train_rows, eval_rows = _read_glue(cfg)
-    max_length = cfg.max_length or GLUE_MAX_LENGTH
+    max_length = cfg.max_length
 
     def split(rows: datasets.Dataset) -> datasets.Dataset:
         columns = tokenize_texts(tok, [rows.data.column(c).to_pylist() for c in spec.text], max_length)

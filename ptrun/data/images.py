@@ -82,7 +82,7 @@ def build_imagefolder(cfg: DataConfig) -> DataSplits:
         eval_paths, eval_labels = [train_paths[i] for i in eval_pos], [train_labels[i] for i in eval_pos]
         train_paths, train_labels = [train_paths[i] for i in train_pos], [train_labels[i] for i in train_pos]
 
-    size = cfg.image_size or DEFAULT_IMAGE_SIZE
+    size = cfg.image_size
     # Decoded by the transform (`_decode_image`), so a file that is not a readable image is named in a
     # one-line error instead of failing deep inside `datasets` mid-epoch.
     features = datasets.Features({"image": datasets.Image(decode=False),

@@ -167,7 +167,7 @@ def build_packaged_text(cfg: DataConfig, tokenizer: str | None = None) -> DataSp
     spec = PACKAGED_TEXT[cfg.name]
     texts, labels = read_packaged_text(cfg.name, cfg.path)  # read first: a missing package fails fast
     tok = load_tokenizer(tokenizer or cfg.tokenizer, cfg.name)
-    max_length = cfg.max_length or spec.max_length
+    max_length = cfg.max_length
     train_pos, eval_pos = stratified_split(labels, cfg, f"data.name={cfg.name}")
 
     tok_id = hf_tokens.tokenizer_identity(tok)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from importlib import import_module
 
 from ptrun.config import DATA_SOURCE_SPECS, DataConfig
+from ptrun.config.data import data_defaults
 from ptrun.data import hf_source, packaged_text
 from ptrun.data.memory import in_memory
 from ptrun.data.splits import DataSplits, stratified_split
@@ -24,6 +25,7 @@ def build_datasets(cfg: DataConfig, task: str | None = None) -> DataSplits:
     from its columns when None; `cfg.name` is one the config's validation accepted, `DATA_SOURCE_SPECS`);
     raises ConfigError for a bad `cfg.path`. The builder's module is imported here, when its source is built:
     a text run's workers do not import torchvision."""
+    cfg = data_defaults(cfg)  # as resolution filled them (a config made without it)
     module, function = DATA_SOURCE_SPECS[cfg.name].builder.split(".")
     build = getattr(import_module(f"ptrun.data.{module}"), function)
     splits = build(cfg, task=task) if cfg.name == "hf" else build(cfg)

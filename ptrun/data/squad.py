@@ -18,15 +18,13 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
+from ptrun.config import ConfigError, DataConfig
 from ptrun.data.splits import DataSplits
 from ptrun.data.text import INPUT_NAMES, arrays_to_dataset, chunks, compact, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SQUAD_MAX_LENGTH = DATA_SOURCE_SPECS["squad"].max_length
-"""Tokens per window when `data.max_length` is unset."""
 
 
 SQUAD_LAYOUT = ("expected SQuAD v1.1 JSON (data[].paragraphs[].qas[]): path/train-v1.1.json + "
@@ -62,7 +60,7 @@ def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
     eval side data in `DataSplits.qa_eval`."""
     tok = load_tokenizer(tokenizer or cfg.tokenizer, "squad")
     train_file, eval_file = _squad_files(cfg)
-    max_length = cfg.max_length or SQUAD_MAX_LENGTH
+    max_length = cfg.max_length
     # both files are read before the slow tokenization, so a bad eval file fails fast
     train_examples, examples = read_squad(train_file), read_squad(eval_file)
     train, _, _ = qa_features(tok, train_examples, max_length, cfg.doc_stride)

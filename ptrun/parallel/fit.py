@@ -15,15 +15,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ptrun.config import SCHEDULE_SPECS, ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
+from ptrun.config import OPTIMIZER_SPECS, SCHEDULE_SPECS, ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
 from ptrun.config.layout import auto_lengths, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
-
-OPTIMIZER_COPIES = {"adamw": 2, "sgd": 1}
-"""float32 tensors of optimizer state per parameter element: AdamW's two moments (`exp_avg`, `exp_avg_sq`),
-SGD's momentum buffer."""
 
 DEVICE_SHARE = "90%"
 """What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's
@@ -34,8 +30,8 @@ picks the pipeline length the trainer would."""
 
 def state_copies(optimizer: str) -> int:
     """Tensors of a parameter's size that training keeps per parameter: the parameter, its gradient and the
-    optimizer's state (`OPTIMIZER_COPIES`; an optimizer not listed is charged AdamW's two)."""
-    return 2 + OPTIMIZER_COPIES.get(optimizer, 2)
+    optimizer's state (`Optimizer.state_copies`)."""
+    return 2 + OPTIMIZER_SPECS[optimizer].state_copies
 
 
 def memory_budget(setting: str | None, total: int) -> int:

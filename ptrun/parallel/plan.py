@@ -51,6 +51,11 @@ class Plan:
         return max(lo, self.cached_units), hi
 
     @property
+    def flushing(self) -> bool:
+        """Whether its schedule flushes the pipeline every step (`Schedule.flushing`); PipeDream's does not."""
+        return SCHEDULE_SPECS[self.schedule].flushing
+
+    @property
     def num_stages(self) -> int:
         return self.pp * self.stages_per_rank
 
@@ -123,7 +128,7 @@ class Plan:
         if problem:
             key, allowed, value = problem
             raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-        if self.replicate_first_only and (self.schedule != "pipedream" or self.stages_per_rank != 1):
+        if self.replicate_first_only and (self.flushing or self.stages_per_rank != 1):
             raise ConfigError(f"pipe.first_stage_replicas is not allowed with pipe.schedule={self.schedule}: "
                               f"stage replication needs pipedream")
         if not 0 <= self.frozen_units < self.num_units:

@@ -19,12 +19,12 @@ import contextlib
 
 import torch
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""`train.precision` -> the autocast dtype (None: plain float32)."""
-
+from ptrun.config import PRECISION_SPECS
 
 def compute_dtype(precision: str) -> torch.dtype | None:
-    return PRECISIONS[precision]
+    """`train.precision`'s autocast dtype (`ptrun.config.PRECISION_SPECS`; None: plain float32)."""
+    name = PRECISION_SPECS[precision].autocast
+    return None if name is None else getattr(torch, name)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -37,6 +37,11 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 class LossScaler:
     """fp16's dynamic loss scale (torch.amp.GradScaler's defaults and update rule), driven by a verdict all
     ranks agree on. Disabled (fp32, bf16) it is a constant 1 that never skips a step."""
+
+    @classmethod
+    def for_precision(cls, precision: str) -> "LossScaler":
+        """The scaler of `train.precision` (`Precision.loss_scale`)."""
+        return cls(enabled=PRECISION_SPECS[precision].loss_scale)
 
     def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000):

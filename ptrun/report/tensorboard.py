@@ -62,7 +62,8 @@ def _numbers(tags: dict[str, str], fields: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardLog:
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, config: Any = None):
+        """Scalars into `run_dir` (the run's `config` is not written: TensorBoard shows scalars)."""
         # torch's writer needs the `tensorboard` package; import it only when a run asks for this logger.
         from torch.utils.tensorboard import SummaryWriter
 

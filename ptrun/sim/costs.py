@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig
-from ptrun.config.model import DECODER_TYPES, POOLED_TASKS
+from ptrun.config.model import DECODER_TYPES, POOLED_TASKS, named_family
 
 FP32 = 4
 """Bytes of an fp32 value: activations, gradients and the cache's default dtype."""
@@ -286,7 +286,7 @@ config.json."""
 def _family(model: ModelConfig) -> str:
     if model.pretrained and (Path(model.pretrained).expanduser() / "config.json").is_file():
         return "bert"  # a Hugging Face directory: a transformers model, whatever the model group said
-    return "vit" if model.family == "vit" else "bert" if model.family or model.name.startswith("bert") else "vit"
+    return "bert" if (named_family(model) or "vit") == "transformers" else "vit"
 
 
 SIZE_KEYS = {"depth": ("num_hidden_layers", "n_layer", "n_layers"), "width": ("hidden_size", "n_embd", "dim"),

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ptrun.config import PtrunConfig, parse_memory
+from ptrun.config.freezing import CACHE_DTYPE_BYTES, cache_dtype
 from ptrun.parallel.partition import stage_sums
 from ptrun.parallel.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
 from ptrun.sim.costs import FP32, ModelCosts
 
-CACHE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ def pipeline_seconds(plan: Plan, stage_s: Sequence[float]) -> float:
     per_rank = [math.fsum(stage_s[i] for i in plan.local_stages(r)) for r in range(plan.pp)]
     if plan.replicate_first_only:
         per_rank = per_rank[:1] + [plan.dp * t for t in per_rank[1:]]
-    if plan.schedule == "pipedream":
+    if not plan.flushing:
         return max(per_rank)
     return math.fsum(per_rank) + (plan.microbatches - 1) * max(per_rank)
 
@@ -183,7 +182,7 @@ def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     first_raw, read, fill = raw, 0.0, 0.0
     c = plan.cached_units
     if c:
-        stored = PRECISION_BYTES[cfg.train.precision] if cfg.cache.dtype == "auto" else CACHE_DTYPE_BYTES[cfg.cache.dtype]
+        stored = CACHE_DTYPE_BYTES[cache_dtype(cfg.cache.dtype, cfg.train.precision)]
         entry = costs.act_bytes[c - 1] * stored / FP32
         io = cache_io_seconds(per_replica * entry, cache_memory_share(cfg, cluster, entry, samples),
                               cache_readers(plan, cluster), cluster) + per_replica * cluster.cache_sample_s
@@ -202,6 +201,6 @@ def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     return StepTime(tuple(stages), pipe, allreduce, read, fill, raw, max(update), slowdown, total * slowdown)
 
 
-__all__ = ["CACHE_DTYPE_BYTES", "PRECISION_BYTES", "StepTime", "allreduce_seconds", "boundary_bandwidth",
+__all__ = ["StepTime", "allreduce_seconds", "boundary_bandwidth",
            "cache_io_seconds", "cache_memory_share", "cache_readers", "frozen_grad_seconds", "pipeline_seconds",
            "sharing_slowdown", "stage_seconds", "step_time", "unit_seconds", "unit_work", "update_seconds"]

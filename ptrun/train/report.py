@@ -31,6 +31,7 @@ the trainer's loop holds no formatting.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -40,6 +41,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ptrun.installed import LOGGER_SPECS
 
 
 class MetricsLog:
@@ -64,21 +67,14 @@ class MetricsLog:
 
 
 def open_mirror(logger: str, run_dir: str | Path, config: Any = None):
-    """The writer that mirrors the events for `logger` (see `ptrun.config.PtrunConfig.logger`); None for
-    `jsonl`. Each library is imported only when a run asks for it."""
-    if logger == "tensorboard":
-        from ptrun.report.tensorboard import TensorBoardLog
-
-        return TensorBoardLog(run_dir)
-    if logger == "wandb":
-        from ptrun.report.trackers import WandbLog
-
-        return WandbLog(run_dir, config)
-    if logger == "mlflow":
-        from ptrun.report.trackers import MlflowLog
-
-        return MlflowLog(run_dir, config)
-    return None
+    """The writer that mirrors the events for `logger` (`ptrun.installed.LOGGER_SPECS`; see
+    `ptrun.config.PtrunConfig.logger`) with the run's `config`; None for `jsonl`. Each library is imported only
+    when a run asks for it."""
+    writer = LOGGER_SPECS[logger].writer
+    if writer is None:
+        return None
+    module, name = writer.rsplit(".", 1)
+    return getattr(importlib.import_module(f"ptrun.report.{module}"), name)(run_dir, config)
 
 
 def setup_logging(run_dir: str | Path, rank: int) -> None:

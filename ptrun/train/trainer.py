@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ptrun.auto.controller import Decide, Decisions
 from ptrun.config import PtrunConfig
+from ptrun.config.model import FAMILY_SPECS, model_family
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.precision import LossScaler
@@ -55,7 +56,7 @@ class Trainer:
         self.layered = startup.build_units(cfg, self.data)
         clock.lap("model")
         builder = startup.make_builder(cfg, self.layered, rank, device)
-        self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
+        self.scaler = LossScaler.for_precision(cfg.train.precision)
         controller, tuning = startup.start_controller(cfg, self.layered, builder, self.data, world_size)
         clock.lap("controller")
         # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
@@ -320,7 +321,7 @@ class Trainer:
         """Collective: the model in its library's format, for use without ptrun (written by rank 0)."""
         out = self.checkpoints.export(self.plan, self.device, self.data.class_names)
         if out is not None:
-            library = "timm" if self.layered.family == "vit" else "transformers"
+            library = FAMILY_SPECS[model_family(self.cfg.model)].library
             self.record.print(f"model saved for {library} without ptrun: {out}")
 
     def close(self) -> None:
