@@ -68,7 +68,8 @@ class RunRecord:
 
     # ---- the run's milestones ---------------------------------------------------------------------------
     def announce(self, layered, data, world_size: int, device: torch.device, plan: Plan) -> None:
-        """The start event and the terminal's first lines (the start, the start's choices, the layout)."""
+        """The start event and the terminal's first lines (the start, the micro-batch tuning's choice, the
+        layout)."""
         cfg = self.cfg
         self.announced = True
         start = dict(
