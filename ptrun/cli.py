@@ -23,8 +23,8 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, for_cluster, for_this_machine, register_schema,
-                           resolve, settle, typed)
+from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, entries, for_cluster, for_this_machine,
+                           register_schema, resolve, settle, typed)
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.errors import EXIT_BAD_INPUT
 
@@ -225,7 +225,9 @@ def run_train(args: list[str]) -> None:
         register_schema()
     except ConfigError as e:
         _fail(str(e))
-    sys.argv = ["ptrun train", *args]  # Hydra's app parses it; the workers and trackers see it as the command
+    # Hydra's app parses it (a free-form mapping's entries as it takes them); the workers and trackers see it as
+    # the command
+    sys.argv = ["ptrun train", *entries(args)]
     if HYDRA_FLAGS.intersection(args):
         import hydra
 
