@@ -159,7 +159,7 @@ def hydra_job(cfg: DictConfig) -> None:
 def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
-    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
+    from ptrun.launch import Diverged, LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
     try:
@@ -183,6 +183,10 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
             _fail_start(str(e), run_dir, created_now)
         except LaunchFailed as e:
             _fail(str(e), code=1)
+        except Diverged as e:
+            from ptrun.train.endings import diverged_line
+
+            _fail(diverged_line(e.report, typed_cfg.optim.lr, run_dir, overrides), code=1)
         except Stopped as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
             _stopped(e.signum, run_dir, overrides)
 
@@ -191,25 +195,11 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
     """After the workers stopped on a signal: one line saying where the checkpoint is and the command that
     resumes the run, and the exit code for that signal (130 after Ctrl-C; 143 after SIGTERM, which
     schedulers can requeue on)."""
-    import json
-    import shlex
-
-    from ptrun.train import checkpoint
+    from ptrun.train.endings import stopped_line
     from ptrun.train.stop import EXIT_CODES
 
-    name, code = signal.Signals(signum).name, EXIT_CODES.get(signum, 1)
-    ckpt = checkpoint.latest_valid(run_dir)
-    if ckpt is None:
-        message = f"stopped by {name} before the first checkpoint; nothing to resume (run dir {run_dir})"
-    else:
-        state = json.loads((ckpt / checkpoint.TRAINER).read_text())
-        where = (f"in epoch {state['epoch'] + 1} after step {state['step_in_epoch']}" if state["step_in_epoch"]
-                 else f"before epoch {state['epoch'] + 1}")
-        kept = [o for o in overrides if not o.startswith(("train.resume=", "hydra.run.dir="))]
-        command = shlex.join(["ptrun", "train", *kept, "train.resume=true", f"hydra.run.dir={run_dir}"])
-        message = f"stopped by {name} {where}; checkpoint {ckpt}; resume with: {command}"
-    print(f"ptrun: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    print(f"ptrun: {stopped_line(signum, run_dir, overrides)}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CODES.get(signum, 1))
 
 
 def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821

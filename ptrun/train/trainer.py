@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -182,7 +181,7 @@ class Trainer:
         self.signal.hold(held_blocks(self.layered, self.runtime.unit_indices, self.plan.coords(self.rank)[0] == 0))
         self.step_parts = StepParts(self.runtime, layout.optimizer, self.scaler, self.cfg.optim,
                                     self.cfg.train.grad_clip, self.total_steps, self.signal.grad_norms_of,
-                                    self.layered.num_blocks)
+                                    self.layered.num_blocks, self.stops.divergence)
         """What this layout's steps are updated with (`ptrun.train.step.train_step`)."""
 
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
@@ -237,13 +236,13 @@ class Trainer:
             for item, loss in self.runtime.train_steps(self._steps(position, end, epoch_base)):
                 self.recorders.end(self.runtime, self.plan, self.state.global_step)
                 progress = self.positions.progress(state.epoch, item.step)  # the schedule's clock
-                self.state, done = train_step(self.state, progress, self.step_parts)
+                self.state, done = train_step(self.state, progress, self.step_parts, item.step)
                 self._count(sums, item, loss, done)
                 self._after_step(sums, item.step, end, epoch_base)
             self.clock.pause()  # the next step's time is not a step's: a decision comes first
             position = end
         elapsed = time.perf_counter() - sums.t0
-        self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
+        self.stops.now()  # the stop all-reduce in flight ends before the epoch's own collectives (or Diverged)
         self.view.end_epoch()
         steps = self.steps_per_epoch
         seen = self.all_sum(sums.seen)
@@ -294,6 +293,7 @@ class Trainer:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
         the epoch's sums so far (`progress`, already summed over the ranks). What the freeze signal has
         measured of the open interval goes with it either way (an interval may span a boundary)."""
+        self.stops.now()  # never a diverged state: the workers agree on divergence first (Diverged)
         position = replace(self.state, step_in_epoch=step_in_epoch, global_batch=self.train_sampler.global_batch_size,
                            progress={**(progress or {}), **self.signal.progress(self.all_sum)})
         checkpointing.save(self.cfg, self.layered, self.layout, position, self.rank, controller=self.controller,
@@ -425,13 +425,13 @@ class Trainer:
             self.cache.close(remove=not self.cfg.cache.keep and int(os.environ.get("LOCAL_RANK", "0")) == 0)
             self.cache = None
 
-    def stopped(self, signum: int) -> None:
-        """Collective, after `fit` raised Interrupted (its checkpoint written): release what the run holds
-        outside its directory and record where it stopped (if it had started training)."""
+    def stopped(self, why: dict) -> None:
+        """Collective, after `fit` raised Interrupted (its checkpoint written) or Diverged (none written): release
+        what the run holds outside its directory and record where it stopped and `why` (if it had started)."""
         self.view.end_epoch()
         self._release_cache()
         if self.announced:
-            self._event("stopped", signal=signal.Signals(signum).name, epoch=self.state.epoch,
+            self._event("stopped", **why, epoch=self.state.epoch,
                         global_step=self.state.global_step, checkpoint_step=self.state.last_checkpoint_step)
 
     def export(self) -> None:
