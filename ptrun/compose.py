@@ -85,9 +85,10 @@ def entries(overrides: list[str]) -> list[str]:
     """`overrides` with each entry of a free-form mapping given by its dotted key (`+auto.microbatch_table.4=2`)
     written as the one-entry mapping Hydra merges into it (`+auto.microbatch_table={4:2}`): Hydra reads the
     dotted form's last part as a string, which a mapping keyed by integers refuses. The `+` stays as given:
-    without it an entry the mapping lacks is refused, as for any key."""
+    without it an entry the mapping lacks is refused, as for any key. A sweep's list of values (`a,b`) is left
+    as it is."""
     free = "|".join(re.escape(key) for key in free_form_keys())
-    pattern = re.compile(rf"^(\+{{0,2}})({free})\.([^=.]+)=(.*)$", flags=re.S)
+    pattern = re.compile(rf"^(\+{{0,2}})({free})\.([^=.]+)=([^,{{}}\[\]]*)$", flags=re.S)
     return [pattern.sub(r"\1\2={\3:\4}", o) for o in overrides]
 
 

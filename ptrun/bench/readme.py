@@ -309,39 +309,19 @@ TABLES = [
           "slower than the other run's in the same epoch, and its estimate came out 20% high; in round 1 0.98x and "
           "5%. Two rounds: all that the GPU lease allowed.", optional=True),
     Table("check_savings_bbc_news_bert.json", "ptrun.bench.savings_check",
-          "The savings line against a run without freezing: bbc_news_bert, 2 workers",
-          "How true the line the embedded default ends with is (`freezing saved ~X s: ... without freezing it would "
-          "take ~Y s`): the recipe as shipped, 2 workers, whose estimate Y prices the samples it trained with units "
-          "frozen at its own steady seconds per sample while every unit trained (warm-up left out), against the "
-          "same recipe with `auto.freeze=false auto.cache=false` and the same 2 workers, measured, in interleaved "
-          "rounds (`scripts/check_savings.py`), the machine held for the measurement (no other jobs' tests ran). "
-          "It freezes at its first decision, a quarter into epoch 1, so its rate comes from 22 steps: 27 trained "
-          "every unit, the first 5 of them warm-up. The earlier estimate priced every sample at the first "
-          "stretch's rate, warm-up included.",
-          "Within 10% in every round: +3% to +8% (median +5%). The rate ratio, 1.05-1.07, says the freezing run's 22 "
-          "steady steps ran 5-7% slower than the other run's steady steps of the same epoch, and the error follows "
-          "it. The run without freezing trained its epochs in 68.8-70.3 s, the first no faster or slower than the "
-          "others beyond its 5 warm-up steps (an epoch ~1 s longer): nothing there speeds up later for the "
-          "estimate to miss. Cut finer, with epochs of 27 steps and freezing off (`train.max_steps_per_epoch=27 "
-          "train.epochs=5`), steps 6-27 ran at 0.670 s a step against 0.623-0.662 s in the four later epochs: a "
-          "tail of the warm-up of about 4%, within the later epochs' own spread. With one steady stretch the line "
-          "gives no range.", optional=True),
-    Table("check_savings_digits_vit.json", "ptrun.bench.savings_check",
-          "The savings line against a run without freezing: digits_vit, 2 workers",
-          "The same for digits_vit as shipped (2 workers; it freezes after epoch 13 of 20, so the rate comes from "
-          "epochs 2-13, 1,080 steps) against freezing off with the same 2 workers, in interleaved rounds on the "
-          "held machine. The range is the line's own: the estimate at the slowest and at the fastest of its steady "
-          "epochs' rates.",
-          "Within -9% to +10.5% over three rounds (median -4%): inside 10% in two, 0.5% outside in the third. Each "
-          "round's error follows its rate ratio (0.90, 0.96, 1.13: how fast the machine ran the freezing run's "
-          "steady epochs against the other run's same epochs), not a trend in the runs: the runs without freezing "
-          "trained their epochs in 1.02-1.38 s, later epochs no faster than the first (if anything ~8% slower "
-          "after epoch 6, in all three). In the third round the freezing run's epochs 2-6 took 1.35-1.50 s against "
-          "1.16-1.32 s later, and the estimate came out 10.5% high. The line's range held none of the three "
-          "measured runs: it shows how much the machine's speed moved within the run (±2% to ±5% here), while "
-          "the measured run is another run, at another time. On code of 2026-11-26 four rounds came within 4%; "
-          "measured on the machine shared with other jobs (rate ratios 0.55-1.50) single rounds missed by -32% "
-          "to +30%: the error follows the machine, not the estimate.", optional=True),
+          "The savings line against a run without freezing: bbc_news_bert and digits_vit, 2 workers",
+          "The line's estimate against the recipe with `auto.freeze=false auto.cache=false`, the same 2 workers, in "
+          "interleaved rounds on the held machine. bbc_news_bert's rate: 22 steps (27 unfrozen, 5 of them warm-up).",
+          "+3% to +8% (median +5%), following the rate ratio (1.05-1.07). Freezing off, epochs took 68.8-70.3 s; in "
+          "27-step epochs steps 6-27 ran 0.670 s a step against 0.623-0.662 s later: a ~4% warm-up tail within the "
+          "later epochs' spread. With one steady stretch the line gives no range.", optional=True),
+    Table("check_savings_digits_vit.json", "ptrun.bench.savings_check", "The same: digits_vit, 2 workers",
+          "digits_vit's rate: epochs 2-13 (1,080 steps). The range: the estimate at those epochs' slowest and "
+          "fastest rates.",
+          "-9% to +10.5% (median -4%), following the rate ratio (0.90, 0.96, 1.13); freezing off, epochs took "
+          "1.02-1.38 s, later ones no faster. In round 2 the freezing run's epochs 2-6 took 1.35-1.50 s, later "
+          "1.16-1.32 s: +10.5%. The range (±2-5%, the machine within the run) held none of the measured runs, "
+          "other runs at other times; shared with other jobs, single rounds missed by -32% to +30%.", optional=True),
     Table("check_savings_text_classification_320.json", "ptrun.bench.savings_check",
           "The savings line against a run without freezing: text_classification",
           "The same on `recipe=text_classification` with a tiny random BERT (4 layers, 64 wide; steps of tens of "
