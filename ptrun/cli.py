@@ -23,8 +23,8 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, for_cluster, for_this_machine, register_schema,
-                           resolve, settle, typed)
+from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, entries, for_cluster, for_this_machine,
+                           register_schema, resolve, settle, typed)
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.errors import EXIT_BAD_INPUT
 
@@ -159,7 +159,7 @@ def hydra_job(cfg: DictConfig) -> None:
 def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
-    from ptrun.launch import LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
+    from ptrun.launch import Diverged, LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
     from ptrun.sim.fill import fill_layout
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
@@ -188,6 +188,10 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
             _fail_start(str(e), run_dir, created_now)
         except LaunchFailed as e:
             _fail(str(e), code=1)
+        except Diverged as e:
+            from ptrun.train.endings import diverged_line
+
+            _fail(diverged_line(e.report, typed_cfg.optim.lr, run_dir, overrides), code=1)
         except Stopped as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
             _stopped(e.signum, run_dir, overrides)
 
@@ -196,25 +200,11 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
     """After the workers stopped on a signal: one line saying where the checkpoint is and the command that
     resumes the run, and the exit code for that signal (130 after Ctrl-C; 143 after SIGTERM, which
     schedulers can requeue on)."""
-    import json
-    import shlex
-
-    from ptrun.train import checkpoint
+    from ptrun.train.endings import stopped_line
     from ptrun.train.stop import EXIT_CODES
 
-    name, code = signal.Signals(signum).name, EXIT_CODES.get(signum, 1)
-    ckpt = checkpoint.latest_valid(run_dir)
-    if ckpt is None:
-        message = f"stopped by {name} before the first checkpoint; nothing to resume (run dir {run_dir})"
-    else:
-        state = json.loads((ckpt / checkpoint.TRAINER).read_text())
-        where = (f"in epoch {state['epoch'] + 1} after step {state['step_in_epoch']}" if state["step_in_epoch"]
-                 else f"before epoch {state['epoch'] + 1}")
-        kept = [o for o in overrides if not o.startswith(("train.resume=", "hydra.run.dir="))]
-        command = shlex.join(["ptrun", "train", *kept, "train.resume=true", f"hydra.run.dir={run_dir}"])
-        message = f"stopped by {name} {where}; checkpoint {ckpt}; resume with: {command}"
-    print(f"ptrun: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    print(f"ptrun: {stopped_line(signum, run_dir, overrides)}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CODES.get(signum, 1))
 
 
 def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
@@ -230,7 +220,9 @@ def run_train(args: list[str]) -> None:
         register_schema()
     except ConfigError as e:
         _fail(str(e))
-    sys.argv = ["ptrun train", *args]  # Hydra's app parses it; the workers and trackers see it as the command
+    # Hydra's app parses it (a free-form mapping's entries as it takes them); the workers and trackers see it as
+    # the command
+    sys.argv = ["ptrun train", *entries(args)]
     if HYDRA_FLAGS.intersection(args):
         import hydra
 

@@ -29,8 +29,8 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_concrete, schema_keys,
-                          validate, workers_per_node)
+from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_concrete, free_form_keys,
+                          schema_keys, validate, workers_per_node)
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
 from ptrun.config.freezing import cache_dtype
@@ -78,17 +78,47 @@ def compose_dict(overrides: list[str], hydra: bool = False) -> DictConfig:
     try:
         register_schema()
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            return hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=hydra)
+            return hydra_compose(config_name="train", overrides=entries(overrides), return_hydra_config=hydra)
     except Exception as e:  # Hydra wraps everything; the cause chain says what was wrong
         raise ConfigError(explain(e)) from None
 
 
+def entries(overrides: list[str]) -> list[str]:
+    """`overrides` with each entry of a free-form mapping given by its dotted key (`+auto.microbatch_table.4=2`)
+    written as the one-entry mapping Hydra merges into it (`+auto.microbatch_table={4:2}`): Hydra reads the
+    dotted form's last part as a string, which a mapping keyed by integers refuses. The `+` stays as given:
+    without it an entry the mapping lacks is refused, as for any key. A sweep's list of values (`a,b`) is left
+    as it is."""
+    free = "|".join(re.escape(key) for key in free_form_keys())
+    pattern = re.compile(rf"^(\+{{0,2}})({free})\.([^=.]+)=([^,{{}}\[\]]*)$", flags=re.S)
+    return [pattern.sub(r"\1\2={\3:\4}", o) for o in overrides]
+
+
 def typed(cfg: DictConfig) -> PtrunConfig:
     """The dataclass form of a composed (and resolved) config; ConfigError naming the key otherwise."""
+    check_known_keys(cfg)
     try:
         return OmegaConf.to_object(cfg)  # type: ignore[return-value]
     except Exception as e:
         raise ConfigError(explain(e)) from None
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key of a composed config is the schema's. Hydra refuses an unknown `key=value`, but its
+    `+key=value` (and `++`) adds any key, and the typed config would drop it without a word: a typo would
+    train with the default. Under a free-form mapping (`free_form_keys`) any key goes."""
+    known = set(schema_keys())
+    groups = {key.rsplit(".", i)[0] for key in known for i in range(1, key.count(".") + 1)}
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for key, child in node.items_ex(resolve=False):
+            full = f"{prefix}{key}"
+            if full in groups and isinstance(child, DictConfig):
+                walk(child, full + ".")
+            elif full not in known:
+                raise ConfigError(unknown_key(full))
+
+    walk(cfg, "")
 
 
 @dataclass(frozen=True)
@@ -199,6 +229,19 @@ def compose(overrides: list[str], run_dir: str | Path = "", recipe: str | None =
     return settle(cfg, overrides, check=check).cfg
 
 
+def unknown_key(full_key: str) -> str:
+    """The line for a key the schema lacks: the nearest key beside it, and every key there."""
+    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    if parent in free_form_keys():  # an entry the mapping lacks, set without `+`
+        entry = full_key.rsplit(".", 1)[-1]
+        return f"unknown key '{full_key}': {parent} has no entry {entry}; add one with +{full_key}=VALUE"
+    siblings = sorted({k[len(parent) + 1:].split(".")[0] if parent else k.split(".")[0]
+                       for k in schema_keys() if not parent or k.startswith(parent + ".")})
+    close = difflib.get_close_matches(full_key.rsplit(".", 1)[-1], siblings, n=1)
+    hint = f"; did you mean '{(parent + '.') if parent else ''}{close[0]}'?" if close else ""
+    return f"unknown key '{full_key}'{hint} ({parent or 'the config'} has: {', '.join(siblings)})"
+
+
 def explain(exc: BaseException) -> str:
     """Turn a Hydra / OmegaConf composition error into one line naming the key and what is allowed."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -210,12 +253,7 @@ def explain(exc: BaseException) -> str:
     for e in chain:
         full_key = getattr(e, "full_key", None)
         if isinstance(e, (ConfigKeyError, ConfigAttributeError)) and full_key:
-            parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-            siblings = sorted({k[len(parent) + 1:].split(".")[0] if parent else k.split(".")[0]
-                               for k in schema_keys() if not parent or k.startswith(parent + ".")})
-            close = difflib.get_close_matches(full_key.rsplit(".", 1)[-1], siblings, n=1)
-            hint = f"; did you mean '{(parent + '.') if parent else ''}{close[0]}'?" if close else ""
-            return f"unknown key '{full_key}'{hint} ({parent or 'the config'} has: {', '.join(siblings)})"
+            return unknown_key(full_key)
         if isinstance(e, OmegaConfBaseException) and full_key:
             msg = str(e).splitlines()[0]
             if full_key in UNION_ALLOWED and " is incompatible with type hint" in msg:
@@ -229,7 +267,10 @@ def explain(exc: BaseException) -> str:
         return f"unknown {group} '{name}' (available: {', '.join(options) or 'none'})"
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
-        return f"unknown key '{m.group(1)}'"
+        return unknown_key(m.group(1))
+    m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
+    if m:
+        return f"{m.group(1)} is already a key: set it without '+' ({m.group(1)}=VALUE); '+' adds a key"
     if exc.__class__.__name__ == "OverrideParseException":
         return f"cannot parse the override {getattr(exc, 'override', '')!r}: {text.splitlines()[0]}"
     return next((l.strip() for l in text.splitlines() if l.strip()), exc.__class__.__name__)

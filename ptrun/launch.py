@@ -46,6 +46,15 @@ class LaunchFailed(RuntimeError):
     """The worker group failed more often than `launcher.max_restarts` allows."""
 
 
+class Diverged(RuntimeError):
+    """Training diverged: the workers stopped at the step they agreed on and reported it (`report`: where, and
+    the learning rate the schedule gave it; `ptrun.train.divergence`)."""
+
+    def __init__(self, report: dict):
+        super().__init__(report)
+        self.report = report
+
+
 class Stopped(Exception):
     """The job stopped on a signal (Ctrl-C, SIGTERM) that reached this launcher, after its workers wrote a
     checkpoint at the step they agreed on (given `launcher.stop_timeout` seconds to)."""
@@ -202,9 +211,9 @@ def say_waiting(config) -> None:
 def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     """Run `ptrun.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
 
-    Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Stopped
-    when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
-    `launcher.max_restarts` allows."""
+    Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Diverged
+    when training diverged (nothing is restarted either), Stopped when a signal reached this process, and
+    LaunchFailed when the workers failed otherwise more often than `launcher.max_restarts` allows."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -232,6 +241,9 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
                 if not existed:  # a start that failed on bad input leaves the run directory as it was
                     shutil.rmtree(logs, ignore_errors=True)
                 raise ConfigError(reports[0].read_text().strip()) from None
+            diverged = diverged_reports(errors)
+            if diverged:
+                raise Diverged(json.loads(diverged[0].read_text())) from None
             starts = start_reports(errors)
             if starts:
                 raise LaunchFailed(f"every worker failed at start-up with the same error, so no restart: "
@@ -259,6 +271,11 @@ the same way before it decides whether to restart them (they run the same code, 
 def config_reports(errors: Path) -> list[Path]:
     """The bad-input reports workers wrote in `errors` (`ptrun.worker`), lowest rank first."""
     return sorted(errors.glob("rank*"))
+
+
+def diverged_reports(errors: Path) -> list[Path]:
+    """The reports of workers that stopped because training diverged (`ptrun.worker`), lowest rank first."""
+    return sorted(errors.glob("diverged-rank*"))
 
 
 def start_reports(errors: Path) -> list[Path]:
@@ -367,8 +384,8 @@ def tidy_agent():
 @contextlib.contextmanager
 def _ptrun_agent(errors: Path, stop_timeout: float):
     """While elastic runs the workers, ptrun's agent:
-    - once a worker has reported bad input in `errors`, or every worker of the machine the same error at
-      start-up (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
+    - once a worker has reported bad input or divergence in `errors`, or every worker of the machine the same
+      error at start-up (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
     - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
@@ -402,7 +419,7 @@ def _ptrun_agent(errors: Path, stop_timeout: float):
 
             def _monitor_workers(self, worker_group):
                 result = super()._monitor_workers(worker_group)
-                if result.is_failed() and (config_reports(errors) or
+                if result.is_failed() and (config_reports(errors) or diverged_reports(errors) or
                                            same_start_failure(errors, worker_group.spec.local_world_size)):
                     self._remaining_restarts = 0
                 return result

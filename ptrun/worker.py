@@ -10,9 +10,12 @@ leaves an existing run directory exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shutil
+import signal
 from datetime import timedelta
 from logging.handlers import MemoryHandler
 from pathlib import Path
@@ -23,6 +26,9 @@ import torch.distributed as dist
 from ptrun.config import load_resolved
 from ptrun.config.launcher import DeviceConfig, worker_threads
 from ptrun.errors import EXIT_BAD_INPUT, ConfigError
+
+EXIT_DIVERGED = 1
+"""A worker's exit after training diverged (its report written for the launcher, which restarts nothing)."""
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or
@@ -59,8 +65,11 @@ def adopt_environment(launcher_env: dict[str, str]) -> None:
 
 def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> dict:
     """Returns rank 0's final eval. On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a
-    checkpoint there and exit with 128 + the signal's number, as a shell reports a process the signal ended."""
+    checkpoint there and exit with 128 + the signal's number, as a shell reports a process the signal ended.
+    When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
+    exit with EXIT_DIVERGED."""
     adopt_environment(launcher_env)
+    from ptrun.train.divergence import Diverged
     from ptrun.train.stats import StartClock
     from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
 
@@ -92,8 +101,17 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
             _release_file_log(held)
         return trainer.fit()
     except Interrupted as e:
-        trainer.stopped(e.signum)
+        trainer.stopped({"signal": signal.Signals(e.signum).name})
         stopped = e.signum
+    except Diverged as e:
+        # Every worker stops here, at the step they agreed on: the launcher prints one line from the report
+        # (where, and the command that resumes from the newest checkpoint) and restarts nothing.
+        report = stops.divergence.report(e.global_step)
+        Path(errors, f"diverged-rank{rank:05d}").write_text(json.dumps(report))
+        with contextlib.suppress(Diverged):
+            stops.settle()  # a stop all-reduce the step had started
+        trainer.stopped({"diverged": report})
+        stopped = EXIT_DIVERGED
     except ConfigError as e:
         # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):
         # its one line goes to the launcher, which prints it once, and the exit code tells it not to restart.
@@ -113,6 +131,8 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
             trainer.close()
         dist.destroy_process_group()
         remove_temporary_directories()
+    if stopped == EXIT_DIVERGED:
+        raise SystemExit(EXIT_DIVERGED)
     # Not a return value: the elastic agent that sent the signal is shutting down and reads none (a worker
     # that returned would wait for it until killed), it waits for the workers to exit. Where the signal
     # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
@@ -155,7 +175,6 @@ def transient(error: BaseException) -> bool:
 def report_start_failure(errors: str, rank: int, error: BaseException) -> None:
     """Write `error` for the launcher: one line (its type, message and the innermost frame that raised it)
     and the traceback, which the agent logs if it restarts after all."""
-    import json
     import traceback
 
     frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None

@@ -31,6 +31,24 @@ def test_a_round_compares_the_estimate_with_the_measured_run(tmp_path):
     assert row["rate_ratio"] == pytest.approx((4 / 304) / (8 / 624))
     assert row["first_rate_estimate_s"] == pytest.approx(10.0)
     assert row["line"] == freezing_savings(load_run(on)).line()
+    assert row["range_s"] is None and row["in_range"] is None  # one steady stretch: the line gives no range
+
+
+def test_a_round_says_whether_the_measured_run_fell_in_the_line_s_range(tmp_path):
+    """The freezing run trains every unit for epochs 1-3 (10, 4 and 6 s; 40 steps each), then 1 epoch frozen:
+    20 s measured and 640 samples at epochs 2-3's 10/1280 s a sample, estimate 25 s; at epoch 2's rate 24 s, at
+    epoch 3's 26 s. A run without freezing of 25.5 s falls in that range, one of 27 s not."""
+    on = [start(1000.0), plan(1000.0, 0, 0, 0, 1, 2, 1), first_epoch(1010.0, 10.0, first_step_end=1002.0),
+          plan(1010.0, 1, 0, 0, 1, 2, 1), epoch(1014.0, 1, 4.0), plan(1014.0, 2, 0, 0, 1, 2, 1),
+          epoch(1020.0, 2, 6.0), plan(1020.0, 3, 0, 3, 1, 2, 1), epoch(1022.0, 3, 2.0)]
+    on_dir = write_run(tmp_path / "on", on)
+    for measured, inside in ((25.5, True), (27.0, False)):
+        off = write_run(tmp_path / f"off{measured}", [start(1000.0), plan(1000.0, 0, 0, 0, 1, 2, 1),
+                                                      epoch(1000.0 + measured, 0, measured)])
+        row = savings_check.measure({savings_check.FREEZING: on_dir, savings_check.OFF: off})
+        assert row["estimate_s"] == pytest.approx(25.0) and row["range_s"] == pytest.approx([24.0, 26.0])
+        assert row["in_range"] is inside
+        assert savings_check.span_cell(row) == f"24.00-26.00 ({'in' if inside else 'out'})"
 
 
 @pytest.mark.slow

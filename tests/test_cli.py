@@ -190,6 +190,14 @@ def test_a_recipe_that_does_not_parse_is_named_in_one_line(tmp_path, monkeypatch
 
 BAD_INPUT = [
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
+    # Hydra's `+` adds a key without a word: a typo would train with the default
+    (["+optim.lrr=1"], "unknown key 'optim.lrr'; did you mean 'optim.lr'?"),
+    (["+foo=1"], "unknown key 'foo' (the config has: auto, cache, checkpoint, data,"),
+    (["+train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
+    (["++model.deph=3"], "unknown key 'model.deph'; did you mean 'model.depth'?"),
+    (["+optim.lr=1"], "optim.lr is already a key: set it without '+' (optim.lr=VALUE)"),
+    (["auto.microbatch_table.4=2"], "unknown key 'auto.microbatch_table.4': auto.microbatch_table has no entry 4; "
+                                    "add one with +auto.microbatch_table.4=VALUE"),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
     (["recipe=nope"], "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit"),

@@ -57,12 +57,15 @@ def test_a_resumed_epoch_counts_its_own_steps(tmp_path):
     assert freezing_savings(load_run(write_run(tmp_path / "r", events))) == Savings(10.0, 16.0, froze=True)
 
 
-def test_nothing_frozen_saves_nothing_and_frozen_from_the_start_has_no_estimate(tmp_path):
+def test_nothing_frozen_saves_nothing_and_frozen_from_the_start_says_it_has_no_estimate(tmp_path):
     base = load_run(write_run(tmp_path / "base", BASE))  # one plan event, never frozen: 4 epochs of 9 s
     assert freezing_savings(base) == Savings(36.0, 36.0, froze=False)
     assert freezing_savings(base).line() == "no layer froze: training took 36 s, as it would without freezing"
     frozen = [start(1000.0), plan(1000.0, 0, 0, 3, 1, 2, 1), epoch(1005.0, 0, 5.0)]  # nothing measured unfrozen
-    assert freezing_savings(load_run(write_run(tmp_path / "frozen", frozen))) is None
+    saved = freezing_savings(load_run(write_run(tmp_path / "frozen", frozen)))
+    assert saved == Savings(5.0, None, froze=True) and saved.steady_steps == 0
+    assert saved.line() == ("freezing: training took 5.0 s; too few steps trained every layer before the first "
+                            "froze (0 after the warm-up, fewer than 10) to estimate the time without freezing")
 
 
 def test_the_report_shows_the_same_line(tmp_path, cli):
@@ -128,6 +131,24 @@ def test_later_epochs_with_every_unit_training_give_the_rate(tmp_path):
     assert saved == Savings(train_s=20.0, unfrozen_s=pytest.approx(22.0), froze=True)
     assert saved.steady_steps == 80
     assert saved.line() == "freezing saved ~2.0 s: training took 20 s; without freezing it would take ~22 s (1.10x)"
+
+
+def test_the_line_gives_the_estimate_at_its_slowest_and_fastest_steady_stretch(tmp_path):
+    """Epochs of 40 steps: epoch 1 (warm-up), then epochs 2-4 train every unit in 4, 5 and 6 s (1,920 samples in
+    15 s), epoch 5 trains frozen in 2 s. Without freezing: the 25 s measured plus 640 samples at 15/1920 s = 30 s;
+    at the fastest stretch's rate (4 s an epoch) 29 s, at the slowest's (6 s) 31 s."""
+    events = [start(1000.0), plan(1000.0, 0, 0, 0, 1, 2, 1), first_epoch(1010.0, 10.0, first_step_end=1002.0)]
+    t = 1010.0
+    for e, seconds in ((1, 4.0), (2, 5.0), (3, 6.0)):
+        events += [plan(t, e, 0, 0, 1, 2, 1), epoch(t + seconds, e, seconds)]
+        t += seconds
+    events += [plan(t, 4, 0, 3, 1, 2, 1), epoch(t + 2.0, 4, 2.0)]
+    saved = freezing_savings(load_run(write_run(tmp_path / "r", events)))
+    assert saved == Savings(train_s=27.0, unfrozen_s=pytest.approx(30.0), froze=True)
+    assert saved.unfrozen_range_s == pytest.approx((29.0, 31.0))
+    assert saved.line() == ("freezing saved ~3.0 s: training took 27 s; without freezing it would take ~30 s (29-31 s "
+                            "at its steady stretches' slowest and fastest) (1.11x)")
+    assert saved.event_fields()["unfrozen_range_s"] == pytest.approx([29.0, 31.0])
 
 
 @pytest.mark.parametrize("unfrozen_steps", [10, 11])

@@ -187,6 +187,33 @@ def test_ptrun_train_with_a_bad_key_exits_2_in_one_line_and_makes_no_run_directo
         assert list(tmp_path.iterdir()) == []
 
 
+def test_plus_adds_entries_to_the_free_form_mapping_and_nothing_elsewhere():
+    """`auto.microbatch_table` is the schema's one free-form mapping: `+` adds an entry there, by its dotted key
+    or as a mapping, an entry it holds is set without `+`, and a sweep's points do the same; anywhere else
+    a key the schema lacks is refused, with or without `+`."""
+    from ptrun.config import free_form_keys
+
+    assert free_form_keys() == ["auto.microbatch_table"]
+    table = compose(["recipe=digits_vit"]).auto.microbatch_table
+    assert table == {2: 2, 1: 1}
+    assert compose(["recipe=digits_vit", "+auto.microbatch_table.4=2"]).auto.microbatch_table == {**table, 4: 2}
+    assert compose(["recipe=digits_vit", "++auto.microbatch_table.8=1"]).auto.microbatch_table == {**table, 8: 1}
+    assert compose(["recipe=digits_vit", "+auto.microbatch_table={4: 2, 8: 2}"]).auto.microbatch_table == {
+        **table, 4: 2, 8: 2}
+    assert compose(["recipe=digits_vit", "auto.microbatch_table.2=4"]).auto.microbatch_table == {2: 4, 1: 1}
+    assert compose(["recipe=digits_vit", "++optim.lr=3e-4"]).optim.lr == 3e-4  # `++` sets a key the schema has
+    for override in ("+optim.lrr=1", "++optim.lrr=1", "+foo=1", "+model.deph.x=1", "+auto.foo=1"):
+        with pytest.raises(ConfigError, match="^unknown key '"):
+            compose(["recipe=digits_vit", override])
+
+
+def test_a_sweep_point_with_an_unknown_added_key_is_refused(tmp_path, cli):
+    """Hydra's app composes each point of a `-m` sweep itself: `+` is checked there too."""
+    out = cli("train", "-m", "+optim.lrr=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("ptrun: error: unknown key 'optim.lrr'; did you mean 'optim.lr'?")
+
+
 def test_a_group_chosen_on_the_command_line_is_what_trains():
     """`ptrun train [recipe=R] data=glue` trains GLUE: a recipe picks its model, data and optimizer as config
     group options, which the command line replaces, and sets only values on top of them. A recipe that set

@@ -308,20 +308,20 @@ TABLES = [
           " off by the runs' own difference: in round 0 the freezing run's steps with every unit training ran 1.27x "
           "slower than the other run's in the same epoch, and its estimate came out 20% high; in round 1 0.98x and "
           "5%. Two rounds: all that the GPU lease allowed.", optional=True),
-    Table("check_savings_digits_vit.json", "ptrun.bench.savings_check",
-          "The savings line against a run without freezing: digits_vit",
-          "How true the line a run ends with is (`freezing saved ~X s: ... without freezing it would take ~Y s`): "
-          "the recipe as shipped, whose estimate Y prices the samples it trained with units frozen at its own "
-          "steady seconds per sample while every unit trained (warm-up left out), against the same recipe with "
-          "`auto.freeze=false auto.cache=false`, measured, in interleaved rounds "
-          "(`scripts/check_savings.py`). The earlier estimate priced every sample at the first stretch's rate, "
-          "warm-up included. The rate ratio shows how differently the shared machine ran the two runs.",
-          "Over four rounds on an otherwise idle machine the estimate came within 4% of the measured run in every "
-          "round (median +0%, -4% to +4%): here every unit trains for 12 of 20 epochs, so the first steps' warm-up "
-          "weighs nothing and the estimate prices the frozen epochs at epochs 2-12's rate. The rate ratio, 0.95-1.03, "
-          "says the machine ran both runs alike; measured earlier on the machine shared with other jobs (rate "
-          "ratios 0.55-1.50) single rounds missed by -32% to +30%: the error follows the machine, not the "
-          "estimate.", optional=True),
+    Table("check_savings_bbc_news_bert.json", "ptrun.bench.savings_check",
+          "The savings line against a run without freezing: bbc_news_bert and digits_vit, 2 workers",
+          "The line's estimate against the recipe with `auto.freeze=false auto.cache=false`, the same 2 workers, in "
+          "interleaved rounds on the held machine. bbc_news_bert's rate: 22 steps (27 unfrozen, 5 of them warm-up).",
+          "+3% to +8% (median +5%), following the rate ratio (1.05-1.07). Freezing off, epochs took 68.8-70.3 s; in "
+          "27-step epochs steps 6-27 ran 0.670 s a step against 0.623-0.662 s later: a ~4% warm-up tail within the "
+          "later epochs' spread. With one steady stretch the line gives no range.", optional=True),
+    Table("check_savings_digits_vit.json", "ptrun.bench.savings_check", "The same: digits_vit, 2 workers",
+          "digits_vit's rate: epochs 2-13 (1,080 steps). The range: the estimate at those epochs' slowest and "
+          "fastest rates.",
+          "-9% to +10.5% (median -4%), following the rate ratio (0.90, 0.96, 1.13); freezing off, epochs took "
+          "1.02-1.38 s, later ones no faster. In round 2 the freezing run's epochs 2-6 took 1.35-1.50 s, later "
+          "1.16-1.32 s: +10.5%. The range (±2-5%, the machine within the run) held none of the measured runs, "
+          "other runs at other times; shared with other jobs, single rounds missed by -32% to +30%.", optional=True),
     Table("check_savings_text_classification_320.json", "ptrun.bench.savings_check",
           "The savings line against a run without freezing: text_classification",
           "The same on `recipe=text_classification` with a tiny random BERT (4 layers, 64 wide; steps of tens of "

@@ -5,8 +5,10 @@ Per recipe, in interleaved rounds (a slow spell of the shared machine hits both 
 shipped (it freezes), whose `savings` estimate says how long its training would have taken without freezing,
 and the same recipe with `auto.freeze=false auto.cache=false`, whose training time is that, measured. Training
 time is what the savings line counts: the epochs' training loops plus the layout changes between epochs. The
-table shows both, the estimate's error, and the error of the earlier estimate (the rate of every stretch with
-every unit training, the first steps' warm-up included, times every sample), for comparison.
+table shows both, the estimate's error, the range the line gives (the estimate at its slowest and fastest
+steady stretch, where it measured two or more) and whether the measured run fell in it, and the error of the
+earlier estimate (the rate of every stretch with every unit training, the first steps' warm-up included, times
+every sample), for comparison. Runs with the recipe's own worker count, both of them (2 on a CPU).
 
     python scripts/check_savings.py [--recipe digits_vit] [--recipe text_classification] [--repeats 3]
         [--out DIR] [--reuse] [overrides ...]
@@ -82,8 +84,10 @@ def measure(dirs: dict[str, Path]) -> dict:
     on, off = freezing_savings(on_run), freezing_savings(off_run)
     first = first_rate_estimate(on_run)
     estimate = on.unfrozen_s  # None: too few steady steps with every unit training to estimate
+    span = on.unfrozen_range_s
     return {"label": "estimate against measured", "estimate_s": estimate, "measured_s": off.train_s,
             "train_s": on.train_s, "error": estimate and estimate / off.train_s - 1, "line": on.line(),
+            "range_s": span and list(span), "in_range": span and span[0] <= off.train_s <= span[1],
             "steady_steps": on.steady_steps, "rate_ratio": rate_ratio(on_run, off_run),
             "first_rate_estimate_s": first, "first_rate_error": first and first / off.train_s - 1,
             "runs": {label: str(d) for label, d in dirs.items()}}
@@ -106,15 +110,22 @@ def table(result: dict) -> str:
           cell(row, "measured_s", ".2f", "", n), pct(row, "error", n),
           cell(row, "first_rate_estimate_s", ".2f", "", n),
           pct(row, "first_rate_error", n)]])
-    per_round = markdown_lines(["round", "steady steps", "rate ratio", "estimate (s)", "measured (s)", "error",
-                                "earlier error"],
+    per_round = markdown_lines(["round", "steady steps", "rate ratio", "estimate (s)", "the line's range (s)",
+                                "measured (s)", "error", "earlier error"],
                                [[str(i), fmt(r.get("steady_steps"), "d"), fmt(r.get("rate_ratio")),
-                                 fmt(r["estimate_s"]),
+                                 fmt(r["estimate_s"]), span_cell(r),
                                  f"{r['measured_s']:.2f}",
                                  "-" if r["error"] is None else f"{100 * r['error']:+.0f}%",
                                  "-" if r["first_rate_error"] is None else f"{100 * r['first_rate_error']:+.0f}%"]
                                 for i, r in enumerate(row["runs"])])
     return "\n".join(lines + [""] + per_round)
+
+
+def span_cell(r: dict) -> str:
+    """The line's range and whether the measured run fell in it ("-": the line gave none)."""
+    if not r.get("range_s"):
+        return "-"
+    return f"{r['range_s'][0]:.2f}-{r['range_s'][1]:.2f} ({'in' if r['in_range'] else 'out'})"
 
 
 def pct(row: dict, key: str, repeats: int) -> str:

@@ -77,7 +77,7 @@ from ptrun.config.pipe import (
     schedule_problem,
 )
 from ptrun.config.rules import check_choices, choice, choices_of, either, one_of, parse_memory, require
-from ptrun.config.schema import LOGGERS, PtrunConfig, check_logger, load_resolved, schema_keys
+from ptrun.config.schema import LOGGERS, PtrunConfig, check_logger, free_form_keys, load_resolved, schema_keys
 from ptrun.config.training import (
     LR_SCHEDULE_SPECS,
     LR_SCHEDULES,
@@ -123,7 +123,7 @@ __all__ = [
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",
     "ModelConfig", "OptimConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "check_percentile",
     "check_threshold", "inside_epochs",
-    "check_model_against_data", "check_paths", "load_resolved", "only_this_machine", "parse_memory",
+    "check_model_against_data", "check_paths", "free_form_keys", "load_resolved", "only_this_machine", "parse_memory",
     "parse_nnodes", "parse_recompute", "require", "schedule_problem", "schema_keys", "split_endpoint",
     "timm_vit_problem", "validate", "workers_per_node", "check_devices",
 ]

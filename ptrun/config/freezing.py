@@ -85,7 +85,8 @@ class AutoConfig:
     """Micro-batches M to use at each pipeline length K after a change, e.g. {2: 2, 1: 1}; lengths not
     listed use the paper's table (16 for K = 8, 4, 2; 4 for K = 1), or with `pipe.microbatches=auto` the
     measured choice (an entry here still wins at its K; the first layout takes the measured M). The closest
-    count that divides the per-replica batch and suits the schedule is taken."""
+    count that divides the per-replica batch and suits the schedule is taken. A free-form mapping: `+` adds an
+    entry (`+auto.microbatch_table.4=2`); an entry it holds is set without (`auto.microbatch_table.2=4`)."""
     batch: str = choice("fixed_global", BATCH_POLICIES)
     """Batch policy when DP widens: `fixed_global` (the global batch stays, each replica's share shrinks:
     the optimization does not depend on the layout) or `fixed_per_pipeline` (the paper: each replica keeps

@@ -5,6 +5,7 @@ workers load."""
 from __future__ import annotations
 
 import os
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
@@ -64,6 +65,20 @@ def schema_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
         if default is not None and hasattr(default, "__dataclass_fields__"):
             keys += schema_keys(type(default), f"{prefix}{f.name}.")
         else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def free_form_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
+    """The keys whose value is a mapping of the user's own entries (`auto.microbatch_table`): any key goes
+    under them, where every other key must be the schema's."""
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if default is not None and hasattr(default, "__dataclass_fields__"):
+            keys += free_form_keys(type(default), f"{prefix}{f.name}.")
+        elif typing.get_origin(hints[f.name]) is dict:
             keys.append(prefix + f.name)
     return keys
 

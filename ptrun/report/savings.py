@@ -14,6 +14,14 @@ freezing; and, where the run trained every unit for an epoch or more after its f
 every sample at the first stretch's rate, warm-up included, over-claimed: by 55% and more with steps of tens
 of milliseconds, where the first steps weigh most.
 
+How far to trust it. The rate is this machine's while the run trained every unit; the frozen stretches came
+later. Measured on two idle CPU cores, a run with freezing off trained its epochs after the warm-up within the
+machine's noise of each other (no later speed-up), and the estimate came within a few percent of such a run
+(docs/results.md); where it missed by more, the machine had run the two runs at different speeds (other jobs
+on shared cores). So the line also gives the estimate at the slowest and at the fastest rate its steady
+stretches ran (an epoch, or the part of one between layout changes, of `SPREAD_STEPS` steps or more; two or
+more of them), which shows how much the machine's speed moved while the rate was measured.
+
 Per-unit costs from a profile would also price the frozen layouts, but they leave out what freezing does not
 shrink (the optimizer's other work, data loading, communication, per-step overheads), which on a small model
 is most of a step: a model's price would promise savings the run never had. A run whose frozen stretches
@@ -42,6 +50,11 @@ on. Fewer tell too little: on two shared CPU cores single steps of the same layo
 and the steps just after the first ran up to 2x slower."""
 
 
+SPREAD_STEPS = 20
+"""The fewest steps a steady stretch (an epoch, or the part of one between layout changes) needs for its own
+rate to count in the estimate's range (`Savings.unfrozen_range_s`); shorter ones swing with single steps."""
+
+
 @dataclass(frozen=True)
 class Savings:
     train_s: float
@@ -53,6 +66,9 @@ class Savings:
     """Whether any unit froze."""
     steady_steps: Optional[int] = field(default=None, compare=False)
     """The steps with every unit training, warm-up left out, the estimate was priced on (None: nothing froze)."""
+    unfrozen_range_s: Optional[tuple[float, float]] = field(default=None, compare=False)
+    """The estimate at the slowest and at the fastest rate its steady stretches ran (`SPREAD_STEPS` steps or
+    more each): how much the machine's speed moved while the rate was measured. None with fewer than two."""
 
     @property
     def saved_s(self) -> Optional[float]:
@@ -76,12 +92,22 @@ class Savings:
             return (f"freezing cost ~{_seconds(-self.saved_s)}: training took {_seconds(self.train_s)}, longer "
                     f"than the ~{_seconds(self.unfrozen_s)} it would take without freezing ({self.speedup:.2f}x)")
         return (f"freezing saved ~{_seconds(self.saved_s)}: training took {_seconds(self.train_s)}; "
-                f"without freezing it would take ~{_seconds(self.unfrozen_s)} ({self.speedup:.2f}x)")
+                f"without freezing it would take ~{_seconds(self.unfrozen_s)}{self._range()} ({self.speedup:.2f}x)")
+
+    def _range(self) -> str:
+        """The estimate's range, where the steady stretches' rates tell one."""
+        if self.unfrozen_range_s is None:
+            return ""
+        low, high = (_seconds(s) for s in self.unfrozen_range_s)
+        if low == high:  # they ran alike, as far as the line shows
+            return ""
+        return f" ({low.removesuffix(' s')}-{high} at its steady stretches' slowest and fastest)"
 
     def event_fields(self) -> dict[str, Any]:
         """The `savings` event's fields (`unfrozen_time_s`, `saved_s` and `speedup` null without an estimate)."""
         return {"train_time_s": self.train_s, "unfrozen_time_s": self.unfrozen_s, "saved_s": self.saved_s,
                 "speedup": self.speedup, "froze": self.froze, "steady_steps": self.steady_steps,
+                "unfrozen_range_s": None if self.unfrozen_range_s is None else list(self.unfrozen_range_s),
                 "line": self.line()}
 
 
@@ -195,8 +221,8 @@ def freezing_savings(run: Run) -> Optional[Savings]:
     if not any(p[1].get("frozen_units") for p in pieces):
         return Savings(train_s, train_s, froze=False)
     unfrozen = [p for p in pieces if not p[1].get("frozen_units")]
-    if not unfrozen:
-        return None
+    if not unfrozen:  # frozen from the start (a schedule that opens frozen): nothing to price the rest on
+        return Savings(train_s, None, froze=True, steady_steps=0)
     steady = steady_pieces(run, pieces)
     steps = round(math.fsum(p[3] / p[4] for p in steady if p[4]))
     rate_s, rate_samples = math.fsum(p[2] for p in steady), math.fsum(p[3] for p in steady)
@@ -206,7 +232,13 @@ def freezing_savings(run: Run) -> Optional[Savings]:
     # the stretches that trained every unit ran as they would without freezing, warm-up and all: counted as
     # measured; the frozen stretches' samples at the steady seconds per sample of those stretches
     measured_s = math.fsum(p[2] for p in unfrozen)
-    return Savings(train_s, measured_s + rate_s / rate_samples * frozen_samples, froze=True, steady_steps=steps)
+    # each steady stretch long enough to tell its own rate: the estimate at the slowest and the fastest of them
+    rates = [p[2] / p[3] for p in steady if p[3] > 0 and p[4] and p[3] / p[4] >= SPREAD_STEPS]
+    spread = None
+    if len(rates) > 1:
+        spread = (measured_s + min(rates) * frozen_samples, measured_s + max(rates) * frozen_samples)
+    return Savings(train_s, measured_s + rate_s / rate_samples * frozen_samples, froze=True, steady_steps=steps,
+                   unfrozen_range_s=spread)
 
 
 def run_savings(run_dir: str | Path) -> Optional[Savings]:

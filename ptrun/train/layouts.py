@@ -22,6 +22,7 @@ from ptrun.train import faults
 from ptrun.train.feed import Feed
 from ptrun.train.signals import held_blocks
 from ptrun.train.startup import first_sample
+from ptrun.train.divergence import DivergenceWatch
 from ptrun.train.step import StepParts
 
 
@@ -39,9 +40,12 @@ class LayoutInUse:
         signal,
         scaler,
         global_batch: Callable[[Plan], int],
+        divergence: DivergenceWatch | None = None,
     ):
         self.cfg, self.builder, self.data, self.plain_train = cfg, builder, data, plain_train
         self.cache, self.signal, self.scaler, self.global_batch = cache, signal, scaler, global_batch
+        self.divergence = divergence
+        """What watches each step's global gradient norm for divergence (None: nothing does)."""
         batch, seed = cfg.train.global_batch_size, cfg.train.seed
         self.train_sampler = EpochSampler(len(data.train), batch, seed)
         self.eval_sampler = EpochSampler(len(data.eval), batch, seed, shuffle=False)
@@ -124,4 +128,5 @@ class LayoutInUse:
             self.total_steps,
             self.signal.grad_norms_of,
             layered.num_blocks,
+            self.divergence,
         )

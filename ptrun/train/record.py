@@ -5,7 +5,6 @@ part says it, in the formats of `report.py`."""
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Callable
 
@@ -126,13 +125,13 @@ class RunRecord:
         if saved is not None:
             self.print(saved.line())
 
-    def stopped(self, signum: int, state: TrainState) -> None:
-        """Where a stop left the run (once it had started training)."""
+    def stopped(self, why: dict, state: TrainState) -> None:
+        """Where a stop left the run (once it had started training), and `why`: the signal, or the divergence."""
         self.view.end_epoch()
         if self.announced:
             self.event(
                 "stopped",
-                signal=signal.Signals(signum).name,
+                **why,
                 epoch=state.epoch,
                 global_step=state.global_step,
                 checkpoint_step=state.last_checkpoint_step,

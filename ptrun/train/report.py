@@ -20,10 +20,12 @@
    on the first epoch a worker process trains also "first_step_time" and "first_step_end_time" (Unix times:
    its first step began, before the forward pass, and ended, after the update)}
   {"event": "savings", "train_time_s": ..., "unfrozen_time_s": ..., "saved_s": ..., "speedup": ..., "froze": bool,
-   "steady_steps": ..., "line": "freezing saved ~41 s: ..."} just before the end event: what freezing saved
+   "steady_steps": ..., "unfrozen_range_s": [low, high] or null, "line": "freezing saved ~41 s: ..."} just
+   before the end event: what freezing saved
    (`ptrun.report.savings`; the estimate's three fields null when too few steps trained every unit)
   {"event": "end", "epochs": E, "total_time_s": ..., "final_eval": {...}, "best_eval": {...}}
-  {"event": "stopped", "signal": "SIGINT"|"SIGTERM", "epoch": E, "global_step": G, "checkpoint_step": G}
+  {"event": "stopped", "signal": "SIGINT"|"SIGTERM" or "diverged": {"epoch", "step", "global_step", "lr", "why"},
+   "epoch": E, "global_step": G, "checkpoint_step": G}
 
 The terminal's lines (`start_line`, `epoch_line`, `transition_line`, `done_line`) are written here too, so
 the trainer's loop holds no formatting.

@@ -1,11 +1,12 @@
 """One training step's update, after the runtime's forward and backward passes, read top to bottom:
 
     for item, loss in runtime.train_step(step, loss_scale, drain):  # forward + backward, any runtime
-        state, done = train_step(state, progress, StepParts(...))     # this module: the update
+        state, done = train_step(state, progress, StepParts(...), item.step)  # this module: the update
 
 `train_step` sets the schedule's learning rate, makes the gradients global and clips them by the global norm,
 steps the optimizer (or skips where fp16 overflowed on any rank), clears the gradients, measures each
-block's gradient norm for the freeze policies that read them, and returns the run's position one step on.
+block's gradient norm for the freeze policies that read them, hands the global norm to the divergence watch
+(`ptrun.train.divergence`: a non-finite one stops the run), and returns the run's position one step on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from ptrun.config import OptimConfig
 from ptrun.parallel.optim import set_lr
 from ptrun.parallel.precision import LossScaler
+from ptrun.train.divergence import DivergenceWatch, StepRecord
 from ptrun.train.state import TrainState
 
 
@@ -51,12 +53,15 @@ class StepParts:
     block_of: dict[int, int] | None = None
     """Parameter id -> block, to measure per-block gradient norms (None: not measured)."""
     num_blocks: int = 0
+    divergence: DivergenceWatch | None = None
+    """What watches the global gradient norm for divergence (None: nothing does)."""
 
 
-def train_step(state: TrainState, progress: float, parts: StepParts) -> tuple[TrainState, Update]:
-    """Collective over every rank of the job: the update of the step whose backward pass just ran, at
-    `progress` (its position in the first layout's steps, the schedule's clock). Returns the state one step
-    on (its global and interval step counts) and what the update did."""
+def train_step(state: TrainState, progress: float, parts: StepParts, step: int = 0) -> tuple[TrainState, Update]:
+    """Collective over every rank of the job: the update of the step whose backward pass just ran, step `step`
+    of the epoch at `progress` (its position in the first layout's steps, the schedule's clock). Returns the
+    state one step on (its global and interval step counts) and what the update did; raises Diverged where
+    the divergence watch stops the run at this step."""
     runtime, optimizer, scaler = parts.runtime, parts.optimizer, parts.scaler
     lr = set_lr(optimizer, progress, parts.total_steps, parts.optim)
     want_norms = parts.block_of is not None
@@ -70,6 +75,9 @@ def train_step(state: TrainState, progress: float, parts: StepParts) -> tuple[Tr
     t0 = time.perf_counter()
     norms = block_norms(runtime, parts.block_of, parts.num_blocks) if want_norms and stepped else None
     done = Update(lr, stepped, norms, time.perf_counter() - t0 if want_norms else 0.0)
+    if parts.divergence is not None:
+        parts.divergence.observe(norm, stepped, scaler.enabled, not runtime.asynchronous,
+                                 StepRecord(state.epoch, step, state.global_step, lr))
     return replace(state, global_step=state.global_step + 1, interval_steps=state.interval_steps + 1), done
 
 

@@ -8,6 +8,10 @@ agree on it with an all-reduce (MAX) of the signal number over all workers, on t
 all-reduce is started at one step boundary and read at the next, so its latency hides behind a step's
 compute; every worker reads the same value at the same boundary, so all stop after the same step and write
 one consistent checkpoint.
+
+The same all-reduce carries what a worker's host knows of divergence (`divergence`, a
+`ptrun.train.divergence.DivergenceWatch`, where the host learns it a step or more late): the workers then stop
+together by raising Diverged, without a checkpoint.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import signal
 
 import torch
 import torch.distributed as dist
+
+from ptrun.train.divergence import Diverged, DivergenceWatch
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -39,6 +45,7 @@ class StopRequests:
     def __init__(self):
         self.received = 0  # the signal this worker received (0: none)
         self.agreed = 0  # the signal the workers agreed to stop on (0: go on)
+        self.divergence = DivergenceWatch()  # what this worker has seen of the gradient norm
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
         self._group = None  # the world's gloo group (None: the default group, when that is gloo)
 
@@ -59,31 +66,42 @@ class StopRequests:
 
     def poll(self) -> int:
         """Collective over the world group, at a step boundary: the signal every worker agreed to stop on,
-        else 0. Reads the all-reduce started at the previous boundary and starts the next one."""
+        else 0 (Diverged if they agreed training diverged). Reads the all-reduce started at the previous
+        boundary and starts the next one."""
         if self.settle():
             return self.agreed
+        self._start()
+        return self.agreed
+
+    def _start(self) -> None:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.agreed = self.received
-            return self.agreed
-        flag = torch.tensor([self.received], dtype=torch.int32)
+            self._check(self.divergence.flag)
+            return
+        flag = torch.tensor([self.received, self.divergence.flag], dtype=torch.int64)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
-        return 0
 
     def settle(self) -> int:
         """Collective: wait for the all-reduce in flight (before a collective program that must not overlap
-        it, or at the end); the agreed signal, else 0."""
+        it, or at the end); the agreed signal, else 0 (Diverged if they agreed training diverged)."""
         if self._pending is not None:
             work, flag = self._pending
             work.wait()
             self._pending = None
-            self.agreed = self.agreed or int(flag.item())
+            self.agreed = self.agreed or int(flag[0])
+            self._check(int(flag[1]))
         return self.agreed
 
     def now(self) -> int:
         """Collective, blocking: the agreed signal including what arrived up to this call (at an epoch
-        boundary, where a wait of one all-reduce is nothing)."""
-        if not self.settle():
-            self.poll()
-            self.settle()
-        return self.agreed
+        boundary or a checkpoint, where a wait of one all-reduce is nothing); Diverged if any step so far
+        diverged on any worker (the device's word read now)."""
+        self.divergence.read_now()
+        self.settle()
+        self._start()
+        return self.settle()
 
+    @staticmethod
+    def _check(diverged: int) -> None:
+        if diverged:
+            raise Diverged(diverged - 1)

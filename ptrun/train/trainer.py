@@ -68,7 +68,7 @@ class Trainer:
         self.record = RunRecord(cfg, rank, device, clock, self.all_sum, tuning)
         self.checkpoints = Checkpoints(cfg, self.layered, controller, self.scaler, rank, world_size, builder.name_of)
         self.layouts = LayoutInUse(cfg, builder, self.data, plain_train, self.cache, signal, self.scaler,
-                                   controller.global_batch)
+                                   controller.global_batch, self.stops.divergence)
         self.state, plan, optimizer_states = self._resume() if resume else (TrainState(), controller.first, {})
         self.layouts.start(plan, optimizer_states)
         clock.lap("layout")
@@ -142,7 +142,7 @@ class Trainer:
             self._train_segment(sums, position, end, epoch_base)
             position = end
         elapsed = time.perf_counter() - sums.t0
-        self.stops.settle()  # the stop all-reduce in flight ends before the epoch's own collectives
+        self.stops.now()  # the stop all-reduce in flight ends before the epoch's own collectives (or Diverged)
         self.record.view.end_epoch()
         extra = {**stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
                  **stats.memory_stats(self.layered, self.layouts.layout, self.rank, self.device)}
@@ -171,7 +171,7 @@ class Trainer:
             for item, loss in runtime.train_step(step, self.scaler.scale, drain):
                 self.record.step_passed(runtime, self.plan, self.state.global_step)
                 progress = self.layouts.positions.progress(epoch, item.step)  # the schedule's clock
-                self.state, done = train_step(self.state, progress, self.layouts.step_parts)
+                self.state, done = train_step(self.state, progress, self.layouts.step_parts, item.step)
                 self._count(sums, item, loss, done)
                 self._after_step(sums, item.step, end, epoch_base)
         runtime.pause()
@@ -214,6 +214,7 @@ class Trainer:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
         the epoch's sums so far (`progress`, already summed over the ranks). What the freeze signal has
         measured of the open interval goes with it either way (an interval may span a boundary)."""
+        self.stops.now()  # never a diverged state: the workers agree on divergence first (Diverged)
         position = replace(self.state, step_in_epoch=step_in_epoch,
                            global_batch=self.layouts.train_sampler.global_batch_size,
                            progress={**(progress or {}), **self.decisions.signal.progress(self.all_sum)})
@@ -311,11 +312,11 @@ class Trainer:
             self.cache.close(remove=not self.cfg.cache.keep and int(os.environ.get("LOCAL_RANK", "0")) == 0)
             self.cache = None
 
-    def stopped(self, signum: int) -> None:
-        """Collective, after `fit` raised Interrupted (its checkpoint written): release what the run holds
-        outside its directory and record where it stopped (if it had started training)."""
+    def stopped(self, why: dict) -> None:
+        """Collective, after `fit` raised Interrupted (its checkpoint written) or Diverged (none written): release
+        what the run holds outside its directory and record where it stopped and `why` (if it had started)."""
         self._release_cache()
-        self.record.stopped(signum, self.state)
+        self.record.stopped(why, self.state)
 
     def export(self) -> None:
         """Collective: the model in its library's format, for use without ptrun (written by rank 0)."""
