@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, gather_to
 from ptrun.auto.intervals import Positions, epoch_steps
-from ptrun.auto.residency import held_units, release_unheld
+from ptrun.auto.residency import held_units, release_unheld, unheld_bytes
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
@@ -305,15 +305,15 @@ class Trainer:
         """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
         stop there if asked to. Returns the final eval."""
         cfg = self.cfg
-        # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines
-        # that joined or left) ends them before they train: nothing is recorded, the run goes on from where it
-        # was when they started.
+        # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines that
+        # joined or left) ends them before they train: nothing is recorded, the run goes on from where it was.
         if self.stops.now():
             raise Interrupted(self.stops.agreed)
         self._announce()
         tuned = self.tuning.event_fields() if self.tuning is not None else {}  # on this process's first plan
         t_start = time.perf_counter()
-        moved: dict = {}  # the last transition's cost, on the plan event of the epoch it led into
+        # the last transition's cost, on the plan event of the epoch it led into (at the start: storage unheld)
+        moved = {"unheld_param_bytes": int(self.all_sum([unheld_bytes(self.layered, self.plan, self.rank)]).item())}
         self.view.show_layout(self.plan, self.layered.unit_names)
         while self.state.epoch < cfg.train.epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
@@ -408,14 +408,14 @@ class Trainer:
     def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
         """Collective: the transition to a decided `plan` before step `position`, shown and (`announce`)
         recorded; returns its cost for the `plan` event."""
-        state = self.state
-        old = self.plan
-        transition_s = self.transition(plan)
-        cost = {"transition_s": transition_s, "moved_bytes": int(self.all_sum([self.layout.received_bytes]).item())}
-        self.view.print(transition_line(state.epoch, old, plan, transition_s, position, self.clock.step_s))
+        old, transition_s = self.plan, self.transition(plan)
+        # parameter storage outside its stages (none) is summed with what moved
+        moved, unheld = self.all_sum([self.layout.received_bytes, unheld_bytes(self.layered, plan, self.rank)])
+        cost = {"transition_s": transition_s, "moved_bytes": int(moved), "unheld_param_bytes": int(unheld)}
+        self.view.print(transition_line(self.state.epoch, old, plan, transition_s, position, self.clock.step_s))
         self.view.show_layout(plan, self.layered.unit_names)
         if announce:
-            self._event("plan", epoch=state.epoch, step=position, **cost, **plan.to_dict())
+            self._event("plan", epoch=self.state.epoch, step=position, **cost, **plan.to_dict())
         return cost
 
     def _release_cache(self) -> None:
