@@ -139,6 +139,8 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     plans = [e for e in events if e["event"] == "plan"]
     assert [(p["pp"], p["dp"], p["frozen_units"]) for p in plans] == [(4, 1, 0), (2, 2, 3), (1, 4, 5)]
     assert all(p["transition_s"] > 0 for p in plans[1:])
+    # after the start and after each change, no worker keeps parameter storage outside its stages
+    assert [p["unheld_param_bytes"] for p in plans] == [0, 0, 0]
     epochs = [e for e in events if e["event"] == "epoch"]
     assert [(e["sample_uses_min"], e["sample_uses_max"]) for e in epochs] == [(1, 1)] * 3
     from test_train_dist import reference_params

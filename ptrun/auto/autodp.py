@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.residency import release_unheld, unit_holders
-from ptrun.models.lazy import allocate
+from ptrun.models.lazy import allocate, give_back_host_memory
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
@@ -242,6 +242,8 @@ def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
         optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
         if not optimizer.param_groups:  # a stage with nothing left to train holds no optimizer
             optimizer = None
+    if b.device.type == "cpu":  # the frozen parameters' optimizer state and gradients were freed on the host
+        give_back_host_memory()
     return Layout(plan, old.groups, runtime, optimizer)
 
 
@@ -260,6 +262,10 @@ def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None
     if midway is not None:
         midway()
     layout = build_layout(b, plan, states)
+    if old.optimizer is not None:  # the old layout ends here: the state of the units that left goes now
+        old.optimizer.state.clear()
     release_unheld(b.layered, plan, b.rank)
+    if b.device.type == "cpu":
+        give_back_host_memory()
     layout.received_bytes = received
     return layout

@@ -8,7 +8,7 @@ parameters it receives (`allocate`, then the sender's values) and empties those 
 
 from __future__ import annotations
 
-from ptrun.models.lazy import release, unit_names
+from ptrun.models.lazy import is_empty, release, unit_names
 from ptrun.parallel.plan import Plan
 
 
@@ -34,3 +34,11 @@ def release_unheld(layered, plan: Plan, rank: int) -> None:
     """Empty every parameter `rank` does not hold under `plan` (its memory goes back)."""
     keep = held_names(layered, plan, rank)
     release(layered, [n for n in layered.param_shapes if n not in keep])
+
+
+def unheld_bytes(layered, plan: Plan, rank: int) -> int:
+    """Bytes of storage that parameters `rank` does not hold under `plan` still have: 0 in a worker that
+    keeps only its stages (the run's `plan` events record the sum over the workers)."""
+    keep = held_names(layered, plan, rank)
+    return sum(p.numel() * p.element_size() for n, p in layered.model.named_parameters()
+               if n not in keep and not is_empty(layered, n, p))

