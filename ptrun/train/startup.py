@@ -16,6 +16,7 @@ from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
 from ptrun.config import PtrunConfig, check_concrete, parse_nnodes
+from ptrun.config.layout import fill_batch
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
@@ -43,6 +44,7 @@ def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
     by the launcher where it knew the world size (one machine); on several, the world is the rendezvous's,
     and the layout (length, batch, micro-batches) is checked against it here (`check_concrete`)."""
     if cfg.pipe.length != "auto" and cfg.pipe.microbatches is not None:
+        cfg = fill_batch(cfg, world_size)  # a per-pipeline batch on several machines: their width is known now
         if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
             check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
         return cfg, None
