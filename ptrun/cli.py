@@ -26,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, for_cluster, for_this_machine, register_schema,
                            resolve, settle, typed)
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.config.launcher import visible_gpus
+from ptrun.config.paper import quick_try
 from ptrun.errors import EXIT_BAD_INPUT
 
 # Hydra flags that a single run does not take: a sweep, or printing instead of running. Hydra's app handles them.
@@ -77,6 +79,9 @@ def checked_start(overrides: list[str]) -> Resolved:
         start = for_this_machine(resolve(overrides, os.environ))
         cfg = start.cfg
         _check_run_dir_path(cfg.run_dir)
+        hint = quick_try(cfg, visible_gpus(cfg.launcher))
+        if hint:
+            print(hint, file=sys.stderr, flush=True)
         start_worker_server(cfg)
         if cfg.data.name == "hf":  # its columns and labels, read before any worker starts
             from ptrun.data.hf_source import check_hf_source

@@ -88,3 +88,44 @@ def lay_out(cache: Path, work: Path) -> None:
     cache_repo(cache, CIFAR100_ID, cifar100_files(work / "cifar100"), MAIN, repo_type="dataset")
     cache_repo(cache, BERT_BASE_ID, save_tiny_bert(work / "bert"), MAIN)
     cache_repo(cache, GLUE_ID, sst2_files(work / "glue"), MAIN, repo_type="dataset")
+
+
+def imagenet_files(folder: Path, classes: tuple[str, ...] = ("tench", "goldfish", "great_white_shark")) -> Path:
+    """ILSVRC/imagenet-1k's parquet layout: `data/{train,validation,test}-00000-of-00001.parquet`, an `image`
+    column and a ClassLabel `label` (-1 in test), images of other sizes than the model's."""
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(classes))})
+    rng = np.random.default_rng(1)
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", 9), ("validation", 6), ("test", 3)):
+        labels = [-1] * rows if split == "test" else [i % len(classes) for i in range(rows)]
+        images = [png(rng.integers(0, 255, (40 + i, 48, 3), dtype=np.uint8)) for i in range(rows)]
+        table = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images], "label": labels},
+                                           features=features)
+        table.to_parquet(folder / "data" / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+SQUAD_CONTEXT = "the news a b c sport the film"
+
+
+def squad_rows(n: int) -> dict[str, list]:
+    """SQuAD v1.1 rows as rajpurkar/squad holds them: id, title, context, question, answers {text, answer_start}."""
+    return {"id": [f"q{i}" for i in range(n)], "title": ["t"] * n, "context": [SQUAD_CONTEXT] * n,
+            "question": ["  the news"] * n, "answers": [{"text": ["sport"], "answer_start": [15]}] * n}
+
+
+def squad_files(folder: Path) -> Path:
+    """rajpurkar/squad's parquet layout: `plain_text/{train,validation}-00000-of-00001.parquet`."""
+    import datasets
+
+    features = datasets.Features({"id": datasets.Value("string"), "title": datasets.Value("string"),
+                                  "context": datasets.Value("string"), "question": datasets.Value("string"),
+                                  "answers": datasets.Sequence({"text": datasets.Value("string"),
+                                                                "answer_start": datasets.Value("int32")})})
+    (folder / "plain_text").mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", 6), ("validation", 4)):
+        table = datasets.Dataset.from_dict(squad_rows(rows), features=features)
+        table.to_parquet(folder / "plain_text" / f"{split}-00000-of-00001.parquet")
+    return folder

@@ -212,6 +212,8 @@ BAD_INPUT = [
     (["launcher.nnodes=2:4", "launcher.rdzv_endpoint=127.0.0.1:29400"],
      "launcher.nnodes='2:4' is not allowed with launcher.rdzv_endpoint='127.0.0.1:29400' (a loopback host: no other"),
     (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:0"], "(port 0: no other machine can join)"),
+    (["recipe=bert_squad", "data.path=null", "model.pretrained=/tmp"],
+     "data.path=None is not allowed: the local dataset directory for data.name=squad"),
     (["recipe=vit_imagenet", "train.global_batch_size=800"],
      "train.global_batch_size=800 is not allowed: null while train.pipeline_batch_size=400 gives the batch"),
     (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400"],

@@ -22,8 +22,8 @@ IDS = {  # recipe -> (model id, dataset id)
     "bert_glue": ("google-bert/bert-base-uncased", "nyu-mll/glue"),
 }
 VIT_QUICK = [*VIT_SIZE, "train.epochs=2", "train.pipeline_batch_size=8", "train.max_steps_per_epoch=4"]
-"""vit_cifar100 at the stand-in's size, two short epochs (the paper's rule freezes 4 of 12... of 2 blocks
-here at the second)."""
+"""vit_cifar100 at the stand-in's size, two short epochs (the paper's rule, alpha 1/3, freezes one of the two
+blocks at the second)."""
 
 
 @pytest.fixture
@@ -112,11 +112,10 @@ def test_a_snapshot_without_the_sources_files_is_one_line(hub, tmp_path):
     from ptrun.compose import resolve
     from ptrun.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^data.path='nyu-mll/glue': its snapshot .* lacks rte/train-\*.parquet, "
-                                          r"rte/validation-\*.parquet; fetch them on a machine with access: "
-                                          r"hf download nyu-mll/glue --repo-type dataset$"):
+    with pytest.raises(ConfigError, match=rf"^data.path='{GLUE_ID}': its snapshot .* lacks rte/train-\*.parquet, "
+                                          rf"rte/validation-\*.parquet; fetch them on a machine with access: "
+                                          rf"hf download {GLUE_ID} --repo-type dataset$"):
         resolve(["recipe=bert_glue", "data.task=rte", "data.max_length=32", f"hydra.run.dir={tmp_path}"])
-    assert GLUE_ID == "nyu-mll/glue"
 
 
 # ---- the recipes run to the end, offline, on one machine ----------------------------------------------------
@@ -163,3 +162,102 @@ def test_bert_sst2_runs_offline_to_the_end(stand_ins, tmp_path):
     assert "accuracy" in run_events(run, "epoch")[-1]["eval"]
     config = json.loads((run / "model" / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}
+
+
+def test_a_paper_recipe_on_a_cpu_names_the_keys_of_a_quick_try(hub, tmp_path):
+    """At its full size a paper recipe takes hours on a CPU: the start names the keys that shrink it (and says
+    nothing on a GPU machine, or once the epochs are cut short)."""
+    from ptrun.compose import resolve
+    from ptrun.config.paper import quick_try
+
+    vit = resolve(["recipe=vit_cifar100", f"hydra.run.dir={tmp_path / 'a'}"]).cfg
+    assert quick_try(vit, gpus=0) == (
+        "ptrun: recipe vit_cifar100 trains at the paper's size, on this machine's CPU for hours or days; a quick try "
+        "shrinks it: train.epochs=1 train.max_steps_per_epoch=20 train.pipeline_batch_size=16 data.image_size=64")
+    assert quick_try(vit, gpus=8) is None
+    bert = resolve(["recipe=bert_sst2", "data.max_length=32", f"hydra.run.dir={tmp_path / 'b'}"]).cfg
+    assert quick_try(bert, gpus=0).endswith("train.pipeline_batch_size=16 data.max_length=64")
+    short = resolve(["recipe=bert_sst2", "data.max_length=32", "train.max_steps_per_epoch=3",
+                     f"hydra.run.dir={tmp_path / 'c'}"]).cfg
+    assert quick_try(short, gpus=0) is None
+    digits = resolve(["recipe=digits_vit", f"hydra.run.dir={tmp_path / 'd'}"]).cfg
+    assert quick_try(digits, gpus=0) is None  # not a paper recipe
+
+
+def test_imagenet_and_squad_read_from_their_hub_parquet(hub, tmp_path):
+    """ILSVRC/imagenet-1k (`data/train-*`, `data/validation-*`, image + ClassLabel; the test split never read)
+    through the image-folder source, and rajpurkar/squad (`plain_text/*`) through the SQuAD source: the rows
+    the official JSON would give."""
+    from paper_hub import imagenet_files, squad_files, squad_rows
+    from test_hub import MAIN, cache_repo, save_tiny_bert
+
+    from ptrun.compose import resolve
+    from ptrun.data.sources import build_datasets
+    from ptrun.data.squad import read_squad, read_squad_parquet
+
+    cache_repo(hub, "ILSVRC/imagenet-1k", imagenet_files(tmp_path / "imagenet"), MAIN, repo_type="dataset")
+    cfg = resolve(["recipe=vit_imagenet", *VIT_SIZE, f"hydra.run.dir={tmp_path / 'a'}"]).cfg
+    images = build_datasets(cfg.data)
+    assert images.class_names == ["tench", "goldfish", "great_white_shark"]
+    assert (len(images.train), len(images.eval)) == (9, 6) and images.eval[:]["labels"].tolist() == [0, 1, 2] * 2
+    assert tuple(images.train[0]["pixel_values"].shape) == (3, 32, 32)
+
+    cache_repo(hub, "rajpurkar/squad", squad_files(tmp_path / "squad"), MAIN, repo_type="dataset")
+    cache_repo(hub, "google-bert/bert-large-uncased", save_tiny_bert(tmp_path / "bert"), MAIN)
+    cfg = resolve(["recipe=bert_squad", "data.max_length=32", "data.doc_stride=8",
+                   f"hydra.run.dir={tmp_path / 'b'}"]).cfg
+    qa = build_datasets(cfg.data)
+    assert qa.qa_eval.ids == ["q0", "q1", "q2", "q3"] and len(qa.train) == 6
+    rows = squad_rows(2)
+    official = tmp_path / "dev-v1.1.json"
+    official.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": rows["context"][0], "qas": [
+        {"id": i, "question": q, "answers": [{"text": "sport", "answer_start": 15}]}
+        for i, q in zip(rows["id"], rows["question"])]}]}]}))
+    parquet = next((tmp_path / "squad" / "plain_text").glob("validation-*.parquet"))
+    from_parquet = read_squad_parquet(parquet)
+    assert {k: v[:2] for k, v in from_parquet.items()} == read_squad(official)
+
+
+@pytest.fixture
+def gated_hub(monkeypatch):
+    """A local server answering as the hub does for a gated repo the token may not read (403 with the
+    `X-Error-Code: GatedRepo` header): HF_ENDPOINT points at it, online."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Gated(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(403)
+            self.send_header("X-Error-Code", "GatedRepo")
+            self.send_header("X-Error-Message", "Access to this dataset is restricted.")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Gated)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    from huggingface_hub import constants  # it read HF_HUB_OFFLINE as it was imported (the tests' default: 1)
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_gated_imagenet_without_access_names_both_ways_in_one_line(empty_hub, gated_hub, cli, tmp_path):
+    weights = tmp_path / "vit.safetensors"
+    weights.write_bytes(b"")  # a local path wins: only the data is asked of the hub
+    out = cli("train", "recipe=vit_imagenet", f"model.pretrained={weights}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert assert_one_error_line(out) == (
+        "ptrun: error: data.path='ILSVRC/imagenet-1k': gated on the Hugging Face hub and this machine has no access; "
+        "accept its terms at https://huggingface.co/datasets/ILSVRC/imagenet-1k and log in (hf auth login, or set "
+        "HF_TOKEN); or set data.path to an image folder (train/<class>/*, val/<class>/*)")
+    assert not (tmp_path / "run").exists()

@@ -39,3 +39,18 @@ def check_paper(cfg) -> None:
             "the words naming the paper's setup whenever its numbers are given", p.setup)
     require(p.gpus is None or p.gpus >= 1, "paper.gpus", "an integer >= 1 or null", p.gpus)
     require(p.epochs is None or p.epochs >= 1, "paper.epochs", "an integer >= 1 or null", p.epochs)
+
+
+def quick_try(cfg, gpus: int) -> Optional[str]:
+    """The line `ptrun train` prints where a paper recipe starts at its full size on a machine without GPUs
+    (`gpus`: those its workers use): hours or days of work there, so it names the keys that shrink the run to
+    a quick try. None elsewhere, and for a run that already caps its epochs' steps."""
+    from ptrun.config.cross import run_inputs  # cross sits beside this module and reads the data sources
+
+    if cfg.paper.setup is None or gpus or cfg.train.max_steps_per_epoch is not None:
+        return None
+    batch = (f"train.pipeline_batch_size={min(16, cfg.train.pipeline_batch_size)}"
+             if cfg.train.pipeline_batch_size else f"train.global_batch_size={min(16, cfg.train.global_batch_size)}")
+    size = "data.image_size=64" if run_inputs(cfg) == "images" else "data.max_length=64"
+    return (f"ptrun: recipe {cfg.recipe} trains at the paper's size, on this machine's CPU for hours or days; a quick "
+            f"try shrinks it: train.epochs=1 train.max_steps_per_epoch=20 {batch} {size}")

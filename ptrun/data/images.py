@@ -1,6 +1,7 @@
 """The image sources in files of their own: `digits` (scikit-learn's 8x8 digits, offline) and `imagefolder`
-(class folders of image files, or a hub image dataset's parquet such as ImageNet's), both producing `pixel_values` (float32, C x H x W, normalised) and `labels`
-(int64); for class folders the label mapping comes from the sorted class names, the same for both splits."""
+(class folders of image files, or a hub image dataset's parquet such as ImageNet's), both producing
+`pixel_values` (float32, C x H x W, normalised) and `labels` (int64); for class folders the label mapping comes
+from the sorted class names, the same for both splits."""
 
 from __future__ import annotations
 
