@@ -176,7 +176,7 @@ def test_a_paper_recipe_on_a_cpu_names_the_keys_of_a_quick_try(hub, tmp_path):
         "shrinks it: train.epochs=1 train.max_steps_per_epoch=20 train.pipeline_batch_size=16 data.image_size=64")
     assert quick_try(vit, gpus=8) is None
     bert = resolve(["recipe=bert_sst2", "data.max_length=32", f"hydra.run.dir={tmp_path / 'b'}"]).cfg
-    assert quick_try(bert, gpus=0).endswith("train.pipeline_batch_size=16 data.max_length=64")
+    assert quick_try(bert, gpus=0).endswith("train.global_batch_size=16 data.max_length=64")
     short = resolve(["recipe=bert_sst2", "data.max_length=32", "train.max_steps_per_epoch=3",
                      f"hydra.run.dir={tmp_path / 'c'}"]).cfg
     assert quick_try(short, gpus=0) is None
