@@ -100,7 +100,9 @@ def published(paper: dict[str, Any], key: str) -> str:
 
 
 def clock(seconds: float) -> str:
-    """`12m23s`, `2h26m`, `41s`: as the paper writes its times."""
+    """`12m23s`, `2h26m`, `41s`: as the paper writes its times (a short run's tenths: `0.4s`)."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
