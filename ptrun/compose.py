@@ -127,8 +127,8 @@ def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, st
        `launcher.*` keys in `overrides` winning (the checks that depend on the node count see the job's);
     2. a Hugging Face hub id in `model.pretrained`, `data.tokenizer` or a built-in source's `data.path`
        replaced by its snapshot in the hub cache, fetched once where the hub is reachable (`ptrun.config.hub`),
-       so that the workers read local files; the keys are checked before (`validate_keys`: no file read), so
-       that a typo is refused before a download;
+       so that the workers read local files; the keys are checked before (`validate_keys`: all but the files'
+       pass), so that a typo is refused before a download;
     3. validated (`ptrun.config.validate`, the files the run reads included) unless `check` is false (the
        benchmarks that read only the model and data keys);
     4. the defaults that follow from other keys filled (`with_defaults`), so the YAML the workers read holds

@@ -102,8 +102,9 @@ CROSS_CHECKS = (check_pipedream, check_layout, check_text)
 
 
 def validate_keys(cfg) -> None:
-    """The rules of the keys alone, no file read (not even a model's config.json): what the start checks before
-    it fetches a hub id, so that a typo is not refused only after a download."""
+    """Every group's rules and the rules between groups, without the pass over the files the run reads
+    (`check_paths`, `check_model_against_data`): what the start checks before it fetches a hub id, so that a
+    typo is not refused only after a download."""
     for check in GROUP_CHECKS + CROSS_CHECKS:
         check(cfg)
 
