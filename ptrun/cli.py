@@ -26,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, entries, for_cluster, for_this_machine,
                            register_schema, resolve, settle, typed)
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.config.launcher import visible_gpus
+from ptrun.config.paper import quick_try
 from ptrun.errors import EXIT_BAD_INPUT
 
 # Hydra flags that a single run does not take: a sweep, or printing instead of running. Hydra's app handles them.
@@ -40,7 +42,8 @@ subcommands:
   recipes             list the recipes, one line each
   report RUN_DIR [RUN_DIR ...] [--out DIR]
                       figures and report.md for runs or sweep dirs (the first run is the baseline;
-                      default --out: the first RUN_DIR's report/)
+                      default --out: the first RUN_DIR's report/); a paper recipe's run is shown beside
+                      the paper's numbers, and beside a freezing-off run of its recipe when one is given
   plan [recipe=NAME] [cluster=paper|this_machine] [key=value ...] [cluster.FIELD=VALUE ...]
        [--profile FILE] [--samples N]
                       project the recipe's epochs onto a cluster without running them: the plans the
@@ -76,6 +79,9 @@ def checked_start(overrides: list[str]) -> Resolved:
         start = for_this_machine(resolve(overrides, os.environ))
         cfg = start.cfg
         _check_run_dir_path(cfg.run_dir)
+        hint = quick_try(cfg, visible_gpus(cfg.launcher))
+        if hint:
+            print(hint, file=sys.stderr, flush=True)
         start_worker_server(cfg)
         if cfg.data.name == "hf":  # its columns and labels, read before any worker starts
             from ptrun.data.hf_source import check_hf_source
@@ -280,6 +286,7 @@ def _arguments(args: list[str], command: str, valued: dict[str, str],
 def run_report(args: list[str]) -> None:
     """`ptrun report RUN_DIR [RUN_DIR ...] [--out DIR]`: figures and report.md (see ptrun/report)."""
     from ptrun.report import ReportError, find_runs, write_report
+    from ptrun.report.paper import paper_lines
     from ptrun.report.savings import savings_lines
 
     paths, out = [], None
@@ -299,7 +306,10 @@ def run_report(args: list[str]) -> None:
         _fail(f"cannot write the report to {out}: {e.strerror or e}")
     for path in written.values():
         print(path)
-    for line in savings_lines(find_runs(paths)):  # what freezing saved, as each run's last line said
+    runs = find_runs(paths)
+    for line in savings_lines(runs):  # what freezing saved, as each run's last line said
+        print(line)
+    for line in paper_lines(runs):  # a paper recipe's published numbers beside the run's
         print(line)
 
 

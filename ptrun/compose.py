@@ -30,12 +30,13 @@ from typing import Mapping, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_concrete, free_form_keys,
-                          schema_keys, validate, workers_per_node)
+                          parse_nnodes, schema_keys, validate, validate_keys, workers_per_node)
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
 from ptrun.config.freezing import cache_dtype
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.hub import resolve_hub_ids
+from ptrun.config.layout import fill_batch
 from ptrun.config.launcher import worker_threads
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.installed import check_tracker_ready
@@ -156,9 +157,10 @@ def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, st
 
     1. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
        `launcher.*` keys in `overrides` winning (the checks that depend on the node count see the job's);
-    2. a Hugging Face hub id in `model.pretrained` or `data.tokenizer` replaced by its snapshot in the hub
-       cache, fetched once where the hub is reachable (`ptrun.config.hub`), so that the workers read local
-       files;
+    2. a Hugging Face hub id in `model.pretrained`, `data.tokenizer` or a built-in source's `data.path`
+       replaced by its snapshot in the hub cache, fetched once where the hub is reachable (`ptrun.config.hub`),
+       so that the workers read local files; the keys are checked before (`validate_keys`: all but the files'
+       pass), so that a typo is refused before a download;
     3. validated (`ptrun.config.validate`, the files the run reads included) unless `check` is false (the
        benchmarks that read only the model and data keys);
     4. the defaults that follow from other keys filled (`with_defaults`), so the YAML the workers read holds
@@ -171,6 +173,8 @@ def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, st
         explicit = explicit_fields(overrides)
         cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
         note = summary(cfg.launcher, env, explicit)
+    if check:  # a typo is refused before a hub download, not after it
+        validate_keys(cfg)
     cfg = resolve_hub_ids(cfg, full=True)
     if check:
         validate(cfg, paths=True)
@@ -193,7 +197,8 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     machines (`check_machines`), the workers against this machine's GPUs (`check_devices`), the tracker's
     login or server (`check_tracker_ready`); then `launcher.nproc_per_node` and `launcher.threads_per_worker`
     filled where they are `auto`: this machine's answers (after the checks, whose messages say what `auto`
-    came to), which its workers read as they are."""
+    came to), which its workers read as they are; on one machine with an integer `pipe.length`, the global
+    batch a `train.pipeline_batch_size` gives (`fill_batch`; else the workers fill it once K is known)."""
     cfg = resolved.cfg
     lc = cfg.launcher
     check_machines(lc)
@@ -201,7 +206,10 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     check_tracker_ready(cfg.logger)
     workers = workers_per_node(lc)
     lc = replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
-    return replace(resolved, cfg=replace(cfg, launcher=lc))
+    cfg = replace(cfg, launcher=lc)
+    if cfg.pipe.length != "auto" and parse_nnodes(lc.nnodes)[1] == 1:  # the width is known: the batch too
+        cfg = fill_batch(cfg, workers)
+    return replace(resolved, cfg=cfg)
 
 
 def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunConfig:
@@ -214,8 +222,10 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
-    if nodes > 1 and cfg.pipe.length != "auto":  # `auto` is chosen, and checked, by the plan itself
-        check_concrete(cfg.pipe, nodes * gpus_per_node, cfg.train.global_batch_size)
+    if cfg.pipe.length != "auto":  # `auto` is chosen, and checked (its batch filled), by the plan itself
+        cfg = fill_batch(cfg, nodes * gpus_per_node)
+        if nodes > 1:
+            check_concrete(cfg.pipe, nodes * gpus_per_node, cfg.train.global_batch_size)
     return with_defaults(cfg)
 
 

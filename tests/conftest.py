@@ -21,6 +21,8 @@ from ptrun.launch import user_cache_dir
 
 # As `ptrun train` does, before anything imports torch._dynamo (its default cache is /tmp/torchinductor_USER).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
+# The tests never reach the Hugging Face hub: a hub id resolves from a cache a test lays out, or is refused.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

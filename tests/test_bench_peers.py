@@ -413,7 +413,7 @@ def test_causal_lm_command_lines_and_metric(tmp_path):
     assert bench_peers.metric_of("causal_lm", lm) is bench_peers.PERPLEXITY
     assert bench_peers.metric_of("digits_vit", []) is bench_peers.TOP1
     with pytest.raises(ValueError, match="model.task='qa'; the plain peer trains classification, causal_lm"):
-        bench_peers.metric_of("bert_squad", ["data.path=/x"])
+        bench_peers.metric_of("bert_squad", ["data.path=/x", "model.pretrained=null"])
     assert "--only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl" in bench_peers.__doc__
 
 

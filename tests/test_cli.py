@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import command_args, compose_config
+from conftest import command_args, compose_config, with_test_recipe
 from ptrun.cli import recipe_summaries
-from ptrun.compose import RECIPE_DIR
-from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, timm_vit_problem, workers_per_node
+from ptrun.config import ConfigError
+from ptrun.compose import RECIPE_DIR, compose
+from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, data_parallel_width, timm_vit_problem, workers_per_node
 
 
 def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -21,34 +22,26 @@ def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-NEEDS_LOCAL_FILES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}
-"""Recipes of the paper's workloads: they read a dataset (and weights) from local paths the user gives."""
+PAPER_RECIPES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}
+"""Recipes of the paper's workloads: hub ids for their weights and data by default; a local path given wins."""
 
 OWN_DATA = {"text_classification", "causal_lm"}
 """Recipes for the user's own data (and, for the causal LM, their own decoder): data.path (model.pretrained)."""
 
-TWO_MACHINES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad"}
-"""Recipes of the paper's 2-machine setup (launcher.nnodes=2): they need launcher.rdzv_endpoint and rdzv_id."""
-
-PAPER = {  # recipe -> (model, data source, optimizer, lr, epochs, starting K, schedule) from the paper
-    "vit_imagenet": ("vit_base_patch16_224", "imagefolder", "sgd", 0.03, 10, 8, "cosine"),
-    "vit_cifar100": ("vit_base_patch16_224", "cifar100", "sgd", 0.1, 10, 8, "cosine"),
-    "vit_cifar10": ("vit_base_patch16_224", "cifar10", "sgd", 0.1, 10, 8, "cosine"),
-    "bert_squad": ("bert-large", "squad", "adamw", 3e-5, 3, 8, "linear"),
-    "bert_sst2": ("bert-base", "glue", "adamw", 2e-5, 3, 4, "linear"),
+PAPER = {  # recipe -> (model, data source, optimizer, lr, epochs, batch, schedule) from the paper (ViT: per pipeline)
+    "vit_imagenet": ("vit_base_patch16_224", "imagefolder", "sgd", 0.03, 10, 400, "cosine"),
+    "vit_cifar100": ("vit_base_patch16_224", "cifar100", "sgd", 0.1, 10, 320, "cosine"),
+    "vit_cifar10": ("vit_base_patch16_224", "cifar10", "sgd", 0.1, 10, 320, "cosine"),
+    "bert_squad": ("bert-large", "squad", "adamw", 3e-5, 3, 64, "linear"),
+    "bert_sst2": ("bert-base", "glue", "adamw", 2e-5, 3, 16, "linear"),
 }
 
 
 @pytest.mark.parametrize("recipe", sorted(recipe_summaries()))
 def test_every_recipe_composes_and_validates(recipe, tmp_path):
     overrides = [f"recipe={recipe}"]
-    if recipe in NEEDS_LOCAL_FILES:
-        overrides += [f"data.path={tmp_path}", f"model.pretrained={tmp_path}"]
-        # one worker per GPU: sized here as on the paper's 8-GPU machines
-        assert "nproc_per_node: auto" in (RECIPE_DIR / f"{recipe}.yaml").read_text()
-        overrides += ["launcher.nproc_per_node=8"]
-    if recipe in TWO_MACHINES:  # what the user adds to run on two machines
-        overrides += ["launcher.rdzv_endpoint=node0.example:29400", "launcher.rdzv_id=paper"]
+    if recipe in PAPER_RECIPES:  # local paths win over the recipe's hub ids; sized as an 8-GPU machine
+        overrides += [f"data.path={tmp_path}", f"model.pretrained={tmp_path}", "launcher.nproc_per_node=8"]
     if recipe in OWN_DATA:  # the sample files, and a decoder's directory (validation reads its config.json)
         from ptrun.data.sample_files import main as write_samples
 
@@ -59,30 +52,52 @@ def test_every_recipe_composes_and_validates(recipe, tmp_path):
         (decoder / "model.safetensors").write_bytes(b"")
         overrides += [f"data.path={tmp_path / ('news.csv' if recipe == 'text_classification' else 'stories.jsonl')}"]
         overrides += [f"model.pretrained={decoder}"] if recipe == "causal_lm" else []
-    cfg = compose_config(overrides, tmp_path)
+    cfg = compose(with_test_recipe(overrides), run_dir=tmp_path, recipe="test")
     assert cfg.train.epochs >= 1 and workers_per_node(cfg.launcher) >= 1
+    if recipe in PAPER_RECIPES:  # one machine, all its GPUs, the pipeline length memory asks for
+        assert (cfg.launcher.nnodes, cfg.launcher.nproc_per_node, cfg.pipe.length) == ("1", 8, "auto")
+    else:  # as launched here: the layout's `auto` filled (a paper recipe's full size fits no CPU machine)
+        filled = compose_config(overrides, tmp_path)
+        assert isinstance(filled.pipe.length, int) and isinstance(filled.train.global_batch_size, int)
     if recipe in PAPER:
-        got = (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.optim.lr, cfg.train.epochs, cfg.pipe.length,
-               cfg.optim.schedule)
+        got = (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.optim.lr, cfg.train.epochs,
+               cfg.train.pipeline_batch_size or cfg.train.global_batch_size, cfg.optim.schedule)
         assert got == PAPER[recipe]
         assert cfg.freeze.policy == "pipetransformer" and cfg.freeze.alpha == pytest.approx(1 / 3)
         assert cfg.auto.cache and cfg.train.grad_clip == 1.0
+        vit = cfg.model.family == "vit"  # the paper's ViT batch is per pipeline, growing with data parallelism
+        assert (cfg.auto.batch == "fixed_per_pipeline") == vit == (cfg.train.pipeline_batch_size is not None)
+    if recipe in PAPER and recipe != "vit_cifar10":  # the paper reports no CIFAR-10 run
+        assert cfg.paper.setup is not None and cfg.paper.epochs == cfg.train.epochs
 
 
-def test_paper_recipes_say_which_local_files_they_need(tmp_path):
-    # the one-machine command of an 8-GPU machine
-    out = ptrun("train", "recipe=bert_squad", "launcher.nnodes=1", "launcher.nproc_per_node=8",
-                f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert out.returncode == 2 and "data.path=None is not allowed: the local dataset directory" in out.stderr
+@pytest.mark.parametrize("recipe", sorted(PAPER_RECIPES))
+def test_a_paper_recipe_header_shows_the_two_machine_override_which_composes(recipe, tmp_path):
+    """The header's two-machine line, with a local path for each input, composes for two machines."""
+    header = [line for line in (RECIPE_DIR / f"{recipe}.yaml").read_text().splitlines() if line.startswith("#")]
+    override = next(line.split(f"recipe={recipe} ")[1] for line in header if "launcher.nnodes=2" in line).split()
+    assert override == ["launcher.nnodes=2", "launcher.rdzv_endpoint=NODE0:29400", "launcher.rdzv_id=ID"]
+    cfg = compose_config([f"recipe={recipe}", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
+                          "launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400", "launcher.rdzv_id=ID"],
+                         tmp_path)
+    assert cfg.launcher.nnodes == "2"
+    if cfg.train.pipeline_batch_size:  # two machines are a known world: the launcher fills the global batch
+        world = 2 * workers_per_node(cfg.launcher)
+        assert cfg.train.global_batch_size == cfg.train.pipeline_batch_size * data_parallel_width(cfg.pipe, world)
 
 
-def test_a_two_machine_recipe_on_one_machine_says_which_keys_to_set(tmp_path):
-    (tmp_path / "vit_b16.safetensors").write_bytes(b"")  # found, never read: the start stops before
-    out = ptrun("train", "recipe=vit_cifar10", f"data.path={tmp_path}",
-                f"model.pretrained={tmp_path}/vit_b16.safetensors", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "set launcher.rdzv_endpoint=HOST:PORT that every machine reaches" in out.stderr
-    assert "or launcher.nnodes=1 for one machine" in out.stderr and not (tmp_path / "run").exists()
+def test_a_per_pipeline_batch_makes_the_global_batch_of_the_layout(tmp_path):
+    """The paper's batch per pipeline: on one machine the start fills the global batch for the layout's width;
+    giving a global batch beside it is refused."""
+    from ptrun.compose import for_this_machine, resolve
+
+    base = ["recipe=digits_vit", "train.global_batch_size=null", "train.pipeline_batch_size=8",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    assert for_this_machine(resolve([*base, "pipe.length=1"])).cfg.train.global_batch_size == 16  # DP 2
+    assert for_this_machine(resolve([*base, "pipe.length=2"])).cfg.train.global_batch_size == 8  # DP 1
+    with pytest.raises(ConfigError, match=r"^train.global_batch_size=16 is not allowed: null while "
+                                          r"train.pipeline_batch_size=8 gives the batch"):
+        resolve([*base[:1], *base[2:]])
 
 
 def test_nproc_per_node_auto_is_one_worker_per_gpu_else_two(tmp_path):
@@ -212,8 +227,10 @@ BAD_INPUT = [
     (["launcher.nnodes=2:4", "launcher.rdzv_endpoint=127.0.0.1:29400"],
      "launcher.nnodes='2:4' is not allowed with launcher.rdzv_endpoint='127.0.0.1:29400' (a loopback host: no other"),
     (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:0"], "(port 0: no other machine can join)"),
-    (["recipe=vit_imagenet", "data.path=/tmp"],
-     "launcher.nnodes='2' is not allowed with launcher.rdzv_endpoint='localhost:0'"),
+    (["recipe=bert_squad", "data.path=null", "model.pretrained=/tmp"],
+     "data.path=None is not allowed: the local dataset directory for data.name=squad"),
+    (["recipe=vit_imagenet", "train.global_batch_size=800"],
+     "train.global_batch_size=800 is not allowed: null while train.pipeline_batch_size=400 gives the batch"),
     (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400"],
      "launcher.rdzv_id=None is not allowed: the same id on every machine of a launcher.nnodes='2' job"),
     (["model.name=resnet18"], "model.name='resnet18' is not allowed: a timm ViT name (vit_* or deit_*"),

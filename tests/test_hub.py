@@ -22,10 +22,11 @@ TEXT = ["recipe=bbc_news_bert", "data.max_length=32"]
 """A text recipe (its data ship in a package) at the tiny BERT's length."""
 
 
-def cache_repo(cache: Path, repo: str, files: Path, commit: str, refs: tuple[str, ...] = ("main",)) -> Path:
-    """Put the files under `files` into hub cache `cache` as revision `commit` of `repo`, which each of
-    `refs` names; the snapshot directory."""
-    storage = cache / f"models--{repo.replace('/', '--')}"
+def cache_repo(cache: Path, repo: str, files: Path, commit: str, refs: tuple[str, ...] = ("main",),
+               repo_type: str = "model") -> Path:
+    """Put the files under `files` into hub cache `cache` as revision `commit` of `repo` (a `model` or a
+    `dataset` repo), which each of `refs` names; the snapshot directory."""
+    storage = cache / f"{repo_type}s--{repo.replace('/', '--')}"
     snapshot = storage / "snapshots" / commit
     for source in sorted(p for p in files.rglob("*") if p.is_file()):
         data = source.read_bytes()

@@ -50,5 +50,5 @@ def test_both_models_step_the_same_architecture_on_the_same_batch(tmp_path, reci
 
 def test_a_task_it_does_not_step_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
-        model_step.main(["--recipe", "bert_squad"])
+        model_step.main(["--recipe", "bert_squad", "model.pretrained=null", "data.path=null"])
     assert e.value.code == 2 and "model.task=qa" in capsys.readouterr().err

@@ -203,10 +203,27 @@ def test_samples_per_s_figure_plots_the_logged_values(two_runs, tmp_path):
 def test_layout_figure_follows_the_plan_events(two_runs, tmp_path):
     fig = layout_figure(two_runs, tmp_path / "layout.png")
     top, bottom = (lines_by_label(ax) for ax in fig.axes)
-    assert top["fast: frozen units"][1] == [0, 4, 8, 8]
-    assert bottom["fast: K"] == ([1, 2, 3, 4], [2, 2, 1, 1])
-    assert bottom["fast: DP"][1] == [1, 1, 2, 2]
-    assert bottom["base: K"][1] == [2, 2, 2, 2]  # one plan event holds until the next
+    # x: epochs trained; each layout from its plan event on, the last held to the end of epoch 4
+    assert top["fast: frozen units"] == ([0.0, 1.0, 2.0, 3.0, 4.0], [0, 4, 8, 8, 8])
+    assert bottom["fast: K"] == ([0.0, 1.0, 2.0, 3.0, 4.0], [2, 2, 1, 1, 1])
+    assert bottom["fast: DP"][1] == [1, 1, 2, 2, 2]
+    assert bottom["base: K"] == ([0.0, 4.0], [2, 2])  # one plan event holds until the end
+
+
+def test_layout_figure_draws_changes_inside_an_epoch_where_they_happened(tmp_path):
+    """Freezes of 3, 5 and 7 units at steps 30, 45 and 60 of 90 in the first epoch: drawn there, not as 0
+    throughout the epoch; the frozen-unit axis ticks whole units."""
+    events = [start(0.0), plan(0.0, 0, 0, 1, 2, 1), {**plan(1.0, 0, 3, 1, 2, 1), "step": 30},
+              {**plan(2.0, 0, 5, 1, 2, 1), "step": 45}, {**plan(3.0, 0, 7, 1, 2, 1), "step": 60},
+              epoch(5.0, 0, 1.0, 300.0, 5.0, 80.0), plan(5.0, 1, 7, 1, 2, 1), epoch(9.0, 1, 0.5, 400.0, 4.0, 90.0)]
+    run = load_run(write_run(tmp_path / "r", events))
+    fig = layout_figure([run], tmp_path / "layout.png")
+    top = fig.axes[0]
+    xs, ys = lines_by_label(top)["r: frozen units"]
+    assert xs == pytest.approx([0.0, 1 / 3, 0.5, 2 / 3, 1.0, 2.0]) and ys == [0, 3, 5, 7, 7, 7]
+    assert top.get_lines()[0].get_drawstyle() == "steps-post"
+    ticks = [t for t in top.get_yticks() if 0 <= t <= 14]
+    assert ticks and all(float(t).is_integer() for t in ticks)
 
 
 def test_loss_figure_plots_train_loss_and_eval(two_runs, tmp_path):
@@ -233,7 +250,7 @@ def test_time_to_accuracy_figure_plots_eval_against_wall_time(two_runs, tmp_path
 
 def test_write_report_writes_valid_pngs_and_the_markdown(two_runs, tmp_path):
     written = write_report([tmp_path / "base", tmp_path / "fast"], tmp_path / "out")
-    assert set(written) == {"report", "Training throughput", "Layout per epoch", "Loss and evaluation",
+    assert set(written) == {"report", "Training throughput", "Layout", "Loss and evaluation",
                             "Time to accuracy"}
     for title, path in written.items():
         if path.suffix == ".png":
@@ -335,3 +352,37 @@ def test_tensorboard_scalars_read_back_equal_the_events(tmp_path):
     assert series("cache/hits") == ([1, 2, 3, 4], [0, 10, 20, 30])
     assert series("run/total_time_s") == ([4], [31.0])
     assert [s.wall_time for s in acc.Scalars("train/loss")] == [2010.0, 2018.0, 2024.0, 2030.0]
+
+
+# ---- the paper beside the run --------------------------------------------------------------------------------
+
+PAPER = {"setup": "ViT-B/16 on CIFAR-100 (Table 1)", "metric": "top1", "baseline": 91.21, "result": 91.33,
+         "baseline_time": "35m06s", "time": "12m23s", "speedup": 2.44, "gpus": 16, "epochs": 10}
+
+
+def with_config(run_dir: Path, freeze: bool, paper: dict | None = PAPER) -> Path:
+    import yaml
+
+    config = {"recipe": "vit_cifar100", "auto": {"freeze": freeze}, "train": {"epochs": 4,
+                                                                               "max_steps_per_epoch": None}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "paper": paper or {}}))
+    return run_dir
+
+
+def test_a_paper_run_is_set_beside_the_papers_numbers_and_a_freezing_off_run(tmp_path):
+    from ptrun.report.paper import paper_lines
+
+    fast = with_config(write_run(tmp_path / "fast", FAST), freeze=True)
+    base = with_config(write_run(tmp_path / "base", BASE), freeze=False)
+    alone = paper_lines(find_runs([fast]))
+    assert alone == ["paper (ViT-B/16 on CIFAR-100 (Table 1)): baseline top1 91.21 in 35m06s, PipeTransformer top1 "
+                     "91.33 in 12m23s, 2.44x",
+                     "this run (fast): top1 93.00 in 31s wall time",
+                     "not the paper's setup, so not its experiment: 2 workers (the paper: 16 GPUs); 4 epochs (the "
+                     "paper: 10)"]
+    for order in ([fast, base], [base, fast]):  # the freezing-off run is found by its config, in either place
+        lines = paper_lines(find_runs(order))
+        assert lines[2] == ("speedup over the freezing-off run (base: 41s, top1 90.00): 1.32x in wall time "
+                            "(the paper: 2.44x)") and len(lines) == 4
+    assert "## The paper" in markdown(find_runs([fast, base]), {}, tmp_path)
+    assert paper_lines(find_runs([with_config(write_run(tmp_path / "own", FAST), True, paper=None)])) == []

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, with_test_recipe
+from ptrun.compose import compose
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import make_policy
 from ptrun.cli import main
@@ -34,9 +35,19 @@ def toy_plan(**kw) -> Plan:
     return Plan(**{**base, **kw}).check()
 
 
+PAPER_START = ("pipe.length=8", "pipe.microbatches=16")
+"""The paper's first pipeline, 8 GPUs long in 16 micro-batches (a recipe's own length follows the memory of the
+machine it starts on)."""
+
+
 def paper_config(recipe: str, tmp_path, *extra: str):
-    cfg = compose_config([f"recipe={recipe}", f"data.path={tmp_path}", f"model.pretrained={tmp_path}", *extra],
-                         tmp_path)
+    """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline 8 long, the global batch
+    of its two pipelines (`ptrun plan` fills it so for `cluster=paper`)."""
+    from ptrun.config.layout import fill_batch
+
+    cfg = compose(with_test_recipe([f"recipe={recipe}", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
+                                    *PAPER_START, "launcher.nnodes=2", *extra]), run_dir=tmp_path, recipe="test")
+    cfg = fill_batch(cfg, 16)
     return cfg, costs_from_config(cfg.model, cfg.data)
 
 
@@ -369,7 +380,8 @@ def test_fixed_per_pipeline_widens_the_global_batch(imagenet):
 
 
 def test_this_machine_runs_the_digits_recipe(tmp_path):
-    cfg, costs = paper_config("digits_vit", tmp_path)
+    cfg = compose_config(["recipe=digits_vit"], tmp_path)
+    costs = costs_from_config(cfg.model, cfg.data)
     cluster = get_cluster("this_machine")
     _, plans = plan_epochs(costs, cluster, cfg)
     # pipe.length=auto: the model fits one device (K = 1, DP = 2); the paper's rule freezes at most 3 of 6 blocks
@@ -392,7 +404,7 @@ def plan_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
-    code, out, err = plan_cli(capsys, "recipe=vit_imagenet", "cluster=paper")
+    code, out, err = plan_cli(capsys, "recipe=vit_imagenet", "cluster=paper", *PAPER_START)
     assert code == 0, err
     assert out.count("== ") == 5 and "Table 1 (vit_imagenet)" in out and "2.83x" in out
     assert "freeze + AutoPipe + AutoDP" in out and "2.27x" in out and "0.95x" in out
@@ -416,8 +428,9 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     (["recipe=vit_imagenet", "freeze.policy=plasticity"], "freeze.policy='plasticity' is not allowed: it needs "
      "measured weight changes"),
     (["recipe=vit_imagenet", "pipe.length=1", "pipe.microbatches=5", "device.memory=1GB"],
-     "pipe.length=1: stage 0 (units 0-25) needs ~5.20 GiB, a device offers 1.00 GiB (device.memory)"),
-    (["recipe=bert_glue", "data.task=cola", "cluster=this_machine", "pipe.length=2", "model.name=bert-ultra"],
+     "pipe.length=1: stage 0 (units 0-25) needs ~34.79 GiB, a device offers 1.00 GiB (device.memory)"),
+    (["recipe=bert_glue", "data.task=cola", "cluster=this_machine", "pipe.length=2", "model.name=bert-ultra",
+      "model.pretrained=null"],
      "model.name='bert-ultra'"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):

@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 TINY_BERT = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.pretrained=null",
              "launcher.nproc_per_node=2", "launcher.max_restarts=0", "launcher.nnodes=1", "pipe.length=2",
              "pipe.microbatches=2", "pipe.schedule=GPipe", "freeze.policy=none", "train.epochs=1",
-             "train.max_steps_per_epoch=2", "train.global_batch_size=4", "optim.lr=1e-3"]
+             "train.max_steps_per_epoch=2", "train.global_batch_size=4", "train.pipeline_batch_size=null",
+             "optim.lr=1e-3"]
 
 
 def epoch_events(run_dir) -> list[dict]:

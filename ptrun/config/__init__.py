@@ -66,6 +66,7 @@ from ptrun.config.layout import (
     world_problem,
 )
 from ptrun.config.model import ATTENTIONS, FAMILIES, TASKS, ModelConfig, check_model
+from ptrun.config.paper import PaperConfig, check_paper
 from ptrun.config.pipe import (
     PARTITIONS,
     SCHEDULE_SPECS,
@@ -93,7 +94,7 @@ from ptrun.config.training import (
 from ptrun.errors import ConfigError
 
 GROUP_CHECKS = (check_freezing, check_logger, check_model, check_model_fits_recipe, check_data, check_training,
-                check_pipe, check_launcher)
+                check_pipe, check_launcher, check_paper)
 """Each group's own keys, in this order (the first broken rule is the one reported); and, right after the
 model's, whether the recipe can train that model at all (`cross.py`): a model from the wrong family outweighs
 the keys a recipe leaves to set (`data.path`)."""
@@ -101,6 +102,14 @@ the keys a recipe leaves to set (`data.path`)."""
 
 CROSS_CHECKS = (check_pipedream, check_layout, check_text)
 """The rules between groups, after every group passed its own."""
+
+
+def validate_keys(cfg) -> None:
+    """Every group's rules and the rules between groups, without the pass over the files the run reads
+    (`check_paths`, `check_model_against_data`): what the start checks before it fetches a hub id, so that a
+    typo is not refused only after a download."""
+    for check in GROUP_CHECKS + CROSS_CHECKS:
+        check(cfg)
 
 
 def validate(cfg, paths: bool = True) -> None:
@@ -121,9 +130,9 @@ __all__ = [
     "PRECISION_SPECS", "PRECISIONS",
     "SCHEDULE_SPECS", "SCHEDULES", "Schedule", "SOURCE_IMAGES", "TASKS", "TEXT_MAX_LENGTH", "TEXT_SOURCES", "AutoConfig", "CacheConfig",
     "CheckpointConfig", "ConfigError", "DataConfig", "DeviceConfig", "FreezeConfig", "LauncherConfig",
-    "ModelConfig", "OptimConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "check_percentile",
+    "ModelConfig", "OptimConfig", "PaperConfig", "PipeConfig", "PtrunConfig", "TrainConfig", "check_alpha", "check_machines", "check_percentile",
     "check_threshold", "inside_epochs",
     "check_model_against_data", "check_paths", "free_form_keys", "load_resolved", "only_this_machine", "parse_memory",
     "parse_nnodes", "parse_recompute", "require", "schedule_problem", "schema_keys", "split_endpoint",
-    "timm_vit_problem", "validate", "workers_per_node", "check_devices",
+    "timm_vit_problem", "validate", "validate_keys", "workers_per_node", "check_devices",
 ]

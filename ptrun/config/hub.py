@@ -1,4 +1,5 @@
-"""Hugging Face hub ids as `model.pretrained` and `data.tokenizer`, turned into local directories and files.
+"""Hugging Face hub ids as `model.pretrained`, `data.tokenizer` and a built-in source's `data.path`, turned into
+local directories and files.
 
 A value that exists on disk is a path, whatever it looks like. Otherwise one of the form `org/name` or
 `org/name@revision` (a branch, a tag or a commit) is a hub id, and so is a bare `name[@revision]` (`gpt2`,
@@ -7,6 +8,10 @@ unless `HF_HUB_OFFLINE` is set, the files ptrun reads are fetched into it once (
 start does this on each machine, before any worker (`ptrun.compose.resolve`), and hands the workers the
 snapshot directory (or, for a timm ViT, its weights file): the weights loader, the tokenizer and the
 simulator only ever see local paths. `ptrun plan` fetches only a model's config.json (the sizes it reads).
+A dataset id in `data.path` (the paper's recipes: `uoft-cs/cifar100`, `nyu-mll/glue`, ...) is fetched the same
+way, as a dataset repo and only the parquet files its source reads (`DATASET_FILES`); `data.name=hf` reads its
+hub ids through `datasets` instead (`ptrun.data.hf_read`). Offline, every id the cache lacks is named in one
+line with the command that fetches it.
 
 The cache is the one `huggingface_hub` uses, read from the environment at each call (`HF_HUB_CACHE`, else
 `HF_HOME/hub`, else `~/.cache/huggingface/hub`; `HF_HUB_OFFLINE` and `HF_ENDPOINT` too) rather than from
@@ -45,25 +50,61 @@ TIMM_WEIGHTS = "model.safetensors"
 """A timm hub repo's (`timm/NAME.TAG`) weights: timm's own state dict, which ptrun's ViT loader reads."""
 
 
+DATASET_FILES = {
+    "cifar10": lambda d: ("*train-*.parquet", "*test-*.parquet"),
+    "cifar100": lambda d: ("*train-*.parquet", "*test-*.parquet"),
+    "glue": lambda d: (f"{d.task}/train-*.parquet",
+                       f"{d.task}/validation{'_matched' if d.task == 'mnli' else ''}-*.parquet"),
+    "squad": lambda d: ("*train-*.parquet", "*validation-*.parquet"),
+    "imagefolder": lambda d: ("*train-*.parquet", "*validation-*.parquet"),
+}
+"""The files of a hub dataset repo each built-in source reads from its snapshot (the hub's parquet layout:
+`cifar100/train-00000-of-00001.parquet`, `sst2/validation-...`, `data/train-...` for ImageNet), by
+`data.name`; a test split without labels is never fetched."""
+GATED_IMAGES = "or set data.path to an image folder (train/<class>/*, val/<class>/*)"
+"""What a `data.name=imagefolder` run can take instead of a gated hub dataset it cannot have (ImageNet)."""
+
+
 @dataclass(frozen=True)
 class HubId:
     repo: str
     revision: Optional[str]
     """A branch, tag or commit; None = the repo's default branch (`main`)."""
+    repo_type: str = "model"
+    """`model` or `dataset` (a built-in source's `data.path`)."""
 
     def __str__(self) -> str:
         return self.repo + (f"@{self.revision}" if self.revision else "")
 
     def fetch_command(self) -> str:
-        return f"hf download {self.repo}" + (f" --revision {self.revision}" if self.revision else "")
+        return (f"hf download {self.repo}" + (f" --revision {self.revision}" if self.revision else "")
+                + (" --repo-type dataset" if self.repo_type == "dataset" else ""))
 
 
-def parse_hub_id(value: Optional[str]) -> Optional[HubId]:
+class NotCached(ConfigError):
+    """A hub id the cache lacks where the hub cannot be had (offline or unreachable): `resolve_hub_ids` names
+    every such id of a config in one line (`_not_cached`)."""
+
+    def __init__(self, message: str, key: str, hub_id: HubId, why: str, cache: Path, extra: str = "") -> None:
+        super().__init__(message)
+        self.key, self.hub_id, self.why, self.cache, self.extra = key, hub_id, why, cache, extra
+
+
+def parse_hub_id(value: Optional[str], repo_type: str = "model") -> Optional[HubId]:
     """The hub id `value` names, or None when it is unset, exists on disk, or does not look like one."""
     if value is None or Path(value).expanduser().exists() or not (HUB_ID.match(value) or is_bare_hub_id(value)):
         return None
     repo, _, revision = value.partition("@")
-    return HubId(repo, revision or None)
+    return HubId(repo, revision or None, repo_type)
+
+
+def data_hub_id(cfg) -> Optional[HubId]:
+    """The hub dataset `data.path` names for a built-in source that reads the hub's parquet layout
+    (`DATASET_FILES`); None for a local path, and for `data.name=hf` (read through `datasets`)."""
+    d = cfg.data
+    if d.name not in DATASET_FILES or d.path is None or "/" not in d.path:  # datasets have an org
+        return None
+    return parse_hub_id(d.path, "dataset")
 
 
 def is_bare_hub_id(value: str) -> bool:
@@ -86,37 +127,82 @@ def hub_offline(env: Mapping[str, str]) -> bool:
 
 
 def resolve_hub_ids(cfg, *, full: bool = True, env: Optional[Mapping[str, str]] = None):
-    """`cfg` with a hub id in `model.pretrained` or `data.tokenizer` replaced by its local snapshot (a timm
-    ViT's: the weights file in it); `cfg` itself when neither is one. `full=False` (`ptrun plan`) fetches only
-    the config.json of a model the simulator sizes from it, and no tokenizer. Says each replacement in one
-    line on stderr; ConfigError, one line, when the cache lacks it and it cannot be fetched."""
+    """`cfg` with a hub id in `model.pretrained`, `data.tokenizer` or a built-in source's `data.path` replaced
+    by its local snapshot (a timm ViT's: the weights file in it); `cfg` itself when none is one. `full=False`
+    (`ptrun plan`) fetches only the config.json of a model the simulator sizes from it, no tokenizer and no
+    data. Says each replacement in one line on stderr; ConfigError, one line, when an id cannot be had: every
+    id the cache lacks is named in it, with the commands that fetch them."""
     env = os.environ if env is None else env
-    m, d = cfg.model, cfg.data
-    model_id, tokenizer_id = parse_hub_id(m.pretrained), parse_hub_id(d.tokenizer)
+    missing: list[NotCached] = []
+    resolvers = (_resolve_model, _resolve_tokenizer, _resolve_data) if full else (_resolve_model,)
+    for resolver in resolvers:
+        try:
+            cfg = resolver(cfg, full, env)
+        except NotCached as e:
+            missing.append(e)
+    if len(missing) == 1:
+        raise missing[0]
+    if missing:
+        raise ConfigError(_not_cached(missing))
+    return cfg
+
+
+def _resolve_model(cfg, full: bool, env: Mapping[str, str]):
+    m = cfg.model
+    model_id = parse_hub_id(m.pretrained)
+    if model_id is None:
+        return cfg
     vit = named_family(m) == "vit"
-    if model_id is not None and vit and full:
+    if vit and full:
         text_dir = _text_model_dir("model.pretrained", model_id, env)
         if text_dir is not None:  # a text model where a ViT was expected: refused before its weights come
             from ptrun.config.cross import check_model_fits_recipe  # here: cross is above this module
 
             check_model_fits_recipe(replace(cfg, model=replace(m, pretrained=text_dir)), shown=str(model_id))
             vit = False  # not refused (model.family=vit over a label of its own): fetched as the text model
-    if model_id is not None and (full or not vit):  # plan sizes a ViT from its name: nothing to fetch
-        key = "model.pretrained"
-        if not full:
-            local = str(Path(_fetch_file(key, model_id, "config.json", env)).parent)
-        elif vit:  # a ViT takes a weights file
-            local = str(Path(_fetch(key, model_id, ("config.json", TIMM_WEIGHTS), (TIMM_WEIGHTS,), env))
-                        / TIMM_WEIGHTS)
-        else:
-            local = _fetch(key, model_id, ("config.json", *FETCHED_WEIGHTS, *TOKENIZER), WEIGHTS, env)
-        _say(key, model_id, local)
-        cfg = replace(cfg, model=replace(m, pretrained=local))
-    if tokenizer_id is not None and full:
-        local = _fetch("data.tokenizer", tokenizer_id, ("config.json", *TOKENIZER), TOKENIZER, env)
-        _say("data.tokenizer", tokenizer_id, local)
-        cfg = replace(cfg, data=replace(d, tokenizer=local))
-    return cfg
+    if not full and vit:  # plan sizes a ViT from its name: nothing to fetch
+        return cfg
+    key = "model.pretrained"
+    if not full:
+        local = str(Path(_fetch_file(key, model_id, "config.json", env)).parent)
+    elif vit:  # a ViT takes a weights file
+        local = str(Path(_fetch(key, model_id, ("config.json", TIMM_WEIGHTS), (TIMM_WEIGHTS,), env)) / TIMM_WEIGHTS)
+    else:
+        local = _fetch(key, model_id, ("config.json", *FETCHED_WEIGHTS, *TOKENIZER), WEIGHTS, env)
+    _say(key, model_id, local)
+    return replace(cfg, model=replace(m, pretrained=local))
+
+
+def _resolve_tokenizer(cfg, full: bool, env: Mapping[str, str]):
+    tokenizer_id = parse_hub_id(cfg.data.tokenizer)
+    if tokenizer_id is None:
+        return cfg
+    local = _fetch("data.tokenizer", tokenizer_id, ("config.json", *TOKENIZER), TOKENIZER, env)
+    _say("data.tokenizer", tokenizer_id, local)
+    return replace(cfg, data=replace(cfg.data, tokenizer=local))
+
+
+def _resolve_data(cfg, full: bool, env: Mapping[str, str]):
+    """A built-in source's hub dataset: the parquet files it reads (`DATASET_FILES`), fetched into the hub
+    cache once, `data.path` made the snapshot directory they lie in."""
+    data_id = parse_hub_id(cfg.data.path, "dataset") if data_hub_id(cfg) is not None else None
+    if data_id is None:
+        return cfg
+    patterns = DATASET_FILES[cfg.data.name](cfg.data)
+    extra = GATED_IMAGES if cfg.data.name == "imagefolder" else ""
+    local = _fetch("data.path", data_id, patterns, patterns, env, extra=extra)
+    _say("data.path", data_id, local)
+    return replace(cfg, data=replace(cfg.data, path=local))
+
+
+def _not_cached(missing: list[NotCached]) -> str:
+    """The one line naming every id the cache lacks, each with the command that fetches it."""
+    first = missing[0]
+    ids = ", ".join(f"{e.key}={str(e.hub_id)!r}" for e in missing)
+    commands = "; ".join(e.hub_id.fetch_command() for e in missing)
+    extra = "".join(f"; {e.extra}" for e in missing if e.extra)
+    return (f"not in the Hugging Face cache ({first.cache}) and {first.why}: {ids}; fetch them on a machine "
+            f"with access: {commands}{extra}")
 
 
 def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> Optional[str]:
@@ -139,27 +225,41 @@ def _say(key: str, hub_id: HubId, local: str) -> None:
 
 
 def _fetch(key: str, hub_id: HubId, patterns: tuple[str, ...], needed: tuple[str, ...],
-           env: Mapping[str, str]) -> str:
+           env: Mapping[str, str], extra: str = "") -> str:
     """The snapshot directory of `hub_id` with the files matching `patterns` fetched (from the cache alone
-    when offline); ConfigError unless it holds one of `needed` (file names or globs)."""
+    when offline; huggingface_hub's progress bars show a download); ConfigError unless it holds one of
+    `needed` (file names or globs; a dataset: every one of them). `extra`: what else the user may do, said
+    after a refusal."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError
 
     offline = hub_offline(env)
     try:
-        snapshot = snapshot_download(hub_id.repo, revision=hub_id.revision, cache_dir=hub_cache(env),
-                                     endpoint=env.get("HF_ENDPOINT"), allow_patterns=list(patterns),
-                                     local_files_only=offline)
+        snapshot = snapshot_download(hub_id.repo, repo_type=hub_id.repo_type, revision=hub_id.revision,
+                                     cache_dir=hub_cache(env), endpoint=env.get("HF_ENDPOINT"),
+                                     allow_patterns=list(patterns), local_files_only=offline)
     except IncompleteSnapshotError as e:  # files the repo has beyond what was fetched: `needed` decides
         snapshot = e.snapshot_path
     except Exception as e:
-        raise ConfigError(_problem(key, hub_id, e, env)) from None
-    if not any(any(Path(snapshot).glob(name)) for name in needed):
+        raise _problem(key, hub_id, e, env, extra=extra) from None
+    found = [any(_glob(snapshot, name)) for name in needed]
+    if not (all(found) if hub_id.repo_type == "dataset" else any(found)):
         where = ("fetch them on a machine with access: " + hub_id.fetch_command() if offline else
                  f"the repo on the hub has none of them as ptrun fetches them ({', '.join(patterns)})")
-        raise ConfigError(f"{key}={str(hub_id)!r}: its snapshot {snapshot} holds none of "
-                          f"{', '.join(needed)}; {where}")
+        what = "lacks" if hub_id.repo_type == "dataset" else "holds none of"
+        lacking = [n for n, f in zip(needed, found) if not f] if hub_id.repo_type == "dataset" else needed
+        raise ConfigError(f"{key}={str(hub_id)!r}: its snapshot {snapshot} {what} {', '.join(lacking)}; {where}"
+                          + (f"; {extra}" if extra else ""))
     return snapshot
+
+
+def _glob(snapshot: str, pattern: str):
+    """The files of `snapshot` matching `pattern` as huggingface_hub matches `allow_patterns` (fnmatch: `*`
+    crosses folders)."""
+    from fnmatch import fnmatch
+
+    root = Path(snapshot)
+    return (p for p in root.rglob("*") if fnmatch(p.relative_to(root).as_posix(), pattern))
 
 
 def _fetch_file(key: str, hub_id: HubId, name: str, env: Mapping[str, str]) -> str:
@@ -170,30 +270,39 @@ def _fetch_file(key: str, hub_id: HubId, name: str, env: Mapping[str, str]) -> s
         return hf_hub_download(hub_id.repo, name, revision=hub_id.revision, cache_dir=hub_cache(env),
                                endpoint=env.get("HF_ENDPOINT"), local_files_only=hub_offline(env))
     except Exception as e:
-        raise ConfigError(_problem(key, hub_id, e, env, name)) from None
+        raise _problem(key, hub_id, e, env, name) from None
 
 
-def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], name: str = "") -> str:
-    """One line saying why `hub_id` could not be had, and what to do."""
-    from huggingface_hub.errors import (EntryNotFoundError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], name: str = "",
+             extra: str = "") -> ConfigError:
+    """One line saying why `hub_id` could not be had, and what to do (then `extra`, what else may be done)."""
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError,
+                                        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
 
     head = f"{key}={str(hub_id)!r}: no such file or directory"
     what = f"{name} of {hub_id} is not" if name else "not"
+    tail = f"; {extra}" if extra else ""
     if isinstance(error, HFValidationError):
-        return f"{head}, nor a valid Hugging Face hub id ({' '.join(str(error).split())[:160]})"
+        return ConfigError(f"{head}, nor a valid Hugging Face hub id ({' '.join(str(error).split())[:160]})")
     if isinstance(error, LocalEntryNotFoundError):
         why = "HF_HUB_OFFLINE=1" if hub_offline(env) else "the hub cannot be reached"
         # a bare name may as well be a directory the user mistyped: say it is neither
         what = f"no such file or directory, and {what}" if "/" not in hub_id.repo else what
-        return (f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
-                f"fetch it on a machine with access: {hub_id.fetch_command()}")
+        return NotCached(f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
+                         f"fetch it on a machine with access: {hub_id.fetch_command()}{tail}", key, hub_id, why,
+                         hub_cache(env), extra)
     if isinstance(error, RevisionNotFoundError):
-        return f"{key}={str(hub_id)!r}: the Hugging Face hub has no revision {hub_id.revision!r} of {hub_id.repo}"
-    if isinstance(error, RepositoryNotFoundError):  # also private and gated repos without a token
-        return (f"{head}, nor a model on the Hugging Face hub (if it is private or gated: hf auth login, "
-                f"or set HF_TOKEN)")
+        return ConfigError(f"{key}={str(hub_id)!r}: the Hugging Face hub has no revision {hub_id.revision!r} of "
+                           f"{hub_id.repo}")
+    kind = "dataset" if hub_id.repo_type == "dataset" else "model"
+    if isinstance(error, GatedRepoError):  # the repo is there, its terms not accepted by this token
+        return ConfigError(f"{key}={str(hub_id)!r}: gated on the Hugging Face hub and this machine has no access; "
+                           f"accept its terms at https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}"
+                           f"{hub_id.repo} and log in (hf auth login, or set HF_TOKEN){tail}")
+    if isinstance(error, RepositoryNotFoundError):  # also private repos without a token
+        return ConfigError(f"{head}, nor a {kind} on the Hugging Face hub (if it is private or gated: hf auth "
+                           f"login, or set HF_TOKEN){tail}")
     if isinstance(error, EntryNotFoundError):
-        return f"{key}={str(hub_id)!r}: {hub_id} has no {name or 'such file'}"
-    return f"{key}={str(hub_id)!r}: cannot fetch it from the Hugging Face hub ({type(error).__name__}: " \
-           f"{' '.join(str(error).split())[:200]})"
+        return ConfigError(f"{key}={str(hub_id)!r}: {hub_id} has no {name or 'such file'}")
+    return ConfigError(f"{key}={str(hub_id)!r}: cannot fetch it from the Hugging Face hub "
+                       f"({type(error).__name__}: {' '.join(str(error).split())[:200]}){tail}")

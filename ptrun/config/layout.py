@@ -100,6 +100,27 @@ def length_problem(pipe, k: int, world: int, global_batch: int, num_units: int |
             f"at pipe.length={k} ({allowed})")
 
 
+def batch_at(train, dp: int) -> int:
+    """The global batch of a layout `dp` replicas wide: `train.pipeline_batch_size` x dp when that gives the
+    batch, else `train.global_batch_size`."""
+    return train.global_batch_size if train.pipeline_batch_size is None else train.pipeline_batch_size * dp
+
+
+def fill_batch(cfg, world: int):
+    """`cfg` with `train.global_batch_size` filled from `train.pipeline_batch_size` for its integer
+    `pipe.length` on `world` workers (whose width rule it must pass); `cfg` itself when the global batch is
+    given."""
+    from dataclasses import replace
+
+    t = cfg.train
+    if t.global_batch_size is not None:
+        return cfg
+    problem = width_problem(cfg.pipe, world)
+    if problem:
+        require(False, *problem)
+    return replace(cfg, train=replace(t, global_batch_size=batch_at(t, data_parallel_width(cfg.pipe, world))))
+
+
 def no_length_fits(world: int, reasons: dict[int, str], note: str = "", hint: str = "") -> ConfigError:
     """The one-line refusal of `pipe.length=auto` when every candidate length broke a rule: each length with
     the first rule it broke (`reasons`, in order), then `hint`."""
@@ -144,10 +165,12 @@ def check_layout(cfg) -> None:
     if not auto_k and one_machine:
         world = workers_per_node(lc)
         note = f"; auto = {world} on this machine" if lc.nproc_per_node == "auto" else ""
-        problem = world_problem(p, world, t.global_batch_size, nproc=lc.nproc_per_node, note=note)
+        problem = width_problem(p, world, nproc=lc.nproc_per_node, note=note)
+        batch = batch_at(t, data_parallel_width(p, world)) if problem is None else None
+        problem = problem or world_problem(p, world, batch, nproc=lc.nproc_per_node, note=note)
         if problem:
             require(False, *problem)
-        per_replica = replica_batch(p, world, t.global_batch_size)
+        per_replica = replica_batch(p, world, batch)
     k = 1 if auto_k else p.length  # with pipe.length=auto, the start checks again at the chosen length
     if auto_m:
         # `auto` needs one count that works: the schedule's stage rules still apply, its micro-batch rules
@@ -168,7 +191,7 @@ def check_layout(cfg) -> None:
         # Memory is measured in the workers; the rules that need no model are checked now, for every length.
         world = workers_per_node(lc)
         num_units = 2 * cfg.model.depth + 2 if cfg.model.depth else None  # as check_pipe counts them
-        reasons = {k: length_problem(p, k, world, t.global_batch_size, num_units) for k in auto_lengths(world)}
+        reasons = {k: length_problem(p, k, world, batch_at(t, world // k), num_units) for k in auto_lengths(world)}
         if all(reasons.values()):
             note = " (launcher.nproc_per_node=auto on this machine)" if lc.nproc_per_node == "auto" else ""
             raise no_length_fits(world, reasons, note)

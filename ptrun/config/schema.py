@@ -15,6 +15,7 @@ from ptrun.config.data import DataConfig
 from ptrun.config.freezing import AutoConfig, CacheConfig, FreezeConfig
 from ptrun.config.launcher import DeviceConfig, LauncherConfig
 from ptrun.config.model import ModelConfig
+from ptrun.config.paper import PaperConfig
 from ptrun.config.pipe import PipeConfig
 from ptrun.config.rules import check_choices, choice, either
 from ptrun.config.training import CheckpointConfig, OptimConfig, TrainConfig
@@ -41,6 +42,7 @@ class PtrunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    paper: PaperConfig = field(default_factory=PaperConfig)
     logger: str = choice("jsonl", LOGGERS, wording=either)
     """Where metrics go besides the terminal: `jsonl` (RUN_DIR/metrics.jsonl, always written) and also
     `tensorboard` (TensorBoard scalars in RUN_DIR: `tensorboard --logdir runs`), `wandb` (a Weights & Biases

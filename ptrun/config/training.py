@@ -70,8 +70,15 @@ LR_SCHEDULES = tuple(LR_SCHEDULE_SPECS)
 class TrainConfig:
     epochs: int = 10
     """Number of passes over the training set."""
-    global_batch_size: int = 32
-    """Samples per optimizer step over all data-parallel replicas (the batch the loss is averaged over)."""
+    global_batch_size: Optional[int] = 32
+    """Samples per optimizer step over all data-parallel replicas (the batch the loss is averaged over); null
+    when `pipeline_batch_size` gives the batch instead."""
+    pipeline_batch_size: Optional[int] = None
+    """The batch of one pipeline replica at the start, the paper's way of stating a batch (ViT: 320 samples a
+    pipeline on CIFAR): the global batch is this times the starting data-parallel width, filled in once the
+    layout is known (on one machine at the start, else in the workers), so every machine size and pipeline
+    length trains with the same per-pipeline batch. Set with `global_batch_size=null`; null (the default):
+    `global_batch_size` gives the batch."""
     seed: int = 0
     """Seed for model initialisation and the per-epoch data order."""
     grad_clip: float = 0.0
@@ -141,7 +148,16 @@ def check_training(cfg) -> None:
     t, o, ck = cfg.train, cfg.optim, cfg.checkpoint
     check_choices(t, "train")
     require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
-    require(t.global_batch_size >= 1, "train.global_batch_size", "an integer >= 1", t.global_batch_size)
+    if t.pipeline_batch_size is None:
+        require(t.global_batch_size is not None and t.global_batch_size >= 1, "train.global_batch_size",
+                "an integer >= 1 (or null with train.pipeline_batch_size set)", t.global_batch_size)
+    else:
+        require(t.pipeline_batch_size >= 1, "train.pipeline_batch_size", "an integer >= 1 or null",
+                t.pipeline_batch_size)
+        require(t.global_batch_size is None, "train.global_batch_size",
+                f"null while train.pipeline_batch_size={t.pipeline_batch_size} gives the batch (the global batch "
+                f"is that times the data-parallel width); to give the global batch, add "
+                f"train.pipeline_batch_size=null", t.global_batch_size)
     require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
     require(t.eval_every_epochs >= 1, "train.eval_every_epochs", "an integer >= 1", t.eval_every_epochs)
     require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)

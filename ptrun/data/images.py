@@ -1,6 +1,7 @@
 """The image sources in files of their own: `digits` (scikit-learn's 8x8 digits, offline) and `imagefolder`
-(class folders of image files), both producing `pixel_values` (float32, C x H x W, normalised) and `labels`
-(int64); for class folders the label mapping comes from the sorted class names, the same for both splits."""
+(class folders of image files, or a hub image dataset's parquet such as ImageNet's), both producing
+`pixel_values` (float32, C x H x W, normalised) and `labels` (int64); for class folders the label mapping comes
+from the sorted class names, the same for both splits."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ DEFAULT_IMAGE_SIZE = DATA_SOURCE_SPECS["imagefolder"].image[0]
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, "
                       "or path/<class>/*.png)")
+"""(A hub image dataset's snapshot, train-*.parquet + validation-*.parquet with image and label columns, is read
+too; the recipe vit_imagenet names ImageNet's, so the message speaks of the folders a user lays out.)"""
 
 
 def build_digits(cfg: DataConfig) -> DataSplits:
@@ -59,6 +62,8 @@ def build_imagefolder(cfg: DataConfig) -> DataSplits:
     root = Path(cfg.path).expanduser() if cfg.path is not None else None
     if root is None or not root.is_dir():
         raise ConfigError(f"data.path={cfg.path!r}: no such directory; {IMAGEFOLDER_LAYOUT}")
+    if _parquet(root, "train") and _parquet(root, "validation"):
+        return _parquet_splits(cfg, root)
     eval_dir = next((root / n for n in EVAL_DIR_NAMES if (root / n).is_dir()), None)
     train_dir = root / "train" if (root / "train").is_dir() else root
     if eval_dir is not None and train_dir == root:  # otherwise `val` would silently become a class
@@ -97,6 +102,40 @@ def build_imagefolder(cfg: DataConfig) -> DataSplits:
                       eval=split(eval_paths, eval_labels, augment=False),
                       num_classes=len(class_names), class_names=class_names, input_names=("pixel_values",),
                       image_size=size, in_chans=3)
+
+
+def _parquet(root: Path, split: str) -> list[Path]:
+    """A hub image dataset's parquet files of `split` (ILSVRC/imagenet-1k: `data/train-00000-of-00294.parquet`),
+    in `root` or one folder down."""
+    return sorted(root.glob(f"{split}-*.parquet")) or sorted(root.glob(f"*/{split}-*.parquet"))
+
+
+def _parquet_splits(cfg: DataConfig, root: Path) -> DataSplits:
+    """The train and validation parquet of a hub image dataset (an `image` column of stored images and a
+    ClassLabel `label`, as `datasets` writes them), memory-mapped (`datasets` converts the parquet to Arrow in
+    its cache once, for ImageNet far more than memory holds) and transformed on access as class folders are."""
+    def split(name: str, augment: bool) -> datasets.Dataset:
+        files = [str(f) for f in _parquet(root, name)]
+        try:
+            rows = datasets.Dataset.from_parquet(files)
+        except Exception as e:  # not parquet, or unreadable: the library's words, on one line
+            problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+            raise ConfigError(f"data.path={cfg.path!r}: cannot read its {name} parquet ({problem})") from None
+        if not {"image", "label"} <= set(rows.column_names):
+            raise ConfigError(f"data.path={cfg.path!r}: its {name} parquet needs image and label columns, has "
+                              f"{rows.column_names}; {IMAGEFOLDER_LAYOUT}")
+        rows = rows.select_columns(["image", "label"]).rename_column("label", "labels")
+        rows = rows.cast_column("image", datasets.Image(decode=False))
+        rows.set_transform(image_transform(size, augment))
+        return rows
+
+    size = cfg.image_size or DEFAULT_IMAGE_SIZE
+    train, held_out = split("train", cfg.augment), split("validation", augment=False)
+    feature = train.features["labels"]
+    names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else \
+        [str(i) for i in range(max(train.data.column("labels").to_numpy()) + 1)]
+    return DataSplits(train=train, eval=held_out, num_classes=len(names), class_names=names,
+                      input_names=("pixel_values",), image_size=size, in_chans=3)
 
 
 def _class_files(directory: Path) -> dict[str, list[str]]:

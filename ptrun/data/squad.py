@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 SQUAD_LAYOUT = ("expected SQuAD v1.1 JSON (data[].paragraphs[].qas[]): path/train-v1.1.json + "
-                "path/dev-v1.1.json, or train*.json + dev*.json / validation*.json")
+                "path/dev-v1.1.json, or train*.json + dev*.json / validation*.json, or the hub's parquet "
+                "(train-*.parquet + validation-*.parquet, in path or one folder down)")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
     train_file, eval_file = _squad_files(cfg)
     max_length = cfg.max_length
     # both files are read before the slow tokenization, so a bad eval file fails fast
-    train_examples, examples = read_squad(train_file), read_squad(eval_file)
+    read = read_squad_parquet if train_file.suffix == ".parquet" else read_squad
+    train_examples, examples = read(train_file), read(eval_file)
     train, _, _ = qa_features(tok, train_examples, max_length, cfg.doc_stride)
     evals, feature_example, offsets = qa_features(tok, examples, max_length, cfg.doc_stride, keep_offsets=True)
     side = QAEvalData(ids=examples["id"], contexts=examples["context"], answers=examples["answers"],
@@ -87,12 +89,15 @@ def _squad_files(cfg: DataConfig) -> tuple[Path, Path]:
         raise ConfigError(f"data.path={cfg.path!r}: no such directory; {SQUAD_LAYOUT}")
 
     def find(official: str, patterns: tuple[str, ...]) -> Path | None:
-        if (root / official).is_file():
+        if official and (root / official).is_file():
             return root / official
         return next((found[0] for p in patterns if (found := sorted(root.glob(p)))), None)
 
     train = find("train-v1.1.json", ("train*.json",))
     evals = find("dev-v1.1.json", ("dev*.json", "validation*.json"))
+    if train is None and evals is None:  # the hub's layout (rajpurkar/squad: plain_text/train-00000-of-00001...)
+        train = find("", ("train-*.parquet", "*/train-*.parquet"))
+        evals = find("", ("validation-*.parquet", "*/validation-*.parquet"))
     if train is None or evals is None:
         raise ConfigError(f"data.path={cfg.path!r}: no {'train' if train is None else 'eval'} file; {SQUAD_LAYOUT}")
     return train, evals
@@ -120,6 +125,26 @@ def read_squad(path: Path) -> dict[str, list]:
     if not all(a["text"] for a in rows["answers"]):
         raise ConfigError(f"data.path: {str(path)!r} has questions without answers (SQuAD v2?); {SQUAD_LAYOUT}")
     return rows
+
+
+def read_squad_parquet(path: Path) -> dict[str, list]:
+    """The hub's SQuAD parquet (one row per question: id, title, context, question, answers {text,
+    answer_start}) as `read_squad` returns the JSON."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=["id", "context", "question", "answers"])
+    except Exception as e:  # a missing column or a file that is not parquet
+        problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(f"data.path: {str(path)!r} is not SQuAD parquet ({problem}); {SQUAD_LAYOUT}") from None
+    rows = table.to_pydict()
+    answers = [{"text": list(a["text"]), "answer_start": [int(s) for s in a["answer_start"]]} for a in rows["answers"]]
+    if not rows["id"]:
+        raise ConfigError(f"data.path: {str(path)!r} holds no questions; {SQUAD_LAYOUT}")
+    if not all(a["text"] for a in answers):
+        raise ConfigError(f"data.path: {str(path)!r} has questions without answers (SQuAD v2?); {SQUAD_LAYOUT}")
+    return {"id": [str(i) for i in rows["id"]], "context": rows["context"],
+            "question": [q.lstrip() for q in rows["question"]], "answers": answers}
 
 
 def _check_window(tok: "PreTrainedTokenizerBase", questions: list[str], max_length: int, doc_stride: int) -> None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ptrun.config import OPTIMIZER_SPECS, SCHEDULE_SPECS, ConfigError, PtrunConfig, check_concrete, data_parallel_width, parse_memory
-from ptrun.config.layout import auto_lengths, length_problem, no_length_fits, stage_problem
+from ptrun.config import (OPTIMIZER_SPECS, SCHEDULE_SPECS, ConfigError, PtrunConfig, check_concrete,
+                          data_parallel_width, parse_memory)
+from ptrun.config.layout import auto_lengths, batch_at, fill_batch, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums
@@ -133,8 +134,9 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
     memory asks for one; the layout rules at that K are checked afterwards (`resolve_length`). ConfigError
     when no K works: where every K breaks a layout rule (`length_problem`) or none fits, naming for each K
     the first rule it broke, or what its largest stage needs."""
-    pipe, num_units, batch = cfg.pipe, len(memory.state_bytes), cfg.train.global_batch_size
-    reasons = {pp: length_problem(pipe, pp, world_size, batch, num_units) for pp in auto_lengths(world_size)}
+    pipe, num_units, train = cfg.pipe, len(memory.state_bytes), cfg.train
+    reasons = {pp: length_problem(pipe, pp, world_size, batch_at(train, world_size // pp), num_units)
+               for pp in auto_lengths(world_size)}
     if all(reasons.values()):
         raise no_length_fits(world_size, reasons)
     gib = 2**30
@@ -142,7 +144,7 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
     for pp in auto_lengths(world_size):
         if stage_problem(pipe, pp, num_units):
             continue  # no such pipeline can be built
-        per_replica = max(1, batch // (world_size // pp))
+        per_replica = max(1, batch_at(train, world_size // pp) // (world_size // pp))
         if reasons[pp] is None:
             m = pipe.microbatches if isinstance(pipe.microbatches, int) else follow_microbatches(pp, per_replica, cfg)
         else:  # an estimate: if memory picks this K, `resolve_length` names the rule it breaks
@@ -188,23 +190,25 @@ def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, bu
                    memory: UnitMemory | None = None) -> tuple[PtrunConfig, LengthChoice | None]:
     """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit
     (`memory`, else measured on `layered` with `sample`), an unset micro-batch count from the length
-    (`pick_microbatches`). Returns the choice when K was chosen. The layout it fills is checked here, the one
+    (`pick_microbatches`), the global batch from `train.pipeline_batch_size` at that length (`fill_batch`).
+    Returns the choice when K was chosen. The layout it fills is checked here, the one
     check of values the launcher could not see (`ptrun.config.check_concrete`, the rules the config's
     validation applies to a layout the user writes): nothing needs validating again; ConfigError naming the
     key otherwise. `cfg` itself when there is nothing to fill; `pipe.microbatches=auto` stays for the trainer
     to measure."""
     pipe = cfg.pipe
     if pipe.length != "auto" and pipe.microbatches is not None:
-        return cfg, None
+        return fill_batch(cfg, world_size), None
     choice = None
     if pipe.length == "auto":
         memory = memory or measure_unit_memory(layered, sample, cfg.optim.name)
         choice = choose_length(memory, cfg, world_size, budget)
         pipe = replace(pipe, length=choice.length, microbatches=choice.microbatches
                        if pipe.microbatches is None else pipe.microbatches)
+    cfg = fill_batch(replace(cfg, pipe=pipe), world_size)
     if pipe.microbatches is None:
         dp = data_parallel_width(pipe, world_size)
         pipe = replace(pipe, microbatches=follow_microbatches(
-            pipe.length, max(1, cfg.train.global_batch_size // dp), replace(cfg, pipe=pipe)))
+            pipe.length, max(1, cfg.train.global_batch_size // dp), cfg))
     check_concrete(pipe, world_size, cfg.train.global_batch_size)
     return replace(cfg, pipe=pipe), choice

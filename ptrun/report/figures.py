@@ -58,38 +58,50 @@ def samples_per_s_figure(runs: list[Run], path: str | Path) -> Figure:
     return _save(fig, path)
 
 
-def layout_figure(runs: list[Run], path: str | Path) -> Figure:
-    """(2) The layout per epoch from the plan events: frozen units (top), K and DP width (bottom).
+def layout_steps(run: Run) -> tuple[list[float], list[dict[str, Any]]]:
+    """Where each layout of `run` began, in epochs trained (a change at step S of 0-based epoch E of N steps
+    lies at E + S / N; the change at an epoch's start at E), with the plan there; closed by the last plan again
+    at the end of the last epoch the run logged, so that a step plot holds it to the end."""
+    steps = {e["epoch"]: e.get("steps") for e in run.epochs}
+    xs, plans = [], []
+    for p in run.plans:
+        per_epoch = steps.get(p["epoch"]) or max([q.get("step", 0) for q in run.plans if q["epoch"] == p["epoch"]]
+                                                + [0]) + 1
+        xs.append(p["epoch"] + p.get("step", 0) / per_epoch)
+        plans.append(p)
+    if plans:
+        xs.append(float(max(len(run.epochs), int(xs[-1]) + 1)))
+        plans.append(plans[-1])
+    return xs, plans
 
-    Lines are labelled "RUN: frozen units", "RUN: K" and "RUN: DP"; they are drawn as steps (a layout
-    holds for a whole epoch) but their data are the plain per-epoch values.
+
+def layout_figure(runs: list[Run], path: str | Path) -> Figure:
+    """(2) The layout from the plan events, drawn where it changed (inside an epoch too): frozen units (top),
+    K and DP width (bottom), against the epochs trained.
+
+    Lines are labelled "RUN: frozen units", "RUN: K" and "RUN: DP"; their points are the plan events
+    (`layout_steps`), drawn as steps that hold each layout until the next; the y axes tick whole units.
     """
     fig = Figure(figsize=(7, 5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     for i, run in enumerate(runs):
-        xs, plans = [], []
-        for e in run.epochs:
-            plan = run.plan_for(e["epoch"])
-            if plan is not None:
-                xs.append(e["epoch"] + 1)
-                plans.append(plan)
+        xs, plans = layout_steps(run)
         color = f"C{i}"
-        top.plot(xs, [p["frozen_units"] for p in plans], drawstyle="steps-mid", color=color,
+        top.plot(xs, [p["frozen_units"] for p in plans], drawstyle="steps-post", color=color,
                  label=f"{run.label}: frozen units")
-        bottom.plot(xs, [p["pp"] for p in plans], drawstyle="steps-mid", color=color, label=f"{run.label}: K")
-        bottom.plot(xs, [p["dp"] for p in plans], drawstyle="steps-mid", color=color, linestyle="--",
+        bottom.plot(xs, [p["pp"] for p in plans], drawstyle="steps-post", color=color, label=f"{run.label}: K")
+        bottom.plot(xs, [p["dp"] for p in plans], drawstyle="steps-post", color=color, linestyle="--",
                     label=f"{run.label}: DP")
         if plans:
             top.axhline(plans[0]["num_units"], color=color, linewidth=0.5, alpha=0.5)
-    top.set(ylabel="frozen units", title="Layout per epoch (thin line: the model's unit count)")
-    top.set_ylim(bottom=0)
-    bottom.set(xlabel="epoch", ylabel="K (solid) / DP (dashed)")
-    bottom.set_ylim(bottom=0)
-    bottom.yaxis.get_major_locator().set_params(integer=True)
-    _integer_epochs(bottom)
+    top.set(ylabel="frozen units", title="Layout as it changed (thin line: the model's unit count)")
+    bottom.set(xlabel="epochs trained", ylabel="K (solid) / DP (dashed)")
     for ax in (top, bottom):
+        ax.set_ylim(bottom=0)
+        ax.yaxis.get_major_locator().set_params(integer=True)  # whole units, whole devices
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
+    _integer_epochs(bottom)
     return _save(fig, path)
 
 
@@ -200,7 +212,7 @@ def run_figures(runs: list[Run], out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     made = {
         "Training throughput": (samples_per_s_figure, "samples_per_s.png"),
-        "Layout per epoch": (layout_figure, "layout.png"),
+        "Layout": (layout_figure, "layout.png"),
         "Loss and evaluation": (loss_figure, "loss_eval.png"),
     }
     if len(runs) > 1:

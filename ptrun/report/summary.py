@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ptrun.report.paper import paper_lines
 from ptrun.report.runs import Run
 from ptrun.report.savings import freezing_savings
 
@@ -172,6 +173,9 @@ def markdown(runs: list[Run], figures: dict[str, Path], out_dir: Path) -> str:
         for row in tta["runs"]:
             lines.append(f"| {row['label']} | {row['epoch'] or 'not reached'} | {_num(row['time_s'], '.1f')} | "
                          f"{_num(row['speedup'])} |")
+    beside = paper_lines(runs)
+    if beside:
+        lines += ["", "## The paper", ""] + [f"- {line}" for line in beside]
     if figures:
         lines += ["", "## Figures", ""]
         for title, path in figures.items():

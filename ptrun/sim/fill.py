@@ -52,10 +52,14 @@ def fill_layout(cfg: PtrunConfig, costs: ModelCosts | None = None):
     layout fits."""
     from ptrun.parallel.fit import memory_budget, resolve_length
 
+    from ptrun.config.layout import fill_batch
+
     pipe, lc = cfg.pipe, cfg.launcher
+    fewest, most = parse_nnodes(lc.nnodes)
+    world = fewest * workers_per_node(lc)
     if pipe.length != "auto" and pipe.microbatches is not None:
-        return cfg, None
-    world = parse_nnodes(lc.nnodes)[0] * workers_per_node(lc)
+        # a per-pipeline batch becomes the global one where the world is known (else the workers fill it)
+        return (fill_batch(cfg, world) if fewest == most else cfg), None
     memory = None
     if pipe.length == "auto":
         memory = fit_memory(costs or costs_from_config(cfg.model, cfg.data), cfg)

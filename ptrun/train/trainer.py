@@ -46,7 +46,7 @@ class Trainer:
     def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
                  stops: StopRequests | None = None, decide: Decide | None = None,
                  start_clock: stats.StartClock | None = None):
-        startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
+        cfg = startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
