@@ -8,7 +8,8 @@
    "microbatches": M, "schedule": ..., "stages_per_rank": V, "cached_units": C, "transition_s": ...,
    after a layout change "moved_bytes" (parameters and optimizer state sent between the workers),
    "unheld_param_bytes" (parameter storage the workers keep outside their stages, after the start and after each
-   change: always 0); one at each
+   change: always 0), on a process's first plan "rss_bytes" (each worker's resident memory once started, by
+   rank); one at each
    epoch's start (S = 0) and one at each change inside an epoch (S = the step it happened before),
    with pipe.microbatches=auto on a run's first plan also "microbatches_reason": "M=2 at K=2: ...",
    "microbatch_tuning": {"source": measured|cached|no choice, "seconds", "chosen": {K: M}, "table": {K: M},

@@ -148,6 +148,17 @@ def memory_stats(layered, layout, rank: int, device: torch.device) -> dict:
     return {"memory": {"param_bytes": param, "optim_bytes": optim, "rss_bytes": rss, "peak_rss_bytes": peak}}
 
 
+def start_memory(unheld_bytes: int, rank: int, world_size: int, device: torch.device) -> dict:
+    """Collective, once the start is over: the parameter storage the workers keep outside their stages (their
+    `unheld_bytes`, summed: 0) and each worker's resident host memory then, by rank (`rss_bytes`), before any
+    step allocated what training needs."""
+    gathered = torch.zeros(world_size, 2, dtype=torch.float64, device=device)
+    gathered[rank] = torch.tensor([unheld_bytes, resident_bytes()], dtype=torch.float64)
+    dist.all_reduce(gathered)
+    unheld, rss = gathered.long().T.tolist()
+    return {"unheld_param_bytes": sum(unheld), "rss_bytes": rss}
+
+
 def resident_bytes() -> int:
     """This process's resident host memory now (0 where /proc is missing)."""
     try:

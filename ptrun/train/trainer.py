@@ -232,8 +232,8 @@ class Trainer:
             raise Interrupted(self.stops.agreed)
         self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan)
         t_start = time.perf_counter()
-        # the last transition's cost, on the plan event of the epoch it led into (at the start: storage unheld)
-        moved = {"unheld_param_bytes": int(self.all_sum([self.layouts.unheld_bytes()]).item())}
+        # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
+        moved = stats.start_memory(self.layouts.unheld_bytes(), self.rank, self.world_size, self.device)
         while self.state.epoch < cfg.train.epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
             # epochs, or a step a stop interrupted before its decision) comes first.
