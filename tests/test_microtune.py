@@ -189,9 +189,13 @@ def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
     from ptrun.sim import costs_from_config, get_cluster
     from ptrun.sim.simulate import plan_epochs
 
-    def plans(*extra):
-        cfg = compose_config(["recipe=vit_imagenet", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
-                              *extra], tmp_path)
+    from ptrun.compose import compose
+    from ptrun.config.layout import fill_batch
+
+    def plans(*extra):  # the paper's start: two machines of 8 GPUs, the first pipeline 8 long
+        cfg = compose(["recipe=vit_imagenet", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
+                       "pipe.length=8", "launcher.nnodes=2", *extra], run_dir=tmp_path, recipe="test")
+        cfg = fill_batch(cfg, 16)
         return plan_epochs(costs_from_config(cfg.model, cfg.data), get_cluster("paper"), cfg)[1]
 
     auto = plans("pipe.microbatches=auto")
