@@ -193,6 +193,9 @@ BAD_INPUT = [
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
+    (["train.compile_mode=fast"], "train.compile_mode='fast' is not allowed: one of default, reduce-overhead, "
+     "max-autotune, max-autotune-no-cudagraphs"),
+    (["train.compile=yes"], "train.compile='yes' is not allowed: auto, true or false"),
     (["recipe=nope"], "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit"),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed: an integer >= 1 or auto"),

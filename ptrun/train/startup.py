@@ -20,10 +20,12 @@ from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models.lazy import init_units
 from ptrun.parallel import microtune
+from ptrun.parallel.compiled import compile_wanted, make_compiler
 from ptrun.parallel.fit import LengthChoice, device_budget, resolve_length
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
+from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 
 log = logging.getLogger("ptrun.train.trainer")
@@ -33,6 +35,16 @@ def first_sample(data: DataSplits, input_names) -> tuple:
     """The first training sample's model inputs, batched (shapes and dtypes for the start's estimates)."""
     probe = dict(data.train[[0]])
     return tuple(probe[k] for k in input_names if k in probe)
+
+
+def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device: torch.device, loss,
+                 param_name: dict[int, str]) -> Builder:
+    """What the worker's layouts are built from, its compiled units (`train.compile`) included: they compile
+    the first layout's first stage at once, on the first training sample."""
+    probe = first_sample(data, layered.input_names) if compile_wanted(cfg.train.compile, device) else ()
+    return Builder(layered, rank, device, loss, cfg.optim, param_name, cfg.pipe.recompute,
+                   compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync,
+                   make_compiler(cfg.train, layered, device, probe))
 
 
 def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,

@@ -1,6 +1,6 @@
 """What an epoch event reports beside the loss: AutoCache's counters, fp16's loss scale and skipped steps,
-PipeDream's stashed weight bytes, each worker's memory, the first steps' times, and one step's recorded
-timeline."""
+PipeDream's stashed weight bytes, each worker's memory, the first steps' times, what compiling units cost, and
+one step's recorded timeline."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.plan import Plan
 
 
@@ -177,3 +178,9 @@ def cache_slower(cache, plan: Plan, device: torch.device) -> str | None:
     return (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
             f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
             f"from here on")
+
+
+def compile_stats(compiler: UnitCompiler | None) -> dict:
+    """Collective: the epoch event's `compile` (what compiling units cost since the last epoch event, its
+    transition included: `UnitCompiler.epoch_fields`); nothing without compiled units."""
+    return compiler.epoch_fields() if compiler is not None else {}

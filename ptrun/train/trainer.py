@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout, gather_to
+from ptrun.auto.autodp import Layout, build_layout, change_layout, gather_to
 from ptrun.auto.intervals import Positions, epoch_steps
 from ptrun.auto.residency import held_units, release_unheld
 from ptrun.config import PtrunConfig
@@ -82,8 +82,7 @@ class Trainer:
         self.loss = WeightedLoss(cfg.model.task)
         self.compute_dtype = compute_dtype(cfg.train.precision)
         self.scaler = LossScaler(enabled=cfg.train.precision == "fp16")
-        self.builder = Builder(self.layered, rank, device, self.loss, cfg.optim, self.param_name, cfg.pipe.recompute,
-                               self.compute_dtype, cfg.pipe.weight_stashing, cfg.pipe.vertical_sync)
+        self.builder = startup.make_builder(cfg, self.layered, self.data, rank, device, self.loss, self.param_name)
         """What this worker's layouts are built from (the same for every Plan)."""
         self.pin_memory = device.type == "cuda" and cfg.device.pin_memory
         batch, seed = cfg.train.global_batch_size, cfg.train.seed
@@ -329,6 +328,7 @@ class Trainer:
             epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
             self.state.remember(ev)
             epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
+            epoch_stats.update(stats.compile_stats(self.builder.compiler))
             self._event("epoch", epoch=self.state.epoch, eval=ev, **epoch_stats)
             self.view.print(epoch_line(self.state.epoch, cfg.train.epochs, epoch_stats, ev, self.plan))
             self.state.epoch += 1
@@ -373,7 +373,7 @@ class Trainer:
                      resumed_from=self.resumed_from, device=str(self.device), precision=cfg.train.precision)
         self._event("start", **start, worker_start_time=self.start_clock.began, start_phases=self.start_clock.phases)
         self.view.print(start_line(start, cfg.run_dir))
-        for choice in (self.length_choice, self.tuning):
+        for choice in (self.length_choice, self.tuning, self.builder.compiler):  # the last: what compiling cost
             if choice is not None:
                 self.view.print(choice.summary())
 
@@ -408,14 +408,14 @@ class Trainer:
     def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
         """Collective: the transition to a decided `plan` before step `position`, shown and (`announce`)
         recorded; returns its cost for the `plan` event."""
-        state = self.state
-        old = self.plan
-        transition_s = self.transition(plan)
-        cost = {"transition_s": transition_s, "moved_bytes": int(self.all_sum([self.layout.received_bytes]).item())}
-        self.view.print(transition_line(state.epoch, old, plan, transition_s, position, self.clock.step_s))
+        old, transition_s = self.plan, self.transition(plan)
+        cost = {"transition_s": transition_s, "moved_bytes": int(self.all_sum([self.layout.received_bytes]).item()),
+                **self.layout.compiled}  # compiling the new layout's units, part of the transition's seconds
+        self.view.print(transition_line(self.state.epoch, old, plan, transition_s, position, self.clock.step_s,
+                                        cost.get("compile_s")))
         self.view.show_layout(plan, self.layered.unit_names)
         if announce:
-            self._event("plan", epoch=state.epoch, step=position, **cost, **plan.to_dict())
+            self._event("plan", epoch=self.state.epoch, step=position, **cost, **plan.to_dict())
         return cost
 
     def _release_cache(self) -> None:
