@@ -132,6 +132,16 @@ def since(now: dict, before: dict) -> dict:
     return {k: now[k] - before.get(k, 0) for k in now}
 
 
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
+
+    return TorchDynamoException, FailOnRecompileLimitHit
+
+
+COMPILE_ERRORS = _compile_errors()
+"""What compiling a unit may raise: dynamo's errors (inductor's come wrapped in them) and the recompile limit."""
+
+
 class CompiledUnit:
     """A unit's compiled callable: the unit's own module run through torch.compile, or eager once its kind
     has failed to compile (and on meta tensors: a pipeline stage infers its shapes with them)."""
@@ -147,7 +157,7 @@ class CompiledUnit:
             return self.unit(*args)
         try:
             out = self.compiled(*args)
-        except Exception as exc:  # dynamo's and inductor's errors, the recompile limit: this kind runs eager
+        except COMPILE_ERRORS as exc:  # this kind runs eager (anything else is the run's own error: raised)
             self.compiler.give_up(self, exc)
             return self.unit(*args)
         self.compiler.kinds.add(self.kind)
