@@ -54,6 +54,8 @@ def make_compiler(train, layered, device: torch.device, probe: tuple = ()) -> "U
     `probe`: one training sample's model inputs, from which the first layout's first stage compiles at once."""
     if not compile_wanted(train.compile, device):
         return None
+    if device.type == "cpu":  # inductor's C++ build says, on every worker, that a CPU machine has no CUDA runtime
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     return UnitCompiler(train.compile_mode, layered, tuple(t.to(device) for t in probe), train.global_batch_size)
 
 
