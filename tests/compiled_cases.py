@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.config import SCHEDULE_SPECS
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.partition import even_bounds
@@ -53,8 +54,10 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     compiler = UnitCompiler("default", layered) if case.compiled else None
     builder = Builder(layered, rank, torch.device("cpu"), loss, pc.OPTIM, name_of, case.recompute,
                       compute_dtype(case.precision), compiler=compiler)
-    plan = Plan(num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2),
-                microbatches=1 if case.schedule == "pipedream" else 2, schedule=case.schedule).check()
+    per_rank = SCHEDULE_SPECS[case.schedule].stages_per_rank or 2  # a looped schedule: two stages a rank
+    microbatches = {"pipedream": 1, "1F1B": 2, "GPipe": 2}.get(case.schedule, 4)
+    plan = Plan(num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2 * per_rank),
+                microbatches=microbatches, schedule=case.schedule, stages_per_rank=per_rank).check()
     layout = build_layout(builder, plan)
     scaler = LossScaler(enabled=case.precision == "fp16")
     losses, frozen_grads, recompiles_after = [], [], None

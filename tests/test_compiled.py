@@ -113,13 +113,14 @@ def test_a_unit_kind_past_the_recompile_limit_runs_eager_with_one_line(one_rank_
 @pytest.mark.slow
 def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp_path, one_rank_group, capsys):
     """A trainer with `train.compile=true` compiles its first layout before its first step and says so after
-    the start line (`compiled N unit kinds in X s (Y of Z graphs from cache)`); a freeze's transition line
-    says what compiling its variants cost, and the epoch event counts what each epoch compiled (nothing in
-    the epoch after the freeze's transition). Checkpoint keys are the library model's, as without compiling."""
+    the start line (`compiled N unit kinds in X s (Y of Z graphs from cache)`); a freeze's transition (with
+    AutoCache serving the frozen prefix) says what compiling its variants cost, and the epoch event counts what
+    each epoch compiled: nothing in the epoch and the evaluation after that transition. `train.profile_step`
+    profiles compiled steps; checkpoint keys are the library model's, as without compiling."""
     from ptrun.train.trainer import Trainer
 
     cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "train.compile=true", "train.max_steps_per_epoch=4",
-                                 "train.epochs=2"], tmp_path / "run")
+                                 "train.epochs=2", "auto.cache=true", "train.profile_step=1"], tmp_path / "run")
     write_config(cfg)  # the run directory the metrics go to
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
@@ -129,16 +130,21 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
         assert f"compiled {kinds} unit kinds in " in shown and " graphs from cache)" in shown, shown
         assert trainer.train_epoch()["steps"] == 4
         trainer.evaluate()
-        trainer._move_to(replace(trainer.plan, frozen_units=3), 0, announce=False)
+        trainer._move_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0, announce=False)
         assert ", compiling " in capsys.readouterr().out
         assert trainer.layout.compiled["compile_s"] > 0 and trainer.layout.compiled["recompiles"] > 0
         trainer.builder.compiler.epoch_fields()  # the counts start again here
         trainer.train_epoch()
         trainer.evaluate()
         assert trainer.builder.compiler.epoch_fields()["compile"]["compiles"] == 0
+        served = trainer.cache.take_stats("train")
+        assert served["hits"] + served["computed"] > 0, served  # the steps read the cached prefix's output
         trainer.save_checkpoint()
+        trainer.recorders.close()
     finally:
+        trainer._release_cache()
         trainer.close()
+    assert (tmp_path / "run" / "profile" / "rank0.txt").is_file()  # train.profile_step, compiled
     names = final_params(tmp_path / "run").keys()
     assert names == dict(trainer.layered.model.named_parameters()).keys()
     assert not any("_orig_mod" in n for n in names)
