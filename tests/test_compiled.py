@@ -166,3 +166,28 @@ def test_compile_true_without_a_c_compiler_is_one_line_before_any_worker(tmp_pat
         "was found ($CXX, $CC, g++, c++, clang++, gcc, cc, clang): install one, or leave it auto"], out.stderr
     assert not (tmp_path / "run").exists()
     assert c_compiler(bare) is None and c_compiler() is not None
+
+
+def test_the_compile_benchmark_tables_medians_and_ratios_against_eager():
+    """`ptrun.bench.compiled`: per workload, the eager, cold and warm runs' medians over the rounds, each
+    ratio against its own round's eager run, in one table per workload under one caption."""
+    from ptrun.bench import compiled as bench
+    from ptrun.bench.harness import label_rows
+
+    def rnd(eager: float, cold: float, warm: float) -> list[dict]:
+        rows = [{"label": label, "wall_s": wall, "train_time_s": wall - 10, "compile_s": wall - eager,
+                 "final_top1": 95.0} for label, wall in zip(bench.RUNS, (eager, cold, warm))]
+        for row in rows:
+            row["wall_ratio"] = rows[0]["wall_s"] / row["wall_s"]
+            row["train_ratio"] = rows[0]["train_time_s"] / row["train_time_s"]
+        return rows
+
+    rows = label_rows([rnd(40.0, 80.0, 50.0), rnd(44.0, 88.0, 44.0)], bench.KEYS)
+    assert [r["label"] for r in rows] == ["eager", "compiled, cold cache", "compiled, warm cache"]
+    assert rows[1]["wall_ratio"] == pytest.approx(0.5) and rows[2]["wall_ratio_range"] == pytest.approx([0.8, 1.0])
+    result = {"machine": "2 CPU cores", "repeats": {"digits_vit": 2}, "workloads": {"digits_vit": rows}}
+    assert bench.caption(result).startswith("Compiled units against eager, 2 CPU cores: rounds per workload "
+                                            "(digits_vit 2)")
+    table = bench.table(result).splitlines()
+    assert table[0].startswith("| digits_vit | wall (s) | training (s) | compiling (s) |")
+    assert table[3].startswith("| compiled, cold cache | 84.0 (80.0-88.0) |") and "0.50x (0.50-0.50)" in table[3]

@@ -195,6 +195,15 @@ class UnitCompiler:
             out.append(self._runners[id(unit)])
         return out
 
+    def for_schedule(self, split_backward: bool) -> None:
+        """A schedule that splits a stage's backward pass (the zero-bubble ones: inputs' gradients first, the
+        weights' later, on one retained graph) runs a backward graph twice, so inductor's backward may not reuse
+        the saved activations' buffers (donated buffers, which save memory otherwise): off for the process."""
+        if split_backward:
+            import torch._functorch.config
+
+            torch._functorch.config.donated_buffer = False
+
     def remember(self, first: int, carry: tuple) -> None:
         """A stage starting at unit `first` trained on `carry` (kept by reference for `warm_stage`)."""
         self._inputs[first] = (tuple(t.detach() for t in carry), tuple(t.requires_grad for t in carry))
