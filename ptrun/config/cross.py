@@ -12,6 +12,7 @@ from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, chec
 from ptrun.config.freezing import inside_epochs
 from ptrun.config.fit import Recipe, recipe_named, use_recipe
 from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
+from ptrun.config.pipe import SCHEDULE_SPECS
 from ptrun.config.rules import require
 from ptrun.errors import ConfigError
 
@@ -43,6 +44,17 @@ def check_pipedream(cfg) -> None:
                 p.microbatches)
         require(p.length != "auto", "pipe.length", "an integer with pipe.first_stage_replicas > 1 (a replicated "
                 "placement is fixed)", p.length)
+
+
+def check_compile(cfg) -> None:
+    """Compiled units under a schedule that splits each stage's backward pass (the zero-bubble ones: the
+    inputs' gradients first, the weights' later from hooks on the graph) got a weight's gradient wrong in a
+    test: refused when asked for, and `auto` runs such a schedule eager (`ptrun.parallel.compiled`)."""
+    if cfg.train.compile is True:
+        require(not SCHEDULE_SPECS[cfg.pipe.schedule].split_backward, "train.compile", "true only with a schedule "
+                f"whose stages run their backward pass whole, not with pipe.schedule={cfg.pipe.schedule} (it splits "
+                "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream",
+                "true")
 
 
 def check_text(cfg) -> None:

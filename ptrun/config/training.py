@@ -58,7 +58,8 @@ class TrainConfig:
     """Compile each unit on its own with torch.compile (regional compilation: identical units, a model's
     blocks, share one compiled graph, so a 12-layer model compiles each kind of unit once): `true`, `false`, or
     `auto` (on with a GPU, off on the CPU, where the cold compile costs more than it saves: docs/guide.md).
-    Frozen units run their own no-grad variant; a unit whose compilation fails runs eager, with one line.
+    Frozen units run their own no-grad variant; a unit whose compilation fails runs eager, with one line. Not
+    with the schedules that split a stage's backward pass (ZBVZeroBubble, DualPipeV, InterleavedZeroBubble).
     Compiled graphs are kept in inductor's cache ($TORCHINDUCTOR_CACHE_DIR, by default
     ~/.cache/ptrun/torchinductor), so a second run of the same model starts warm. Needs a C++ compiler."""
     compile_mode: str = choice("default", COMPILE_MODES)

@@ -35,24 +35,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ptrun.config import SCHEDULE_SPECS
 from ptrun.config.training import c_compiler
 
 log = logging.getLogger(__name__)
 
 
-def compile_wanted(setting, device: torch.device) -> bool:
+def compile_wanted(setting, device: torch.device, schedule: str = "GPipe") -> bool:
     """`train.compile`: `true` / `false` as written; `auto` on with a GPU (where inductor finds a C compiler)
-    and off on the CPU, where the cold compile costs more wall time than the compiled steps save on the
-    default recipe (docs/guide.md)."""
+    and off on the CPU, where compiling cost more wall time than it saved on every recipe measured
+    (docs/guide.md), and off under a schedule that splits each stage's backward pass (`check_compile`)."""
     if setting == "auto":
-        return device.type == "cuda" and c_compiler() is not None
+        return device.type == "cuda" and c_compiler() is not None and not SCHEDULE_SPECS[schedule].split_backward
     return bool(setting)
 
 
-def make_compiler(train, layered, device: torch.device, probe: tuple = ()) -> "UnitCompiler | None":
-    """The worker's `UnitCompiler` where `train.compile` (a TrainConfig's) is on for `device`, else None.
-    `probe`: one training sample's model inputs, from which the first layout's first stage compiles at once."""
-    if not compile_wanted(train.compile, device):
+def make_compiler(train, layered, device: torch.device, probe: tuple = (),
+                  schedule: str = "GPipe") -> "UnitCompiler | None":
+    """The worker's `UnitCompiler` where `train.compile` (a TrainConfig's) is on for `device` and `schedule`,
+    else None. `probe`: one training sample's model inputs, from which the first layout's first stage compiles
+    at once."""
+    if not compile_wanted(train.compile, device, schedule):
         return None
     if device.type == "cpu":  # inductor's C++ build says, on every worker, that a CPU machine has no CUDA runtime
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
@@ -194,15 +197,6 @@ class UnitCompiler:
                 self._runners[id(unit)] = CompiledUnit(unit, self.layered.unit_names[first + i], self)
             out.append(self._runners[id(unit)])
         return out
-
-    def for_schedule(self, split_backward: bool) -> None:
-        """A schedule that splits a stage's backward pass (the zero-bubble ones: inputs' gradients first, the
-        weights' later, on one retained graph) runs a backward graph twice, so inductor's backward may not reuse
-        the saved activations' buffers (donated buffers, which save memory otherwise): off for the process."""
-        if split_backward:
-            import torch._functorch.config
-
-            torch._functorch.config.donated_buffer = False
 
     def remember(self, first: int, carry: tuple) -> None:
         """A stage starting at unit `first` trained on `carry` (kept by reference for `warm_stage`)."""

@@ -105,8 +105,6 @@ class StageRuntime:
         self.stage_indices = plan.local_stages(stage_rank)
         self.dp_peers = len(plan.stage_ranks(stage_rank))  # ranks of this stage across replicas (self included)
         every = parse_recompute(recompute)
-        if compiler is not None:
-            compiler.for_schedule(SCHEDULE_SPECS[plan.schedule].split_backward)
         self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype, compiler,
                                     plan.active_range(s)[0]).to(device) for s in self.stage_indices]
         if compiler is not None:  # the new variants compile now, in the transition, not in the steps after it

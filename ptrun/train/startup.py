@@ -41,10 +41,11 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
                  param_name: dict[int, str]) -> Builder:
     """What the worker's layouts are built from, its compiled units (`train.compile`) included: they compile
     the first layout's first stage at once, on the first training sample."""
-    probe = first_sample(data, layered.input_names) if compile_wanted(cfg.train.compile, device) else ()
+    wanted = compile_wanted(cfg.train.compile, device, cfg.pipe.schedule)
+    probe = first_sample(data, layered.input_names) if wanted else ()
     return Builder(layered, rank, device, loss, cfg.optim, param_name, cfg.pipe.recompute,
                    compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync,
-                   make_compiler(cfg.train, layered, device, probe))
+                   make_compiler(cfg.train, layered, device, probe, cfg.pipe.schedule))
 
 
 def fill_length(cfg: PtrunConfig, layered, data: DataSplits, world_size: int,
