@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from functools import cache
 
 
@@ -90,3 +91,15 @@ def causal_mask_kwargs(function, positions) -> dict:
     if "position_ids" in params:
         kwargs["position_ids"] = positions
     return kwargs
+
+
+def keep_inductor_headers_with_its_cache() -> None:
+    """Inductor's precompiled C++ headers (about 150 MB on the CPU) go to $TMPDIR/torchinductor_USER whatever
+    TORCHINDUCTOR_CACHE_DIR says (torch 2.14 fixes that path as its codecache module loads): they go beside the
+    compiled graphs instead, in the cache directory ptrun documents. A torch without that path is left alone."""
+    from torch._inductor import codecache
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if hasattr(codecache, "_HEADER_DIR") and hasattr(codecache, "_HEADER_LOCK_DIR"):
+        codecache._HEADER_DIR = os.path.join(cache_dir(), "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")

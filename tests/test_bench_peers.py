@@ -194,7 +194,8 @@ def test_the_plain_loop_compiles_the_library_model_as_a_user_writes_it(tmp_path)
     for mode in ("false", "true"):
         subprocess.run([sys.executable, *PLAIN, "--recipe=digits_vit", "--threads=1", f"--out={tmp_path / mode}.json",
                         "--save-state", str(tmp_path / f"{mode}.pt"), "train.epochs=1", "train.max_steps_per_epoch=4",
-                        "model.depth=2", f"train.compile={mode}"], check=True, capture_output=True, cwd=tmp_path)
+                        "model.depth=2", f"train.compile={mode}"], check=True, capture_output=True, cwd=tmp_path,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})  # a user's loop: torch's headers in its temp dir
         out[mode] = torch.load(tmp_path / f"{mode}.pt")
     assert out["true"]["losses"] == pytest.approx(out["false"]["losses"], rel=1e-4)
 

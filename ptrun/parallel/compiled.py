@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ptrun.compat import keep_inductor_headers_with_its_cache
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.config.training import c_compiler
 
@@ -187,6 +188,7 @@ class UnitCompiler:
         # Hitting the recompile limit raises (caught in CompiledUnit) instead of running that frame eager
         # silently, so the unit's kind is named and goes eager as a whole.
         torch._dynamo.config.fail_on_recompile_limit_hit = True
+        keep_inductor_headers_with_its_cache()
         self.counts = CompileCounts()
 
     def runners(self, units: Sequence[nn.Module], first: int) -> list[Callable]:
