@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from functools import cache
 
 
@@ -67,19 +68,38 @@ def ddp_no_buffer_sync() -> dict:
         {"broadcast_buffers": False}
 
 
-@cache
-def _mask_parameters(function) -> frozenset[str]:
-    return frozenset(inspect.signature(function).parameters)
+_MASK_PARAMETERS: dict = {}
+"""A mask function's parameter names, read once. A plain dict, not functools.cache: compiled units trace the
+lookup, and dynamo warns of a cache wrapper it has to trace through."""
+
+
+def mask_parameters(function) -> frozenset[str]:
+    """`function`'s parameter names (`split_decoder` reads them eagerly, so compiled units only look them up)."""
+    if function not in _MASK_PARAMETERS:
+        _MASK_PARAMETERS[function] = frozenset(inspect.signature(function).parameters)
+    return _MASK_PARAMETERS[function]
 
 
 def causal_mask_kwargs(function, positions) -> dict:
     """The keywords for transformers' `create_causal_mask` / `create_sliding_window_causal_mask` that say "no
     key-value cache" and give the positions: the cache is `cache=` from transformers 5.24, `past_key_values=`
     before; releases that still take `cache_position` get the positions there too."""
-    params = _mask_parameters(function)
+    params = mask_parameters(function)
     kwargs = {"cache": None} if "cache" in params else {"past_key_values": None}
     if "cache_position" in params:
         kwargs["cache_position"] = positions[0]
     if "position_ids" in params:
         kwargs["position_ids"] = positions
     return kwargs
+
+
+def keep_inductor_headers_with_its_cache() -> None:
+    """Inductor's precompiled C++ headers (about 150 MB on the CPU) go to $TMPDIR/torchinductor_USER whatever
+    TORCHINDUCTOR_CACHE_DIR says (torch 2.14 fixes that path as its codecache module loads): they go beside the
+    compiled graphs instead, in the cache directory ptrun documents. A torch without that path is left alone."""
+    from torch._inductor import codecache
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if hasattr(codecache, "_HEADER_DIR") and hasattr(codecache, "_HEADER_LOCK_DIR"):
+        codecache._HEADER_DIR = os.path.join(cache_dir(), "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")

@@ -38,6 +38,7 @@ from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.layout import fill_batch
 from ptrun.config.launcher import worker_threads
+from ptrun.config.training import check_compiler
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.installed import check_tracker_ready
 
@@ -204,6 +205,7 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     check_machines(lc)
     check_devices(lc)
     check_tracker_ready(cfg.logger)
+    check_compiler(cfg.train)
     workers = workers_per_node(lc)
     lc = replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
     cfg = replace(cfg, launcher=lc)

@@ -2,24 +2,32 @@
 # ptrun against the plain loop on this machine's GPU, needing no network: run on a host with its own CUDA torch
 # (`source .gpu-kit/install.sh` first where ptrun is not installed: ../shared/gpu/README.md, or docs/gpu.md).
 #   1-2. bbc_news_bert (the embedded default) at 128 and at 512 tokens: the plain transformers loop, ptrun with
-#        freezing off, ptrun's default (freezing + AutoCache)
+#        freezing off, ptrun's default (freezing + AutoCache), each eager and compiled (`train.compile`; the loop
+#        compiles the library model with torch.compile: bench_peers --compiled)
+#   2b.  cudagraphs128: ptrun with freezing off and the default at 128 tokens, compiled with CUDA graphs
+#        (`train.compile_mode=reduce-overhead`), against 1's compiled runs
+#   2c.  shared_store: the default at 128 tokens on one worker with AutoCache's node-shared store (`cache.keep`,
+#        which every job of several workers uses) instead of the one-worker store in device memory (1's default)
 #   3.   steps512: the model's own step at 512 tokens, ptrun's units against the library's model on one batch,
 #        and the kernels each spends its time in (`python -m ptrun.bench.model_step --profile`)
 #   4.   profile512: ptrun with freezing off at 512 tokens, steps 20-22 under torch.profiler (`train.profile_step`):
 #        the kernels' time and, in the trace, the host's gaps between them
-#   5.   digits_vit: the same three as 1-2
-#   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off
+#   5.   digits_vit: the same three as 1-2, eager and compiled
+#   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off,
+#        eager and compiled
 #   7.   profile_lm: ptrun's steps 20-22 on that Llama under torch.profiler, as profile512
 #   8.   steps_lm: that Llama's own step, as steps512 (and how often each reads a value on the host: a sync)
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
-# to the plain loop (> 1: faster than it), and the final metric; a profile job adds its top five operators.
+# to the plain loop (> 1: faster than it; a compiled run's also to the compiled loop), and the final metric; a
+# profile job adds its top five operators. Compiled runs start with inductor's cache as this host has it
+# ($TORCHINDUCTOR_CACHE_DIR, default ~/.cache/ptrun/torchinductor): run the check twice to see it warm.
 # Everything lands in $1 (default: a new temp dir):
 # a job's log, its runs, and its bench_peers_<recipe>.json.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
 limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
-jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 steps512 profile512 digits causal_lm profile_lm steps_lm} "  # which jobs, to rerun a few
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 cudagraphs128 shared_store steps512 profile512 digits causal_lm profile_lm steps_lm} "  # which jobs, to rerun a few
 read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -32,16 +40,20 @@ job, path = sys.argv[1], sys.argv[2]
 r = json.load(open(path))
 metric = r["metric"]
 rows = {row["label"]: row for row in r["rows"]}
-plain = rows.get("plain loop")
+plain = rows.get("plain loop") or rows.get("plain loop, eager")
+compiled = rows.get("plain loop, compiled")
+seconds = lambda row: row["train_time_s"]["median"] if isinstance(row["train_time_s"], dict) else row["train_time_s"]
 parts = []
 for label, row in rows.items():
-    t = row["train_time_s"]["median"] if isinstance(row["train_time_s"], dict) else row["train_time_s"]
+    t = seconds(row)
     final = row.get(f"final_{metric}")
     final = final["median"] if isinstance(final, dict) else final
     ratio = ""
     if plain is not None and row is not plain:
-        p = plain["train_time_s"]["median"] if isinstance(plain["train_time_s"], dict) else plain["train_time_s"]
-        ratio = f" ({p / t:.2f}x)"
+        ratio = f" ({seconds(plain) / t:.2f}x"
+        if compiled is not None and label.endswith(", compiled") and row is not compiled:
+            ratio += f", {seconds(compiled) / t:.2f}x the compiled loop"
+        ratio += f", wall {plain['wall_s'] / row['wall_s']:.2f}x)" if isinstance(row.get("wall_s"), float) else ")"
     part = f"{label} {t:.2f} s{ratio} {metric} {final:.2f}" if final is not None else f"{label} {t:.2f} s{ratio}"
     if row.get("to_first_step_s") is not None:  # the wall time outside training, split
         run = row["runs"][0]
@@ -93,14 +105,21 @@ steps() {  # steps NAME RECIPE OUT_JSON [OVERRIDES...]: the model's own step, pt
 }
 
 cd "$repo"
-job bbc128 bbc_news_bert a,c,e
-job bbc512 bbc_news_bert a,c,e data.max_length=512
+job bbc128 bbc_news_bert a,c,e --compiled
+job bbc512 bbc_news_bert a,c,e --compiled data.max_length=512
+job cudagraphs128 bbc_news_bert c,e train.compile=true train.compile_mode=reduce-overhead
+if [[ $jobs == *" shared_store "* ]]; then
+  store="$out/shared_store_cache"  # the node-shared store's files, removed after the job (cache.keep keeps them)
+  job shared_store bbc_news_bert e launcher.nproc_per_node=1 cache.keep=true "cache.dir=$store"
+  "$py" -c "import shutil, sys; from ptrun.auto.autocache import cache_dirs; from ptrun.config import CacheConfig
+[shutil.rmtree(d, ignore_errors=True) for d in cache_dirs(CacheConfig(dir=sys.argv[1]), '')]" "$store"
+fi
 steps steps512 bbc_news_bert model_step_bbc_news_bert_512_gpu.json data.max_length=512
 profile profile512 data.max_length=512
-job digits digits_vit a,c,e
+job digits digits_vit a,c,e --compiled
 if [[ $jobs != *" causal_lm "* && $jobs != *" profile_lm "* && $jobs != *" steps_lm "* ]]; then :
 elif timeout 120 "$py" -m ptrun.bench.decoder "$out/lm" > "$out/lm.log" 2>&1; then
-  job causal_lm causal_lm a,c "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl" train.max_steps_per_epoch=40
+  job causal_lm causal_lm a,c --compiled "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl" train.max_steps_per_epoch=40
   profile profile_lm recipe=causal_lm "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"
   steps steps_lm causal_lm model_step_causal_lm_gpu.json "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"
 else

@@ -168,6 +168,38 @@ def test_only_picks_labels_or_letters_in_order():
         bench_peers.pick(["a,f"])
 
 
+def test_compiled_twins_run_each_side_eager_and_compiled_and_check_like_against_like():
+    """`--compiled` makes every chosen run twice: eager with `train.compile=false`, compiled with
+    `train.compile=true` (the plain loop compiles its library model); samples/s are checked eager against eager
+    and compiled against compiled."""
+    labels = bench_peers.twins([A, C])
+    assert labels == [f"{A}, eager", f"{A}, compiled", f"{C}, eager", f"{C}, compiled"]
+    cmds = bench_peers.commands(labels, "digits_vit", ["train.epochs=1"])
+    assert cmds[f"{A}, compiled"].startswith("python -m ptrun.bench.plain_loop --recipe=digits_vit")
+    assert cmds[f"{A}, compiled"].endswith("train.epochs=1 train.compile=true")
+    assert cmds[f"{C}, eager"].startswith("ptrun train") and cmds[f"{C}, eager"].endswith("train.compile=false")
+    twin_rounds = [bench_peers.measure([dict(r, label=r["label"] + suffix) for r in rnd if r["label"] in (A, C)
+                                        for suffix in (bench_peers.EAGER, bench_peers.COMPILED)]) for rnd in rounds()]
+    result = bench_peers.aggregate(twin_rounds)
+    assert [r["kind"] for r in result["rows"]] == ["plain", "plain", "ptrun", "ptrun"]
+    assert [(c["ptrun"], c["peer"]) for c in result["checks"]] == [(f"{C}, eager", f"{A}, eager"),
+                                                                    (f"{C}, compiled", f"{A}, compiled")]
+
+
+@pytest.mark.slow
+def test_the_plain_loop_compiles_the_library_model_as_a_user_writes_it(tmp_path):
+    """With `train.compile=true` the plain loop trains `torch.compile` of its library model to the same loss
+    as eager (one process, a few steps)."""
+    out = {}
+    for mode in ("false", "true"):
+        subprocess.run([sys.executable, *PLAIN, "--recipe=digits_vit", "--threads=1", f"--out={tmp_path / mode}.json",
+                        "--save-state", str(tmp_path / f"{mode}.pt"), "train.epochs=1", "train.max_steps_per_epoch=4",
+                        "model.depth=2", f"train.compile={mode}"], check=True, capture_output=True, cwd=tmp_path,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})  # a user's loop: torch's headers in its temp dir
+        out[mode] = torch.load(tmp_path / f"{mode}.pt")
+    assert out["true"]["losses"] == pytest.approx(out["false"]["losses"], rel=1e-4)
+
+
 def test_variants_and_seeded_rounds():
     """A `--variant` is one more ptrun run with its overrides after the recipe's; with `--seeds` the table adds
     the mean final top-1 over the rounds."""

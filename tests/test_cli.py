@@ -215,6 +215,12 @@ BAD_INPUT = [
                                     "add one with +auto.microbatch_table.4=VALUE"),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
+    (["train.compile_mode=fast"], "train.compile_mode='fast' is not allowed: one of default, reduce-overhead, "
+     "max-autotune, max-autotune-no-cudagraphs"),
+    (["train.compile=yes"], "train.compile='yes' is not allowed: auto, true or false"),
+    (["train.compile=true", "pipe.schedule=ZBVZeroBubble"], "train.compile='true' is not allowed: true only "
+     "with a schedule whose stages run their backward pass whole, not with pipe.schedule=ZBVZeroBubble (it splits "
+     "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream"),
     (["recipe=nope"], "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit"),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed: an integer >= 1 or auto"),

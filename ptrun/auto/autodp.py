@@ -12,7 +12,7 @@ rank's own units, and the export first gathers every unit to rank 0 from its own
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ptrun.auto.residency import release_unheld, unit_holders
 from ptrun.models.lazy import allocate, give_back_host_memory
+from ptrun.parallel.compiled import cost_since, counts
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
@@ -164,6 +165,9 @@ class Layout:
     optimizer: torch.optim.Optimizer | None
     received_bytes: int = 0
     """What the transition into this layout sent to this rank (parameters and optimizer state)."""
+    compiled: dict = field(default_factory=dict)
+    """What compiling the new layout's units cost in the transition into it, the busiest rank's (`compile_s`,
+    `recompiles`); empty without compiled units."""
 
 
 def set_frozen(layered, frozen_units: int) -> None:
@@ -194,6 +198,8 @@ class Builder:
     weight_stashing: bool = True
     """`pipe.schedule=pipedream`: see PipeConfig."""
     vertical_sync: bool = False
+    compiler: Any = None
+    """The worker's compiled units (`ptrun.parallel.compiled.UnitCompiler`, `train.compile` on), else None."""
 
 
 def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> Layout:
@@ -206,9 +212,10 @@ def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> La
     if not plan.flushing:
         runtime = AsyncPipelineRuntime(b.layered, plan, b.rank, groups, b.device, b.loss,
                                        compute_dtype=b.compute_dtype, weight_stashing=b.weight_stashing,
-                                       vertical_sync=b.vertical_sync)
+                                       vertical_sync=b.vertical_sync, compiler=b.compiler)
     else:
-        runtime = flushing_runtime(b.layered, plan, b.rank, groups, b.device, b.loss, b.recompute, b.compute_dtype)
+        runtime = flushing_runtime(b.layered, plan, b.rank, groups, b.device, b.loss, b.recompute, b.compute_dtype,
+                                   b.compiler)
     optimizer = build_optimizer([(b.name_of[id(p)], p) for p in runtime.trainable_parameters()], b.optim)
     load_optimizer_state(optimizer, states or {}, b.name_of)
     return Layout(plan, groups, runtime, optimizer)
@@ -229,7 +236,8 @@ def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
     leaves stage 0). No group is created (a new NCCL communicator costs up to a second), nothing is sent,
     and the optimizer keeps its other parameters' state where it is."""
     set_frozen(b.layered, plan.frozen_units)
-    runtime = flushing_runtime(b.layered, plan, b.rank, old.groups, b.device, b.loss, b.recompute, b.compute_dtype)
+    runtime = flushing_runtime(b.layered, plan, b.rank, old.groups, b.device, b.loss, b.recompute, b.compute_dtype,
+                               b.compiler)
     trains = {id(p) for p in runtime.trainable_parameters()}
     optimizer = old.optimizer
     if optimizer is not None:
@@ -253,19 +261,22 @@ def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None
     groups (undestroyed groups leak file descriptors and threads), build the new layout. `midway` runs
     between the two (fault-injection tests stop a worker there). An asynchronous pipeline must have drained
     first (its training loop drains at the end of every epoch)."""
+    before = counts(b.compiler)
     if keeps_owners(old.plan, plan):
         if midway is not None:
             midway()
-        return freeze_in_place(b, old, plan)
-    states, received = move_to_new_owners(b.layered, old.plan, plan, old.optimizer, b.name_of, b.device)
-    old.groups.destroy()
-    if midway is not None:
-        midway()
-    layout = build_layout(b, plan, states)
-    if old.optimizer is not None:  # the old layout ends here: the state of the units that left goes now
-        old.optimizer.state.clear()
-    release_unheld(b.layered, plan, b.rank)
-    if b.device.type == "cpu":
-        give_back_host_memory()
-    layout.received_bytes = received
+        layout = freeze_in_place(b, old, plan)
+    else:
+        states, received = move_to_new_owners(b.layered, old.plan, plan, old.optimizer, b.name_of, b.device)
+        old.groups.destroy()
+        if midway is not None:
+            midway()
+        layout = build_layout(b, plan, states)
+        if old.optimizer is not None:  # the old layout ends here: the state of the units that left goes now
+            old.optimizer.state.clear()
+        release_unheld(b.layered, plan, b.rank)
+        if b.device.type == "cpu":
+            give_back_host_memory()
+        layout.received_bytes = received
+    layout.compiled = cost_since(b.compiler, before)
     return layout

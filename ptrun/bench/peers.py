@@ -19,7 +19,7 @@ processes (the "at least 0.95x" checks). Prints the tables and writes them with 
 
     python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--seeds] [--out DIR]
         [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [--variant 'LABEL: KEY=V ...']
-        [overrides ...]
+        [--compiled] [overrides ...]
 
 The causal-LM recipe needs a decoder and a text file; without a model hub, `ptrun.bench.decoder` writes a small
 random-weight Llama and BBC News text (its docstring has the sizes):
@@ -34,6 +34,10 @@ ptrun run with those overrides after the recipe's (a seeded sweep of a recipe's 
 `--only a,e --seeds --repeats 5 --variant 'start 12: freeze.start=12'`). Each `--engine 'LABEL: PYTHON [KEY=V ...]'`
 adds a ptrun run of the recipe (with those overrides) made by another interpreter, such as another checkout's
 venv: the engine before and after a change, side by side (`--only e --engine 'before: ../base/.venv/bin/python'`).
+With `--compiled`, every chosen run is made twice, like against like: `LABEL, eager` with `train.compile=false`
+and `LABEL, compiled` with `train.compile=true` (ptrun compiles its units; the plain loop compiles the library
+model with `torch.compile`, as a user writes it); the throughput checks pair eager with eager and compiled with
+compiled.
 """
 
 from __future__ import annotations
@@ -65,6 +69,28 @@ PTRUN = {
 }
 LABELS = [*PEERS, *PTRUN]
 CHECKS = {"ptrun, freezing off, 1 worker": "plain loop", "ptrun, freezing off, 2 workers": "plain DDP"}
+EAGER, COMPILED = ", eager", ", compiled"
+"""`--compiled`: each run twice, `LABEL, eager` (`train.compile=false`) and `LABEL, compiled` (`train.compile=true`:
+ptrun's units; the plain loop's library model through torch.compile, as a user writes it)."""
+COMPILE_OVERRIDE = {EAGER: "train.compile=false", COMPILED: "train.compile=true"}
+
+
+def twins(labels: list[str]) -> list[str]:
+    """Each label's eager and compiled runs (`--compiled`), in order."""
+    return [label + suffix for label in labels for suffix in (EAGER, COMPILED)]
+
+
+def base(label: str) -> tuple[str, list[str]]:
+    """The run a label names, and the override its `--compiled` suffix adds (none without one)."""
+    for suffix, override in COMPILE_OVERRIDE.items():
+        if label.endswith(suffix):
+            return label.removesuffix(suffix), [override]
+    return label, []
+
+
+def check_pairs() -> list[tuple[str, str]]:
+    """(ptrun run, plain peer) pairs whose samples/s are checked: CHECKS, and each as eager and compiled twins."""
+    return [(mine + s, peer + s) for mine, peer in CHECKS.items() for s in ("", EAGER, COMPILED)]
 """ptrun run -> the plain peer on the same processes and threads, whose samples/s it should keep up with."""
 FLOOR = 0.95
 
@@ -148,6 +174,8 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
     """The command line of one run (its results land in `run_dir`): a plain peer, or the ptrun run `label`
     names in `variants` (label -> overrides after `recipe=NAME`), by the interpreter `pythons` names for it
     (this one by default)."""
+    label, compiling = base(label)
+    overrides = [*overrides, *compiling]
     if label in PEERS:
         nproc, threads = PEERS[label]
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
@@ -185,12 +213,12 @@ def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse:
         print(f"$ {shown(cmd)}", flush=True)
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
         # empty (ptrun's runs use the user's cache, as ptrun does).
-        env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if label in PEERS else None
+        env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if base(label)[0] in PEERS else None
         spawned, t0 = time.time(), time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0, "spawn_time": spawned}))
     wall = json.loads(wall_file.read_text())
-    run = dict(read_plain(run_dir, metric) if label in PEERS else read_ptrun(run_dir, metric), label=label,
+    run = dict(read_plain(run_dir, metric) if base(label)[0] in PEERS else read_ptrun(run_dir, metric), label=label,
                wall_s=wall["wall_s"], run_dir=str(run_dir))
     return dict(run, **outside_training(run, wall.get("spawn_time")))
 
@@ -258,7 +286,7 @@ def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
     """One round's rows: each run's measurements plus its time outside training, the round's target (the best
     plain peer's final metric: the highest top-1, the lowest perplexity) and the time to it, and speedups
     against the round's faster plain peer."""
-    peers = [r for r in runs if r["label"] in PEERS]
+    peers = [r for r in runs if base(r["label"])[0] in PEERS]
     target = metric.best([r[f"final_{metric.key}"] for r in peers])
     best_wall = min((r["wall_s"] for r in peers), default=None)
     best_train = min((r["train_time_s"] for r in peers), default=None)
@@ -283,11 +311,11 @@ UNTABLED = (*OUTSIDE, "ptrun_total_time_s", "signal_share")
 def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
     """Over the rounds (each `measure`d): per label the median and range of every measure and its rows; per
     check the ratio of samples/s (ptrun over its peer, round by round), its median and range."""
-    rows = [{"label": row["label"], "kind": "plain" if row["label"] in PEERS else "ptrun", **row}
+    rows = [{"label": row["label"], "kind": "plain" if base(row["label"])[0] in PEERS else "ptrun", **row}
             for row in label_rows(rounds, keys(metric))]
     by_label = {row["label"]: row["runs"] for row in rows}
     checks = []
-    for mine, peer in CHECKS.items():
+    for mine, peer in check_pairs():
         if mine in by_label and peer in by_label:
             ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(by_label[mine], by_label[peer])]
             ratio = median(ratios)
@@ -364,6 +392,8 @@ def main() -> None:
                         "venv; repeatable)")
     parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
                         "a-e for the runs in order, comma-separated (--only a,b,e); default: all five")
+    parser.add_argument("--compiled", action="store_true", help="each run twice: eager (train.compile=false) "
+                        "and compiled (train.compile=true; the plain loop compiles the library model)")
     args, overrides = parser.parse_known_args()
     try:
         labels = pick(args.only) if args.only else list(LABELS)
@@ -374,6 +404,7 @@ def main() -> None:
     except ValueError as e:
         parser.error(str(e))
     labels += [label for label in variants if label not in LABELS]
+    labels = twins(labels) if args.compiled else labels
     out = Path(args.out)
     for recipe in args.recipe or ["bbc_news_bert"]:
         try:

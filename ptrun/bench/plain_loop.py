@@ -11,6 +11,9 @@ reports the eval loss per predicted token and its perplexity:
     python -m ptrun.bench.plain_loop --recipe digits_vit --threads 2 --out plain.json [overrides ...]
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m ptrun.bench.plain_loop --threads 1 ...
 
+With `train.compile=true` among the overrides the loop compiles the library model with `torch.compile` as a
+user writes it (the whole model, DDP-wrapped where there are several processes, in `train.compile_mode`);
+otherwise it runs eager (`auto` too: a user's loop does not compile unless told to).
 (`python scripts/peers/plain_loop.py ...` in a clone is the same.) Only the loop over each epoch's batches
 counts as training time; the set-up and the evaluation after each epoch count in the wall time (`wall_s`,
 since the process started; `process_start_time`, `first_step_time` and `first_step_end_time` are Unix times:
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     net = build_model(cfg.model, data).to(device)
     net.train()
     model = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
+    if cfg.train.compile is True:  # as a user compiles: the whole (DDP-wrapped) library model, in ptrun's mode
+        model = torch.compile(model, mode=None if cfg.train.compile_mode == "default" else cfg.train.compile_mode)
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.ndim > 1 and not any(k in n for k in NO_DECAY)]
     no_decay = [p for n, p in named if not (p.ndim > 1 and not any(k in n for k in NO_DECAY))]

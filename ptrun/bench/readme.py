@@ -5,8 +5,7 @@ the JSON in docs/results/; a new result file needs its entry here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ptrun.bench.entries import Table
 
 MACHINE = "2 CPU cores, no GPU (a shared VM; the workers are processes on emulated devices, gloo)"
 """The machine of a result whose JSON names none (its `machine` key) and that `MACHINES` does not list."""
@@ -41,25 +40,6 @@ MEASURED = {
 """JSON file -> the date it was measured, for JSON without a `date` key: the date of the last commit that
 changed the file (`git log -1 --format=%ad --date=short -- docs/results/FILE`). A re-measured file gets its
 new date here; `tests/test_readme_results.py` compares this table with git's history."""
-
-
-@dataclass(frozen=True)
-class Table:
-    """One result on the page."""
-
-    file: str
-    """Its JSON file in docs/results/."""
-    module: str
-    """The benchmark module whose `caption(result)` and `table(result)` format it."""
-    title: str
-    measures: str
-    """What it measures (Markdown), above the table."""
-    notes: str = ""
-    """What the table says (Markdown), below it."""
-    older: bool = False
-    """Measured on code that has changed since: listed under the older results."""
-    optional: bool = False
-    """On the page only when its JSON is in docs/results/: a benchmark that has not been measured here yet."""
 
 
 OLDER = ("Measured before `pipe.length=auto` started the default recipe as data parallelism (K = 1) and before "
@@ -211,6 +191,24 @@ TABLES = [
           "event moved from 6.4 to 5.5 s. Before the earlier start-up work (a unit profile at every start, the "
           "packaged corpus tokenized by every worker on every run) ptrun was 8.6 s behind the loop on "
           "text_classification.", optional=True),
+    Table("bench_compile.json", "ptrun.bench.compiled", "Compiled units against eager on the CPU",
+          "`train.compile=true` (each unit compiled on its own with torch.compile, inductor on the CPU) against "
+          "`train.compile=false`, in interleaved rounds: digits_vit as it is, the embedded default's recipe on the "
+          "tiny random BERT of `ptrun.bench.overhead --mode small` (steps of tens of milliseconds), and the "
+          "default itself (one round: its three runs hold the machine for six minutes). A compiled run starts "
+          "once on an empty inductor cache (cold, every graph built: a first run on a machine) and once on the "
+          "cache that run filled (warm: every later run of the same model). Compiling is the busiest worker's "
+          "seconds from the epoch events: the first layout's before its first step, each transition's in it.",
+          "On two CPU cores compiling loses in wall time on all three: cold, the two workers each build the same "
+          "graphs (23-35 s) and the run takes 1.4x (the default) to 3.8x (the tiny model) as long; warm, "
+          "loading them takes 2-3 s and the run still 1.06x to 1.3x as long, because inductor's CPU kernels did "
+          "not make the steps faster here (training 0.91-0.99x of eager's): the matrix products, most of a "
+          "step, run as aten's own kernels either way (three profiled steps of the tiny model called aten::mm "
+          "159 times, eager and compiled alike; inductor fuses only what lies between them). Hence `train.compile=auto` is off on the CPU. The "
+          "default compiled 15 graphs in all (4 unit kinds: each its trained and frozen variants, the first "
+          "trained unit's and the one-row tail's) and nothing between its transitions; final top-1 is the same "
+          "(digits_vit: one eval image apart). On a GPU, where a step is launch-bound, `scripts/gpu_check.sh` "
+          "measures it.", optional=True),
     Table("bench_overhead_bbc_news_bert_small.json", "ptrun.bench.overhead",
           "ptrun against a loop frozen by hand: tiny model, steps of milliseconds",
           "What ptrun's machinery costs where a step takes tens of milliseconds, as a real model's does on a "

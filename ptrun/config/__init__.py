@@ -11,6 +11,7 @@ is allowed. Workers never compose: they load the resolved YAML the launcher wrot
 from __future__ import annotations
 
 from ptrun.config.cross import (
+    check_compile,
     check_model_against_data,
     check_model_fits_recipe,
     check_paths,
@@ -100,7 +101,7 @@ model's, whether the recipe can train that model at all (`cross.py`): a model fr
 the keys a recipe leaves to set (`data.path`)."""
 
 
-CROSS_CHECKS = (check_pipedream, check_layout, check_text)
+CROSS_CHECKS = (check_pipedream, check_compile, check_layout, check_text)
 """The rules between groups, after every group passed its own."""
 
 

@@ -47,6 +47,17 @@ def check_pipedream(cfg) -> None:
                 "placement is fixed)", p.length)
 
 
+def check_compile(cfg) -> None:
+    """Compiled units under a schedule that splits each stage's backward pass (the zero-bubble ones: the
+    inputs' gradients first, the weights' later from hooks on the graph) got a weight's gradient wrong in a
+    test: refused when asked for, and `auto` runs such a schedule eager (`ptrun.parallel.compiled`)."""
+    if cfg.train.compile is True:
+        require(not SCHEDULE_SPECS[cfg.pipe.schedule].split_backward, "train.compile", "true only with a schedule "
+                f"whose stages run their backward pass whole, not with pipe.schedule={cfg.pipe.schedule} (it splits "
+                "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream",
+                "true")
+
+
 def check_text(cfg) -> None:
     """A text source needs a transformers model, the source's task and sensible lengths (its tokenizer:
     `check_paths`)."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from ptrun.config.rules import check_choices, choice, require
 
@@ -64,6 +66,12 @@ LR_SCHEDULE_SPECS: dict[str, Callable[[float], float]] = {
 through the steps after it."""
 LR_SCHEDULES = tuple(LR_SCHEDULE_SPECS)
 """`optim.schedule`."""
+COMPILE = ("auto", True, False)
+"""`train.compile`."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""`train.compile_mode`: torch.compile's modes."""
+COMPILERS = ("CXX", "CC", "g++", "c++", "clang++", "gcc", "cc", "clang")
+"""Where inductor finds a C/C++ compiler: the environment's `CXX` / `CC`, else one of these on the PATH."""
 
 
 @dataclass
@@ -104,6 +112,18 @@ class TrainConfig:
     """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
     loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and
     optimizer state stay float32; activations cross stage boundaries in the compute dtype."""
+    compile: Union[bool, str] = choice("auto", COMPILE, wording=lambda _: "auto, true or false")
+    """Compile each unit on its own with torch.compile (regional compilation: identical units, a model's
+    blocks, share one compiled graph, so a 12-layer model compiles each kind of unit once): `true`, `false`, or
+    `auto` (on with a GPU, off on the CPU, where the cold compile costs more than it saves: docs/guide.md).
+    Frozen units run their own no-grad variant; a unit whose compilation fails runs eager, with one line. Not
+    with the schedules that split a stage's backward pass (ZBVZeroBubble, DualPipeV, InterleavedZeroBubble).
+    Compiled graphs are kept in inductor's cache ($TORCHINDUCTOR_CACHE_DIR, by default
+    ~/.cache/ptrun/torchinductor), so a second run of the same model starts warm. Needs a C++ compiler."""
+    compile_mode: str = choice("default", COMPILE_MODES)
+    """torch.compile's mode with `compile` on: `default` (inductor's kernels), `reduce-overhead` (adds CUDA
+    graphs: less launch overhead, static shapes; GPU only), `max-autotune` (slow to compile, tunes matmuls),
+    `max-autotune-no-cudagraphs`."""
     export: bool = True
     """At the end, save the trained model in its library's own format into RUN_DIR/model (timm: weights +
     `create_model` arguments; BERT: `save_pretrained` with the tokenizer), usable without ptrun."""
@@ -174,3 +194,23 @@ def check_training(cfg) -> None:
     require(ck.every_epochs >= 0, "checkpoint.every_epochs", "an integer >= 0", ck.every_epochs)
     require(ck.keep >= 1, "checkpoint.keep", "an integer >= 1", ck.keep)
     require(ck.every_steps >= 0, "checkpoint.every_steps", "an integer >= 0 (0 = off)", ck.every_steps)
+
+
+def check_compiler(t: TrainConfig, env: dict | None = None) -> None:
+    """`train.compile=true` on the machine that launches: inductor builds its kernels with a C++ compiler
+    (on a GPU too: triton's launchers are C), so none found is refused before any worker starts."""
+    if t.compile is True:
+        require(c_compiler(env) is not None, "train.compile", "true only where inductor can build, and no C "
+                "compiler was found ($CXX, $CC, g++, c++, clang++, gcc, cc, clang): install one, or leave it auto",
+                "true")
+
+
+def c_compiler(env: dict | None = None) -> str | None:
+    """The C/C++ compiler inductor would build with (`COMPILERS`), or None where there is none."""
+    env = os.environ if env is None else env
+    for name in COMPILERS:
+        command = env.get(name) if name.isupper() else name
+        found = command and shutil.which(command.split()[0], path=env.get("PATH"))
+        if found:
+            return found
+    return None

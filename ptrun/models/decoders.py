@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ptrun.compat import causal_mask_kwargs
+from ptrun.compat import causal_mask_kwargs, mask_parameters
 from ptrun.models.per_pass import shared
 
 
@@ -121,6 +121,10 @@ class LastTokenHead(nn.Module):
 
 def split_decoder(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of a GPT-2 or Llama-family task model."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    for make in (create_causal_mask, create_sliding_window_causal_mask):
+        mask_parameters(make)  # read now, eagerly: a compiled attention half only looks them up
     base = getattr(model, model.base_model_prefix)
     config = model.config
     if hasattr(base, "wte"):  # GPT-2: wte + wpe, blocks of (ln_1, attn, ln_2, mlp), ln_f

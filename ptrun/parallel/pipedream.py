@@ -112,8 +112,8 @@ class AsyncPipelineRuntime(StageRuntime):
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
                  compute_dtype: torch.dtype | None = None, weight_stashing: bool = True,
-                 vertical_sync: bool = False):
-        super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype)
+                 vertical_sync: bool = False, compiler=None):
+        super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype, compiler)
         for name, units in layered.tied.items():
             holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
             if len(holders) > 1:

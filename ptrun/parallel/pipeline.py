@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ptrun.compat import ddp_no_buffer_sync
 from ptrun.config import SCHEDULE_SPECS, parse_recompute
+from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.plan import Plan
 from ptrun.models.losses import WeightedLoss
@@ -99,14 +100,18 @@ class StageRuntime:
     """A flushing runtime finishes each step before the next (`Runtime.asynchronous`)."""
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none", compute_dtype: torch.dtype | None = None):
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None,
+                 compiler: UnitCompiler | None = None):
         self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
         self.replica, stage_rank = plan.coords(rank)
         self.stage_indices = plan.local_stages(stage_rank)
         self.dp_peers = len(plan.stage_ranks(stage_rank))  # ranks of this stage across replicas (self included)
         every = parse_recompute(recompute)
-        self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype).to(device)
-                        for s in self.stage_indices]
+        self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype, compiler,
+                                    plan.active_range(s)[0]).to(device) for s in self.stage_indices]
+        if compiler is not None:  # the new variants compile now, in the transition, not in the steps after it
+            for s, m in zip(self.stage_indices, self.modules):
+                compiler.warm_stage(m, plan.active_range(s)[0], s, plan)
         self.is_first = 0 in self.stage_indices
         self.is_last = plan.num_stages - 1 in self.stage_indices
         self.unit_indices = [u for s in self.stage_indices for u in range(*plan.active_range(s))]
@@ -232,8 +237,9 @@ class PipelineRuntime(StageRuntime):
     flushes the pipeline every step."""
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none", compute_dtype: torch.dtype | None = None):
-        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None,
+                 compiler: UnitCompiler | None = None):
+        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype, compiler)
         import torch.distributed.pipelining as pipelining
 
         # PipelineStage drives a DDP-wrapped module itself: `no_sync` on every micro-batch but the stage's
@@ -336,8 +342,9 @@ class LocalRuntime(StageRuntime):
     practice: the head always trains) runs unwrapped."""
 
     def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none", compute_dtype: torch.dtype | None = None):
-        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype)
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None,
+                 compiler: UnitCompiler | None = None):
+        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype, compiler)
         assert plan.pp == 1 and len(self.modules) == 1, "LocalRuntime runs one stage per replica"
         self.module = self.modules[0]
         self.run = self.module
@@ -399,8 +406,10 @@ class LocalRuntime(StageRuntime):
 
 
 def flushing_runtime(layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                     recompute: str = "none", compute_dtype: torch.dtype | None = None) -> StageRuntime:
+                     recompute: str = "none", compute_dtype: torch.dtype | None = None,
+                     compiler: UnitCompiler | None = None) -> StageRuntime:
     """The runtime of a flushing plan: a single stage runs directly (`LocalRuntime`), more stages run a
-    pipelining schedule (`PipelineRuntime`)."""
+    pipelining schedule (`PipelineRuntime`); `compiler` compiles their units (`train.compile`)."""
     kind = LocalRuntime if plan.num_stages == 1 else PipelineRuntime
-    return kind(layered, plan, rank, groups, device, loss, recompute=recompute, compute_dtype=compute_dtype)
+    return kind(layered, plan, rank, groups, device, loss, recompute=recompute, compute_dtype=compute_dtype,
+                compiler=compiler)

@@ -1,8 +1,9 @@
 """`StageModule`: one pipeline stage's slice of a model's units, run in order, with the stage's
-recomputation (activation checkpointing) and compute dtype."""
+recomputation (activation checkpointing), compute dtype and compiled units."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
@@ -11,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ptrun.models.layered import run_units
 from ptrun.models.per_pass import one_pass
+from ptrun.parallel.compiled import UnitCompiler, as_frozen, no_grad_if
 from ptrun.parallel.precision import autocast
 
 
@@ -22,14 +24,25 @@ class StageModule(nn.Module):
     match).
 
     With a `compute_dtype` (bf16 / fp16) the units run under autocast and the stage's main output (the hidden
-    states; masks stay as they are) leaves in that dtype, so half the bytes cross to the next stage."""
+    states; masks stay as they are) leaves in that dtype, so half the bytes cross to the next stage.
+
+    The stage's leading frozen units (a frozen prefix; freezing builds new stages) run under `no_grad` where
+    the stage's input takes no gradient, as autograd would record nothing there anyway: with a `compiler`
+    (`train.compile`), that is their own compiled variant, never the trained one (`ptrun.parallel.compiled`).
+    The stage calls each unit's compiled form (`calls`), while `units` holds the modules themselves, so the
+    parameters keep their names. `first` is the stage's first unit index in the model."""
 
     def __init__(self, units: Sequence[nn.Module], recompute: int | None = None,
-                 compute_dtype: torch.dtype | None = None):
+                 compute_dtype: torch.dtype | None = None, compiler: UnitCompiler | None = None, first: int = 0):
         super().__init__()
         self.units = nn.ModuleList(units)
         self.recompute = recompute
         self.compute_dtype = compute_dtype
+        self.compiler, self.first = compiler, first
+        self.calls = compiler.runners(units, first) if compiler is not None else list(units)
+        self.frozen = next((i for i, u in enumerate(units) if any(p.requires_grad for p in u.parameters())),
+                           len(units))
+        """Leading units with nothing to train (fixed for the stage: freezing builds new stages)."""
 
     def train(self, mode: bool = True) -> "StageModule":
         """Frozen units stay in eval mode (no dropout or stochastic depth): a frozen layer is a fixed
@@ -46,15 +59,24 @@ class StageModule(nn.Module):
             # Received in the compute dtype, the residual stream goes on in float32 as autocast keeps it in
             # one process: one rounding per boundary rather than bf16 sums through the rest of the model.
             carry = (carry[0].float(), *carry[1:])
-        with autocast(carry[0].device, self.compute_dtype), one_pass():
+        if training and self.compiler is not None:
+            self.compiler.remember(self.first, carry)
+        evaluating = as_frozen(self) if self.compiler is not None and not torch.is_grad_enabled() else nullcontext()
+        with autocast(carry[0].device, self.compute_dtype), one_pass(), evaluating:
+            # A frozen prefix runs without autograd unless its input asks for a gradient (a stage after a stage
+            # of frozen units only): then it runs eager, so no compiled graph is ever run for both.
+            prefix = self.frozen if training else 0
+            cut = prefix if not carry[0].requires_grad else 0
+            with no_grad_if(cut > 0):
+                out = run_units(self.calls[:cut], *carry) if cut else carry
+            calls = list(self.units[:prefix]) + self.calls[prefix:] if cut < prefix else self.calls[cut:]
+            out = out if isinstance(out, tuple) else (out,)
             if self.recompute is None or not training:
-                out = run_units(self.units, *carry)
+                out = run_units(calls, *out)
             else:
-                size = self.recompute or len(self.units)
-                out = carry
-                for lo in range(0, len(self.units), size):
-                    chunk = list(self.units[lo : lo + size])
-                    out = checkpoint(run_units, chunk, *(out if isinstance(out, tuple) else (out,)),
+                size = self.recompute or len(calls)
+                for lo in range(0, len(calls), size):
+                    out = checkpoint(run_units, calls[lo : lo + size], *(out if isinstance(out, tuple) else (out,)),
                                      use_reentrant=False)
         head = out[0] if isinstance(out, tuple) else out
         if self.compute_dtype is not None and head.is_floating_point() and head.dtype != self.compute_dtype:

@@ -66,9 +66,9 @@ class RunRecord:
         self.view.print(line)
 
     # ---- the run's milestones ---------------------------------------------------------------------------
-    def announce(self, layered, data, world_size: int, device: torch.device, plan: Plan) -> None:
-        """The start event and the terminal's first lines (the start, the micro-batch tuning's choice, the
-        layout)."""
+    def announce(self, layered, data, world_size: int, device: torch.device, plan: Plan, compiler=None) -> None:
+        """The start event and the terminal's first lines (the start, the micro-batch tuning's choice, what
+        compiling the units cost (`compiler`, with `train.compile`), the layout)."""
         cfg = self.cfg
         self.announced = True
         start = dict(
@@ -86,8 +86,9 @@ class RunRecord:
         )
         self.event("start", **start, worker_start_time=self.start_clock.began, start_phases=self.start_clock.phases)
         self.print(start_line(start, cfg.run_dir))
-        if self.tuning is not None:
-            self.print(self.tuning.summary())
+        for choice in (self.tuning, compiler):
+            if choice is not None:
+                self.print(choice.summary())
         self.view.show_layout(plan, layered.unit_names)
 
     def epoch_plan(self, epoch: int, step: int, moved: dict, plan: Plan) -> None:
@@ -100,7 +101,9 @@ class RunRecord:
         self, epoch: int, old: Plan, new: Plan, cost: dict, position: int, announce: bool, unit_names: list[str]
     ) -> None:
         """A layout change before step `position` of `epoch`, shown and (`announce`: inside an epoch) recorded."""
-        self.print(transition_line(epoch, old, new, cost["transition_s"], position, self.clock.step_s))
+        self.print(
+            transition_line(epoch, old, new, cost["transition_s"], position, self.clock.step_s, cost.get("compile_s"))
+        )
         self.view.show_layout(new, unit_names)
         if announce:
             self.event("plan", epoch=epoch, step=position, **cost, **new.to_dict())

@@ -216,15 +216,18 @@ def epoch_line(epoch: int, epochs: int, stats: dict, ev: dict, plan) -> str:
             f"{stats['epoch_time_s']:.1f}s  {shown}  [K={plan.pp} DP={plan.dp} M={plan.microbatches}]")
 
 
-def transition_line(epoch: int, old, new, transition_s: float, step: int = 0, step_s: float | None = None) -> str:
+def transition_line(epoch: int, old, new, transition_s: float, step: int = 0, step_s: float | None = None,
+                    compile_s: float | None = None) -> str:
     """A layout change before `epoch` (0-based), or before its step `step` (1-based in the line); with the
-    run's recent seconds a step (`step_s`), its cost in steps too."""
+    run's recent seconds a step (`step_s`), its cost in steps too; with compiled units, the seconds of it spent
+    compiling the new layout's variants (`compile_s`)."""
     at = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
     steps = transition_s / step_s if step_s else None
     in_steps = "" if steps is None else f" ({steps:.2g} steps' time)" if steps < 10 else f" ({steps:.0f} steps' time)"
     return (f"{at}: {new.frozen_units} of {new.num_units} units frozen (was {old.frozen_units}); "
             f"K {old.pp} -> {new.pp}, DP {old.dp} -> {new.dp}, M {old.microbatches} -> {new.microbatches}; "
-            f"stages {list(map(list, new.stage_bounds))}; transition {transition_s:.2f}s{in_steps}")
+            f"stages {list(map(list, new.stage_bounds))}; transition {transition_s:.2f}s{in_steps}"
+            + (f", compiling {compile_s:.2f}s" if compile_s is not None else ""))
 
 
 def done_line(epochs: int, total_s: float, final_eval: dict, run_dir: str) -> str:

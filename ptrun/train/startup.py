@@ -25,6 +25,7 @@ from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel import microtune
+from ptrun.parallel.compiled import compile_wanted, make_compiler
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
@@ -59,11 +60,15 @@ def build_units(cfg: PtrunConfig, data: DataSplits):
                        vocab_size=data.vocab_size, units=())
 
 
-def make_builder(cfg: PtrunConfig, layered, rank: int, device: torch.device) -> Builder:
-    """What this worker's layouts are built from (the same for every Plan)."""
+def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device: torch.device) -> Builder:
+    """What this worker's layouts are built from (the same for every Plan), its compiled units (`train.compile`)
+    included: they compile the first layout's first stage at once, on the first training sample."""
     param_name = {id(p): n for n, p in layered.model.named_parameters()}
+    wanted = compile_wanted(cfg.train.compile, device, cfg.pipe.schedule)
+    probe = first_sample(data, layered.input_names) if wanted else ()
     return Builder(layered, rank, device, WeightedLoss(cfg.model.task), cfg.optim, param_name, cfg.pipe.recompute,
-                   compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync)
+                   compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync,
+                   make_compiler(cfg.train, layered, device, probe, cfg.pipe.schedule))
 
 
 def check_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:

@@ -1,5 +1,6 @@
 """What an epoch event reports beside the loss: AutoCache's counters, fp16's loss scale and skipped steps,
-PipeDream's stashed weight bytes, each worker's memory, and the first steps' times."""
+PipeDream's stashed weight bytes, each worker's memory, the first steps' times, what compiling units cost, and
+one step's recorded timeline."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.plan import Plan
 
 
@@ -165,3 +167,20 @@ def resident_bytes() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
+
+
+def cache_slower(cache, plan: Plan, device: torch.device) -> str | None:
+    """Collective: the line that turns AutoCache off when this epoch served a cached sample more slowly than
+    recomputing its frozen prefix would have taken (`serving_costs`); None when it paid or cannot be told."""
+    costs = serving_costs(cache, plan, device)
+    if costs is None or costs[0] <= costs[1]:
+        return None
+    return (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
+            f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
+            f"from here on")
+
+
+def compile_stats(compiler: UnitCompiler | None) -> dict:
+    """Collective: the epoch event's `compile` (what compiling units cost since the last epoch event, its
+    transition included: `UnitCompiler.epoch_fields`); nothing without compiled units."""
+    return compiler.epoch_fields() if compiler is not None else {}

@@ -55,7 +55,7 @@ class Trainer:
         clock.lap("data")
         self.layered = startup.build_units(cfg, self.data)
         clock.lap("model")
-        builder = startup.make_builder(cfg, self.layered, rank, device)
+        builder = startup.make_builder(cfg, self.layered, self.data, rank, device)
         self.scaler = LossScaler.for_precision(cfg.train.precision)
         controller, tuning = startup.start_controller(cfg, self.layered, builder, self.data, world_size)
         clock.lap("controller")
@@ -230,7 +230,8 @@ class Trainer:
         # joined or left) ends them before they train: nothing is recorded, the run goes on from where it was.
         if self.stops.now():
             raise Interrupted(self.stops.agreed)
-        self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan)
+        self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan,
+                             self.layouts.builder.compiler)
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
         moved = stats.start_memory(self.layouts.unheld_bytes(), self.rank, self.world_size, self.device)
@@ -246,6 +247,7 @@ class Trainer:
             epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
             self.state.remember(ev)
             epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
+            epoch_stats.update(stats.compile_stats(self.layouts.builder.compiler))
             self.record.epoch_ended(self.state.epoch, epoch_stats, ev, self.plan)
             self.state.epoch += 1
             stopped = {} if last else self._stop_caching_if_slower()
@@ -302,7 +304,8 @@ class Trainer:
         transition_s = self.layouts.switch_to(plan, self.state.global_step)
         # parameter storage outside the workers' stages (none) is summed with what moved
         moved, unheld = self.all_sum([self.layouts.layout.received_bytes, self.layouts.unheld_bytes()]).tolist()
-        cost = {"transition_s": transition_s, "moved_bytes": int(moved), "unheld_param_bytes": int(unheld)}
+        cost = {"transition_s": transition_s, "moved_bytes": int(moved), "unheld_param_bytes": int(unheld),
+                **self.layouts.layout.compiled}  # compiling the new layout's units, part of the transition's seconds
         self.record.transition(self.state.epoch, old, plan, cost, position, announce, self.layered.unit_names)
         return cost
 

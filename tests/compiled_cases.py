@@ -1,0 +1,102 @@
+"""Worker side of tests/test_compiled_dist.py: pipelines trained with compiled units and without, in real
+processes (gloo), each case writing its per-step losses (and the frozen parameters' gradients after a freeze)
+for the test to compare."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch._dynamo
+import torch.distributed as dist
+
+import pipeline_cases as pc
+from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.config import SCHEDULE_SPECS
+from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.parallel.compiled import UnitCompiler
+from ptrun.parallel.partition import even_bounds
+from ptrun.parallel.pipeline import Step
+from ptrun.parallel.plan import Plan
+from ptrun.parallel.precision import LossScaler, compute_dtype
+
+STEPS, FREEZE_AT, FROZEN = 20, 10, 3
+
+
+@dataclass(frozen=True)
+class Case:
+    schedule: str  # 1F1B or pipedream
+    compiled: bool
+    precision: str = "fp32"
+    recompute: str = "none"
+    freeze: bool = True  # the first FROZEN units freeze in place before step FREEZE_AT (flushing schedules)
+
+    @property
+    def name(self) -> str:
+        return f"{self.schedule}-{self.precision}-{self.recompute}-{'compiled' if self.compiled else 'eager'}"
+
+
+def steps(layered, task: str, first: int, count: int, scale: float):
+    for t in range(first, first + count):
+        full = pc.batch("bert", t)
+        yield Step(t, tuple(full[k] for k in layered.input_names), make_target(full, task),
+                   float(loss_weight(make_target(full, task), task)), loss_scale=scale)
+
+
+def run_case(case: Case, rank: int, out_dir: Path) -> None:
+    layered = pc.model("bert")
+    n = len(layered.units)
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    loss = WeightedLoss(pc.task("bert"))
+    torch._dynamo.reset()  # each case is a run of its own: its variants alone count against the recompile limit
+    compiler = UnitCompiler("default", layered) if case.compiled else None
+    builder = Builder(layered, rank, torch.device("cpu"), loss, pc.OPTIM, name_of, case.recompute,
+                      compute_dtype(case.precision), compiler=compiler)
+    per_rank = SCHEDULE_SPECS[case.schedule].stages_per_rank or 2  # a looped schedule: two stages a rank
+    microbatches = {"pipedream": 1, "1F1B": 2, "GPipe": 2}.get(case.schedule, 4)
+    plan = Plan(num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2 * per_rank),
+                microbatches=microbatches, schedule=case.schedule, stages_per_rank=per_rank).check()
+    layout = build_layout(builder, plan)
+    scaler = LossScaler(enabled=case.precision == "fp16")
+    losses, frozen_grads, recompiles_after = [], [], None
+    step = 0
+    while step < STEPS:
+        count = FREEZE_AT - step if case.freeze and step < FREEZE_AT else STEPS - step
+        for item, share in layout.runtime.train_steps(steps(layered, loss.task, step, count, scaler.scale)):
+            norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale)
+            if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
+                layout.optimizer.step()
+            if item.step >= FREEZE_AT and case.freeze:
+                frozen_grads += [p.grad for u in layered.units[:FROZEN] for p in u.parameters()
+                                 if u in layout.runtime.modules[0].units]
+            layout.runtime.zero_grad()
+            losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
+        step += count
+        if step == FREEZE_AT and case.freeze:
+            layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))
+            recompiles_after = compiler.counts.snapshot() if compiler else None
+    compiles_after = compiler.counts.snapshot()["compiles"] - recompiles_after["compiles"] \
+        if compiler and recompiles_after else None
+    summed = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(summed)  # each step's loss: the last stage's share (PipeDream: the last stage's only)
+    torch.save({"losses": summed.tolist(), "frozen_grads": [g is None for g in frozen_grads],
+                "compiles_after_freeze": compiles_after,
+                "eager_kinds": sorted(compiler.eager_kinds) if compiler else []},
+               out_dir / f"{case.name}.rank{rank}.pt")
+    layout.groups.destroy()
+
+
+def worker(cases: list[dict], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=10))
+    try:
+        for c in cases:
+            run_case(Case(**c), dist.get_rank(), Path(out_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(cases: list[Case], out_dir: Path) -> None:
+    pc.run_elastic(worker, 2, "compiled", [asdict(c) for c in cases], str(out_dir))
