@@ -23,16 +23,40 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from ptrun.compose import (CONFIG_DIR, RECIPE_DIR, Resolved, entries, for_cluster, for_this_machine,
-                           register_schema, resolve, settle, typed)
+from ptrun.compose import (
+    CONFIG_DIR,
+    RECIPE_DIR,
+    Resolved,
+    entries,
+    for_cluster,
+    for_this_machine,
+    register_schema,
+    resolve,
+    settle,
+    typed,
+)
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.config.launcher import visible_gpus
 from ptrun.config.paper import quick_try
 from ptrun.errors import EXIT_BAD_INPUT
 
 # Hydra flags that a single run does not take: a sweep, or printing instead of running. Hydra's app handles them.
-HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package",
-                    "-sc", "--shell-completion", "--resolve", "-m", "--multirun"}
+HYDRA_FLAGS = {
+    "-h",
+    "--help",
+    "--hydra-help",
+    "-c",
+    "--cfg",
+    "-i",
+    "--info",
+    "-p",
+    "--package",
+    "-sc",
+    "--shell-completion",
+    "--resolve",
+    "-m",
+    "--multirun",
+}
 
 USAGE = """usage: ptrun SUBCOMMAND [args]
 
@@ -114,8 +138,7 @@ def _check_run_dir_path(path: str) -> None:
         except OSError as e:
             problem = f"{first_missing} cannot be created: {e.strerror}"
     if problem is not None:
-        raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into "
-                          f"({problem})")
+        raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into ({problem})")
 
 
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -125,16 +148,22 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
 
     existing = checkpoint.list_checkpoints(run_dir)
     if existing and not resume:
-        raise ConfigError(f"run directory {run_dir} already holds a run; continue it with train.resume=true "
-                          f"or choose another hydra.run.dir")
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; continue it with train.resume=true "
+            f"or choose another hydra.run.dir"
+        )
     # An explicit resume needs something to resume (a restart after a failure, by contrast, may find no
     # checkpoint yet and starts over: the worker decides that).
     if resume and not existing:
-        raise ConfigError(f"train.resume=true: {run_dir} holds no checkpoint to resume from; leave train.resume "
-                          f"off to start a new run, or set hydra.run.dir to the run to continue")
+        raise ConfigError(
+            f"train.resume=true: {run_dir} holds no checkpoint to resume from; leave train.resume "
+            f"off to start a new run, or set hydra.run.dir to the run to continue"
+        )
     if resume and all(checkpoint.verify(c) is not None for c in existing):
-        raise ConfigError(f"train.resume=true: no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}; "
-                          f"restore it, or start a new run in another hydra.run.dir")
+        raise ConfigError(
+            f"train.resume=true: no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}; "
+            f"restore it, or start a new run in another hydra.run.dir"
+        )
 
 
 SWEEP_JOBS: list[tuple[Path, list[str]]] = []
@@ -258,13 +287,15 @@ def print_sweep_summary(jobs: list[tuple[Path, list[str]]]) -> None:
         print(f"ptrun: no sweep summary: {e}", file=sys.stderr)
         return
     print("\nsweep summary (`ptrun report " + str(jobs[0][0].parent) + "` draws the figures):")
-    varying = [o for o in dict.fromkeys(o for _, overrides in jobs for o in overrides)
-               if not all(o in overrides for _, overrides in jobs)]
+    varying = [
+        o
+        for o in dict.fromkeys(o for _, overrides in jobs for o in overrides)
+        if not all(o in overrides for _, overrides in jobs)
+    ]
     print(sweep_table(runs, [" ".join(o for o in overrides if o in varying) for _, overrides in jobs]))
 
 
-def _arguments(args: list[str], command: str, valued: dict[str, str],
-               allowed: str) -> Iterator[tuple[str | None, str]]:
+def _arguments(args: list[str], command: str, valued: dict[str, str], allowed: str) -> Iterator[tuple[str | None, str]]:
     """A subcommand's arguments, in order: (OPTION, VALUE) for each option of `valued` (`--OPTION VALUE` or
     `--OPTION=VALUE`; a missing value fails: `OPTION needs ...`, the words `valued` gives), (None, ARG) for
     the others. `-h` / `--help` prints USAGE and ends the command; another `-...` fails, naming `allowed`."""
@@ -275,8 +306,12 @@ def _arguments(args: list[str], command: str, valued: dict[str, str],
             raise SystemExit(0)
         option = arg.split("=", 1)[0]
         if option in valued:
-            yield option, arg[len(option) + 1:] if "=" in arg else (
-                args.pop(0) if args else _fail(f"{option} needs {valued[option]}"))
+            yield (
+                option,
+                arg[len(option) + 1 :]
+                if "=" in arg
+                else (args.pop(0) if args else _fail(f"{option} needs {valued[option]}")),
+            )
         elif arg.startswith("-"):
             _fail(f"unknown option '{arg}' for {command} (allowed: {allowed})")
         else:
@@ -342,7 +377,7 @@ def run_plan(args: list[str]) -> None:
         elif arg.startswith("cluster="):
             cluster_name = arg.split("=", 1)[1]
         elif arg.startswith("cluster."):
-            key, eq, value = arg[len("cluster."):].partition("=")
+            key, eq, value = arg[len("cluster.") :].partition("=")
             if not eq:
                 _fail(f"cannot parse '{arg}': cluster.FIELD=VALUE")
             cluster_keys[key] = value
@@ -354,9 +389,14 @@ def run_plan(args: list[str]) -> None:
         costs = costs_from_config(cfg.model, cfg.data)
         if profile is not None:
             costs = load_profile(profile, costs)
-        samples = samples or default_samples(cfg) or _fail(
-            f"--samples N is needed: the training-set size of data.name={cfg.data.name} is not known before it is "
-            f"tokenized (a run's start event names it: train_samples)")
+        samples = (
+            samples
+            or default_samples(cfg)
+            or _fail(
+                f"--samples N is needed: the training-set size of data.name={cfg.data.name} is not known before it is "
+                f"tokenized (a run's start event names it: train_samples)"
+            )
+        )
         results = simulate(costs, cluster, cfg, samples)
         policy = plannable(cfg).freeze
         first = plan_epochs(costs, cluster, cfg)[0].first
@@ -364,21 +404,30 @@ def run_plan(args: list[str]) -> None:
         need = stage_bytes(fit_memory(costs, resolved), first, resolved.train.global_batch_size)
     except ConfigError as e:
         _fail(str(e))
-    work = f"{sum(costs.fwd_flops) / 1e9:.1f} GFLOP forward a sample" if costs.fb_seconds is None else \
-        f"{sum(costs.fb_seconds) * 1e3:.2f} ms forward + backward a sample (profile {profile})"
-    print(f"recipe {cfg.recipe}: {cfg.model.name}, {costs.num_units} units, {sum(costs.params) / 1e6:.1f} M "
-          f"parameters, {work}; {samples:,} samples x {cfg.train.epochs} epochs; freeze.policy={policy.policy} "
-          f"(alpha {policy.alpha:.3g}); auto.batch={cfg.auto.batch}")
-    print(f"cluster {cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} devices at "
-          f"{cluster.flops / 1e12:.3g} TFLOP/s achieved ({cluster.efficiency:.0%} of {cluster.peak_tflops:g}), "
-          f"links {cluster.intra_gbs:g} / {cluster.inter_gbs:g} GB/s intra / inter, host {cluster.host_gbs:g} GB/s, "
-          f"RAM {cluster.host_memory_gb:g} GB + disk {cluster.disk_gbs:g} GB/s a node, "
-          f"{cluster.transition_s:g} s a layout change")
+    work = (
+        f"{sum(costs.fwd_flops) / 1e9:.1f} GFLOP forward a sample"
+        if costs.fb_seconds is None
+        else f"{sum(costs.fb_seconds) * 1e3:.2f} ms forward + backward a sample (profile {profile})"
+    )
+    print(
+        f"recipe {cfg.recipe}: {cfg.model.name}, {costs.num_units} units, {sum(costs.params) / 1e6:.1f} M "
+        f"parameters, {work}; {samples:,} samples x {cfg.train.epochs} epochs; freeze.policy={policy.policy} "
+        f"(alpha {policy.alpha:.3g}); auto.batch={cfg.auto.batch}"
+    )
+    print(
+        f"cluster {cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} devices at "
+        f"{cluster.flops / 1e12:.3g} TFLOP/s achieved ({cluster.efficiency:.0%} of {cluster.peak_tflops:g}), "
+        f"links {cluster.intra_gbs:g} / {cluster.inter_gbs:g} GB/s intra / inter, host {cluster.host_gbs:g} GB/s, "
+        f"RAM {cluster.host_memory_gb:g} GB + disk {cluster.disk_gbs:g} GB/s a node, "
+        f"{cluster.transition_s:g} s a layout change"
+    )
     gib = 2**30
-    print(f"memory a device, first layout (K = {first.pp}, M = {first.microbatches}): "
-          + ", ".join(f"stage {i} ~{b / gib:.2f} GiB" for i, b in enumerate(need))
-          + f" (parameters, gradients, optimizer state, activations in flight) of "
-          f"{device_budget(resolved, cluster) / gib:.1f} GiB\n")
+    print(
+        f"memory a device, first layout (K = {first.pp}, M = {first.microbatches}): "
+        + ", ".join(f"stage {i} ~{b / gib:.2f} GiB" for i, b in enumerate(need))
+        + f" (parameters, gradients, optimizer state, activations in flight) of "
+        f"{device_budget(resolved, cluster) / gib:.1f} GiB\n"
+    )
     print(report(cfg.recipe, results))
 
 

@@ -64,8 +64,9 @@ def ddp_no_buffer_sync() -> dict:
     """DistributedDataParallel's keyword that turns off the buffer broadcast before every forward pass:
     `forward_sync_buffers=False` where it exists (torch 2.12 on, which deprecates the other), else
     `broadcast_buffers=False`."""
-    return {"forward_sync_buffers": False} if "forward_sync_buffers" in _ddp_parameters() else \
-        {"broadcast_buffers": False}
+    return (
+        {"forward_sync_buffers": False} if "forward_sync_buffers" in _ddp_parameters() else {"broadcast_buffers": False}
+    )
 
 
 _MASK_PARAMETERS: dict = {}

@@ -29,8 +29,19 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ptrun.config import (ConfigError, PtrunConfig, check_devices, check_machines, check_concrete, free_form_keys,
-                          parse_nnodes, schema_keys, validate, validate_keys, workers_per_node)
+from ptrun.config import (
+    ConfigError,
+    PtrunConfig,
+    check_devices,
+    check_machines,
+    check_concrete,
+    free_form_keys,
+    parse_nnodes,
+    schema_keys,
+    validate,
+    validate_keys,
+    workers_per_node,
+)
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
 from ptrun.config.freezing import cache_dtype
@@ -44,8 +55,11 @@ from ptrun.installed import check_tracker_ready
 
 
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
-UNION_ALLOWED = {"pipe.microbatches": "an integer >= 1, auto or null", "pipe.length": "an integer >= 1 or auto",
-                 "launcher.nproc_per_node": "an integer >= 1 or auto"}
+UNION_ALLOWED = {
+    "pipe.microbatches": "an integer >= 1, auto or null",
+    "pipe.length": "an integer >= 1 or auto",
+    "launcher.nproc_per_node": "an integer >= 1 or auto",
+}
 
 
 def register_schema() -> None:
@@ -152,8 +166,9 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None) -> Re
     return settle(composed(overrides), overrides, env)
 
 
-def settle(cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, str]] = None, *,
-           check: bool = True) -> Resolved:
+def settle(
+    cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, str]] = None, *, check: bool = True
+) -> Resolved:
     """A composed config (`composed`, or what Hydra composed for a sweep's job) resolved, in this order:
 
     1. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
@@ -231,8 +246,9 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     return with_defaults(cfg)
 
 
-def compose(overrides: list[str], run_dir: str | Path = "", recipe: str | None = None,
-            check: bool = True) -> PtrunConfig:
+def compose(
+    overrides: list[str], run_dir: str | Path = "", recipe: str | None = None, check: bool = True
+) -> PtrunConfig:
     """`resolve` as the tests and benchmarks use it: the run in `run_dir`, named `recipe` (a test's or a
     script's own label; None: the chosen recipe's), no SLURM, `auto` values left for the launch, validated
     unless `check` is false."""
@@ -247,8 +263,13 @@ def unknown_key(full_key: str) -> str:
     if parent in free_form_keys():  # an entry the mapping lacks, set without `+`
         entry = full_key.rsplit(".", 1)[-1]
         return f"unknown key '{full_key}': {parent} has no entry {entry}; add one with +{full_key}=VALUE"
-    siblings = sorted({k[len(parent) + 1:].split(".")[0] if parent else k.split(".")[0]
-                       for k in schema_keys() if not parent or k.startswith(parent + ".")})
+    siblings = sorted(
+        {
+            k[len(parent) + 1 :].split(".")[0] if parent else k.split(".")[0]
+            for k in schema_keys()
+            if not parent or k.startswith(parent + ".")
+        }
+    )
     close = difflib.get_close_matches(full_key.rsplit(".", 1)[-1], siblings, n=1)
     hint = f"; did you mean '{(parent + '.') if parent else ''}{close[0]}'?" if close else ""
     return f"unknown key '{full_key}'{hint} ({parent or 'the config'} has: {', '.join(siblings)})"

@@ -102,8 +102,10 @@ def wandb_login_problem() -> str | None:
     try:
         found = wbauth.read_netrc_auth(host=host or settings.base_url) or settings.api_key
     except AuthenticationError as e:  # a key of the wrong shape
-        return (f"logger=wandb: the W&B key in the .netrc file is not valid ({' '.join(str(e).split())}); run "
-                f"`wandb login`, or set WANDB_MODE=offline")
+        return (
+            f"logger=wandb: the W&B key in the .netrc file is not valid ({' '.join(str(e).split())}); run "
+            f"`wandb login`, or set WANDB_MODE=offline"
+        )
     return None if found else NO_WANDB_LOGIN
 
 
@@ -156,8 +158,10 @@ def mlflow_server_problem() -> str | None:
         return None
     reason = outcome[0] if outcome else f"no answer in {TRACKER_TIMEOUT_S:g} s"
     via = f" through the proxy {target.hostname}:{target.port or default_port}" if target is not parts else ""
-    return (f"logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable{via} ({reason}); start the tracking "
-            f"server, or unset MLFLOW_TRACKING_URI to log into RUN_DIR/mlflow.db")
+    return (
+        f"logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable{via} ({reason}); start the tracking "
+        f"server, or unset MLFLOW_TRACKING_URI to log into RUN_DIR/mlflow.db"
+    )
 
 
 @dataclass(frozen=True)

@@ -81,28 +81,35 @@ def check_rendezvous(lc: LauncherConfig) -> None:
     try:
         host, port = parse_rendezvous_endpoint(lc.rdzv_endpoint, default_port=DEFAULT_RDZV_PORT)
     except ValueError:
-        raise ConfigError(f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r} is not allowed: host:port with a port "
-                          f"0-65535 (localhost:0 picks a free one)") from None
+        raise ConfigError(
+            f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r} is not allowed: host:port with a port "
+            f"0-65535 (localhost:0 picks a free one)"
+        ) from None
     # A host that does not resolve makes torch retry inside its C++ store client until the join timeout and
     # then print pages of stack frames; every machine of the job needs the name, this one included.
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
         reason = e.strerror if isinstance(e, socket.gaierror) else "not a valid host name"
-        raise ConfigError(f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r}: host {host!r} does not resolve "
-                          f"({reason}); use a host name or address every machine resolves, or localhost:0 "
-                          f"for one machine") from None
+        raise ConfigError(
+            f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r}: host {host!r} does not resolve "
+            f"({reason}); use a host name or address every machine resolves, or localhost:0 "
+            f"for one machine"
+        ) from None
     if parse_nnodes(lc.nnodes)[1] > 1 or port == 0 or not _matches_machine_hostname(host):
         return
     # Listen on every address, as the store will (create_server sets SO_REUSEADDR like the store does: a port
     # a finished run left in TIME_WAIT is free, one another process listens on is not).
     dual = socket.has_dualstack_ipv6()
     try:
-        socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET,
-                             dualstack_ipv6=dual).close()
+        socket.create_server(
+            ("", port), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual
+        ).close()
     except OSError as e:
-        raise ConfigError(f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r}: port {port} is not free on this machine "
-                          f"({os.strerror(e.errno)}); choose a free port, or localhost:0 for any") from None
+        raise ConfigError(
+            f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r}: port {port} is not free on this machine "
+            f"({os.strerror(e.errno)}); choose a free port, or localhost:0 for any"
+        ) from None
 
 
 def launch_config(cfg: PtrunConfig, **overrides):
@@ -115,25 +122,29 @@ def launch_config(cfg: PtrunConfig, **overrides):
     start_method = overrides.pop("start_method", None) or start_worker_server(cfg)
     lc = cfg.launcher
     min_nodes, max_nodes = parse_nnodes(lc.nnodes)
-    return LaunchConfig(**launch_config_kwargs({
-        "min_nodes": min_nodes,
-        "max_nodes": max_nodes,
-        "nproc_per_node": workers_per_node(lc),  # `auto` resolved on this machine
-        "run_id": lc.rdzv_id or f"{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:8]}",
-        "rdzv_backend": "c10d",
-        "rdzv_endpoint": lc.rdzv_endpoint,
-        # c10d: how long machines may take to join, and how long a rendezvous with MIN of them waits for more
-        "rdzv_configs": {"join_timeout": JOIN_TIMEOUT_S, "last_call_timeout": lc.rdzv_last_call},
-        "max_restarts": lc.max_restarts,
-        "monitor_interval": lc.monitor_interval,
-        # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed
-        # (a torch without this field gets it from ptrun's agent: `_ptrun_agent`).
-        "shutdown_timeout": lc.stop_timeout,
-        # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
-        "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
-        "start_method": start_method,
-        **overrides,
-    }))
+    return LaunchConfig(
+        **launch_config_kwargs(
+            {
+                "min_nodes": min_nodes,
+                "max_nodes": max_nodes,
+                "nproc_per_node": workers_per_node(lc),  # `auto` resolved on this machine
+                "run_id": lc.rdzv_id or f"{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:8]}",
+                "rdzv_backend": "c10d",
+                "rdzv_endpoint": lc.rdzv_endpoint,
+                # c10d: how long machines may take to join, and how long a rendezvous with MIN of them waits for more
+                "rdzv_configs": {"join_timeout": JOIN_TIMEOUT_S, "last_call_timeout": lc.rdzv_last_call},
+                "max_restarts": lc.max_restarts,
+                "monitor_interval": lc.monitor_interval,
+                # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed
+                # (a torch without this field gets it from ptrun's agent: `_ptrun_agent`).
+                "shutdown_timeout": lc.stop_timeout,
+                # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
+                "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
+                "start_method": start_method,
+                **overrides,
+            }
+        )
+    )
 
 
 WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
@@ -204,8 +215,11 @@ def say_waiting(config) -> None:
             what = f"at least {what} (up to {config.max_nodes})"
     else:  # an elastic job that may start alone: it waits last_call_timeout for others
         wait, what = config.rdzv_configs["last_call_timeout"], f"up to {config.max_nodes} machines"
-    print(f"ptrun: waiting up to {wait} s for {what} to join at {config.rdzv_endpoint} (run the same command "
-          f"on each)", file=sys.stderr, flush=True)
+    print(
+        f"ptrun: waiting up to {wait} s for {what} to join at {config.rdzv_endpoint} (run the same command on each)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def launch(cfg: PtrunConfig, config_path: Path) -> dict:
@@ -227,8 +241,13 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     say_waiting(config)
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
-    with tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp, _ptrun_agent(Path(tmp), lc.stop_timeout) as errors, \
-            _quiet_agent_on_signals(), _pruned(logs), _no_cache_left(cfg):
+    with (
+        tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp,
+        _ptrun_agent(Path(tmp), lc.stop_timeout) as errors,
+        _quiet_agent_on_signals(),
+        _pruned(logs),
+        _no_cache_left(cfg),
+    ):
         signum, results = 0, {}
         try:
             # The environment goes along: a forkserver's children inherit the one it started with.
@@ -246,15 +265,21 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
                 raise Diverged(json.loads(diverged[0].read_text())) from None
             starts = start_reports(errors)
             if starts:
-                raise LaunchFailed(f"every worker failed at start-up with the same error, so no restart: "
-                                   f"{json.loads(starts[0].read_text())['line']}")
+                raise LaunchFailed(
+                    f"every worker failed at start-up with the same error, so no restart: "
+                    f"{json.loads(starts[0].read_text())['line']}"
+                )
             rank, failure = next(iter(e.failures.items()))
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-            raise LaunchFailed(f"worker rank {rank} failed (exit code {failure.exitcode}): "
-                               f"{message.strip().splitlines()[-1] if message.strip() else 'see the log above'}")
+            raise LaunchFailed(
+                f"worker rank {rank} failed (exit code {failure.exitcode}): "
+                f"{message.strip().splitlines()[-1] if message.strip() else 'see the log above'}"
+            )
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
-            raise LaunchFailed(f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
-                               f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            raise LaunchFailed(
+                f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            )
     if signum:
         # Raised outside the handler, with the agent's frames collected: they hold its worker queues, whose
         # semaphores the resource tracker would otherwise report as leaked at exit.
@@ -294,7 +319,7 @@ def same_start_failure(errors: Path, local_workers: int) -> bool:
     if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
         return True
     for path, report in zip(start_reports(errors), reports):
-        logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-"):], report["traceback"])
+        logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-") :], report["traceback"])
         path.unlink(missing_ok=True)
     return False
 
@@ -419,8 +444,11 @@ def _ptrun_agent(errors: Path, stop_timeout: float):
 
             def _monitor_workers(self, worker_group):
                 result = super()._monitor_workers(worker_group)
-                if result.is_failed() and (config_reports(errors) or diverged_reports(errors) or
-                                           same_start_failure(errors, worker_group.spec.local_world_size)):
+                if result.is_failed() and (
+                    config_reports(errors)
+                    or diverged_reports(errors)
+                    or same_start_failure(errors, worker_group.spec.local_world_size)
+                ):
                     self._remaining_restarts = 0
                 return result
 

@@ -92,8 +92,9 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     trainer, stopped = None, 0
     try:
-        trainer = Trainer(cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops,
-                          start_clock=start_clock)
+        trainer = Trainer(
+            cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops, start_clock=start_clock
+        )
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
             write_class_names(trainer.data.class_names, cfg.run_dir)
@@ -181,8 +182,9 @@ def report_start_failure(errors: str, rank: int, error: BaseException) -> None:
     where = f" ({Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
     message = " ".join(str(error).split())
     line = f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
-    Path(errors, f"start-rank{rank:05d}").write_text(json.dumps({"line": line, "traceback": "".join(
-        traceback.format_exception(error))}))
+    Path(errors, f"start-rank{rank:05d}").write_text(
+        json.dumps({"line": line, "traceback": "".join(traceback.format_exception(error))})
+    )
 
 
 def _publish(config_path: Path, target: Path) -> None:

@@ -41,8 +41,13 @@ class Case:
 def steps(layered, task: str, first: int, count: int, scale: float):
     for t in range(first, first + count):
         full = pc.batch("bert", t)
-        yield Step(t, tuple(full[k] for k in layered.input_names), make_target(full, task),
-                   float(loss_weight(make_target(full, task), task)), loss_scale=scale)
+        yield Step(
+            t,
+            tuple(full[k] for k in layered.input_names),
+            make_target(full, task),
+            float(loss_weight(make_target(full, task), task)),
+            loss_scale=scale,
+        )
 
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
@@ -52,12 +57,29 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     loss = WeightedLoss(pc.task("bert"))
     torch._dynamo.reset()  # each case is a run of its own: its variants alone count against the recompile limit
     compiler = UnitCompiler("default", layered) if case.compiled else None
-    builder = Builder(layered, rank, torch.device("cpu"), loss, pc.OPTIM, name_of, case.recompute,
-                      compute_dtype(case.precision), compiler=compiler)
+    builder = Builder(
+        layered,
+        rank,
+        torch.device("cpu"),
+        loss,
+        pc.OPTIM,
+        name_of,
+        case.recompute,
+        compute_dtype(case.precision),
+        compiler=compiler,
+    )
     per_rank = SCHEDULE_SPECS[case.schedule].stages_per_rank or 2  # a looped schedule: two stages a rank
     microbatches = {"pipedream": 1, "1F1B": 2, "GPipe": 2}.get(case.schedule, 4)
-    plan = Plan(num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2 * per_rank),
-                microbatches=microbatches, schedule=case.schedule, stages_per_rank=per_rank).check()
+    plan = Plan(
+        num_units=n,
+        frozen_units=0,
+        pp=2,
+        dp=1,
+        stage_bounds=even_bounds(n, 2 * per_rank),
+        microbatches=microbatches,
+        schedule=case.schedule,
+        stages_per_rank=per_rank,
+    ).check()
     layout = build_layout(builder, plan)
     scaler = LossScaler(enabled=case.precision == "fp16")
     losses, frozen_grads, recompiles_after = [], [], None
@@ -69,22 +91,32 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
             if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
                 layout.optimizer.step()
             if item.step >= FREEZE_AT and case.freeze:
-                frozen_grads += [p.grad for u in layered.units[:FROZEN] for p in u.parameters()
-                                 if u in layout.runtime.modules[0].units]
+                frozen_grads += [
+                    p.grad
+                    for u in layered.units[:FROZEN]
+                    for p in u.parameters()
+                    if u in layout.runtime.modules[0].units
+                ]
             layout.runtime.zero_grad()
             losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
         step += count
         if step == FREEZE_AT and case.freeze:
             layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))
             recompiles_after = compiler.counts.snapshot() if compiler else None
-    compiles_after = compiler.counts.snapshot()["compiles"] - recompiles_after["compiles"] \
-        if compiler and recompiles_after else None
+    compiles_after = (
+        compiler.counts.snapshot()["compiles"] - recompiles_after["compiles"] if compiler and recompiles_after else None
+    )
     summed = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(summed)  # each step's loss: the last stage's share (PipeDream: the last stage's only)
-    torch.save({"losses": summed.tolist(), "frozen_grads": [g is None for g in frozen_grads],
-                "compiles_after_freeze": compiles_after,
-                "eager_kinds": sorted(compiler.eager_kinds) if compiler else []},
-               out_dir / f"{case.name}.rank{rank}.pt")
+    torch.save(
+        {
+            "losses": summed.tolist(),
+            "frozen_grads": [g is None for g in frozen_grads],
+            "compiles_after_freeze": compiles_after,
+            "eager_kinds": sorted(compiler.eager_kinds) if compiler else [],
+        },
+        out_dir / f"{case.name}.rank{rank}.pt",
+    )
     layout.groups.destroy()
 
 

@@ -38,8 +38,15 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
-    "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
-    "launcher.max_restarts=0", "checkpoint.keep=5", "freeze.policy=none", "pipe.length=1", "pipe.microbatches=1",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.global_batch_size=16",
+    "launcher.max_restarts=0",
+    "checkpoint.keep=5",
+    "freeze.policy=none",
+    "pipe.length=1",
+    "pipe.microbatches=1",
     "pipe.schedule=GPipe",
 ]
 
@@ -190,8 +197,9 @@ class SemaphoreWatch:
         held = mapped_shm_inodes()
         with self._lock:
             ours = {inode for inode, seen in self._held_by.items() if branches is None or seen & branches}
-        return {path for inode, path in semaphores().items() if inode in ours and inode not in held
-                and path not in before}
+        return {
+            path for inode, path in semaphores().items() if inode in ours and inode not in held and path not in before
+        }
 
 
 def _wind_down_multiprocessing() -> None:
@@ -231,6 +239,7 @@ def no_litter_left(semaphore_watch):
 
 # ---- trackers that cannot take a run ------------------------------------------------------------------------
 
+
 def closed_port() -> int:
     """A localhost port nothing listens on (bound, then released): a connection is refused at once."""
     import socket
@@ -256,6 +265,7 @@ def no_wandb_login(tmp_path, monkeypatch) -> Path:
 
 # ---- the command line ------------------------------------------------------------------------------------
 
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment of a `ptrun` subprocess: this one's, with this checkout first on PYTHONPATH (so the
     checkout's ptrun runs whichever environment pytest runs in), and `extra` on top (TMPDIR, say)."""
@@ -270,21 +280,23 @@ def ptrun_command(*args: str) -> list[str]:
     return [str(script), *args] if script.is_file() else [sys.executable, "-m", "ptrun.cli", *args]
 
 
-def run_ptrun(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
-              **kwargs) -> subprocess.CompletedProcess:
+def run_ptrun(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300, **kwargs
+) -> subprocess.CompletedProcess:
     """`ptrun ARGS` in a fresh process, to its end: its exit code, stdout and stderr (as text). `env` adds
     to `cli_env()`; other keyword arguments go to subprocess.run (preexec_fn, stdout, ...)."""
     kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
-    return subprocess.run(ptrun_command(*command_args(args)), cwd=cwd, env=cli_env(**(env or {})), text=True,
-                          timeout=timeout,
-                          **kwargs)
+    return subprocess.run(
+        ptrun_command(*command_args(args)), cwd=cwd, env=cli_env(**(env or {})), text=True, timeout=timeout, **kwargs
+    )
 
 
 def start_ptrun(*args: str, cwd: Path, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
     """`ptrun ARGS` started in a fresh process and left running (to signal or kill it); keyword arguments as
     for subprocess.Popen (stdout, stderr, start_new_session, ...)."""
-    return subprocess.Popen(ptrun_command(*command_args(args)), cwd=cwd, env=cli_env(**(env or {})), text=True,
-                            **kwargs)
+    return subprocess.Popen(
+        ptrun_command(*command_args(args)), cwd=cwd, env=cli_env(**(env or {})), text=True, **kwargs
+    )
 
 
 def command_args(args: tuple[str, ...]) -> list[str]:
@@ -295,6 +307,7 @@ def command_args(args: tuple[str, ...]) -> list[str]:
 @dataclass
 class CliResult:
     """How an in-process `ptrun.cli.main(argv)` ended: its exit code and what it wrote."""
+
     returncode: int
     stdout: str
     stderr: str
@@ -370,6 +383,7 @@ def assert_one_error_line(out: subprocess.CompletedProcess | CliResult, code: in
 
 # ---- a run's events --------------------------------------------------------------------------------------
 
+
 def run_events(run_dir: Path, kind: str | None = None, missing_ok: bool = False) -> list[dict]:
     """The events of `run_dir/metrics.jsonl` in the order written, as `ptrun report` reads them (each one
     checked for the fields the report needs; the torn last line of a run still writing is left out); only
@@ -398,6 +412,7 @@ def wordpiece_tokenizer(path, texts: list[str], vocab_size: int) -> str:
     tok.train_from_iterator(texts * 3, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
     return str(path)

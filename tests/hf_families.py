@@ -21,31 +21,76 @@ def tiny_config(kind: str, num_labels: int = 3):
     classifying from the mean over the real tokens (as ModernBERT-base)."""
     import transformers as T
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  max_position_embeddings=64, num_labels=num_labels)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=num_labels,
+    )
     no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    deberta_v3 = dict(relative_attention=True, position_buckets=4, max_relative_positions=-1,
-                      norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type="p2c|c2p",
-                      position_biased_input=False, type_vocab_size=0, pooler_dropout=0.0,
-                      initializer_range=0.06)  # gradients above the tests' clip
+    deberta_v3 = dict(
+        relative_attention=True,
+        position_buckets=4,
+        max_relative_positions=-1,
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        pos_att_type="p2c|c2p",
+        position_biased_input=False,
+        type_vocab_size=0,
+        pooler_dropout=0.0,
+        initializer_range=0.06,
+    )  # gradients above the tests' clip
     make = {
         "bert": lambda: T.BertConfig(**common, **no_dropout),
         "roberta": lambda: T.RobertaConfig(**common, **no_dropout, pad_token_id=1, type_vocab_size=1),
         "xlm-roberta": lambda: T.XLMRobertaConfig(**common, **no_dropout, pad_token_id=1, type_vocab_size=1),
         "electra": lambda: T.ElectraConfig(**common, **no_dropout, embedding_size=16),
-        "distilbert": lambda: T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                                                 max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
-                                                 seq_classif_dropout=0.0, num_labels=num_labels,
-                                                 initializer_range=0.06),  # gradients above the tests' clip
+        "distilbert": lambda: T.DistilBertConfig(
+            vocab_size=VOCAB,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            seq_classif_dropout=0.0,
+            num_labels=num_labels,
+            initializer_range=0.06,
+        ),  # gradients above the tests' clip
         "deberta-v2": lambda: T.DebertaV2Config(**common, **no_dropout, **deberta_v3),
-        "deberta-v2-conv": lambda: T.DebertaV2Config(**common, **no_dropout, **deberta_v3 | dict(
-            conv_kernel_size=3, conv_act="gelu", share_att_key=False, type_vocab_size=2)),
-        "modernbert": lambda: T.ModernBertConfig(**common, local_attention=4, classifier_pooling="mean",
-                                                 pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
-                                                 sep_token_id=2),
-        "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                                     num_labels=num_labels),
+        "deberta-v2-conv": lambda: T.DebertaV2Config(
+            **common,
+            **no_dropout,
+            **deberta_v3 | dict(conv_kernel_size=3, conv_act="gelu", share_att_key=False, type_vocab_size=2),
+        ),
+        "modernbert": lambda: T.ModernBertConfig(
+            **common,
+            local_attention=4,
+            classifier_pooling="mean",
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
+        ),
+        "gpt2": lambda: T.GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            num_labels=num_labels,
+        ),
         "llama": lambda: T.LlamaConfig(**common, num_key_value_heads=2, pad_token_id=0),
         "qwen2": lambda: T.Qwen2Config(**common, num_key_value_heads=2, pad_token_id=0, tie_word_embeddings=True),
         "qwen3": lambda: T.Qwen3Config(**common, num_key_value_heads=2, head_dim=16, pad_token_id=0),
@@ -57,5 +102,8 @@ def tiny_config(kind: str, num_labels: int = 3):
 def auto_class(task: str):
     import transformers as T
 
-    return {"classification": T.AutoModelForSequenceClassification, "qa": T.AutoModelForQuestionAnswering,
-            "causal_lm": T.AutoModelForCausalLM}[task]
+    return {
+        "classification": T.AutoModelForSequenceClassification,
+        "qa": T.AutoModelForQuestionAnswering,
+        "causal_lm": T.AutoModelForCausalLM,
+    }[task]

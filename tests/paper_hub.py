@@ -35,15 +35,25 @@ def cifar100_files(folder: Path, train: int = 48, test: int = 16) -> Path:
     the images of a class share a colour, so the task is learnable."""
     import datasets
 
-    features = datasets.Features({"img": datasets.Image(), "fine_label": datasets.ClassLabel(names=FINE),
-                                  "coarse_label": datasets.ClassLabel(names=[f"coarse_{i}" for i in range(20)])})
+    features = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "fine_label": datasets.ClassLabel(names=FINE),
+            "coarse_label": datasets.ClassLabel(names=[f"coarse_{i}" for i in range(20)]),
+        }
+    )
     rng = np.random.default_rng(0)
     for split, rows in (("train", train), ("test", test)):
         labels = [i % 4 for i in range(rows)]  # four classes present, the other 96 in the label names only
         images = [png(np.clip(rng.normal(60 * c + 40, 20, (32, 32, 3)), 0, 255).astype(np.uint8)) for c in labels]
-        table = datasets.Dataset.from_dict({"img": [{"bytes": b, "path": None} for b in images],
-                                            "fine_label": labels, "coarse_label": [c % 20 for c in labels]},
-                                           features=features)
+        table = datasets.Dataset.from_dict(
+            {
+                "img": [{"bytes": b, "path": None} for b in images],
+                "fine_label": labels,
+                "coarse_label": [c % 20 for c in labels],
+            },
+            features=features,
+        )
         (folder / "cifar100").mkdir(parents=True, exist_ok=True)
         table.to_parquet(folder / "cifar100" / f"{split}-00000-of-00001.parquet")
     return folder
@@ -53,15 +63,21 @@ def sst2_files(folder: Path, train: int = 32, validation: int = 16) -> Path:
     """nyu-mll/glue's sst2 parquet: `sentence`, ClassLabel `label` (negative, positive; -1 in test), `idx`."""
     import datasets
 
-    features = datasets.Features({"sentence": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["negative", "positive"]),
-                                  "idx": datasets.Value("int32")})
+    features = datasets.Features(
+        {
+            "sentence": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["negative", "positive"]),
+            "idx": datasets.Value("int32"),
+        }
+    )
     words = {0: "the film a b", 1: "the news sport c"}
     (folder / "sst2").mkdir(parents=True, exist_ok=True)
     for split, rows in (("train", train), ("validation", validation), ("test", 8)):
         labels = [-1] * rows if split == "test" else [i % 2 for i in range(rows)]
-        table = datasets.Dataset.from_dict({"sentence": [words[max(label, 0)] for label in labels],
-                                            "label": labels, "idx": list(range(rows))}, features=features)
+        table = datasets.Dataset.from_dict(
+            {"sentence": [words[max(label, 0)] for label in labels], "label": labels, "idx": list(range(rows))},
+            features=features,
+        )
         table.to_parquet(folder / "sst2" / f"{split}-00000-of-00001.parquet")
     return folder
 
@@ -74,8 +90,16 @@ def tiny_vit_files(folder: Path) -> Path:
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
-    model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
-                              depth=2, num_heads=2, num_classes=21843)
+    model = timm.create_model(
+        "vit_base_patch16_224",
+        pretrained=False,
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=21843,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text('{"architecture": "vit_base_patch16_224", "num_classes": 21843}')
@@ -101,8 +125,9 @@ def imagenet_files(folder: Path, classes: tuple[str, ...] = ("tench", "goldfish"
     for split, rows in (("train", 9), ("validation", 6), ("test", 3)):
         labels = [-1] * rows if split == "test" else [i % len(classes) for i in range(rows)]
         images = [png(rng.integers(0, 255, (40 + i, 48, 3), dtype=np.uint8)) for i in range(rows)]
-        table = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images], "label": labels},
-                                           features=features)
+        table = datasets.Dataset.from_dict(
+            {"image": [{"bytes": b, "path": None} for b in images], "label": labels}, features=features
+        )
         table.to_parquet(folder / "data" / f"{split}-00000-of-00001.parquet")
     return folder
 
@@ -112,18 +137,28 @@ SQUAD_CONTEXT = "the news a b c sport the film"
 
 def squad_rows(n: int) -> dict[str, list]:
     """SQuAD v1.1 rows as rajpurkar/squad holds them: id, title, context, question, answers {text, answer_start}."""
-    return {"id": [f"q{i}" for i in range(n)], "title": ["t"] * n, "context": [SQUAD_CONTEXT] * n,
-            "question": ["  the news"] * n, "answers": [{"text": ["sport"], "answer_start": [15]}] * n}
+    return {
+        "id": [f"q{i}" for i in range(n)],
+        "title": ["t"] * n,
+        "context": [SQUAD_CONTEXT] * n,
+        "question": ["  the news"] * n,
+        "answers": [{"text": ["sport"], "answer_start": [15]}] * n,
+    }
 
 
 def squad_files(folder: Path) -> Path:
     """rajpurkar/squad's parquet layout: `plain_text/{train,validation}-00000-of-00001.parquet`."""
     import datasets
 
-    features = datasets.Features({"id": datasets.Value("string"), "title": datasets.Value("string"),
-                                  "context": datasets.Value("string"), "question": datasets.Value("string"),
-                                  "answers": datasets.Sequence({"text": datasets.Value("string"),
-                                                                "answer_start": datasets.Value("int32")})})
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "title": datasets.Value("string"),
+            "context": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "answers": datasets.Sequence({"text": datasets.Value("string"), "answer_start": datasets.Value("int32")}),
+        }
+    )
     (folder / "plain_text").mkdir(parents=True, exist_ok=True)
     for split, rows in (("train", 6), ("validation", 4)):
         table = datasets.Dataset.from_dict(squad_rows(rows), features=features)

@@ -79,8 +79,16 @@ def forward_versions(pp: int, first: int, count: int, drains) -> list[dict[int, 
 
 
 def plan_for(n: int, pp: int, dp: int, replicated: bool = False) -> Plan:
-    return Plan(num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=1,
-                schedule="pipedream", replicate_first_only=replicated).check()
+    return Plan(
+        num_units=n,
+        frozen_units=0,
+        pp=pp,
+        dp=dp,
+        stage_bounds=even_bounds(n, pp),
+        microbatches=1,
+        schedule="pipedream",
+        replicate_first_only=replicated,
+    ).check()
 
 
 def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int):
@@ -92,9 +100,13 @@ def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int,
         replica, per = 0, pc.GLOBAL_BATCH
     for t in range(first, first + count):
         full = pc.batch(kind, t)
-        local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
-        yield Step(t, tuple(local[k] for k in layered.input_names), make_target(local, loss_task),
-                   float(loss_weight(make_target(full, loss_task), loss_task)))
+        local = {k: v[replica * per : (replica + 1) * per] for k, v in full.items()}
+        yield Step(
+            t,
+            tuple(local[k] for k in layered.input_names),
+            make_target(local, loss_task),
+            float(loss_weight(make_target(full, loss_task), loss_task)),
+        )
 
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
@@ -132,9 +144,17 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         train(case.steps, count)
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}
-    torch.save({"params": {k: params[k].detach().clone() for k in held}, "traces": traces, "versions": versions,
-                "stash_peak": stash_peak, "stage": layout.runtime.stage, "lanes": layout.runtime.lanes},
-               out_dir / f"{case.name}.rank{rank}.pt")
+    torch.save(
+        {
+            "params": {k: params[k].detach().clone() for k in held},
+            "traces": traces,
+            "versions": versions,
+            "stash_peak": stash_peak,
+            "stage": layout.runtime.stage,
+            "lanes": layout.runtime.lanes,
+        },
+        out_dir / f"{case.name}.rank{rank}.pt",
+    )
     layout.groups.destroy()
 
 
@@ -143,8 +163,11 @@ def worker(cases: list[dict], out_dir: str) -> None:
     dist.init_process_group("gloo", timeout=timedelta(minutes=5))
     try:
         for c in cases:
-            run_case(Case(**{**c, "drains": tuple(c["drains"]),
-                             "then": tuple(c["then"]) if c["then"] else None}), dist.get_rank(), Path(out_dir))
+            run_case(
+                Case(**{**c, "drains": tuple(c["drains"]), "then": tuple(c["then"]) if c["then"] else None}),
+                dist.get_rank(),
+                Path(out_dir),
+            )
     finally:
         dist.destroy_process_group()
 

@@ -34,17 +34,42 @@ CLIP = 0.25  # below every reference step's gradient norm (0.31 .. 3.1), so the 
 OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, schedule="constant", warmup_fraction=0.0, eps=1e-6)
 SEQ, VOCAB = 12, 100
 MODELS = {
-    "vit": dict(name="vit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=3, embed_dim=32, depth=4,
-                num_heads=2, dropout=0.0, drop_path=0.0),
-    "bert": dict(name="bert-tiny", embed_dim=32, depth=4, num_heads=2, vocab_size=VOCAB,
-                 max_position_embeddings=32, dropout=0.0),
-    "bert_mlm": dict(name="bert-tiny", task="mlm", embed_dim=32, depth=4, num_heads=2, vocab_size=VOCAB,
-                     max_position_embeddings=32, dropout=0.0),
+    "vit": dict(
+        name="vit_tiny_patch16_224",
+        img_size=16,
+        patch_size=4,
+        in_chans=3,
+        embed_dim=32,
+        depth=4,
+        num_heads=2,
+        dropout=0.0,
+        drop_path=0.0,
+    ),
+    "bert": dict(
+        name="bert-tiny", embed_dim=32, depth=4, num_heads=2, vocab_size=VOCAB, max_position_embeddings=32, dropout=0.0
+    ),
+    "bert_mlm": dict(
+        name="bert-tiny",
+        task="mlm",
+        embed_dim=32,
+        depth=4,
+        num_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        dropout=0.0,
+    ),
 }
 NUM_CLASSES = {"vit": 10, "bert": 3, "bert_mlm": 2}
-FAMILIES = {"roberta": "classification", "distilbert": "classification", "qwen3": "classification",
-            "deberta-v2": "classification", "deberta-v2-conv": "classification", "modernbert": "classification",
-            "gpt2_lm": "causal_lm", "llama_lm": "causal_lm"}
+FAMILIES = {
+    "roberta": "classification",
+    "distilbert": "classification",
+    "qwen3": "classification",
+    "deberta-v2": "classification",
+    "deberta-v2-conv": "classification",
+    "modernbert": "classification",
+    "gpt2_lm": "causal_lm",
+    "llama_lm": "causal_lm",
+}
 """Tiny transformers families (tests/hf_families.py) by case kind, and their task: GPT-2's LM head is tied
 to its input embedding across the stages, DeBERTa's relative-position table is shared by the attention halves
 of every stage."""
@@ -75,8 +100,9 @@ def model(kind: str):
         from hf_families import tiny_config
 
         family = kind.removesuffix("_lm")
-        return build_model(ModelConfig(name=family, task=FAMILIES[kind]), num_classes=3,
-                           library_config=tiny_config(family))
+        return build_model(
+            ModelConfig(name=family, task=FAMILIES[kind]), num_classes=3, library_config=tiny_config(family)
+        )
     return build_model(ModelConfig(**MODELS[kind]), num_classes=NUM_CLASSES[kind], vocab_size=VOCAB)
 
 
@@ -88,8 +114,11 @@ def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
     if step == 1:
         weight[-3:] = 0
     if kind == "vit":
-        return {"pixel_values": torch.randn(b, 3, 16, 16, generator=g),
-                "labels": torch.randint(0, 10, (b,), generator=g), "weight": weight}
+        return {
+            "pixel_values": torch.randn(b, 3, 16, 16, generator=g),
+            "labels": torch.randint(0, 10, (b,), generator=g),
+            "weight": weight,
+        }
     ids = torch.randint(1, VOCAB, (b, SEQ), generator=g)
     lengths = torch.randint(4, SEQ + 1, (b,), generator=g)
     mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
@@ -135,9 +164,16 @@ def task(kind: str) -> str:
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layered = model(case.kind)
     n = len(layered.units)
-    plan = Plan(num_units=n, frozen_units=0, pp=case.pp, dp=case.dp,
-                stage_bounds=even_bounds(n, case.pp * case.stages_per_rank), microbatches=case.m,
-                schedule=case.schedule, stages_per_rank=case.stages_per_rank).check()
+    plan = Plan(
+        num_units=n,
+        frozen_units=0,
+        pp=case.pp,
+        dp=case.dp,
+        stage_bounds=even_bounds(n, case.pp * case.stages_per_rank),
+        microbatches=case.m,
+        schedule=case.schedule,
+        stages_per_rank=case.stages_per_rank,
+    ).check()
     groups = build_groups(plan, rank, layered.tied)
     loss = WeightedLoss(task(case.kind))
     runtime = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), loss, recompute=case.recompute)
@@ -158,11 +194,14 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         runtime.zero_grad()
         dist.all_reduce(share)
         losses.append(share.item())
-    held = {name for u in runtime.unit_indices
-            for name in layered.unit_param_names(u) + layered.unit_shared_param_names(u)}
+    held = {
+        name for u in runtime.unit_indices for name in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
+    }
     params = dict(layered.model.named_parameters())
-    torch.save({"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms},
-               out_dir / f"{case.name}.rank{rank}.pt")
+    torch.save(
+        {"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms},
+        out_dir / f"{case.name}.rank{rank}.pt",
+    )
     groups.destroy()
 
 
@@ -184,9 +223,17 @@ def run_elastic(fn, nproc: int, name: str, *args) -> None:
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"{name}-{os.getpid()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.2, logs_specs=DefaultLogsSpecs(log_dir=os.devnull))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"{name}-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.2,
+        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
+    )
     elastic_launch(config, fn)(*args)
 
 
@@ -199,15 +246,23 @@ def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
 
 TRANSITIONS = [  # (K, DP, frozen units): 4 x 1 -> 2 x 2 (embedding + block 0 frozen) -> 1 x 4 (+ block 1),
     # each followed by a freeze in place (one more unit; two more), which keeps every unit where it is
-    (4, 1, 0), (2, 2, 3), (2, 2, 4), (1, 4, 5), (1, 4, 7),
+    (4, 1, 0),
+    (2, 2, 3),
+    (2, 2, 4),
+    (1, 4, 5),
+    (1, 4, 7),
 ]
 IN_PLACE = {2, 4}
 """The steps of TRANSITIONS that a freeze in place leads into (the same K, DP and stages)."""
 
 
 def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
-    return [Plan(num_units=n, frozen_units=f, pp=k, dp=dp, stage_bounds=even_bounds(n, k), microbatches=k,
-                 schedule=schedule).check() for k, dp, f in TRANSITIONS]
+    return [
+        Plan(
+            num_units=n, frozen_units=f, pp=k, dp=dp, stage_bounds=even_bounds(n, k), microbatches=k, schedule=schedule
+        ).check()
+        for k, dp, f in TRANSITIONS
+    ]
 
 
 def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
@@ -234,21 +289,30 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
         per_replica = GLOBAL_BATCH // plan.dp
         full = batch(kind, step)
         denominator = float(loss_weight(make_target(full, loss.task), loss.task))
-        local = {k: v[replica * per_replica:(replica + 1) * per_replica] for k, v in full.items()}
-        layout.runtime.forward_backward(tuple(local[k] for k in layered.input_names), make_target(local, loss.task),
-                                        denominator)
+        local = {k: v[replica * per_replica : (replica + 1) * per_replica] for k, v in full.items()}
+        layout.runtime.forward_backward(
+            tuple(local[k] for k in layered.input_names), make_target(local, loss.task), denominator
+        )
         layout.runtime.sync_and_clip(CLIP)
         if layout.optimizer is not None:
             layout.optimizer.step()
         layout.runtime.zero_grad()
-        held = {n for u in layout.runtime.unit_indices
-                for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)}
+        held = {
+            n
+            for u in layout.runtime.unit_indices
+            for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
+        }
         params = dict(layered.model.named_parameters())
-        torch.save({"params": {k: params[k].detach().clone() for k in held},
-                    "optim": optimizer_state_by_name(layout.optimizer, name_of),
-                    "received_bytes": layout.received_bytes, "same_groups": step > 0 and same_groups,
-                    "materialized": sorted(n for n, p in params.items() if p.numel() > 0)},
-                   out_dir / f"transition-{kind}-step{step}.rank{rank}.pt")
+        torch.save(
+            {
+                "params": {k: params[k].detach().clone() for k in held},
+                "optim": optimizer_state_by_name(layout.optimizer, name_of),
+                "received_bytes": layout.received_bytes,
+                "same_groups": step > 0 and same_groups,
+                "materialized": sorted(n for n, p in params.items() if p.numel() > 0),
+            },
+            out_dir / f"transition-{kind}-step{step}.rank{rank}.pt",
+        )
     layout.groups.destroy()
 
 
@@ -262,8 +326,10 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss("classification")
     n = len(layered.units)
-    plans = [Plan(n, 0, 4, 1, even_bounds(n, 4), 4, "GPipe").check(),
-             Plan(n, 0, 2, 2, even_bounds(n, 2), 2, "1F1B").check()]
+    plans = [
+        Plan(n, 0, 4, 1, even_bounds(n, 4), 4, "GPipe").check(),
+        Plan(n, 0, 2, 2, even_bounds(n, 2), 2, "1F1B").check(),
+    ]
     builder = Builder(layered, rank, torch.device("cpu"), loss, OPTIM, name_of)
     layout = build_layout(builder, plans[0])
     counts = []
@@ -271,8 +337,13 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
         layout = change_layout(builder, layout, plans[i % 2])
         if i in (2, changes):
             dist.barrier()
-            counts.append({"fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
-                           "tasks": len(os.listdir("/proc/self/task"))})
+            counts.append(
+                {
+                    "fds": len(os.listdir("/proc/self/fd")),
+                    "threads": threading.active_count(),
+                    "tasks": len(os.listdir("/proc/self/task")),
+                }
+            )
     layout.groups.destroy()
     torch.save(counts, out_dir / f"leaks.rank{rank}.pt")
 

@@ -36,8 +36,9 @@ differences."""
 def _layout(kind: str, pp: int, dp: int, rank: int, dtype: torch.dtype):
     layered = pc.model(kind)
     n = len(layered.units)
-    plan = Plan(num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=2,
-                schedule="GPipe").check()
+    plan = Plan(
+        num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=2, schedule="GPipe"
+    ).check()
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss(pc.task(kind))
     layout = build_layout(Builder(layered, rank, CPU, loss, SGD, name_of, compute_dtype=dtype), plan)
@@ -50,7 +51,7 @@ def _step_inputs(layered, plan: Plan, loss: WeightedLoss, kind: str, step: int, 
     denominator = float(loss_weight(make_target(full, loss.task), loss.task))
     replica, _ = plan.coords(rank)
     per = pc.GLOBAL_BATCH // plan.dp
-    local = {k: v[replica * per:(replica + 1) * per] for k, v in full.items()}
+    local = {k: v[replica * per : (replica + 1) * per] for k, v in full.items()}
     return tuple(local[k] for k in layered.input_names), make_target(local, loss.task), denominator
 
 
@@ -79,11 +80,18 @@ def run_bf16(kind: str, rank: int, out_dir: Path) -> None:
         dist.all_reduce(share)
         losses.append(share.item())
     optim = optimizer_state_by_name(layout.optimizer, name_of)
-    torch.save({"params": _held(layered, runtime), "losses": losses, "received": sorted(set(map(str, received))),
-                "param_dtypes": sorted({str(p.dtype) for p in runtime.trainable_parameters()}),
-                "state_dtypes": sorted({str(v.dtype) for s in optim.values() for v in s.values()
-                                        if torch.is_tensor(v) and v.ndim})},
-               out_dir / f"bf16-{kind}.rank{rank}.pt")
+    torch.save(
+        {
+            "params": _held(layered, runtime),
+            "losses": losses,
+            "received": sorted(set(map(str, received))),
+            "param_dtypes": sorted({str(p.dtype) for p in runtime.trainable_parameters()}),
+            "state_dtypes": sorted(
+                {str(v.dtype) for s in optim.values() for v in s.values() if torch.is_tensor(v) and v.ndim}
+            ),
+        },
+        out_dir / f"bf16-{kind}.rank{rank}.pt",
+    )
     layout.groups.destroy()
 
 
@@ -122,8 +130,10 @@ def run_fp16(rank: int, out_dir: Path) -> None:
         runtime.forward_backward(inputs, target, denominator, big.scale)
         verdicts.append(step_or_skip(runtime, layout.optimizer, big, pc.CLIP))
     finite = all(torch.isfinite(p).all().item() for p in runtime.trainable_parameters())
-    torch.save({"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite},
-               out_dir / f"fp16.rank{rank}.pt")
+    torch.save(
+        {"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite},
+        out_dir / f"fp16.rank{rank}.pt",
+    )
     layout.groups.destroy()
 
 
@@ -146,7 +156,15 @@ def launch(job: str, nproc: int, out_dir: Path) -> None:
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"{job}-{os.getpid()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2,
-                          logs_specs=DefaultLogsSpecs(log_dir=os.devnull))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"{job}-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.2,
+        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
+    )
     elastic_launch(config, worker)(job, str(out_dir))

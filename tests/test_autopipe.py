@@ -24,13 +24,13 @@ def start_plan(schedule="GPipe", world=8, pp=4, m=4, spr=1):
 
 
 def plan_after(blocks, method="params", **kw):
-    args = dict(world_size=8, start_max=starting_max(EQUAL, 4, 1, method), global_batch=64,
-                partition_method=method)
+    args = dict(world_size=8, start_max=starting_max(EQUAL, 4, 1, method), global_batch=64, partition_method=method)
     args.update(kw)
     return next_plan(start_plan(), frozen_units_for_blocks(blocks), EQUAL, **args)
 
 
 # ------------------------------------------------------------------------------------- compression rule
+
 
 def test_starting_max():
     assert starting_max(EQUAL, 4, 1, "params") == 5.0  # 18 units over 4 stages: 5 5 4 4
@@ -68,24 +68,35 @@ def test_paper_sequence_with_alpha_freezing():
     plan, frozen, seen = initial_plan(26, 16, 8, 16, "1F1B"), 0, []
     for epoch in range(8):
         frozen = policy.decide(epoch, frozen, None)
-        plan = next_plan(plan, frozen_units_for_blocks(frozen), costs, world_size=16, start_max=start_max,
-                         global_batch=256, partition_method="params")
+        plan = next_plan(
+            plan,
+            frozen_units_for_blocks(frozen),
+            costs,
+            world_size=16,
+            start_max=start_max,
+            global_batch=256,
+            partition_method="params",
+        )
         seen.append((frozen, plan.pp, plan.dp))
     assert seen == [(0, 8, 2), (4, 8, 2), (7, 4, 4), (9, 4, 4), (10, 4, 4), (11, 2, 8), (11, 2, 8), (12, 2, 8)]
 
 
 def test_dp_is_world_over_k():
-    plan = next_plan(start_plan(world=16), 17, EQUAL, world_size=16, start_max=5.0, global_batch=64,
-                     partition_method="params")
+    plan = next_plan(
+        start_plan(world=16), 17, EQUAL, world_size=16, start_max=5.0, global_batch=64, partition_method="params"
+    )
     assert (plan.pp, plan.dp, plan.world_size) == (1, 16, 16)
     # an elastic restart on 12 ranks: K = 4 -> 1 gives 12 replicas
-    assert next_plan(start_plan(), 17, EQUAL, world_size=12, start_max=5.0, global_batch=48,
-                     partition_method="params").dp == 12
+    assert (
+        next_plan(start_plan(), 17, EQUAL, world_size=12, start_max=5.0, global_batch=48, partition_method="params").dp
+        == 12
+    )
     with pytest.raises(ConfigError):  # K = 4 does not divide 6 ranks
         next_plan(start_plan(), 0, EQUAL, world_size=6, start_max=5.0, global_batch=48)
 
 
 # -------------------------------------------------------------------------------------------- boundaries
+
 
 def test_frozen_prefix_lands_on_stage_zero():
     # 1 block frozen: 3 units at 1/6 (0.5), then 15 at 1. Max 4 forces stage 0 to hold exactly 3 active.
@@ -103,7 +114,7 @@ def test_frozen_prefix_lands_on_stage_zero():
             frozen = frozen_units_for_blocks(blocks)
             mixed = [s for s, (lo, hi) in enumerate(b) if lo < frozen < hi]
             assert len(mixed) <= 1
-            assert all(hi <= frozen for lo, hi in b[:mixed[0]]) if mixed else True
+            assert all(hi <= frozen for lo, hi in b[: mixed[0]]) if mixed else True
 
 
 def test_compress_off_keeps_k_and_moves_boundaries():
@@ -118,8 +129,15 @@ def test_compress_off_keeps_k_and_moves_boundaries():
 def test_stages_per_rank_carry_over():
     # Interleaved 1F1B, 2 stages per rank: start_max over 8 stages is 3; all blocks frozen fits 2 stages.
     start = start_plan("Interleaved1F1B", spr=2, m=8)
-    plan = next_plan(start, 17, EQUAL, world_size=8, start_max=starting_max(EQUAL, 4, 2, "params"),
-                     global_batch=64, partition_method="params")
+    plan = next_plan(
+        start,
+        17,
+        EQUAL,
+        world_size=8,
+        start_max=starting_max(EQUAL, 4, 2, "params"),
+        global_batch=64,
+        partition_method="params",
+    )
     assert (plan.pp, plan.stages_per_rank, plan.num_stages, plan.dp) == (1, 2, 2, 8)
     # 12 frozen (2.0) | 5 frozen + head (1.83); 11 | 6 + head ties at 2.0 and earlier stages take more
     assert plan.stage_bounds == ((0, 12), (12, 18))
@@ -127,6 +145,7 @@ def test_stages_per_rank_carry_over():
 
 
 # ------------------------------------------------------------------------------------------ micro-batches
+
 
 def test_paper_table():
     assert PAPER_MICROBATCHES == {8: 16, 4: 16, 2: 16, 1: 4}
@@ -172,6 +191,7 @@ def test_microbatches_kept_unless_layout_changes():
 
 # ---------------------------------------------------------------------------------------- batch policies
 
+
 def test_batch_sizes():
     assert batch_sizes(4, batch_policy="fixed_global", global_batch=64) == (16, 64)
     assert batch_sizes(4, batch_policy="fixed_per_pipeline", per_pipeline_batch=32) == (32, 128)
@@ -201,6 +221,7 @@ def test_bad_inputs():
 
 # ------------------------------------------------------------------------------------------- AutoCache
 
+
 def test_a_cached_prefix_runs_in_no_stage_and_costs_nothing():
     shorter = False
     for blocks in range(1, 8):
@@ -211,8 +232,9 @@ def test_a_cached_prefix_runs_in_no_stage_and_costs_nothing():
         assert cached.active_range(0) == (f, cached.stage_bounds[0][1])
         # the units after the prefix are split exactly as the partitioner splits them on their own
         active = [(max(lo, f) - f, hi - f) for lo, hi in cached.stage_bounds]
-        assert active == [tuple(b) for b in partition("params", cached.num_stages, num_units=18 - f,
-                                                      param_costs=EQUAL[f:])]
+        assert active == [
+            tuple(b) for b in partition("params", cached.num_stages, num_units=18 - f, param_costs=EQUAL[f:])
+        ]
         assert cached.pp <= plain.pp
         shorter |= cached.pp < plain.pp
     assert shorter  # a prefix that is never run lets AutoPipe shorten the pipeline sooner
@@ -260,8 +282,7 @@ def test_the_cache_stops_where_the_model_keeps_only_the_first_token():
     capped = Controller(cfg, 8, EQUAL, first, max_cached_units=15)  # units 15, 16 return the first token only
     assert capped.plan_for(first, 7, 8).cached_units == 15 and capped.plan_for(first, 6, 8).cached_units == 13
     assert Controller(cfg, 8, EQUAL, first).plan_for(first, 7, 8).cached_units == 15  # uncapped: one unit a stage
-    bert = build_model(ModelConfig(name="bert-tiny", depth=4, embed_dim=32, num_heads=2, vocab_size=100),
-                       num_classes=3)
+    bert = build_model(ModelConfig(name="bert-tiny", depth=4, embed_dim=32, num_heads=2, vocab_size=100), num_classes=3)
     cfg.pipe.length, cfg.pipe.microbatches = 1, 1
     assert start(cfg, bert, 1).max_cached_units == bert.sequence_units == 7  # embed, 3 layers: its input
 

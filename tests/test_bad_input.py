@@ -26,15 +26,23 @@ import pytest
 from conftest import REPO, CliResult, assert_one_error_line, closed_port, run_ptrun, start_ptrun
 from test_cli import BAD_INPUT
 
-TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.epochs=1", "train.max_steps_per_epoch=2",
-        "train.global_batch_size=16", "train.export=false"]
+TINY = [
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.epochs=1",
+    "train.max_steps_per_epoch=2",
+    "train.global_batch_size=16",
+    "train.export=false",
+]
 # Data errors surface in the workers: one worker is enough and halves the start-up cost.
 ONE_WORKER = ["launcher.nproc_per_node=1", "pipe.length=1", "pipe.microbatches=1"]
 TINY_BERT = ["model=bert_base", "model.pretrained=null"]  # sized by TINY
 DIST = pytest.mark.dist  # cases with worker processes (~10 s each) or a real run's checkpoints
 SLOW = pytest.mark.slow  # all of those but test_cifar10_folder_of_garbage, the fast tier's refusal by a worker
-IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, or "
-                      "path/<class>/*.png)")
+IMAGEFOLDER_LAYOUT = (
+    "expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, or path/<class>/*.png)"
+)
 
 # The key part of each case's error line (paths vary, so they are left out). docs/errors.md quotes them all.
 MESSAGES = {
@@ -42,38 +50,38 @@ MESSAGES = {
     "imagefolder_corrupt_image": "is not a readable image (UnidentifiedImageError: cannot identify image file",
     "cifar10_garbage": "is not a CIFAR python pickle (",
     "glue_without_task_files": "found no sst2 train and eval files; expected the GLUE TSV layout "
-                               "(path/SST-2/train.tsv + dev.tsv)",
+    "(path/SST-2/train.tsv + dev.tsv)",
     "squad_not_json": "is not SQuAD JSON (JSONDecodeError: Expecting value: line 1 column 1 (char 0)); "
-                      "expected SQuAD v1.1 JSON",
+    "expected SQuAD v1.1 JSON",
     "resume_another_model": "is of model vit_tiny_patch16_224 with 6 units, not vit_tiny_patch16_224 with 8 units; resume with the run's model settings or choose another hydra.run.dir",
     "resume_corrupt_checkpoint": "params-stage0.safetensors does not match its checksum; restore it, or start a "
-                                 "new run in another hydra.run.dir",
+    "new run in another hydra.run.dir",
     "resume_manifest_not_json": "manifest.json is unreadable (JSONDecodeError); restore it, or start a new run "
-                                "in another hydra.run.dir",
+    "in another hydra.run.dir",
     "resume_without_checkpoint": "holds no checkpoint to resume from; leave train.resume off to start a new run, "
-                                 "or set hydra.run.dir to the run to continue",
+    "or set hydra.run.dir to the run to continue",
     "rdzv_port_in_use": "is not free on this machine (Address already in use); choose a free port, or "
-                        "localhost:0 for any",
+    "localhost:0 for any",
     "rdzv_endpoint_unparsable": "launcher.rdzv_endpoint='localhost:http' is not allowed: host:port with a port "
-                                "0-65535 (localhost:0 picks a free one)",
+    "0-65535 (localhost:0 picks a free one)",
     "rdzv_host_unknown": "does not resolve (",  # the resolver's reason varies: the rest is checked below
     "cache_memory_unavailable": "(File too large); lower cache.max_memory",
     "run_dir_is_a_file": "is not allowed: a directory to create or write into (",
     "hf_dir_without_weights": "no weights in the directory (model.safetensors, model.safetensors.index.json, "
-                              "pytorch_model.bin)",
+    "pytorch_model.bin)",
     "unsupported_model_type": "is not allowed: a Hugging Face model of a supported model_type (bert, roberta, "
-                              "xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, "
-                              "mistral); ",
+    "xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, "
+    "mistral); ",
     "task_the_family_does_not_do": "model.task='qa' is not allowed: one of causal_lm, classification, regression "
-                                   "for a llama model",
+    "for a llama model",
     "causal_lm_without_a_decoder": "model.task='causal_lm' is not allowed: causal_lm only for a decoder given as "
-                                   "model.pretrained",
+    "model.pretrained",
     "auto_length_batch_of_one": "pipe.length=auto: no layout fits 2 workers: K=1: train.global_batch_size=1 cannot be "
-                                "split evenly over a data-parallel width of 2; K=2: no micro-batch count divides "
-                                "the per-replica batch 1 and suits pipe.schedule=1F1B at pipe.length=2",
+    "split evenly over a data-parallel width of 2; K=2: no micro-batch count divides "
+    "the per-replica batch 1 and suits pipe.schedule=1F1B at pipe.length=2",
     "wandb_without_login": "logger=wandb: no W&B login; run `wandb login`, or set WANDB_MODE=offline",
     "mlflow_server_unreachable": "is not reachable (Connection refused); start the tracking server, or unset "
-                                 "MLFLOW_TRACKING_URI to log into RUN_DIR/mlflow.db",
+    "MLFLOW_TRACKING_URI to log into RUN_DIR/mlflow.db",
 }
 
 
@@ -96,8 +104,10 @@ def snapshot(path: Path) -> dict[str, str]:
     """Every file under `path` (or `path` itself, a file) -> sha256 of its bytes; directories -> 'dir'."""
     if path.is_file():
         return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(path.rglob("*"))}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(path.rglob("*"))
+    }
 
 
 def assert_one_line(out: subprocess.CompletedProcess | CliResult, case: str, code: int = 2) -> None:
@@ -106,8 +116,7 @@ def assert_one_line(out: subprocess.CompletedProcess | CliResult, case: str, cod
     assert MESSAGES[case] in line, line
 
 
-def run_case(case: str, run_dir: Path, *args: str, cli=None, may_add: bool = False,
-             **kwargs) -> tuple[str, set[str]]:
+def run_case(case: str, run_dir: Path, *args: str, cli=None, may_add: bool = False, **kwargs) -> tuple[str, set[str]]:
     """Run `ptrun train ARGS` on `run_dir`, in this process through `cli` (the fixture) where given, else in
     a process of its own; check the one-line error, and that every file the run directory held before is
     unchanged. A failed start adds nothing either, unless `may_add` (a run that had started before it met
@@ -139,15 +148,25 @@ def run_dir(tmp_path) -> Path:
 
 # ---- data paths and formats ---------------------------------------------------------------------------
 
+
 def test_hugging_face_directory_without_weights(tmp_path, run_dir, cli):
     """A model directory with its config.json but no weights file is refused before any worker starts."""
     model = tmp_path / "bert"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
-                                                   "num_attention_heads": 2, "intermediate_size": 64,
-                                                   "vocab_size": 100, "max_position_embeddings": 64}))
-    run_case("hf_dir_without_weights", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:],
-             cli=cli)
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "bert",
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+                "vocab_size": 100,
+                "max_position_embeddings": 64,
+            }
+        )
+    )
+    run_case("hf_dir_without_weights", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:], cli=cli)
 
 
 @pytest.fixture(scope="module")
@@ -165,14 +184,20 @@ def test_unsupported_model_type(tiny_llama, tmp_path, run_dir, cli):
     model = tmp_path / "t5"
     shutil.copytree(tiny_llama, model)
     (model / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 32}))
-    run_case("unsupported_model_type", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:],
-             cli=cli)
+    run_case("unsupported_model_type", run_dir, "recipe=bbc_news_bert", f"model.pretrained={model}", *TINY[3:], cli=cli)
 
 
 def test_task_the_family_does_not_do(tiny_llama, tmp_path, run_dir, cli):
     """Question answering (SQuAD) with a decoder."""
-    run_case("task_the_family_does_not_do", run_dir, "recipe=bert_squad", f"model.pretrained={tiny_llama}",
-             f"data.path={tmp_path}", *TINY[3:], cli=cli)
+    run_case(
+        "task_the_family_does_not_do",
+        run_dir,
+        "recipe=bert_squad",
+        f"model.pretrained={tiny_llama}",
+        f"data.path={tmp_path}",
+        *TINY[3:],
+        cli=cli,
+    )
 
 
 def test_causal_lm_without_a_decoder(run_dir, cli):
@@ -186,8 +211,15 @@ def test_imagefolder_without_images(tmp_path, run_dir):
     (data / "cats").mkdir(parents=True)  # a class folder without images, and a stray file
     (data / "dogs").mkdir()
     (data / "dogs" / "README.txt").write_text("images to follow\n")
-    run_case("imagefolder_without_images", run_dir, "data=imagefolder", f"data.path={data}", "auto.cache=false",
-             *TINY, *ONE_WORKER)
+    run_case(
+        "imagefolder_without_images",
+        run_dir,
+        "data=imagefolder",
+        f"data.path={data}",
+        "auto.cache=false",
+        *TINY,
+        *ONE_WORKER,
+    )
 
 
 @SLOW
@@ -203,8 +235,17 @@ def test_imagefolder_with_a_corrupt_image(tmp_path, run_dir):
         for i in range(8):
             Image.new("RGB", (8, 8), (30 * i, 100 * c, 0)).save(data / name / f"{i}.png")
     (data / "cats" / "3.png").write_bytes(b"this is not a PNG\n" * 10)
-    line, _ = run_case("imagefolder_corrupt_image", run_dir, "data=imagefolder", f"data.path={data}",
-                       "data.image_size=8", "auto.cache=false", *TINY, *ONE_WORKER, may_add=True)
+    line, _ = run_case(
+        "imagefolder_corrupt_image",
+        run_dir,
+        "data=imagefolder",
+        f"data.path={data}",
+        "data.image_size=8",
+        "auto.cache=false",
+        *TINY,
+        *ONE_WORKER,
+        may_add=True,
+    )
     assert str(data / "cats" / "3.png") in line
 
 
@@ -224,8 +265,7 @@ def tokenizer(tmp_path_factory) -> str:
     """A BERT WordPiece tokenizer directory the text sources load (written by hand: no transformers import)."""
     path = tmp_path_factory.mktemp("tokenizer")
     (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film"]) + "\n")
-    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
-                                                            "do_lower_case": True}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
     return str(path)
 
 
@@ -236,8 +276,17 @@ def test_glue_folder_without_the_tasks_files(tmp_path, tokenizer):
     data = tmp_path / "glue"
     (data / "CoLA").mkdir(parents=True)  # another task's folder
     (data / "CoLA" / "train.tsv").write_text("gj04\t1\t\tour friends won't buy this analysis.\n")
-    run_case("glue_without_task_files", tmp_path / "run", "data=glue", "data.task=sst2", f"data.path={data}",
-             f"data.tokenizer={tokenizer}", *TINY_BERT, *TINY, *ONE_WORKER)
+    run_case(
+        "glue_without_task_files",
+        tmp_path / "run",
+        "data=glue",
+        "data.task=sst2",
+        f"data.path={data}",
+        f"data.tokenizer={tokenizer}",
+        *TINY_BERT,
+        *TINY,
+        *ONE_WORKER,
+    )
 
 
 @SLOW
@@ -247,15 +296,30 @@ def test_squad_file_that_is_not_json(tmp_path, run_dir, tokenizer):
     data.mkdir()
     (data / "train-v1.1.json").write_text("<html>404 Not Found</html>\n")  # a failed download
     (data / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": []}))
-    line, _ = run_case("squad_not_json", run_dir, "data=squad", "model.task=qa", f"data.path={data}",
-                       f"data.tokenizer={tokenizer}", *TINY_BERT, *TINY, *ONE_WORKER)
+    line, _ = run_case(
+        "squad_not_json",
+        run_dir,
+        "data=squad",
+        "model.task=qa",
+        f"data.path={data}",
+        f"data.tokenizer={tokenizer}",
+        *TINY_BERT,
+        *TINY,
+        *ONE_WORKER,
+    )
     assert str(data / "train-v1.1.json") in line
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------------
 
-BASE_RUN = [*changed(TINY, "train.epochs=2"), *ONE_WORKER, "freeze.policy=schedule", "freeze.blocks=[0,1]",
-            "cache.min_frozen_units=1", "auto.cache=true"]
+BASE_RUN = [
+    *changed(TINY, "train.epochs=2"),
+    *ONE_WORKER,
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1]",
+    "cache.min_frozen_units=1",
+    "auto.cache=true",
+]
 """A real two-epoch run (one worker, to save time) that freezes a block after the first epoch and then trains
 from AutoCache, so its checkpoints hold a plan with a cached prefix. The resumes keep the default
 launcher.max_restarts=3: bad input must not be restarted into."""
@@ -306,6 +370,7 @@ def test_resume_without_a_checkpoint(run_dir, cli):
 
 # ---- environment ----------------------------------------------------------------------------------------
 
+
 def test_rendezvous_port_in_use(run_dir, cli):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -322,10 +387,10 @@ def test_rendezvous_endpoint_that_does_not_parse(run_dir, cli):
 def test_rendezvous_host_that_does_not_resolve(run_dir, cli):
     """`.invalid` never resolves (RFC 2606). torch would retry in its store client until the join timeout and
     then print pages of C++ stack frames."""
-    line, _ = run_case("rdzv_host_unknown", run_dir, *TINY, "launcher.rdzv_endpoint=nosuchhost.invalid:29400",
-                       cli=cli)
-    assert line.startswith("ptrun: error: launcher.rdzv_endpoint='nosuchhost.invalid:29400': host "
-                           "'nosuchhost.invalid' does not resolve (")
+    line, _ = run_case("rdzv_host_unknown", run_dir, *TINY, "launcher.rdzv_endpoint=nosuchhost.invalid:29400", cli=cli)
+    assert line.startswith(
+        "ptrun: error: launcher.rdzv_endpoint='nosuchhost.invalid:29400': host 'nosuchhost.invalid' does not resolve ("
+    )
     assert line.endswith("); use a host name or address every machine resolves, or localhost:0 for one machine")
 
 
@@ -341,9 +406,18 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
     # launcher starts its workers another way
     tmp = tmp_path / ("long-temp-dir-" * 8)
     tmp.mkdir()
-    agent = start_ptrun("train", *TINY, "launcher.nnodes=2", f"launcher.rdzv_endpoint={endpoint}",
-                        "launcher.rdzv_id=wait-test", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
-                        env={"TMPDIR": str(tmp)}, stderr=subprocess.PIPE, start_new_session=True)
+    agent = start_ptrun(
+        "train",
+        *TINY,
+        "launcher.nnodes=2",
+        f"launcher.rdzv_endpoint={endpoint}",
+        "launcher.rdzv_id=wait-test",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        env={"TMPDIR": str(tmp)},
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     silent = threading.Timer(120, os.killpg, (agent.pid, signal.SIGKILL))  # a silent wait ends the test
     silent.start()
     try:
@@ -353,8 +427,9 @@ def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
         os.killpg(agent.pid, signal.SIGKILL)
         agent.wait()
     rest = agent.stderr.read()  # what followed, to show if the line is not the one expected
-    assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on " \
-                   f"each)", rest
+    assert line == f"ptrun: waiting up to 900 s for 2 machines to join at {endpoint} (run the same command on each)", (
+        rest
+    )
 
 
 @SLOW
@@ -366,8 +441,14 @@ def test_no_room_for_the_activation_cache(copy_of_run):
     in cache.dir (RUN_DIR/cache by default) stays behind: other workers may be waiting on it, so only a run
     that finishes removes it."""
     two_workers = [o for o in BASE_RUN if o not in ONE_WORKER]
-    line, added = run_case("cache_memory_unavailable", copy_of_run, *two_workers, "train.resume=true",
-                           may_add=True, limit_file_size=1 << 20)
+    line, added = run_case(
+        "cache_memory_unavailable",
+        copy_of_run,
+        *two_workers,
+        "train.resume=true",
+        may_add=True,
+        limit_file_size=1 << 20,
+    )
     assert line.startswith("ptrun: error: cache.max_memory: cannot reserve ")
     lock = next(iter(added - {"cache"}), "")
     assert added == {"cache", lock} and lock.startswith("cache/entries-") and lock.endswith(".lock")
@@ -375,15 +456,18 @@ def test_no_room_for_the_activation_cache(copy_of_run):
 
 # ---- the layout ----------------------------------------------------------------------------------------------
 
+
 def test_a_batch_that_no_layout_of_two_workers_can_split(run_dir, cli):
     """`pipe.length=auto` with two workers and a batch of one sample: each length named with the rule it
     breaks (not memory, which is plentiful), before any worker starts."""
-    line, _ = run_case("auto_length_batch_of_one", run_dir, *TINY, "train.global_batch_size=1",
-                       "launcher.nproc_per_node=2", cli=cli)
+    line, _ = run_case(
+        "auto_length_batch_of_one", run_dir, *TINY, "train.global_batch_size=1", "launcher.nproc_per_node=2", cli=cli
+    )
     assert line.endswith("(at least pipe.length=2 for 1F1B)") and "GiB" not in line
 
 
 # ---- the trackers --------------------------------------------------------------------------------------------
+
 
 def test_wandb_online_without_a_login(no_wandb_login, run_dir, cli):
     """wandb would start the workers and fail in rank 0's `wandb.init` half a minute later."""
@@ -406,6 +490,7 @@ def test_mlflow_tracking_server_that_does_not_answer(run_dir, cli, monkeypatch):
 
 
 # ---- the run directory ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("where", [".", "sub"])
 def test_run_dir_that_is_a_file(where, tmp_path, cli):
@@ -441,6 +526,7 @@ def test_run_dir_that_cannot_be_created(tmp_path, cli):
 
 # ---- the config keys ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
 def test_bad_config_in_process_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path, cli):
     """test_cli.BAD_INPUT through `ptrun.cli.main` in this process; test_cli runs each as a process (slow)."""
@@ -455,9 +541,10 @@ def test_in_process_calls_do_not_affect_each_other(tmp_path, cli):
     composition as the other tests make them: the same lines each time, and the config as asked."""
     from conftest import compose_config
 
-    lines = [assert_one_error_line(cli("train", *argv, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
-             for argv in (["train.epoch=3"], [*TINY, "train.resume=true"], ["train.epoch=3"],
-                          [*TINY, "train.resume=true"])]
+    lines = [
+        assert_one_error_line(cli("train", *argv, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path))
+        for argv in (["train.epoch=3"], [*TINY, "train.resume=true"], ["train.epoch=3"], [*TINY, "train.resume=true"])
+    ]
     assert lines[0] == lines[2] and lines[1] == lines[3] and lines[0] != lines[1]
     assert MESSAGES["resume_without_checkpoint"] in lines[1]
     assert compose_config(["train.epochs=3"], tmp_path).train.epochs == 3
@@ -470,8 +557,10 @@ CONTRACT = {  # a refusal at each stage of a start: composition, validation, the
     "unknown_key": (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     "not_allowed": (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
     "run_dir_is_a_file": (["hydra.run.dir={tmp}/file"], MESSAGES["run_dir_is_a_file"]),
-    "resume_without_checkpoint": (["train.resume=true", "hydra.run.dir={tmp}/run"],
-                                  MESSAGES["resume_without_checkpoint"]),
+    "resume_without_checkpoint": (
+        ["train.resume=true", "hydra.run.dir={tmp}/run"],
+        MESSAGES["resume_without_checkpoint"],
+    ),
 }
 
 
@@ -490,6 +579,7 @@ def test_the_console_script_exits_2_with_one_line(case, tmp_path):
 
 
 # ---- the catalogue ---------------------------------------------------------------------------------------
+
 
 def test_every_message_is_in_the_catalogue():
     doc = (REPO / "docs" / "errors.md").read_text()

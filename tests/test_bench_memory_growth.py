@@ -7,8 +7,10 @@ MIB = 2**20
 
 
 def test_the_ratio_is_the_pipeline_workers_growth_over_the_single_workers():
-    rounds = [{(12, 1): 2500 * MIB, (24, 1): 4100 * MIB, (12, 4): 1100 * MIB, (24, 4): 1500 * MIB},
-              {(12, 1): 2500 * MIB, (24, 1): 4100 * MIB, (12, 4): 1100 * MIB, (24, 4): 1600 * MIB}]
+    rounds = [
+        {(12, 1): 2500 * MIB, (24, 1): 4100 * MIB, (12, 4): 1100 * MIB, (24, 4): 1500 * MIB},
+        {(12, 1): 2500 * MIB, (24, 1): 4100 * MIB, (12, 4): 1100 * MIB, (24, 4): 1600 * MIB},
+    ]
     r = row("this tree", rounds)
     assert r["ratio_range"] == [400 / 1600, 500 / 1600]
     assert r["ratio"] == (400 / 1600 + 500 / 1600) / 2

@@ -16,25 +16,54 @@ from test_report import write_run
 
 
 def plan(t: float, epoch: int, step: int, frozen: int, transition_s: float = 0.0) -> dict:
-    return {"event": "plan", "time": t, "epoch": epoch, "step": step, "frozen_units": frozen, "pp": 1, "dp": 2,
-            "stage_bounds": [[0, 10]], "microbatches": 1, "transition_s": transition_s}
+    return {
+        "event": "plan",
+        "time": t,
+        "epoch": epoch,
+        "step": step,
+        "frozen_units": frozen,
+        "pp": 1,
+        "dp": 2,
+        "stage_bounds": [[0, 10]],
+        "microbatches": 1,
+        "transition_s": transition_s,
+    }
 
 
 def epoch(t: float, e: int, seconds: float, loss: float = 1.0) -> dict:
-    return {"event": "epoch", "time": t, "epoch": e, "train_loss": loss, "samples_per_s": 1.0,
-            "epoch_time_s": seconds, "steps": 8, "samples": 128, "eval": {}}
+    return {
+        "event": "epoch",
+        "time": t,
+        "epoch": e,
+        "train_loss": loss,
+        "samples_per_s": 1.0,
+        "epoch_time_s": seconds,
+        "steps": 8,
+        "samples": 128,
+        "eval": {},
+    }
 
 
 START = {"event": "start", "time": 1000.0, "world_size": 2, "num_units": 10}
-EVENTS = [START, plan(1000.0, 0, 0, 0), plan(1001.0, 0, 2, 3, 0.1), plan(1002.0, 0, 6, 5, 0.1), epoch(1003.0, 0, 3.0),
-          plan(1003.5, 1, 0, 7, 0.5), epoch(1005.5, 1, 2.0, loss=0.5)]
+EVENTS = [
+    START,
+    plan(1000.0, 0, 0, 0),
+    plan(1001.0, 0, 2, 3, 0.1),
+    plan(1002.0, 0, 6, 5, 0.1),
+    epoch(1003.0, 0, 3.0),
+    plan(1003.5, 1, 0, 7, 0.5),
+    epoch(1005.5, 1, 2.0, loss=0.5),
+]
 
 
 def test_the_schedule_is_the_runs_layout_changes(tmp_path):
     run_dir = write_run(tmp_path / "r", EVENTS)
     changes = overhead.schedule(run_dir)
-    assert changes == [{"epoch": 0, "step": 2, "frozen_units": 3}, {"epoch": 0, "step": 6, "frozen_units": 5},
-                       {"epoch": 1, "step": 0, "frozen_units": 7}]
+    assert changes == [
+        {"epoch": 0, "step": 2, "frozen_units": 3},
+        {"epoch": 0, "step": 6, "frozen_units": 5},
+        {"epoch": 1, "step": 0, "frozen_units": 7},
+    ]
     assert [overhead.frozen_at(changes, 0, s) for s in range(8)] == [0, 0, 3, 3, 3, 3, 5, 5]
     assert overhead.frozen_at(changes, 1, 0) == overhead.frozen_at(changes, 5, 3) == 7
 
@@ -61,16 +90,32 @@ def test_per_epoch_overhead_and_the_whole_run(tmp_path):
     """ptrun: epoch 1 3 s, the change into epoch 2 0.5 s, epoch 2 2 s; the oracle: 2 s, 0.25 s, 1.6 s."""
     run_dir = write_run(tmp_path / "r", EVENTS)
     oracle = tmp_path / "oracle.json"
-    oracle.write_text(json.dumps({"num_units": 10, "final_train_loss": 0.5, "epochs": [
-        {"epoch": 0, "train_time_s": 2.0, "transition_s": 0.0},
-        {"epoch": 1, "train_time_s": 1.6, "transition_s": 0.25}]}))
+    oracle.write_text(
+        json.dumps(
+            {
+                "num_units": 10,
+                "final_train_loss": 0.5,
+                "epochs": [
+                    {"epoch": 0, "train_time_s": 2.0, "transition_s": 0.0},
+                    {"epoch": 1, "train_time_s": 1.6, "transition_s": 0.25},
+                ],
+            }
+        )
+    )
     rows = overhead.compare(run_dir, oracle)
     assert [r["label"] for r in rows] == ["epoch 1", "epoch 2", "whole run"]
     assert [r["overhead"] for r in rows] == pytest.approx([1.5, 1.25, 5.5 / 3.85])
     assert [r["frozen"] for r in rows[:2]] == [[0, 3, 5], [7]]
     assert rows[-1]["ptrun_final_train_loss"] == rows[-1]["oracle_final_train_loss"] == 0.5
-    result = {"recipe": "bbc_news_bert", "mode": "small", "model": "tiny", "repeats": 2, "num_units": 10,
-              "schedule": overhead.schedule(run_dir), "rows": label_rows([rows, rows], overhead.KEYS)}
+    result = {
+        "recipe": "bbc_news_bert",
+        "mode": "small",
+        "model": "tiny",
+        "repeats": 2,
+        "num_units": 10,
+        "schedule": overhead.schedule(run_dir),
+        "rows": label_rows([rows, rows], overhead.KEYS),
+    }
     for row in result["rows"]:
         row["frozen"] = row["runs"][0]["frozen"]
     text = overhead.table(result)
@@ -96,8 +141,9 @@ def test_per_epoch_overhead_and_the_whole_run(tmp_path):
 def test_one_small_round_end_to_end(tmp_path):
     """ptrun and the oracle on the tiny BERT, a few steps an epoch: the schedule froze units, and the oracle,
     freezing them at the same steps, ended with ptrun's last-epoch training loss."""
-    overhead.main(["--mode", "small", "--repeats", "1", "--out", str(tmp_path), "train.epochs=2",
-                   "train.max_steps_per_epoch=8"])
+    overhead.main(
+        ["--mode", "small", "--repeats", "1", "--out", str(tmp_path), "train.epochs=2", "train.max_steps_per_epoch=8"]
+    )
     result = json.loads((tmp_path / "bench_overhead_bbc_news_bert_small.json").read_text())
     assert result["schedule"] and result["schedule"][-1]["frozen_units"] > 0
     assert [r["label"] for r in result["rows"]] == ["epoch 1", "epoch 2", "whole run"]

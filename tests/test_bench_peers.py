@@ -37,11 +37,22 @@ def test_plain_ddp_matches_one_process(tmp_path):
     overrides = ["train.epochs=1", "train.global_batch_size=717"]
     args = ["--recipe=digits_vit", "--threads=1", *overrides]
     one = [sys.executable, *PLAIN, f"--out={tmp_path / 'one.json'}", f"--save-state={tmp_path / 'one.pt'}", *args]
-    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={os.devnull}",
-           *PLAIN,
-           f"--out={tmp_path / 'two.json'}", f"--save-state={tmp_path / 'two.pt'}", *args]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cmd in (one, two)]  # side by side: most of each is start-up
+    two = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--log-dir={os.devnull}",
+        *PLAIN,
+        f"--out={tmp_path / 'two.json'}",
+        f"--save-state={tmp_path / 'two.pt'}",
+        *args,
+    ]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for cmd in (one, two)
+    ]  # side by side: most of each is start-up
     for p in procs:
         output = p.communicate(timeout=300)[0]
         assert p.returncode == 0, output[-3000:]
@@ -69,13 +80,22 @@ def test_the_plain_peer_runs_from_the_package(tmp_path):
     assert loop[1:3] == ["-m", bench_peers.PLAIN] and loop[-1] == "train.epochs=1"
     ddp = bench_peers.command("plain DDP", "digits_vit", tmp_path, [])
     assert ddp[1:3] == ["-m", "torch.distributed.run"] and ddp[ddp.index("-m", 3) + 1] == bench_peers.PLAIN
-    assert bench_peers.shown(loop) == (f"python -m ptrun.bench.plain_loop --recipe=digits_vit --threads=2 "
-                                       f"--out={tmp_path / 'plain.json'} train.epochs=1")
+    assert bench_peers.shown(loop) == (
+        f"python -m ptrun.bench.plain_loop --recipe=digits_vit --threads=2 "
+        f"--out={tmp_path / 'plain.json'} train.epochs=1"
+    )
 
 
 def run(label: str, wall: float, train: float, samples_per_s: float, curve: list[list[float]]) -> dict:
-    return {"label": label, "wall_s": wall, "train_time_s": train, "samples_per_s": samples_per_s,
-            "final_top1": curve[-1][1], "curve": curve, "run_dir": "/x"}
+    return {
+        "label": label,
+        "wall_s": wall,
+        "train_time_s": train,
+        "samples_per_s": samples_per_s,
+        "final_top1": curve[-1][1],
+        "curve": curve,
+        "run_dir": "/x",
+    }
 
 
 A, B, C, D, E = bench_peers.LABELS
@@ -84,23 +104,32 @@ A, B, C, D, E = bench_peers.LABELS
 def rounds() -> list[list[dict]]:
     """Three rounds. The plain peers' best final top-1 (the target) is 96, 97, 96. In round 2 the faster
     plain peer by wall time (the loop) is not the faster one by training time (DDP)."""
-    return [bench_peers.measure(r) for r in (
-        [run(A, 30.0, 20.0, 100.0, [[10.0, 90.0], [20.0, 95.0]]),
-         run(B, 25.0, 15.0, 130.0, [[7.5, 93.0], [15.0, 96.0]]),
-         run(C, 40.0, 21.0, 97.0, [[10.5, 96.0], [21.0, 95.5]]),
-         run(D, 30.0, 16.0, 128.0, [[8.0, 95.0], [16.0, 96.0 - 1e-9]]),  # 96 computed in another order
-         run(E, 28.0, 10.0, 200.0, [[5.0, 94.0], [10.0, 96.5]])],
-        [run(A, 24.0, 16.0, 110.0, [[8.0, 91.0], [16.0, 97.0]]),
-         run(B, 26.0, 14.0, 140.0, [[7.0, 93.0], [14.0, 96.0]]),
-         run(C, 35.0, 17.0, 99.0, [[8.5, 96.0], [17.0, 96.5]]),
-         run(D, 33.0, 15.0, 126.0, [[7.5, 97.0], [15.0, 97.5]]),
-         run(E, 30.0, 12.0, 180.0, [[6.0, 95.0], [12.0, 97.0]])],
-        [run(A, 31.0, 21.0, 95.0, [[10.5, 90.0], [21.0, 95.0]]),
-         run(B, 27.0, 16.0, 120.0, [[8.0, 94.0], [16.0, 96.0]]),
-         run(C, 45.0, 22.0, 93.0, [[11.0, 93.0], [22.0, 94.0]]),
-         run(D, 29.0, 17.0, 110.0, [[8.5, 95.0], [17.0, 95.5]]),
-         run(E, 26.0, 11.0, 190.0, [[5.5, 96.0], [11.0, 96.5]])],
-    )]
+    return [
+        bench_peers.measure(r)
+        for r in (
+            [
+                run(A, 30.0, 20.0, 100.0, [[10.0, 90.0], [20.0, 95.0]]),
+                run(B, 25.0, 15.0, 130.0, [[7.5, 93.0], [15.0, 96.0]]),
+                run(C, 40.0, 21.0, 97.0, [[10.5, 96.0], [21.0, 95.5]]),
+                run(D, 30.0, 16.0, 128.0, [[8.0, 95.0], [16.0, 96.0 - 1e-9]]),  # 96 computed in another order
+                run(E, 28.0, 10.0, 200.0, [[5.0, 94.0], [10.0, 96.5]]),
+            ],
+            [
+                run(A, 24.0, 16.0, 110.0, [[8.0, 91.0], [16.0, 97.0]]),
+                run(B, 26.0, 14.0, 140.0, [[7.0, 93.0], [14.0, 96.0]]),
+                run(C, 35.0, 17.0, 99.0, [[8.5, 96.0], [17.0, 96.5]]),
+                run(D, 33.0, 15.0, 126.0, [[7.5, 97.0], [15.0, 97.5]]),
+                run(E, 30.0, 12.0, 180.0, [[6.0, 95.0], [12.0, 97.0]]),
+            ],
+            [
+                run(A, 31.0, 21.0, 95.0, [[10.5, 90.0], [21.0, 95.0]]),
+                run(B, 27.0, 16.0, 120.0, [[8.0, 94.0], [16.0, 96.0]]),
+                run(C, 45.0, 22.0, 93.0, [[11.0, 93.0], [22.0, 94.0]]),
+                run(D, 29.0, 17.0, 110.0, [[8.5, 95.0], [17.0, 95.5]]),
+                run(E, 26.0, 11.0, 190.0, [[5.5, 96.0], [11.0, 96.5]]),
+            ],
+        )
+    ]
 
 
 def test_one_round_targets_overheads_and_speedups():
@@ -158,7 +187,8 @@ def test_without_plain_peers_there_is_no_target():
     assert result["target"] is None and result["checks"] == []
     assert row["time_to_target_s"] is None and row["speedup_wall"] is None and row["time_to_target_s_range"] is None
     assert "| ptrun default | 28.0 | 10.0 | 18.0 | 200 | 96.50 | - | - | - |" in bench_peers.table(
-        {"recipe": "digits_vit", "repeats": 1, **result})
+        {"recipe": "digits_vit", "repeats": 1, **result}
+    )
 
 
 def test_only_picks_labels_or_letters_in_order():
@@ -178,12 +208,23 @@ def test_compiled_twins_run_each_side_eager_and_compiled_and_check_like_against_
     assert cmds[f"{A}, compiled"].startswith("python -m ptrun.bench.plain_loop --recipe=digits_vit")
     assert cmds[f"{A}, compiled"].endswith("train.epochs=1 train.compile=true")
     assert cmds[f"{C}, eager"].startswith("ptrun train") and cmds[f"{C}, eager"].endswith("train.compile=false")
-    twin_rounds = [bench_peers.measure([dict(r, label=r["label"] + suffix) for r in rnd if r["label"] in (A, C)
-                                        for suffix in (bench_peers.EAGER, bench_peers.COMPILED)]) for rnd in rounds()]
+    twin_rounds = [
+        bench_peers.measure(
+            [
+                dict(r, label=r["label"] + suffix)
+                for r in rnd
+                if r["label"] in (A, C)
+                for suffix in (bench_peers.EAGER, bench_peers.COMPILED)
+            ]
+        )
+        for rnd in rounds()
+    ]
     result = bench_peers.aggregate(twin_rounds)
     assert [r["kind"] for r in result["rows"]] == ["plain", "plain", "ptrun", "ptrun"]
-    assert [(c["ptrun"], c["peer"]) for c in result["checks"]] == [(f"{C}, eager", f"{A}, eager"),
-                                                                    (f"{C}, compiled", f"{A}, compiled")]
+    assert [(c["ptrun"], c["peer"]) for c in result["checks"]] == [
+        (f"{C}, eager", f"{A}, eager"),
+        (f"{C}, compiled", f"{A}, compiled"),
+    ]
 
 
 @pytest.mark.slow
@@ -192,10 +233,25 @@ def test_the_plain_loop_compiles_the_library_model_as_a_user_writes_it(tmp_path)
     as eager (one process, a few steps)."""
     out = {}
     for mode in ("false", "true"):
-        subprocess.run([sys.executable, *PLAIN, "--recipe=digits_vit", "--threads=1", f"--out={tmp_path / mode}.json",
-                        "--save-state", str(tmp_path / f"{mode}.pt"), "train.epochs=1", "train.max_steps_per_epoch=4",
-                        "model.depth=2", f"train.compile={mode}"], check=True, capture_output=True, cwd=tmp_path,
-                       env={**os.environ, "TMPDIR": str(tmp_path)})  # a user's loop: torch's headers in its temp dir
+        subprocess.run(
+            [
+                sys.executable,
+                *PLAIN,
+                "--recipe=digits_vit",
+                "--threads=1",
+                f"--out={tmp_path / mode}.json",
+                "--save-state",
+                str(tmp_path / f"{mode}.pt"),
+                "train.epochs=1",
+                "train.max_steps_per_epoch=4",
+                "model.depth=2",
+                f"train.compile={mode}",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=tmp_path,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )  # a user's loop: torch's headers in its temp dir
         out[mode] = torch.load(tmp_path / f"{mode}.pt")
     assert out["true"]["losses"] == pytest.approx(out["false"]["losses"], rel=1e-4)
 
@@ -206,8 +262,9 @@ def test_variants_and_seeded_rounds():
     label, overrides = bench_peers.variant("start 12: freeze.start=12 freeze.max_fraction=0.5")
     assert (label, overrides) == ("start 12", ["freeze.start=12", "freeze.max_fraction=0.5"])
     cmd = bench_peers.command(label, "digits_vit", Path("/r"), ["train.seed=3"], {label: overrides})
-    assert bench_peers.shown(cmd) == ("ptrun train hydra.run.dir=/r recipe=digits_vit freeze.start=12 "
-                                      "freeze.max_fraction=0.5 train.seed=3")
+    assert bench_peers.shown(cmd) == (
+        "ptrun train hydra.run.dir=/r recipe=digits_vit freeze.start=12 freeze.max_fraction=0.5 train.seed=3"
+    )
     for bad in ("no label", f"{E}: auto.cache=false", ": freeze.start=1"):
         with pytest.raises(ValueError, match="--variant"):
             bench_peers.variant(bad)
@@ -217,12 +274,16 @@ def test_variants_and_seeded_rounds():
         with pytest.raises(ValueError, match="--engine"):
             bench_peers.engine(bad)
     cmd = bench_peers.command("before", "digits_vit", Path("/r"), [], {"before": []}, {"before": "/b/python"})
-    assert cmd[:3] == ["/b/python", "-m", "ptrun.cli"] and cmd[3:] == bench_peers.command(
-        E, "digits_vit", Path("/r"), [])[3:]
-    assert bench_peers.commands(["before", E], "digits_vit", [], {**bench_peers.PTRUN, "before": []},
-                                {"before": "/b/python"}) == {
+    assert (
+        cmd[:3] == ["/b/python", "-m", "ptrun.cli"]
+        and cmd[3:] == bench_peers.command(E, "digits_vit", Path("/r"), [])[3:]
+    )
+    assert bench_peers.commands(
+        ["before", E], "digits_vit", [], {**bench_peers.PTRUN, "before": []}, {"before": "/b/python"}
+    ) == {
         "before": "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit  (by /b/python)",
-        E: "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit"}
+        E: "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit",
+    }
     result = {**result_json(rounds(), "digits_vit"), "seeds": True}
     rows = {r["label"]: r for r in result["rows"]}
     assert rows[E]["mean_top1"] == pytest.approx((96.5 + 97.0 + 96.5) / 3)
@@ -233,21 +294,29 @@ def test_variants_and_seeded_rounds():
 
 
 def result_json(repeats_rounds: list[list[dict]], recipe: str, metric=bench_peers.TOP1) -> dict:
-    return {"command": f"python scripts/bench_peers.py --recipe {recipe} --repeats 3 --out /tmp/p", "recipe": recipe,
-            "overrides": [], "repeats": len(repeats_rounds), **bench_peers.aggregate(repeats_rounds, metric)}
+    return {
+        "command": f"python scripts/bench_peers.py --recipe {recipe} --repeats 3 --out /tmp/p",
+        "recipe": recipe,
+        "overrides": [],
+        "repeats": len(repeats_rounds),
+        **bench_peers.aggregate(repeats_rounds, metric),
+    }
 
 
 def test_table_and_caption():
     result = result_json(rounds(), "digits_vit")
     text = bench_peers.table(result)
-    assert ("| ptrun default | 28.0 (26.0-30.0) | 11.0 (10.0-12.0) | 18.0 (15.0-18.0) | 190 (180-200) "
-            "| 96.50 (96.50-97.00) | 10.0 (5.5-12.0) | 0.89x (0.80-1.04) | 1.45x (1.17-1.50) |") in text
+    assert (
+        "| ptrun default | 28.0 (26.0-30.0) | 11.0 (10.0-12.0) | 18.0 (15.0-18.0) | 190 (180-200) "
+        "| 96.50 (96.50-97.00) | 10.0 (5.5-12.0) | 0.89x (0.80-1.04) | 1.45x (1.17-1.50) |"
+    ) in text
     assert "| plain loop | 30.0 (24.0-31.0) |" in text
     assert "| ptrun, freezing off, 1 worker / plain loop | 0.97x (0.90-0.98) | 0.95x: yes |" in text
     assert "| ptrun, freezing off, 2 workers / plain DDP | 0.92x (0.90-0.98) | 0.95x: **no** |" in text
     assert bench_peers.caption(result) == (
         "digits_vit: 3 round(s) of 5 runs, interleaved; medians (min-max over the rounds); speedups against the "
-        "faster plain peer of each round; target = the best plain peer's final top-1 (median 96.00)")
+        "faster plain peer of each round; target = the best plain peer's final top-1 (median 96.00)"
+    )
     json.dumps(result)  # what publish() writes
 
 
@@ -258,15 +327,23 @@ def test_results_page_sections(tmp_path):
     results.mkdir()
     for recipe in ("digits_vit", "bbc_news_bert"):
         (results / f"bench_peers_{recipe}.json").write_text(
-            json.dumps({**result_json(rounds()[:1], recipe), "date": "2026-11-25"}))
+            json.dumps({**result_json(rounds()[:1], recipe), "date": "2026-11-25"})
+        )
     entries = {e.file: e for e in readme_entries.TABLES if e.module == "ptrun.bench.peers"}
-    assert set(entries) == {"bench_peers_digits_vit.json", "bench_peers_bbc_news_bert.json",
-                            "bench_peers_digits_vit_seeds.json", "bench_peers_bbc_news_bert_seeds.json",
-                            "bench_peers_bbc_news_bert_policies.json", "bench_peers_causal_lm.json",
-                            "bench_peers_digits_vit_engine.json",
-                            # scripts/gpu_check.sh's jobs on one GPU
-                            "bench_peers_bbc_news_bert_gpu.json", "bench_peers_bbc_news_bert_512_gpu.json",
-                            "bench_peers_digits_vit_gpu.json", "bench_peers_causal_lm_gpu.json"}
+    assert set(entries) == {
+        "bench_peers_digits_vit.json",
+        "bench_peers_bbc_news_bert.json",
+        "bench_peers_digits_vit_seeds.json",
+        "bench_peers_bbc_news_bert_seeds.json",
+        "bench_peers_bbc_news_bert_policies.json",
+        "bench_peers_causal_lm.json",
+        "bench_peers_digits_vit_engine.json",
+        # scripts/gpu_check.sh's jobs on one GPU
+        "bench_peers_bbc_news_bert_gpu.json",
+        "bench_peers_bbc_news_bert_512_gpu.json",
+        "bench_peers_digits_vit_gpu.json",
+        "bench_peers_causal_lm_gpu.json",
+    }
     text = results_page.section(results, entries["bench_peers_bbc_news_bert.json"])
     assert "- command: `python scripts/bench_peers.py --recipe bbc_news_bert --repeats 3 --out /tmp/p`" in text
     assert "- measured: 2026-11-25" in text
@@ -281,32 +358,59 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
     from ptrun.bench import sweep_interval
 
     def run(label, wall, train, top1, ideal=None):
-        return {"label": label, "wall_s": wall, "train_time_s": train, "final_top1": top1, "ideal": ideal,
-                "curve": [[train, top1]], "samples_per_s": 1.0}
+        return {
+            "label": label,
+            "wall_s": wall,
+            "train_time_s": train,
+            "final_top1": top1,
+            "ideal": ideal,
+            "curve": [[train, top1]],
+            "samples_per_s": 1.0,
+        }
 
     peer, quarter = sweep_interval.PEER, "ptrun, every 1/4 epoch"
-    rounds = [bench_peers.measure([run(peer, 200.0, 180.0, 98.0), run(quarter, 100.0, 80.0, 98.0, 1.9)]),
-              bench_peers.measure([run(peer, 240.0, 200.0, 98.0), run(quarter, 100.0, 90.0, 97.5, 1.9)])]
+    rounds = [
+        bench_peers.measure([run(peer, 200.0, 180.0, 98.0), run(quarter, 100.0, 80.0, 98.0, 1.9)]),
+        bench_peers.measure([run(peer, 240.0, 200.0, 98.0), run(quarter, 100.0, 90.0, 97.5, 1.9)]),
+    ]
     result = dict(sweep_interval.aggregate(rounds), command="python x", recipe="bbc_news_bert", repeats=2)
     rows = {r["label"]: r for r in result["rows"]}
     assert rows[quarter]["speedup_wall"] == pytest.approx(2.2) and rows[quarter]["speedup_wall_range"] == [2.0, 2.4]
     assert rows[quarter]["time_to_target_s"] == 80.0  # the second round never reached 98.0
     text = sweep_interval.table(result)
-    assert "| ptrun, every 1/4 epoch | 100.0 (100.0-100.0) | 85.0 (80.0-90.0) | 97.75 (97.50-98.00) | 80.0 " \
-           "(80.0-80.0) | 2.20x (2.00-2.40) | 1.90x (1.90-1.90) |" in text
+    assert (
+        "| ptrun, every 1/4 epoch | 100.0 (100.0-100.0) | 85.0 (80.0-90.0) | 97.75 (97.50-98.00) | 80.0 "
+        "(80.0-80.0) | 2.20x (2.00-2.40) | 1.90x (1.90-1.90) |" in text
+    )
     json.dumps(result)
 
     # The ideal: half of epoch 0 with everything training, then 2 of 4 equal units frozen for 1.5 epochs.
     from ptrun.bench.harness import ideal_speedup
 
-    events = [{"event": "start", "time": 0.0},
-              {"event": "plan", "time": 1.0, "epoch": 0, "step": 0, "frozen_units": 0},
-              {"event": "plan", "time": 2.0, "epoch": 0, "step": 5, "frozen_units": 2},
-              {"event": "epoch", "time": 3.0, "epoch": 0, "steps": 10, "train_loss": 1.0, "samples_per_s": 1.0,
-               "epoch_time_s": 1.0},
-              {"event": "plan", "time": 4.0, "epoch": 1, "step": 0, "frozen_units": 2},
-              {"event": "epoch", "time": 5.0, "epoch": 1, "steps": 10, "train_loss": 1.0, "samples_per_s": 1.0,
-               "epoch_time_s": 1.0}]
+    events = [
+        {"event": "start", "time": 0.0},
+        {"event": "plan", "time": 1.0, "epoch": 0, "step": 0, "frozen_units": 0},
+        {"event": "plan", "time": 2.0, "epoch": 0, "step": 5, "frozen_units": 2},
+        {
+            "event": "epoch",
+            "time": 3.0,
+            "epoch": 0,
+            "steps": 10,
+            "train_loss": 1.0,
+            "samples_per_s": 1.0,
+            "epoch_time_s": 1.0,
+        },
+        {"event": "plan", "time": 4.0, "epoch": 1, "step": 0, "frozen_units": 2},
+        {
+            "event": "epoch",
+            "time": 5.0,
+            "epoch": 1,
+            "steps": 10,
+            "train_loss": 1.0,
+            "samples_per_s": 1.0,
+            "epoch_time_s": 1.0,
+        },
+    ]
     for e in events:
         if e["event"] == "plan":
             e.update(pp=1, dp=1, microbatches=1, stage_bounds=[[0, 4]])
@@ -328,12 +432,21 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
 
 # ---- the causal-LM path ------------------------------------------------------------------------------------
 
+
 def tiny_llama(path: Path, vocab: int = 64) -> Path:
     """A 2-layer Llama with random weights, as `save_pretrained` writes it."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
@@ -374,13 +487,14 @@ def test_the_plain_loops_causal_lm_loss_equals_ptruns(tmp_path):
     peer = plain_loop.build_model(model_cfg, None).eval()
     with torch.no_grad():
         plain = plain_loop.summed_loss(peer, b, "causal_lm", tokens.sum())
-        shares = [plain_loop.summed_loss(peer, {k: v[rows] for k, v in b.items()}, "causal_lm", tokens.sum() / 2)
-                  for rows in (slice(0, 2), slice(2, 3))]  # each rank's share; DDP averages the two
+        shares = [
+            plain_loop.summed_loss(peer, {k: v[rows] for k, v in b.items()}, "causal_lm", tokens.sum() / 2)
+            for rows in (slice(0, 2), slice(2, 3))
+        ]  # each rank's share; DDP averages the two
         layered = build_model(model_cfg, num_classes=0).eval()
         target = make_target({"labels": b["labels"], "weight": torch.ones(3)}, "causal_lm")
         denominator = float(loss_weight(target, "causal_lm"))
-        ours = WeightedLoss("causal_lm")(layered(b["input_ids"], b["attention_mask"]), target,
-                                         denominator=denominator)
+        ours = WeightedLoss("causal_lm")(layered(b["input_ids"], b["attention_mask"]), target, denominator=denominator)
     assert denominator == tokens.sum().item() == 26
     torch.testing.assert_close(plain, ours, rtol=1e-6, atol=0)
     torch.testing.assert_close(sum(shares) / 2, plain, rtol=1e-6, atol=0)
@@ -400,9 +514,19 @@ def test_the_plain_loop_trains_a_causal_lm(tmp_path):
 
     tiny_llama(tmp_path / "llama", vocab=len(AutoTokenizer.from_pretrained(tok)))
     out = tmp_path / "plain.json"
-    cmd = [sys.executable, *PLAIN, "--recipe=causal_lm", f"--out={out}", f"model.pretrained={tmp_path / 'llama'}",
-           f"data.path={text}", "data.max_length=16", "train.epochs=2", "train.global_batch_size=4",
-           "optim.lr=3e-3", "optim.warmup_fraction=0"]
+    cmd = [
+        sys.executable,
+        *PLAIN,
+        "--recipe=causal_lm",
+        f"--out={out}",
+        f"model.pretrained={tmp_path / 'llama'}",
+        f"data.path={text}",
+        "data.max_length=16",
+        "train.epochs=2",
+        "train.global_batch_size=4",
+        "optim.lr=3e-3",
+        "optim.warmup_fraction=0",
+    ]
     env = cli_env(PTRUN_TOKENIZED_DIR=str(tmp_path / "tokenized"), HF_HOME=str(tmp_path / "hf_home"))
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -438,10 +562,12 @@ def test_causal_lm_command_lines_and_metric(tmp_path):
     assert bench_peers.pick(["a,c"]) == [A, C]
     lm = [f"model.pretrained={tmp_path}/llama", f"data.path={tmp_path}/news.jsonl"]
     assert bench_peers.shown(bench_peers.command(A, "causal_lm", Path("/r"), lm)) == (
-        f"python -m ptrun.bench.plain_loop --recipe=causal_lm --threads=2 --out=/r/plain.json {' '.join(lm)}")
+        f"python -m ptrun.bench.plain_loop --recipe=causal_lm --threads=2 --out=/r/plain.json {' '.join(lm)}"
+    )
     assert bench_peers.shown(bench_peers.command(C, "causal_lm", Path("/r"), lm)) == (
         "ptrun train hydra.run.dir=/r recipe=causal_lm auto.freeze=false auto.cache=false "
-        f"launcher.nproc_per_node=1 {' '.join(lm)}")
+        f"launcher.nproc_per_node=1 {' '.join(lm)}"
+    )
     assert bench_peers.metric_of("causal_lm", lm) is bench_peers.PERPLEXITY
     assert bench_peers.metric_of("digits_vit", []) is bench_peers.TOP1
     with pytest.raises(ValueError, match="model.task='qa'; the plain peer trains classification, causal_lm"):
@@ -450,20 +576,34 @@ def test_causal_lm_command_lines_and_metric(tmp_path):
 
 
 def lm_run(label: str, wall: float, train: float, samples_per_s: float, curve: list[list[float]]) -> dict:
-    return {"label": label, "wall_s": wall, "train_time_s": train, "samples_per_s": samples_per_s,
-            "final_perplexity": curve[-1][1], "curve": curve, "run_dir": "/x"}
+    return {
+        "label": label,
+        "wall_s": wall,
+        "train_time_s": train,
+        "samples_per_s": samples_per_s,
+        "final_perplexity": curve[-1][1],
+        "curve": curve,
+        "run_dir": "/x",
+    }
 
 
 def lm_rounds() -> list[list[dict]]:
     """Two rounds of the plain loop and ptrun without freezing, on perplexity: the target is the plain loop's
     (the only peer), and lower reaches it."""
     ppl = bench_peers.PERPLEXITY
-    return [bench_peers.measure(r, ppl) for r in (
-        [lm_run(A, 60.0, 50.0, 20.0, [[25.0, 300.0], [50.0, 200.0]]),
-         lm_run(C, 58.0, 49.0, 20.4, [[24.5, 199.0], [49.0, 180.0]])],
-        [lm_run(A, 62.0, 52.0, 19.0, [[26.0, 310.0], [52.0, 210.0]]),
-         lm_run(C, 66.0, 56.0, 17.5, [[28.0, 250.0], [56.0, 210.0 * (1 + 1e-9)]])],  # 210 summed in another order
-    )]
+    return [
+        bench_peers.measure(r, ppl)
+        for r in (
+            [
+                lm_run(A, 60.0, 50.0, 20.0, [[25.0, 300.0], [50.0, 200.0]]),
+                lm_run(C, 58.0, 49.0, 20.4, [[24.5, 199.0], [49.0, 180.0]]),
+            ],
+            [
+                lm_run(A, 62.0, 52.0, 19.0, [[26.0, 310.0], [52.0, 210.0]]),
+                lm_run(C, 66.0, 56.0, 17.5, [[28.0, 250.0], [56.0, 210.0 * (1 + 1e-9)]]),
+            ],  # 210 summed in another order
+        )
+    ]
 
 
 def test_perplexity_targets_and_times_compare_lower_is_better():
@@ -473,8 +613,9 @@ def test_perplexity_targets_and_times_compare_lower_is_better():
     assert by[A]["time_to_target_s"] == 50.0 and by[C]["time_to_target_s"] == 24.5  # 199 <= 200 at epoch 1
     assert by2[C]["time_to_target_s"] == 56.0  # within the relative tolerance
     # a peer with the higher perplexity is not the target, even when it comes first
-    worse = bench_peers.measure([lm_run(A, 1.0, 1.0, 1.0, [[1.0, 150.0]]), lm_run(B, 1.0, 1.0, 1.0, [[1.0, 120.0]])],
-                                bench_peers.PERPLEXITY)
+    worse = bench_peers.measure(
+        [lm_run(A, 1.0, 1.0, 1.0, [[1.0, 150.0]]), lm_run(B, 1.0, 1.0, 1.0, [[1.0, 120.0]])], bench_peers.PERPLEXITY
+    )
     assert worse[0]["target"] == 120.0 and worse[0]["time_to_target_s"] is None
 
 
@@ -488,17 +629,22 @@ def test_perplexity_aggregate_table_and_caption():
     assert (check["ptrun"], check["peer"]) == (C, A)
     assert check["rounds"] == pytest.approx([20.4 / 20.0, 17.5 / 19.0]) and check["passed"] is True  # median 0.97
     text = bench_peers.table(result)
-    assert text.splitlines()[0] == ("| run | wall (s) | training (s) | outside training (s) | samples/s | final "
-                                    "perplexity | time to target (s) | speedup, wall | speedup, training | mean "
-                                    "perplexity |")
+    assert text.splitlines()[0] == (
+        "| run | wall (s) | training (s) | outside training (s) | samples/s | final "
+        "perplexity | time to target (s) | speedup, wall | speedup, training | mean "
+        "perplexity |"
+    )
     # samples/s with two decimals: a causal LM trains a few blocks a second
-    assert ("| ptrun, freezing off, 1 worker | 62.0 (58.0-66.0) | 52.5 (49.0-56.0) | 9.5 (9.0-10.0) "
-            "| 18.95 (17.50-20.40) | 195.00 (180.00-210.00) | 40.2 (24.5-56.0) |") in text
+    assert (
+        "| ptrun, freezing off, 1 worker | 62.0 (58.0-66.0) | 52.5 (49.0-56.0) | 9.5 (9.0-10.0) "
+        "| 18.95 (17.50-20.40) | 195.00 (180.00-210.00) | 40.2 (24.5-56.0) |"
+    ) in text
     assert "| ptrun, freezing off, 1 worker / plain loop | 0.97x (0.92-1.02) | 0.95x: yes |" in text
     assert bench_peers.caption(result) == (
         "causal_lm: 2 round(s) of 2 runs, interleaved; medians (min-max over the rounds); round r ran with "
         "train.seed=r; speedups against the faster plain peer of each round; target = the plain peers' lowest "
-        "final perplexity (median 205.00)")
+        "final perplexity (median 205.00)"
+    )
     json.dumps(result)
 
 
@@ -509,9 +655,15 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     title = "### ptrun against plain PyTorch: causal_lm"
     (results / "bench_peers_causal_lm.json").unlink(missing_ok=True)  # the published one, if any: absent first
     assert title not in results_page.page(results)
-    (results / "bench_peers_causal_lm.json").write_text(json.dumps({
-        **result_json(lm_rounds()[:1], "causal_lm", bench_peers.PERPLEXITY), "date": "2026-11-26",
-        "command": "python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama"}))
+    (results / "bench_peers_causal_lm.json").write_text(
+        json.dumps(
+            {
+                **result_json(lm_rounds()[:1], "causal_lm", bench_peers.PERPLEXITY),
+                "date": "2026-11-26",
+                "command": "python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama",
+            }
+        )
+    )
     page = results_page.page(results)
     assert page.count(title) == 1 and "](#ptrun-against-plain-pytorch-causal_lm)" in page
     section = page.split(title)[1].split("\n### ")[0]
@@ -524,14 +676,25 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
 def test_a_ptrun_runs_signal_share_is_read_and_tabled(tmp_path):
     """The host time a run's rank 0 spent measuring the freeze policy's signal, over its training time, from
     the epoch events: a column of its own under the runs (not for runs that do not record it)."""
-    events = [{"event": "epoch", "epoch": e, "epoch_time_s": 2.0, "samples": 100, "signal_s": s,
-               "eval": {"top1": 90.0 + e}} for e, s in enumerate([0.02, 0.06])]
+    events = [
+        {"event": "epoch", "epoch": e, "epoch_time_s": 2.0, "samples": 100, "signal_s": s, "eval": {"top1": 90.0 + e}}
+        for e, s in enumerate([0.02, 0.06])
+    ]
     events.append({"event": "end", "total_time_s": 4.5})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
     run = bench_peers.read_ptrun(tmp_path)
     assert run["signal_share"] == pytest.approx(0.08 / 4.0) and run["samples_per_s"] == pytest.approx(50.0)
-    rows = [dict(run, label=E, wall_s=6.0), {"label": A, "wall_s": 8.0, "train_time_s": 6.0, "samples_per_s": 33.0,
-                                             "final_top1": 91.0, "curve": [[6.0, 91.0]]}]
+    rows = [
+        dict(run, label=E, wall_s=6.0),
+        {
+            "label": A,
+            "wall_s": 8.0,
+            "train_time_s": 6.0,
+            "samples_per_s": 33.0,
+            "final_top1": 91.0,
+            "curve": [[6.0, 91.0]],
+        },
+    ]
     result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
     text = bench_peers.table(result)
     assert f"| {E} | 2.00% |" in text and f"| {A} | " not in text.split("freeze policy's signal")[1]
@@ -547,12 +710,18 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
     ptrun_run = dict(run(E, 20.0, 10.0, 200.0, [[10.0, 96.0]]), first_step_time=2004.0, eval_s=1.0)
     # a ptrun run's worker began at 2003.2: the launcher's share of its 4 s to the first step
     assert bench_peers.outside_training(dict(ptrun_run, worker_start_time=2003.2), 2000.0) == pytest.approx(
-        {"to_first_step_s": 4.0, "rest_s": 5.0, "to_worker_s": 3.2})
-    rows = [dict(timed, **bench_peers.outside_training(timed, 1000.0)),
-            dict(ptrun_run, **bench_peers.outside_training(ptrun_run, 2000.0))]
+        {"to_first_step_s": 4.0, "rest_s": 5.0, "to_worker_s": 3.2}
+    )
+    rows = [
+        dict(timed, **bench_peers.outside_training(timed, 1000.0)),
+        dict(ptrun_run, **bench_peers.outside_training(ptrun_run, 2000.0)),
+    ]
     result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
     text = bench_peers.table(result)
     assert f"| {A} | 5.5 | 2.5 | 2.0 |" in text and f"| {E} | 4.0 | 1.0 | 5.0 |" in text
-    old = {**bench_peers.aggregate([bench_peers.measure([run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]])])]),
-           "repeats": 1, "recipe": "digits_vit"}
+    old = {
+        **bench_peers.aggregate([bench_peers.measure([run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]])])]),
+        "repeats": 1,
+        "recipe": "digits_vit",
+    }
     assert "to the first step" not in bench_peers.table(old)

@@ -26,8 +26,17 @@ def test_a_real_runs_events_give_its_first_step_after_its_start(tmp_path, one_ra
     from ptrun.train.trainer import Trainer
 
     run_dir = tmp_path / "run"
-    cfg = compose_config([*TINY, "launcher.nproc_per_node=1", "train.epochs=2", "train.max_steps_per_epoch=2",
-                          "train.export=false", "auto.cache=false"], run_dir)
+    cfg = compose_config(
+        [
+            *TINY,
+            "launcher.nproc_per_node=1",
+            "train.epochs=2",
+            "train.max_steps_per_epoch=2",
+            "train.export=false",
+            "auto.cache=false",
+        ],
+        run_dir,
+    )
     run_dir.mkdir()
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
@@ -55,8 +64,18 @@ def test_the_plain_loop_records_its_first_step(tmp_path):
     from ptrun.bench import plain_loop
 
     out = tmp_path / "plain.json"
-    plain_loop.main(["--recipe=digits_vit", "--threads=1", f"--out={out}", "model.embed_dim=32", "model.depth=2",
-                     "model.num_heads=2", "train.epochs=1", "train.max_steps_per_epoch=2"])
+    plain_loop.main(
+        [
+            "--recipe=digits_vit",
+            "--threads=1",
+            f"--out={out}",
+            "model.embed_dim=32",
+            "model.depth=2",
+            "model.num_heads=2",
+            "train.epochs=1",
+            "train.max_steps_per_epoch=2",
+        ]
+    )
     result = json.loads(out.read_text())
     assert result["process_start_time"] <= result["first_step_time"] <= result["first_step_end_time"]
     marks = bench_startup.plain_marks(result)
@@ -68,25 +87,42 @@ def test_the_plain_loop_records_its_first_step(tmp_path):
 
 
 def row(label: str, first: float, end: float, start: float | None, wall: float) -> dict:
-    return {"label": label, "first_step_s": first, "first_step_end_s": end, "start_event_s": start, "wall_s": wall,
-            "run_dir": "/x"}
+    return {
+        "label": label,
+        "first_step_s": first,
+        "first_step_end_s": end,
+        "start_event_s": start,
+        "wall_s": wall,
+        "run_dir": "/x",
+    }
 
 
 P, C, W = bench_startup.PLAIN, bench_startup.COLD, bench_startup.WARM
 
 
 def rounds() -> list[list[dict]]:
-    return [bench_startup.measure(r) for r in (
-        [row(P, 6.0, 7.5, None, 12.0), row(C, 16.0, 17.5, 15.9, 25.0), row(W, 14.0, 15.5, 13.9, 23.0)],
-        [row(P, 5.0, 6.5, None, 11.0), row(C, 17.0, 18.5, 16.9, 27.0), row(W, 13.0, 14.5, 12.9, 21.0)],
-        [row(P, 7.0, 8.5, None, 13.0), row(C, 15.0, 16.5, 14.9, 26.0), row(W, 15.0, 16.5, 14.9, 22.0)],
-    )]
+    return [
+        bench_startup.measure(r)
+        for r in (
+            [row(P, 6.0, 7.5, None, 12.0), row(C, 16.0, 17.5, 15.9, 25.0), row(W, 14.0, 15.5, 13.9, 23.0)],
+            [row(P, 5.0, 6.5, None, 11.0), row(C, 17.0, 18.5, 16.9, 27.0), row(W, 13.0, 14.5, 12.9, 21.0)],
+            [row(P, 7.0, 8.5, None, 13.0), row(C, 15.0, 16.5, 14.9, 26.0), row(W, 15.0, 16.5, 14.9, 22.0)],
+        )
+    ]
 
 
 def result_json(recipe: str = "text_classification", cached: bool = True) -> dict:
-    return {"command": f"python scripts/bench_startup.py --recipe {recipe} --out /tmp/s", "date": "2026-11-26T10:00:00",
-            "machine": "16 CPU cores, GPU: 1 x NVIDIA H100", "recipe": recipe, "overrides": [], "repeats": 3,
-            "steps": 3, "tokenized_cache": cached, "rows": label_rows(rounds(), bench_startup.KEYS)}
+    return {
+        "command": f"python scripts/bench_startup.py --recipe {recipe} --out /tmp/s",
+        "date": "2026-11-26T10:00:00",
+        "machine": "16 CPU cores, GPU: 1 x NVIDIA H100",
+        "recipe": recipe,
+        "overrides": [],
+        "repeats": 3,
+        "steps": 3,
+        "tokenized_cache": cached,
+        "rows": label_rows(rounds(), bench_startup.KEYS),
+    }
 
 
 def test_rows_against_the_plain_loop_of_each_round_and_the_table():
@@ -100,7 +136,8 @@ def test_rows_against_the_plain_loop_of_each_round_and_the_table():
     assert bench_startup.caption(result) == (
         "text_classification: 3 round(s) of 3 runs, interleaved; medians (min-max over the rounds); seconds from "
         "spawning each command; 3 training step(s) of 1 epoch per run; the tokenized-data cache emptied before "
-        "the plain loop and the cold run of each round")
+        "the plain loop and the cold run of each round"
+    )
     assert "no tokenized-data cache" in bench_startup.caption(result_json("bbc_news_bert", cached=False))
     json.dumps(result)
 
@@ -121,8 +158,9 @@ def test_runs_and_sample_data_per_recipe(tmp_path):
     cold = bench_startup.command(C, "text_classification", Path("/r"), ["train.epochs=1"])
     assert bench_startup.shown(cold) == "ptrun train hydra.run.dir=/r recipe=text_classification train.epochs=1"
     plain = bench_startup.command(P, "text_classification", Path("/r"), ["train.epochs=1"])
-    assert bench_startup.shown(plain) == ("python -m ptrun.bench.plain_loop --recipe=text_classification "
-                                          "--threads=2 --out=/r/plain.json train.epochs=1")
+    assert bench_startup.shown(plain) == (
+        "python -m ptrun.bench.plain_loop --recipe=text_classification --threads=2 --out=/r/plain.json train.epochs=1"
+    )
 
 
 def test_results_page_shows_a_startup_result_only_once_there_is_one(tmp_path):

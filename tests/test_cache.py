@@ -23,8 +23,16 @@ B = 8  # samples per test batch
 
 
 def make_cache(layered, tmp_path: Path, local: bool = False, **cfg) -> AutoCache:
-    return AutoCache(layered, CacheConfig(dir=str(tmp_path / "cache"), **cfg), tag="test", num_train=2 * B,
-                     num_eval=B, device=torch.device("cpu"), run_dir=tmp_path, local=local)
+    return AutoCache(
+        layered,
+        CacheConfig(dir=str(tmp_path / "cache"), **cfg),
+        tag="test",
+        num_train=2 * B,
+        num_eval=B,
+        device=torch.device("cpu"),
+        run_dir=tmp_path,
+        local=local,
+    )
 
 
 STORES = pytest.mark.parametrize("local", [False, True], ids=["shared", "local"])
@@ -57,8 +65,15 @@ def _remove_shared_memory(tmp_path):
     yield
     for cache_dir in (tmp_path / "cache",):
         # the memory tier lives in /dev/shm; remove it whatever a test left behind
-        AutoCache(pc.model("vit"), CacheConfig(dir=str(cache_dir)), tag="", num_train=1, num_eval=0,
-                  device=torch.device("cpu"), run_dir=tmp_path).close(remove=True)
+        AutoCache(
+            pc.model("vit"),
+            CacheConfig(dir=str(cache_dir)),
+            tag="",
+            num_train=1,
+            num_eval=0,
+            device=torch.device("cpu"),
+            run_dir=tmp_path,
+        ).close(remove=True)
 
 
 # The decoders carry (hidden, padding mask) between units, each attention half building its causal mask and
@@ -218,8 +233,15 @@ def test_padding_duplicates_are_not_written_and_eval_has_its_own_slots_and_keys(
 
 def test_without_eval_slots_evaluation_runs_the_prefix_and_stores_nothing(tmp_path):
     layered = pc.model("vit")
-    cache = AutoCache(layered, CacheConfig(dir=str(tmp_path / "cache")), tag="test", num_train=2 * B, num_eval=0,
-                      device=torch.device("cpu"), run_dir=tmp_path)
+    cache = AutoCache(
+        layered,
+        CacheConfig(dir=str(tmp_path / "cache")),
+        tag="test",
+        num_train=2 * B,
+        num_eval=0,
+        device=torch.device("cpu"),
+        run_dir=tmp_path,
+    )
     batch, raw = make_batch("vit")
     cache.set_depth(3, tuple(r[:1] for r in raw))
     assert not cache.holds("eval") and cache.store.num_slots == 2 * B
@@ -271,9 +293,12 @@ def test_a_one_worker_job_keeps_entries_on_its_device_unless_they_do_not_fit_or_
     layered = pc.model("vit")
     batch, raw = make_batch("vit")
     probe = tuple(r[:1] for r in raw)
-    for local, cfg, kind in ((True, {}, LocalStore), (False, {}, ActivationStore),
-                             (True, {"keep": True}, ActivationStore),  # kept for a later run: files
-                             (True, {"max_memory": "1KB"}, ActivationStore)):  # over the budget: the tiers
+    for local, cfg, kind in (
+        (True, {}, LocalStore),
+        (False, {}, ActivationStore),
+        (True, {"keep": True}, ActivationStore),  # kept for a later run: files
+        (True, {"max_memory": "1KB"}, ActivationStore),
+    ):  # over the budget: the tiers
         cache = make_cache(layered, tmp_path, local, **cfg)
         cache.set_depth(3, probe)
         assert type(cache.store) is kind, (local, cfg)
@@ -287,7 +312,9 @@ def test_a_deeper_prefix_hashes_only_the_units_it_adds(tmp_path, monkeypatch):
     probe = tuple(r[:1] for r in raw)
     hashed = []
     for u, unit in enumerate(layered.units):
-        monkeypatch.setattr(unit, "state_dict", lambda *a, _u=u, _f=unit.state_dict, **k: hashed.append(_u) or _f(*a, **k))
+        monkeypatch.setattr(
+            unit, "state_dict", lambda *a, _u=u, _f=unit.state_dict, **k: hashed.append(_u) or _f(*a, **k)
+        )
     cache.set_depth(3, probe)
     cache.set_depth(5, probe)
     assert hashed == [0, 1, 2, 3, 4]
@@ -322,8 +349,7 @@ def test_the_loader_reads_raw_inputs_only_for_samples_the_cache_cannot_serve(tmp
         for i in range(4):
             pixels = (torch.rand(16, 16, 3, generator=rng) * 255).byte().numpy()
             Image.fromarray(pixels).save(tmp_path / "img" / c / f"{i}.png")
-    data = build_datasets(DataConfig(name="imagefolder", path=str(tmp_path / "img"), image_size=16,
-                                     eval_fraction=0.25))
+    data = build_datasets(DataConfig(name="imagefolder", path=str(tmp_path / "img"), image_size=16, eval_fraction=0.25))
     layered = pc.model("vit")
     cache = make_cache(layered, tmp_path)
     ids = torch.arange(len(data.train))
@@ -344,8 +370,6 @@ def test_the_loader_reads_raw_inputs_only_for_samples_the_cache_cannot_serve(tmp
 # ---- evaluation through the cache, in a real trainer on one rank ---------------------------------------------
 
 
-
-
 def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_depth_change(tmp_path, one_rank_group):
     """A trainer with AutoCache trains an epoch and evaluates at 3 cached units (every eval entry computed and
     written), at 5 (advanced by units 3 and 4 only) and at 5 again (read); each evaluation has the loss and
@@ -353,19 +377,33 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
     from ptrun.train.trainer import Trainer
 
     def trainer(name: str, *extra: str) -> Trainer:
-        cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "data.eval_fraction=0.1", "optim.lr=0.01",
-                                     "optim.schedule=constant", "optim.warmup_fraction=0", *extra], tmp_path / name)
+        cfg = compose_config(
+            TINY
+            + [
+                "launcher.nproc_per_node=1",
+                "data.eval_fraction=0.1",
+                "optim.lr=0.01",
+                "optim.schedule=constant",
+                "optim.warmup_fraction=0",
+                *extra,
+            ],
+            tmp_path / name,
+        )
         return Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
 
     cached, plain = trainer("cached", "auto.cache=true"), trainer("plain", "auto.cache=false")
     try:
         cached.train_epoch()  # nothing frozen yet: a model whose predictions depend on each sample's features
         n = len(cached.data.eval)
-        padding = -n % cached.layouts.eval_sampler.global_batch_size  # the last batch's weight-0 repeats of samples 0 ..
+        padding = (
+            -n % cached.layouts.eval_sampler.global_batch_size
+        )  # the last batch's weight-0 repeats of samples 0 ..
         zero = dict.fromkeys(STAT_NAMES, 0)
-        expected = [(3, {**zero, "computed": n, "written": n, "hits": padding}),
-                    (5, {**zero, "advanced": n, "written": n, "hits": padding}),
-                    (5, {**zero, "hits": n + padding})]
+        expected = [
+            (3, {**zero, "computed": n, "written": n, "hits": padding}),
+            (5, {**zero, "advanced": n, "written": n, "hits": padding}),
+            (5, {**zero, "hits": n + padding}),
+        ]
         metrics = []
         for depth, counts in expected:
             cached.layouts.switch_to(replace(cached.plan, frozen_units=depth, cached_units=depth), 0)
@@ -392,8 +430,9 @@ def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, o
 
     from ptrun.train.trainer import Trainer
 
-    cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "auto.cache=true", "train.max_steps_per_epoch=6"],
-                         tmp_path / "run")
+    cfg = compose_config(
+        TINY + ["launcher.nproc_per_node=1", "auto.cache=true", "train.max_steps_per_epoch=6"], tmp_path / "run"
+    )
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
         trainer.layouts.switch_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0)

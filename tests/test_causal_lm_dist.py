@@ -21,8 +21,12 @@ from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
-LINES = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
-         "all that glitters is not gold", "the early bird catches the worm"]
+LINES = [
+    "the quick brown fox jumps over the lazy dog",
+    "a stitch in time saves nine",
+    "all that glitters is not gold",
+    "the early bird catches the worm",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +39,16 @@ def llama_and_text(tmp_path_factory) -> tuple[Path, Path]:
     (root / "tokenizer" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
     (root / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer"}))
     tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(root / "llama")
     tokenizer.save_pretrained(root / "llama")
@@ -47,11 +58,23 @@ def llama_and_text(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def overrides(llama: Path, text: Path, *extra: str) -> list[str]:
-    return ["recipe=causal_lm", f"model.pretrained={llama}",
-            f"data.path={text}", "data.max_length=16", "data.eval_fraction=0.25",
-            "train.epochs=3", "train.global_batch_size=8", "train.export=false", "optim.lr=3e-3", "train.grad_clip=0",
-            "optim.schedule=constant", "optim.warmup_fraction=0", "launcher.nproc_per_node=2",
-            "pipe.microbatches=2", *extra]
+    return [
+        "recipe=causal_lm",
+        f"model.pretrained={llama}",
+        f"data.path={text}",
+        "data.max_length=16",
+        "data.eval_fraction=0.25",
+        "train.epochs=3",
+        "train.global_batch_size=8",
+        "train.export=false",
+        "optim.lr=3e-3",
+        "train.grad_clip=0",
+        "optim.schedule=constant",
+        "optim.warmup_fraction=0",
+        "launcher.nproc_per_node=2",
+        "pipe.microbatches=2",
+        *extra,
+    ]
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -76,8 +99,16 @@ def test_a_pipeline_trains_a_causal_lm_exactly_as_data_parallelism(llama_and_tex
 
 # ---- freezing, AutoCache, bf16 and resume: runs that freeze block 0 in the middle of epoch 0 ----------------
 
-FROZEN = ["pipe.length=2", "pipe.partition=params", "freeze.policy=schedule", "freeze.blocks=[0,1]",
-          "freeze.every=0.5", "data.pack=false", "checkpoint.every_steps=2", "checkpoint.keep=20"]
+FROZEN = [
+    "pipe.length=2",
+    "pipe.partition=params",
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1]",
+    "freeze.every=0.5",
+    "data.pack=false",
+    "checkpoint.every_steps=2",
+    "checkpoint.keep=20",
+]
 """72 padded rows an epoch, 9 steps of 8: the embedding and block 0 (3 units) freeze after step 5 of epoch 0 (its
 half, rounded up). Stages are cut by parameters, not by measured time (the recipe's), so every run takes the
 same layouts. A checkpoint every 2 steps gives a killed run a mid-epoch one to resume from."""
@@ -88,6 +119,7 @@ CACHED = ["auto.cache=true", "cache.min_frozen_units=3", "cache.dtype=float32"]
 @dataclass(frozen=True)
 class Run:
     """A finished run: its directory, eval losses, plan events and final parameters."""
+
     path: Path
     losses: list[float]
     plans: list[dict]
@@ -155,8 +187,9 @@ def test_bf16_trains_a_causal_lm_through_the_cache(llama_and_text, cached_run, t
     """bf16 autocast over the same frozen, cached run (entries stored in bfloat16, the mask as it is): the
     loss falls, close to float32's and not equal to it (autocast ran); weights stay float32."""
     path = tmp_path / "bf16"
-    run_workers(overrides(*llama_and_text, *FROZEN, "auto.cache=true", "cache.min_frozen_units=3",
-                          "train.precision=bf16"), path)
+    run_workers(
+        overrides(*llama_and_text, *FROZEN, "auto.cache=true", "cache.min_frozen_units=3", "train.precision=bf16"), path
+    )
     run = finished(path)
     assert run.losses[-1] < 0.8 * run.losses[0], run.losses
     assert run.losses == pytest.approx(cached_run.losses, rel=1e-2)  # bf16 keeps 8 significant bits
@@ -168,8 +201,9 @@ def test_bf16_trains_a_causal_lm_through_the_cache(llama_and_text, cached_run, t
 
 
 @pytest.mark.slow
-def test_a_causal_lm_killed_mid_epoch_resumes_to_the_uninterrupted_weights(llama_and_text, frozen_run, tmp_path,
-                                                                           monkeypatch):
+def test_a_causal_lm_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
+    llama_and_text, frozen_run, tmp_path, monkeypatch
+):
     """Rank 1 (the last stage) SIGKILLed right after global step 12 (epoch 1, in the frozen layout): elastic
     restarts the workers, they resume from the step-11 checkpoint (weights, AdamW state, the epoch's order) and
     the run ends with exactly the weights and optimizer state of the run that was never stopped."""
@@ -190,6 +224,7 @@ def test_a_causal_lm_killed_mid_epoch_resumes_to_the_uninterrupted_weights(llama
 
 # ---- planning ---------------------------------------------------------------------------------------------
 
+
 def test_plan_projects_a_decoder_directory(llama_and_text, cli, tmp_path):
     """`ptrun plan` on the Llama directory: its 6 units, the frozen prefix AutoFreeze and AutoCache would
     reach, and the analytic parameter count of each unit equal to the model's own."""
@@ -197,8 +232,14 @@ def test_plan_projects_a_decoder_directory(llama_and_text, cli, tmp_path):
     from ptrun.sim import costs_from_config
 
     llama, text = llama_and_text
-    args = ["recipe=causal_lm", f"model.pretrained={llama}", f"data.path={text}", "data.max_length=16",
-            "train.epochs=3", "train.global_batch_size=32"]
+    args = [
+        "recipe=causal_lm",
+        f"model.pretrained={llama}",
+        f"data.path={text}",
+        "data.max_length=16",
+        "train.epochs=3",
+        "train.global_batch_size=32",
+    ]
     out = cli("plan", *args, "cluster=paper", "--samples", "72")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("recipe causal_lm: transformers, 6 units,")
@@ -210,5 +251,6 @@ def test_plan_projects_a_decoder_directory(llama_and_text, cli, tmp_path):
     cfg = compose_config(args, tmp_path / "run")
     layered = build_model(cfg.model, num_classes=0, units=())  # shapes only: no weights read
     costs = costs_from_config(cfg.model, cfg.data)
-    assert list(costs.params) == [sum(layered.param_shapes[n].numel() for n in layered.unit_param_names(i))
-                                  for i in range(len(layered.units))]
+    assert list(costs.params) == [
+        sum(layered.param_shapes[n].numel() for n in layered.unit_param_names(i)) for i in range(len(layered.units))
+    ]

@@ -21,8 +21,16 @@ def one_rank_group(tmp_path):
 def _save(run_dir, step, value):
     params = {"w": torch.full((3,), float(value))}
     optim = {"w": {"exp_avg": torch.full((3,), value / 10), "step": torch.tensor(float(step))}}
-    return checkpoint.save(run_dir, global_step=step, named_params=params, optim_state=optim, writer=True,
-                           stage=0, trainer_state={"epoch": step, "global_step": step}, keep=2)
+    return checkpoint.save(
+        run_dir,
+        global_step=step,
+        named_params=params,
+        optim_state=optim,
+        writer=True,
+        stage=0,
+        trainer_state={"epoch": step, "global_step": step},
+        keep=2,
+    )
 
 
 def test_round_trip_keep_and_corruption_fallback(tmp_path, one_rank_group):
@@ -63,8 +71,16 @@ def test_the_position_is_one_value_whose_tensors_travel_beside_its_json():
 
     from ptrun.train.state import TrainState
 
-    state = TrainState(epoch=2, step_in_epoch=7, global_step=47, interval=5, interval_steps=3, global_batch=32,
-                       best_eval={"top1": 90.0, "epoch": 1}, progress={"seen": torch.arange(4.0)})
+    state = TrainState(
+        epoch=2,
+        step_in_epoch=7,
+        global_step=47,
+        interval=5,
+        interval_steps=3,
+        global_batch=32,
+        best_eval={"top1": 90.0, "epoch": 1},
+        progress={"seen": torch.arange(4.0)},
+    )
     saved = json.loads(json.dumps(state.to_dict()))  # as trainer.json holds it
     assert "progress" not in saved
     back = TrainState.from_dict(saved, {k: v.clone() for k, v in state.progress.items()})

@@ -18,8 +18,9 @@ from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, data_parallel_width, ti
 
 
 def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ptrun.cli", *command_args(args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ptrun.cli", *command_args(args)], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 PAPER_RECIPES = {"vit_imagenet", "vit_cifar100", "vit_cifar10", "bert_squad", "bert_glue", "bert_sst2"}
@@ -60,8 +61,15 @@ def test_every_recipe_composes_and_validates(recipe, tmp_path):
         filled = compose_config(overrides, tmp_path)
         assert isinstance(filled.pipe.length, int) and isinstance(filled.train.global_batch_size, int)
     if recipe in PAPER:
-        got = (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.optim.lr, cfg.train.epochs,
-               cfg.train.pipeline_batch_size or cfg.train.global_batch_size, cfg.optim.schedule)
+        got = (
+            cfg.model.name,
+            cfg.data.name,
+            cfg.optim.name,
+            cfg.optim.lr,
+            cfg.train.epochs,
+            cfg.train.pipeline_batch_size or cfg.train.global_batch_size,
+            cfg.optim.schedule,
+        )
         assert got == PAPER[recipe]
         assert cfg.freeze.policy == "pipetransformer" and cfg.freeze.alpha == pytest.approx(1 / 3)
         assert cfg.auto.cache and cfg.train.grad_clip == 1.0
@@ -77,9 +85,17 @@ def test_a_paper_recipe_header_shows_the_two_machine_override_which_composes(rec
     header = [line for line in (RECIPE_DIR / f"{recipe}.yaml").read_text().splitlines() if line.startswith("#")]
     override = next(line.split(f"recipe={recipe} ")[1] for line in header if "launcher.nnodes=2" in line).split()
     assert override == ["launcher.nnodes=2", "launcher.rdzv_endpoint=NODE0:29400", "launcher.rdzv_id=ID"]
-    cfg = compose_config([f"recipe={recipe}", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
-                          "launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400", "launcher.rdzv_id=ID"],
-                         tmp_path)
+    cfg = compose_config(
+        [
+            f"recipe={recipe}",
+            f"data.path={tmp_path}",
+            f"model.pretrained={tmp_path}",
+            "launcher.nnodes=2",
+            "launcher.rdzv_endpoint=node0.example:29400",
+            "launcher.rdzv_id=ID",
+        ],
+        tmp_path,
+    )
     assert cfg.launcher.nnodes == "2"
     if cfg.train.pipeline_batch_size:  # two machines are a known world: the launcher fills the global batch
         world = 2 * workers_per_node(cfg.launcher)
@@ -91,12 +107,19 @@ def test_a_per_pipeline_batch_makes_the_global_batch_of_the_layout(tmp_path):
     giving a global batch beside it is refused."""
     from ptrun.compose import for_this_machine, resolve
 
-    base = ["recipe=digits_vit", "train.global_batch_size=null", "train.pipeline_batch_size=8",
-            f"hydra.run.dir={tmp_path / 'run'}"]
+    base = [
+        "recipe=digits_vit",
+        "train.global_batch_size=null",
+        "train.pipeline_batch_size=8",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     assert for_this_machine(resolve([*base, "pipe.length=1"])).cfg.train.global_batch_size == 16  # DP 2
     assert for_this_machine(resolve([*base, "pipe.length=2"])).cfg.train.global_batch_size == 8  # DP 1
-    with pytest.raises(ConfigError, match=r"^train.global_batch_size=16 is not allowed: null while "
-                                          r"train.pipeline_batch_size=8 gives the batch"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.global_batch_size=16 is not allowed: null while "
+        r"train.pipeline_batch_size=8 gives the batch",
+    ):
         resolve([*base[:1], *base[2:]])
 
 
@@ -135,9 +158,17 @@ def test_the_validation_tables_match_the_data_sources():
     assert all(TEXT_MAX_LENGTH[name] == spec.max_length for name, spec in PACKAGED_TEXT.items())
 
 
-VIT_NAMES = ["vit_tiny_patch16_224", "vit_base_patch16_224.augreg_in21k", "deit_tiny_patch16_224",
-             "vit_base_r50_s16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch16_18x2_224",
-             "vit_relpos_base_patch16_224", "resnet18", "vit_tiny_patch16_999"]
+VIT_NAMES = [
+    "vit_tiny_patch16_224",
+    "vit_base_patch16_224.augreg_in21k",
+    "deit_tiny_patch16_224",
+    "vit_base_r50_s16_224",
+    "deit_tiny_distilled_patch16_224",
+    "vit_small_patch16_18x2_224",
+    "vit_relpos_base_patch16_224",
+    "resnet18",
+    "vit_tiny_patch16_999",
+]
 
 
 def test_the_vit_name_check_agrees_with_the_model_builder():
@@ -173,8 +204,14 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
 
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line
-    proc = subprocess.run([sys.executable, "-m", "ptrun.cli", "recipes"], cwd=tmp_path, stdout=write,
-                          stderr=subprocess.PIPE, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ptrun.cli", "recipes"],
+        cwd=tmp_path,
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
     os.close(write)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
 
@@ -211,81 +248,142 @@ BAD_INPUT = [
     (["+train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["++model.deph=3"], "unknown key 'model.deph'; did you mean 'model.depth'?"),
     (["+optim.lr=1"], "optim.lr is already a key: set it without '+' (optim.lr=VALUE)"),
-    (["auto.microbatch_table.4=2"], "unknown key 'auto.microbatch_table.4': auto.microbatch_table has no entry 4; "
-                                    "add one with +auto.microbatch_table.4=VALUE"),
+    (
+        ["auto.microbatch_table.4=2"],
+        "unknown key 'auto.microbatch_table.4': auto.microbatch_table has no entry 4; "
+        "add one with +auto.microbatch_table.4=VALUE",
+    ),
     (["train.epochs=abc"], "train.epochs: Value 'abc'"),
     (["train.epochs=0"], "train.epochs=0 is not allowed"),
-    (["train.compile_mode=fast"], "train.compile_mode='fast' is not allowed: one of default, reduce-overhead, "
-     "max-autotune, max-autotune-no-cudagraphs"),
+    (
+        ["train.compile_mode=fast"],
+        "train.compile_mode='fast' is not allowed: one of default, reduce-overhead, "
+        "max-autotune, max-autotune-no-cudagraphs",
+    ),
     (["train.compile=yes"], "train.compile='yes' is not allowed: auto, true or false"),
-    (["train.compile=true", "pipe.schedule=ZBVZeroBubble"], "train.compile='true' is not allowed: true only "
-     "with a schedule whose stages run their backward pass whole, not with pipe.schedule=ZBVZeroBubble (it splits "
-     "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream"),
-    (["recipe=nope"], "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit"),
+    (
+        ["train.compile=true", "pipe.schedule=ZBVZeroBubble"],
+        "train.compile='true' is not allowed: true only "
+        "with a schedule whose stages run their backward pass whole, not with pipe.schedule=ZBVZeroBubble (it splits "
+        "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream",
+    ),
+    (
+        ["recipe=nope"],
+        "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit",
+    ),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed: an integer >= 1 or auto"),
     (["launcher.nproc_per_node=many"], "launcher.nproc_per_node='many' is not allowed: an integer >= 1 or auto"),
-    (["launcher.nproc_per_node=2.5"],
-     "launcher.nproc_per_node: Value '2.5' of type 'float' is not allowed: an integer >= 1 or auto"),
-    (["launcher.nnodes=2"], "launcher.nnodes='2' is not allowed with launcher.rdzv_endpoint='localhost:0' (a loopback "
-     "host and port 0: no other machine can join); set launcher.rdzv_endpoint=HOST:PORT that every machine reaches "
-     "and run the same command on each, or launcher.nnodes=1 for one machine"),
-    (["launcher.nnodes=2:4", "launcher.rdzv_endpoint=127.0.0.1:29400"],
-     "launcher.nnodes='2:4' is not allowed with launcher.rdzv_endpoint='127.0.0.1:29400' (a loopback host: no other"),
+    (
+        ["launcher.nproc_per_node=2.5"],
+        "launcher.nproc_per_node: Value '2.5' of type 'float' is not allowed: an integer >= 1 or auto",
+    ),
+    (
+        ["launcher.nnodes=2"],
+        "launcher.nnodes='2' is not allowed with launcher.rdzv_endpoint='localhost:0' (a loopback "
+        "host and port 0: no other machine can join); set launcher.rdzv_endpoint=HOST:PORT that every machine reaches "
+        "and run the same command on each, or launcher.nnodes=1 for one machine",
+    ),
+    (
+        ["launcher.nnodes=2:4", "launcher.rdzv_endpoint=127.0.0.1:29400"],
+        "launcher.nnodes='2:4' is not allowed with launcher.rdzv_endpoint='127.0.0.1:29400' (a loopback host: no other",
+    ),
     (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:0"], "(port 0: no other machine can join)"),
-    (["recipe=bert_squad", "data.path=null", "model.pretrained=/tmp"],
-     "data.path=None is not allowed: the local dataset directory for data.name=squad"),
-    (["recipe=vit_imagenet", "train.global_batch_size=800"],
-     "train.global_batch_size=800 is not allowed: null while train.pipeline_batch_size=400 gives the batch"),
-    (["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400"],
-     "launcher.rdzv_id=None is not allowed: the same id on every machine of a launcher.nnodes='2' job"),
+    (
+        ["recipe=bert_squad", "data.path=null", "model.pretrained=/tmp"],
+        "data.path=None is not allowed: the local dataset directory for data.name=squad",
+    ),
+    (
+        ["recipe=vit_imagenet", "train.global_batch_size=800"],
+        "train.global_batch_size=800 is not allowed: null while train.pipeline_batch_size=400 gives the batch",
+    ),
+    (
+        ["launcher.nnodes=2", "launcher.rdzv_endpoint=node0.example:29400"],
+        "launcher.rdzv_id=None is not allowed: the same id on every machine of a launcher.nnodes='2' job",
+    ),
     (["model.name=resnet18"], "model.name='resnet18' is not allowed: a timm ViT name (vit_* or deit_*"),
-    (["model.name=vit_tiny_patch16_999"], "model.name='vit_tiny_patch16_999' is not allowed: a timm "
-     "VisionTransformer with pre-norm Blocks, e.g. vit_tiny_patch16_224 or vit_base_patch16_224 (timm has no such "
-     "model)"),
+    (
+        ["model.name=vit_tiny_patch16_999"],
+        "model.name='vit_tiny_patch16_999' is not allowed: a timm "
+        "VisionTransformer with pre-norm Blocks, e.g. vit_tiny_patch16_224 or vit_base_patch16_224 (timm has no such "
+        "model)",
+    ),
     (["model.name=deit_tiny_distilled_patch16_224"], "(a distilled DeiT (two heads))"),
     (["model.name=vit_small_patch16_18x2_224"], "(its blocks are not timm's pre-norm Block)"),
-    (["model.name=vit_relpos_base_patch16_224"],
-     "(timm builds it in timm.models.vision_transformer_relpos, not as a VisionTransformer)"),
-    (["model.img_size=16"], "model.img_size=16 is not allowed: 8, the side of the images data.name=digits produces "
-     "(data.image_size=None), or null to follow the data"),
+    (
+        ["model.name=vit_relpos_base_patch16_224"],
+        "(timm builds it in timm.models.vision_transformer_relpos, not as a VisionTransformer)",
+    ),
+    (
+        ["model.img_size=16"],
+        "model.img_size=16 is not allowed: 8, the side of the images data.name=digits produces "
+        "(data.image_size=None), or null to follow the data",
+    ),
     (["model.in_chans=3"], "model.in_chans=3 is not allowed: 1, the channels of data.name=digits's images"),
     (["model.num_heads=5"], "model.num_heads=5 is not allowed: a divisor of model.embed_dim=64"),
-    (["model=bert_base", "data=glue", "data.path=/tmp", "data.tokenizer=/tmp", "data.max_length=1024"],
-     "data.max_length=1024 is not allowed: at most 512, the position table of model.name='bert-base'"),
-    (["recipe=bert_glue", "data.task=sst-2"], "data.task='sst-2' is not allowed: one of cola, sst2, mrpc, qqp, stsb, mnli, "
-                                               "qnli, rte, wnli for data.name=glue"),
-    (["data.task=rte"], "data.task='rte' is not allowed: unset for data.name=digits (the GLUE task, for "
-                        "data.name=glue)"),
-    (["recipe=bbc_news_bert", "data.max_length=1024"],
-     "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained="),
+    (
+        ["model=bert_base", "data=glue", "data.path=/tmp", "data.tokenizer=/tmp", "data.max_length=1024"],
+        "data.max_length=1024 is not allowed: at most 512, the position table of model.name='bert-base'",
+    ),
+    (
+        ["recipe=bert_glue", "data.task=sst-2"],
+        "data.task='sst-2' is not allowed: one of cola, sst2, mrpc, qqp, stsb, mnli, "
+        "qnli, rte, wnli for data.name=glue",
+    ),
+    (
+        ["data.task=rte"],
+        "data.task='rte' is not allowed: unset for data.name=digits (the GLUE task, for data.name=glue)",
+    ),
+    (
+        ["recipe=bbc_news_bert", "data.max_length=1024"],
+        "data.max_length=1024 is not allowed: at most 512, the position table of model.pretrained=",
+    ),
     (["recipe=bbc_news_bert", "model.depth=3"], "model.depth=3 is not allowed: model.pretrained="),
     (["train.profile_step=-1"], "train.profile_step=-1 is not allowed: a step >= 0 or null"),
     (["launcher.nnodes=3:1"], "launcher.nnodes='3:1' is not allowed"),
     (["launcher.threads_per_worker=0"], "launcher.threads_per_worker=0 is not allowed: an integer >= 1 or auto"),
     (["model.attention=flash"], "model.attention='flash' is not allowed: sdpa or eager"),
     (["pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 2"),
-    (["pipe.length=1", "train.global_batch_size=33"], "train.global_batch_size=33 is not allowed: a multiple of the data-parallel width 2"),
+    (
+        ["pipe.length=1", "train.global_batch_size=33"],
+        "train.global_batch_size=33 is not allowed: a multiple of the data-parallel width 2",
+    ),
     (["optim.name=lamb"], "optim.name='lamb' is not allowed: one of adamw, sgd"),
     (["data.path=/does/not/exist"], "data.path='/does/not/exist': no such directory"),
     (["model.pretrained=/does/not/exist.safetensors"], "model.pretrained='/does/not/exist.safetensors': no such file"),
     (["train.epochs=[3"], "cannot parse the override 'train.epochs=[3'"),
     (["pipe.schedule=DualPipeV"], "pipe.stages_per_rank=1 is not allowed: 2 for DualPipeV"),
-    (["pipe.length=2", "pipe.schedule=Interleaved1F1B", "pipe.stages_per_rank=2", "pipe.microbatches=1"],
-     "pipe.microbatches=1 is not allowed: a multiple of pipe.length=2 for Interleaved1F1B"),
+    (
+        ["pipe.length=2", "pipe.schedule=Interleaved1F1B", "pipe.stages_per_rank=2", "pipe.microbatches=1"],
+        "pipe.microbatches=1 is not allowed: a multiple of pipe.length=2 for Interleaved1F1B",
+    ),
     (["pipe.length=2", "pipe.microbatches=1"], "pipe.microbatches=1 is not allowed: at least pipe.length=2"),
-    (["pipe.length=2", "pipe.schedule=ZBVZeroBubble", "pipe.stages_per_rank=2", "pipe.microbatches=2"],
-     "pipe.microbatches=2 is not allowed: at least 2 x pipe.length=4"),
-    (["pipe.length=1", "pipe.microbatches=3"], "pipe.microbatches=3 is not allowed: a divisor of the per-replica batch 8"),
+    (
+        ["pipe.length=2", "pipe.schedule=ZBVZeroBubble", "pipe.stages_per_rank=2", "pipe.microbatches=2"],
+        "pipe.microbatches=2 is not allowed: at least 2 x pipe.length=4",
+    ),
+    (
+        ["pipe.length=1", "pipe.microbatches=3"],
+        "pipe.microbatches=3 is not allowed: a divisor of the per-replica batch 8",
+    ),
     (["pipe.microbatches=fast"], "pipe.microbatches='fast' is not allowed: an integer >= 1, auto, or unset"),
-    (["pipe.microbatches=2.5"], "pipe.microbatches: Value '2.5' of type 'float' is not allowed: an integer >= 1, auto or null"),
+    (
+        ["pipe.microbatches=2.5"],
+        "pipe.microbatches: Value '2.5' of type 'float' is not allowed: an integer >= 1, auto or null",
+    ),
     (["pipe.partition=explicit"], "pipe.stages=None is not allowed"),
     (["pipe.partition=greedy"], "pipe.partition='greedy' is not allowed: one of uniform, params"),
-    (["pipe.length=2", "pipe.partition=explicit", "pipe.stages=[[0,5],[6,14]]"], "is not allowed: contiguous non-empty [lo, hi) unit ranges"),
+    (
+        ["pipe.length=2", "pipe.partition=explicit", "pipe.stages=[[0,5],[6,14]]"],
+        "is not allowed: contiguous non-empty [lo, hi) unit ranges",
+    ),
     (["pipe.length=2", "pipe.partition=explicit", "pipe.stages=[[0,5],[5,12]]"], "from 0 to the model's 14"),
     (["pipe.length=2", "pipe.stages_per_rank=8"], "pipe.length=2 is not allowed: at most 14 stages"),
     (["pipe.length=fast"], "pipe.length='fast' is not allowed: an integer >= 1 or auto"),
-    (["pipe.partition=explicit", "pipe.stages=[[0,5],[5,14]]"], "pipe.length='auto' is not allowed: an integer with pipe.stages"),
+    (
+        ["pipe.partition=explicit", "pipe.stages=[[0,5],[5,14]]"],
+        "pipe.length='auto' is not allowed: an integer with pipe.stages",
+    ),
     (["device.memory=lots"], "device.memory='lots' is not allowed"),
     (["freeze.policy=fast"], "freeze.policy='fast' is not allowed: one of pipetransformer, alpha"),
     (["freeze.policy=schedule", "freeze.blocks=[1,2]"], "freeze.blocks=[1, 2] is not allowed: non-decreasing counts"),
@@ -294,11 +392,18 @@ BAD_INPUT = [
     (["auto.batch=huge"], "auto.batch='huge' is not allowed: one of fixed_global, fixed_per_pipeline"),
     (["freeze.every=0"], "freeze.every=0.0 is not allowed: a number of epochs > 0"),
     (["freeze.every_steps=0"], "freeze.every_steps=0 is not allowed: an integer >= 1 or null"),
-    (["freeze.every=0.5", "freeze.every_steps=10"], "freeze.every=0.5 is not allowed: 1 when freeze.every_steps is set"),
-    (["freeze.every=0.5", "auto.batch=fixed_per_pipeline"],
-     "auto.batch='fixed_per_pipeline' is not allowed: fixed_global when freezing decides inside epochs"),
-    (["freeze.every=0.25", "pipe.schedule=pipedream", "pipe.microbatches=1"],
-     "freeze.every=0.25 is not allowed: whole epochs with pipe.schedule=pipedream"),
+    (
+        ["freeze.every=0.5", "freeze.every_steps=10"],
+        "freeze.every=0.5 is not allowed: 1 when freeze.every_steps is set",
+    ),
+    (
+        ["freeze.every=0.5", "auto.batch=fixed_per_pipeline"],
+        "auto.batch='fixed_per_pipeline' is not allowed: fixed_global when freezing decides inside epochs",
+    ),
+    (
+        ["freeze.every=0.25", "pipe.schedule=pipedream", "pipe.microbatches=1"],
+        "freeze.every=0.25 is not allowed: whole epochs with pipe.schedule=pipedream",
+    ),
     (["pipe.recompute=sometimes"], "pipe.recompute='sometimes' is not allowed: none, stage or every:N"),
     (["cache.dtype=int8"], "cache.dtype='int8' is not allowed: one of auto, float32, bfloat16, float16"),
     (["cache.max_memory=lots"], "cache.max_memory='lots' is not allowed: a share such as 50%"),
@@ -308,18 +413,34 @@ BAD_INPUT = [
     (["train.precision=fp8"], "train.precision='fp8' is not allowed: one of fp32, bf16, fp16"),
     (["checkpoint.every_steps=-5"], "checkpoint.every_steps=-5 is not allowed: an integer >= 0 (0 = off)"),
     (["pipe.schedule=pipedream", "pipe.microbatches=2"], "pipe.microbatches=2 is not allowed: 1 for pipedream"),
-    (["pipe.schedule=pipedream", "pipe.microbatches=1", "train.precision=fp16"],
-     "train.precision='fp16' is not allowed: fp32 or bf16 with pipe.schedule=pipedream"),
-    (["pipe.vertical_sync=true", "pipe.weight_stashing=false"],
-     "pipe.vertical_sync=True is not allowed: false unless pipe.weight_stashing=true"),
+    (
+        ["pipe.schedule=pipedream", "pipe.microbatches=1", "train.precision=fp16"],
+        "train.precision='fp16' is not allowed: fp32 or bf16 with pipe.schedule=pipedream",
+    ),
+    (
+        ["pipe.vertical_sync=true", "pipe.weight_stashing=false"],
+        "pipe.vertical_sync=True is not allowed: false unless pipe.weight_stashing=true",
+    ),
     (["pipe.first_stage_replicas=0"], "pipe.first_stage_replicas=0 is not allowed: an integer >= 1"),
     (["pipe.first_stage_replicas=2"], "pipe.first_stage_replicas=2 is not allowed: 1 unless pipe.schedule=pipedream"),
-    (["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.first_stage_replicas=2"],
-     "auto.pipe=True is not allowed: false with pipe.first_stage_replicas > 1"),
-    (["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.first_stage_replicas=2", "auto.pipe=false",
-      "auto.dp=false"], "pipe.length='auto' is not allowed: an integer with pipe.first_stage_replicas > 1"),
-    (["pipe.schedule=pipedream", "pipe.length=2", "pipe.first_stage_replicas=2", "auto.pipe=false",
-      "auto.dp=false"], "launcher.nproc_per_node='auto' is not allowed: 3 workers for pipe.first_stage_replicas=2"),
+    (
+        ["pipe.schedule=pipedream", "pipe.microbatches=1", "pipe.first_stage_replicas=2"],
+        "auto.pipe=True is not allowed: false with pipe.first_stage_replicas > 1",
+    ),
+    (
+        [
+            "pipe.schedule=pipedream",
+            "pipe.microbatches=1",
+            "pipe.first_stage_replicas=2",
+            "auto.pipe=false",
+            "auto.dp=false",
+        ],
+        "pipe.length='auto' is not allowed: an integer with pipe.first_stage_replicas > 1",
+    ),
+    (
+        ["pipe.schedule=pipedream", "pipe.length=2", "pipe.first_stage_replicas=2", "auto.pipe=false", "auto.dp=false"],
+        "launcher.nproc_per_node='auto' is not allowed: 3 workers for pipe.first_stage_replicas=2",
+    ),
 ]
 
 
@@ -358,9 +479,16 @@ def test_the_console_script_leaves_its_objects_to_the_exit_not_to_the_collector(
     returns, so the interpreter's last collections skip them (0.5 s after a run); a caller that passes its own
     arguments goes on living, and its collector is left as it was."""
     call = "main()" if as_script else "main(['recipes'])"
-    code = ("import gc, sys\nfrom ptrun.cli import main\nsys.argv = ['ptrun', 'recipes']\n"
-            f"{call}\nprint(gc.get_freeze_count() > 0)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    code = (
+        "import gc, sys\nfrom ptrun.cli import main\nsys.argv = ['ptrun', 'recipes']\n"
+        f"{call}\nprint(gc.get_freeze_count() > 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == str(as_script)

@@ -32,8 +32,9 @@ def train(kind: str, compiled: bool, steps: int = STEPS, profile_step: int | Non
     layered = pc.model(kind)
     name_of = {id(p): n for n, p in layered.model.named_parameters()}
     compiler = UnitCompiler("default", layered) if compiled else None
-    builder = Builder(layered, 0, torch.device("cpu"), WeightedLoss(pc.task(kind)), pc.OPTIM, name_of,
-                      compiler=compiler)
+    builder = Builder(
+        layered, 0, torch.device("cpu"), WeightedLoss(pc.task(kind)), pc.OPTIM, name_of, compiler=compiler
+    )
     n = len(layered.units)
     plan = Plan(num_units=n, frozen_units=0, pp=1, dp=1, stage_bounds=((0, n),), microbatches=1, schedule="GPipe")
     layout = build_layout(builder, plan)
@@ -104,8 +105,13 @@ def test_a_unit_kind_past_the_recompile_limit_runs_eager_with_one_line(one_rank_
     finally:
         torch._dynamo.reset()
     lines = [r.getMessage() for r in caplog.records if r.name == "ptrun.parallel.compiled"]
-    assert any(line.startswith("train.compile: unit block.3.attn (AttnHalf) hit dynamo's recompile limit; "
-                               "AttnHalf units run eager from here") for line in lines), lines
+    assert any(
+        line.startswith(
+            "train.compile: unit block.3.attn (AttnHalf) hit dynamo's recompile limit; "
+            "AttnHalf units run eager from here"
+        )
+        for line in lines
+    ), lines
     assert "AttnHalf" in compiler.eager_kinds
     assert losses == pytest.approx(eager, rel=1e-4)
 
@@ -119,8 +125,18 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
     profiles compiled steps; checkpoint keys are the library model's, as without compiling."""
     from ptrun.train.trainer import Trainer
 
-    cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "train.compile=true", "train.max_steps_per_epoch=4",
-                                 "train.epochs=2", "auto.cache=true", "train.profile_step=1"], tmp_path / "run")
+    cfg = compose_config(
+        TINY
+        + [
+            "launcher.nproc_per_node=1",
+            "train.compile=true",
+            "train.max_steps_per_epoch=4",
+            "train.epochs=2",
+            "auto.cache=true",
+            "train.profile_step=1",
+        ],
+        tmp_path / "run",
+    )
     write_config(cfg)  # the run directory the metrics go to
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
@@ -163,7 +179,8 @@ def test_compile_true_without_a_c_compiler_is_one_line_before_any_worker(tmp_pat
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
         "ptrun: error: train.compile='true' is not allowed: true only where inductor can build, and no C compiler "
-        "was found ($CXX, $CC, g++, c++, clang++, gcc, cc, clang): install one, or leave it auto"], out.stderr
+        "was found ($CXX, $CC, g++, c++, clang++, gcc, cc, clang): install one, or leave it auto"
+    ], out.stderr
     assert not (tmp_path / "run").exists()
     assert c_compiler(bare) is None and c_compiler() is not None
 
@@ -175,8 +192,10 @@ def test_the_compile_benchmark_tables_medians_and_ratios_against_eager():
     from ptrun.bench.harness import label_rows
 
     def rnd(eager: float, cold: float, warm: float) -> list[dict]:
-        rows = [{"label": label, "wall_s": wall, "train_time_s": wall - 10, "compile_s": wall - eager,
-                 "final_top1": 95.0} for label, wall in zip(bench.RUNS, (eager, cold, warm))]
+        rows = [
+            {"label": label, "wall_s": wall, "train_time_s": wall - 10, "compile_s": wall - eager, "final_top1": 95.0}
+            for label, wall in zip(bench.RUNS, (eager, cold, warm))
+        ]
         for row in rows:
             row["wall_ratio"] = rows[0]["wall_s"] / row["wall_s"]
             row["train_ratio"] = rows[0]["train_time_s"] / row["train_time_s"]
@@ -186,8 +205,9 @@ def test_the_compile_benchmark_tables_medians_and_ratios_against_eager():
     assert [r["label"] for r in rows] == ["eager", "compiled, cold cache", "compiled, warm cache"]
     assert rows[1]["wall_ratio"] == pytest.approx(0.5) and rows[2]["wall_ratio_range"] == pytest.approx([0.8, 1.0])
     result = {"machine": "2 CPU cores", "repeats": {"digits_vit": 2}, "workloads": {"digits_vit": rows}}
-    assert bench.caption(result).startswith("Compiled units against eager, 2 CPU cores: rounds per workload "
-                                            "(digits_vit 2)")
+    assert bench.caption(result).startswith(
+        "Compiled units against eager, 2 CPU cores: rounds per workload (digits_vit 2)"
+    )
     table = bench.table(result).splitlines()
     assert table[0].startswith("| digits_vit | wall (s) | training (s) | compiling (s) |")
     assert table[3].startswith("| compiled, cold cache | 84.0 (80.0-88.0) |") and "0.50x (0.50-0.50)" in table[3]

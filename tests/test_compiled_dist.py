@@ -11,11 +11,16 @@ import torch
 
 import compiled_cases as cc
 
-CASES = [cc.Case("1F1B", c, precision, recompute) for precision, recompute in
-         (("fp32", "none"), ("bf16", "none"), ("fp32", "every:1")) for c in (False, True)]
-CASES += [cc.Case(schedule, c, precision) for schedule, precision in
-          (("GPipe", "fp32"), ("Interleaved1F1B", "fp32"), ("1F1B", "fp16"))
-          for c in (False, True)]
+CASES = [
+    cc.Case("1F1B", c, precision, recompute)
+    for precision, recompute in (("fp32", "none"), ("bf16", "none"), ("fp32", "every:1"))
+    for c in (False, True)
+]
+CASES += [
+    cc.Case(schedule, c, precision)
+    for schedule, precision in (("GPipe", "fp32"), ("Interleaved1F1B", "fp32"), ("1F1B", "fp16"))
+    for c in (False, True)
+]
 CASES += [cc.Case("pipedream", c, freeze=False) for c in (False, True)]
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-3}
 """Relative loss agreement: fp32 within 1e-4; bf16 and fp16 round where inductor fuses differently from eager."""
@@ -53,13 +58,22 @@ def test_checkpoints_cross_between_compiled_and_eager_runs_in_another_layout(tmp
     from conftest import TINY, final_params, run_events, run_workers
 
     run = tmp_path / "run"
-    base = [o for o in TINY if not o.startswith("pipe.")] + ["launcher.nproc_per_node=2",
-                                                            "train.max_steps_per_epoch=4"]
+    base = [o for o in TINY if not o.startswith("pipe.")] + ["launcher.nproc_per_node=2", "train.max_steps_per_epoch=4"]
     data_parallel = ["pipe.length=1", "pipe.microbatches=1", "pipe.schedule=GPipe"]
     run_workers([*base, *data_parallel, "train.compile=true", "train.epochs=1"], run)
     first = final_params(run)
-    run_workers([*base, "pipe.length=2", "pipe.microbatches=2", "pipe.schedule=1F1B", "train.compile=false",
-                 "train.epochs=2", "train.resume=true"], run)
+    run_workers(
+        [
+            *base,
+            "pipe.length=2",
+            "pipe.microbatches=2",
+            "pipe.schedule=1F1B",
+            "train.compile=false",
+            "train.epochs=2",
+            "train.resume=true",
+        ],
+        run,
+    )
     second = final_params(run)
     run_workers([*base, *data_parallel, "train.compile=true", "train.epochs=3", "train.resume=true"], run)
     third = final_params(run)
@@ -69,11 +83,13 @@ def test_checkpoints_cross_between_compiled_and_eager_runs_in_another_layout(tmp
     assert any(not torch.equal(second[n], third[n]) for n in first)
     compiled = [e["compile"] for e in run_events(run, "epoch") if "compile" in e]
     assert len(compiled) == 2  # the compiled runs' epochs count what they compiled; the eager one has none
-    load = ("import json, sys, timm\nfrom safetensors.torch import load_file\n"
-            f"cfg = json.load(open({str(run / 'model' / 'config.json')!r}))\n"
-            "vit = timm.create_model(pretrained=False, **cfg)\n"
-            f"vit.load_state_dict(load_file({str(run / 'model' / 'model.safetensors')!r}))\n"
-            "assert not any(m.startswith('ptrun') for m in sys.modules)\nprint(sum(p.numel() for p in vit.parameters()))")
+    load = (
+        "import json, sys, timm\nfrom safetensors.torch import load_file\n"
+        f"cfg = json.load(open({str(run / 'model' / 'config.json')!r}))\n"
+        "vit = timm.create_model(pretrained=False, **cfg)\n"
+        f"vit.load_state_dict(load_file({str(run / 'model' / 'model.safetensors')!r}))\n"
+        "assert not any(m.startswith('ptrun') for m in sys.modules)\nprint(sum(p.numel() for p in vit.parameters()))"
+    )
     out = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == sum(t.numel() for t in third.values())

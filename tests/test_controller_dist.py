@@ -55,8 +55,12 @@ def reference_steps(kind: str) -> list[tuple[dict, dict]]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state = {name_of[id(p)]: s for p, s in optimizer.state.items()}
-        out.append(({nm: p.detach().clone() for nm, p in net.named_parameters()},
-                    {nm: {k: v.clone() for k, v in s.items()} for nm, s in state.items()}))
+        out.append(
+            (
+                {nm: p.detach().clone() for nm, p in net.named_parameters()},
+                {nm: {k: v.clone() for k, v in s.items()} for nm, s in state.items()},
+            )
+        )
     return out
 
 
@@ -74,8 +78,9 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
         for rank in range(4):
             held = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
             for name, value in held["params"].items():
-                torch.testing.assert_close(value, want_params[name], rtol=1e-5, atol=4e-5,
-                                           msg=lambda m: f"step {step} {name}: {m}")
+                torch.testing.assert_close(
+                    value, want_params[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"step {step} {name}: {m}"
+                )
                 if name in frozen_names and before is not None:
                     assert torch.equal(value, before[name]), f"frozen {name} changed at step {step}"
                 covered.add(name)
@@ -83,9 +88,13 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
             assert not frozen_names & set(held["optim"]), "a frozen parameter holds optimizer state"
             for name, st in held["optim"].items():
                 for key, value in st.items():
-                    torch.testing.assert_close(torch.as_tensor(value).float(),
-                                               torch.as_tensor(want_optim[name][key]).float(), rtol=1e-5,
-                                               atol=4e-5, msg=lambda m: f"step {step} {name}.{key}: {m}")
+                    torch.testing.assert_close(
+                        torch.as_tensor(value).float(),
+                        torch.as_tensor(want_optim[name][key]).float(),
+                        rtol=1e-5,
+                        atol=4e-5,
+                        msg=lambda m: f"step {step} {name}.{key}: {m}",
+                    )
         assert covered == set(want_params)
         before = now
 
@@ -130,10 +139,19 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     """The trainer on 4 workers: the controller drives K = 4 -> 2 -> 1 (DP 1 -> 2 -> 4) with a forced freeze
     schedule; every epoch uses every sample exactly once; the final parameters equal the frozen-prefix
     single-process reference that freezes the same blocks at the same epochs."""
-    overrides = tiny + ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe",
-                        "pipe.partition=params", "train.epochs=3", "freeze.policy=schedule",
-                        "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
-                        "data.eval_fraction=0.9"]  # 180 training samples: 12 steps an epoch, little drift
+    overrides = tiny + [
+        "launcher.nproc_per_node=4",
+        "pipe.length=4",
+        "pipe.microbatches=4",
+        "pipe.schedule=GPipe",
+        "pipe.partition=params",
+        "train.epochs=3",
+        "freeze.policy=schedule",
+        "freeze.blocks=[0,1,2]",
+        "freeze.max_fraction=1.0",
+        "model.mlp_ratio=4.0",
+        "data.eval_fraction=0.9",
+    ]  # 180 training samples: 12 steps an epoch, little drift
     run_workers(overrides, tmp_path)
     events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
@@ -159,10 +177,21 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     training and evaluation alike, and training ends where the single-process reference without any cache
     does (float32 storage). The same run with `cache.eval=false` recomputes the eval samples' prefix at
     every evaluation and gets the same eval metrics. The cache files are gone after the run."""
-    overrides = tiny + ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe",
-                        "pipe.partition=params", "train.epochs=4", "freeze.policy=schedule",
-                        "freeze.blocks=[0,1,2,2]", "freeze.max_fraction=1.0", "model.mlp_ratio=4.0",
-                        "data.eval_fraction=0.9", "auto.cache=true", "cache.min_frozen_units=3"]
+    overrides = tiny + [
+        "launcher.nproc_per_node=4",
+        "pipe.length=4",
+        "pipe.microbatches=4",
+        "pipe.schedule=GPipe",
+        "pipe.partition=params",
+        "train.epochs=4",
+        "freeze.policy=schedule",
+        "freeze.blocks=[0,1,2,2]",
+        "freeze.max_fraction=1.0",
+        "model.mlp_ratio=4.0",
+        "data.eval_fraction=0.9",
+        "auto.cache=true",
+        "cache.min_frozen_units=3",
+    ]
     run_workers(overrides, tmp_path)
     events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]

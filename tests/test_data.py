@@ -17,6 +17,7 @@ CLASSES = ["cat", "dog", "emu"]
 
 # ---- digits ----
 
+
 def test_digits_split_is_stratified_deterministic_and_normalised():
     splits = build_datasets(DataConfig(name="digits", eval_fraction=0.25, split_seed=0))
     assert len(splits.train) + len(splits.eval) == 1797
@@ -48,6 +49,7 @@ def test_digits_resize():
 
 
 # ---- imagefolder ----
+
 
 def write_images(folder, per_class: int, size=(10, 6)) -> None:
     """PNGs whose uniform red channel encodes the class index, so labels can be checked from the pixels."""
@@ -112,8 +114,7 @@ def test_imagefolder_flat_layout_is_split_stratified(tmp_path):
 
 def test_augment_changes_only_the_train_transform(split_folders):
     plain = build_datasets(DataConfig(name="imagefolder", path=str(split_folders), image_size=16))
-    augmented = build_datasets(DataConfig(name="imagefolder", path=str(split_folders), image_size=16,
-                                          augment=True))
+    augmented = build_datasets(DataConfig(name="imagefolder", path=str(split_folders), image_size=16, augment=True))
     assert torch.equal(plain.eval[:]["pixel_values"], augmented.eval[:]["pixel_values"])
     assert torch.equal(plain.train[:]["pixel_values"], plain.train[:]["pixel_values"])
     torch.manual_seed(0)
@@ -139,6 +140,7 @@ def test_bad_imagefolder_paths_raise_a_one_line_config_error(tmp_path, layout):
 
 
 # ---- iterate_batches ----
+
 
 def prefetch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == PREFETCH_THREAD_NAME and t.is_alive()]
@@ -166,7 +168,8 @@ def test_start_and_max_steps(digits):
     sampler = EpochSampler(len(digits), 16, seed=0)
     assert [s for s, _ in iterate_batches(digits, sampler, 0, 0, 1, start_step=3, max_steps=7)] == [3, 4, 5, 6]
     assert [s for s, _ in iterate_batches(digits, sampler, 0, 0, 1, max_steps=10_000)] == list(
-        range(sampler.steps_per_epoch))
+        range(sampler.steps_per_epoch)
+    )
 
 
 def test_closing_early_stops_the_prefetch_thread(digits):

@@ -32,8 +32,13 @@ def test_a_non_finite_norm_read_on_the_host_stops_at_that_step():
     with pytest.raises(Diverged) as stop:
         watch.observe(torch.tensor(math.inf), True, fp16=False, synchronous=True, record=record(12, epoch=1))
     assert stop.value.global_step == 12 and watch.flag == 13
-    assert watch.report(12) == {"epoch": 1, "step": 2, "global_step": 12, "lr": 0.13,
-                                "why": "the training loss is not finite"}
+    assert watch.report(12) == {
+        "epoch": 1,
+        "step": 2,
+        "global_step": 12,
+        "lr": 0.13,
+        "why": "the training loss is not finite",
+    }
 
 
 def test_an_asynchronous_runtime_leaves_the_stop_to_the_agreement():
@@ -62,8 +67,10 @@ def test_fp16_skips_are_not_divergence_until_the_documented_count():
     with pytest.raises(Diverged) as stop:
         watch.observe(NAN, False, fp16=True, synchronous=True, record=record(g))
     assert stop.value.global_step == first
-    assert watch.report(first)["why"] == f"fp16 overflowed {SKIPS_DIVERGED} steps in a row (each skipped, its loss " \
-                                         f"scale halved)"
+    assert (
+        watch.report(first)["why"] == f"fp16 overflowed {SKIPS_DIVERGED} steps in a row (each skipped, its loss "
+        f"scale halved)"
+    )
 
 
 def test_the_device_word_is_read_late_without_waiting_and_now_where_the_host_waits():
@@ -87,18 +94,34 @@ def test_the_line_names_the_step_the_learning_rate_and_the_newest_checkpoint(tmp
     report = {"epoch": 1, "step": 4, "global_step": 14, "lr": 5e5, "why": "the training loss is not finite"}
     overrides = ["recipe=digits_vit", "optim.lr=1e6", f"hydra.run.dir={tmp_path}"]
     line = diverged_line(report, 1e6, tmp_path, overrides)
-    assert line.startswith("training diverged in epoch 2, step 5 (global step 15): the training loss is not "
-                           "finite, at optim.lr=1e+06 (the schedule's 5e+05 there)")
-    assert line.endswith("no checkpoint was written before it: start again at a lower learning rate: ptrun train "
-                         "recipe=digits_vit optim.lr=100000")
+    assert line.startswith(
+        "training diverged in epoch 2, step 5 (global step 15): the training loss is not "
+        "finite, at optim.lr=1e+06 (the schedule's 5e+05 there)"
+    )
+    assert line.endswith(
+        "no checkpoint was written before it: start again at a lower learning rate: ptrun train "
+        "recipe=digits_vit optim.lr=100000"
+    )
     ckpt = tmp_path / "checkpoints" / "step_00000010"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer.json").write_text(json.dumps({"epoch": 1, "step_in_epoch": 0}))
-    (ckpt / "manifest.json").write_text(json.dumps({"files": {"trainer.json": {
-        "bytes": (ckpt / "trainer.json").stat().st_size, "sha256": sha256(ckpt / "trainer.json")}}}))
+    (ckpt / "manifest.json").write_text(
+        json.dumps(
+            {
+                "files": {
+                    "trainer.json": {
+                        "bytes": (ckpt / "trainer.json").stat().st_size,
+                        "sha256": sha256(ckpt / "trainer.json"),
+                    }
+                }
+            }
+        )
+    )
     line = diverged_line(report, 1e6, tmp_path, overrides)
-    assert line.endswith(f"newest good checkpoint {ckpt} (before epoch 2); resume from it at a lower learning rate: "
-                         f"ptrun train recipe=digits_vit optim.lr=100000 train.resume=true hydra.run.dir={tmp_path}")
+    assert line.endswith(
+        f"newest good checkpoint {ckpt} (before epoch 2); resume from it at a lower learning rate: "
+        f"ptrun train recipe=digits_vit optim.lr=100000 train.resume=true hydra.run.dir={tmp_path}"
+    )
 
 
 def sha256(path: Path) -> str:
@@ -108,6 +131,7 @@ def sha256(path: Path) -> str:
 
 
 # ---- the workers' agreement, in real processes --------------------------------------------------------------
+
 
 def agree_worker(out_dir: str) -> None:
     """One of two gloo workers: rank 0's device sees step 3 diverge, rank 1's host never does (as if its copy

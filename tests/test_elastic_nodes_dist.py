@@ -20,14 +20,28 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (TINY, final_params, mapped_shm_inodes, run_events, run_workers, semaphores, start_ptrun,
-                      worker_pids)
+from conftest import (
+    TINY,
+    final_params,
+    mapped_shm_inodes,
+    run_events,
+    run_workers,
+    semaphores,
+    start_ptrun,
+    worker_pids,
+)
 from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes, one lost and regained: ~100 s
 
-JOB = TINY + ["train.epochs=10", "train.max_steps_per_epoch=40", "pipe.length=2", "pipe.microbatches=2",
-              "launcher.nproc_per_node=2", "launcher.max_restarts=3"]
+JOB = TINY + [
+    "train.epochs=10",
+    "train.max_steps_per_epoch=40",
+    "pipe.length=2",
+    "pipe.microbatches=2",
+    "launcher.nproc_per_node=2",
+    "launcher.max_restarts=3",
+]
 
 
 def free_port() -> int:
@@ -41,10 +55,21 @@ def start_agent(run_dir: Path, port: int, log: Path, *extra: str) -> subprocess.
     # A node SIGKILLed as a whole cleans up nothing: its launcher's private files go to a temp dir of its own.
     tmp = log.with_suffix(".tmp")
     tmp.mkdir()
-    return start_ptrun("train", *JOB, "launcher.nnodes=1:2", "launcher.rdzv_last_call=3",
-                       f"launcher.rdzv_endpoint=localhost:{port}", "launcher.rdzv_id=loopback",
-                       f"hydra.run.dir={run_dir}", *extra, cwd=log.parent, env={"TMPDIR": str(tmp)},
-                       stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return start_ptrun(
+        "train",
+        *JOB,
+        "launcher.nnodes=1:2",
+        "launcher.rdzv_last_call=3",
+        f"launcher.rdzv_endpoint=localhost:{port}",
+        "launcher.rdzv_id=loopback",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+        cwd=log.parent,
+        env={"TMPDIR": str(tmp)},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def listening(port: int) -> bool:
@@ -95,8 +120,11 @@ def signal_pending(pid: int, signum: int) -> bool:
         status = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
-    pending = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()
-               if line.startswith(("SigPnd:", "ShdPnd:"))}
+    pending = {
+        line.split(":")[0]: int(line.split()[1], 16)
+        for line in status.splitlines()
+        if line.startswith(("SigPnd:", "ShdPnd:"))
+    }
     return bool((pending["SigPnd"] | pending["ShdPnd"]) >> (signum - 1) & 1)
 
 
@@ -110,9 +138,13 @@ def test_a_node_lost_and_regained(tmp_path, semaphore_watch):
     wait_for(lambda: listening(port), "node A's rendezvous store", timeout=60.0)
     second = start_agent(run_dir, port, tmp_path / "node_b.log")
     try:
-        wait_for(lambda: [s["world_size"] for s in starts(run_dir)] == [4] and
-                 any(p.name.startswith("step_") for p in (run_dir / "checkpoints").glob("step_*")),
-                 "both nodes training and a first checkpoint")
+        wait_for(
+            lambda: (
+                [s["world_size"] for s in starts(run_dir)] == [4]
+                and any(p.name.startswith("step_") for p in (run_dir / "checkpoints").glob("step_*"))
+            ),
+            "both nodes training and a first checkpoint",
+        )
         lost = lose_node(second)  # node B is lost: its agent and its workers
         wait_for(lambda: [s["world_size"] for s in starts(run_dir)][-1:] == [2], "the job re-formed on node A")
         # Node A's workers wait (stopped) until B is back, or A could finish alone while B starts: A's agent

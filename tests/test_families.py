@@ -22,10 +22,17 @@ from ptrun.parallel.optim import build_optimizer
 from ptrun.sim.costs import costs_from_config
 from ptrun.train import recorders
 
-CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + \
-        [(k, t) for k in DECODERS for t in ("classification", "causal_lm")]
-FAST = {("roberta", "classification"), ("distilbert", "qa"), ("llama", "causal_lm"), ("gpt2", "classification"),
-        ("deberta-v2-conv", "classification"), ("modernbert", "classification")}
+CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + [
+    (k, t) for k in DECODERS for t in ("classification", "causal_lm")
+]
+FAST = {
+    ("roberta", "classification"),
+    ("distilbert", "qa"),
+    ("llama", "causal_lm"),
+    ("gpt2", "classification"),
+    ("deberta-v2-conv", "classification"),
+    ("modernbert", "classification"),
+}
 """What the fast tier checks of the slower tests (each model build is about a second); `slow` runs them all."""
 
 
@@ -76,8 +83,7 @@ def kernel(kind: str, attention: str) -> dict[str, str]:
 
 
 def layered_from(path, task: str, attention: str = "sdpa"):
-    return build_model(ModelConfig(name="mine", pretrained=str(path), task=task, attention=attention),
-                       num_classes=3)
+    return build_model(ModelConfig(name="mine", pretrained=str(path), task=task, attention=attention), num_classes=3)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
@@ -93,8 +99,10 @@ def test_units_equal_the_library_model(saved, kind, task, attention):
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
     # the head pools the first token, so the last layer computes that row only (ptrun.models.encoders)
     first_token = task == "classification" and (
-        kind in ("bert", "roberta", "xlm-roberta", "electra", "distilbert") or
-        kind == "modernbert" and library.config.classifier_pooling == "cls")
+        kind in ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+        or kind == "modernbert"
+        and library.config.classifier_pooling == "cls"
+    )
     assert layered.sequence_units == len(layered.units) - (3 if first_token else 0)
 
 
@@ -160,14 +168,18 @@ def test_units_read_the_device_no_more_often_than_the_library_model(tmp_path, ki
     for cut in (None, 2):  # the batch, then one whose last row is cut shorter: other padding
         if cut is not None:
             b["attention_mask"][-1, cut:] = 0
-            b = {**b, "input_ids": b["input_ids"] * b["attention_mask"],
-                 "token_type_ids": b["token_type_ids"] * b["attention_mask"]}
+            b = {
+                **b,
+                "input_ids": b["input_ids"] * b["attention_mask"],
+                "token_type_ids": b["token_type_ids"] * b["attention_mask"],
+            }
         ours = host_reads(lambda: layered(*(b[k] for k in layered.input_names)).sum().backward())
         theirs = host_reads(lambda: library_logits(library, b, task).sum().backward())
         assert ours <= theirs, (ours, theirs)
         with torch.no_grad():
-            torch.testing.assert_close(layered(*(b[k] for k in layered.input_names)),
-                                       library_logits(library, b, task), rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                layered(*(b[k] for k in layered.input_names)), library_logits(library, b, task), rtol=0, atol=1e-5
+            )
 
 
 def test_a_stage_shares_one_pass_across_its_checkpointed_chunks(tmp_path):
@@ -192,11 +204,16 @@ def test_frozen_units_take_no_gradient_and_no_optimizer_state(saved, kind, task)
     params = dict(layered.model.named_parameters())
     for name in frozen:
         params[name].requires_grad_(False)
-    optimizer = build_optimizer([(n, p) for n, p in params.items() if p.requires_grad],
-                                OptimConfig(name="adamw", lr=1e-2, schedule="constant", warmup_fraction=0.0))
+    optimizer = build_optimizer(
+        [(n, p) for n, p in params.items() if p.requires_grad],
+        OptimConfig(name="adamw", lr=1e-2, schedule="constant", warmup_fraction=0.0),
+    )
     b = batch()
-    b["labels"] = (b["input_ids"] * b["attention_mask"] - 100 * (1 - b["attention_mask"])
-                   if task == "causal_lm" else torch.tensor([0, 2, 1]))
+    b["labels"] = (
+        b["input_ids"] * b["attention_mask"] - 100 * (1 - b["attention_mask"])
+        if task == "causal_lm"
+        else torch.tensor([0, 2, 1])
+    )
     b["weight"] = torch.ones(3)
     target = make_target(b, task)
     out = layered(*(b[k] for k in layered.input_names))
@@ -226,8 +243,9 @@ def test_export_reloads_with_the_library(saved, kind, task, tmp_path, capfd):
     library = auto_class(task).from_pretrained(out).eval()
     b = batch()
     with torch.no_grad():
-        torch.testing.assert_close(layered(*(b[k] for k in layered.input_names)), library_logits(library, b, task),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            layered(*(b[k] for k in layered.input_names)), library_logits(library, b, task), rtol=0, atol=1e-5
+        )
     if task == "classification":
         assert library.config.id2label == dict(enumerate(names))
 
@@ -237,6 +255,7 @@ def test_units_start_from_the_library_rules_for_their_blocks():
     block's own rule wins over the generic one for its Linear layers: ModernBERT's truncated normals (cut at
     2 std) and its classifier's width^-1/2 (a rule of the task model itself), GPT-2's c_proj scaled by
     1/sqrt(2 L)."""
+
     def built(kind: str):
         torch.manual_seed(0)
         return build_model(ModelConfig(name=kind), num_classes=3, library_config=tiny_config(kind)).model
@@ -273,25 +292,67 @@ def test_a_task_the_family_does_not_do_is_one_line(saved, kind, task):
 
 
 PUBLISHED = {  # the sizes of published config.json files, as written there
-    "deberta-v3-base": {"model_type": "deberta-v2", "hidden_size": 768, "intermediate_size": 3072,
-                        "num_attention_heads": 12, "num_hidden_layers": 12, "max_position_embeddings": 512,
-                        "relative_attention": True, "position_buckets": 256, "norm_rel_ebd": "layer_norm",
-                        "share_att_key": True, "pos_att_type": "p2c|c2p", "max_relative_positions": -1,
-                        "position_biased_input": False, "type_vocab_size": 0, "vocab_size": 128100},
-    "deberta-v2-xlarge": {"model_type": "deberta-v2", "attention_head_size": 64, "conv_act": "gelu",
-                          "conv_kernel_size": 3, "hidden_size": 1536, "intermediate_size": 6144,
-                          "max_position_embeddings": 512, "max_relative_positions": -1, "norm_rel_ebd": "layer_norm",
-                          "num_attention_heads": 24, "num_hidden_layers": 24, "pooler_hidden_size": 1536,
-                          "pos_att_type": "p2c|c2p", "position_biased_input": False, "position_buckets": 256,
-                          "relative_attention": True, "share_att_key": True, "type_vocab_size": 0,
-                          "vocab_size": 128100},
-    "modernbert-base": {"model_type": "modernbert", "attention_bias": False, "classifier_bias": False,
-                        "classifier_pooling": "mean", "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0,
-                        "hidden_size": 768, "intermediate_size": 1152, "local_attention": 128,
-                        "local_rope_theta": 10000.0, "max_position_embeddings": 8192, "mlp_bias": False,
-                        "norm_bias": False, "num_attention_heads": 12, "num_hidden_layers": 22, "pad_token_id": 50283,
-                        "bos_token_id": 50281, "eos_token_id": 50282, "cls_token_id": 50281, "sep_token_id": 50282,
-                        "vocab_size": 50368},
+    "deberta-v3-base": {
+        "model_type": "deberta-v2",
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "max_position_embeddings": 512,
+        "relative_attention": True,
+        "position_buckets": 256,
+        "norm_rel_ebd": "layer_norm",
+        "share_att_key": True,
+        "pos_att_type": "p2c|c2p",
+        "max_relative_positions": -1,
+        "position_biased_input": False,
+        "type_vocab_size": 0,
+        "vocab_size": 128100,
+    },
+    "deberta-v2-xlarge": {
+        "model_type": "deberta-v2",
+        "attention_head_size": 64,
+        "conv_act": "gelu",
+        "conv_kernel_size": 3,
+        "hidden_size": 1536,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 512,
+        "max_relative_positions": -1,
+        "norm_rel_ebd": "layer_norm",
+        "num_attention_heads": 24,
+        "num_hidden_layers": 24,
+        "pooler_hidden_size": 1536,
+        "pos_att_type": "p2c|c2p",
+        "position_biased_input": False,
+        "position_buckets": 256,
+        "relative_attention": True,
+        "share_att_key": True,
+        "type_vocab_size": 0,
+        "vocab_size": 128100,
+    },
+    "modernbert-base": {
+        "model_type": "modernbert",
+        "attention_bias": False,
+        "classifier_bias": False,
+        "classifier_pooling": "mean",
+        "global_attn_every_n_layers": 3,
+        "global_rope_theta": 160000.0,
+        "hidden_size": 768,
+        "intermediate_size": 1152,
+        "local_attention": 128,
+        "local_rope_theta": 10000.0,
+        "max_position_embeddings": 8192,
+        "mlp_bias": False,
+        "norm_bias": False,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 22,
+        "pad_token_id": 50283,
+        "bos_token_id": 50281,
+        "eos_token_id": 50282,
+        "cls_token_id": 50281,
+        "sep_token_id": 50282,
+        "vocab_size": 50368,
+    },
 }
 PRICED = ("deberta-v2", "deberta-v2-conv", "modernbert")
 """The families the simulator prices from their whole config.json (`ptrun.sim.costs.ENCODER_COSTS`)."""
@@ -312,8 +373,9 @@ def test_the_planner_counts_every_parameter_of_the_library_model(saved, tmp_path
     else:
         path = saved[name, task]
     config = AutoConfig.from_pretrained(path, num_labels=labels)
-    costs = costs_from_config(ModelConfig(name=name, pretrained=str(path), task=task, num_classes=labels),
-                              DataConfig(max_length=128))
+    costs = costs_from_config(
+        ModelConfig(name=name, pretrained=str(path), task=task, num_classes=labels), DataConfig(max_length=128)
+    )
     layered = build_model(ModelConfig(name=name, task=task), num_classes=labels, library_config=config, units=())
     with torch.device("meta"):
         library = auto_class(task).from_config(config)

@@ -23,10 +23,18 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # ten kills and restarts: ~40
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 3, 90, 20  # digits: 1,437 training samples in global batches of 16
 OVERRIDES = TINY + [
-    f"train.epochs={EPOCHS}", f"checkpoint.every_steps={EVERY}", "checkpoint.keep=3",
-    "launcher.nproc_per_node=2", "pipe.length=2", "pipe.microbatches=2", "pipe.schedule=1F1B",
+    f"train.epochs={EPOCHS}",
+    f"checkpoint.every_steps={EVERY}",
+    "checkpoint.keep=3",
+    "launcher.nproc_per_node=2",
+    "pipe.length=2",
+    "pipe.microbatches=2",
+    "pipe.schedule=1F1B",
     # one more block frozen at each epoch boundary: two layout changes (K 2 -> 1, DP 1 -> 2), then caching
-    "freeze.policy=schedule", "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "auto.cache=true",
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1,2]",
+    "freeze.max_fraction=1.0",
+    "auto.cache=true",
 ]
 
 

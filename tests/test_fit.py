@@ -9,16 +9,29 @@ import torch
 
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
 from ptrun.models import build_model
-from ptrun.parallel.fit import (LengthChoice, UnitMemory, check_fits, choose_length, measure_unit_memory,
-                               memory_budget, resolve_length, stage_bytes, state_copies)
+from ptrun.parallel.fit import (
+    LengthChoice,
+    UnitMemory,
+    check_fits,
+    choose_length,
+    measure_unit_memory,
+    memory_budget,
+    resolve_length,
+    stage_bytes,
+    state_copies,
+)
 
 MIB = 2**20
 
 
 def config(**pipe) -> PtrunConfig:
     cfg = PtrunConfig(run_dir="/tmp/unused")
-    cfg = replace(cfg, pipe=replace(cfg.pipe, schedule="1F1B", **pipe),
-                  train=replace(cfg.train, global_batch_size=32), auto=replace(cfg.auto, microbatch_table={2: 4, 4: 8}))
+    cfg = replace(
+        cfg,
+        pipe=replace(cfg.pipe, schedule="1F1B", **pipe),
+        train=replace(cfg.train, global_batch_size=32),
+        auto=replace(cfg.auto, microbatch_table={2: 4, 4: 8}),
+    )
     return cfg
 
 
@@ -55,7 +68,8 @@ def test_nothing_fits_names_what_each_length_needs():
         "pipe.length=auto: no layout fits 4 workers: K=1: the largest stage needs ~0.18 GiB, a device offers 0.01 "
         "GiB; K=2: the largest stage needs ~0.09 GiB, a device offers 0.01 GiB; K=4: the largest stage needs "
         "~0.08 GiB, a device offers 0.01 GiB; use more workers, a smaller batch, pipe.recompute, or set "
-        "device.memory")
+        "device.memory"
+    )
 
 
 def with_batch(cfg: PtrunConfig, global_batch: int) -> PtrunConfig:
@@ -64,9 +78,11 @@ def with_batch(cfg: PtrunConfig, global_batch: int) -> PtrunConfig:
 
 # Two workers and a batch of 1: no data-parallel width divides it (K = 1), and 1F1B needs at least 2
 # micro-batches at K = 2. Memory is plentiful: the refusal must not talk about it.
-BATCH_OF_ONE = ("pipe.length=auto: no layout fits 2 workers: K=1: train.global_batch_size=1 cannot be split evenly "
-                "over a data-parallel width of 2; K=2: no micro-batch count divides the per-replica batch 1 and "
-                "suits pipe.schedule=1F1B at pipe.length=2 (at least pipe.length=2 for 1F1B)")
+BATCH_OF_ONE = (
+    "pipe.length=auto: no layout fits 2 workers: K=1: train.global_batch_size=1 cannot be split evenly "
+    "over a data-parallel width of 2; K=2: no micro-batch count divides the per-replica batch 1 and "
+    "suits pipe.schedule=1F1B at pipe.length=2 (at least pipe.length=2 for 1F1B)"
+)
 
 
 def test_a_batch_no_layout_can_split_names_the_batch_rule_of_each_length():
@@ -88,19 +104,29 @@ def test_a_batch_no_layout_can_split_is_refused_before_the_start():
 def test_memory_picks_the_length_and_the_rules_are_named_at_it():
     """K = 1 fits memory but 3 samples do not split over 2 replicas: the refusal names that rule, even though
     K = 2 would split them (a pipeline appears only when memory asks for one)."""
-    with pytest.raises(ConfigError, match=r"^train.global_batch_size=3 is not allowed: a multiple of the "
-                                          r"data-parallel width 2$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.global_batch_size=3 is not allowed: a multiple of the "
+        r"data-parallel width 2$",
+    ):
         resolve_length(with_batch(config(length="auto"), 3), None, (), world_size=2, budget=10**12, memory=MEMORY)
     # a length whose batch rule is broken still counts for memory: here no length fits
-    with pytest.raises(ConfigError, match=r"K=1: train.global_batch_size=3 cannot be split evenly over a "
-                                          r"data-parallel width of 2; K=2: the largest stage needs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"K=1: train.global_batch_size=3 cannot be split evenly over a "
+        r"data-parallel width of 2; K=2: the largest stage needs",
+    ):
         choose_length(MEMORY, with_batch(config(), 3), world_size=2, budget=10 * MIB)
 
 
 def test_measured_activations_scale_with_the_units_and_exclude_weights():
     torch.manual_seed(0)
-    layered = build_model(ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=3,
-                                      embed_dim=32, depth=2, num_heads=2), num_classes=10)
+    layered = build_model(
+        ModelConfig(
+            name="vit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=3, embed_dim=32, depth=2, num_heads=2
+        ),
+        num_classes=10,
+    )
     sample = (torch.randn(1, 3, 16, 16),)
     state_before = torch.random.get_rng_state()
     memory = measure_unit_memory(layered, sample, "adamw")
@@ -129,11 +155,14 @@ def test_a_plans_stages_are_priced_and_one_that_does_not_fit_is_named():
     from ptrun.parallel.plan import Plan
 
     # K = 2 over 4 workers (DP 2): 16 samples a replica, M = 4, GPipe keeps all 4 micro-batches in flight
-    plan = Plan(num_units=10, frozen_units=0, pp=2, dp=2, stage_bounds=((0, 3), (3, 10)), microbatches=4,
-                schedule="GPipe").check()
+    plan = Plan(
+        num_units=10, frozen_units=0, pp=2, dp=2, stage_bounds=((0, 3), (3, 10)), microbatches=4, schedule="GPipe"
+    ).check()
     assert stage_bytes(MEMORY, plan, 32) == pytest.approx([3 * (10 + 16) * MIB, 7 * (10 + 16) * MIB])
     assert check_fits(MEMORY, plan, 32, 200 * MIB) == stage_bytes(MEMORY, plan, 32)
-    with pytest.raises(ConfigError, match=r"pipe.length=2: stage 1 \(units 3-9\) needs ~0.18 GiB, a device offers 0.10"):
+    with pytest.raises(
+        ConfigError, match=r"pipe.length=2: stage 1 \(units 3-9\) needs ~0.18 GiB, a device offers 0.10"
+    ):
         check_fits(MEMORY, plan, 32, 100 * MIB)
 
 

@@ -39,6 +39,7 @@ def run(policy, epochs, norms=None, start_blocks=0):
 
 # ------------------------------------------------------------------------------------------------ alpha
 
+
 def test_closed_form_paper_sequence():
     p = make_policy("alpha", 12, alpha=1 / 3)
     assert [p.target(t) for t in range(8)] == PAPER
@@ -110,6 +111,7 @@ def test_full_rule_inside_epochs_keeps_the_paper_pace():
 
 # ------------------------------------------------------------------------------------- pipetransformer
 
+
 def test_full_rule_without_gradients_is_the_rounded_recursion():
     # ceil(F + alpha (L - F)) on the actual count: one step ahead of the closed form at T = 6.
     assert run(make_policy("pipetransformer", 12), 8) == [0, 4, 7, 9, 10, 11, 12, 12]
@@ -146,6 +148,7 @@ def test_grad_norms_length_checked():
 
 
 # ------------------------------------------------------------------------------------------ autofreeze
+
 
 def test_autofreeze_median_rule():
     p = make_policy("autofreeze", 6)
@@ -238,6 +241,7 @@ def test_autofreeze_at_50_is_the_median_rule_and_70_freezes_more():
 
 # ------------------------------------------------------------------------------------------ plasticity
 
+
 def test_plasticity_freezes_the_settled_prefix():
     p = make_policy("plasticity", 5, threshold=0.3)
     assert p.signal == "weight_change"
@@ -295,6 +299,7 @@ def test_plasticity_state_round_trip_through_json():
 
 # --------------------------------------------------------------------------------------- linear, none
 
+
 def test_linear_ramp():
     assert run(make_policy("linear", 12, total_epochs=7, max_fraction=0.5), 7) == [0, 1, 2, 3, 4, 5, 6]
     assert run(make_policy("linear", 12, total_epochs=10, start=2), 10) == [0, 0, 0, 1, 3, 5, 6, 8, 10, 12]
@@ -311,6 +316,7 @@ def test_none_never_freezes():
 
 
 # ---------------------------------------------------------------------------------------- state, misc
+
 
 def test_state_round_trip_through_json():
     a = make_policy("autofreeze", 6)
@@ -331,10 +337,16 @@ def test_state_round_trip_through_json():
 
 def test_make_policy_rejects_bad_parameters():
     assert sorted(POLICIES) == ["alpha", "autofreeze", "linear", "none", "pipetransformer", "plasticity", "schedule"]
-    for bad in (dict(name="fast"), dict(name="alpha", alpha=0.0), dict(name="alpha", alpha=1.0),
-                dict(name="alpha", every=0), dict(name="alpha", max_fraction=1.5),
-                dict(name="alpha", start=-1), dict(name="autofreeze", percentile=100.5),
-                dict(name="plasticity", threshold=0.0)):
+    for bad in (
+        dict(name="fast"),
+        dict(name="alpha", alpha=0.0),
+        dict(name="alpha", alpha=1.0),
+        dict(name="alpha", every=0),
+        dict(name="alpha", max_fraction=1.5),
+        dict(name="alpha", start=-1),
+        dict(name="autofreeze", percentile=100.5),
+        dict(name="plasticity", threshold=0.0),
+    ):
         with pytest.raises(ConfigError):
             make_policy(num_blocks=12, **bad)
 

@@ -14,8 +14,29 @@ from conftest import cli_env
 
 from ptrun.config.gpus import torch_has_cuda, visible_of
 
-SPECS = ["", "0", "1", "0,1", "1,0", "0,1,2,3", "3,0", "0,5", "5,0", "2, 3", " 1 ,0", "0,,1", "0,-1,1", "-1",
-         "0,1,0", "1,1", "0,9,0", "1gpu", "GPU-4a5b", "MIG-GPU-1/2/3", "0,GPU-4a5b"]
+SPECS = [
+    "",
+    "0",
+    "1",
+    "0,1",
+    "1,0",
+    "0,1,2,3",
+    "3,0",
+    "0,5",
+    "5,0",
+    "2, 3",
+    " 1 ,0",
+    "0,,1",
+    "0,-1,1",
+    "-1",
+    "0,1,0",
+    "1,1",
+    "0,9,0",
+    "1gpu",
+    "GPU-4a5b",
+    "MIG-GPU-1/2/3",
+    "0,GPU-4a5b",
+]
 
 
 @pytest.mark.parametrize("raw", [0, 1, 4])
@@ -56,8 +77,7 @@ def test_the_launcher_checks_a_start_without_importing_torch():
         "gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
         "print(json.dumps([cfg.launcher.nproc_per_node, imported, gpus]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=cli_env())
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=cli_env())
     assert out.returncode == 0, out.stderr
     workers, imported, gpus = json.loads(out.stdout.strip().splitlines()[-1])
     assert not imported

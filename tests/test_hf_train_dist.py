@@ -14,10 +14,25 @@ from test_hf_data import NAMES, TOY_EVAL, TOY_TRAIN, write_source
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # four launches of two workers
 
-TINY_BERT = ["model=bert_base", "model.pretrained=null", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
-             "data.name=hf", "data.text_column=text", "data.label_column=topic", "data.max_length=16",
-             "train.global_batch_size=8", "launcher.nproc_per_node=2", "launcher.max_restarts=0", "pipe.length=1",
-             "pipe.microbatches=1", "freeze.policy=none", "auto.cache=false", "optim.lr=5e-4"]
+TINY_BERT = [
+    "model=bert_base",
+    "model.pretrained=null",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "data.name=hf",
+    "data.text_column=text",
+    "data.label_column=topic",
+    "data.max_length=16",
+    "train.global_batch_size=8",
+    "launcher.nproc_per_node=2",
+    "launcher.max_restarts=0",
+    "pipe.length=1",
+    "pipe.microbatches=1",
+    "freeze.policy=none",
+    "auto.cache=false",
+    "optim.lr=5e-4",
+]
 
 
 def test_string_labels_keep_their_indices_on_every_rank_and_across_a_resume(tmp_path, monkeypatch, request):
@@ -52,8 +67,10 @@ def test_string_labels_keep_their_indices_on_every_rank_and_across_a_resume(tmp_
     cli = request.getfixturevalue("cli")  # only now: it stops this process from launching workers
     out = cli("train", *args, "train.epochs=3", "train.resume=true", f"hydra.run.dir={run}", cwd=tmp_path)
     line = assert_one_error_line(out)
-    assert (f"data: the classes the data names now, ['business', 'film', 'sports', 'tech'], are not the run's "
-            f"({run / 'class_names.json'}: ['business', 'sports', 'tech'])") in line, line
+    assert (
+        f"data: the classes the data names now, ['business', 'film', 'sports', 'tech'], are not the run's "
+        f"({run / 'class_names.json'}: ['business', 'sports', 'tech'])"
+    ) in line, line
     assert sorted((p, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
 
 
@@ -66,8 +83,15 @@ def test_a_classification_bert_caches_up_to_its_last_layer_and_trains_as_without
     source = write_source("csv", tmp_path / "news", TOY_TRAIN, TOY_EVAL)
     tokenizer = wordpiece_tokenizer(tmp_path / "tokenizer", [t for t, _ in TOY_TRAIN], vocab_size=200)
     frozen = [a for a in TINY_BERT if a not in ("freeze.policy=none", "auto.cache=false")] + [
-        f"data.path={source}", f"data.tokenizer={tokenizer}", "train.epochs=3", "freeze.policy=schedule",
-        "freeze.blocks=[0,2,2]", "freeze.max_fraction=1.0", "cache.min_frozen_units=3", "cache.dtype=float32"]
+        f"data.path={source}",
+        f"data.tokenizer={tokenizer}",
+        "train.epochs=3",
+        "freeze.policy=schedule",
+        "freeze.blocks=[0,2,2]",
+        "freeze.max_fraction=1.0",
+        "cache.min_frozen_units=3",
+        "cache.dtype=float32",
+    ]
     run_workers([*frozen, "auto.cache=true"], tmp_path / "cached")
     run_workers([*frozen, "auto.cache=false"], tmp_path / "uncached")
     plans = run_events(tmp_path / "cached", "plan")

@@ -22,8 +22,9 @@ TEXT = ["recipe=bbc_news_bert", "data.max_length=32"]
 """A text recipe (its data ship in a package) at the tiny BERT's length."""
 
 
-def cache_repo(cache: Path, repo: str, files: Path, commit: str, refs: tuple[str, ...] = ("main",),
-               repo_type: str = "model") -> Path:
+def cache_repo(
+    cache: Path, repo: str, files: Path, commit: str, refs: tuple[str, ...] = ("main",), repo_type: str = "model"
+) -> Path:
     """Put the files under `files` into hub cache `cache` as revision `commit` of `repo` (a `model` or a
     `dataset` repo), which each of `refs` names; the snapshot directory."""
     storage = cache / f"{repo_type}s--{repo.replace('/', '--')}"
@@ -51,8 +52,14 @@ def save_tiny_bert(path: Path, layers: int = 2) -> Path:
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
     BertForSequenceClassification(config).save_pretrained(path)
     return path
 
@@ -107,9 +114,12 @@ def test_a_revision_picks_the_named_ref_or_commit(hub, tiny_bert, tmp_path):
     for rev in ("v1", V1):
         cfg = resolve([*TEXT, f"model.pretrained=org/tiny-bert@{rev}"]).cfg
         assert cfg.model.pretrained == str(deeper)
-    with pytest.raises(ConfigError, match=r"^model.pretrained='org/tiny-bert@v2': not in the Hugging Face "
-                                          r"cache .* and HF_HUB_OFFLINE=1; fetch it on a machine "
-                                          r"with access: hf download org/tiny-bert --revision v2$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.pretrained='org/tiny-bert@v2': not in the Hugging Face "
+        r"cache .* and HF_HUB_OFFLINE=1; fetch it on a machine "
+        r"with access: hf download org/tiny-bert --revision v2$",
+    ):
         resolve([*TEXT, "model.pretrained=org/tiny-bert@v2"])
 
 
@@ -124,9 +134,11 @@ def test_a_tokenizer_id_resolves_the_same_way(hub, tiny_bert, tmp_path):
 def test_a_missing_id_is_one_line_and_no_start(hub, cli, tmp_path):
     out = cli("train", *TEXT, "model.pretrained=org/nothing", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert out.stderr.strip() == (f"ptrun: error: model.pretrained='org/nothing': not in the Hugging Face cache "
-                                  f"({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: "
-                                  f"hf download org/nothing")
+    assert out.stderr.strip() == (
+        f"ptrun: error: model.pretrained='org/nothing': not in the Hugging Face cache "
+        f"({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: "
+        f"hf download org/nothing"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -137,9 +149,11 @@ def test_a_cached_snapshot_without_weights_is_one_line(hub, tiny_bert, tmp_path)
     snapshot = cache_repo(hub, "org/sizes", config_only, MAIN)
     with pytest.raises(ConfigError) as e:
         resolve([*TEXT, "model.pretrained=org/sizes"])
-    assert str(e.value) == (f"model.pretrained='org/sizes': its snapshot {snapshot} holds none of model.safetensors, "
-                            f"model.safetensors.index.json, pytorch_model.bin; fetch them on a machine with access: "
-                            f"hf download org/sizes")
+    assert str(e.value) == (
+        f"model.pretrained='org/sizes': its snapshot {snapshot} holds none of model.safetensors, "
+        f"model.safetensors.index.json, pytorch_model.bin; fetch them on a machine with access: "
+        f"hf download org/sizes"
+    )
 
 
 def test_plan_needs_only_the_config_json_of_an_id(hub, cli, tmp_path):
@@ -148,15 +162,32 @@ def test_plan_needs_only_the_config_json_of_an_id(hub, cli, tmp_path):
 
     sizes = tmp_path / "llama-sizes"
     sizes.mkdir()
-    (sizes / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
-         "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "vocab_size": 128256,
-         "max_position_embeddings": 8192}))
+    (sizes / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 32,
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_attention_heads": 32,
+                "vocab_size": 128256,
+                "max_position_embeddings": 8192,
+            }
+        )
+    )
     snapshot = cache_repo(hub, "meta-llama/Meta-Llama-3-8B", sizes, MAIN)
     cfg = for_cluster([*TEXT, "model.pretrained=meta-llama/Meta-Llama-3-8B"], nodes=1, gpus_per_node=1)
     assert cfg.model.pretrained == str(snapshot)
-    out = cli("plan", *TEXT, "model.pretrained=meta-llama/Meta-Llama-3-8B", "cluster=paper", "pipe.length=16",
-              "--samples", "2000")
+    out = cli(
+        "plan",
+        *TEXT,
+        "model.pretrained=meta-llama/Meta-Llama-3-8B",
+        "cluster=paper",
+        "pipe.length=16",
+        "--samples",
+        "2000",
+    )
     assert out.returncode == 0, out.stderr
     assert f"model.pretrained=meta-llama/Meta-Llama-3-8B -> {snapshot}" in out.stderr
     assert "Table 1 (bbc_news_bert)" in out.stdout
@@ -164,7 +195,8 @@ def test_plan_needs_only_the_config_json_of_an_id(hub, cli, tmp_path):
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
     assert missing.stderr.strip().endswith(
         "config.json of meta-llama/Meta-Llama-3-70B is not in the Hugging Face cache "
-        f"({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: hf download meta-llama/Meta-Llama-3-70B")
+        f"({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: hf download meta-llama/Meta-Llama-3-70B"
+    )
 
 
 def test_a_timm_hub_id_resolves_to_its_weights_file(hub, tmp_path):
@@ -199,16 +231,22 @@ def test_an_unreachable_hub_falls_back_to_the_cache(hub, tiny_bert, monkeypatch)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     snapshot = cache_repo(hub, "org/tiny-bert", tiny_bert, MAIN)
     assert resolve([*TEXT, "model.pretrained=org/tiny-bert"]).cfg.model.pretrained == str(snapshot)
-    with pytest.raises(ConfigError, match=r"^model.pretrained='org/nothing': not in the Hugging Face cache"
-                                          r" .* and the hub cannot be reached; fetch it on a machine "
-                                          r"with access: hf download org/nothing$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.pretrained='org/nothing': not in the Hugging Face cache"
+        r" .* and the hub cannot be reached; fetch it on a machine "
+        r"with access: hf download org/nothing$",
+    ):
         resolve([*TEXT, "model.pretrained=org/nothing"])
 
 
 def test_the_messages_are_in_the_catalogue():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
-    for part in ("'org/name': not in the Hugging Face cache (…/hub) and HF_HUB_OFFLINE=1; fetch it on a machine "
-                 "with access: hf download org/name", "config.json of org/name is not in the Hugging Face cache",
-                 "holds none of model.safetensors, model.safetensors.index.json, "
-                 "pytorch_model.bin; fetch them on a machine with access: hf download org/name"):
+    for part in (
+        "'org/name': not in the Hugging Face cache (…/hub) and HF_HUB_OFFLINE=1; fetch it on a machine "
+        "with access: hf download org/name",
+        "config.json of org/name is not in the Hugging Face cache",
+        "holds none of model.safetensors, model.safetensors.index.json, "
+        "pytorch_model.bin; fetch them on a machine with access: hf download org/name",
+    ):
         assert part in doc

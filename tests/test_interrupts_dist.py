@@ -20,18 +20,35 @@ from conftest import TINY, final_params, run_events, start_ptrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # five runs in a chain: ~60 s
 
-OVERRIDES = ["recipe=digits_vit", *TINY, "train.epochs=5", "train.max_steps_per_epoch=30", "train.export=false",
-             "launcher.nproc_per_node=2", "checkpoint.every_epochs=1",
-             # a layout change, so it is part of what must stop and resume exactly. Not auto.cache: its memory
-             # tier does not outlive a run (unless cache.keep), so a resumed run recomputes the entries, in
-             # other batches than the first run did, which moves the result by float rounding.
-             "freeze.policy=schedule", "freeze.blocks=[0,1,1,1,1]", "freeze.max_fraction=1.0", "auto.cache=false"]
+OVERRIDES = [
+    "recipe=digits_vit",
+    *TINY,
+    "train.epochs=5",
+    "train.max_steps_per_epoch=30",
+    "train.export=false",
+    "launcher.nproc_per_node=2",
+    "checkpoint.every_epochs=1",
+    # a layout change, so it is part of what must stop and resume exactly. Not auto.cache: its memory
+    # tier does not outlive a run (unless cache.keep), so a resumed run recomputes the entries, in
+    # other batches than the first run did, which moves the result by float rounding.
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1,1,1,1]",
+    "freeze.max_fraction=1.0",
+    "auto.cache=false",
+]
 
 
 def ptrun(args: list[str], tmpdir: Path) -> subprocess.Popen:
     """`ptrun train ARGS` in a session of its own (as a terminal's foreground job), with a private TMPDIR."""
-    return start_ptrun("train", *args, cwd=tmpdir.parent, env={"TMPDIR": str(tmpdir)}, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, start_new_session=True)
+    return start_ptrun(
+        "train",
+        *args,
+        cwd=tmpdir.parent,
+        env={"TMPDIR": str(tmpdir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -43,8 +60,9 @@ def shm_entries() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("ptrun-*")} if Path("/dev/shm").is_dir() else set()
 
 
-def stop_when_training(args: list[str], run_dir: Path, tmpdir: Path, signum: int, to_group: bool,
-                       epochs_before: int) -> str:
+def stop_when_training(
+    args: list[str], run_dir: Path, tmpdir: Path, signum: int, to_group: bool, epochs_before: int
+) -> str:
     """Start `ptrun train ARGS`, send `signum` once it has trained another epoch (after `epochs_before`), and
     check how it stops; returns its one line."""
     proc = ptrun(args, tmpdir)

@@ -73,10 +73,19 @@ def layer(name: str) -> int | None:
 
 
 def test_no_layer_imports_from_one_above_it():
-    upward = [f"{name} -> {dep}" for name, deps in graph().items() for dep in sorted(deps)
-              if layer(name) is not None and layer(dep) is not None and layer(dep) > layer(name)]
-    upward += [f"{name} -> {dep}" for name, deps in graph().items() if base(name) is not None
-               for dep in sorted(deps) if base(dep) is None or base(dep) > base(name)]
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in graph().items()
+        for dep in sorted(deps)
+        if layer(name) is not None and layer(dep) is not None and layer(dep) > layer(name)
+    ]
+    upward += [
+        f"{name} -> {dep}"
+        for name, deps in graph().items()
+        if base(name) is not None
+        for dep in sorted(deps)
+        if base(dep) is None or base(dep) > base(name)
+    ]
     assert not upward, f"imports against the layers ({' < '.join(LAYERS)}, base below all):\n" + "\n".join(upward)
 
 
@@ -92,7 +101,7 @@ def test_no_import_cycles():
 
     def visit(node: str, path: list[str]) -> None:
         if node in path:
-            cycles.append(" -> ".join(path[path.index(node):] + [node]))
+            cycles.append(" -> ".join(path[path.index(node) :] + [node]))
             return
         if node in done:
             return
@@ -108,8 +117,10 @@ def test_no_import_cycles():
 def test_the_checks_see_an_import_inside_a_function(tmp_path):
     """The reader itself: a function-level import counts, a type-checking-only one does not."""
     source = tmp_path / "m.py"
-    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ptrun.train.trainer\n"
-                      "def f():\n    from ptrun.auto import controller\n")
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ptrun.train.trainer\n"
+        "def f():\n    from ptrun.auto import controller\n"
+    )
     modules = module_names()
     assert imports("ptrun.models.m", source, modules) == {"ptrun.auto.controller"}
 
@@ -120,8 +131,11 @@ ROOT = PACKAGE.parent
 
 def test_no_module_is_over_450_lines():
     """Small modules with one job each: a module that grows past this is split along its jobs."""
-    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "ptrun").rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "ptrun").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert long == {}
 
 
@@ -148,11 +162,20 @@ def test_the_trainer_keeps_the_loop_and_the_wiring():
     from ptrun.train import trainer
 
     tree = ast.parse(inspect.getsource(trainer))
-    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-                  and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    attributes = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
     assert len(attributes) <= 15, sorted(attributes)
     assert len(inspect.getsource(trainer.Trainer.__init__).splitlines()) <= 40
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    handed = [call.lineno for call in calls
-              if any(isinstance(a, ast.Name) and a.id == "self" for a in [*call.args, *(k.value for k in call.keywords)])]
+    handed = [
+        call.lineno
+        for call in calls
+        if any(isinstance(a, ast.Name) and a.id == "self" for a in [*call.args, *(k.value for k in call.keywords)])
+    ]
     assert handed == [], f"trainer.py hands `self` to a call at lines {handed}"

@@ -49,8 +49,10 @@ def test_more_workers_than_gpus_is_refused_in_one_line(gpus, tmp_path):
     gpus(1)
     with pytest.raises(ConfigError) as e:
         for_this_machine(resolve(["launcher.nproc_per_node=2"], {}))
-    assert str(e.value) == ("launcher.nproc_per_node=2 is not allowed: at most the 1 GPU this machine shows "
-                            "(CUDA_VISIBLE_DEVICES), or auto for one worker per GPU")
+    assert str(e.value) == (
+        "launcher.nproc_per_node=2 is not allowed: at most the 1 GPU this machine shows "
+        "(CUDA_VISIBLE_DEVICES), or auto for one worker per GPU"
+    )
     # gloo workers run on the CPU, whatever GPUs there are
     gloo = for_this_machine(resolve(["launcher.nproc_per_node=2", "launcher.backend=gloo"], {}))
     assert gloo.cfg.launcher.nproc_per_node == 2
@@ -90,16 +92,24 @@ def test_causal_mask_keywords_follow_the_function_signature():
     from transformers.masking_utils import create_causal_mask
 
     assert set(compat.causal_mask_kwargs(create_causal_mask, positions)) <= set(
-        inspect.signature(create_causal_mask).parameters)
+        inspect.signature(create_causal_mask).parameters
+    )
 
 
 def test_launch_config_keeps_only_the_fields_this_torch_knows(tmp_path):
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    kwargs = compat.launch_config_kwargs({"min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1,
-                                          "logs_specs": DefaultLogsSpecs(log_dir=str(tmp_path)),
-                                          "shutdown_timeout": 5, "a_field_no_torch_has": 1})
+    kwargs = compat.launch_config_kwargs(
+        {
+            "min_nodes": 1,
+            "max_nodes": 1,
+            "nproc_per_node": 1,
+            "logs_specs": DefaultLogsSpecs(log_dir=str(tmp_path)),
+            "shutdown_timeout": 5,
+            "a_field_no_torch_has": 1,
+        }
+    )
     assert "a_field_no_torch_has" not in kwargs
     LaunchConfig(**kwargs)  # builds
 
@@ -163,8 +173,11 @@ def test_the_gpu_switches_reach_torch_on_a_gpu_and_nothing_else_on_the_cpu():
     from ptrun.config.launcher import DeviceConfig
     from ptrun.worker import use_gpu_switches
 
-    flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
-             (torch.backends.cudnn, "benchmark")]
+    flags = [
+        (torch.backends.cuda.matmul, "allow_tf32"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (torch.backends.cudnn, "benchmark"),
+    ]
     before = [getattr(owner, name) for owner, name in flags]
     try:
         for owner, name in flags:

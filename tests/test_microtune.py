@@ -122,15 +122,15 @@ def test_tune_measures_once_then_reads_the_cache(tmp_path):
     assert second.costs == first.costs == COSTS and second.reason == first.reason
     assert {k: c.microbatches for k, c in second.choices.items()} == {2: 4, 1: 2}
     # other settings are another key: measured again, into another file
-    other = microtune.tune([K2, K1], {**FIELDS, "world_size": 4}, measure_costs=measure,
-                           device=torch.device("cpu"), root=tmp_path)
+    other = microtune.tune(
+        [K2, K1], {**FIELDS, "world_size": 4}, measure_costs=measure, device=torch.device("cpu"), root=tmp_path
+    )
     assert other.source == "measured" and len(calls) == 2 and len(list(tmp_path.glob("*.json"))) == 2
     fields = first.event_fields()["microbatch_tuning"]
     assert fields["chosen"] == {"2": 4, "1": 2} and fields["samples_per_s"]["2"] == {"8": 266.7, "4": 400.0, "2": 320.0}
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"key": "0", "costs": []}', "[]",
-                                     "REPLACE_KEY_BUT_DROP_A_COST"])
+@pytest.mark.parametrize("content", ["{not json", '{"key": "0", "costs": []}', "[]", "REPLACE_KEY_BUT_DROP_A_COST"])
 def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
     path = microtune.cache_path(FIELDS, tmp_path)
     if content == "REPLACE_KEY_BUT_DROP_A_COST":  # the right key, but a candidate's time is missing
@@ -138,18 +138,21 @@ def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(tmp_path, 
     else:
         path.write_text(content)
     with caplog.at_level(logging.WARNING, logger="ptrun.parallel.microtune"):
-        got = microtune.tune([K2, K1], FIELDS, measure_costs=lambda: dict(COSTS), device=torch.device("cpu"),
-                             root=tmp_path)
+        got = microtune.tune(
+            [K2, K1], FIELDS, measure_costs=lambda: dict(COSTS), device=torch.device("cpu"), root=tmp_path
+        )
     assert got.source == "measured"
-    assert any("is unusable" in r.getMessage() and "measuring again and rewriting it" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "is unusable" in r.getMessage() and "measuring again and rewriting it" in r.getMessage() for r in caplog.records
+    )
     assert microtune.load(path, FIELDS, list(COSTS)) == COSTS  # rewritten, whole
 
 
 def test_nothing_to_choose_measures_nothing_and_writes_nothing(tmp_path):
     only = [Length(2, 1, 16, 16, (1,)), Length(1, 2, 8, 16, (1,))]
-    got = microtune.tune(only, FIELDS, measure_costs=lambda: pytest.fail("measured"), device=torch.device("cpu"),
-                         root=tmp_path)
+    got = microtune.tune(
+        only, FIELDS, measure_costs=lambda: pytest.fail("measured"), device=torch.device("cpu"), root=tmp_path
+    )
     assert got.source == "no choice" and got.table == {2: 1, 1: 1} and not list(tmp_path.iterdir())
 
 
@@ -167,17 +170,30 @@ def test_auto_and_numbers_compose_validate_and_load_back(tmp_path):
         assert load_resolved(path).pipe.microbatches == want
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["pipe.microbatches=fast"], "pipe.microbatches='fast' is not allowed: an integer >= 1, auto, or unset (follows the pipeline length)"),
-    (["pipe.microbatches=0"], "pipe.microbatches=0 is not allowed: an integer >= 1, auto, or unset (follows the pipeline length)"),
-    # 2 workers, K = 2, a batch of 1 sample: 1F1B needs 2 micro-batches, none divides it
-    (["pipe.length=2", "pipe.schedule=1F1B", "train.global_batch_size=1", "pipe.microbatches=auto"],
-     "pipe.microbatches='auto' is not allowed: a count that suits 1F1B at pipe.length=2 and divides the "
-     "per-replica batch 1; none does"),
-    # the schedule's stage rules still apply
-    (["pipe.schedule=DualPipeV", "pipe.microbatches=auto"],
-     "pipe.stages_per_rank=1 is not allowed: 2 for DualPipeV (a V of two stages per rank)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["pipe.microbatches=fast"],
+            "pipe.microbatches='fast' is not allowed: an integer >= 1, auto, or unset (follows the pipeline length)",
+        ),
+        (
+            ["pipe.microbatches=0"],
+            "pipe.microbatches=0 is not allowed: an integer >= 1, auto, or unset (follows the pipeline length)",
+        ),
+        # 2 workers, K = 2, a batch of 1 sample: 1F1B needs 2 micro-batches, none divides it
+        (
+            ["pipe.length=2", "pipe.schedule=1F1B", "train.global_batch_size=1", "pipe.microbatches=auto"],
+            "pipe.microbatches='auto' is not allowed: a count that suits 1F1B at pipe.length=2 and divides the "
+            "per-replica batch 1; none does",
+        ),
+        # the schedule's stage rules still apply
+        (
+            ["pipe.schedule=DualPipeV", "pipe.microbatches=auto"],
+            "pipe.stages_per_rank=1 is not allowed: 2 for DualPipeV (a V of two stages per rank)",
+        ),
+    ],
+)
 def test_bad_microbatches_is_one_line_naming_the_key(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as e:
         compose_config(TINY + ["launcher.nproc_per_node=2"] + overrides, tmp_path)
@@ -193,8 +209,18 @@ def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
     from ptrun.config.layout import fill_batch
 
     def plans(*extra):  # the paper's start: two machines of 8 GPUs, the first pipeline 8 long
-        cfg = compose(["recipe=vit_imagenet", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
-                       "pipe.length=8", "launcher.nnodes=2", *extra], run_dir=tmp_path, recipe="test")
+        cfg = compose(
+            [
+                "recipe=vit_imagenet",
+                f"data.path={tmp_path}",
+                f"model.pretrained={tmp_path}",
+                "pipe.length=8",
+                "launcher.nnodes=2",
+                *extra,
+            ],
+            run_dir=tmp_path,
+            recipe="test",
+        )
         cfg = fill_batch(cfg, 16)
         return plan_epochs(costs_from_config(cfg.model, cfg.data), get_cluster("paper"), cfg)[1]
 
@@ -205,13 +231,12 @@ def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
 # ---- the measurement, in a real trainer on one rank ----------------------------------------------------------
 
 
-
-
 def build_trainer(tmp_path, name: str, *extra: str):
     from ptrun.train.trainer import Trainer
 
-    cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "auto.cache=false", "model.dropout=0.1", *extra],
-                         tmp_path / name)
+    cfg = compose_config(
+        TINY + ["launcher.nproc_per_node=1", "auto.cache=false", "model.dropout=0.1", *extra], tmp_path / name
+    )
     return Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
 
 
@@ -246,7 +271,9 @@ def test_tuning_in_the_trainer_changes_nothing_about_training(tmp_path, monkeypa
     again = build_trainer(tmp_path, "again", "pipe.microbatches=auto")
     try:
         assert again.record.tuning.source == "cached" and again.record.tuning.costs == t.costs
-        cache = json.loads((tmp_path / "microtune").joinpath(again.record.tuning.cache_file.rsplit("/", 1)[-1]).read_text())
+        cache = json.loads(
+            (tmp_path / "microtune").joinpath(again.record.tuning.cache_file.rsplit("/", 1)[-1]).read_text()
+        )
         assert cache["fields"]["world_size"] == 1 and cache["fields"]["lengths"] == [[1, 1, 16, [1, 2, 4]]]
     finally:
         again.close()

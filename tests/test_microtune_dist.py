@@ -16,9 +16,17 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 # A 2-stage 1F1B pipeline (DP 1, 16 samples a step): candidates M = 2, 4, 8. Head dropout draws random
 # numbers, so a tuning that left the generators moved would train differently.
-RUN = TINY + ["launcher.nproc_per_node=2", "pipe.length=2", "pipe.schedule=1F1B", "train.epochs=2",
-              "train.max_steps_per_epoch=3", "model.dropout=0.1", "auto.cache=false", "train.export=false",
-              "checkpoint.every_epochs=2"]
+RUN = TINY + [
+    "launcher.nproc_per_node=2",
+    "pipe.length=2",
+    "pipe.schedule=1F1B",
+    "train.epochs=2",
+    "train.max_steps_per_epoch=3",
+    "model.dropout=0.1",
+    "auto.cache=false",
+    "train.export=false",
+    "checkpoint.every_epochs=2",
+]
 
 
 def plans(run_dir) -> list[dict]:

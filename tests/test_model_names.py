@@ -21,8 +21,9 @@ from ptrun.config.fit import recipe_catalogue
 from ptrun.config.hub import parse_hub_id
 
 IMAGE_RECIPES = "use recipe=digits_vit (or another that fits: vit_cifar10, vit_cifar100, vit_imagenet)"
-ENCODER_RECIPES = ("use recipe=text_classification (or another that fits: bbc_news_bert, bert_glue, bert_squad, "
-                   "bert_sst2)")
+ENCODER_RECIPES = (
+    "use recipe=text_classification (or another that fits: bbc_news_bert, bert_glue, bert_squad, bert_sst2)"
+)
 
 
 def save_tiny(kind: str, path: Path) -> Path:
@@ -56,41 +57,66 @@ def refusal(cli, tmp_path: Path, *overrides: str) -> str:
 
 # ---- the refusals ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, why", [
-    ("deit_tiny_distilled_patch16_224", ", with a timm ViT ptrun splits (not deit_tiny_distilled_patch16_224: a "
-                                        "distilled DeiT (two heads))"),
-    ("resnet50", ", with a timm ViT ptrun splits (not resnet50: timm builds it in timm.models.resnet, not as a "
-                 "VisionTransformer)"),
-    ("vit_small_patch16_224", ""),
-])
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        (
+            "deit_tiny_distilled_patch16_224",
+            ", with a timm ViT ptrun splits (not deit_tiny_distilled_patch16_224: a distilled DeiT (two heads))",
+        ),
+        (
+            "resnet50",
+            ", with a timm ViT ptrun splits (not resnet50: timm builds it in timm.models.resnet, not as a "
+            "VisionTransformer)",
+        ),
+        ("vit_small_patch16_224", ""),
+    ],
+)
 def test_a_timm_name_on_the_default_text_recipe(cli, tmp_path, name, why):
     """The default recipe's packaged MiniLM would train under the image model's name: refused instead."""
     assert refusal(cli, tmp_path, "recipe=bbc_news_bert", f"model.name={name}") == (
         f"model.name={name!r} is a timm image model; recipe bbc_news_bert trains text (data.name=bbc_news) and "
-        f"model.pretrained is a bert text model, which model.name only labels: {IMAGE_RECIPES}{why}")
+        f"model.pretrained is a bert text model, which model.name only labels: {IMAGE_RECIPES}{why}"
+    )
 
 
 def test_a_timm_name_on_a_text_source_without_pretrained_weights(cli, tmp_path):
-    line = refusal(cli, tmp_path, "recipe=bert_sst2", "model.name=vit_base_patch16_224", "model.pretrained=null",
-                   f"data.path={tmp_path}", f"data.tokenizer={tmp_path}")
-    assert line == ("model.name='vit_base_patch16_224' is a timm image model; recipe bert_sst2 trains text "
-                    f"(data.name=glue): {IMAGE_RECIPES}")
+    line = refusal(
+        cli,
+        tmp_path,
+        "recipe=bert_sst2",
+        "model.name=vit_base_patch16_224",
+        "model.pretrained=null",
+        f"data.path={tmp_path}",
+        f"data.tokenizer={tmp_path}",
+    )
+    assert line == (
+        "model.name='vit_base_patch16_224' is a timm image model; recipe bert_sst2 trains text "
+        f"(data.name=glue): {IMAGE_RECIPES}"
+    )
 
 
 def test_an_encoder_on_causal_lm(cli, tmp_path, models):
     """Refused before the data.path the recipe leaves to set: the model is the bigger mistake."""
     line = refusal(cli, tmp_path, "recipe=causal_lm", f"model.pretrained={models['bert']}")
-    assert line == (f"model.task='causal_lm' is not allowed: one of classification, regression, qa for a bert "
-                    f"model (model.pretrained='{models['bert']}', an encoder; causal_lm takes a decoder: gpt2, "
-                    f"llama, qwen2, qwen3, mistral); for this model {ENCODER_RECIPES}")
+    assert line == (
+        f"model.task='causal_lm' is not allowed: one of classification, regression, qa for a bert "
+        f"model (model.pretrained='{models['bert']}', an encoder; causal_lm takes a decoder: gpt2, "
+        f"llama, qwen2, qwen3, mistral); for this model {ENCODER_RECIPES}"
+    )
 
 
 def test_a_decoder_on_question_answering(cli, tmp_path, models):
     line = refusal(cli, tmp_path, "recipe=bert_squad", f"model.pretrained={models['gpt2']}", f"data.path={tmp_path}")
-    assert line.startswith("model.task='qa' is not allowed: one of causal_lm, classification, regression for a "
-                           f"gpt2 model (model.pretrained='{models['gpt2']}', a decoder; qa takes an encoder: bert,")
-    assert line.endswith("for this model use recipe=causal_lm (or another that fits: text_classification, "
-                         "bbc_news_bert, bert_glue, bert_sst2)")
+    assert line.startswith(
+        "model.task='qa' is not allowed: one of causal_lm, classification, regression for a "
+        f"gpt2 model (model.pretrained='{models['gpt2']}', a decoder; qa takes an encoder: bert,"
+    )
+    assert line.endswith(
+        "for this model use recipe=causal_lm (or another that fits: text_classification, "
+        "bbc_news_bert, bert_glue, bert_sst2)"
+    )
 
 
 @pytest.mark.parametrize("weights", ["", "/model.safetensors"])
@@ -99,7 +125,8 @@ def test_a_text_model_on_an_image_recipe(cli, tmp_path, models, weights):
     pretrained = f"{models['roberta']}{weights}"
     assert refusal(cli, tmp_path, "recipe=digits_vit", f"model.pretrained={pretrained}") == (
         f"model.pretrained={pretrained!r} is a roberta text model; recipe digits_vit trains images "
-        f"(data.name=digits): {ENCODER_RECIPES}")
+        f"(data.name=digits): {ENCODER_RECIPES}"
+    )
 
 
 def test_a_cached_bare_hub_id_of_a_text_model_on_an_image_recipe(cli, hub, tmp_path, models):  # noqa: F811
@@ -107,18 +134,27 @@ def test_a_cached_bare_hub_id_of_a_text_model_on_an_image_recipe(cli, hub, tmp_p
     cache_repo(hub, "roberta-base", models["roberta"], MAIN)
     assert refusal(cli, tmp_path, "recipe=digits_vit", "model.pretrained=roberta-base") == (
         f"model.pretrained='roberta-base' is a roberta text model; recipe digits_vit trains images "
-        f"(data.name=digits): {ENCODER_RECIPES}")
+        f"(data.name=digits): {ENCODER_RECIPES}"
+    )
 
 
 def test_a_bare_hub_id_missing_offline_says_how_to_fetch_it(cli, hub, tmp_path):  # noqa: F811
-    line = refusal(cli, tmp_path, "recipe=text_classification", "model.pretrained=bert-base-uncased",
-                   f"data.path={tmp_path}/news.csv")
-    assert line == (f"model.pretrained='bert-base-uncased': no such file or directory, and not in the Hugging "
-                    f"Face cache ({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: "
-                    f"hf download bert-base-uncased")
+    line = refusal(
+        cli,
+        tmp_path,
+        "recipe=text_classification",
+        "model.pretrained=bert-base-uncased",
+        f"data.path={tmp_path}/news.csv",
+    )
+    assert line == (
+        f"model.pretrained='bert-base-uncased': no such file or directory, and not in the Hugging "
+        f"Face cache ({hub}) and HF_HUB_OFFLINE=1; fetch it on a machine with access: "
+        f"hf download bert-base-uncased"
+    )
 
 
 # ---- what is still accepted --------------------------------------------------------------------------------
+
 
 def test_a_label_names_a_text_model_of_your_own(tiny_bert):
     cfg = resolve([*TEXT, f"model.pretrained={tiny_bert}", "model.name=my-news-model"]).cfg
@@ -133,8 +169,14 @@ def test_a_vit_name_on_the_image_recipe(name):
 def test_a_decoder_on_text_classification(models, tiny_bert, tmp_path):
     data = tmp_path / "news.csv"
     data.write_text("text,topic\nthe news,a\nthe film,b\n")
-    cfg = resolve(["recipe=text_classification", f"model.pretrained={models['gpt2']}", f"data.path={data}",
-                   f"data.tokenizer={tiny_bert}"]).cfg
+    cfg = resolve(
+        [
+            "recipe=text_classification",
+            f"model.pretrained={models['gpt2']}",
+            f"data.path={data}",
+            f"data.tokenizer={tiny_bert}",
+        ]
+    ).cfg
     assert cfg.model.pretrained == str(models["gpt2"])
 
 
@@ -146,6 +188,7 @@ def test_a_cached_bare_hub_id_resolves(hub, tiny_bert, capsys):  # noqa: F811
 
 
 # ---- the pieces --------------------------------------------------------------------------------------------
+
 
 def test_bare_names_are_hub_ids_and_paths_stay_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -169,7 +212,14 @@ def test_timm_image_names_are_known_without_importing_timm():
 def test_the_catalogue_reads_every_recipe():
     recipes = {r.name: r for r in recipe_catalogue()}
     assert set(recipes) == {p.stem for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml")}
-    assert {n for n, r in recipes.items() if r.inputs == "images"} == {"digits_vit", "vit_cifar10", "vit_cifar100",
-                                                                       "vit_imagenet"}
-    assert (recipes["causal_lm"].task, recipes["bert_squad"].task, recipes["bert_glue"].data) == ("causal_lm", "qa",
-                                                                                                  "glue")
+    assert {n for n, r in recipes.items() if r.inputs == "images"} == {
+        "digits_vit",
+        "vit_cifar10",
+        "vit_cifar100",
+        "vit_imagenet",
+    }
+    assert (recipes["causal_lm"].task, recipes["bert_squad"].task, recipes["bert_glue"].data) == (
+        "causal_lm",
+        "qa",
+        "glue",
+    )

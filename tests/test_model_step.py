@@ -10,23 +10,38 @@ import pytest
 from ptrun.bench import model_step
 
 
-@pytest.mark.parametrize("recipe,overrides,batch", [
-    ("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"], {"pixel_values": [16, 1, 8, 8]}),
-    pytest.param("bbc_news_bert", ["data.max_length=16"], {"input_ids": [16, 16], "attention_mask": [16, 16]},
-                 marks=pytest.mark.slow),  # loads MiniLM and tokenizes the corpus: ~10 s
-    pytest.param("causal_lm", ["data.max_length=16"], {"input_ids": [8, 16], "attention_mask": [8, 16]},
-                 marks=pytest.mark.slow),  # trains a tokenizer: ~10 s
-])
+@pytest.mark.parametrize(
+    "recipe,overrides,batch",
+    [
+        ("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"], {"pixel_values": [16, 1, 8, 8]}),
+        pytest.param(
+            "bbc_news_bert",
+            ["data.max_length=16"],
+            {"input_ids": [16, 16], "attention_mask": [16, 16]},
+            marks=pytest.mark.slow,
+        ),  # loads MiniLM and tokenizes the corpus: ~10 s
+        pytest.param(
+            "causal_lm",
+            ["data.max_length=16"],
+            {"input_ids": [8, 16], "attention_mask": [8, 16]},
+            marks=pytest.mark.slow,
+        ),  # trains a tokenizer: ~10 s
+    ],
+)
 def test_both_models_step_the_same_architecture_on_the_same_batch(tmp_path, recipe, overrides, batch):
     out = tmp_path / "step.json"
     if recipe == "causal_lm":
         from ptrun.bench import decoder
 
         decoder.main([str(tmp_path / "lm"), "--documents", "20", "--hidden", "64", "--layers", "2", "--vocab", "300"])
-        overrides = [*overrides, f"model.pretrained={tmp_path / 'lm' / 'llama'}",
-                     f"data.path={tmp_path / 'lm' / 'news.jsonl'}"]
-    result = model_step.main(["--recipe", recipe, "--steps", "1", "--rounds", "2", "--profile", "--out", str(out),
-                              *overrides])
+        overrides = [
+            *overrides,
+            f"model.pretrained={tmp_path / 'lm' / 'llama'}",
+            f"data.path={tmp_path / 'lm' / 'news.jsonl'}",
+        ]
+    result = model_step.main(
+        ["--recipe", recipe, "--steps", "1", "--rounds", "2", "--profile", "--out", str(out), *overrides]
+    )
     assert json.loads(out.read_text()) == result
     size = next(iter(batch.values()))[0]
     assert {k: result["batch"][k] for k in batch} == batch and result["batch"]["labels"][0] == size

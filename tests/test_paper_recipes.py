@@ -57,11 +57,12 @@ def test_an_empty_cache_names_every_id_in_one_line_and_starts_nothing(recipe, em
     out = cli("train", f"recipe={recipe}", f"hydra.run.dir={tmp_path / 'run'}")
     line = assert_one_error_line(out)
     model, data = IDS[recipe]
-    assert line == (f"ptrun: error: not in the Hugging Face cache ({empty_hub}) and HF_HUB_OFFLINE=1: "
-                    f"model.pretrained='{model}', data.path='{data}'; fetch them on a machine with access: "
-                    f"hf download {model}; hf download {data} --repo-type dataset"
-                    + ("; or set data.path to an image folder (train/<class>/*, val/<class>/*)"
-                       if recipe == "vit_imagenet" else ""))
+    assert line == (
+        f"ptrun: error: not in the Hugging Face cache ({empty_hub}) and HF_HUB_OFFLINE=1: "
+        f"model.pretrained='{model}', data.path='{data}'; fetch them on a machine with access: "
+        f"hf download {model}; hf download {data} --repo-type dataset"
+        + ("; or set data.path to an image folder (train/<class>/*, val/<class>/*)" if recipe == "vit_imagenet" else "")
+    )
     assert not (tmp_path / "run").exists()  # and `cli` fails any launch: no worker started
 
 
@@ -69,8 +70,15 @@ def test_cfg_job_shows_the_hub_ids_and_one_machine(tmp_path):
     out = run_ptrun("train", "recipe=vit_cifar100", "--cfg", "job", cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for line in (f"pretrained: {VIT_ID}", f"path: {CIFAR100_ID}", "nnodes: '1'", "nproc_per_node: auto",
-                 "length: auto", "pipeline_batch_size: 320", "speedup: 2.44"):
+    for line in (
+        f"pretrained: {VIT_ID}",
+        f"path: {CIFAR100_ID}",
+        "nnodes: '1'",
+        "nproc_per_node: auto",
+        "length: auto",
+        "pipeline_batch_size: 320",
+        "speedup: 2.44",
+    ):
         assert f"  {line}\n" in text, line
 
 
@@ -82,8 +90,10 @@ def test_the_ids_resolve_to_snapshots_and_the_sources_read_them(hub, tmp_path, c
     from ptrun.data.sources import build_datasets
 
     cfg = resolve(["recipe=vit_cifar100", *VIT_SIZE, f"hydra.run.dir={tmp_path / 'a'}"]).cfg
-    assert cfg.model.pretrained.endswith("model.safetensors") and f"models--{VIT_ID.replace('/', '--')}" in \
-        cfg.model.pretrained
+    assert (
+        cfg.model.pretrained.endswith("model.safetensors")
+        and f"models--{VIT_ID.replace('/', '--')}" in cfg.model.pretrained
+    )
     assert f"datasets--{CIFAR100_ID.replace('/', '--')}" in cfg.data.path
     err = capsys.readouterr().err
     assert f"model.pretrained={VIT_ID} -> " in err and f"data.path={CIFAR100_ID} -> {cfg.data.path}" in err
@@ -112,13 +122,17 @@ def test_a_snapshot_without_the_sources_files_is_one_line(hub, tmp_path):
     from ptrun.compose import resolve
     from ptrun.config import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"^data.path='{GLUE_ID}': its snapshot .* lacks rte/train-\*.parquet, "
-                                          rf"rte/validation-\*.parquet; fetch them on a machine with access: "
-                                          rf"hf download {GLUE_ID} --repo-type dataset$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^data.path='{GLUE_ID}': its snapshot .* lacks rte/train-\*.parquet, "
+        rf"rte/validation-\*.parquet; fetch them on a machine with access: "
+        rf"hf download {GLUE_ID} --repo-type dataset$",
+    ):
         resolve(["recipe=bert_glue", "data.task=rte", "data.max_length=32", f"hydra.run.dir={tmp_path}"])
 
 
 # ---- the recipes run to the end, offline, on one machine ----------------------------------------------------
+
 
 @pytest.mark.slow
 def test_vit_cifar100_runs_offline_and_its_report_sets_the_paper_beside_it(stand_ins, tmp_path):
@@ -130,18 +144,30 @@ def test_vit_cifar100_runs_offline_and_its_report_sets_the_paper_beside_it(stand
     assert start["world_size"] == 2 and run_events(run, "end")  # one machine, its two emulated devices
     assert max(p["frozen_units"] for p in run_events(run, "plan")) > 0  # the paper's rule froze
     assert (run / "model" / "model.safetensors").is_file()
-    off = run_ptrun("train", "recipe=vit_cifar100", *VIT_QUICK, "auto.freeze=false", "auto.cache=false",
-                    f"hydra.run.dir={base}", cwd=tmp_path, env=env)
+    off = run_ptrun(
+        "train",
+        "recipe=vit_cifar100",
+        *VIT_QUICK,
+        "auto.freeze=false",
+        "auto.cache=false",
+        f"hydra.run.dir={base}",
+        cwd=tmp_path,
+        env=env,
+    )
     assert off.returncode == 0, off.stderr[-3000:]
 
     report = run_ptrun("report", str(run), cwd=tmp_path, timeout=120)
     assert report.returncode == 0, report.stderr
-    paper = ("paper (ViT-B/16 on CIFAR-100, 2 machines x 8 GPUs, 10 epochs (PipeTransformer, ICML 2021, Table 1)): "
-             "baseline top1 91.21 in 35m06s, PipeTransformer top1 91.33 in 12m23s, 2.44x")
+    paper = (
+        "paper (ViT-B/16 on CIFAR-100, 2 machines x 8 GPUs, 10 epochs (PipeTransformer, ICML 2021, Table 1)): "
+        "baseline top1 91.21 in 35m06s, PipeTransformer top1 91.33 in 12m23s, 2.44x"
+    )
     final = run_events(run, "epoch")[-1]["eval"]["top1"]
     assert paper in report.stdout and f"this run (run): top1 {final:.2f} in " in report.stdout
-    assert ("not the paper's setup, so not its experiment: 2 workers (the paper: 16 GPUs); 2 epochs (the paper: "
-            "10); epochs cut to 4 steps (train.max_steps_per_epoch)") in report.stdout
+    assert (
+        "not the paper's setup, so not its experiment: 2 workers (the paper: 16 GPUs); 2 epochs (the paper: "
+        "10); epochs cut to 4 steps (train.max_steps_per_epoch)"
+    ) in report.stdout
     assert "speedup over" not in report.stdout  # no freezing-off run given
     both = run_ptrun("report", str(run), str(base), "--out", str(tmp_path / "both"), cwd=tmp_path, timeout=120)
     assert both.returncode == 0, both.stderr
@@ -155,8 +181,16 @@ def test_vit_cifar100_runs_offline_and_its_report_sets_the_paper_beside_it(stand
 def test_bert_sst2_runs_offline_to_the_end(stand_ins, tmp_path):
     env = {"HF_HOME": str(stand_ins), "HF_HUB_OFFLINE": "1"}
     run = tmp_path / "run"
-    out = run_ptrun("train", "recipe=bert_sst2", "data.max_length=32", "train.epochs=2", "train.max_steps_per_epoch=3",
-                    f"hydra.run.dir={run}", cwd=tmp_path, env=env)
+    out = run_ptrun(
+        "train",
+        "recipe=bert_sst2",
+        "data.max_length=32",
+        "train.epochs=2",
+        "train.max_steps_per_epoch=3",
+        f"hydra.run.dir={run}",
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert run_events(run, "start")[0]["world_size"] == 2 and run_events(run, "end")
     assert "accuracy" in run_events(run, "epoch")[-1]["eval"]
@@ -173,12 +207,14 @@ def test_a_paper_recipe_on_a_cpu_names_the_keys_of_a_quick_try(hub, tmp_path):
     vit = resolve(["recipe=vit_cifar100", f"hydra.run.dir={tmp_path / 'a'}"]).cfg
     assert quick_try(vit, gpus=0) == (
         "ptrun: recipe vit_cifar100 trains at the paper's size, on this machine's CPU for hours or days; a quick try "
-        "shrinks it: train.epochs=1 train.max_steps_per_epoch=20 train.pipeline_batch_size=16 data.image_size=64")
+        "shrinks it: train.epochs=1 train.max_steps_per_epoch=20 train.pipeline_batch_size=16 data.image_size=64"
+    )
     assert quick_try(vit, gpus=8) is None
     bert = resolve(["recipe=bert_sst2", "data.max_length=32", f"hydra.run.dir={tmp_path / 'b'}"]).cfg
     assert quick_try(bert, gpus=0).endswith("train.global_batch_size=16 data.max_length=64")
-    short = resolve(["recipe=bert_sst2", "data.max_length=32", "train.max_steps_per_epoch=3",
-                     f"hydra.run.dir={tmp_path / 'c'}"]).cfg
+    short = resolve(
+        ["recipe=bert_sst2", "data.max_length=32", "train.max_steps_per_epoch=3", f"hydra.run.dir={tmp_path / 'c'}"]
+    ).cfg
     assert quick_try(short, gpus=0) is None
     digits = resolve(["recipe=digits_vit", f"hydra.run.dir={tmp_path / 'd'}"]).cfg
     assert quick_try(digits, gpus=0) is None  # not a paper recipe
@@ -204,15 +240,33 @@ def test_imagenet_and_squad_read_from_their_hub_parquet(hub, tmp_path):
 
     cache_repo(hub, "rajpurkar/squad", squad_files(tmp_path / "squad"), MAIN, repo_type="dataset")
     cache_repo(hub, "google-bert/bert-large-uncased", save_tiny_bert(tmp_path / "bert"), MAIN)
-    cfg = resolve(["recipe=bert_squad", "data.max_length=32", "data.doc_stride=8",
-                   f"hydra.run.dir={tmp_path / 'b'}"]).cfg
+    cfg = resolve(
+        ["recipe=bert_squad", "data.max_length=32", "data.doc_stride=8", f"hydra.run.dir={tmp_path / 'b'}"]
+    ).cfg
     qa = build_datasets(cfg.data)
     assert qa.qa_eval.ids == ["q0", "q1", "q2", "q3"] and len(qa.train) == 6
     rows = squad_rows(2)
     official = tmp_path / "dev-v1.1.json"
-    official.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": rows["context"][0], "qas": [
-        {"id": i, "question": q, "answers": [{"text": "sport", "answer_start": 15}]}
-        for i, q in zip(rows["id"], rows["question"])]}]}]}))
+    official.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "title": "t",
+                        "paragraphs": [
+                            {
+                                "context": rows["context"][0],
+                                "qas": [
+                                    {"id": i, "question": q, "answers": [{"text": "sport", "answer_start": 15}]}
+                                    for i, q in zip(rows["id"], rows["question"])
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     parquet = next((tmp_path / "squad" / "plain_text").glob("validation-*.parquet"))
     from_parquet = read_squad_parquet(parquet)
     assert {k: v[:2] for k, v in from_parquet.items()} == read_squad(official)
@@ -259,5 +313,6 @@ def test_gated_imagenet_without_access_names_both_ways_in_one_line(empty_hub, ga
     assert assert_one_error_line(out) == (
         "ptrun: error: data.path='ILSVRC/imagenet-1k': gated on the Hugging Face hub and this machine has no access; "
         "accept its terms at https://huggingface.co/datasets/ILSVRC/imagenet-1k and log in (hf auth login, or set "
-        "HF_TOKEN); or set data.path to an image folder (train/<class>/*, val/<class>/*)")
+        "HF_TOKEN); or set data.path to an image folder (train/<class>/*, val/<class>/*)"
+    )
     assert not (tmp_path / "run").exists()

@@ -13,8 +13,17 @@ import pytest
 
 from ptrun.config import ConfigError
 from ptrun.parallel.partition import (
-    FROZEN_COST, PARTITIONERS, explicit, min_max, partition, pipedream, pipetransformer, stage_sums, stage_times,
-    uniform, weighted_costs,
+    FROZEN_COST,
+    PARTITIONERS,
+    explicit,
+    min_max,
+    partition,
+    pipedream,
+    pipetransformer,
+    stage_sums,
+    stage_times,
+    uniform,
+    weighted_costs,
 )
 from ptrun.parallel.plan import even_bounds
 
@@ -38,8 +47,10 @@ def all_layouts(n: int, s: int):
 
 def brute_best(n: int, s: int, stage_cost):
     """The documented optimum by enumeration: min largest stage, then leximax, then earlier stages larger."""
+
     def key(b):
         return tuple(sorted(stage_cost(b), reverse=True)), tuple(-hi for _, hi in b)
+
     return min(all_layouts(n, s), key=key)
 
 
@@ -54,18 +65,21 @@ def random_costs(rng: random.Random, n: int) -> list[float]:
 # Balance on known vectors
 
 
-@pytest.mark.parametrize("costs, s, expect", [
-    ([1, 1, 1, 1], 2, ((0, 2), (2, 4))),
-    ([4, 1, 1, 1, 1], 2, ((0, 1), (1, 5))),
-    # ViT-like with equal halves: embed 0.5, eight halves of 1, head 0.5. Into 2: 4.5 | 4.5.
-    ([0.5] + [1] * 8 + [0.5], 2, ((0, 5), (5, 10))),
-    # Into 4 the only layout with largest stage 2.5 is [.5,1,1] [1,1] [1,1] [1,1,.5].
-    ([0.5] + [1] * 8 + [0.5], 4, ((0, 3), (3, 5), (5, 7), (7, 10))),
-    # ViT-like with attention:MLP = 1:2 (4d^2 vs 8d^2 params): 0.25 + (1 + 2) * 2 = 6.25 on each side.
-    ([0.25] + [1, 2] * 4 + [0.25], 2, ((0, 5), (5, 10))),
-    ([3], 1, ((0, 1),)),
-    ([1, 5, 1], 3, ((0, 1), (1, 2), (2, 3))),
-])
+@pytest.mark.parametrize(
+    "costs, s, expect",
+    [
+        ([1, 1, 1, 1], 2, ((0, 2), (2, 4))),
+        ([4, 1, 1, 1, 1], 2, ((0, 1), (1, 5))),
+        # ViT-like with equal halves: embed 0.5, eight halves of 1, head 0.5. Into 2: 4.5 | 4.5.
+        ([0.5] + [1] * 8 + [0.5], 2, ((0, 5), (5, 10))),
+        # Into 4 the only layout with largest stage 2.5 is [.5,1,1] [1,1] [1,1] [1,1,.5].
+        ([0.5] + [1] * 8 + [0.5], 4, ((0, 3), (3, 5), (5, 7), (7, 10))),
+        # ViT-like with attention:MLP = 1:2 (4d^2 vs 8d^2 params): 0.25 + (1 + 2) * 2 = 6.25 on each side.
+        ([0.25] + [1, 2] * 4 + [0.25], 2, ((0, 5), (5, 10))),
+        ([3], 1, ((0, 1),)),
+        ([1, 5, 1], 3, ((0, 1), (1, 2), (2, 3))),
+    ],
+)
 def test_min_max_known(costs, s, expect):
     assert min_max(costs, s) == expect
 
@@ -206,14 +220,17 @@ def test_pipetransformer_variance_slack_lets_a_stage_overshoot():
     assert min_max([5, 5, 1, 9], 2) == ((0, 2), (2, 4))
 
 
-@pytest.mark.parametrize("costs, s, expect", [
-    ([1, 1, 1, 1], 2, ((0, 2), (2, 4))),  # "below" read as "not above": equal units fill their fair share
-    ([0.1] * 6, 3, ((0, 2), (2, 4), (4, 6))),  # the same through float rounding (0.1 is inexact)
-    ([4, 1, 1, 1, 1], 2, ((0, 1), (1, 5))),
-    # A huge first unit: stage 0 may exceed its limit with its first unit but must leave one unit per stage.
-    ([100, 1, 1, 1], 3, ((0, 2), (2, 3), (3, 4))),
-    ([0, 0, 0], 2, ((0, 2), (2, 3))),  # all-zero costs fall back to the even layout
-])
+@pytest.mark.parametrize(
+    "costs, s, expect",
+    [
+        ([1, 1, 1, 1], 2, ((0, 2), (2, 4))),  # "below" read as "not above": equal units fill their fair share
+        ([0.1] * 6, 3, ((0, 2), (2, 4), (4, 6))),  # the same through float rounding (0.1 is inexact)
+        ([4, 1, 1, 1, 1], 2, ((0, 1), (1, 5))),
+        # A huge first unit: stage 0 may exceed its limit with its first unit but must leave one unit per stage.
+        ([100, 1, 1, 1], 3, ((0, 2), (2, 3), (3, 4))),
+        ([0, 0, 0], 2, ((0, 2), (2, 3))),  # all-zero costs fall back to the even layout
+    ],
+)
 def test_pipetransformer_known(costs, s, expect):
     assert pipetransformer(costs, s) == expect
 
@@ -244,9 +261,17 @@ def test_every_method_returns_a_valid_layout(method):
         if method == "explicit":
             cuts = sorted(rng.sample(range(1, n), s - 1))
             stages = [[lo, hi] for lo, hi in zip([0, *cuts], [*cuts, n])]
-        got = partition(method, s, num_units=n, param_costs=random_costs(rng, n), time_costs=random_costs(rng, n),
-                        activation=random_costs(rng, n), bandwidth=rng.choice([1.0, 100.0]), frozen_units=frozen,
-                        stages=stages)
+        got = partition(
+            method,
+            s,
+            num_units=n,
+            param_costs=random_costs(rng, n),
+            time_costs=random_costs(rng, n),
+            activation=random_costs(rng, n),
+            bandwidth=rng.choice([1.0, 100.0]),
+            frozen_units=frozen,
+            stages=stages,
+        )
         assert_layout(got, n, s)
         if stages is not None:
             assert got == tuple(map(tuple, stages))
@@ -271,21 +296,24 @@ def test_explicit_accepts_valid_lists():
     assert explicit(((0, 10),), 10) == ((0, 10),)
 
 
-@pytest.mark.parametrize("stages", [
-    [[0, 3], [4, 10]],  # gap
-    [[0, 4], [3, 10]],  # overlap
-    [[0, 0], [0, 10]],  # empty range
-    [[0, 5]],  # does not reach the end
-    [[1, 10]],  # does not start at 0
-    [[0, 5], [5, 11]],  # past the end
-    [[0, 5.0], [5.0, 10]],  # floats
-    [[0, True], [True, 10]],  # bools
-    [[0, 1, 2], [2, 10]],  # not a pair
-    [[0, 5], 10],  # not a list of pairs
-    [],
-    "0-10",
-    None,
-])
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [[0, 3], [4, 10]],  # gap
+        [[0, 4], [3, 10]],  # overlap
+        [[0, 0], [0, 10]],  # empty range
+        [[0, 5]],  # does not reach the end
+        [[1, 10]],  # does not start at 0
+        [[0, 5], [5, 11]],  # past the end
+        [[0, 5.0], [5.0, 10]],  # floats
+        [[0, True], [True, 10]],  # bools
+        [[0, 1, 2], [2, 10]],  # not a pair
+        [[0, 5], 10],  # not a list of pairs
+        [],
+        "0-10",
+        None,
+    ],
+)
 def test_explicit_rejects_bad_lists(stages):
     with pytest.raises(ConfigError) as e:
         explicit(stages, 10)
@@ -294,8 +322,11 @@ def test_explicit_rejects_bad_lists(stages):
 
 
 def test_explicit_message_example():
-    with pytest.raises(ConfigError, match=r"^pipe\.stages=\[\[0, 3\], \[4, 10\]\] must be contiguous non-empty "
-                                          r"\[lo, hi\) ranges covering units 0\.\.10$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^pipe\.stages=\[\[0, 3\], \[4, 10\]\] must be contiguous non-empty "
+        r"\[lo, hi\) ranges covering units 0\.\.10$",
+    ):
         explicit([[0, 3], [4, 10]], 10)
 
 
@@ -321,29 +352,46 @@ def test_unknown_method():
 
 @pytest.mark.parametrize("method", PARTITIONERS)
 def test_more_stages_than_units(method):
-    msg = one_line_error(partition, method, 5, num_units=4, param_costs=[1] * 4, time_costs=[1] * 4,
-                         activation=[1] * 4, bandwidth=1.0, stages=[[0, 1], [1, 2], [2, 3], [3, 4]])
+    msg = one_line_error(
+        partition,
+        method,
+        5,
+        num_units=4,
+        param_costs=[1] * 4,
+        time_costs=[1] * 4,
+        activation=[1] * 4,
+        bandwidth=1.0,
+        stages=[[0, 1], [1, 2], [2, 3], [3, 4]],
+    )
     assert "pipe.partition" in msg and "at most 4 stages" in msg
 
 
 def test_direct_calls_reject_bad_stage_counts():
-    for fn, args in [(uniform, (3, 4)), (min_max, ([1, 1, 1], 4)), (pipetransformer, ([1, 1, 1], 4)),
-                     (pipedream, ([1, 1, 1], [1, 1, 1], 4, 1.0)), (min_max, ([1, 1, 1], 0))]:
+    for fn, args in [
+        (uniform, (3, 4)),
+        (min_max, ([1, 1, 1], 4)),
+        (pipetransformer, ([1, 1, 1], 4)),
+        (pipedream, ([1, 1, 1], [1, 1, 1], 4, 1.0)),
+        (min_max, ([1, 1, 1], 0)),
+    ]:
         assert "pipe.partition" in one_line_error(fn, *args)
 
 
-@pytest.mark.parametrize("method, kwargs, needle", [
-    ("params", dict(time_costs=[1] * 4), "parameter costs"),
-    ("pipetransformer", dict(time_costs=[1] * 4), "parameter costs"),
-    ("time", dict(param_costs=[1] * 4), "time costs"),
-    ("pipedream", dict(time_costs=[1] * 4, bandwidth=1.0), "activation sizes"),
-    ("pipedream", dict(activation=[1] * 4, bandwidth=1.0), "time costs"),
-    ("pipedream", dict(time_costs=[1] * 4, activation=[1] * 4), "bandwidth"),
-    ("params", dict(param_costs=[1] * 3), "3 entries for 4 units"),
-    ("params", dict(param_costs=[1, -1, 1, 1]), ">= 0"),
-    ("time", dict(time_costs=[1, math.nan, 1, 1]), ">= 0"),
-    ("pipedream", dict(time_costs=[1] * 4, activation=[1] * 4, bandwidth=0.0), "bandwidth > 0"),
-])
+@pytest.mark.parametrize(
+    "method, kwargs, needle",
+    [
+        ("params", dict(time_costs=[1] * 4), "parameter costs"),
+        ("pipetransformer", dict(time_costs=[1] * 4), "parameter costs"),
+        ("time", dict(param_costs=[1] * 4), "time costs"),
+        ("pipedream", dict(time_costs=[1] * 4, bandwidth=1.0), "activation sizes"),
+        ("pipedream", dict(activation=[1] * 4, bandwidth=1.0), "time costs"),
+        ("pipedream", dict(time_costs=[1] * 4, activation=[1] * 4), "bandwidth"),
+        ("params", dict(param_costs=[1] * 3), "3 entries for 4 units"),
+        ("params", dict(param_costs=[1, -1, 1, 1]), ">= 0"),
+        ("time", dict(time_costs=[1, math.nan, 1, 1]), ">= 0"),
+        ("pipedream", dict(time_costs=[1] * 4, activation=[1] * 4, bandwidth=0.0), "bandwidth > 0"),
+    ],
+)
 def test_missing_or_bad_costs(method, kwargs, needle):
     msg = one_line_error(partition, method, 2, num_units=4, **kwargs)
     assert msg.startswith(f"pipe.partition={method}") and needle in msg
@@ -364,8 +412,7 @@ def test_a_one_stage_start_measures_no_profile(tmp_path):
     cfg = compose_config(["pipe.partition=time", "pipe.length=1"], tmp_path)
     assert measure_profile(cfg, None, None, None, 2, None) == (None, None)
     with pytest.raises(AttributeError):  # two stages do profile: they read the data
-        measure_profile(compose_config(["pipe.partition=time", "pipe.length=2"], tmp_path), None, None, None, 2,
-                        None)
+        measure_profile(compose_config(["pipe.partition=time", "pipe.length=2"], tmp_path), None, None, None, 2, None)
 
 
 def test_module_does_not_import_torch():

@@ -14,17 +14,33 @@ from ptrun.sim.simulate import pipeline_seconds
 
 def test_the_1f1b_order_warms_up_alternates_and_drains():
     assert list(order_1f1b(2, range(4), ())) == [
-        ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
-    assert list(order_1f1b(1, range(3), ())) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
-                                                               ("B", 2)]
+        ("F", 0),
+        ("F", 1),
+        ("B", 0),
+        ("F", 2),
+        ("B", 1),
+        ("F", 3),
+        ("B", 2),
+        ("B", 3),
+    ]
+    assert list(order_1f1b(1, range(3), ())) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
     # a segment ending at step 1: both in-flight steps finish before step 2 starts
     assert list(order_1f1b(3, range(4), (1,))) == [
-        ("F", 0), ("F", 1), ("B", 0), ("B", 1), ("F", 2), ("F", 3), ("B", 2), ("B", 3)]
+        ("F", 0),
+        ("F", 1),
+        ("B", 0),
+        ("B", 1),
+        ("F", 2),
+        ("F", 3),
+        ("B", 2),
+        ("B", 3),
+    ]
     # stage s of K runs step t with the weights of K - s - 1 updates ago, once the pipeline is full
-    assert forward_versions(3, 0, 6, ()) == [{0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 5: 3},
-                                             {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 4},
-                                             {t: t for t in range(6)}]
-
+    assert forward_versions(3, 0, 6, ()) == [
+        {0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 5: 3},
+        {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 4},
+        {t: t for t in range(6)},
+    ]
 
 
 def test_a_stage_that_ends_the_stream_mid_warm_up_drains_what_it_started():
@@ -57,8 +73,16 @@ def test_a_replicated_first_stage_places_replicas_then_one_shared_rank_per_stage
     from ptrun.config import ConfigError
     from ptrun.parallel.plan import Plan, even_bounds
 
-    plan = Plan(num_units=6, frozen_units=0, pp=3, dp=2, stage_bounds=even_bounds(6, 3), microbatches=1,
-                schedule="pipedream", replicate_first_only=True).check()
+    plan = Plan(
+        num_units=6,
+        frozen_units=0,
+        pp=3,
+        dp=2,
+        stage_bounds=even_bounds(6, 3),
+        microbatches=1,
+        schedule="pipedream",
+        replicate_first_only=True,
+    ).check()
     assert plan.world_size == 4  # "2-1-1"
     assert [plan.coords(r) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (0, 2)]
     assert [plan.lanes(r) for r in range(4)] == [[0], [1], [0, 1], [0, 1]]
@@ -66,5 +90,13 @@ def test_a_replicated_first_stage_places_replicas_then_one_shared_rank_per_stage
     assert [plan.stage_ranks(s) for s in range(3)] == [[0, 1], [2], [3]]
     assert Plan.from_dict(plan.to_dict()) == plan
     with pytest.raises(ConfigError, match="stage replication needs pipedream"):
-        Plan(num_units=6, frozen_units=0, pp=3, dp=2, stage_bounds=even_bounds(6, 3), microbatches=3,
-             schedule="1F1B", replicate_first_only=True).check()
+        Plan(
+            num_units=6,
+            frozen_units=0,
+            pp=3,
+            dp=2,
+            stage_bounds=even_bounds(6, 3),
+            microbatches=3,
+            schedule="1F1B",
+            replicate_first_only=True,
+        ).check()

@@ -28,15 +28,19 @@ from ptrun.parallel.plan import even_bounds
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 CASES = {
-    2: [Case("vit-stash", "vit", 2, 1, 6),
+    2: [
+        Case("vit-stash", "vit", 2, 1, 6),
         Case("vit-nostash", "vit", 2, 1, 6, stashing=False),
         Case("bert-vertical", "bert", 2, 1, 6, vertical=True),
-        Case("vit-drain-change", "vit", 2, 1, 5, drains=(1,), then=(1, 2, 3))],
-    4: [Case("vit-K4-vertical", "vit", 4, 1, 8, vertical=True),
+        Case("vit-drain-change", "vit", 2, 1, 5, drains=(1,), then=(1, 2, 3)),
+    ],
+    4: [
+        Case("vit-K4-vertical", "vit", 4, 1, 8, vertical=True),
         Case("vit-K4-stash", "vit", 4, 1, 8),
         Case("bert-K2-DP2", "bert", 2, 2, 6),
         # stage replication 2-1-1: two input-stage replicas, then two shared stages (lanes pass shared -> shared)
-        Case("bert-K3-R2-vertical", "bert", 3, 2, 6, vertical=True, replicated=True)],
+        Case("bert-K3-R2-vertical", "bert", 3, 2, 6, vertical=True, replicated=True),
+    ],
     3: [Case("vit-K2-R2", "vit", 2, 2, 6, replicated=True)],  # PipeDream's "2-1"
 }
 BY_NAME = {c.name: (c.world, c) for cases in CASES.values() for c in cases}
@@ -69,25 +73,31 @@ def reference(case: Case, vertical: bool | None = None) -> tuple[dict[str, torch
         phases.append((case.then[0], case.steps, case.then[2], ()))
     used_all = []
     for pp, first, count, drains in phases:
-        names = [[name for u in range(lo, hi) for name in layered.unit_param_names(u)]
-                 for lo, hi in even_bounds(n, pp)]
+        names = [[name for u in range(lo, hi) for name in layered.unit_param_names(u)] for lo, hi in even_bounds(n, pp)]
         fwd = forward_versions(pp, first, count, drains)
         used = [{t: (fwd[0][t] if vertical else fwd[s][t]) for t in fwd[s]} for s in range(pp)]
         used_all.append(used)
         history = [[{name: current[name] for name in names[s]}] for s in range(pp)]
         for t in range(first, first + count):
-            weights = {name: w.clone().requires_grad_(True)
-                       for s in range(pp) for name, w in history[s][used[s][t]].items()}
+            weights = {
+                name: w.clone().requires_grad_(True) for s in range(pp) for name, w in history[s][used[s][t]].items()
+            }
 
             def bound(*args, **kwargs):
                 return functional_call(net, weights, args, kwargs)
 
-            bound.config = getattr(net, "config", None)  # textbook_loss reads the library config (whether it takes token types)
+            bound.config = getattr(
+                net, "config", None
+            )  # textbook_loss reads the library config (whether it takes token types)
             pc.textbook_loss(bound, case.kind, pc.batch(case.kind, t)).backward()
             for s in range(pp):
                 newest = history[s][-1]
-                history[s].append({name: newest[name] - pd.LR * (weights[name].grad if weights[name].grad is not None
-                                                                  else 0) for name in names[s]})
+                history[s].append(
+                    {
+                        name: newest[name] - pd.LR * (weights[name].grad if weights[name].grad is not None else 0)
+                        for name in names[s]
+                    }
+                )
         current = {name: w for s in range(pp) for name, w in history[s][-1].items()}
     return current, used_all
 
@@ -96,12 +106,17 @@ def assert_params(ranks: list[dict], expected: dict[str, torch.Tensor], rtol=1e-
     for r, saved in enumerate(ranks):
         assert saved["params"], f"rank {r} holds no parameters"
         for name, value in saved["params"].items():
-            torch.testing.assert_close(value, expected[name], rtol=rtol, atol=atol, msg=lambda m: f"rank {r} {name}: {m}")
+            torch.testing.assert_close(
+                value, expected[name], rtol=rtol, atol=atol, msg=lambda m: f"rank {r} {name}: {m}"
+            )
 
 
 def max_rel_diff(ranks: list[dict], expected: dict[str, torch.Tensor]) -> float:
-    return max(((v - expected[n]).norm() / expected[n].norm().clamp_min(1e-12)).item()
-               for saved in ranks for n, v in saved["params"].items())
+    return max(
+        ((v - expected[n]).norm() / expected[n].norm().clamp_min(1e-12)).item()
+        for saved in ranks
+        for n, v in saved["params"].items()
+    )
 
 
 @pytest.mark.parametrize("name", ["vit-stash", "vit-K4-stash", "bert-K2-DP2"])
@@ -119,9 +134,11 @@ def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, na
         assert saved["versions"] == [case.steps]  # one update per step on every stage
     # the first stage is stale (K - 1 updates behind once full); the last never is
     first = next(s for s in ranks if s["stage"] == 0)["traces"][0]
-    assert [r["version"] for r in first][case.pp:] == list(range(1, case.steps - case.pp + 1))
+    assert [r["version"] for r in first][case.pp :] == list(range(1, case.steps - case.pp + 1))
     # the memory cost: the first stage held two versions of its weights, the last stage none
-    stage_bytes = sum(v.numel() * v.element_size() for v in next(s for s in ranks if s["stage"] == 0)["params"].values())
+    stage_bytes = sum(
+        v.numel() * v.element_size() for v in next(s for s in ranks if s["stage"] == 0)["params"].values()
+    )
     assert next(s for s in ranks if s["stage"] == 0)["stash_peak"] >= 2 * stage_bytes
     assert next(s for s in ranks if s["stage"] == case.pp - 1)["stash_peak"] == 0
 
@@ -202,15 +219,29 @@ def test_a_replicated_first_stage_trains_like_the_grid_and_routes_each_gradient_
 
 TRAIN_EPOCHS, TRAIN_STEPS, EVERY = 3, 20, 10
 TRAIN = [
-    "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
-    "checkpoint.keep=3", "launcher.nproc_per_node=2", "pipe.length=2", "pipe.microbatches=1",
-    "pipe.schedule=pipedream", f"train.epochs={TRAIN_EPOCHS}", f"train.max_steps_per_epoch={TRAIN_STEPS}",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.global_batch_size=16",
+    "checkpoint.keep=3",
+    "launcher.nproc_per_node=2",
+    "pipe.length=2",
+    "pipe.microbatches=1",
+    "pipe.schedule=pipedream",
+    f"train.epochs={TRAIN_EPOCHS}",
+    f"train.max_steps_per_epoch={TRAIN_STEPS}",
     f"checkpoint.every_steps={EVERY}",
     # one more block frozen at each epoch boundary: K 2 -> 1 with DP 1 -> 2, then AutoCache
-    "freeze.policy=schedule", "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "auto.cache=true",
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1,2]",
+    "freeze.max_fraction=1.0",
+    "auto.cache=true",
 ]
-KILLS = [{"rank": 1, "point": "step", "step": 15}, {"rank": 0, "point": "transition", "step": 20},
-         {"rank": 1, "point": "checkpoint", "step": 30}]
+KILLS = [
+    {"rank": 1, "point": "step", "step": 15},
+    {"rank": 0, "point": "transition", "step": 20},
+    {"rank": 1, "point": "checkpoint", "step": 30},
+]
 
 
 def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kills(tmp_path, monkeypatch):
@@ -257,10 +288,24 @@ def test_drained_after_every_step_pipedream_trains_exactly_like_gpipe(tmp_path):
     stage)."""
     from conftest import final_params, run_workers
 
-    common = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
-              "launcher.nproc_per_node=2", "pipe.length=2", "pipe.microbatches=1", "train.epochs=2",
-              "train.max_steps_per_epoch=8", "auto.freeze=false", "train.grad_clip=0", "train.export=false",
-              "checkpoint.keep=1", "launcher.max_restarts=0", "model.dropout=0.1", "model.drop_path=0.1"]
+    common = [
+        "model.embed_dim=32",
+        "model.depth=2",
+        "model.num_heads=2",
+        "train.global_batch_size=16",
+        "launcher.nproc_per_node=2",
+        "pipe.length=2",
+        "pipe.microbatches=1",
+        "train.epochs=2",
+        "train.max_steps_per_epoch=8",
+        "auto.freeze=false",
+        "train.grad_clip=0",
+        "train.export=false",
+        "checkpoint.keep=1",
+        "launcher.max_restarts=0",
+        "model.dropout=0.1",
+        "model.drop_path=0.1",
+    ]
     run_workers(common + ["pipe.schedule=GPipe"], tmp_path / "gpipe")
     run_workers(common + ["pipe.schedule=pipedream", "checkpoint.every_steps=1"], tmp_path / "drained")
     want, drained = final_params(tmp_path / "gpipe"), final_params(tmp_path / "drained")
@@ -269,13 +314,25 @@ def test_drained_after_every_step_pipedream_trains_exactly_like_gpipe(tmp_path):
 
 
 REPLICATED = [
-    "model.embed_dim=32", "model.depth=2", "model.num_heads=2", "train.global_batch_size=16",
-    "pipe.length=2", "pipe.microbatches=1", "pipe.schedule=pipedream", "train.epochs=3",
-    "train.max_steps_per_epoch=8", "checkpoint.keep=2", "train.export=false",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.global_batch_size=16",
+    "pipe.length=2",
+    "pipe.microbatches=1",
+    "pipe.schedule=pipedream",
+    "train.epochs=3",
+    "train.max_steps_per_epoch=8",
+    "checkpoint.keep=2",
+    "train.export=false",
     "checkpoint.every_steps=4",  # the pipeline drains before each: the same points in both layouts
     # a block more frozen at each epoch boundary; the stages stay where they are, AutoCache serves the prefix
-    "freeze.policy=schedule", "freeze.blocks=[0,1,2]", "freeze.max_fraction=1.0", "auto.pipe=false",
-    "auto.dp=false", "auto.cache=true",
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1,2]",
+    "freeze.max_fraction=1.0",
+    "auto.pipe=false",
+    "auto.dp=false",
+    "auto.cache=true",
 ]
 
 
@@ -288,8 +345,10 @@ def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp
     from conftest import final_params, run_events, run_workers
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 2, "point": "step", "step": 13}]))
-    run_workers(REPLICATED + ["launcher.nproc_per_node=3", "pipe.first_stage_replicas=2",
-                              "launcher.max_restarts=1"], tmp_path / "replicated")
+    run_workers(
+        REPLICATED + ["launcher.nproc_per_node=3", "pipe.first_stage_replicas=2", "launcher.max_restarts=1"],
+        tmp_path / "replicated",
+    )
     monkeypatch.delenv("PTRUN_KILL_AT")
     run_workers(REPLICATED + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], tmp_path / "grid")
 

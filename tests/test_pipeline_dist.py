@@ -18,23 +18,39 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # the full schedule matrix, t
 SCHEDULES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2)]
 CASES = {
     2: [Case(kind, s, pp, 2 // pp, v) for kind in ("vit", "bert") for s, v in SCHEDULES for pp in (1, 2)]
-    + [Case("bert_mlm", "1F1B", 2, 1), Case("bert_mlm", "GPipe", 1, 2), Case("vit", "1F1B", 2, 1, recompute="stage"),
-       Case("bert", "GPipe", 2, 1, recompute="every:1"), Case("vit", "LoopedBFS", 2, 1, 2),
-       Case("vit", "InterleavedZeroBubble", 2, 1, 2), Case("bert", "DualPipeV", 2, 1, 2)]
+    + [
+        Case("bert_mlm", "1F1B", 2, 1),
+        Case("bert_mlm", "GPipe", 1, 2),
+        Case("vit", "1F1B", 2, 1, recompute="stage"),
+        Case("bert", "GPipe", 2, 1, recompute="every:1"),
+        Case("vit", "LoopedBFS", 2, 1, 2),
+        Case("vit", "InterleavedZeroBubble", 2, 1, 2),
+        Case("bert", "DualPipeV", 2, 1, 2),
+    ]
     # every transformers family the tests build, as a 2-stage pipeline (GPT-2's tied LM head across stages,
     # DeBERTa's shared relative-position table); 4 stages of DeBERTa with the convolution cut block 0 in two,
     # so layer 0's input crosses to the stage of the convolution
     + [Case(kind, "1F1B", 2, 1) for kind in pc.FAMILIES]
-    + [Case("llama_lm", "GPipe", 1, 2), Case("llama_lm", "ZBVZeroBubble", 2, 1, 2),
-       Case("deberta-v2-conv", "Interleaved1F1B", 2, 1, 2)]
+    + [
+        Case("llama_lm", "GPipe", 1, 2),
+        Case("llama_lm", "ZBVZeroBubble", 2, 1, 2),
+        Case("deberta-v2-conv", "Interleaved1F1B", 2, 1, 2),
+    ]
     # a pass's masks and rotary tables are its own (`ptrun.models.per_pass`): recomputed attention halves under
     # 1F1B (a micro-batch's backward after the next one's forward), and one micro-batch a step, which stage 1
     # receives into the same buffer every step (step 1 pads otherwise than step 0)
-    + [Case("llama_lm", "1F1B", 2, 1, recompute="every:1"), Case("modernbert", "1F1B", 2, 1, recompute="every:1"),
-       Case("llama_lm", "GPipe", 2, 1, microbatches=1)],
+    + [
+        Case("llama_lm", "1F1B", 2, 1, recompute="every:1"),
+        Case("modernbert", "1F1B", 2, 1, recompute="every:1"),
+        Case("llama_lm", "GPipe", 2, 1, microbatches=1),
+    ],
     4: [Case(kind, s, pp, 4 // pp, v) for kind in ("vit", "bert") for s, v in SCHEDULES for pp in (2, 4)]
-    + [Case("bert_mlm", "GPipe", 2, 2), Case("bert_mlm", "1F1B", 4, 1), Case("bert_mlm", "ZBVZeroBubble", 2, 2, 2),
-       Case("vit", "GPipe", 4, 1, recompute="every:2")],
+    + [
+        Case("bert_mlm", "GPipe", 2, 2),
+        Case("bert_mlm", "1F1B", 4, 1),
+        Case("bert_mlm", "ZBVZeroBubble", 2, 2, 2),
+        Case("vit", "GPipe", 4, 1, recompute="every:2"),
+    ],
 }
 ALL = [(world, case) for world, cases in CASES.items() for case in cases]
 
@@ -85,18 +101,22 @@ def test_pipeline_equals_single_process(results, world, case):
     covered = set()
     for held in ranks:
         for name, value in held["params"].items():
-            torch.testing.assert_close(value, want_params[name], rtol=1e-5, atol=4e-5,
-                                       msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(value, want_params[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
             covered.add(name)
     assert covered == set(want_params), "every parameter is held by some rank"
 
 
-TIED = {"bert_mlm": "bert.embeddings.word_embeddings.weight", "gpt2_lm": "transformer.wte.weight",
-        "deberta-v2": "deberta.encoder.rel_embeddings.weight", "deberta-v2-conv": "deberta.encoder.rel_embeddings.weight"}
+TIED = {
+    "bert_mlm": "bert.embeddings.word_embeddings.weight",
+    "gpt2_lm": "transformer.wte.weight",
+    "deberta-v2": "deberta.encoder.rel_embeddings.weight",
+    "deberta-v2-conv": "deberta.encoder.rel_embeddings.weight",
+}
 
 
-@pytest.mark.parametrize("world,case", [(w, c) for w, c in ALL if c.kind in TIED],
-                         ids=[f"w{w}-{c.name}" for w, c in ALL if c.kind in TIED])
+@pytest.mark.parametrize(
+    "world,case", [(w, c) for w, c in ALL if c.kind in TIED], ids=[f"w{w}-{c.name}" for w, c in ALL if c.kind in TIED]
+)
 def test_tied_weight_is_identical_on_every_holder(results, world, case):
     name = TIED[case.kind]
     copies = [torch.load(results / f"{case.name}.rank{r}.pt")["params"].get(name) for r in range(world)]

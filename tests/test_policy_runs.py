@@ -14,8 +14,15 @@ import torch
 
 from conftest import TINY, compose_config, run_events, run_ptrun
 
-DECIDING = ["freeze.every_steps=2", "freeze.start=0", "freeze.max_fraction=1.0", "auto.cache=false",
-            "train.epochs=3", "train.max_steps_per_epoch=8", "train.export=false"]
+DECIDING = [
+    "freeze.every_steps=2",
+    "freeze.start=0",
+    "freeze.max_fraction=1.0",
+    "auto.cache=false",
+    "train.epochs=3",
+    "train.max_steps_per_epoch=8",
+    "train.export=false",
+]
 POLICIES = {
     # the tiny model's plasticity falls by about half in its first 8 steps: 0.5 sees it settle
     "plasticity": ["freeze.policy=plasticity", "freeze.threshold=0.5"],
@@ -106,9 +113,18 @@ def test_ptrun_train_on_two_stages_freezes_on_what_it_measured(policy, tmp_path,
     """Block 0 split over the stages measures what it does whole on one rank: the same decisions."""
     run_dir = tmp_path / "run"
     # stage 0 holds the embedding and block 0's attention half, stage 1 the rest
-    out = run_ptrun("train", *overrides(*POLICIES[policy], "pipe.length=2", "pipe.microbatches=2",
-                                        "pipe.partition=explicit", "pipe.stages=[[0,2],[2,6]]"),
-                    f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = run_ptrun(
+        "train",
+        *overrides(
+            *POLICIES[policy],
+            "pipe.length=2",
+            "pipe.microbatches=2",
+            "pipe.partition=explicit",
+            "pipe.stages=[[0,2],[2,6]]",
+        ),
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert_froze_mid_run_and_trained_on(run_dir)
     train_on_one_rank(tmp_path / "one", *POLICIES[policy])

@@ -34,94 +34,184 @@ Prose after.
 
 
 def speedup_run(name: str, time_s: float, speedup: float, final: float, ideal: float, tta: float | None) -> dict:
-    return {"combination": name, "train_time_s": time_s, "speedup": speedup, "time_to_target_s": tta,
-            "speedup_to_target": None if tta is None else 40.0 / tta, "final": final, "metric": "top1",
-            "target": 95.5, "mean_samples_per_s": 400.0, "ideal_speedup": ideal,
-            "share_of_ideal": speedup / ideal if ideal > 1 else None, "paper_speedup": None, "run_dir": "/x"}
+    return {
+        "combination": name,
+        "train_time_s": time_s,
+        "speedup": speedup,
+        "time_to_target_s": tta,
+        "speedup_to_target": None if tta is None else 40.0 / tta,
+        "final": final,
+        "metric": "top1",
+        "target": 95.5,
+        "mean_samples_per_s": 400.0,
+        "ideal_speedup": ideal,
+        "share_of_ideal": speedup / ideal if ideal > 1 else None,
+        "paper_speedup": None,
+        "run_dir": "/x",
+    }
 
 
 def speedup_json() -> dict:
     base = speedup_run("baseline", 80.04, 1.0, 95.5, 1.0, 40.0)
     frozen = speedup_run("all four", 61.56, 1.3001, 96.125, 1.625, None)
-    rows = [dict(base, speedup_range=[1.0, 1.0], runs=[base]),
-            dict(frozen, speedup_range=[1.2, 1.4], paper_speedup=2.83, runs=[frozen])]
-    return {"command": "python scripts/bench_speedup.py --repeats 1 --out /tmp/b", "recipe": "digits_vit",
-            "overrides": [], "repeats": 1, "rows": rows}
+    rows = [
+        dict(base, speedup_range=[1.0, 1.0], runs=[base]),
+        dict(frozen, speedup_range=[1.2, 1.4], paper_speedup=2.83, runs=[frozen]),
+    ]
+    return {
+        "command": "python scripts/bench_speedup.py --repeats 1 --out /tmp/b",
+        "recipe": "digits_vit",
+        "overrides": [],
+        "repeats": 1,
+        "rows": rows,
+    }
 
 
 def alpha_json() -> dict:
     def row(alpha, blocks, time_s, speedup, final, delta, paper):
         run = {"target": 95.5, "run_dir": "/x"}
-        return {"combination": "baseline" if alpha is None else f"alpha {alpha}", "alpha": alpha,
-                "frozen_blocks": blocks, "train_time_s": time_s, "speedup": speedup,
-                "speedup_range": [speedup, speedup], "ideal_speedup": 1.0 if alpha is None else 1.75, "final": final, "final_vs_baseline": delta,
-                "metric": "top1", "paper_speedup": paper[0], "paper_final": paper[1], "runs": [run]}
+        return {
+            "combination": "baseline" if alpha is None else f"alpha {alpha}",
+            "alpha": alpha,
+            "frozen_blocks": blocks,
+            "train_time_s": time_s,
+            "speedup": speedup,
+            "speedup_range": [speedup, speedup],
+            "ideal_speedup": 1.0 if alpha is None else 1.75,
+            "final": final,
+            "final_vs_baseline": delta,
+            "metric": "top1",
+            "paper_speedup": paper[0],
+            "paper_final": paper[1],
+            "runs": [run],
+        }
 
-    return {"command": "python scripts/sweep_alpha.py --out /tmp/a freeze.max_fraction=1.0", "recipe": "digits_vit",
-            "overrides": ["freeze.max_fraction=1.0"], "repeats": 1, "policy": "alpha", "alphas": ["1/2"],
-            "rows": [row(None, [0, 0, 0, 0], 70.0, 1.0, 95.5, 0.0, (1.0, 91.21)),
-                     row("1/2", [0, 0, 3, 5], 50.25, 1.393, 94.75, -0.75, (3.86, 89.84))]}
+    return {
+        "command": "python scripts/sweep_alpha.py --out /tmp/a freeze.max_fraction=1.0",
+        "recipe": "digits_vit",
+        "overrides": ["freeze.max_fraction=1.0"],
+        "repeats": 1,
+        "policy": "alpha",
+        "alphas": ["1/2"],
+        "rows": [
+            row(None, [0, 0, 0, 0], 70.0, 1.0, 95.5, 0.0, (1.0, 91.21)),
+            row("1/2", [0, 0, 3, 5], 50.25, 1.393, 94.75, -0.75, (3.86, 89.84)),
+        ],
+    }
 
 
 def microbatch_json() -> dict:
     def row(k, m, step):
-        return {"K": k, "M": m, "dp": 2 // k, "step_s": step, "samples_per_s": 120 / step,
-                "samples_per_s_median": 120 / step, "step_s_rounds": [step]}
+        return {
+            "K": k,
+            "M": m,
+            "dp": 2 // k,
+            "step_s": step,
+            "samples_per_s": 120 / step,
+            "samples_per_s_median": 120 / step,
+            "step_s_rounds": [step],
+        }
 
     rows = [row(1, 1, 0.5), row(1, 2, 0.4), row(2, 2, 0.6), row(2, 4, 0.8)]
     for r in rows:
         r["vs_m_equals_k"] = r["samples_per_s"] / next(b for b in rows if b["K"] == r["K"])["samples_per_s"]
-    return {"command": "python scripts/sweep_microbatches.py --out /tmp/m",
-            "args": {"batch": 120, "steps": 8, "warmup": 2, "repeats": 1, "schedule": "1F1B", "depth": 8, "dim": 128},
-            "skipped": [{"K": 1, "M": 5}], "rows": rows}
+    return {
+        "command": "python scripts/sweep_microbatches.py --out /tmp/m",
+        "args": {"batch": 120, "steps": 8, "warmup": 2, "repeats": 1, "schedule": "1F1B", "depth": 8, "dim": 128},
+        "skipped": [{"K": 1, "M": 5}],
+        "rows": rows,
+    }
 
 
 def pipedream_json() -> dict:
     def row(schedule, time_s, tta, final, k2, stash):
         run = speedup_run(schedule, time_s, 90.0 / time_s, final, 1.0, tta)
-        return dict(run, setting="no freezing", speedup_range=[1.0, 1.0], runs=[run], k2_epochs=20,
-                    k2_samples_per_s=k2, stash_bytes_peak=stash)
+        return dict(
+            run,
+            setting="no freezing",
+            speedup_range=[1.0, 1.0],
+            runs=[run],
+            k2_epochs=20,
+            k2_samples_per_s=k2,
+            stash_bytes_peak=stash,
+        )
 
-    return {"command": "python scripts/bench_pipedream.py --repeats 1 --out /tmp/p", "recipe": "digits_vit",
-            "repeats": 1, "rows": [row("1F1B", 90.0, 45.0, 95.75, 171.6, 0),
-                                   row("pipedream", 60.0, None, 93.25, 332.4, 815104)]}
+    return {
+        "command": "python scripts/bench_pipedream.py --repeats 1 --out /tmp/p",
+        "recipe": "digits_vit",
+        "repeats": 1,
+        "rows": [row("1F1B", 90.0, 45.0, 95.75, 171.6, 0), row("pipedream", 60.0, None, 93.25, 332.4, 815104)],
+    }
 
 
 def placement_json() -> dict:
     def row(name, workers, rate, time_s, final):
         run = speedup_run(name, time_s, 1.0, final, 1.0, None)
-        return dict(run, speedup_range=[1.0, 1.0], runs=[dict(run, mean_samples_per_s=rate)], workers=workers,
-                    samples_per_s=rate)
+        return dict(
+            run,
+            speedup_range=[1.0, 1.0],
+            runs=[dict(run, mean_samples_per_s=rate)],
+            workers=workers,
+            samples_per_s=rate,
+        )
 
-    return {"command": "python scripts/bench_pipedream.py --placements --repeats 1 --out /tmp/p",
-            "kind": "placements", "recipe": "digits_vit", "repeats": 1,
-            "rows": [row("K = 2", 2, 300.0, 80.0, 93.0), row("2-1 (first stage replicated)", 3, 450.6, 55.55, 93.5)]}
+    return {
+        "command": "python scripts/bench_pipedream.py --placements --repeats 1 --out /tmp/p",
+        "kind": "placements",
+        "recipe": "digits_vit",
+        "repeats": 1,
+        "rows": [row("K = 2", 2, 300.0, 80.0, 93.0), row("2-1 (first stage replicated)", 3, 450.6, 55.55, 93.5)],
+    }
 
 
 def cache_json() -> dict:
     def row(blocks, off, first, read, mib, top1):
-        return {"frozen_blocks": blocks, "frozen_units": 1 + 2 * blocks if blocks else 0, "epoch_s_off": off,
-                "epoch_s_on_first": first, "epoch_s_on_read": read, "speedup_read": off / read, "cache_mib": mib,
-                "top1_off": top1, "top1_on": top1}
+        return {
+            "frozen_blocks": blocks,
+            "frozen_units": 1 + 2 * blocks if blocks else 0,
+            "epoch_s_off": off,
+            "epoch_s_on_first": first,
+            "epoch_s_on_read": read,
+            "speedup_read": off / read,
+            "cache_mib": mib,
+            "top1_off": top1,
+            "top1_on": top1,
+        }
 
-    return {"command": "python scripts/bench_cache.py --out /tmp/c", "recipe": "digits_vit", "pp": 1, "dp": 2,
-            "rows": [row(0, 4.013, 3.736, 3.624, 0.0, 60.0), row(6, 2.208, 1.041, 0.7433, 7.5679, 96.389)],
-            "total_s_off": 41.94, "total_s_on": 32.06, "hold": 2, "overrides": []}
+    return {
+        "command": "python scripts/bench_cache.py --out /tmp/c",
+        "recipe": "digits_vit",
+        "pp": 1,
+        "dp": 2,
+        "rows": [row(0, 4.013, 3.736, 3.624, 0.0, 60.0), row(6, 2.208, 1.041, 0.7433, 7.5679, 96.389)],
+        "total_s_off": 41.94,
+        "total_s_on": 32.06,
+        "hold": 2,
+        "overrides": [],
+    }
 
 
 def pipeline_json() -> dict:
     def row(schedule, m, step, bubble):
         return {"schedule": schedule, "K": 2, "M": m, "step_s": step, "bubble": bubble, "ideal": 1 / (m + 1)}
 
-    return {"command": "python scripts/bench_pipeline.py --out /tmp/pl.json",
-            "args": {"steps": 8, "warmup": 2, "batch": 32, "depth": 8, "dim": 128},
-            "bubble": [row("GPipe", 1, 0.4604, 0.5512), row("1F1B", 4, 0.3316, 0.3849)],
-            "dp": {"ptrun": 100.4, "ddp": 105.2}}
+    return {
+        "command": "python scripts/bench_pipeline.py --out /tmp/pl.json",
+        "args": {"steps": 8, "warmup": 2, "batch": 32, "depth": 8, "dim": 128},
+        "bubble": [row("GPipe", 1, 0.4604, 0.5512), row("1F1B", 4, 0.3316, 0.3849)],
+        "dp": {"ptrun": 100.4, "ddp": 105.2},
+    }
 
 
-SYNTHETIC = {"bench_speedup": speedup_json, "sweep_alpha": alpha_json, "sweep_microbatches": microbatch_json,
-             "bench_pipedream": pipedream_json, "bench_pipedream_placement": placement_json,
-             "bench_cache": cache_json, "bench_pipeline": pipeline_json}
+SYNTHETIC = {
+    "bench_speedup": speedup_json,
+    "sweep_alpha": alpha_json,
+    "sweep_microbatches": microbatch_json,
+    "bench_pipedream": pipedream_json,
+    "bench_pipedream_placement": placement_json,
+    "bench_cache": cache_json,
+    "bench_pipeline": pipeline_json,
+}
 
 
 @pytest.fixture
@@ -132,8 +222,11 @@ def tree(tmp_path):
         shutil.copy(path, results / path.name)
     for name, make in SYNTHETIC.items():
         (results / f"{name}.json").write_text(json.dumps(make()))
-    bert = dict(speedup_json(), recipe="bbc_news_bert",
-                command="python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb")
+    bert = dict(
+        speedup_json(),
+        recipe="bbc_news_bert",
+        command="python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb",
+    )
     (results / "bench_speedup_bert.json").write_text(json.dumps(bert))
     readme = tmp_path / "README.md"
     readme.write_text(README)
@@ -204,12 +297,15 @@ def test_idempotent_and_check(tree):
     assert run(tree, "--check") == 1
 
 
-@pytest.mark.parametrize("content, reason", [
-    ("{not json", "invalid JSON"),
-    (json.dumps({"command": "python x.py", "recipe": "r", "repeats": 1}), "invalid sweep_alpha result"),
-    (json.dumps({"recipe": "r"}), "no 'command'"),
-    (None, "missing"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("{not json", "invalid JSON"),
+        (json.dumps({"command": "python x.py", "recipe": "r", "repeats": 1}), "invalid sweep_alpha result"),
+        (json.dumps({"recipe": "r"}), "no 'command'"),
+        (None, "missing"),
+    ],
+)
 def test_bad_json_is_one_line_naming_the_file(tree, capsys, content, reason):
     readme, page, results = tree
     path = results / "sweep_alpha.json"
@@ -252,8 +348,9 @@ def test_real_readme_and_page_match_docs_results():
 def test_recorded_dates_are_the_json_files_last_commits():
     """MEASURED holds, for each JSON without a date, the date of the last commit that changed it."""
     try:
-        tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "docs/results"], capture_output=True,
-                                 text=True, check=True).stdout.split()
+        tracked = subprocess.run(
+            ["git", "-C", str(REPO), "ls-files", "docs/results"], capture_output=True, text=True, check=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no git history here")
     for filename, date in readme_entries.MEASURED.items():
@@ -265,8 +362,12 @@ def test_recorded_dates_are_the_json_files_last_commits():
         changed = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--", path]).returncode
         if changed:  # re-measured and not committed yet: its date is today's commit
             continue
-        last = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ad", "--date=short", "--", path],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        last = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%ad", "--date=short", "--", path],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         if last:  # empty in a shallow clone that lacks the commit
             assert date == last, f"{filename}: MEASURED says {date}, git log says {last}"
 
@@ -296,13 +397,23 @@ def test_every_path_named_exists(doc):
     assert not missing, f"{doc.relative_to(REPO)} names paths that do not exist: {missing}"
 
 
-INTERNAL = re.compile(r"\bsession \d+|\bsessions? \d|\bissue \d+|\bissue #\d+|\bthis session\b|\bwork items?\b|"
-                      r"\bSPEC\b|shared/PLATFORM", re.IGNORECASE)
+INTERNAL = re.compile(
+    r"\bsession \d+|\bsessions? \d|\bissue \d+|\bissue #\d+|\bthis session\b|\bwork items?\b|"
+    r"\bSPEC\b|shared/PLATFORM",
+    re.IGNORECASE,
+)
 
 
-@pytest.mark.parametrize("path", [*DOCS, *sorted((REPO / "configs").rglob("*.yaml")),
-                                  *sorted((REPO / "recipes").glob("*.yaml")), Path(readme_entries.__file__)],
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "path",
+    [
+        *DOCS,
+        *sorted((REPO / "configs").rglob("*.yaml")),
+        *sorted((REPO / "recipes").glob("*.yaml")),
+        Path(readme_entries.__file__),
+    ],
+    ids=lambda p: str(p.relative_to(REPO)),
+)
 def test_no_internal_work_items(path):
     """User-facing text speaks of ptrun, not of how it was developed."""
     hits = [line.strip() for line in path.read_text().splitlines() if INTERNAL.search(line)]
@@ -314,8 +425,12 @@ def test_the_code_names_no_internal_work_items():
     code = [*sorted((REPO / "ptrun").rglob("*.py")), *sorted((REPO / "scripts").rglob("*.py"))]
     # `spec` is a common word in code: only the capitalised SPEC (the project's own design notes) counts there.
     internal = re.compile(INTERNAL.pattern.replace(r"|\bSPEC\b", ""), re.IGNORECASE)
-    hits = [f"{p.relative_to(REPO)}: {line.strip()}" for p in code for line in p.read_text().splitlines()
-            if internal.search(line) or re.search(r"\bSPEC\b", line)]
+    hits = [
+        f"{p.relative_to(REPO)}: {line.strip()}"
+        for p in code
+        for line in p.read_text().splitlines()
+        if internal.search(line) or re.search(r"\bSPEC\b", line)
+    ]
     assert not hits, hits
 
 

@@ -16,44 +16,99 @@ from PIL import Image
 
 from conftest import run_ptrun
 from ptrun.report import ReportError, find_runs, load_run, write_report
-from ptrun.report.figures import (layout_figure, loss_figure, samples_per_s_figure, time_to_accuracy_figure,
-                                  timeline_figure)
+from ptrun.report.figures import (
+    layout_figure,
+    loss_figure,
+    samples_per_s_figure,
+    time_to_accuracy_figure,
+    timeline_figure,
+)
 from ptrun.report.summary import _spans, layouts, markdown, summarize, time_to_accuracy, transitions
 from ptrun.report.tensorboard import TensorBoardLog
 
 
 def start(t, **kw):
-    return {"event": "start", "time": t, "world_size": 2, "recipe": "digits_vit", "model": "vit_tiny",
-            "num_units": 14, "resumed_from": None, **kw}
+    return {
+        "event": "start",
+        "time": t,
+        "world_size": 2,
+        "recipe": "digits_vit",
+        "model": "vit_tiny",
+        "num_units": 14,
+        "resumed_from": None,
+        **kw,
+    }
 
 
 def plan(t, epoch, frozen, pp, dp, m, transition_s=0.0):
     bounds = [[0, 7], [7, 14]] if pp == 2 else [[0, 14]]
-    return {"event": "plan", "time": t, "epoch": epoch, "num_units": 14, "frozen_units": frozen, "pp": pp,
-            "dp": dp, "stage_bounds": bounds, "microbatches": m, "schedule": "1F1B", "stages_per_rank": 1,
-            "transition_s": transition_s}
+    return {
+        "event": "plan",
+        "time": t,
+        "epoch": epoch,
+        "num_units": 14,
+        "frozen_units": frozen,
+        "pp": pp,
+        "dp": dp,
+        "stage_bounds": bounds,
+        "microbatches": m,
+        "schedule": "1F1B",
+        "stages_per_rank": 1,
+        "transition_s": transition_s,
+    }
 
 
 def epoch(t, e, loss, sps, secs, top1):
-    return {"event": "epoch", "time": t, "epoch": e, "train_loss": loss, "samples_per_s": sps,
-            "epoch_time_s": secs, "lr": 1e-3 / (e + 1), "steps": 90, "samples": 1437, "sample_uses_min": 1,
-            "sample_uses_max": 1, "eval": {"top1": top1, "loss": loss * 1.5} if top1 is not None else {}}
+    return {
+        "event": "epoch",
+        "time": t,
+        "epoch": e,
+        "train_loss": loss,
+        "samples_per_s": sps,
+        "epoch_time_s": secs,
+        "lr": 1e-3 / (e + 1),
+        "steps": 90,
+        "samples": 1437,
+        "sample_uses_min": 1,
+        "sample_uses_max": 1,
+        "eval": {"top1": top1, "loss": loss * 1.5} if top1 is not None else {},
+    }
 
 
 BASE = [
-    start(1000.0), plan(1000.0, 0, 0, 2, 1, 2),
-    epoch(1010.0, 0, 2.0, 300.0, 9.0, 50.0), epoch(1020.0, 1, 1.0, 320.0, 9.0, 70.0),
-    epoch(1030.0, 2, 0.5, 310.0, 9.0, 80.0), epoch(1040.0, 3, 0.25, 330.0, 9.0, 90.0),
-    {"event": "end", "time": 1041.0, "epochs": 4, "total_time_s": 41.0, "final_eval": {"top1": 90.0},
-     "best_eval": {"top1": 90.0, "epoch": 3}},
+    start(1000.0),
+    plan(1000.0, 0, 0, 2, 1, 2),
+    epoch(1010.0, 0, 2.0, 300.0, 9.0, 50.0),
+    epoch(1020.0, 1, 1.0, 320.0, 9.0, 70.0),
+    epoch(1030.0, 2, 0.5, 310.0, 9.0, 80.0),
+    epoch(1040.0, 3, 0.25, 330.0, 9.0, 90.0),
+    {
+        "event": "end",
+        "time": 1041.0,
+        "epochs": 4,
+        "total_time_s": 41.0,
+        "final_eval": {"top1": 90.0},
+        "best_eval": {"top1": 90.0, "epoch": 3},
+    },
 ]
 FAST = [
-    start(2000.0), plan(2000.0, 0, 0, 2, 1, 2), epoch(2010.0, 0, 1.8, 300.0, 9.0, 60.0),
-    plan(2010.5, 1, 4, 2, 1, 2, transition_s=0.5), epoch(2018.0, 1, 0.9, 400.0, 7.0, 85.0),
-    plan(2018.25, 2, 8, 1, 2, 1, transition_s=0.25), epoch(2024.0, 2, 0.4, 600.0, 5.0, 92.0),
-    plan(2024.0, 3, 8, 1, 2, 1), epoch(2030.0, 3, 0.2, 640.0, 3.0, 93.0),
-    {"event": "end", "time": 2031.0, "epochs": 4, "total_time_s": 31.0, "final_eval": {"top1": 93.0},
-     "best_eval": {"top1": 93.0, "epoch": 3}},
+    start(2000.0),
+    plan(2000.0, 0, 0, 2, 1, 2),
+    epoch(2010.0, 0, 1.8, 300.0, 9.0, 60.0),
+    plan(2010.5, 1, 4, 2, 1, 2, transition_s=0.5),
+    epoch(2018.0, 1, 0.9, 400.0, 7.0, 85.0),
+    plan(2018.25, 2, 8, 1, 2, 1, transition_s=0.25),
+    epoch(2024.0, 2, 0.4, 600.0, 5.0, 92.0),
+    plan(2024.0, 3, 8, 1, 2, 1),
+    epoch(2030.0, 3, 0.2, 640.0, 3.0, 93.0),
+    {
+        "event": "end",
+        "time": 2031.0,
+        "epochs": 4,
+        "total_time_s": 31.0,
+        "final_eval": {"top1": 93.0},
+        "best_eval": {"top1": 93.0, "epoch": 3},
+    },
 ]
 
 
@@ -69,8 +124,11 @@ def two_runs(tmp_path):
 
 
 def lines_by_label(ax) -> dict[str, tuple[list, list]]:
-    return {l.get_label(): (list(l.get_xdata()), list(l.get_ydata())) for l in ax.get_lines()
-            if not l.get_label().startswith("_")}
+    return {
+        l.get_label(): (list(l.get_xdata()), list(l.get_ydata()))
+        for l in ax.get_lines()
+        if not l.get_label().startswith("_")
+    }
 
 
 # ---- reading runs ----------------------------------------------------------------------------------------
@@ -85,11 +143,17 @@ def test_load_run_takes_wall_time_from_the_start_event(two_runs):
 
 
 def test_a_resumed_run_counts_both_segments_and_keeps_the_repeated_epoch(tmp_path):
-    events = [start(1000.0), plan(1000.0, 0, 0, 2, 1, 2), epoch(1010.0, 0, 2.0, 300.0, 9.0, 50.0),
-              plan(1010.0, 1, 0, 2, 1, 2), epoch(1020.0, 1, 1.5, 100.0, 9.0, 55.0),  # lost: died before its checkpoint
-              start(1100.0, resumed_from="step_90"), plan(1100.0, 1, 0, 2, 1, 2),
-              epoch(1112.0, 1, 1.0, 320.0, 11.0, 70.0),
-              {"event": "end", "time": 1113.0, "epochs": 2, "total_time_s": 13.0, "final_eval": {}, "best_eval": {}}]
+    events = [
+        start(1000.0),
+        plan(1000.0, 0, 0, 2, 1, 2),
+        epoch(1010.0, 0, 2.0, 300.0, 9.0, 50.0),
+        plan(1010.0, 1, 0, 2, 1, 2),
+        epoch(1020.0, 1, 1.5, 100.0, 9.0, 55.0),  # lost: died before its checkpoint
+        start(1100.0, resumed_from="step_90"),
+        plan(1100.0, 1, 0, 2, 1, 2),
+        epoch(1112.0, 1, 1.0, 320.0, 11.0, 70.0),
+        {"event": "end", "time": 1113.0, "epochs": 2, "total_time_s": 13.0, "final_eval": {}, "best_eval": {}},
+    ]
     run = load_run(write_run(tmp_path / "r", events))
     assert [e["epoch"] for e in run.epochs] == [0, 1]
     assert run.epochs[1]["samples_per_s"] == 320.0
@@ -132,7 +196,10 @@ def test_missing_dirs_and_dirs_without_metrics_are_report_errors(tmp_path):
 def test_layouts_and_transitions_follow_the_plan_events(two_runs):
     base, fast = two_runs
     assert [(l.pp, l.dp, l.frozen_units, l.epochs, l.mean_samples_per_s) for l in layouts(fast)] == [
-        (2, 1, 0, [1], 300.0), (2, 1, 4, [2], 400.0), (1, 2, 8, [3, 4], 620.0)]
+        (2, 1, 0, [1], 300.0),
+        (2, 1, 4, [2], 400.0),
+        (1, 2, 8, [3, 4], 620.0),
+    ]
     assert [(l.epochs, l.mean_samples_per_s) for l in layouts(base)] == [([1, 2, 3, 4], 315.0)]
     tr = transitions(fast)
     assert [(t["epoch"], t["transition_s"]) for t in tr] == [(2, 0.5), (3, 0.25)]
@@ -158,9 +225,11 @@ def test_time_to_accuracy_speedup_against_the_first_run(two_runs):
 def test_the_compared_metric_is_the_loss_when_nothing_else_is_logged(tmp_path):
     # Lower is better for the loss: the target is reached at or below it.
     slow = [start(0.0), plan(0.0, 0, 0, 2, 1, 2)] + [
-        {**epoch(10.0 * (e + 1), e, 1.0, 300.0, 9.0, None), "eval": {"loss": v}} for e, v in enumerate([3.0, 2.0, 1.0])]
+        {**epoch(10.0 * (e + 1), e, 1.0, 300.0, 9.0, None), "eval": {"loss": v}} for e, v in enumerate([3.0, 2.0, 1.0])
+    ]
     quick = [start(0.0), plan(0.0, 0, 0, 2, 1, 2)] + [
-        {**epoch(5.0 * (e + 1), e, 1.0, 600.0, 4.0, None), "eval": {"loss": v}} for e, v in enumerate([2.5, 0.9])]
+        {**epoch(5.0 * (e + 1), e, 1.0, 600.0, 4.0, None), "eval": {"loss": v}} for e, v in enumerate([2.5, 0.9])
+    ]
     runs = find_runs([write_run(tmp_path / "slow", slow), write_run(tmp_path / "quick", quick)])
     tta = time_to_accuracy(runs)
     assert (tta["metric"], tta["higher_is_better"], tta["target"]) == ("loss", False, 1.0)
@@ -168,15 +237,22 @@ def test_the_compared_metric_is_the_loss_when_nothing_else_is_logged(tmp_path):
 
 
 def test_a_glue_score_is_preferred_to_the_loss(tmp_path):
-    events = [start(0.0), plan(0.0, 0, 0, 2, 1, 2),
-              {**epoch(10.0, 0, 1.0, 300.0, 9.0, None), "eval": {"loss": 0.5, "accuracy": 80.0, "score": 78.0}}]
+    events = [
+        start(0.0),
+        plan(0.0, 0, 0, 2, 1, 2),
+        {**epoch(10.0, 0, 1.0, 300.0, 9.0, None), "eval": {"loss": 0.5, "accuracy": 80.0, "score": 78.0}},
+    ]
     assert load_run(write_run(tmp_path / "glue", events)).metric == ("score", True)
 
 
 def test_a_change_of_the_cached_prefix_alone_is_a_transition(tmp_path):
-    events = [start(0.0), plan(0.0, 0, 4, 2, 1, 2), epoch(10.0, 0, 1.0, 300.0, 9.0, 50.0),
-              {**plan(10.2, 1, 4, 2, 1, 2, transition_s=0.2), "cached_units": 3},
-              epoch(15.0, 1, 0.5, 500.0, 4.0, 60.0)]
+    events = [
+        start(0.0),
+        plan(0.0, 0, 4, 2, 1, 2),
+        epoch(10.0, 0, 1.0, 300.0, 9.0, 50.0),
+        {**plan(10.2, 1, 4, 2, 1, 2, transition_s=0.2), "cached_units": 3},
+        epoch(15.0, 1, 0.5, 500.0, 4.0, 60.0),
+    ]
     run = load_run(write_run(tmp_path / "r", events))
     assert [(t["epoch"], t["transition_s"]) for t in transitions(run)] == [(2, 0.2)]
     assert "| K=2 DP=1 M=2 frozen 4 cached 3 | 2 (1) | 500.0 |" in markdown([run], {}, tmp_path)
@@ -213,9 +289,16 @@ def test_layout_figure_follows_the_plan_events(two_runs, tmp_path):
 def test_layout_figure_draws_changes_inside_an_epoch_where_they_happened(tmp_path):
     """Freezes of 3, 5 and 7 units at steps 30, 45 and 60 of 90 in the first epoch: drawn there, not as 0
     throughout the epoch; the frozen-unit axis ticks whole units."""
-    events = [start(0.0), plan(0.0, 0, 0, 1, 2, 1), {**plan(1.0, 0, 3, 1, 2, 1), "step": 30},
-              {**plan(2.0, 0, 5, 1, 2, 1), "step": 45}, {**plan(3.0, 0, 7, 1, 2, 1), "step": 60},
-              epoch(5.0, 0, 1.0, 300.0, 5.0, 80.0), plan(5.0, 1, 7, 1, 2, 1), epoch(9.0, 1, 0.5, 400.0, 4.0, 90.0)]
+    events = [
+        start(0.0),
+        plan(0.0, 0, 0, 1, 2, 1),
+        {**plan(1.0, 0, 3, 1, 2, 1), "step": 30},
+        {**plan(2.0, 0, 5, 1, 2, 1), "step": 45},
+        {**plan(3.0, 0, 7, 1, 2, 1), "step": 60},
+        epoch(5.0, 0, 1.0, 300.0, 5.0, 80.0),
+        plan(5.0, 1, 7, 1, 2, 1),
+        epoch(9.0, 1, 0.5, 400.0, 4.0, 90.0),
+    ]
     run = load_run(write_run(tmp_path / "r", events))
     fig = layout_figure([run], tmp_path / "layout.png")
     top = fig.axes[0]
@@ -234,8 +317,12 @@ def test_loss_figure_plots_train_loss_and_eval(two_runs, tmp_path):
 
 
 def test_eval_only_at_evaluated_epochs(tmp_path):
-    events = [start(0.0), plan(0.0, 0, 0, 2, 1, 2), epoch(5.0, 0, 2.0, 300.0, 5.0, None),
-              epoch(10.0, 1, 1.0, 300.0, 5.0, 75.0)]
+    events = [
+        start(0.0),
+        plan(0.0, 0, 0, 2, 1, 2),
+        epoch(5.0, 0, 2.0, 300.0, 5.0, None),
+        epoch(10.0, 1, 1.0, 300.0, 5.0, 75.0),
+    ]
     run = load_run(write_run(tmp_path / "r", events))
     right = lines_by_label(loss_figure([run], tmp_path / "loss.png").axes[1])
     assert right["r: eval top1"] == ([2], [75.0])
@@ -250,8 +337,7 @@ def test_time_to_accuracy_figure_plots_eval_against_wall_time(two_runs, tmp_path
 
 def test_write_report_writes_valid_pngs_and_the_markdown(two_runs, tmp_path):
     written = write_report([tmp_path / "base", tmp_path / "fast"], tmp_path / "out")
-    assert set(written) == {"report", "Training throughput", "Layout", "Loss and evaluation",
-                            "Time to accuracy"}
+    assert set(written) == {"report", "Training throughput", "Layout", "Loss and evaluation", "Time to accuracy"}
     for title, path in written.items():
         if path.suffix == ".png":
             with Image.open(path) as im:
@@ -298,10 +384,14 @@ def test_timeline_figure_rejects_bad_events(tmp_path):
 
 
 # ---- the command line ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("make,message", [
-    (lambda d: d / "nonexistent", "ptrun: error: no such run directory: {path}"),
-    (lambda d: (d / "empty").mkdir() or d / "empty", "ptrun: error: no metrics.jsonl in {path}"),
-], ids=["missing", "no-metrics"])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda d: d / "nonexistent", "ptrun: error: no such run directory: {path}"),
+        (lambda d: (d / "empty").mkdir() or d / "empty", "ptrun: error: no metrics.jsonl in {path}"),
+    ],
+    ids=["missing", "no-metrics"],
+)
 def test_report_cli_errors_are_one_line_exit_2(make, message, tmp_path):
     path = make(tmp_path)
     out = run_ptrun("report", str(path), cwd=tmp_path)
@@ -329,8 +419,9 @@ def test_report_cli_writes_into_the_first_runs_report_dir(tmp_path):
 def test_tensorboard_scalars_read_back_equal_the_events(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = [{**e, "cache": {"hits": 10 * e["epoch"], "cached_units": 3}} if e["event"] == "epoch" else e
-              for e in FAST]
+    events = [
+        {**e, "cache": {"hits": 10 * e["epoch"], "cached_units": 3}} if e["event"] == "epoch" else e for e in FAST
+    ]
     with TensorBoardLog(tmp_path) as tb:
         for ev in events:
             tb.write(ev["event"], **{k: v for k, v in ev.items() if k != "event"})
@@ -356,15 +447,23 @@ def test_tensorboard_scalars_read_back_equal_the_events(tmp_path):
 
 # ---- the paper beside the run --------------------------------------------------------------------------------
 
-PAPER = {"setup": "ViT-B/16 on CIFAR-100 (Table 1)", "metric": "top1", "baseline": 91.21, "result": 91.33,
-         "baseline_time": "35m06s", "time": "12m23s", "speedup": 2.44, "gpus": 16, "epochs": 10}
+PAPER = {
+    "setup": "ViT-B/16 on CIFAR-100 (Table 1)",
+    "metric": "top1",
+    "baseline": 91.21,
+    "result": 91.33,
+    "baseline_time": "35m06s",
+    "time": "12m23s",
+    "speedup": 2.44,
+    "gpus": 16,
+    "epochs": 10,
+}
 
 
 def with_config(run_dir: Path, freeze: bool, paper: dict | None = PAPER) -> Path:
     import yaml
 
-    config = {"recipe": "vit_cifar100", "auto": {"freeze": freeze}, "train": {"epochs": 4,
-                                                                               "max_steps_per_epoch": None}}
+    config = {"recipe": "vit_cifar100", "auto": {"freeze": freeze}, "train": {"epochs": 4, "max_steps_per_epoch": None}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "paper": paper or {}}))
     return run_dir
 
@@ -375,14 +474,18 @@ def test_a_paper_run_is_set_beside_the_papers_numbers_and_a_freezing_off_run(tmp
     fast = with_config(write_run(tmp_path / "fast", FAST), freeze=True)
     base = with_config(write_run(tmp_path / "base", BASE), freeze=False)
     alone = paper_lines(find_runs([fast]))
-    assert alone == ["paper (ViT-B/16 on CIFAR-100 (Table 1)): baseline top1 91.21 in 35m06s, PipeTransformer top1 "
-                     "91.33 in 12m23s, 2.44x",
-                     "this run (fast): top1 93.00 in 31s wall time",
-                     "not the paper's setup, so not its experiment: 2 workers (the paper: 16 GPUs); 4 epochs (the "
-                     "paper: 10)"]
+    assert alone == [
+        "paper (ViT-B/16 on CIFAR-100 (Table 1)): baseline top1 91.21 in 35m06s, PipeTransformer top1 "
+        "91.33 in 12m23s, 2.44x",
+        "this run (fast): top1 93.00 in 31s wall time",
+        "not the paper's setup, so not its experiment: 2 workers (the paper: 16 GPUs); 4 epochs (the paper: 10)",
+    ]
     for order in ([fast, base], [base, fast]):  # the freezing-off run is found by its config, in either place
         lines = paper_lines(find_runs(order))
-        assert lines[2] == ("speedup over the freezing-off run (base: 41s, top1 90.00): 1.32x in wall time "
-                            "(the paper: 2.44x)") and len(lines) == 4
+        assert (
+            lines[2]
+            == ("speedup over the freezing-off run (base: 41s, top1 90.00): 1.32x in wall time (the paper: 2.44x)")
+            and len(lines) == 4
+        )
     assert "## The paper" in markdown(find_runs([fast, base]), {}, tmp_path)
     assert paper_lines(find_runs([with_config(write_run(tmp_path / "own", FAST), True, paper=None)])) == []

@@ -12,14 +12,27 @@ import pytest
 
 from conftest import TINY, run_ptrun
 from ptrun.compose import compose, for_cluster, for_this_machine, resolve
-from ptrun.config import (FREEZE_POLICIES, PARTITIONS, ConfigError, PtrunConfig, check_concrete, choices_of,
-                          workers_per_node)
+from ptrun.config import (
+    FREEZE_POLICIES,
+    PARTITIONS,
+    ConfigError,
+    PtrunConfig,
+    check_concrete,
+    choices_of,
+    workers_per_node,
+)
 from ptrun.config.docs import field_docs, keys, render
 from ptrun.config.schema import load_resolved
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "config.md"
-SRUN = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
-        "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NTASKS_PER_NODE": "1"}
+SRUN = {
+    "SLURM_JOB_ID": "1234",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NODEID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_NTASKS_PER_NODE": "1",
+}
 
 
 def test_resolve_leaves_the_machine_to_its_own_step():
@@ -67,8 +80,11 @@ def test_plan_sizes_the_launcher_before_the_checks():
     with pytest.raises(ConfigError, match=r"^pipe.length=3 is not allowed: a divisor of the world size 8"):
         for_cluster(["recipe=digits_vit", "pipe.length=3"], nodes=2, gpus_per_node=4)
     # and the batch at that world size: the same rules as on one machine, not the length alone
-    with pytest.raises(ConfigError, match=r"^train.global_batch_size=36 is not allowed: a multiple of the "
-                                          r"data-parallel width 16"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.global_batch_size=36 is not allowed: a multiple of the "
+        r"data-parallel width 16",
+    ):
         for_cluster(["recipe=digits_vit", "pipe.length=1", "train.global_batch_size=36"], nodes=2, gpus_per_node=8)
     cfg = for_cluster(["recipe=digits_vit", "pipe.length=4"], nodes=2, gpus_per_node=4)
     assert (cfg.launcher.nproc_per_node, cfg.launcher.nnodes, cfg.run_dir) == (4, "2", "")
@@ -80,12 +96,18 @@ def test_the_layout_rules_are_one_function():
     for changes, world, message in [
         (dict(length=3, microbatches=3), 4, "pipe.length=3 is not allowed: a divisor of the world size 4"),
         (dict(length=2, microbatches=2), 4, None),
-        (dict(length=1, microbatches=1), 3, "train.global_batch_size=32 is not allowed: a multiple of the "
-                                            "data-parallel width 3"),
+        (
+            dict(length=1, microbatches=1),
+            3,
+            "train.global_batch_size=32 is not allowed: a multiple of the data-parallel width 3",
+        ),
         (dict(length=2, microbatches=3), 4, "pipe.microbatches=3 is not allowed: a divisor of the per-replica"),
         (dict(length=2, microbatches=1, schedule="1F1B"), 4, "pipe.microbatches=1 is not allowed: at least"),
-        (dict(length=2, microbatches=1, first_stage_replicas=2, schedule="pipedream"), 4,
-         "pipe.first_stage_replicas=2 is not allowed: 3 with 4 workers"),
+        (
+            dict(length=2, microbatches=1, first_stage_replicas=2, schedule="pipedream"),
+            4,
+            "pipe.first_stage_replicas=2 is not allowed: 3 with 4 workers",
+        ),
     ]:
         if message is None:
             check_concrete(replace(pipe, **changes), world, 32)
@@ -101,11 +123,13 @@ def test_resolve_length_returns_a_layout_that_obeys_the_rules():
     cfg = replace(cfg, train=replace(cfg.train, global_batch_size=30))
     memory = UnitMemory([1.0] * 10, [1.0] * 10)
     # K = 1 fits, but 30 samples do not split over 4 replicas
-    with pytest.raises(ConfigError, match="train.global_batch_size=30 is not allowed: a multiple of the "
-                                          "data-parallel width 4"):
+    with pytest.raises(
+        ConfigError, match="train.global_batch_size=30 is not allowed: a multiple of the data-parallel width 4"
+    ):
         resolve_length(cfg, None, (), 4, 10**9, memory=memory)
-    good, choice = resolve_length(replace(cfg, train=replace(cfg.train, global_batch_size=32)), None, (), 4, 10**9,
-                                  memory=memory)
+    good, choice = resolve_length(
+        replace(cfg, train=replace(cfg.train, global_batch_size=32)), None, (), 4, 10**9, memory=memory
+    )
     assert (good.pipe.length, good.pipe.microbatches, choice.length) == (1, 1, 1)
 
 
@@ -120,8 +144,19 @@ def schema_fields(cls=PtrunConfig, prefix=""):
 
 def test_every_choice_is_declared_beside_its_field_and_its_docstring_names_each_value():
     choices = {key: choices_of(f) for key, f, _ in schema_fields() if choices_of(f) is not None}
-    assert {"pipe.schedule", "pipe.partition", "freeze.policy", "auto.batch", "model.task", "model.attention",
-            "launcher.backend", "logger", "data.name", "train.precision", "optim.name"} <= set(choices)
+    assert {
+        "pipe.schedule",
+        "pipe.partition",
+        "freeze.policy",
+        "auto.batch",
+        "model.task",
+        "model.attention",
+        "launcher.backend",
+        "logger",
+        "data.name",
+        "train.precision",
+        "optim.name",
+    } <= set(choices)
     for key, f, cls in schema_fields():
         values = choices_of(f)
         if values is None:
@@ -149,8 +184,10 @@ def test_the_layers_above_take_the_names_from_the_config():
 def test_a_bad_choice_names_every_allowed_value():
     with pytest.raises(ConfigError) as e:
         compose(["pipe.schedule=Zigzag"])
-    assert str(e.value) == ("pipe.schedule='Zigzag' is not allowed: one of GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
-                            "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, pipedream")
+    assert str(e.value) == (
+        "pipe.schedule='Zigzag' is not allowed: one of GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
+        "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, pipedream"
+    )
 
 
 def test_docs_config_md_is_up_to_date():
@@ -166,13 +203,15 @@ def test_ptrun_train_composes_once_and_makes_the_run_directory_as_hydra_did(tmp_
     import ptrun.cli
 
     # a sweep's jobs, for its closing summary, and nothing a single run hands from its check to its start
-    assert {name for name, value in vars(ptrun.cli).items()
-            if isinstance(value, (list, dict)) and not name.startswith("__")} == {"SWEEP_JOBS"}
-    out = run_ptrun("train", *TINY, "train.epochs=1", "train.max_steps_per_epoch=2", "checkpoint.every_epochs=1",
-                    cwd=tmp_path)
+    assert {
+        name for name, value in vars(ptrun.cli).items() if isinstance(value, (list, dict)) and not name.startswith("__")
+    } == {"SWEEP_JOBS"}
+    out = run_ptrun(
+        "train", *TINY, "train.epochs=1", "train.max_steps_per_epoch=2", "checkpoint.every_epochs=1", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == ["runs"]
-    run_dir, = (tmp_path / "runs").iterdir()
+    (run_dir,) = (tmp_path / "runs").iterdir()
     names = {p.name for p in run_dir.iterdir()}
     assert {"config.yaml", "train.log", "checkpoints"} <= names and not any(n.startswith(".") for n in names)
     cfg = load_resolved(run_dir / "config.yaml")
@@ -200,7 +239,10 @@ def test_plus_adds_entries_to_the_free_form_mapping_and_nothing_elsewhere():
     assert compose(["recipe=digits_vit", "+auto.microbatch_table.4=2"]).auto.microbatch_table == {**table, 4: 2}
     assert compose(["recipe=digits_vit", "++auto.microbatch_table.8=1"]).auto.microbatch_table == {**table, 8: 1}
     assert compose(["recipe=digits_vit", "+auto.microbatch_table={4: 2, 8: 2}"]).auto.microbatch_table == {
-        **table, 4: 2, 8: 2}
+        **table,
+        4: 2,
+        8: 2,
+    }
     assert compose(["recipe=digits_vit", "auto.microbatch_table.2=4"]).auto.microbatch_table == {2: 4, 1: 1}
     assert compose(["recipe=digits_vit", "++optim.lr=3e-4"]).optim.lr == 3e-4  # `++` sets a key the schema has
     for override in ("+optim.lrr=1", "++optim.lrr=1", "+foo=1", "+model.deph.x=1", "+auto.foo=1"):
@@ -243,9 +285,20 @@ def test_a_runs_config_holds_the_layout_the_launcher_filled(tmp_path):
     """`pipe.length=auto` and an unset micro-batch count reach the workers, and the run's config.yaml, as numbers:
     the launcher fills them before any worker starts, and says what it chose in the line before the run's first."""
     run_dir = tmp_path / "run"
-    out = run_ptrun("train", "recipe=digits_vit", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
-                    "train.epochs=1", "train.max_steps_per_epoch=2", "train.export=false", "freeze.policy=none",
-                    "launcher.nproc_per_node=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = run_ptrun(
+        "train",
+        "recipe=digits_vit",
+        "model.embed_dim=32",
+        "model.depth=2",
+        "model.num_heads=2",
+        "train.epochs=1",
+        "train.max_steps_per_epoch=2",
+        "train.export=false",
+        "freeze.policy=none",
+        "launcher.nproc_per_node=2",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     cfg = load_resolved(run_dir / "config.yaml")
     assert (cfg.pipe.length, cfg.pipe.microbatches) == (1, 1)
@@ -267,7 +320,10 @@ def test_no_config_group_option_restates_a_schema_default():
     defaults = OmegaConf.to_container(OmegaConf.structured(PtrunConfig(run_dir="")))
     options = sorted(CONFIG_DIR.glob("*/*.yaml"))
     assert len(options) >= 15
-    restated = [f"{path.parent.name}/{path.name}: {key}: {value!r}" for path in options
-                for key, value in (yaml.safe_load(path.read_text()) or {}).items()
-                if key != "name" and defaults[path.parent.name].get(key, object()) == value]
+    restated = [
+        f"{path.parent.name}/{path.name}: {key}: {value!r}"
+        for path in options
+        for key, value in (yaml.safe_load(path.read_text()) or {}).items()
+        if key != "name" and defaults[path.parent.name].get(key, object()) == value
+    ]
     assert restated == []

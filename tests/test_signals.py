@@ -61,7 +61,10 @@ def test_every_policy_signal_has_a_measurement():
         signal = POLICIES[name].signal
         assert type(make_signal(signal, 4, CPU)) is MEASUREMENTS[signal]
     assert {n: POLICIES[n].signal for n in FREEZE_POLICIES if POLICIES[n].signal} == {
-        "pipetransformer": "grad_norms", "autofreeze": "grad_norms", "plasticity": "weight_change"}
+        "pipetransformer": "grad_norms",
+        "autofreeze": "grad_norms",
+        "plasticity": "weight_change",
+    }
 
 
 def test_held_blocks_are_the_active_blocks_trainable_parameters():

@@ -25,8 +25,14 @@ def fake_runs(root, slower: float) -> None:
         lines = [{"event": "start", "train_samples": 1437}]
         for r in records:
             lines.append({"event": "plan", "epoch": r.epoch, "transition_s": r.transition_s, **r.plan.to_dict()})
-            lines.append({"event": "epoch", "epoch": r.epoch, "epoch_time_s": slower * r.time_s - r.transition_s,
-                          "steps": r.steps})
+            lines.append(
+                {
+                    "event": "epoch",
+                    "epoch": r.epoch,
+                    "epoch_time_s": slower * r.time_s - r.transition_s,
+                    "steps": r.steps,
+                }
+            )
         (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -80,6 +86,15 @@ def test_measure_writes_a_profile_the_planner_reads(tmp_path, capsys):
     assert all(t > 0 for t in doc["time_s"]) and costs.fb_seconds == tuple(t / 2 for t in doc["time_s"])
     assert doc["params"] == list(base.params)  # the analytic sizes are the built model's
     c = doc["cluster"]
-    assert set(c) == {"cores_per_node", "microbatch_overhead_s", "link_latency_s", "intra_gbs", "loader_batch_s",
-                      "loader_samples_s", "cache_batch_s", "cache_sample_s", "cache_write_sample_s"}
+    assert set(c) == {
+        "cores_per_node",
+        "microbatch_overhead_s",
+        "link_latency_s",
+        "intra_gbs",
+        "loader_batch_s",
+        "loader_samples_s",
+        "cache_batch_s",
+        "cache_sample_s",
+        "cache_write_sample_s",
+    }
     assert 0 < c["cores_per_node"] <= 2 and c["link_latency_s"] >= 0 and c["cache_write_sample_s"] > 0

@@ -18,20 +18,47 @@ from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile
 from ptrun.sim.simulate import simulate
 from ptrun.sim.cluster import Cluster
 from ptrun.sim.costs import ModelCosts, bert_costs
-from ptrun.sim.simulate import (COMBINATIONS, combination_config, frozen_grad_seconds, pipeline_seconds, plan_epochs,
-                                plannable, sharing_slowdown, stand_in, step_time, total_seconds, update_seconds)
+from ptrun.sim.simulate import (
+    COMBINATIONS,
+    combination_config,
+    frozen_grad_seconds,
+    pipeline_seconds,
+    plan_epochs,
+    plannable,
+    sharing_slowdown,
+    stand_in,
+    step_time,
+    total_seconds,
+    update_seconds,
+)
 
-ONE_TFLOP = Cluster("test", nodes=1, gpus_per_node=4, peak_tflops=1.0, efficiency=1.0, intra_gbs=1.0,
-                    inter_gbs=0.5, host_gbs=1.0, host_memory_gb=1.0, disk_gbs=1.0, transition_s=0.0)
+ONE_TFLOP = Cluster(
+    "test",
+    nodes=1,
+    gpus_per_node=4,
+    peak_tflops=1.0,
+    efficiency=1.0,
+    intra_gbs=1.0,
+    inter_gbs=0.5,
+    host_gbs=1.0,
+    host_memory_gb=1.0,
+    disk_gbs=1.0,
+    transition_s=0.0,
+)
 """1e12 FLOP/s, 1 GB/s inside a node, 0.5 GB/s between nodes, no fixed costs: easy arithmetic."""
 
-TOY = ModelCosts(names=("embed", "block.0.attn", "block.0.mlp", "head"), params=(10.0, 20.0, 30.0, 40.0),
-                 act_bytes=(100.0, 100.0, 100.0, 10.0), fwd_flops=(1e9, 2e9, 3e9, 1e9))
+TOY = ModelCosts(
+    names=("embed", "block.0.attn", "block.0.mlp", "head"),
+    params=(10.0, 20.0, 30.0, 40.0),
+    act_bytes=(100.0, 100.0, 100.0, 10.0),
+    fwd_flops=(1e9, 2e9, 3e9, 1e9),
+)
 
 
 def toy_plan(**kw) -> Plan:
-    base = dict(num_units=4, frozen_units=0, pp=2, dp=2, stage_bounds=((0, 2), (2, 4)), microbatches=2,
-                schedule="GPipe")
+    base = dict(
+        num_units=4, frozen_units=0, pp=2, dp=2, stage_bounds=((0, 2), (2, 4)), microbatches=2, schedule="GPipe"
+    )
     return Plan(**{**base, **kw}).check()
 
 
@@ -45,8 +72,20 @@ def paper_config(recipe: str, tmp_path, *extra: str):
     of its two pipelines (`ptrun plan` fills it so for `cluster=paper`)."""
     from ptrun.config.layout import fill_batch
 
-    cfg = compose(with_test_recipe([f"recipe={recipe}", f"data.path={tmp_path}", f"model.pretrained={tmp_path}",
-                                    *PAPER_START, "launcher.nnodes=2", *extra]), run_dir=tmp_path, recipe="test")
+    cfg = compose(
+        with_test_recipe(
+            [
+                f"recipe={recipe}",
+                f"data.path={tmp_path}",
+                f"model.pretrained={tmp_path}",
+                *PAPER_START,
+                "launcher.nnodes=2",
+                *extra,
+            ]
+        ),
+        run_dir=tmp_path,
+        recipe="test",
+    )
     cfg = fill_batch(cfg, 16)
     return cfg, costs_from_config(cfg.model, cfg.data)
 
@@ -95,8 +134,9 @@ def test_analytic_sizes_follow_the_last_layer_a_classification_head_reads(task):
     from ptrun.models import build_model
     from ptrun.parallel.profile import profile_units
 
-    layered = build_model(ModelConfig(name="bert-tiny", depth=2, embed_dim=32, num_heads=2, vocab_size=100,
-                                      task=task), num_classes=3)
+    layered = build_model(
+        ModelConfig(name="bert-tiny", depth=2, embed_dim=32, num_heads=2, vocab_size=100, task=task), num_classes=3
+    )
     costs = bert_costs(seq_len=9, hidden=32, depth=2, intermediate=128, vocab_size=100, task=task, num_labels=3)
     ids = torch.randint(1, 100, (2, 9))
     prof = profile_units(layered, (ids, torch.ones_like(ids), torch.zeros_like(ids)), torch.device("cpu"), repeats=1)
@@ -166,16 +206,28 @@ def test_cached_prefix_costs_a_read_and_a_fill_once(tmp_path):
     assert hit.total_s == pytest.approx(max(hit.cache_read_s, hit.pipeline_s) + hit.allreduce_s)
 
 
-MEASURED = replace(TOY, fb_seconds=(3e-3, 6e-3, 9e-3, 3e-3), fwd_seconds=(0.5e-3, 1.5e-3, 2e-3, 1e-3),
-                   frozen_seconds=(2e-3, 5e-3, 7e-3, 2e-3), update_seconds=(1e-3, 2e-3, 3e-3, 4e-3))
+MEASURED = replace(
+    TOY,
+    fb_seconds=(3e-3, 6e-3, 9e-3, 3e-3),
+    fwd_seconds=(0.5e-3, 1.5e-3, 2e-3, 1e-3),
+    frozen_seconds=(2e-3, 5e-3, 7e-3, 2e-3),
+    update_seconds=(1e-3, 2e-3, 3e-3, 4e-3),
+)
 """TOY with a measured profile: per-sample forward + backward, forward alone, frozen with an input gradient
 (per sample), and the optimizer update per step of each unit."""
 
 
 def test_a_measured_profile_prices_a_known_plan(tmp_path):
     cfg, _ = paper_config("vit_cifar100", tmp_path)
-    costs = replace(ONE_TFLOP, microbatch_overhead_s=1e-3, link_latency_s=1e-4, loader_batch_s=2e-3,
-                    loader_samples_s=1000.0, step_overhead_s=5e-4, overlap_io=False)
+    costs = replace(
+        ONE_TFLOP,
+        microbatch_overhead_s=1e-3,
+        link_latency_s=1e-4,
+        loader_batch_s=2e-3,
+        loader_samples_s=1000.0,
+        step_overhead_s=5e-4,
+        overlap_io=False,
+    )
     st = step_time(toy_plan(), MEASURED, costs, cfg, per_replica=4, samples=100, filled=0)
     # micro-batches of 2: overhead + compute + (activation out, gradient back: latency + bytes each)
     stage0 = 1e-3 + 2 * (3e-3 + 6e-3) + 2 * (1e-4 + 2 * 100 / 1e9)
@@ -206,19 +258,33 @@ def test_a_frozen_unit_costs_its_forward_on_the_first_stage_only(tmp_path):
 
 def test_the_cache_term_replaces_raw_loading_on_the_first_stage(tmp_path):
     cfg, _ = paper_config("vit_cifar100", tmp_path)
-    cpu = replace(ONE_TFLOP, loader_batch_s=2e-3, loader_samples_s=1000.0, cache_batch_s=1e-3,
-                  cache_sample_s=1e-4, overlap_io=False)
+    cpu = replace(
+        ONE_TFLOP,
+        loader_batch_s=2e-3,
+        loader_samples_s=1000.0,
+        cache_batch_s=1e-3,
+        cache_sample_s=1e-4,
+        overlap_io=False,
+    )
     raw = 2e-3 + 4 / 1000.0
     entry_io = 4 * 100 / 1e9 + 4 * 1e-4  # bytes from memory + the per-entry cost
     # K = 2, a settled cache: stage 0 reads the entries, stage 1 still loads the raw batch (for its labels)
-    hit = step_time(toy_plan(frozen_units=1, cached_units=1), MEASURED, cpu, cfg, per_replica=4, samples=100,
-                    filled=1)
+    hit = step_time(toy_plan(frozen_units=1, cached_units=1), MEASURED, cpu, cfg, per_replica=4, samples=100, filled=1)
     assert hit.cache_read_s == pytest.approx(1e-3 + entry_io) and hit.cache_fill_s == 0
-    assert hit.total_s == pytest.approx(max(hit.cache_read_s, raw) + hit.pipeline_s + hit.allreduce_s
-                                        + hit.update_s, rel=1e-12)
+    assert hit.total_s == pytest.approx(
+        max(hit.cache_read_s, raw) + hit.pipeline_s + hit.allreduce_s + hit.update_s, rel=1e-12
+    )
     # K = 1: the only stage is the first, so no raw samples are loaded at all
-    k1 = Plan(num_units=4, frozen_units=1, cached_units=1, pp=1, dp=4, stage_bounds=((0, 4),), microbatches=1,
-              schedule="GPipe").check()
+    k1 = Plan(
+        num_units=4,
+        frozen_units=1,
+        cached_units=1,
+        pp=1,
+        dp=4,
+        stage_bounds=((0, 4),),
+        microbatches=1,
+        schedule="GPipe",
+    ).check()
     st = step_time(k1, MEASURED, cpu, cfg, per_replica=4, samples=100, filled=1)
     assert st.pipeline_s == pytest.approx(4 * (6e-3 + 9e-3 + 3e-3), rel=1e-12)  # unit 0 runs nowhere
     assert st.total_s == pytest.approx(st.cache_read_s + st.pipeline_s + st.allreduce_s + st.update_s, rel=1e-12)
@@ -226,24 +292,30 @@ def test_the_cache_term_replaces_raw_loading_on_the_first_stage(tmp_path):
     fill = step_time(k1, MEASURED, cpu, cfg, per_replica=4, samples=100, filled=0)
     assert fill.cache_read_s == pytest.approx(1e-3)
     assert fill.cache_fill_s == pytest.approx(4 * 0.5e-3 + entry_io)
-    assert fill.total_s == pytest.approx(raw + 1e-3 + fill.cache_fill_s + fill.pipeline_s + fill.allreduce_s
-                                         + fill.update_s, rel=1e-12)
+    assert fill.total_s == pytest.approx(
+        raw + 1e-3 + fill.cache_fill_s + fill.pipeline_s + fill.allreduce_s + fill.update_s, rel=1e-12
+    )
 
 
 def test_pipeline_makespan_and_per_rank_updates():
-    plan = Plan(num_units=6, frozen_units=0, pp=3, dp=1, stage_bounds=((0, 2), (2, 4), (4, 6)), microbatches=4,
-                schedule="1F1B").check()
+    plan = Plan(
+        num_units=6, frozen_units=0, pp=3, dp=1, stage_bounds=((0, 2), (2, 4), (4, 6)), microbatches=4, schedule="1F1B"
+    ).check()
     assert pipeline_seconds(plan, [1.0, 3.0, 2.0]) == pytest.approx(1 + 3 + 2 + 3 * 3)  # sum + (M - 1) max
     assert pipeline_seconds(plan, [2.0, 2.0, 2.0]) == pytest.approx((4 + 3 - 1) * 2)  # balanced: (M + K - 1) t
-    costs = replace(MEASURED, names=tuple(f"u{i}" for i in range(6)), params=(1.0,) * 6, act_bytes=(1.0,) * 6,
-                    update_seconds=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0))
+    costs = replace(
+        MEASURED,
+        names=tuple(f"u{i}" for i in range(6)),
+        params=(1.0,) * 6,
+        act_bytes=(1.0,) * 6,
+        update_seconds=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0),
+    )
     assert update_seconds(replace(plan, frozen_units=3), costs) == [0.0, 4.0, 11.0]
 
 
 def test_cpu_sharing_stretches_a_busy_step_more():
     shared = replace(ONE_TFLOP, nodes=1, gpus_per_node=2, cores_per_node=2.0, background_load=1.0)
-    k1 = Plan(num_units=4, frozen_units=0, pp=1, dp=2, stage_bounds=((0, 4),), microbatches=1,
-              schedule="GPipe").check()
+    k1 = Plan(num_units=4, frozen_units=0, pp=1, dp=2, stage_bounds=((0, 4),), microbatches=1, schedule="GPipe").check()
     k2 = toy_plan(dp=1)
     # two replicas busy the whole step + 1 background process on 2 cores: 1.5 x
     assert sharing_slowdown(k1, shared, busy_s=1.0, step_s=1.0) == pytest.approx(1.5)
@@ -252,8 +324,9 @@ def test_cpu_sharing_stretches_a_busy_step_more():
     assert sharing_slowdown(k2, shared, busy_s=0.5, step_s=1.0) == 1.0  # enough cores: no stretch
     assert sharing_slowdown(k1, replace(shared, background_load=0.0), busy_s=1.0, step_s=1.0) == 1.0
     # cores worth less than one per worker (two workers slow each other down): a busy step stretches alone
-    assert sharing_slowdown(k1, replace(shared, background_load=0.0, cores_per_node=1.6), busy_s=1.0,
-                            step_s=1.0) == pytest.approx(2 / 1.6)
+    assert sharing_slowdown(
+        k1, replace(shared, background_load=0.0, cores_per_node=1.6), busy_s=1.0, step_s=1.0
+    ) == pytest.approx(2 / 1.6)
     assert sharing_slowdown(k1, replace(shared, cores_per_node=0.0), busy_s=1.0, step_s=1.0) == 1.0
 
 
@@ -261,8 +334,9 @@ def test_measured_profile_round_trip(tmp_path):
     from types import SimpleNamespace
 
     path = tmp_path / "p.json"
-    prof = SimpleNamespace(time_s=[0.4, 0.8, 1.2, 0.4], activation_bytes=[400.0] * 4, forward_s=[0.1] * 4,
-                           frozen_s=[0.3] * 4)
+    prof = SimpleNamespace(
+        time_s=[0.4, 0.8, 1.2, 0.4], activation_bytes=[400.0] * 4, forward_s=[0.1] * 4, frozen_s=[0.3] * 4
+    )
     save_profile(prof, 4, path, update_s=[0.5, 0.5, 0.5, 0.0])
     costs = load_profile(path, TOY)
     assert costs.fwd_seconds == (0.025,) * 4 and costs.frozen_seconds == (0.075,) * 4  # per sample
@@ -286,8 +360,9 @@ def test_profile_units_detail_times_frozen_and_forward_passes(tmp_path):
     prof = profile_units(model, (torch.zeros(2, 1, 8, 8),), torch.device("cpu"), repeats=1, detail=True)
     assert len(prof.forward_s) == len(prof.frozen_s) == len(prof.time_s) == len(model.units)
     assert all(t > 0 for t in prof.forward_s + prof.frozen_s)
-    assert [all(p.requires_grad for p in u.parameters()) for u in model.units] == \
-        [u != 1 for u in range(len(model.units))]
+    assert [all(p.requires_grad for p in u.parameters()) for u in model.units] == [
+        u != 1 for u in range(len(model.units))
+    ]
     assert all(p.grad is None for p in model.parameters())
     assert profile_units(model, (torch.zeros(2, 1, 8, 8),), torch.device("cpu"), repeats=1).forward_s is None
 
@@ -309,8 +384,9 @@ def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_pa
     lines = [{"event": "start", "train_samples": 1437}]
     for r in records:  # "measured": 1.25 x the simulated epoch
         lines.append({"event": "plan", "epoch": r.epoch, "transition_s": r.transition_s, **r.plan.to_dict()})
-        lines.append({"event": "epoch", "epoch": r.epoch, "epoch_time_s": 1.25 * r.time_s - r.transition_s,
-                      "steps": r.steps})
+        lines.append(
+            {"event": "epoch", "epoch": r.epoch, "epoch_time_s": 1.25 * r.time_s - r.transition_s, "steps": r.steps}
+        )
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     report = vs.validate_combination("all_four", [run], None, cluster, 0.15)
     assert report["freeze_blocks"] == [0, 0, 2, 4] and not report["notes"]
@@ -322,7 +398,8 @@ def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_pa
     assert at_zero == pytest.approx(1 / 1.25 - 1) and load > 0
     fitted = vs.validate_combination("all_four", [run], None, replace(cluster, background_load=load), 0.15, {0, 1})
     assert sum(e["predicted_s"] for e in fitted["epochs"][:2]) == pytest.approx(
-        sum(e["measured_s"] for e in fitted["epochs"][:2]), rel=1e-6)
+        sum(e["measured_s"] for e in fitted["epochs"][:2]), rel=1e-6
+    )
     assert [e["role"] for e in fitted["epochs"]] == ["calibration"] * 2 + ["validation"] * 2
 
 
@@ -340,8 +417,9 @@ def imagenet(tmp_path_factory):
 def test_baseline_epochs_take_the_same_time(imagenet):
     *_, results = imagenet
     times = {r.time_s for r in results["baseline"]}
-    assert len(times) == 1 and all(r.plan.pp == 8 and r.plan.dp == 2 and r.plan.frozen_units == 0
-                                   for r in results["baseline"])
+    assert len(times) == 1 and all(
+        r.plan.pp == 8 and r.plan.dp == 2 and r.plan.frozen_units == 0 for r in results["baseline"]
+    )
 
 
 def test_every_component_helps_over_freezing_alone(imagenet):
@@ -414,25 +492,42 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     assert "(K = 8, M = 16)" in line and "stage 7 ~" in line and "of 26.8 GiB" in line
 
 
-@pytest.mark.parametrize("args, message", [
-    (["cluster=moon"], "cluster='moon' is not allowed: one of paper, this_machine"),
-    (["cluster.efficiency=2"], "cluster.efficiency='2' is not allowed: a number > 0 and <= 1"),
-    (["cluster.speed=2"], "unknown key 'cluster.speed'"),
-    (["--samples", "0"], "--samples 0 is not allowed"),
-    (["--profile", "/nonexistent.json"], "--profile /nonexistent.json: No such file"),
-    (["--fast"], "unknown option '--fast' for plan"),
-    (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
-    (["recipe=vit_imagenet", "pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 16"),
-    (["recipe=vit_imagenet", "freeze.policy=autofreeze"], "freeze.policy='autofreeze' is not allowed: it needs "
-     "measured gradient norms"),
-    (["recipe=vit_imagenet", "freeze.policy=plasticity"], "freeze.policy='plasticity' is not allowed: it needs "
-     "measured weight changes"),
-    (["recipe=vit_imagenet", "pipe.length=1", "pipe.microbatches=5", "device.memory=1GB"],
-     "pipe.length=1: stage 0 (units 0-25) needs ~34.79 GiB, a device offers 1.00 GiB (device.memory)"),
-    (["recipe=bert_glue", "data.task=cola", "cluster=this_machine", "pipe.length=2", "model.name=bert-ultra",
-      "model.pretrained=null"],
-     "model.name='bert-ultra'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["cluster=moon"], "cluster='moon' is not allowed: one of paper, this_machine"),
+        (["cluster.efficiency=2"], "cluster.efficiency='2' is not allowed: a number > 0 and <= 1"),
+        (["cluster.speed=2"], "unknown key 'cluster.speed'"),
+        (["--samples", "0"], "--samples 0 is not allowed"),
+        (["--profile", "/nonexistent.json"], "--profile /nonexistent.json: No such file"),
+        (["--fast"], "unknown option '--fast' for plan"),
+        (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
+        (["recipe=vit_imagenet", "pipe.length=3"], "pipe.length=3 is not allowed: a divisor of the world size 16"),
+        (
+            ["recipe=vit_imagenet", "freeze.policy=autofreeze"],
+            "freeze.policy='autofreeze' is not allowed: it needs measured gradient norms",
+        ),
+        (
+            ["recipe=vit_imagenet", "freeze.policy=plasticity"],
+            "freeze.policy='plasticity' is not allowed: it needs measured weight changes",
+        ),
+        (
+            ["recipe=vit_imagenet", "pipe.length=1", "pipe.microbatches=5", "device.memory=1GB"],
+            "pipe.length=1: stage 0 (units 0-25) needs ~34.79 GiB, a device offers 1.00 GiB (device.memory)",
+        ),
+        (
+            [
+                "recipe=bert_glue",
+                "data.task=cola",
+                "cluster=this_machine",
+                "pipe.length=2",
+                "model.name=bert-ultra",
+                "model.pretrained=null",
+            ],
+            "model.name='bert-ultra'",
+        ),
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
     code, out, err = plan_cli(capsys, *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
@@ -446,10 +541,23 @@ def test_the_simulator_starts_where_the_trainer_does_with_a_replicated_first_sta
     from ptrun.auto.controller import start
     from ptrun.sim.simulate import start_profile, unit_seconds
 
-    cfg = compose_config(["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "train.global_batch_size=16",
-                          "pipe.schedule=pipedream", "pipe.length=2", "pipe.first_stage_replicas=2",
-                          "pipe.microbatches=1", "pipe.partition=time", "auto.pipe=false", "auto.dp=false",
-                          "launcher.nproc_per_node=3"], tmp_path)
+    cfg = compose_config(
+        [
+            "model.embed_dim=32",
+            "model.depth=4",
+            "model.num_heads=2",
+            "train.global_batch_size=16",
+            "pipe.schedule=pipedream",
+            "pipe.length=2",
+            "pipe.first_stage_replicas=2",
+            "pipe.microbatches=1",
+            "pipe.partition=time",
+            "auto.pipe=false",
+            "auto.dp=false",
+            "launcher.nproc_per_node=3",
+        ],
+        tmp_path,
+    )
     costs = costs_from_config(cfg.model, cfg.data)
     cluster = replace(ONE_TFLOP, gpus_per_node=3)
     profile, bandwidth = start_profile(cfg, costs, cluster)
@@ -467,8 +575,19 @@ def test_freeze_decisions_fall_where_the_trainers_do(tmp_path):
     from ptrun.sim.simulate import simulate_one
 
     def run(*extra):
-        cfg = compose_config(["model.embed_dim=32", "model.depth=4", "model.num_heads=2", "train.global_batch_size=16",
-                              "train.epochs=3", "freeze.policy=schedule", "freeze.blocks=[0,1,2,3,4]", *extra], tmp_path)
+        cfg = compose_config(
+            [
+                "model.embed_dim=32",
+                "model.depth=4",
+                "model.num_heads=2",
+                "train.global_batch_size=16",
+                "train.epochs=3",
+                "freeze.policy=schedule",
+                "freeze.blocks=[0,1,2,3,4]",
+                *extra,
+            ],
+            tmp_path,
+        )
         costs = costs_from_config(cfg.model, cfg.data)
         records = simulate_one(costs, get_cluster("this_machine"), cfg, 160)
         return [r.plan.frozen_units for r in records], [r.steps for r in records]
@@ -486,12 +605,24 @@ def test_decoder_costs_count_llama_3_8b_exactly(tmp_path):
     from ptrun.config import DataConfig, ModelConfig
     from ptrun.sim.costs import costs_from_config
 
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
-         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-         "max_position_embeddings": 8192, "tie_word_embeddings": False}))
-    costs = costs_from_config(ModelConfig(name="llama", pretrained=str(tmp_path), task="causal_lm"),
-                              DataConfig(max_length=2048))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 32,
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "vocab_size": 128256,
+                "max_position_embeddings": 8192,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    costs = costs_from_config(
+        ModelConfig(name="llama", pretrained=str(tmp_path), task="causal_lm"), DataConfig(max_length=2048)
+    )
     assert costs.num_units == 66 and sum(costs.params) == 8_030_261_248
     assert costs.params[1] == 41_947_136 and costs.params[2] == 176_164_864  # attention and MLP halves
     assert costs.act_bytes[1] == 2048 * 4096 * 4 + 2048 * 4  # hidden states plus the padding mask

@@ -16,32 +16,43 @@ import pytest
 
 from conftest import TINY, command_args, final_params, run_workers
 from ptrun.config import ConfigError, LauncherConfig
-from ptrun.slurm import (BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job,
-                         summary)
+from ptrun.slurm import BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job, summary
 
 # What srun gives the task on node 1 of a two-node job submitted with --ntasks-per-node=1.
-SRUN = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-        "SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODELIST": "gpu[07-08]",
-        "SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "1(x2)"}
+SRUN = {
+    "SLURM_JOB_ID": "1234",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_NODELIST": "gpu[07-08]",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+}
 DEFAULT = LauncherConfig()
 
 
 # ------------------------------------------------------------------------------------------------ host lists
 
-@pytest.mark.parametrize("text, hosts", [
-    ("a", ["a"]),
-    ("a,b", ["a", "b"]),
-    ("n[1-3]", ["n1", "n2", "n3"]),
-    ("n[01-03,7]", ["n01", "n02", "n03", "n7"]),
-    ("r1n[1-2],r2n3", ["r1n1", "r1n2", "r2n3"]),
-    ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
-    ("n[8-10]", ["n8", "n9", "n10"]),  # no padding: the lower bound has one digit
-    ("n[098-100]", ["n098", "n099", "n100"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),  # several brackets: the first varies slowest
-    ("n[1-2]-ib", ["n1-ib", "n2-ib"]),  # text after the bracket
-    ("node-1.cluster.org,10.0.0.7", ["node-1.cluster.org", "10.0.0.7"]),
-    (" n[5] ", ["n5"]),
-])
+
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("a", ["a"]),
+        ("a,b", ["a", "b"]),
+        ("n[1-3]", ["n1", "n2", "n3"]),
+        ("n[01-03,7]", ["n01", "n02", "n03", "n7"]),
+        ("r1n[1-2],r2n3", ["r1n1", "r1n2", "r2n3"]),
+        ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
+        ("n[8-10]", ["n8", "n9", "n10"]),  # no padding: the lower bound has one digit
+        ("n[098-100]", ["n098", "n099", "n100"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),  # several brackets: the first varies slowest
+        ("n[1-2]-ib", ["n1-ib", "n2-ib"]),  # text after the bracket
+        ("node-1.cluster.org,10.0.0.7", ["node-1.cluster.org", "10.0.0.7"]),
+        (" n[5] ", ["n5"]),
+    ],
+)
 def test_host_lists_expand_like_scontrol_show_hostnames(text, hosts):
     assert expand_hostlist(text) == hosts
     assert first_host(text) == hosts[0]
@@ -51,18 +62,21 @@ def test_the_first_host_of_a_huge_list_is_read_without_expanding_it():
     assert first_host("n[000001-999999999]") == "n000001"
 
 
-@pytest.mark.parametrize("text, why", [
-    ("", "SLURM_NODELIST='' is not allowed"),
-    ("n[1-3", "'[' without ']'"),
-    ("n1-3]", "']' without '['"),
-    ("n[[1]]", "nested '['"),
-    ("n[3-1]", "cannot read the range '3-1'"),
-    ("n[a-b]", "cannot read the range 'a-b'"),
-    ("n[]", "cannot read the range ''"),
-    ("a,,b", "an empty host name"),
-    ("[1-2]", "an empty host name"),
-    ("a,b[2-1]", "cannot read the range '2-1'"),  # broken after the first host: still an error
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("", "SLURM_NODELIST='' is not allowed"),
+        ("n[1-3", "'[' without ']'"),
+        ("n1-3]", "']' without '['"),
+        ("n[[1]]", "nested '['"),
+        ("n[3-1]", "cannot read the range '3-1'"),
+        ("n[a-b]", "cannot read the range 'a-b'"),
+        ("n[]", "cannot read the range ''"),
+        ("a,,b", "an empty host name"),
+        ("[1-2]", "an empty host name"),
+        ("a,b[2-1]", "cannot read the range '2-1'"),  # broken after the first host: still an error
+    ],
+)
 def test_malformed_host_lists_are_one_line_errors(text, why):
     with pytest.raises(ConfigError) as e:
         first_host(text, "SLURM_NODELIST")
@@ -73,17 +87,21 @@ def test_malformed_host_lists_are_one_line_errors(text, why):
 
 # ---------------------------------------------------------------------------------------------- precedence
 
+
 def test_inside_srun_the_job_fills_nodes_rendezvous_and_id():
     got = from_slurm(DEFAULT, SRUN, set())
     assert (got.nnodes, got.rdzv_endpoint, got.rdzv_id) == ("2", f"gpu07:{BASE_PORT + 234}", "slurm-1234")
     assert got.nproc_per_node == DEFAULT.nproc_per_node and got.max_restarts == DEFAULT.max_restarts
-    assert summary(got, SRUN, set()) == \
-        f"ptrun: SLURM job 1234: node 1 of 2, rendezvous at gpu07:{BASE_PORT + 234} (id slurm-1234)"
+    assert (
+        summary(got, SRUN, set())
+        == f"ptrun: SLURM job 1234: node 1 of 2, rendezvous at gpu07:{BASE_PORT + 234} (id slurm-1234)"
+    )
 
 
 def test_every_node_of_the_job_gets_the_same_layout():
-    node0, node1 = (from_slurm(DEFAULT, {**SRUN, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}, set())
-                    for i in (0, 1))
+    node0, node1 = (
+        from_slurm(DEFAULT, {**SRUN, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}, set()) for i in (0, 1)
+    )
     assert node0 == node1
 
 
@@ -114,27 +132,44 @@ def test_all_three_given_leaves_the_environment_unread():
     assert summary(given, broken, {"nnodes", "rdzv_endpoint", "rdzv_id"}) is None
 
 
-@pytest.mark.parametrize("env", [
-    {},
-    {"PATH": "/usr/bin"},
-    {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"},  # salloc's shell: no task
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"PATH": "/usr/bin"},
+        {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"},  # salloc's shell: no task
+    ],
+)
 def test_outside_a_slurm_task_the_config_is_unchanged(env):
     assert from_slurm(DEFAULT, env, set()) == DEFAULT
     assert summary(DEFAULT, env, set()) is None
 
 
 def test_a_one_node_job_keeps_its_loopback_rendezvous():
-    one = {**SRUN, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
-           "SLURM_JOB_NODELIST": "gpu07", "SLURM_NODELIST": "gpu07", "SLURM_TASKS_PER_NODE": "1"}
+    one = {
+        **SRUN,
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "gpu07",
+        "SLURM_NODELIST": "gpu07",
+        "SLURM_TASKS_PER_NODE": "1",
+    }
     got = from_slurm(DEFAULT, one, set())
     assert (got.nnodes, got.rdzv_endpoint, got.rdzv_id) == ("1", "localhost:0", "slurm-1234")
 
 
 def test_the_step_and_master_variables_come_first():
     # `srun -N3` inside a 4-node allocation, with MASTER_ADDR / MASTER_PORT exported by the batch script
-    env = {**SRUN, "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "gpu[05-08]", "SLURM_STEP_NUM_NODES": "3",
-           "SLURM_STEP_NODELIST": "gpu[06-08]", "SLURM_NNODES": "3", "SLURM_NODELIST": "gpu[06-08]"}
+    env = {
+        **SRUN,
+        "SLURM_JOB_NUM_NODES": "4",
+        "SLURM_JOB_NODELIST": "gpu[05-08]",
+        "SLURM_STEP_NUM_NODES": "3",
+        "SLURM_STEP_NODELIST": "gpu[06-08]",
+        "SLURM_NNODES": "3",
+        "SLURM_NODELIST": "gpu[06-08]",
+    }
     got = from_slurm(DEFAULT, env, set())
     assert (got.nnodes, got.rdzv_endpoint) == ("3", f"gpu06:{BASE_PORT + 234}")
     got = from_slurm(DEFAULT, {**env, "MASTER_ADDR": "gpu06-ib", "MASTER_PORT": "31000"}, set())
@@ -148,17 +183,22 @@ def test_the_port_follows_the_job():
     assert ports == {BASE_PORT, BASE_PORT + 1, BASE_PORT + 999}
 
 
-@pytest.mark.parametrize("var, value", [
-    ("SLURM_NTASKS_PER_NODE", "2"),
-    ("SLURM_TASKS_PER_NODE", "8(x2)"),
-    ("SLURM_TASKS_PER_NODE", "1,2"),
-])
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("SLURM_NTASKS_PER_NODE", "2"),
+        ("SLURM_TASKS_PER_NODE", "8(x2)"),
+        ("SLURM_TASKS_PER_NODE", "1,2"),
+    ],
+)
 def test_several_tasks_on_a_node_are_refused(var, value):
     env = {k: v for k, v in SRUN.items() if k not in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")}
     with pytest.raises(ConfigError) as e:
         from_slurm(DEFAULT, {**env, var: value}, {"nnodes"})
-    assert str(e.value) == (f"{var}={value} is not allowed: 1 (ptrun runs one agent per node, which starts "
-                            f"launcher.nproc_per_node workers itself; submit with --ntasks-per-node=1)")
+    assert str(e.value) == (
+        f"{var}={value} is not allowed: 1 (ptrun runs one agent per node, which starts "
+        f"launcher.nproc_per_node workers itself; submit with --ntasks-per-node=1)"
+    )
 
 
 def test_the_step_task_count_is_the_one_that_counts():
@@ -167,21 +207,32 @@ def test_the_step_task_count_is_the_one_that_counts():
     assert from_slurm(DEFAULT, env, set()).nnodes == "2"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' is not allowed: the job's number"),
-    ({"SLURM_JOB_NUM_NODES": "two", "SLURM_NNODES": ""}, "SLURM_JOB_NUM_NODES='two' is not allowed: the number "
-                                                         "of nodes, an integer >= 1"),
-    ({"SLURM_NNODES": "0"}, "SLURM_NNODES='0' is not allowed: the number of nodes, an integer >= 1"),
-    ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is not allowed: this node's index, 0 to 1 (SLURM_NNODES=2)"),
-    ({"SLURM_JOB_NUM_NODES": "", "SLURM_NNODES": ""}, "none of SLURM_STEP_NUM_NODES, SLURM_NNODES, "
-                                                      "SLURM_JOB_NUM_NODES is set"),
-    ({"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""}, "none of MASTER_ADDR, SLURM_STEP_NODELIST, SLURM_NODELIST, "
-                                                       "SLURM_JOB_NODELIST is set"),
-    ({"SLURM_NODELIST": "gpu[07-08"}, "SLURM_NODELIST='gpu[07-08' is not allowed: a SLURM host list"),
-    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not allowed: a port 1-65535"),
-    ({"SLURM_TASKS_PER_NODE": "x", "SLURM_NTASKS_PER_NODE": ""}, "SLURM_TASKS_PER_NODE='x' is not allowed: task "
-                                                                 "counts per node such as 1 or 1(x2)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' is not allowed: the job's number"),
+        (
+            {"SLURM_JOB_NUM_NODES": "two", "SLURM_NNODES": ""},
+            "SLURM_JOB_NUM_NODES='two' is not allowed: the number of nodes, an integer >= 1",
+        ),
+        ({"SLURM_NNODES": "0"}, "SLURM_NNODES='0' is not allowed: the number of nodes, an integer >= 1"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is not allowed: this node's index, 0 to 1 (SLURM_NNODES=2)"),
+        (
+            {"SLURM_JOB_NUM_NODES": "", "SLURM_NNODES": ""},
+            "none of SLURM_STEP_NUM_NODES, SLURM_NNODES, SLURM_JOB_NUM_NODES is set",
+        ),
+        (
+            {"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""},
+            "none of MASTER_ADDR, SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST is set",
+        ),
+        ({"SLURM_NODELIST": "gpu[07-08"}, "SLURM_NODELIST='gpu[07-08' is not allowed: a SLURM host list"),
+        ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not allowed: a port 1-65535"),
+        (
+            {"SLURM_TASKS_PER_NODE": "x", "SLURM_NTASKS_PER_NODE": ""},
+            "SLURM_TASKS_PER_NODE='x' is not allowed: task counts per node such as 1 or 1(x2)",
+        ),
+    ],
+)
 def test_a_malformed_environment_is_a_one_line_error(change, message):
     with pytest.raises(ConfigError) as e:
         from_slurm(DEFAULT, {**SRUN, **change}, set())
@@ -189,12 +240,21 @@ def test_a_malformed_environment_is_a_one_line_error(change, message):
 
 
 def test_explicit_fields_reads_hydra_overrides():
-    assert explicit_fields(["launcher.nnodes=2", "+launcher.rdzv_endpoint=h:1", "~launcher.rdzv_id",
-                            "launcher=local", "launcher.nosuch=1", "train.epochs=1", "hydra.run.dir=x"]) == \
-        {"nnodes", "rdzv_endpoint", "rdzv_id"}
+    assert explicit_fields(
+        [
+            "launcher.nnodes=2",
+            "+launcher.rdzv_endpoint=h:1",
+            "~launcher.rdzv_id",
+            "launcher=local",
+            "launcher.nosuch=1",
+            "train.epochs=1",
+            "hydra.run.dir=x",
+        ]
+    ) == {"nnodes", "rdzv_endpoint", "rdzv_id"}
 
 
 # ------------------------------------------------------------------------------------------ the command line
+
 
 def slurm_env(**slurm: str) -> dict[str, str]:
     """This process's environment without any SLURM or torchrun variables it may run under, plus `slurm`."""
@@ -204,12 +264,18 @@ def slurm_env(**slurm: str) -> dict[str, str]:
 
 def test_ptrun_train_refuses_several_tasks_per_node(tmp_path):
     env = slurm_env(**{**SRUN, "SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "4(x2)"})
-    out = subprocess.run([sys.executable, "-m", "ptrun.cli", *command_args(("train", f"hydra.run.dir={tmp_path / 'run'}"))],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ptrun.cli", *command_args(("train", f"hydra.run.dir={tmp_path / 'run'}"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
         "ptrun: error: SLURM_NTASKS_PER_NODE=4 is not allowed: 1 (ptrun runs one agent per node, which starts "
-        "launcher.nproc_per_node workers itself; submit with --ntasks-per-node=1)"]
+        "launcher.nproc_per_node workers itself; submit with --ntasks-per-node=1)"
+    ]
     assert not (tmp_path / "run").exists()
 
 
@@ -234,13 +300,27 @@ def test_two_srun_tasks_form_one_job(tmp_path):
     agents, logs = [], [tmp_path / f"node{i}.log" for i in (0, 1)]
     try:
         for node in (0, 1):
-            env = slurm_env(SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="2", SLURM_NNODES="2",
-                            SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_LOCALID="0",
-                            SLURM_JOB_NODELIST=f"{host},other-node", SLURM_NTASKS_PER_NODE="1",
-                            SLURM_TASKS_PER_NODE="1(x2)", MASTER_PORT=str(port))
-            agents.append(subprocess.Popen([sys.executable, "-m", "ptrun.cli",
-                                            *command_args(("train", *JOB, f"hydra.run.dir={run_dir}"))], env=env, stdout=open(logs[node], "w"),
-                                           stderr=subprocess.STDOUT, start_new_session=True))
+            env = slurm_env(
+                SLURM_JOB_ID="4242",
+                SLURM_JOB_NUM_NODES="2",
+                SLURM_NNODES="2",
+                SLURM_NODEID=str(node),
+                SLURM_PROCID=str(node),
+                SLURM_LOCALID="0",
+                SLURM_JOB_NODELIST=f"{host},other-node",
+                SLURM_NTASKS_PER_NODE="1",
+                SLURM_TASKS_PER_NODE="1(x2)",
+                MASTER_PORT=str(port),
+            )
+            agents.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ptrun.cli", *command_args(("train", *JOB, f"hydra.run.dir={run_dir}"))],
+                    env=env,
+                    stdout=open(logs[node], "w"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         for agent, log in zip(agents, logs):
             assert agent.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
@@ -249,8 +329,10 @@ def test_two_srun_tasks_form_one_job(tmp_path):
                 os.killpg(agent.pid, signal.SIGKILL)
 
     for node, log in enumerate(logs):
-        assert f"ptrun: SLURM job 4242: node {node} of 2, rendezvous at {host}:{port} (id slurm-4242)" \
+        assert (
+            f"ptrun: SLURM job 4242: node {node} of 2, rendezvous at {host}:{port} (id slurm-4242)"
             in log.read_text().splitlines()
+        )
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [e["world_size"] for e in events if e["event"] == "start"] == [2]
 

@@ -13,8 +13,14 @@ from conftest import TINY, run_events, run_ptrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-SHORT = [*TINY, "train.epochs=1", "train.max_steps_per_epoch=3", "launcher.nproc_per_node=2",
-         "launcher.max_restarts=3", "train.export=false"]
+SHORT = [
+    *TINY,
+    "train.epochs=1",
+    "train.max_steps_per_epoch=3",
+    "launcher.nproc_per_node=2",
+    "launcher.max_restarts=3",
+    "train.export=false",
+]
 
 
 def test_the_same_error_on_every_worker_is_one_line_and_no_restart(tmp_path):
@@ -24,8 +30,10 @@ def test_the_same_error_on_every_worker_is_one_line_and_no_restart(tmp_path):
     assert out.returncode == 1, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert lines[0].startswith("ptrun: error: every worker failed at start-up with the same error, so no restart: "
-                               "TypeError: a planned bug (faults.py:"), lines[0]
+    assert lines[0].startswith(
+        "ptrun: error: every worker failed at start-up with the same error, so no restart: "
+        "TypeError: a planned bug (faults.py:"
+    ), lines[0]
     assert not list(run_dir.glob("elastic/*/attempt_1")), "restarted"
 
 

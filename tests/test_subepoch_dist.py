@@ -19,10 +19,20 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 STEPS = 12  # 180 training samples in global batches of 16 (the last one padded)
 HALF = STEPS // 2
 BLOCKS = [0, 1, 1, 2]  # per half epoch: block 0 frozen at epoch 0 step 6, block 1 at epoch 1 step 6
-LAYOUT = ["launcher.nproc_per_node=4", "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe",
-          "pipe.partition=params", "model.mlp_ratio=4.0", "data.eval_fraction=0.9", "train.epochs=2",
-          "freeze.policy=schedule", f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.max_fraction=1.0",
-          "freeze.every=0.5"]
+LAYOUT = [
+    "launcher.nproc_per_node=4",
+    "pipe.length=4",
+    "pipe.microbatches=4",
+    "pipe.schedule=GPipe",
+    "pipe.partition=params",
+    "model.mlp_ratio=4.0",
+    "data.eval_fraction=0.9",
+    "train.epochs=2",
+    "freeze.policy=schedule",
+    f"freeze.blocks=[{','.join(map(str, BLOCKS))}]",
+    "freeze.max_fraction=1.0",
+    "freeze.every=0.5",
+]
 
 
 def events(run_dir, kind: str) -> list[dict]:
@@ -50,16 +60,19 @@ def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_pat
     held = [e["memory"]["param_bytes"] for e in epochs]
     assert held[0][0] + held[0][1] == model_bytes and held[0][:2] == held[0][2:] and max(held[0]) < model_bytes
     assert held[1] == [model_bytes] * 4
-    assert all(0 < e["memory"]["optim_bytes"][r] <= 2 * held_r for e, h in zip(epochs, held)
-               for r, held_r in enumerate(h))
+    assert all(
+        0 < e["memory"]["optim_bytes"][r] <= 2 * held_r for e, h in zip(epochs, held) for r, held_r in enumerate(h)
+    )
 
     # The checkpoint due at step 6 is written after the decision: it holds the new layout and the step.
     mid = next(c for c in checkpoint.list_checkpoints(clean) if c.name.endswith(f"{HALF:08d}"))
     state = checkpoint.load(mid)[2]
     assert (state["epoch"], state["step_in_epoch"], state["plan"]["pp"], state["plan"]["dp"]) == (0, HALF, 2, 2)
 
-    kills = [{"rank": 2, "point": "step", "step": HALF + 1},  # right after the first mid-epoch transition
-             {"rank": 1, "point": "transition", "step": STEPS + HALF}]  # inside the second one
+    kills = [
+        {"rank": 2, "point": "step", "step": HALF + 1},  # right after the first mid-epoch transition
+        {"rank": 1, "point": "transition", "step": STEPS + HALF},
+    ]  # inside the second one
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(kills))
     killed = tmp_path / "killed"
     run_workers(overrides + ["launcher.max_restarts=2"], killed)
@@ -83,8 +96,7 @@ def test_cache_advanced_inside_an_epoch_equals_recomputation(tmp_path, tiny):
     """AutoCache through mid-epoch depth changes (0 -> 3 -> 5 units): entries are written as samples pass,
     the next epoch already reads what the half epoch before wrote, entries of the shallower depth are
     advanced, and training ends where the reference without any cache does (float32 storage)."""
-    overrides = tiny + LAYOUT + ["train.epochs=3", "auto.cache=true", "cache.min_frozen_units=3",
-                                 "cache.dtype=float32"]
+    overrides = tiny + LAYOUT + ["train.epochs=3", "auto.cache=true", "cache.min_frozen_units=3", "cache.dtype=float32"]
     run_workers(overrides, tmp_path)
     plans = [(p["epoch"], p["step"], p["frozen_units"], p["cached_units"]) for p in events(tmp_path, "plan")]
     assert plans == [(0, 0, 0, 0), (0, HALF, 3, 3), (1, 0, 3, 3), (1, HALF, 5, 5), (2, 0, 5, 5)]
@@ -101,8 +113,14 @@ def test_cache_advanced_inside_an_epoch_equals_recomputation(tmp_path, tiny):
 def test_every_steps_decides_across_epoch_boundaries(tmp_path, tiny):
     """`freeze.every_steps=5` on one worker: decisions after global steps 5, 10, 15, 20, wherever they fall
     in the 12-step epochs; training equals the reference that freezes at the same steps."""
-    overrides = tiny + ["data.eval_fraction=0.9", "train.epochs=2", "freeze.policy=schedule",
-                        "freeze.blocks=[0,1,1,2]", "freeze.max_fraction=1.0", "freeze.every_steps=5"]
+    overrides = tiny + [
+        "data.eval_fraction=0.9",
+        "train.epochs=2",
+        "freeze.policy=schedule",
+        "freeze.blocks=[0,1,1,2]",
+        "freeze.max_fraction=1.0",
+        "freeze.every_steps=5",
+    ]
     run_workers(overrides, tmp_path)
     plans = [(p["epoch"], p["step"], p["frozen_units"]) for p in events(tmp_path, "plan")]
     assert plans == [(0, 0, 0), (0, 5, 3), (1, 0, 3), (1, 3, 5)]

@@ -12,8 +12,14 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # a sweep of two real runs an
 
 def test_a_sweep_ends_with_one_summary_row_per_point_and_reports(tmp_path):
     sweep = tmp_path / "sweep"
-    args = [*TINY, "train.epochs=1", "train.max_steps_per_epoch=2", "checkpoint.every_epochs=0",
-            f"hydra.sweep.dir={sweep}", "optim.lr=1e-3,2e-3"]
+    args = [
+        *TINY,
+        "train.epochs=1",
+        "train.max_steps_per_epoch=2",
+        "checkpoint.every_epochs=0",
+        f"hydra.sweep.dir={sweep}",
+        "optim.lr=1e-3,2e-3",
+    ]
     out = run_ptrun("train", "-m", *args, cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and "optim.lr=" in l]

@@ -43,8 +43,10 @@ MNLI_ROWS = [
     ("the woman is reading", "the woman reads a novel", "neutral"),
     ("kids play outside", "children are outdoors", "-"),  # no gold label: dropped
 ]
-FILLER = ("river stone cloud maple window lantern harbor meadow pebble violin candle orchard "
-          "compass feather glacier tulip canyon marble saddle beacon").split()
+FILLER = (
+    "river stone cloud maple window lantern harbor meadow pebble violin candle orchard "
+    "compass feather glacier tulip canyon marble saddle beacon"
+).split()
 
 
 def squad_articles() -> list[dict]:
@@ -57,31 +59,52 @@ def squad_articles() -> list[dict]:
         ("Mozart wrote the opera Don Giovanni in 1787.", "When was Don Giovanni written?", "1787"),
         ("Bees make honey from nectar.", "What do bees make honey from?", "nectar"),
         ("The violin has four strings.", "How many strings does a violin have?", "four"),
-        ("Penguins live mostly in the southern hemisphere.", "Where do penguins live?",
-         "the southern hemisphere"),
+        ("Penguins live mostly in the southern hemisphere.", "Where do penguins live?", "the southern hemisphere"),
         ("Gold is a soft yellow metal.", "What kind of metal is gold?", "soft yellow"),
     ]
-    paragraphs = [{"context": c, "qas": [{"id": f"q{i}", "question": q,
-                                          "answers": [{"text": a, "answer_start": c.index(a)}]}]}
-                  for i, (c, q, a) in enumerate(short)]
+    paragraphs = [
+        {"context": c, "qas": [{"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": c.index(a)}]}]}
+        for i, (c, q, a) in enumerate(short)
+    ]
     words = [FILLER[i % len(FILLER)] for i in range(60)]
-    long_context = ("Alice founded the zebra society. " + " ".join(words) +
-                    ". Later the society adopted a golden retriever named Biscuit.")
-    paragraphs.append({"context": long_context, "qas": [
-        {"id": "q8", "question": "Who founded the society?",
-         "answers": [{"text": "Alice", "answer_start": long_context.index("Alice")}]},
-        {"id": "q9", "question": "What dog did the society adopt?",
-         "answers": [{"text": "golden retriever", "answer_start": long_context.index("golden retriever")},
-                     {"text": "a golden retriever named Biscuit",
-                      "answer_start": long_context.index("a golden retriever")}]},
-    ]})
+    long_context = (
+        "Alice founded the zebra society. "
+        + " ".join(words)
+        + ". Later the society adopted a golden retriever named Biscuit."
+    )
+    paragraphs.append(
+        {
+            "context": long_context,
+            "qas": [
+                {
+                    "id": "q8",
+                    "question": "Who founded the society?",
+                    "answers": [{"text": "Alice", "answer_start": long_context.index("Alice")}],
+                },
+                {
+                    "id": "q9",
+                    "question": "What dog did the society adopt?",
+                    "answers": [
+                        {"text": "golden retriever", "answer_start": long_context.index("golden retriever")},
+                        {
+                            "text": "a golden retriever named Biscuit",
+                            "answer_start": long_context.index("a golden retriever"),
+                        },
+                    ],
+                },
+            ],
+        }
+    )
     return [{"title": "tiny", "paragraphs": paragraphs}]
 
 
 def corpus() -> list[str]:
     """Every text of the fixtures, so the tiny vocabulary has whole-word tokens for them."""
-    texts = [s for s, _ in SST2_ROWS] + [t for row in MRPC_ROWS for t in row[1:]] + \
-            [t for row in MNLI_ROWS for t in row[:2]]
+    texts = (
+        [s for s, _ in SST2_ROWS]
+        + [t for row in MRPC_ROWS for t in row[1:]]
+        + [t for row in MNLI_ROWS for t in row[:2]]
+    )
     for p in squad_articles()[0]["paragraphs"]:
         texts += [p["context"]] + [qa["question"] for qa in p["qas"]]
     return texts
@@ -119,6 +142,7 @@ def glue(path, task, tokenizer_dir, **kw):
 
 
 # ---- GLUE ----
+
 
 def test_sst2_tsv_is_tokenized_padded_and_labelled(tmp_path, tokenizer_dir, tok):
     write_tsv(tmp_path / "SST-2" / "train.tsv", ["sentence", "label"], SST2_ROWS)
@@ -164,8 +188,10 @@ def test_sst2_parquet_and_jsonl_equal_the_tsv(tmp_path, tokenizer_dir):
     frame[:4].to_json(tmp_path / "jsonl" / "validation.jsonl", orient="records", lines=True)
 
     tsv = glue(tmp_path / "tsv", "sst2", tokenizer_dir, max_length=12)
-    for other in (glue(tmp_path / "hub", "sst2", tokenizer_dir, max_length=12),
-                  glue(tmp_path / "jsonl", "sst2", tokenizer_dir, max_length=12)):
+    for other in (
+        glue(tmp_path / "hub", "sst2", tokenizer_dir, max_length=12),
+        glue(tmp_path / "jsonl", "sst2", tokenizer_dir, max_length=12),
+    ):
         assert set(other.train.column_names) == set(tsv.train.column_names)  # `idx` is dropped
         for name in tsv.train.column_names:
             assert torch.equal(other.train[:][name], tsv.train[:][name])
@@ -211,9 +237,15 @@ def test_cola_tsv_without_header(tmp_path, tokenizer_dir, tok):
 
 
 def test_stsb_is_a_float_regression_target(tmp_path, tokenizer_dir):
-    rows = [{"sentence1": a, "sentence2": b, "label": s, "idx": i}
-            for i, (a, b, s) in enumerate([("a man plays music", "a man is playing a guitar", 3.8),
-                                           ("a dog runs in the park", "a cat sleeps indoors", 0.25)])]
+    rows = [
+        {"sentence1": a, "sentence2": b, "label": s, "idx": i}
+        for i, (a, b, s) in enumerate(
+            [
+                ("a man plays music", "a man is playing a guitar", 3.8),
+                ("a dog runs in the park", "a cat sleeps indoors", 0.25),
+            ]
+        )
+    ]
     (tmp_path / "stsb").mkdir()
     for name in ("train.jsonl", "validation.jsonl"):
         (tmp_path / "stsb" / name).write_text("\n".join(json.dumps(r) for r in rows))
@@ -224,8 +256,9 @@ def test_stsb_is_a_float_regression_target(tmp_path, tokenizer_dir):
     assert splits.train[:]["input_ids"].shape == (2, 128)  # the GLUE default max_length
 
 
-@pytest.mark.parametrize("problem", ["missing_dir", "empty_dir", "no_eval", "test_labels", "no_tokenizer",
-                                     "bad_tokenizer", "wrong_columns"])
+@pytest.mark.parametrize(
+    "problem", ["missing_dir", "empty_dir", "no_eval", "test_labels", "no_tokenizer", "bad_tokenizer", "wrong_columns"]
+)
 def test_bad_glue_setups_raise_one_line_config_errors(tmp_path, tokenizer_dir, problem):
     data = tmp_path / "glue"
     tokenizer, task = tokenizer_dir, "sst2"
@@ -246,13 +279,20 @@ def test_bad_glue_setups_raise_one_line_config_errors(tmp_path, tokenizer_dir, p
         glue(data, task, tokenizer)
     message = str(error.value)
     assert "\n" not in message
-    expected = {"missing_dir": "SST-2/train.tsv", "empty_dir": "SST-2/train.tsv", "no_eval": "dev.tsv",
-                "test_labels": "[-1.0]", "no_tokenizer": "data.tokenizer=None",
-                "bad_tokenizer": "not a Hugging Face tokenizer", "wrong_columns": "['sentence']"}[problem]
+    expected = {
+        "missing_dir": "SST-2/train.tsv",
+        "empty_dir": "SST-2/train.tsv",
+        "no_eval": "dev.tsv",
+        "test_labels": "[-1.0]",
+        "no_tokenizer": "data.tokenizer=None",
+        "bad_tokenizer": "not a Hugging Face tokenizer",
+        "wrong_columns": "['sentence']",
+    }[problem]
     assert expected in message
 
 
 # ---- SQuAD ----
+
 
 @pytest.fixture
 def squad_dir(tmp_path):
@@ -263,13 +303,14 @@ def squad_dir(tmp_path):
 
 
 def squad(path, tokenizer_dir, max_length=32, doc_stride=8):
-    return build_datasets(DataConfig(name="squad", path=str(path), tokenizer=tokenizer_dir,
-                                     max_length=max_length, doc_stride=doc_stride))
+    return build_datasets(
+        DataConfig(name="squad", path=str(path), tokenizer=tokenizer_dir, max_length=max_length, doc_stride=doc_stride)
+    )
 
 
 def find(ids: list[int], part: list[int]) -> int | None:
     """Position of the token list `part` inside `ids`, or None."""
-    return next((i for i in range(len(ids) - len(part) + 1) if ids[i:i + len(part)] == part), None)
+    return next((i for i in range(len(ids) - len(part) + 1) if ids[i : i + len(part)] == part), None)
 
 
 def test_squad_windows_point_exactly_at_the_answer(squad_dir, tokenizer_dir, tok):
@@ -277,8 +318,13 @@ def test_squad_windows_point_exactly_at_the_answer(squad_dir, tokenizer_dir, tok
     examples = [qa | {"context": p["context"]} for p in squad_articles()[0]["paragraphs"] for qa in p["qas"]]
     side = splits.qa_eval
     assert splits.num_classes == 2 and splits.vocab_size == len(tok)
-    assert set(splits.train.column_names) == {"input_ids", "attention_mask", "token_type_ids",
-                                              "start_positions", "end_positions"}
+    assert set(splits.train.column_names) == {
+        "input_ids",
+        "attention_mask",
+        "token_type_ids",
+        "start_positions",
+        "end_positions",
+    }
     assert set(splits.eval.column_names) == set(splits.train.column_names)  # no strings for the trainer
     assert len(splits.train) == len(splits.eval) == len(side.feature_example)
     counts = np.bincount(side.feature_example, minlength=10)
@@ -292,14 +338,14 @@ def test_squad_windows_point_exactly_at_the_answer(squad_dir, tokenizer_dir, tok
         question_end = ids.index(tok.sep_token_id)
         answer = ex["answers"][0]["text"]
         want = tok(answer, add_special_tokens=False)["input_ids"]
-        at = find(ids[question_end + 1:], want)
+        at = find(ids[question_end + 1 :], want)
         start, end = batch["start_positions"][f].item(), batch["end_positions"][f].item()
         if at is None:  # the window does not hold the whole answer: both point at [CLS]
             assert (start, end) == (0, 0)
             continue
         answered += 1
         assert (start, end) == (question_end + 1 + at, question_end + at + len(want))
-        assert tok.decode(ids[start:end + 1]) == answer.lower()
+        assert tok.decode(ids[start : end + 1]) == answer.lower()
         # eval offsets cut the same answer out of the raw context
         lo, hi = side.offsets[f, start, 0], side.offsets[f, end, 1]
         assert ex["context"][lo:hi] == answer
@@ -332,11 +378,18 @@ def test_postprocess_picks_the_best_valid_span():
     context0, context1 = "alpha beta gamma delta epsilon zeta", "one two three"
     question = [None, None, None, None]  # [CLS] q q [SEP]
     side = QAEvalData(
-        ids=["a", "b"], contexts=[context0, context1], answers=[{"text": ["x"], "answer_start": [0]}] * 2,
+        ids=["a", "b"],
+        contexts=[context0, context1],
+        answers=[{"text": ["x"], "answer_start": [0]}] * 2,
         feature_example=np.array([0, 0, 1]),
-        offsets=np.array([word_offsets(context0, question + ["alpha", "beta", "gamma", "delta", None]),
-                          word_offsets(context0, question + ["gamma", "delta", "epsilon", "zeta", None]),
-                          word_offsets(context1, [None, None, None, "one", "two", "three", None])]))
+        offsets=np.array(
+            [
+                word_offsets(context0, question + ["alpha", "beta", "gamma", "delta", None]),
+                word_offsets(context0, question + ["gamma", "delta", "epsilon", "zeta", None]),
+                word_offsets(context1, [None, None, None, "one", "two", "three", None]),
+            ]
+        ),
+    )
     start, end = np.zeros((3, 10)), np.zeros((3, 10))
     # feature 0: the top span lies in the question, the next has its end before its start; "beta gamma" is
     # its best valid span (8)
@@ -349,8 +402,7 @@ def test_postprocess_picks_the_best_valid_span():
     start[2, 4], end[2, 5] = 1, 1
 
     predictions = postprocess_qa(side, start, end, max_answer_length=2)
-    assert predictions == [{"id": "a", "prediction_text": "epsilon zeta"},
-                           {"id": "b", "prediction_text": "two three"}]
+    assert predictions == [{"id": "a", "prediction_text": "epsilon zeta"}, {"id": "b", "prediction_text": "two three"}]
     assert postprocess_qa(side, start, end, max_answer_length=3)[0]["prediction_text"] == "gamma delta epsilon"
     longer = postprocess_qa(side, start, end, max_answer_length=30)
     assert longer[0]["prediction_text"] == "gamma delta epsilon zeta"
@@ -388,12 +440,17 @@ def test_bad_squad_setups_raise_one_line_config_errors(tmp_path, tokenizer_dir, 
         squad(data, tokenizer_dir, max_length=32, doc_stride=24 if problem == "stride_too_long" else 8)
     message = str(error.value)
     assert "\n" not in message
-    expected = {"missing_dir": "dev-v1.1.json", "no_dev": "no eval file", "not_squad": "KeyError",
-                "stride_too_long": "data.doc_stride=24"}[problem]
+    expected = {
+        "missing_dir": "dev-v1.1.json",
+        "no_dev": "no eval file",
+        "not_squad": "KeyError",
+        "stride_too_long": "data.doc_stride=24",
+    }[problem]
     assert expected in message
 
 
 # ---- CIFAR ----
+
 
 def cifar_images(n: int, first_label: int, seed: int) -> tuple[np.ndarray, list[int]]:
     """Random HWC uint8 images whose top-left red pixel encodes the label, to check label order."""
@@ -403,8 +460,9 @@ def cifar_images(n: int, first_label: int, seed: int) -> tuple[np.ndarray, list[
     return images, labels
 
 
-def pickle_batch(path, images: np.ndarray, labels: list[int], key: bytes = b"labels",
-                 extra: dict | None = None) -> None:
+def pickle_batch(
+    path, images: np.ndarray, labels: list[int], key: bytes = b"labels", extra: dict | None = None
+) -> None:
     """One file of the original python distribution: rows of R, G, B planes (C x H x W)."""
     rows = images.transpose(0, 3, 1, 2).reshape(len(images), -1)
     with open(path, "wb") as f:
@@ -467,8 +525,9 @@ def test_cifar100_pickles_use_the_fine_labels(tmp_path):
     pickle_batch(folder / "train", images, [99, 0, 50, 7], key=b"fine_labels", extra={b"coarse_labels": [1, 2, 3, 4]})
     pickle_batch(folder / "test", images[:2], [3, 4], key=b"fine_labels", extra={b"coarse_labels": [0, 0]})
     with open(folder / "meta", "wb") as f:
-        pickle.dump({b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
-                     b"coarse_label_names": [b"coarse"] * 20}, f)
+        pickle.dump(
+            {b"fine_label_names": [f"fine{i}".encode() for i in range(100)], b"coarse_label_names": [b"coarse"] * 20}, f
+        )
     splits = build_datasets(DataConfig(name="cifar100", path=str(tmp_path)))
     assert splits.num_classes == 100 and splits.class_names[99] == "fine99"
     assert splits.train[:]["labels"].tolist() == [99, 0, 50, 7]
@@ -476,8 +535,9 @@ def test_cifar100_pickles_use_the_fine_labels(tmp_path):
     np.testing.assert_allclose(denormalise(splits.eval[1]["pixel_values"]), images[1], atol=1e-3)
 
 
-def hf_cifar(images: np.ndarray, labels: list[int], image_col: str, label_col: str, classes: int,
-             extra: dict | None = None) -> datasets.Dataset:
+def hf_cifar(
+    images: np.ndarray, labels: list[int], image_col: str, label_col: str, classes: int, extra: dict | None = None
+) -> datasets.Dataset:
     """A split in the Hugging Face cifar10 / cifar100 format (PNG-encoded Image column + ClassLabel)."""
     features = {image_col: datasets.Image(), label_col: datasets.ClassLabel(names=[f"c{i}" for i in range(classes)])}
     data = {image_col: list(images), label_col: labels}
@@ -502,7 +562,8 @@ def test_cifar100_saved_dataset_dict(tmp_path):
     images = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     dd = datasets.DatasetDict(
         train=hf_cifar(images, [5, 95, 42], "img", "fine_label", 100, {"coarse_label": [1, 2, 3]}),
-        test=hf_cifar(images[:1], [61], "img", "fine_label", 100, {"coarse_label": [0]}))
+        test=hf_cifar(images[:1], [61], "img", "fine_label", 100, {"coarse_label": [0]}),
+    )
     dd.save_to_disk(str(tmp_path / "saved"))
     splits = build_datasets(DataConfig(name="cifar100", path=str(tmp_path / "saved"), image_size=16))
     assert splits.train[:]["labels"].tolist() == [5, 95, 42] and splits.eval[:]["labels"].tolist() == [61]
@@ -533,8 +594,12 @@ def test_bad_cifar_paths_raise_one_line_config_errors(tmp_path, cifar10_dir, pro
         build_datasets(DataConfig(name=name, path=str(path)))
     message = str(error.value)
     assert "\n" not in message
-    expected = {"missing_dir": "cifar-10-batches-py/", "empty_dir": "train*.parquet",
-                "missing_batch": "['data_batch_3']", "cifar100_labels_as_10": "outside 0..9"}[problem]
+    expected = {
+        "missing_dir": "cifar-10-batches-py/",
+        "empty_dir": "train*.parquet",
+        "missing_batch": "['data_batch_3']",
+        "cifar100_labels_as_10": "outside 0..9",
+    }[problem]
     assert expected in message
 
 

@@ -15,9 +15,21 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 def test_a_profiled_1f1b_step_records_each_pass_in_causal_order_and_is_drawn(tmp_path):
     run = tmp_path / "run"
-    run_workers([*TINY, "pipe.length=2", "pipe.microbatches=4", "pipe.schedule=1F1B", "train.epochs=1",
-                 "train.max_steps_per_epoch=3", "train.timeline_step=1", "train.profile_step=1",
-                 "checkpoint.every_epochs=0", "train.export=false"], run)
+    run_workers(
+        [
+            *TINY,
+            "pipe.length=2",
+            "pipe.microbatches=4",
+            "pipe.schedule=1F1B",
+            "train.epochs=1",
+            "train.max_steps_per_epoch=3",
+            "train.timeline_step=1",
+            "train.profile_step=1",
+            "checkpoint.every_epochs=0",
+            "train.export=false",
+        ],
+        run,
+    )
     # The profile: steps 1-2 (the run ends before a third), each stage's own operators and what it sends to and
     # receives from the other stage (activations one way, their gradients the other).
     # The table's first line counts the trace's reads of a value on the host (on a GPU, each a wait for it).

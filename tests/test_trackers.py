@@ -23,20 +23,31 @@ from ptrun.installed import check_installed
 from ptrun.report.trackers import STATE_FILE
 
 # Two workers, two short epochs; the second freezes a block, so the layout differs between the epochs.
-OVERRIDES = TINY + ["train.epochs=2", "train.max_steps_per_epoch=3", "launcher.nproc_per_node=2",
-                    "freeze.policy=schedule", "freeze.blocks=[0,1]", "freeze.max_fraction=1.0"]
+OVERRIDES = TINY + [
+    "train.epochs=2",
+    "train.max_steps_per_epoch=3",
+    "launcher.nproc_per_node=2",
+    "freeze.policy=schedule",
+    "freeze.blocks=[0,1]",
+    "freeze.max_fraction=1.0",
+]
 
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     """The environment the launcher hands to its workers: trackers offline, quiet, and kept in tmp_path."""
     for name, value in {
-        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
         "WANDB_ERROR_REPORTING": "false",  # no crash reports to wandb's Sentry
-        "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true",
-        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_DISABLE_CODE": "true",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
         "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
-        "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
     }.items():
         monkeypatch.setenv(name, value)
     for name in ("WANDB_PROJECT", "WANDB_API_KEY", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
@@ -88,10 +99,10 @@ def wandb_records(path: Path) -> Iterator:
         if 32768 - pos % 32768 < 7:
             pos += 32768 - pos % 32768
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # preallocated, unwritten space
             break
-        parts += data[pos + 7:pos + 7 + length]
+        parts += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = Record()
@@ -112,8 +123,9 @@ def wandb_history(offline_dir: Path) -> tuple[dict[tuple[int, str], float], list
     for record in records:
         if record.WhichOneof("record_type") == "history":
             row = items(record.history.item)
-            stored.update({(row["epoch"], tag): v for tag, v in row.items() if not tag.startswith("_")
-                           and tag != "epoch"})
+            stored.update(
+                {(row["epoch"], tag): v for tag, v in row.items() if not tag.startswith("_") and tag != "epoch"}
+            )
     return stored, records
 
 
@@ -141,8 +153,11 @@ def test_wandb_offline_run_holds_every_epochs_metrics(tmp_path, offline):
     config = items(run.config.update)
     assert config["train"]["epochs"] == 2 and config["logger"] == "wandb" and config["freeze"]["blocks"] == [0, 1]
     # every scalar is charted over the epoch, not over wandb's own step
-    assert any(r.metric.glob_name == "*" and r.metric.step_metric == "epoch" for r in records
-               if r.WhichOneof("record_type") == "metric")
+    assert any(
+        r.metric.glob_name == "*" and r.metric.step_metric == "epoch"
+        for r in records
+        if r.WhichOneof("record_type") == "metric"
+    )
     summary = {}
     for r in records:
         if r.WhichOneof("record_type") == "summary":
@@ -181,8 +196,9 @@ def test_mlflow_store_in_the_run_directory_holds_every_epochs_metrics_and_a_resu
     # the first attempt's end (run/total_time_s at step 1) stays; the last value per (step, tag) is compared
     assert stored == expected_scalars(events)
     assert_named_metrics(stored, [e for e in events if e["event"] != "end"] + [events[-1]])
-    assert [m.timestamp for m in client.get_metric_history(run.info.run_id, "train/loss")] == \
-        [int(e["time"] * 1000) for e in events if e["event"] == "epoch"]
+    assert [m.timestamp for m in client.get_metric_history(run.info.run_id, "train/loss")] == [
+        int(e["time"] * 1000) for e in events if e["event"] == "epoch"
+    ]
 
     # the config as params, as the run began; what the resume changed as tags
     assert run.data.params["train.epochs"] == "1" and run.data.params["logger"] == "mlflow"
@@ -219,8 +235,9 @@ def test_wandb_online_without_a_login_is_refused_and_any_login_or_offline_mode_p
 
     with pytest.raises(ConfigError) as err:
         check_tracker_ready("wandb")
-    assert str(err.value) == NO_WANDB_LOGIN == ("logger=wandb: no W&B login; run `wandb login`, or set "
-                                                "WANDB_MODE=offline")
+    assert (
+        str(err.value) == NO_WANDB_LOGIN == ("logger=wandb: no W&B login; run `wandb login`, or set WANDB_MODE=offline")
+    )
     monkeypatch.setenv("WANDB_MODE", "online")
     with pytest.raises(ConfigError):
         check_tracker_ready("wandb")
@@ -245,9 +262,11 @@ def test_mlflow_with_a_server_that_does_not_answer_is_refused_naming_it(monkeypa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(ConfigError) as err:
         check_tracker_ready("mlflow")
-    assert str(err.value) == (f"logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable (Connection refused); "
-                              f"start the tracking server, or unset MLFLOW_TRACKING_URI to log into "
-                              f"RUN_DIR/mlflow.db")
+    assert str(err.value) == (
+        f"logger=mlflow: MLFLOW_TRACKING_URI={uri} is not reachable (Connection refused); "
+        f"start the tracking server, or unset MLFLOW_TRACKING_URI to log into "
+        f"RUN_DIR/mlflow.db"
+    )
     for store in ("sqlite:///runs/mlflow.db", "file:///tmp/mlruns", "./mlruns"):  # local stores: nothing to reach
         monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
         check_tracker_ready("mlflow")
@@ -273,8 +292,11 @@ def test_a_server_that_never_answers_is_refused_in_bounded_time(monkeypatch):
     monkeypatch.setattr(ptrun.installed, "TRACKER_TIMEOUT_S", 0.1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.com")
     try:
-        with pytest.raises(ConfigError, match=r"^logger=mlflow: MLFLOW_TRACKING_URI=https://mlflow.example.com is "
-                                              r"not reachable \(no answer in 0.1 s\); "):
+        with pytest.raises(
+            ConfigError,
+            match=r"^logger=mlflow: MLFLOW_TRACKING_URI=https://mlflow.example.com is "
+            r"not reachable \(no answer in 0.1 s\); ",
+        ):
             ptrun.installed.check_tracker_ready("mlflow")
     finally:
         release.set()

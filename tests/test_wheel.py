@@ -24,8 +24,7 @@ SOURCES = ("ptrun", "configs", "recipes", "setup.py", "pyproject.toml", "README.
 def run(*args, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
     # PYTHONPATH could name the clone; the installed package must do without it
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     return out
 
@@ -45,8 +44,19 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
             shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copyfile(REPO / name, src / name)
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist",
-        src, cwd=tmp_path)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        tmp_path / "dist",
+        src,
+        cwd=tmp_path,
+    )
     wheel = next((tmp_path / "dist").glob("ptrun-*.whl"))
     shutil.rmtree(src)
 
@@ -59,10 +69,14 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
     run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", wheel, cwd=tmp_path)
 
     work.mkdir()
-    where = run(python, "-c", "import ptrun.compose as c; print(c.__file__); print(c.CONFIG_DIR); print(c.RECIPE_DIR)",
-                cwd=work).stdout.split()
-    assert where == [str(site / "ptrun" / "compose.py"), str(site / "ptrun" / "configs"),
-                     str(site / "ptrun" / "recipes")]
+    where = run(
+        python, "-c", "import ptrun.compose as c; print(c.__file__); print(c.CONFIG_DIR); print(c.RECIPE_DIR)", cwd=work
+    ).stdout.split()
+    assert where == [
+        str(site / "ptrun" / "compose.py"),
+        str(site / "ptrun" / "configs"),
+        str(site / "ptrun" / "recipes"),
+    ]
 
     # The benchmarks' plain peer ships in the package: `ptrun.bench.peers` runs it as a module, no clone needed.
     peer = "import importlib.util, ptrun.bench.peers as p; print(importlib.util.find_spec(p.PLAIN).origin)"
@@ -73,8 +87,17 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
     assert listed == run(sys.executable, "-m", "ptrun.cli", "recipes", cwd=REPO).stdout  # the clone's
     assert "digits_vit " in listed
 
-    run(venv / "bin" / "ptrun", "train", "recipe=digits_vit", "train.epochs=1", "train.max_steps_per_epoch=10",
-        "launcher.nproc_per_node=1", "hydra.run.dir=run", cwd=work, timeout=300)
+    run(
+        venv / "bin" / "ptrun",
+        "train",
+        "recipe=digits_vit",
+        "train.epochs=1",
+        "train.max_steps_per_epoch=10",
+        "launcher.nproc_per_node=1",
+        "hydra.run.dir=run",
+        cwd=work,
+        timeout=300,
+    )
     events = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
     assert events[0]["event"] == "start" and events[0]["recipe"] == "digits_vit"
     assert events[-1]["event"] == "end" and events[-1]["epochs"] == 1

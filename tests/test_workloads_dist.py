@@ -13,11 +13,24 @@ from test_text_data import SST2_ROWS, squad_articles, train_tokenizer, write_tsv
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
-TINY_BERT = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.pretrained=null",
-             "launcher.nproc_per_node=2", "launcher.max_restarts=0", "launcher.nnodes=1", "pipe.length=2",
-             "pipe.microbatches=2", "pipe.schedule=GPipe", "freeze.policy=none", "train.epochs=1",
-             "train.max_steps_per_epoch=2", "train.global_batch_size=4", "train.pipeline_batch_size=null",
-             "optim.lr=1e-3"]
+TINY_BERT = [
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "model.pretrained=null",
+    "launcher.nproc_per_node=2",
+    "launcher.max_restarts=0",
+    "launcher.nnodes=1",
+    "pipe.length=2",
+    "pipe.microbatches=2",
+    "pipe.schedule=GPipe",
+    "freeze.policy=none",
+    "train.epochs=1",
+    "train.max_steps_per_epoch=2",
+    "train.global_batch_size=4",
+    "train.pipeline_batch_size=null",
+    "optim.lr=1e-3",
+]
 
 
 def epoch_events(run_dir) -> list[dict]:
@@ -31,8 +44,17 @@ def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
         (data / name).write_text(json.dumps({"version": "1.1", "data": squad_articles()}))
     tokenizer = train_tokenizer(tmp_path / "tokenizer")
     run = tmp_path / "run"
-    run_workers(["recipe=bert_squad", *TINY_BERT, f"data.path={data}", f"data.tokenizer={tokenizer}",
-                 "data.max_length=48", "data.doc_stride=16"], run)
+    run_workers(
+        [
+            "recipe=bert_squad",
+            *TINY_BERT,
+            f"data.path={data}",
+            f"data.tokenizer={tokenizer}",
+            "data.max_length=48",
+            "data.doc_stride=16",
+        ],
+        run,
+    )
     (epoch,) = epoch_events(run)
     assert epoch["steps"] == 2 and epoch["samples"] == 8
     ev = epoch["eval"]
@@ -47,8 +69,9 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
         write_tsv(data / "SST-2" / f"{split}.tsv", ["sentence", "label"], SST2_ROWS)
     tokenizer = train_tokenizer(tmp_path / "tokenizer")
     run = tmp_path / "run"
-    run_workers(["recipe=bert_sst2", *TINY_BERT, f"data.path={data}", f"data.tokenizer={tokenizer}",
-                 "data.max_length=32"], run)
+    run_workers(
+        ["recipe=bert_sst2", *TINY_BERT, f"data.path={data}", f"data.tokenizer={tokenizer}", "data.max_length=32"], run
+    )
     (epoch,) = epoch_events(run)
     ev = epoch["eval"]
     assert {"accuracy", "score", "top1"} <= set(ev)
@@ -68,8 +91,10 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
     assert set(final) <= set(exported)
     for name, value in final.items():
         assert torch.equal(exported[name], value), name
-    assert AutoTokenizer.from_pretrained(run / "model")("a fine film")["input_ids"] == \
-        AutoTokenizer.from_pretrained(tokenizer)("a fine film")["input_ids"]
+    assert (
+        AutoTokenizer.from_pretrained(run / "model")("a fine film")["input_ids"]
+        == AutoTokenizer.from_pretrained(tokenizer)("a fine film")["input_ids"]
+    )
 
 
 @pytest.mark.slow  # the squad run stays fast
@@ -78,17 +103,33 @@ def test_the_glue_recipe_trains_stsb_as_a_regression(tmp_path):
     squared error of the scores the metrics were computed from."""
     data = tmp_path / "glue" / "stsb"
     data.mkdir(parents=True)
-    pairs = [("a man plays music", "a man is playing a guitar", 3.8), ("a dog runs in the park", "a cat sleeps", 0.25),
-             ("the film was great", "the film was wonderful", 4.6), ("kids play outside", "the kids are outdoors", 4.0),
-             ("the woman reads", "a man cooks", 0.5), ("a bird sings", "a bird is singing", 5.0),
-             ("stocks fell today", "it rained today", 1.0), ("he runs fast", "he is running quickly", 4.2)]
+    pairs = [
+        ("a man plays music", "a man is playing a guitar", 3.8),
+        ("a dog runs in the park", "a cat sleeps", 0.25),
+        ("the film was great", "the film was wonderful", 4.6),
+        ("kids play outside", "the kids are outdoors", 4.0),
+        ("the woman reads", "a man cooks", 0.5),
+        ("a bird sings", "a bird is singing", 5.0),
+        ("stocks fell today", "it rained today", 1.0),
+        ("he runs fast", "he is running quickly", 4.2),
+    ]
     rows = [{"sentence1": a, "sentence2": b, "label": s, "idx": i} for i, (a, b, s) in enumerate(pairs)]
     for name in ("train.jsonl", "validation.jsonl"):
         (data / name).write_text("\n".join(json.dumps(r) for r in rows))
     tokenizer = train_tokenizer(tmp_path / "tokenizer")
     run = tmp_path / "run"
-    run_workers(["recipe=bert_glue", *TINY_BERT, "data.task=stsb", "model.task=regression",
-                 f"data.path={tmp_path / 'glue'}", f"data.tokenizer={tokenizer}", "data.max_length=24"], run)
+    run_workers(
+        [
+            "recipe=bert_glue",
+            *TINY_BERT,
+            "data.task=stsb",
+            "model.task=regression",
+            f"data.path={tmp_path / 'glue'}",
+            f"data.tokenizer={tokenizer}",
+            "data.max_length=24",
+        ],
+        run,
+    )
     (epoch,) = epoch_events(run)
     ev = epoch["eval"]
     assert {"loss", "pearson", "spearmanr", "score"} <= set(ev) and "top1" not in ev

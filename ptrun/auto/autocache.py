@@ -80,9 +80,19 @@ class AutoCache:
     change to them must change the tag); train samples use slots [0, num_train), eval samples the next
     num_eval (0: eval samples have no slots, and `inputs` runs the prefix on them every time)."""
 
-    def __init__(self, layered, cfg: CacheConfig, *, tag: str, num_train: int, num_eval: int,
-                 device: torch.device, run_dir: str | Path, compute_dtype: torch.dtype | None = None,
-                 local: bool = False):
+    def __init__(
+        self,
+        layered,
+        cfg: CacheConfig,
+        *,
+        tag: str,
+        num_train: int,
+        num_eval: int,
+        device: torch.device,
+        run_dir: str | Path,
+        compute_dtype: torch.dtype | None = None,
+        local: bool = False,
+    ):
         self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
         # A job of one worker keeps its entries on its own device when they fit (`LocalStore`): nobody else
         # reads them, and a GPU then never copies an activation through the host.
@@ -91,8 +101,9 @@ class AutoCache:
         self.disk_dir, self.mem_dir = cache_dirs(cfg, run_dir)
         self.max_memory = parse_memory(cfg.max_memory)
         # `auto` is filled in resolution; a cache made without it stores in the compute dtype
-        self.storage_dtype = getattr(torch, cfg.dtype) if cfg.dtype in CACHE_DTYPE_BYTES else \
-            (compute_dtype or torch.float32)
+        self.storage_dtype = (
+            getattr(torch, cfg.dtype) if cfg.dtype in CACHE_DTYPE_BYTES else (compute_dtype or torch.float32)
+        )
         self.offset = {"train": 0, "eval": num_train} if num_eval else {"train": 0}  # the splits with slots
         self.num_slots = num_train + num_eval
         self.depth = 0
@@ -118,7 +129,7 @@ class AutoCache:
     def depth_keys(self, depth: int) -> dict[str, dict[int, int]]:
         """Per split with slots: key -> d for every d in 1..depth. A unit's weights and buffers are hashed
         the first time the prefix reaches past it (on a GPU each is a copy to the host), not at every depth."""
-        for unit in self.layered.units[len(self._hashes) - 1:depth]:
+        for unit in self.layered.units[len(self._hashes) - 1 : depth]:
             running = self._hashes[-1].copy()
             for name, value in unit.state_dict().items():
                 running.update(name.encode())
@@ -164,8 +175,9 @@ class AutoCache:
             self.store = self._open_store(specs)
 
     # ---- batches ------------------------------------------------------------------------------------
-    def fetch(self, split: str, dataset, ids: torch.Tensor, input_names: tuple[str, ...],
-              label_names: tuple[str, ...]) -> dict:
+    def fetch(
+        self, split: str, dataset, ids: torch.Tensor, input_names: tuple[str, ...], label_names: tuple[str, ...]
+    ) -> dict:
         """The batch of `ids` (of a split with slots) for the first stage while the cache serves it (the
         loading thread calls this): the cache's entries, the labels, and raw inputs only for the samples no
         entry serves. Reading, decoding and augmenting a hit's raw input would be wasted work. Raw input rows
@@ -210,7 +222,7 @@ class AutoCache:
         stats = self.stats[split]
         if not self.holds(split):
             with autocast(self.device, self.compute_dtype):
-                out = _as_tuple(run_units(self.layered.units[:self.depth], *raw))
+                out = _as_tuple(run_units(self.layered.units[: self.depth], *raw))
             stats["computed"] += len(batch["index"])
             return out
         if "cache_found" not in batch:
@@ -223,18 +235,22 @@ class AutoCache:
         for start in sorted(set(depth_of) - {self.depth}):
             rows = [i for i, d in enumerate(depth_of) if d == start]
             index = device_index(rows, self.device)
-            carry = tuple(r.index_select(0, index) for r in raw) if start == 0 else \
-                tuple(t.index_select(0, index) for t in out)
+            carry = (
+                tuple(r.index_select(0, index) for r in raw)
+                if start == 0
+                else tuple(t.index_select(0, index) for t in out)
+            )
             with autocast(self.device, self.compute_dtype), self._timing(split, len(rows) * (self.depth - start)):
-                result = _as_tuple(run_units(self.layered.units[start:self.depth], *carry))
+                result = _as_tuple(run_units(self.layered.units[start : self.depth], *carry))
             for t, r in zip(out, result):
                 t.index_copy_(0, index, r.to(t.dtype))
             stats["computed" if start == 0 else "advanced"] += len(rows)
             keep = [j for j, row in enumerate(rows) if real[row]]
             if keep:
                 at = device_index(keep, self.device)
-                self.store.write_rows([ids[rows[j]] for j in keep], [r.index_select(0, at) for r in result],
-                                      self.key[split])
+                self.store.write_rows(
+                    [ids[rows[j]] for j in keep], [r.index_select(0, at) for r in result], self.key[split]
+                )
                 stats["written"] += len(keep)
         hits = sum(d == self.depth for d in depth_of)
         stats["hits"] += hits

@@ -37,8 +37,7 @@ def optimizer_state_by_name(optimizer: torch.optim.Optimizer | None, name_of: di
     return {name_of[id(p)]: dict(s) for p, s in optimizer.state.items() if s}
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer | None, states: OptimState,
-                         name_of: dict[int, str]) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer | None, states: OptimState, name_of: dict[int, str]) -> None:
     """Give each parameter of `optimizer` its state by name (tensors moved to the parameter's device)."""
     if optimizer is None:
         return
@@ -73,8 +72,14 @@ def param_units(layered) -> dict[str, list[int]]:
     return units
 
 
-def move_to_new_owners(layered, old: Plan, new: Plan, optimizer: torch.optim.Optimizer | None,
-                       name_of: dict[int, str], device: torch.device) -> tuple[OptimState, int]:
+def move_to_new_owners(
+    layered,
+    old: Plan,
+    new: Plan,
+    optimizer: torch.optim.Optimizer | None,
+    name_of: dict[int, str],
+    device: torch.device,
+) -> tuple[OptimState, int]:
     """Collective over all ranks: send each parameter a rank will hold under `new` and does not hold under
     `old` from its old owner, with its optimizer state when it still trains under `new` (a parameter follows
     its owning unit's frozen state). Returns this rank's optimizer state by name for the new layout (what it
@@ -103,8 +108,9 @@ def gather_to(layered, plan: Plan, dst: int, device: torch.device) -> None:
     send_along(layered, routes, {}, device)
 
 
-def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimState,
-               device: torch.device) -> tuple[OptimState, int]:
+def send_along(
+    layered, routes: dict[tuple[int, int], list[str]], states: OptimState, device: torch.device
+) -> tuple[OptimState, int]:
     """Collective: for each (sender, receiver) route, its parameters and then the state tensors the sender
     holds for them in `states`, tensor by tensor (scalars such as `step` in one float64 tensor after them).
     The receiver receives each parameter straight into its storage and each state tensor into its own, so
@@ -117,8 +123,13 @@ def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimS
     # Which state tensors each sent parameter carries, with shape and dtype (small, pickled, one
     # all-gather): receivers allocate them from it.
     layouts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(layouts, {n: {k: ((tuple(v.shape), v.dtype) if torch.is_tensor(v) and v.ndim else None)
-                                         for k, v in states[n].items()} for n in sent})
+    dist.all_gather_object(
+        layouts,
+        {
+            n: {k: ((tuple(v.shape), v.dtype) if torch.is_tensor(v) and v.ndim else None) for k, v in states[n].items()}
+            for n in sent
+        },
+    )
     out: OptimState = {}
     received = 0
     for (src, dst), names in sorted(routes.items()):
@@ -134,8 +145,9 @@ def send_along(layered, routes: dict[tuple[int, int], list[str]], states: OptimS
                 for n, k, _ in tensors:
                     dist.send(states[n][k].detach().contiguous(), dst)
                 if scalars:
-                    dist.send(torch.tensor([float(states[n][k]) for n, k in scalars], dtype=torch.float64,
-                                           device=device), dst)
+                    dist.send(
+                        torch.tensor([float(states[n][k]) for n, k in scalars], dtype=torch.float64, device=device), dst
+                    )
             continue
         allocate(layered, names)
         with torch.no_grad():
@@ -210,12 +222,22 @@ def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> La
     set_frozen(b.layered, plan.frozen_units)
     groups = build_groups(plan, b.rank, b.layered.tied)
     if not plan.flushing:
-        runtime = AsyncPipelineRuntime(b.layered, plan, b.rank, groups, b.device, b.loss,
-                                       compute_dtype=b.compute_dtype, weight_stashing=b.weight_stashing,
-                                       vertical_sync=b.vertical_sync, compiler=b.compiler)
+        runtime = AsyncPipelineRuntime(
+            b.layered,
+            plan,
+            b.rank,
+            groups,
+            b.device,
+            b.loss,
+            compute_dtype=b.compute_dtype,
+            weight_stashing=b.weight_stashing,
+            vertical_sync=b.vertical_sync,
+            compiler=b.compiler,
+        )
     else:
-        runtime = flushing_runtime(b.layered, plan, b.rank, groups, b.device, b.loss, b.recompute, b.compute_dtype,
-                                   b.compiler)
+        runtime = flushing_runtime(
+            b.layered, plan, b.rank, groups, b.device, b.loss, b.recompute, b.compute_dtype, b.compiler
+        )
     optimizer = build_optimizer([(b.name_of[id(p)], p) for p in runtime.trainable_parameters()], b.optim)
     load_optimizer_state(optimizer, states or {}, b.name_of)
     return Layout(plan, groups, runtime, optimizer)
@@ -225,8 +247,11 @@ def keeps_owners(old: Plan, new: Plan) -> bool:
     """Whether `new` only freezes more (or caches a longer prefix) on `old`'s layout: the same pipeline
     length, width, stage bounds, schedule and micro-batches, so no unit changes hands and no process group
     changes. PipeDream's asynchronous runtime drains and rebuilds as for any change."""
-    return old.flushing and new.frozen_units >= old.frozen_units and \
-        replace(new, frozen_units=old.frozen_units, cached_units=old.cached_units) == old
+    return (
+        old.flushing
+        and new.frozen_units >= old.frozen_units
+        and replace(new, frozen_units=old.frozen_units, cached_units=old.cached_units) == old
+    )
 
 
 def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
@@ -236,8 +261,9 @@ def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
     leaves stage 0). No group is created (a new NCCL communicator costs up to a second), nothing is sent,
     and the optimizer keeps its other parameters' state where it is."""
     set_frozen(b.layered, plan.frozen_units)
-    runtime = flushing_runtime(b.layered, plan, b.rank, old.groups, b.device, b.loss, b.recompute, b.compute_dtype,
-                               b.compiler)
+    runtime = flushing_runtime(
+        b.layered, plan, b.rank, old.groups, b.device, b.loss, b.recompute, b.compute_dtype, b.compiler
+    )
     trains = {id(p) for p in runtime.trainable_parameters()}
     optimizer = old.optimizer
     if optimizer is not None:

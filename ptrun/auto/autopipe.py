@@ -26,25 +26,46 @@ _TOL = 1e-9
 """Relative slack when comparing a stage sum with `start_max`: both are float sums, and a layout exactly as
 large as the start must count as fitting."""
 
-def _layout(method: str, pp: int, stages_per_rank: int, param_costs: Sequence[float], frozen_units: int,
-            partition_kwargs: dict[str, Any], cached_units: int = 0) -> tuple[tuple[int, int], ...]:
+
+def _layout(
+    method: str,
+    pp: int,
+    stages_per_rank: int,
+    param_costs: Sequence[float],
+    frozen_units: int,
+    partition_kwargs: dict[str, Any],
+    cached_units: int = 0,
+) -> tuple[tuple[int, int], ...]:
     """Stage bounds over all units. A cached prefix runs in no stage, so only units [cached, n) are
     partitioned; stage 0's range is then widened down to unit 0 (it owns the cached weights)."""
     c = cached_units
     n = len(param_costs)
     if n - c < pp * stages_per_rank:
         raise ConfigError(f"{n - c} uncached units cannot fill {pp * stages_per_rank} stages")
-    sliced = {k: (list(v)[c:] if k in ("time_costs", "activation") and v is not None else v)
-              for k, v in partition_kwargs.items()}
-    bounds = partition(method, pp * stages_per_rank, num_units=n - c, param_costs=list(param_costs)[c:],
-                       frozen_units=frozen_units - c, **sliced)
+    sliced = {
+        k: (list(v)[c:] if k in ("time_costs", "activation") and v is not None else v)
+        for k, v in partition_kwargs.items()
+    }
+    bounds = partition(
+        method,
+        pp * stages_per_rank,
+        num_units=n - c,
+        param_costs=list(param_costs)[c:],
+        frozen_units=frozen_units - c,
+        **sliced,
+    )
     out = [(lo + c, hi + c) for lo, hi in bounds]
     out[0] = (0, out[0][1])
     return tuple(out)
 
 
-def starting_max(param_costs: Sequence[float], pp: int, stages_per_rank: int = 1,
-                 partition_method: str = "pipetransformer", **partition_kwargs: Any) -> float:
+def starting_max(
+    param_costs: Sequence[float],
+    pp: int,
+    stages_per_rank: int = 1,
+    partition_method: str = "pipetransformer",
+    **partition_kwargs: Any,
+) -> float:
     """The paper's M0: the largest stage's parameter cost in the starting layout (nothing frozen,
     pp x stages_per_rank stages placed by `partition_method`). `partition_kwargs` (time_costs, activation,
     bandwidth, stages) go to `partition` for the methods that need them."""
@@ -52,11 +73,22 @@ def starting_max(param_costs: Sequence[float], pp: int, stages_per_rank: int = 1
     return max(stage_sums(bounds, [float(c) for c in param_costs]))
 
 
-def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *, world_size: int,
-              start_max: float, global_batch: Optional[int] = None, batch_policy: str = "fixed_global",
-              per_pipeline_batch: Optional[int] = None, partition_method: str = "pipetransformer",
-              compress: bool = True, table: Optional[Mapping[Any, int]] = None, cached_units: int = 0,
-              **partition_kwargs: Any) -> Plan:
+def next_plan(
+    current: Plan,
+    frozen_units: int,
+    param_costs: Sequence[float],
+    *,
+    world_size: int,
+    start_max: float,
+    global_batch: Optional[int] = None,
+    batch_policy: str = "fixed_global",
+    per_pipeline_batch: Optional[int] = None,
+    partition_method: str = "pipetransformer",
+    compress: bool = True,
+    table: Optional[Mapping[Any, int]] = None,
+    cached_units: int = 0,
+    **partition_kwargs: Any,
+) -> Plan:
     """The layout after the frozen prefix grew to `frozen_units` units.
 
     With `compress` (AutoPipe on), K starts at `current.pp` and halves while it is even and the layout
@@ -80,8 +112,10 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
         raise ConfigError(f"frozen units {frozen_units} must leave the head trainable (0 <= f < {n})")
     shared = current.replicate_first_only
     if shared and world_size != current.world_size:
-        raise ConfigError(f"pipe.first_stage_replicas={current.dp} at pipe.length={current.pp} needs "
-                          f"{current.world_size} workers, not {world_size}")
+        raise ConfigError(
+            f"pipe.first_stage_replicas={current.dp} at pipe.length={current.pp} needs "
+            f"{current.world_size} workers, not {world_size}"
+        )
     if not shared and (world_size < 1 or world_size % current.pp):
         raise ConfigError(f"pipe.length={current.pp} is not allowed: a divisor of the world size {world_size}")
     compress = compress and not shared  # a replicated layout keeps its stages where they were placed
@@ -113,9 +147,18 @@ def next_plan(current: Plan, frozen_units: int, param_costs: Sequence[float], *,
     m = current.microbatches
     if (pp, dp) != (current.pp, current.dp) or per_replica % m or not schedule_accepts(schedule, pp, spr, m):
         m = pick_microbatches(pp, per_replica, schedule, table, stages_per_rank=spr)
-    return Plan(num_units=n, frozen_units=frozen_units, pp=pp, dp=dp, stage_bounds=bounds, microbatches=m,
-                schedule=schedule, stages_per_rank=spr, cached_units=cached_units,
-                replicate_first_only=shared).check()
+    return Plan(
+        num_units=n,
+        frozen_units=frozen_units,
+        pp=pp,
+        dp=dp,
+        stage_bounds=bounds,
+        microbatches=m,
+        schedule=schedule,
+        stages_per_rank=spr,
+        cached_units=cached_units,
+        replicate_first_only=shared,
+    ).check()
 
 
 __all__ = ["next_plan", "starting_max"]

@@ -55,8 +55,10 @@ def entry_specs(sample: tuple[torch.Tensor, ...], storage_dtype: torch.dtype) ->
     """Specs of one sample's carry (tensors without the batch dimension). The first tensor (the hidden
     states) is stored in `storage_dtype`; the others (masks) keep their own dtype, so a mask of -3.4e38
     never turns into -inf in float16."""
-    return tuple(TensorSpec(tuple(t.shape), t.dtype, storage_dtype if i == 0 and t.is_floating_point() else t.dtype)
-                 for i, t in enumerate(sample))
+    return tuple(
+        TensorSpec(tuple(t.shape), t.dtype, storage_dtype if i == 0 and t.is_floating_point() else t.dtype)
+        for i, t in enumerate(sample)
+    )
 
 
 def _allocate(path: Path, size: int) -> None:
@@ -82,19 +84,24 @@ class ActivationStore:
     """`num_slots` sample slots of `specs` under `mem_dir` (the first `max_memory // slot_bytes`) and
     `disk_dir` (the rest). Any number of processes may open the same store; the first one allocates it."""
 
-    def __init__(self, mem_dir: str | Path, disk_dir: str | Path, specs: tuple[TensorSpec, ...], num_slots: int,
-                 max_memory: int):
+    def __init__(
+        self, mem_dir: str | Path, disk_dir: str | Path, specs: tuple[TensorSpec, ...], num_slots: int, max_memory: int
+    ):
         self.specs, self.num_slots = specs, num_slots
         self.data_bytes = sum(s.nbytes for s in specs)
         self.slot_bytes = -(-(HEADER_BYTES + self.data_bytes) // SLOT_ALIGN) * SLOT_ALIGN
         self.memory_slots = min(num_slots, max(0, max_memory) // self.slot_bytes)
-        layout = json.dumps([[list(s.shape), str(s.dtype), str(s.stored)] for s in specs] +
-                            [num_slots, self.memory_slots, self.slot_bytes])
+        layout = json.dumps(
+            [[list(s.shape), str(s.dtype), str(s.stored)] for s in specs]
+            + [num_slots, self.memory_slots, self.slot_bytes]
+        )
         self.name = "entries-" + hashlib.blake2b(layout.encode(), digest_size=6).hexdigest()
         self.mem_path = Path(mem_dir) / f"{self.name}.mem"
         self.disk_path = Path(disk_dir) / f"{self.name}.disk"
-        for key, folder in (("cache.max_memory (the memory tier)", self.mem_path.parent),
-                            ("cache.dir", self.disk_path.parent)):
+        for key, folder in (
+            ("cache.max_memory (the memory tier)", self.mem_path.parent),
+            ("cache.dir", self.disk_path.parent),
+        ):
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -105,14 +112,18 @@ class ActivationStore:
             try:
                 _allocate(self.mem_path, self.memory_slots * self.slot_bytes)
             except OSError as e:
-                raise ConfigError(f"cache.max_memory: cannot reserve {self.memory_slots * self.slot_bytes} bytes in "
-                                  f"{self.mem_path.parent} ({os.strerror(e.errno)}); lower cache.max_memory") from None
+                raise ConfigError(
+                    f"cache.max_memory: cannot reserve {self.memory_slots * self.slot_bytes} bytes in "
+                    f"{self.mem_path.parent} ({os.strerror(e.errno)}); lower cache.max_memory"
+                ) from None
             try:
                 _allocate(self.disk_path, (num_slots - self.memory_slots) * self.slot_bytes)
             except OSError as e:
-                raise ConfigError(f"cache.dir: cannot reserve {(num_slots - self.memory_slots) * self.slot_bytes} "
-                                  f"bytes in {self.disk_path.parent} ({os.strerror(e.errno)}); free space or "
-                                  f"raise cache.max_memory") from None
+                raise ConfigError(
+                    f"cache.dir: cannot reserve {(num_slots - self.memory_slots) * self.slot_bytes} "
+                    f"bytes in {self.disk_path.parent} ({os.strerror(e.errno)}); free space or "
+                    f"raise cache.max_memory"
+                ) from None
         finally:
             os.close(lock)  # closing releases the lock
         self._mem = self._map(self.mem_path, self.memory_slots)
@@ -177,8 +188,10 @@ class ActivationStore:
             raise ValueError("key 0 marks an empty slot")
         slot = self._slot(sample)
         slot[:8].view(np.uint64)[0] = 0  # invalid while the data changes
-        parts = [t.detach().to("cpu", spec.stored).contiguous().reshape(-1).view(torch.uint8)
-                 for t, spec in zip(tensors, self.specs)]
+        parts = [
+            t.detach().to("cpu", spec.stored).contiguous().reshape(-1).view(torch.uint8)
+            for t, spec in zip(tensors, self.specs)
+        ]
         data = torch.cat(parts).numpy()
         if data.size != self.data_bytes:
             raise ValueError(f"entry of {data.size} bytes for slots of {self.data_bytes}")

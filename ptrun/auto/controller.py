@@ -42,26 +42,42 @@ AllSum = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Controller:
-    def __init__(self, cfg: PtrunConfig, num_blocks: int, param_costs: Sequence[float], first: Plan,
-                 partition_kwargs: Optional[dict[str, Any]] = None,
-                 microbatch_table: Optional[Mapping[int, int]] = None, steps_per_epoch: Optional[int] = None,
-                 max_cached_units: Optional[int] = None):
+    def __init__(
+        self,
+        cfg: PtrunConfig,
+        num_blocks: int,
+        param_costs: Sequence[float],
+        first: Plan,
+        partition_kwargs: Optional[dict[str, Any]] = None,
+        microbatch_table: Optional[Mapping[int, int]] = None,
+        steps_per_epoch: Optional[int] = None,
+        max_cached_units: Optional[int] = None,
+    ):
         self.cfg = cfg
         fr = cfg.freeze
         name = fr.policy if cfg.auto.freeze else "none"
         self.interval_epochs: Fraction = interval_epochs(fr.every, fr.every_steps, steps_per_epoch)
         """The interval between decisions in epochs, exact (`freeze.every`, or `freeze.every_steps` over an
         epoch's steps): the same fraction the trainer and the simulator place decisions with."""
-        self.policy: FreezePolicy = make_policy(name, num_blocks, alpha=fr.alpha, every=self.interval_epochs,
-                                                max_fraction=fr.max_fraction, start=fr.start,
-                                                total_epochs=cfg.train.epochs, blocks=fr.blocks,
-                                                percentile=fr.percentile, threshold=fr.threshold)
+        self.policy: FreezePolicy = make_policy(
+            name,
+            num_blocks,
+            alpha=fr.alpha,
+            every=self.interval_epochs,
+            max_fraction=fr.max_fraction,
+            start=fr.start,
+            total_epochs=cfg.train.epochs,
+            blocks=fr.blocks,
+            percentile=fr.percentile,
+            threshold=fr.threshold,
+        )
         self.param_costs = list(param_costs)
         # An explicit layout cannot be re-derived for other stage counts: AutoPipe balances parameters then.
         self.method = cfg.pipe.partition if cfg.pipe.partition != "explicit" else "params"
         self.partition_kwargs = partition_kwargs or {}
-        self.start_max = starting_max(self.param_costs, first.pp, first.stages_per_rank, self.method,
-                                      **self.partition_kwargs)
+        self.start_max = starting_max(
+            self.param_costs, first.pp, first.stages_per_rank, self.method, **self.partition_kwargs
+        )
         self.per_pipeline_batch = cfg.train.global_batch_size // first.dp
         self.min_cache_units = cfg.cache.min_frozen_units or default_min_units(num_blocks)
         self.max_cached_units = first.num_units if max_cached_units is None else max_cached_units
@@ -105,11 +121,21 @@ class Controller:
             # the stages stay; the cache may serve at most what leaves the first stage a unit to run
             cached = min(cached, current.stage_bounds[0][1] - 1)
             return replace(current, frozen_units=frozen_units, cached_units=cached).check()
-        plan = partial(next_plan, current, frozen_units, self.param_costs, world_size=world_size,
-                       start_max=self.start_max, global_batch=self.cfg.train.global_batch_size,
-                       batch_policy=self.cfg.auto.batch, per_pipeline_batch=self.per_pipeline_batch,
-                       partition_method=self.method, compress=self.cfg.auto.dp,
-                       table=self.microbatch_table, **self.partition_kwargs)
+        plan = partial(
+            next_plan,
+            current,
+            frozen_units,
+            self.param_costs,
+            world_size=world_size,
+            start_max=self.start_max,
+            global_batch=self.cfg.train.global_batch_size,
+            batch_policy=self.cfg.auto.batch,
+            per_pipeline_batch=self.per_pipeline_batch,
+            partition_method=self.method,
+            compress=self.cfg.auto.dp,
+            table=self.microbatch_table,
+            **self.partition_kwargs,
+        )
         # Too few uncached units for the pipeline: cache a shorter prefix (one unit left per stage), or none.
         shorter = min(cached, current.num_units - current.num_stages)
         for depth in dict.fromkeys(d for d in (cached, shorter) if d >= self.min_cache_units):
@@ -144,9 +170,16 @@ class Controller:
         self.caching = self.caching and state.get("caching", True)
 
 
-def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitProfile] = None,
-          bandwidth: Optional[float] = None, microbatch_table: Optional[Mapping[int, int]] = None,
-          steps_per_epoch: Optional[int] = None) -> Controller:
+def start(
+    cfg: PtrunConfig,
+    layered,
+    world_size: int,
+    *,
+    profile: Optional[UnitProfile] = None,
+    bandwidth: Optional[float] = None,
+    microbatch_table: Optional[Mapping[int, int]] = None,
+    steps_per_epoch: Optional[int] = None,
+) -> Controller:
     """The one start, for the trainer and `ptrun plan` alike: the first Plan (`Controller.first`) from the
     config, the model's units and, for the time-based partitioners, their profile on one micro-batch and the
     stage link's bandwidth; and the Controller that re-plans from it the same way. `microbatch_table` is the
@@ -155,11 +188,21 @@ def start(cfg: PtrunConfig, layered, world_size: int, *, profile: Optional[UnitP
     table = microbatch_table or cfg.auto.microbatch_table
     m = starting_microbatches(cfg.pipe, world_size, cfg.train.global_batch_size, table)
     first = first_plan(cfg.pipe, layered, world_size, profile=profile, bandwidth=bandwidth, microbatches=m)
-    partition_kwargs = {} if profile is None else dict(time_costs=profile.time_s,
-                                                       activation=profile.activation_bytes, bandwidth=bandwidth)
-    return Controller(cfg, layered.num_blocks, param_costs(layered), first, partition_kwargs, microbatch_table,
-                      steps_per_epoch, max_cached_units=layered.sequence_units)
-
+    partition_kwargs = (
+        {}
+        if profile is None
+        else dict(time_costs=profile.time_s, activation=profile.activation_bytes, bandwidth=bandwidth)
+    )
+    return Controller(
+        cfg,
+        layered.num_blocks,
+        param_costs(layered),
+        first,
+        partition_kwargs,
+        microbatch_table,
+        steps_per_epoch,
+        max_cached_units=layered.sequence_units,
+    )
 
 
 class Decisions:
@@ -174,8 +217,9 @@ class Decisions:
         self.decide = decide
         """A decision in place of the controller's (None: the controller's)."""
 
-    def due(self, positions: Positions, epoch: int, position: int, interval: int, steps: int,
-            current: Plan) -> Optional[tuple[int, Plan]]:
+    def due(
+        self, positions: Positions, epoch: int, position: int, interval: int, steps: int, current: Plan
+    ) -> Optional[tuple[int, Plan]]:
         """Collective, before step `position` of `epoch`, with freeze interval `interval` in force for `steps`
         steps and `current` the plan: if an interval has ended since, the interval now beginning and the plan
         decided for it on what the signal measured (None: no decision falls here)."""
@@ -197,9 +241,11 @@ class Decisions:
         costs = serving_costs(cache, plan, self.all_sum)
         if costs is None or costs[0] <= costs[1]:
             return None
-        line = (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
-                f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first "
-                f"stage from here on")
+        line = (
+            f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
+            f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first "
+            f"stage from here on"
+        )
         return line, self.controller.stop_caching(plan)
 
 

@@ -49,9 +49,23 @@ import math
 from typing import Any, ClassVar, Optional, Sequence
 
 from ptrun.auto.counts import (  # noqa: F401 (the helpers are this module's too, as they always were)
-    EPS, blocks_of_units, ceil_tol, floor_tol, frozen_units_for_blocks, num_units_for_blocks, percentile)
-from ptrun.config import (FREEZE_POLICIES, ConfigError, FreezeConfig, check_alpha, check_percentile,
-                          check_threshold, one_of)
+    EPS,
+    blocks_of_units,
+    ceil_tol,
+    floor_tol,
+    frozen_units_for_blocks,
+    num_units_for_blocks,
+    percentile,
+)
+from ptrun.config import (
+    FREEZE_POLICIES,
+    ConfigError,
+    FreezeConfig,
+    check_alpha,
+    check_percentile,
+    check_threshold,
+    one_of,
+)
 
 SIGNALS = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
 """The per-block signals a policy may read (`FreezePolicy.signal`), in words."""
@@ -71,6 +85,7 @@ def registered(name: str):
         cls.name = name
         POLICIES[name] = cls
         return cls
+
     return register
 
 
@@ -88,8 +103,14 @@ class FreezePolicy:
     params: ClassVar[tuple[str, ...]] = ()
     """The `make_policy` keywords (`freeze.*` keys) the policy's constructor takes beyond the common ones."""
 
-    def __init__(self, num_blocks: int, *, every: float = FreezeConfig.every,
-                 max_fraction: float = FreezeConfig.max_fraction, start: int = FreezeConfig.start):
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        every: float = FreezeConfig.every,
+        max_fraction: float = FreezeConfig.max_fraction,
+        start: int = FreezeConfig.start,
+    ):
         if num_blocks < 1:
             raise ConfigError(f"freeze: the model has {num_blocks} blocks; a policy needs at least 1")
         if not every > 0:
@@ -130,8 +151,9 @@ class FreezePolicy:
             raise ValueError(f"frozen block count {frozen_blocks} must be in 0..{self.num_blocks}")
         if measured is not None:
             if len(measured) != self.num_blocks:
-                raise ValueError(f"{self.signal or 'measured'} has {len(measured)} entries for "
-                                 f"{self.num_blocks} blocks")
+                raise ValueError(
+                    f"{self.signal or 'measured'} has {len(measured)} entries for {self.num_blocks} blocks"
+                )
             measured = [float(g) for g in measured]
             if any(g < 0 for g in measured):
                 raise ValueError(f"{self.signal or 'measured'} values must be >= 0, got {measured}")
@@ -161,13 +183,17 @@ class FreezePolicy:
         """Restore `state_dict()` output; refuses a state written by another policy or for another depth,
         whose gradient history would not mean the same thing."""
         if state.get("policy") != self.name or state.get("num_blocks") != self.num_blocks:
-            raise ValueError(f"freeze state for policy {state.get('policy')!r} with {state.get('num_blocks')} "
-                             f"blocks cannot load into {self.name!r} with {self.num_blocks} blocks")
+            raise ValueError(
+                f"freeze state for policy {state.get('policy')!r} with {state.get('num_blocks')} "
+                f"blocks cannot load into {self.name!r} with {self.num_blocks} blocks"
+            )
         self._load(state)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(num_blocks={self.num_blocks}, every={self.every}, "
-                f"max_fraction={self.max_fraction}, start={self.start})")
+        return (
+            f"{type(self).__name__}(num_blocks={self.num_blocks}, every={self.every}, "
+            f"max_fraction={self.max_fraction}, start={self.start})"
+        )
 
 
 @registered("none")
@@ -432,10 +458,19 @@ assert sorted(POLICIES) == sorted(FREEZE_POLICIES), "every freeze.policy value h
 POLICIES = {name: POLICIES[name] for name in FREEZE_POLICIES}
 
 
-def make_policy(name: str, num_blocks: int, *, alpha: float = FreezeConfig.alpha, every: float = FreezeConfig.every,
-                max_fraction: float = FreezeConfig.max_fraction, start: int = FreezeConfig.start,
-                total_epochs: Optional[int] = None, blocks: Optional[Sequence[int]] = None,
-                percentile: float = FreezeConfig.percentile, threshold: float = FreezeConfig.threshold) -> FreezePolicy:
+def make_policy(
+    name: str,
+    num_blocks: int,
+    *,
+    alpha: float = FreezeConfig.alpha,
+    every: float = FreezeConfig.every,
+    max_fraction: float = FreezeConfig.max_fraction,
+    start: int = FreezeConfig.start,
+    total_epochs: Optional[int] = None,
+    blocks: Optional[Sequence[int]] = None,
+    percentile: float = FreezeConfig.percentile,
+    threshold: float = FreezeConfig.threshold,
+) -> FreezePolicy:
     """Build the policy called `name` for a model of `num_blocks` blocks. `alpha` is used by `alpha` and
     `pipetransformer`, `percentile` by `autofreeze`, `threshold` by `plasticity`, `total_epochs` (required)
     by `linear`, `blocks` by `schedule` (each policy's `params`); the others ignore what they do not use.

@@ -38,8 +38,10 @@ def segment_end(epoch: int, position: int, steps_per_epoch: int, interval: Fract
     if interval is None:
         return steps_per_epoch
     now = interval_at(epoch, position, steps_per_epoch, interval)
-    return next((n for n in range(position + 1, steps_per_epoch)
-                 if interval_at(epoch, n, steps_per_epoch, interval) > now), steps_per_epoch)
+    return next(
+        (n for n in range(position + 1, steps_per_epoch) if interval_at(epoch, n, steps_per_epoch, interval) > now),
+        steps_per_epoch,
+    )
 
 
 @dataclass(frozen=True)

@@ -40,5 +40,8 @@ def unheld_bytes(layered, plan: Plan, rank: int) -> int:
     """Bytes of storage that parameters `rank` does not hold under `plan` still have: 0 in a worker that
     keeps only its stages (the run's `plan` events record the sum over the workers)."""
     keep = held_names(layered, plan, rank)
-    return sum(p.numel() * p.element_size() for n, p in layered.model.named_parameters()
-               if n not in keep and not is_empty(layered, n, p))
+    return sum(
+        p.numel() * p.element_size()
+        for n, p in layered.model.named_parameters()
+        if n not in keep and not is_empty(layered, n, p)
+    )

@@ -45,12 +45,19 @@ def depth_rows(off: list[dict], on: list[dict], hold: int) -> list[dict]:
         first = on[span[0]]["epoch_time_s"]
         later = statistics.mean(on[e]["epoch_time_s"] for e in span[1:])
         cache = on[span[-1]].get("cache", {})
-        rows.append({"frozen_blocks": depth, "frozen_units": 1 + 2 * depth if depth else 0,
-                     "epoch_s_off": base, "epoch_s_on_first": first, "epoch_s_on_read": later,
-                     "speedup_read": base / later,
-                     "cache_mib": (cache.get("memory_bytes", 0) + cache.get("disk_bytes", 0)) / 2**20
-                     if depth else 0.0,
-                     "top1_off": off[span[-1]]["eval"].get("top1"), "top1_on": on[span[-1]]["eval"].get("top1")})
+        rows.append(
+            {
+                "frozen_blocks": depth,
+                "frozen_units": 1 + 2 * depth if depth else 0,
+                "epoch_s_off": base,
+                "epoch_s_on_first": first,
+                "epoch_s_on_read": later,
+                "speedup_read": base / later,
+                "cache_mib": (cache.get("memory_bytes", 0) + cache.get("disk_bytes", 0)) / 2**20 if depth else 0.0,
+                "top1_off": off[span[-1]]["eval"].get("top1"),
+                "top1_on": on[span[-1]]["eval"].get("top1"),
+            }
+        )
     return rows
 
 
@@ -58,21 +65,27 @@ def caption(result: dict) -> str:
     """The line above the table: recipe, layout and schedule, then both runs' training time and final top-1
     (the last row's, which is the last epoch's)."""
     off, on, last = result["total_s_off"], result["total_s_on"], result["rows"][-1]
-    return (f"{result['recipe']}, K = {result['pp']}, DP = {result['dp']}, one more block frozen every "
-            f"{result['hold']} epochs; training time: {off:.1f}s without the cache, {on:.1f}s with it "
-            f"({off / on:.2f}x); final top-1 {fmt(last['top1_off'])} vs {fmt(last['top1_on'])}")
+    return (
+        f"{result['recipe']}, K = {result['pp']}, DP = {result['dp']}, one more block frozen every "
+        f"{result['hold']} epochs; training time: {off:.1f}s without the cache, {on:.1f}s with it "
+        f"({off / on:.2f}x); final top-1 {fmt(last['top1_off'])} vs {fmt(last['top1_on'])}"
+    )
 
 
 def table(result: dict) -> str:
     """The Markdown table of a `bench_cache.json` (printed by this script, put in the README by
     `readme_results.py`)."""
-    lines = ["| frozen blocks (units) | epoch, no cache (s) | epoch, cache: first (s) | epoch, cache: read (s) "
-             "| read vs no cache | cache memory (MiB) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| frozen blocks (units) | epoch, no cache (s) | epoch, cache: first (s) | epoch, cache: read (s) "
+        "| read vs no cache | cache memory (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['frozen_blocks']} ({r['frozen_units']}) | {r['epoch_s_off']:.2f} "
-                     f"| {r['epoch_s_on_first']:.2f} | {r['epoch_s_on_read']:.2f} | {r['speedup_read']:.2f}x "
-                     f"| {r['cache_mib']:.1f} |")
+        lines.append(
+            f"| {r['frozen_blocks']} ({r['frozen_units']}) | {r['epoch_s_off']:.2f} "
+            f"| {r['epoch_s_on_first']:.2f} | {r['epoch_s_on_read']:.2f} | {r['speedup_read']:.2f}x "
+            f"| {r['cache_mib']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -83,18 +96,35 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     out = Path(args.out)
     blocks = [b for b in range(DEPTH + 1) for _ in range(args.hold)]
-    common = ["recipe=digits_vit", "pipe.length=1", "pipe.microbatches=1", "pipe.schedule=GPipe", "freeze.policy=schedule",
-              f"freeze.blocks=[{','.join(map(str, blocks))}]", "freeze.max_fraction=1.0",
-              f"train.epochs={len(blocks)}", "checkpoint.every_epochs=0", "cache.min_frozen_units=1", *extra]
+    common = [
+        "recipe=digits_vit",
+        "pipe.length=1",
+        "pipe.microbatches=1",
+        "pipe.schedule=GPipe",
+        "freeze.policy=schedule",
+        f"freeze.blocks=[{','.join(map(str, blocks))}]",
+        "freeze.max_fraction=1.0",
+        f"train.epochs={len(blocks)}",
+        "checkpoint.every_epochs=0",
+        "cache.min_frozen_units=1",
+        *extra,
+    ]
     off = run(out, "cache_off", common + ["auto.cache=false"])
     on = run(out, "cache_on", common + ["auto.cache=true"])
     off_epochs, on_epochs = of_kind(off, "epoch"), of_kind(on, "epoch")
     # The recipe and layout as the run reports them, not as assumed: overrides may change either.
     start, plan = of_kind(on, "start")[0], of_kind(on, "plan")[0]
-    result = {"command": command_line(), "recipe": start["recipe"], "pp": plan["pp"], "dp": plan["dp"],
-              "rows": depth_rows(off_epochs, on_epochs, args.hold),
-              "total_s_off": sum(e["epoch_time_s"] for e in off_epochs),
-              "total_s_on": sum(e["epoch_time_s"] for e in on_epochs), "hold": args.hold, "overrides": extra}
+    result = {
+        "command": command_line(),
+        "recipe": start["recipe"],
+        "pp": plan["pp"],
+        "dp": plan["dp"],
+        "rows": depth_rows(off_epochs, on_epochs, args.hold),
+        "total_s_off": sum(e["epoch_time_s"] for e in off_epochs),
+        "total_s_on": sum(e["epoch_time_s"] for e in on_epochs),
+        "hold": args.hold,
+        "overrides": extra,
+    }
     publish(result, out / "bench_cache.json", caption, table)
 
 

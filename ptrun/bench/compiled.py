@@ -27,12 +27,23 @@ import time
 from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, fresh_run_dir, label_rows, machine_description,
-                                 markdown_lines, publish, rounds_parser)
+from ptrun.bench.harness import (
+    cell,
+    command_line,
+    fresh_run_dir,
+    label_rows,
+    machine_description,
+    markdown_lines,
+    publish,
+    rounds_parser,
+)
 
 WORKLOADS = ("digits_vit", "small", "default")
-RUNS = {"eager": ["train.compile=false"], "compiled, cold cache": ["train.compile=true"],
-        "compiled, warm cache": ["train.compile=true"]}
+RUNS = {
+    "eager": ["train.compile=false"],
+    "compiled, cold cache": ["train.compile=true"],
+    "compiled, warm cache": ["train.compile=true"],
+}
 """Each round's runs of a workload; the cold run starts on an empty inductor cache, the warm one on its cache."""
 KEYS = ("wall_s", "train_time_s", "compile_s", "final_top1", "wall_ratio", "train_ratio")
 
@@ -64,10 +75,14 @@ def run(run_dir: Path, overrides: list[str], cache_dir: Path, reuse: bool) -> di
     loaded = load_run(run_dir)
     summary = summarize(loaded)
     compiled = [e.get("compile", {}) for e in loaded.epochs]
-    return {"wall_s": json.loads(wall_file.read_text())["wall_s"], "train_time_s": summary["train_time_s"],
-            "compile_s": sum(c.get("compile_s", 0.0) for c in compiled),
-            "recompiles": sum(c.get("recompiles", 0) for c in compiled),
-            "final_top1": summary["final"], "run_dir": str(run_dir)}
+    return {
+        "wall_s": json.loads(wall_file.read_text())["wall_s"],
+        "train_time_s": summary["train_time_s"],
+        "compile_s": sum(c.get("compile_s", 0.0) for c in compiled),
+        "recompiles": sum(c.get("recompiles", 0) for c in compiled),
+        "final_top1": summary["final"],
+        "run_dir": str(run_dir),
+    }
 
 
 def round_of(workload: str, out: Path, r: int, overrides: list[str], reuse: bool) -> list[dict]:
@@ -79,8 +94,12 @@ def round_of(workload: str, out: Path, r: int, overrides: list[str], reuse: bool
         subprocess.run(["rm", "-rf", str(cache)], check=True)
     rows = []
     for label, extra in RUNS.items():
-        row = run(here / label.replace(", ", "_").replace(" ", "_"), [*base, *extra, *overrides],
-                  cache if label != "eager" else here / "inductor_eager", reuse)
+        row = run(
+            here / label.replace(", ", "_").replace(" ", "_"),
+            [*base, *extra, *overrides],
+            cache if label != "eager" else here / "inductor_eager",
+            reuse,
+        )
         rows.append({"label": label, **row})
     eager = rows[0]
     for row in rows:
@@ -91,8 +110,10 @@ def round_of(workload: str, out: Path, r: int, overrides: list[str], reuse: bool
 
 def caption(result: dict) -> str:
     repeats = ", ".join(f"{w} {n}" for w, n in result["repeats"].items())
-    return (f"Compiled units against eager, {result['machine']}: rounds per workload ({repeats}), interleaved; "
-            f"medians (min-max over the rounds); ratios against each round's eager run (> 1: faster)")
+    return (
+        f"Compiled units against eager, {result['machine']}: rounds per workload ({repeats}), interleaved; "
+        f"medians (min-max over the rounds); ratios against each round's eager run (> 1: faster)"
+    )
 
 
 def table(result: dict) -> str:
@@ -100,11 +121,28 @@ def table(result: dict) -> str:
     for workload, rows in result["workloads"].items():
         n = result["repeats"][workload]
         lines += markdown_lines(
-            [workload, "wall (s)", "training (s)", "compiling (s)", "final top-1", "wall vs eager",
-             "training vs eager"],
-            ([r["label"], cell(r, "wall_s", ".1f", "", n), cell(r, "train_time_s", ".1f", "", n),
-              cell(r, "compile_s", ".1f", "", n), cell(r, "final_top1", ".2f", "", n),
-              cell(r, "wall_ratio", ".2f", "x", n), cell(r, "train_ratio", ".2f", "x", n)] for r in rows))
+            [
+                workload,
+                "wall (s)",
+                "training (s)",
+                "compiling (s)",
+                "final top-1",
+                "wall vs eager",
+                "training vs eager",
+            ],
+            (
+                [
+                    r["label"],
+                    cell(r, "wall_s", ".1f", "", n),
+                    cell(r, "train_time_s", ".1f", "", n),
+                    cell(r, "compile_s", ".1f", "", n),
+                    cell(r, "final_top1", ".2f", "", n),
+                    cell(r, "wall_ratio", ".2f", "x", n),
+                    cell(r, "train_ratio", ".2f", "x", n),
+                ]
+                for r in rows
+            ),
+        )
         lines.append("")
     return "\n".join(lines).rstrip()
 
@@ -122,9 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         for w in workloads:
             if r < repeats[w]:
                 rounds[w].append(round_of(w, out, r, overrides, args.reuse))
-    result = {"command": command_line(), "date": date.today().isoformat(), "machine": machine_description(),
-              "overrides": overrides, "repeats": repeats,
-              "workloads": {w: label_rows(rounds[w], KEYS) for w in workloads}}
+    result = {
+        "command": command_line(),
+        "date": date.today().isoformat(),
+        "machine": machine_description(),
+        "overrides": overrides,
+        "repeats": repeats,
+        "workloads": {w: label_rows(rounds[w], KEYS) for w in workloads},
+    }
     out.mkdir(parents=True, exist_ok=True)
     publish(result, out / "bench_compile.json", caption, table)
 

@@ -63,12 +63,19 @@ def write_decoder(folder: Path, texts: list[str], hidden: int, layers: int, voca
     base = AutoTokenizer.from_pretrained(package_dir(TOKENIZER_PACKAGE, needed_by="ptrun.bench.decoder") / "model")
     tok = base.train_new_from_iterator(texts, vocab_size=vocab, show_progress=False)
     tok.eos_token, tok.bos_token = tok.sep_token, tok.cls_token
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 64),
-                         # SwiGLU's 8/3 x hidden, rounded up to a multiple of 64, as Llama sizes it
-                         intermediate_size=64 * math.ceil(hidden * 8 / 3 / 64),
-                         max_position_embeddings=tok.model_max_length, pad_token_id=tok.pad_token_id,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 64),
+        # SwiGLU's 8/3 x hidden, rounded up to a multiple of 64, as Llama sizes it
+        intermediate_size=64 * math.ceil(hidden * 8 / 3 / 64),
+        max_position_embeddings=tok.model_max_length,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tok.save_pretrained(folder)

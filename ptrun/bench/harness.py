@@ -25,8 +25,12 @@ COMBINATIONS = {
     "freeze + AutoPipe + AutoDP": ["auto.cache=false"],
     "all four": ["auto.cache=true"],
 }
-PAPER = {"freeze only": 0.95, "freeze + AutoPipe + AutoCache": 1.26, "freeze + AutoPipe + AutoDP": 2.27,
-         "all four": 2.83}
+PAPER = {
+    "freeze only": 0.95,
+    "freeze + AutoPipe + AutoCache": 1.26,
+    "freeze + AutoPipe + AutoDP": 2.27,
+    "all four": 2.83,
+}
 """Figure 9's speedups (ViT-B/16 on ImageNet, 2 x 8 GPUs), for the shape only."""
 PAPER_BERT = {"all four": 2.10}
 """Table 1's speedup for BERT-large on SQuAD v1.1 (all four components; Figure 9 breaks down ViT only)."""
@@ -49,15 +53,25 @@ def machine_description() -> str:
     """This machine in a few words, for a result's `machine`: its cores, CPU model and GPUs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), None)
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            None,
+        )
     except OSError:
         cpu = None
     import torch
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return (f"{cores} CPU cores" + (f" ({cpu})" if cpu else "") + ", "
-            + (f"GPU: {len(gpus)} x {' / '.join(sorted(set(gpus)))}" if gpus else "no GPU"))
+    return (
+        f"{cores} CPU cores"
+        + (f" ({cpu})" if cpu else "")
+        + ", "
+        + (f"GPU: {len(gpus)} x {' / '.join(sorted(set(gpus)))}" if gpus else "no GPU")
+    )
 
 
 def publish(result: dict, path: Path, caption, table) -> None:
@@ -103,7 +117,7 @@ def ideal_speedup(run_dir: Path) -> float:
     steps = {e["epoch"]: e["steps"] for e in run.epochs}
     at = [p["epoch"] + p.get("step", 0) / steps[p["epoch"]] for p in run.plans]
     spans = [end - start for start, end in zip(at, at[1:] + [len(run.epochs)])]
-    cost = sum(span * sum(flops[p["frozen_units"]:]) for span, p in zip(spans, run.plans))
+    cost = sum(span * sum(flops[p["frozen_units"] :]) for span, p in zip(spans, run.plans))
     return sum(spans) * sum(flops) / cost
 
 
@@ -124,12 +138,23 @@ def measure(dirs: dict[str, Path], paper: dict[str, float] = PAPER) -> list[dict
     for name, summary, run_dir in zip(dirs, sums, dirs.values()):
         ideal = ideal_speedup(run_dir)
         speedup = base / summary["train_time_s"]
-        rows.append({"combination": name, "train_time_s": summary["train_time_s"], "speedup": speedup,
-                     "time_to_target_s": tta[name]["time_s"], "speedup_to_target": tta[name]["speedup"],
-                     "final": summary["final"], "metric": summary["metric"], "target": target["target"],
-                     "mean_samples_per_s": summary["mean_samples_per_s"], "ideal_speedup": ideal,
-                     "share_of_ideal": speedup / ideal if ideal > 1 else None,
-                     "paper_speedup": paper.get(name), "run_dir": str(run_dir)})
+        rows.append(
+            {
+                "combination": name,
+                "train_time_s": summary["train_time_s"],
+                "speedup": speedup,
+                "time_to_target_s": tta[name]["time_s"],
+                "speedup_to_target": tta[name]["speedup"],
+                "final": summary["final"],
+                "metric": summary["metric"],
+                "target": target["target"],
+                "mean_samples_per_s": summary["mean_samples_per_s"],
+                "ideal_speedup": ideal,
+                "share_of_ideal": speedup / ideal if ideal > 1 else None,
+                "paper_speedup": paper.get(name),
+                "run_dir": str(run_dir),
+            }
+        )
     return rows
 
 
@@ -160,12 +185,18 @@ def label_rows(rounds: list[list[dict]], keys: tuple[str, ...]) -> list[dict]:
 
 def rounds_caption(result: dict) -> str:
     """How interleaved rounds are summarised, the start of a caption: the recipe, rounds and runs, medians."""
-    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; medians"
-            + (" (min-max over the rounds)" if result["repeats"] > 1 else ""))
+    return f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs, interleaved; medians" + (
+        " (min-max over the rounds)" if result["repeats"] > 1 else ""
+    )
 
 
-def rounds_parser(doc: str, out: str, recipe: str | None = "digits_vit", repeats: int = 1,
-                  repeats_help: str = "rounds of all the runs, interleaved") -> argparse.ArgumentParser:
+def rounds_parser(
+    doc: str,
+    out: str,
+    recipe: str | None = "digits_vit",
+    repeats: int = 1,
+    repeats_help: str = "rounds of all the runs, interleaved",
+) -> argparse.ArgumentParser:
     """The command line of a benchmark that runs interleaved rounds, described by its docstring's first line:
     `--recipe` (unless `recipe` is None), `--out`, `--repeats` and `--reuse`."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -183,15 +214,18 @@ def dir_name(label: str) -> str:
     return re.sub(r"[^\w+.\-]+", "_", label.replace(" + ", "+").replace("/", "-")).strip("_")
 
 
-def run_rounds(out: Path, runs: dict[str, list[str]], common: list[str], repeats: int, reuse: bool,
-               paper: dict[str, float] = PAPER) -> list[list[dict]]:
+def run_rounds(
+    out: Path, runs: dict[str, list[str]], common: list[str], repeats: int, reuse: bool, paper: dict[str, float] = PAPER
+) -> list[list[dict]]:
     """`repeats` rounds of every run in `runs` (label -> overrides; the first is the baseline), each run with
     `common` before its own overrides, measured round by round. Rounds are interleaved rather than each run
     repeated in a row, so a slow spell of the shared machine hits every run alike."""
     rounds = []
     for r in range(repeats):
-        dirs = {name: train(out / f"round{r}" / dir_name(name), [*common, *overrides], reuse)
-                for name, overrides in runs.items()}
+        dirs = {
+            name: train(out / f"round{r}" / dir_name(name), [*common, *overrides], reuse)
+            for name, overrides in runs.items()
+        }
         rounds.append(measure(dirs, paper))
     return rounds
 
@@ -201,12 +235,26 @@ def aggregate(rounds: list[list[dict]], paper: dict[str, float] = PAPER) -> list
     rows = []
     for i, first in enumerate(rounds[0]):
         runs = [rep[i] for rep in rounds]
-        row = {k: median([r[k] for r in runs]) for k in ("train_time_s", "speedup", "time_to_target_s",
-                                                          "speedup_to_target", "final", "ideal_speedup",
-                                                          "share_of_ideal")}
+        row = {
+            k: median([r[k] for r in runs])
+            for k in (
+                "train_time_s",
+                "speedup",
+                "time_to_target_s",
+                "speedup_to_target",
+                "final",
+                "ideal_speedup",
+                "share_of_ideal",
+            )
+        }
         speedups = [r["speedup"] for r in runs]
-        row.update(combination=first["combination"], speedup_range=(min(speedups), max(speedups)),
-                   paper_speedup=paper.get(first["combination"]), metric=first["metric"], runs=runs)
+        row.update(
+            combination=first["combination"],
+            speedup_range=(min(speedups), max(speedups)),
+            paper_speedup=paper.get(first["combination"]),
+            metric=first["metric"],
+            runs=runs,
+        )
         rows.append(row)
     return rows
 
@@ -233,6 +281,7 @@ def markdown_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list
 def rows_table(rows: list[dict], columns: list[tuple[str, str, str, str]], repeats: int) -> list[str]:
     """A Markdown table, one line per row: a `label` column, then a column per (header, key, format spec,
     suffix), each a `cell`."""
-    return markdown_lines(["run", *(c[0] for c in columns)],
-                          ([r["label"], *(cell(r, key, spec, suffix, repeats) for _, key, spec, suffix in columns)]
-                           for r in rows))
+    return markdown_lines(
+        ["run", *(c[0] for c in columns)],
+        ([r["label"], *(cell(r, key, spec, suffix, repeats) for _, key, spec, suffix in columns)] for r in rows),
+    )

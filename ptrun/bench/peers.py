@@ -50,8 +50,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, dir_name, fmt, fresh_run_dir, label_rows, median, publish,
-                                 rounds_caption, rounds_parser, rows_table, spread)
+from ptrun.bench.harness import (
+    cell,
+    command_line,
+    dir_name,
+    fmt,
+    fresh_run_dir,
+    label_rows,
+    median,
+    publish,
+    rounds_caption,
+    rounds_parser,
+    rows_table,
+    spread,
+)
 
 PLAIN = "ptrun.bench.plain_loop"
 """The peers' module, run as `python -m`: a plain PyTorch loop that uses nothing of ptrun's engine."""
@@ -91,6 +103,8 @@ def base(label: str) -> tuple[str, list[str]]:
 def check_pairs() -> list[tuple[str, str]]:
     """(ptrun run, plain peer) pairs whose samples/s are checked: CHECKS, and each as eager and compiled twins."""
     return [(mine + s, peer + s) for mine, peer in CHECKS.items() for s in ("", EAGER, COMPILED)]
+
+
 """ptrun run -> the plain peer on the same processes and threads, whose samples/s it should keep up with."""
 FLOOR = 0.95
 
@@ -169,8 +183,14 @@ def engine(text: str) -> tuple[str, list[str]]:
     return label, words
 
 
-def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
-            variants: dict[str, list[str]] = PTRUN, pythons: dict[str, str] | None = None) -> list[str]:
+def command(
+    label: str,
+    recipe: str,
+    run_dir: Path,
+    overrides: list[str],
+    variants: dict[str, list[str]] = PTRUN,
+    pythons: dict[str, str] | None = None,
+) -> list[str]:
     """The command line of one run (its results land in `run_dir`): a plain peer, or the ptrun run `label`
     names in `variants` (label -> overrides after `recipe=NAME`), by the interpreter `pythons` names for it
     (this one by default)."""
@@ -179,12 +199,31 @@ def command(label: str, recipe: str, run_dir: Path, overrides: list[str],
     if label in PEERS:
         nproc, threads = PEERS[label]
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                    f"--log-dir={os.devnull}"] if nproc > 1 else []
-        return [sys.executable, *launcher, "-m", PLAIN, f"--recipe={recipe}", f"--threads={threads}",
-                f"--out={run_dir / 'plain.json'}", *overrides]
-    return [(pythons or {}).get(label, sys.executable), "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}",
-            f"recipe={recipe}", *variants[label], *overrides]
+        launcher = (
+            ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", f"--log-dir={os.devnull}"]
+            if nproc > 1
+            else []
+        )
+        return [
+            sys.executable,
+            *launcher,
+            "-m",
+            PLAIN,
+            f"--recipe={recipe}",
+            f"--threads={threads}",
+            f"--out={run_dir / 'plain.json'}",
+            *overrides,
+        ]
+    return [
+        (pythons or {}).get(label, sys.executable),
+        "-m",
+        "ptrun.cli",
+        "train",
+        f"hydra.run.dir={run_dir}",
+        f"recipe={recipe}",
+        *variants[label],
+        *overrides,
+    ]
 
 
 def shown(cmd: list[str]) -> str:
@@ -194,18 +233,33 @@ def shown(cmd: list[str]) -> str:
     return " ".join(["python", *cmd[1:]])
 
 
-def commands(labels: list[str], recipe: str, overrides: list[str],
-             variants: dict[str, list[str]] = PTRUN, pythons: dict[str, str] | None = None) -> dict[str, str]:
+def commands(
+    labels: list[str],
+    recipe: str,
+    overrides: list[str],
+    variants: dict[str, list[str]] = PTRUN,
+    pythons: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Each run's command line as the user would type it, RUN_DIR standing for its directory (a result's
     `commands`; a run by another interpreter says which)."""
     pythons = pythons or {}
-    return {label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants))
-            + (f"  (by {pythons[label]})" if label in pythons else "") for label in labels}
+    return {
+        label: shown(command(label, recipe, Path("RUN_DIR"), overrides, variants))
+        + (f"  (by {pythons[label]})" if label in pythons else "")
+        for label in labels
+    }
 
 
-def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse: bool,
-            variants: dict[str, list[str]] = PTRUN, metric: Metric = TOP1,
-            pythons: dict[str, str] | None = None) -> dict:
+def execute(
+    label: str,
+    recipe: str,
+    run_dir: Path,
+    overrides: list[str],
+    reuse: bool,
+    variants: dict[str, list[str]] = PTRUN,
+    metric: Metric = TOP1,
+    pythons: dict[str, str] | None = None,
+) -> dict:
     """Run one (or, with `reuse`, read the one already in `run_dir`): its measurements, on `metric`."""
     wall_file = run_dir / "wall.json"
     if fresh_run_dir(wall_file, reuse):
@@ -218,8 +272,12 @@ def execute(label: str, recipe: str, run_dir: Path, overrides: list[str], reuse:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0, "spawn_time": spawned}))
     wall = json.loads(wall_file.read_text())
-    run = dict(read_plain(run_dir, metric) if base(label)[0] in PEERS else read_ptrun(run_dir, metric), label=label,
-               wall_s=wall["wall_s"], run_dir=str(run_dir))
+    run = dict(
+        read_plain(run_dir, metric) if base(label)[0] in PEERS else read_ptrun(run_dir, metric),
+        label=label,
+        wall_s=wall["wall_s"],
+        run_dir=str(run_dir),
+    )
     return dict(run, **outside_training(run, wall.get("spawn_time")))
 
 
@@ -242,9 +300,14 @@ def read_plain(run_dir: Path, metric: Metric = TOP1) -> dict:
     over training time."""
     r = json.loads((run_dir / "plain.json").read_text())
     final = f"final_{metric.key}"
-    return {"train_time_s": r["train_time_s"], "samples_per_s": r["samples_per_s"], final: r[final],
-            "curve": [[e["elapsed_train_s"], e[metric.key]] for e in r["epochs"]],
-            "first_step_time": r.get("first_step_time"), "eval_s": eval_seconds(r["epochs"])}
+    return {
+        "train_time_s": r["train_time_s"],
+        "samples_per_s": r["samples_per_s"],
+        final: r[final],
+        "curve": [[e["elapsed_train_s"], e[metric.key]] for e in r["epochs"]],
+        "first_step_time": r.get("first_step_time"),
+        "eval_s": eval_seconds(r["epochs"]),
+    }
 
 
 def eval_seconds(epochs: list[dict]) -> float | None:
@@ -269,10 +332,18 @@ def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
     signal = sum(e["signal_s"] for e in epochs) / train_s if all("signal_s" in e for e in epochs) else None
     first = next((e["first_step_time"] for e in events if e["event"] == "epoch" and "first_step_time" in e), None)
     start = next((e for e in events if e["event"] == "start"), {})
-    return {"train_time_s": train_s, "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
-            f"final_{metric.key}": final, "curve": curve, "ptrun_total_time_s": end.get("total_time_s"),
-            "signal_share": signal, "first_step_time": first, "eval_s": eval_seconds(epochs),
-            "worker_start_time": start.get("worker_start_time"), "start_phases": start.get("start_phases")}
+    return {
+        "train_time_s": train_s,
+        "samples_per_s": sum(e["samples"] for e in epochs) / train_s,
+        f"final_{metric.key}": final,
+        "curve": curve,
+        "ptrun_total_time_s": end.get("total_time_s"),
+        "signal_share": signal,
+        "first_step_time": first,
+        "eval_s": eval_seconds(epochs),
+        "worker_start_time": start.get("worker_start_time"),
+        "start_phases": start.get("start_phases"),
+    }
 
 
 def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP1) -> float | None:
@@ -290,16 +361,32 @@ def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
     target = metric.best([r[f"final_{metric.key}"] for r in peers])
     best_wall = min((r["wall_s"] for r in peers), default=None)
     best_train = min((r["train_time_s"] for r in peers), default=None)
-    return [dict(r, overhead_s=r["wall_s"] - r["train_time_s"], target=target,
-                 time_to_target_s=time_to(r["curve"], target, metric),
-                 speedup_wall=best_wall and best_wall / r["wall_s"],
-                 speedup_train=best_train and best_train / r["train_time_s"]) for r in runs]
+    return [
+        dict(
+            r,
+            overhead_s=r["wall_s"] - r["train_time_s"],
+            target=target,
+            time_to_target_s=time_to(r["curve"], target, metric),
+            speedup_wall=best_wall and best_wall / r["wall_s"],
+            speedup_train=best_train and best_train / r["train_time_s"],
+        )
+        for r in runs
+    ]
 
 
 def keys(metric: Metric = TOP1) -> tuple[str, ...]:
     """The measures of a row (`final_top1`, or `final_perplexity`, for the metric)."""
-    return ("wall_s", "train_time_s", "overhead_s", "samples_per_s", f"final_{metric.key}", "time_to_target_s",
-            "speedup_wall", "speedup_train", *UNTABLED)
+    return (
+        "wall_s",
+        "train_time_s",
+        "overhead_s",
+        "samples_per_s",
+        f"final_{metric.key}",
+        "time_to_target_s",
+        "speedup_wall",
+        "speedup_train",
+        *UNTABLED,
+    )
 
 
 OUTSIDE = ("to_first_step_s", "eval_s", "rest_s")
@@ -311,30 +398,52 @@ UNTABLED = (*OUTSIDE, "ptrun_total_time_s", "signal_share")
 def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
     """Over the rounds (each `measure`d): per label the median and range of every measure and its rows; per
     check the ratio of samples/s (ptrun over its peer, round by round), its median and range."""
-    rows = [{"label": row["label"], "kind": "plain" if base(row["label"])[0] in PEERS else "ptrun", **row}
-            for row in label_rows(rounds, keys(metric))]
+    rows = [
+        {"label": row["label"], "kind": "plain" if base(row["label"])[0] in PEERS else "ptrun", **row}
+        for row in label_rows(rounds, keys(metric))
+    ]
     by_label = {row["label"]: row["runs"] for row in rows}
     checks = []
     for mine, peer in check_pairs():
         if mine in by_label and peer in by_label:
             ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(by_label[mine], by_label[peer])]
             ratio = median(ratios)
-            checks.append({"ptrun": mine, "peer": peer, "ratio": ratio, "ratio_range": spread(ratios),
-                           "rounds": ratios, "floor": FLOOR, "passed": ratio >= FLOOR})
+            checks.append(
+                {
+                    "ptrun": mine,
+                    "peer": peer,
+                    "ratio": ratio,
+                    "ratio_range": spread(ratios),
+                    "rounds": ratios,
+                    "floor": FLOOR,
+                    "passed": ratio >= FLOOR,
+                }
+            )
     for row in rows:
         final = [r[f"final_{metric.key}"] for r in row["runs"] if r.get(f"final_{metric.key}") is not None]
         row[f"mean_{metric.key}"] = sum(final) / len(final) if final else None
-    return {"rows": rows, "checks": checks, "target": median([rnd[0]["target"] for rnd in rounds]),
-            "metric": metric.key}
+    return {
+        "rows": rows,
+        "checks": checks,
+        "target": median([rnd[0]["target"] for rnd in rounds]),
+        "metric": metric.key,
+    }
 
 
-COLUMNS = {c[1]: c for c in (
-    ("wall (s)", "wall_s", ".1f", ""), ("training (s)", "train_time_s", ".1f", ""),
-    ("outside training (s)", "overhead_s", ".1f", ""), ("samples/s", "samples_per_s", ".0f", ""),
-    *((f"final {m.name}", f"final_{m.key}", ".2f", "") for m in BY_KEY.values()),
-    ("time to target (s)", "time_to_target_s", ".1f", ""),
-    ("speedup, wall", "speedup_wall", ".2f", "x"), ("speedup, training", "speedup_train", ".2f", "x"),
-    *((f"mean {m.name}", f"mean_{m.key}", ".2f", "") for m in BY_KEY.values()))}
+COLUMNS = {
+    c[1]: c
+    for c in (
+        ("wall (s)", "wall_s", ".1f", ""),
+        ("training (s)", "train_time_s", ".1f", ""),
+        ("outside training (s)", "overhead_s", ".1f", ""),
+        ("samples/s", "samples_per_s", ".0f", ""),
+        *((f"final {m.name}", f"final_{m.key}", ".2f", "") for m in BY_KEY.values()),
+        ("time to target (s)", "time_to_target_s", ".1f", ""),
+        ("speedup, wall", "speedup_wall", ".2f", "x"),
+        ("speedup, training", "speedup_train", ".2f", "x"),
+        *((f"mean {m.name}", f"mean_{m.key}", ".2f", "") for m in BY_KEY.values()),
+    )
+}
 """A measure's table column, by its key: (header, key, format spec, suffix), as `rows_table` takes it."""
 
 
@@ -347,10 +456,15 @@ def caption(result: dict) -> str:
     """The line above the tables: what was run, how it is summarized, and the target."""
     seeds = "; round r ran with train.seed=r" if result.get("seeds") else ""
     metric = metric_in(result)
-    target = (f"the best plain peer's final {metric.name}" if metric.higher_is_better
-              else f"the plain peers' lowest final {metric.name}")
-    return (rounds_caption(result) + seeds + f"; speedups against the faster plain peer of each round; target = "
-            f"{target} (median {fmt(result['target'])})")
+    target = (
+        f"the best plain peer's final {metric.name}"
+        if metric.higher_is_better
+        else f"the plain peers' lowest final {metric.name}"
+    )
+    return (
+        rounds_caption(result) + seeds + f"; speedups against the faster plain peer of each round; target = "
+        f"{target} (median {fmt(result['target'])})"
+    )
 
 
 def table(result: dict) -> str:
@@ -364,12 +478,17 @@ def table(result: dict) -> str:
         lines += ["", "| samples/s in training | ratio | at least |", "|---|---|---|"]
         for c in result["checks"]:
             verdict = "yes" if c["passed"] else "**no**"
-            lines.append(f"| {c['ptrun']} / {c['peer']} | {cell(c, 'ratio', '.2f', 'x', n)} "
-                         f"| {c['floor']:.2f}x: {verdict} |")
+            lines.append(
+                f"| {c['ptrun']} / {c['peer']} | {cell(c, 'ratio', '.2f', 'x', n)} | {c['floor']:.2f}x: {verdict} |"
+            )
     split = [r for r in result["rows"] if r.get("to_first_step_s") is not None]
     if split:
-        lines += ["", "| where the time outside training went (s) | to the first step | evaluation | the rest: layout "
-                      "changes, checkpoints, export, exit |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| where the time outside training went (s) | to the first step | evaluation | the rest: layout "
+            "changes, checkpoints, export, exit |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {r['label']} | " + " | ".join(cell(r, k, ".1f", "", n) for k in OUTSIDE) + " |" for r in split]
     signal = [r for r in result["rows"] if r.get("signal_share")]
     if signal:
@@ -380,20 +499,44 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/bench_peers", recipe=None)
-    parser.add_argument("--recipe", action="append", help="bbc_news_bert (the embedded default, default), "
-                        "digits_vit, or causal_lm (with model.pretrained and data.path: `python -m "
-                        "ptrun.bench.decoder DIR` writes both); repeatable")
-    parser.add_argument("--seeds", action="store_true", help="round r runs with train.seed=r: the rounds are "
-                        "seeds (the table adds the mean final top-1 or perplexity)")
-    parser.add_argument("--variant", action="append", default=[], help="'LABEL: KEY=V ...': one more ptrun "
-                        "run, the recipe with these overrides (repeatable)")
-    parser.add_argument("--engine", action="append", default=[], help="'LABEL: PYTHON [KEY=V ...]': one more "
-                        "ptrun run of the recipe (with these overrides), by another interpreter (another checkout's "
-                        "venv; repeatable)")
-    parser.add_argument("--only", action="append", help="a run to make (repeatable): its label, or letters "
-                        "a-e for the runs in order, comma-separated (--only a,b,e); default: all five")
-    parser.add_argument("--compiled", action="store_true", help="each run twice: eager (train.compile=false) "
-                        "and compiled (train.compile=true; the plain loop compiles the library model)")
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        help="bbc_news_bert (the embedded default, default), "
+        "digits_vit, or causal_lm (with model.pretrained and data.path: `python -m "
+        "ptrun.bench.decoder DIR` writes both); repeatable",
+    )
+    parser.add_argument(
+        "--seeds",
+        action="store_true",
+        help="round r runs with train.seed=r: the rounds are seeds (the table adds the mean final top-1 or perplexity)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="'LABEL: KEY=V ...': one more ptrun run, the recipe with these overrides (repeatable)",
+    )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        help="'LABEL: PYTHON [KEY=V ...]': one more "
+        "ptrun run of the recipe (with these overrides), by another interpreter (another checkout's "
+        "venv; repeatable)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="a run to make (repeatable): its label, or letters "
+        "a-e for the runs in order, comma-separated (--only a,b,e); default: all five",
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="each run twice: eager (train.compile=false) "
+        "and compiled (train.compile=true; the plain loop compiles the library model)",
+    )
     args, overrides = parser.parse_known_args()
     try:
         labels = pick(args.only) if args.only else list(LABELS)
@@ -411,14 +554,34 @@ def main() -> None:
             metric = metric_of(recipe, overrides)
         except ValueError as e:
             parser.error(str(e))
-        rounds = [measure([execute(label, recipe, out / recipe / f"round{r}" / dir_name(label),
-                                   [*overrides, *([f"train.seed={r}"] if args.seeds else [])], args.reuse,
-                                   variants, metric, pythons) for label in labels], metric)
-                  for r in range(args.repeats)]
-        result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
-                  "seeds": args.seeds,
-                  "commands": commands(labels, recipe, overrides, variants, pythons),
-                  **aggregate(rounds, metric)}
+        rounds = [
+            measure(
+                [
+                    execute(
+                        label,
+                        recipe,
+                        out / recipe / f"round{r}" / dir_name(label),
+                        [*overrides, *([f"train.seed={r}"] if args.seeds else [])],
+                        args.reuse,
+                        variants,
+                        metric,
+                        pythons,
+                    )
+                    for label in labels
+                ],
+                metric,
+            )
+            for r in range(args.repeats)
+        ]
+        result = {
+            "command": command_line(),
+            "recipe": recipe,
+            "overrides": overrides,
+            "repeats": args.repeats,
+            "seeds": args.seeds,
+            "commands": commands(labels, recipe, overrides, variants, pythons),
+            **aggregate(rounds, metric),
+        }
         publish(result, out / f"bench_peers_{recipe}.json", caption, table)
 
 

@@ -30,8 +30,13 @@ SCHEDULES = {
 PIPEDREAM = ["pipe.schedule=pipedream", "pipe.microbatches=1"]
 PLACEMENTS = {
     "K = 2": [*PIPEDREAM, "launcher.nproc_per_node=2"],
-    "2-1 (first stage replicated)": [*PIPEDREAM, "pipe.first_stage_replicas=2", "auto.pipe=false", "auto.dp=false",
-                                     "launcher.nproc_per_node=3"],
+    "2-1 (first stage replicated)": [
+        *PIPEDREAM,
+        "pipe.first_stage_replicas=2",
+        "auto.pipe=false",
+        "auto.dp=false",
+        "launcher.nproc_per_node=3",
+    ],
     "K = 2 x DP = 2": [*PIPEDREAM, "launcher.nproc_per_node=4"],
 }
 """Where the same pipedream training runs (`--placements`), label -> overrides."""
@@ -44,9 +49,11 @@ def pipelined_stats(run_dir: str) -> dict:
 
     run = load_run(Path(run_dir))
     k2 = [e for e in run.epochs if (run.plan_for(e["epoch"]) or {}).get("pp") == 2]
-    return {"k2_epochs": len(k2),
-            "k2_samples_per_s": statistics.median(e["samples_per_s"] for e in k2) if k2 else None,
-            "stash_bytes_peak": max((e.get("stash_bytes_peak", 0) for e in run.epochs), default=0)}
+    return {
+        "k2_epochs": len(k2),
+        "k2_samples_per_s": statistics.median(e["samples_per_s"] for e in k2) if k2 else None,
+        "stash_bytes_peak": max((e.get("stash_bytes_peak", 0) for e in run.epochs), default=0),
+    }
 
 
 def table(result: dict) -> str:
@@ -59,51 +66,72 @@ def table(result: dict) -> str:
 def caption(result: dict) -> str:
     if result.get("kind") == "placements":
         return f"{result['recipe']}: {result['repeats']} round(s); medians; pipedream without freezing"
-    return (f"{result['recipe']}: {result['repeats']} round(s); medians; target = the flushing 1F1B run's final "
-            f"top-1")
+    return f"{result['recipe']}: {result['repeats']} round(s); medians; target = the flushing 1F1B run's final top-1"
 
 
 def schedule_table(rows: list[dict]) -> str:
-    lines = ["| setting | schedule | samples/s, K = 2 epochs | training time (s) | time to target (s) | "
-             "speedup to target | final top-1 | stashed weights (KiB) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | schedule | samples/s, K = 2 epochs | training time (s) | time to target (s) | "
+        "speedup to target | final top-1 | stashed weights (KiB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['setting']} | {r['combination']} | {fmt(r['k2_samples_per_s'], '.0f')} "
-                     f"({r['k2_epochs']} epochs) | {r['train_time_s']:.1f} | {fmt(r['time_to_target_s'], '.1f')} "
-                     f"| {fmt(r['speedup_to_target'], '.2f', 'x')} | {fmt(r['final'])} "
-                     f"| {r['stash_bytes_peak'] / 1024:.0f} |")
+        lines.append(
+            f"| {r['setting']} | {r['combination']} | {fmt(r['k2_samples_per_s'], '.0f')} "
+            f"({r['k2_epochs']} epochs) | {r['train_time_s']:.1f} | {fmt(r['time_to_target_s'], '.1f')} "
+            f"| {fmt(r['speedup_to_target'], '.2f', 'x')} | {fmt(r['final'])} "
+            f"| {r['stash_bytes_peak'] / 1024:.0f} |"
+        )
     return "\n".join(lines)
 
 
 def placement_table(rows: list[dict]) -> str:
-    lines = ["| placement | workers | samples/s | samples/s per worker | training time (s) | final top-1 |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| placement | workers | samples/s | samples/s per worker | training time (s) | final top-1 |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['combination']} | {r['workers']} | {r['samples_per_s']:.0f} | "
-                     f"{r['samples_per_s'] / r['workers']:.0f} | {r['train_time_s']:.1f} | {fmt(r['final'])} |")
+        lines.append(
+            f"| {r['combination']} | {r['workers']} | {r['samples_per_s']:.0f} | "
+            f"{r['samples_per_s'] / r['workers']:.0f} | {r['train_time_s']:.1f} | {fmt(r['final'])} |"
+        )
     return "\n".join(lines)
 
 
 def placements(args, extra: list[str]) -> None:
     out = Path(args.out)
-    rounds = run_rounds(out / "placements", PLACEMENTS,
-                        [f"recipe={args.recipe}", "train.export=false", "auto.freeze=false", "auto.cache=false",
-                         *extra], args.repeats, args.reuse, paper={})
+    rounds = run_rounds(
+        out / "placements",
+        PLACEMENTS,
+        [f"recipe={args.recipe}", "train.export=false", "auto.freeze=false", "auto.cache=false", *extra],
+        args.repeats,
+        args.reuse,
+        paper={},
+    )
     rows = aggregate(rounds, paper={})
     for row in rows:
         row["workers"] = int(next(o for o in PLACEMENTS[row["combination"]] if "nproc_per_node" in o).split("=")[1])
         row["samples_per_s"] = median([r["mean_samples_per_s"] for r in row["runs"]])
-    result = {"command": command_line(), "kind": "placements", "recipe": args.recipe,
-              "repeats": args.repeats, "rows": rows}
+    result = {
+        "command": command_line(),
+        "kind": "placements",
+        "recipe": args.recipe,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
     publish(result, out / "bench_pipedream_placement.json", caption, table)
 
 
 def main() -> None:
-    parser = rounds_parser(__doc__, "runs/bench_pipedream", repeats=2,
-                           repeats_help="interleaved rounds; the table shows medians")
+    parser = rounds_parser(
+        __doc__, "runs/bench_pipedream", repeats=2, repeats_help="interleaved rounds; the table shows medians"
+    )
     parser.add_argument("--no-vertical", action="store_true", help="leave out the vertical-sync runs")
-    parser.add_argument("--placements", action="store_true",
-                        help="compare K = 2, 2-1 (first stage replicated) and K = 2 x DP = 2 instead")
+    parser.add_argument(
+        "--placements",
+        action="store_true",
+        help="compare K = 2, 2-1 (first stage replicated) and K = 2 x DP = 2 instead",
+    )
     args, extra = parser.parse_known_args()
     if args.placements:
         return placements(args, extra)
@@ -111,17 +139,24 @@ def main() -> None:
     rows = []
     for s, (setting, overrides) in enumerate(SETTINGS.items()):
         schedules = {k: v for k, v in SCHEDULES.items() if not (args.no_vertical and "vertical" in k)}
-        rounds = run_rounds(out / f"setting{s}", schedules,
-                            [f"recipe={args.recipe}", "train.export=false", *overrides, *extra], args.repeats,
-                            args.reuse, paper={})
+        rounds = run_rounds(
+            out / f"setting{s}",
+            schedules,
+            [f"recipe={args.recipe}", "train.export=false", *overrides, *extra],
+            args.repeats,
+            args.reuse,
+            paper={},
+        )
         for row in aggregate(rounds, paper={}):
             stats = [pipelined_stats(r["run_dir"]) for r in row["runs"]]
-            row.update(setting=setting, k2_epochs=stats[0]["k2_epochs"],
-                       k2_samples_per_s=median([x["k2_samples_per_s"] for x in stats]),
-                       stash_bytes_peak=max(x["stash_bytes_peak"] for x in stats))
+            row.update(
+                setting=setting,
+                k2_epochs=stats[0]["k2_epochs"],
+                k2_samples_per_s=median([x["k2_samples_per_s"] for x in stats]),
+                stash_bytes_peak=max(x["stash_bytes_peak"] for x in stats),
+            )
             rows.append(row)
-    result = {"command": command_line(), "recipe": args.recipe, "repeats": args.repeats,
-              "rows": rows}
+    result = {"command": command_line(), "recipe": args.recipe, "repeats": args.repeats, "rows": rows}
     publish(result, out / "bench_pipedream.json", caption, table)
 
 

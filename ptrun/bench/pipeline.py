@@ -45,8 +45,17 @@ def build(args):
     from ptrun.models import build_model
 
     torch.manual_seed(0)
-    cfg = ModelConfig(name="vit_tiny_patch16_224", img_size=32, patch_size=4, in_chans=3, embed_dim=args["dim"],
-                      depth=args["depth"], num_heads=max(1, args["dim"] // 64), dropout=0.0, drop_path=0.0)
+    cfg = ModelConfig(
+        name="vit_tiny_patch16_224",
+        img_size=32,
+        patch_size=4,
+        in_chans=3,
+        embed_dim=args["dim"],
+        depth=args["depth"],
+        num_heads=max(1, args["dim"] // 64),
+        dropout=0.0,
+        drop_path=0.0,
+    )
     return build_model(cfg, num_classes=10)
 
 
@@ -54,8 +63,10 @@ def batches(args, count: int):
     import torch
 
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(args["batch"], 3, 32, 32, generator=g), torch.randint(0, 10, (args["batch"],), generator=g))
-            for _ in range(count)]
+    return [
+        (torch.randn(args["batch"], 3, 32, 32, generator=g), torch.randint(0, 10, (args["batch"],), generator=g))
+        for _ in range(count)
+    ]
 
 
 def optimizer_for(params):
@@ -120,8 +131,15 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
 
     layered = build(args)
     costs = [float(sum(p.numel() for p in u.parameters())) for u in layered.units]
-    plan = Plan(num_units=len(costs), frozen_units=0, pp=2, dp=1, stage_bounds=min_max(costs, 2),
-                microbatches=m, schedule=schedule).check()
+    plan = Plan(
+        num_units=len(costs),
+        frozen_units=0,
+        pp=2,
+        dp=1,
+        stage_bounds=min_max(costs, 2),
+        microbatches=m,
+        schedule=schedule,
+    ).check()
     groups = build_groups(plan, rank)
     loss = WeightedLoss("classification")
     rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss)
@@ -139,8 +157,9 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
         for unit in layered.units[:lo]:
             out = unit(*carry)
             carry = out if isinstance(out, tuple) else (out,)
-    busy = m * stage_busy_time(rt.modules[0], carry, target[:mb], partial(loss, denominator=float(args["batch"])),
-                               rt.is_first, rt.is_last)
+    busy = m * stage_busy_time(
+        rt.modules[0], carry, target[:mb], partial(loss, denominator=float(args["batch"])), rt.is_first, rt.is_last
+    )
     groups.destroy()
     return {"wall": wall, "busy": busy}
 
@@ -157,11 +176,18 @@ def bench_dp(args, rank: int, world: int) -> dict:
 
     per = args["batch"] // world
     data = batches(args, 1)
-    x, y = data[0][0][rank * per:(rank + 1) * per], data[0][1][rank * per:(rank + 1) * per]
+    x, y = data[0][0][rank * per : (rank + 1) * per], data[0][1][rank * per : (rank + 1) * per]
 
     layered = build(args)
-    plan = Plan(num_units=len(layered.units), frozen_units=0, pp=1, dp=world,
-                stage_bounds=((0, len(layered.units)),), microbatches=1, schedule="GPipe").check()
+    plan = Plan(
+        num_units=len(layered.units),
+        frozen_units=0,
+        pp=1,
+        dp=world,
+        stage_bounds=((0, len(layered.units)),),
+        microbatches=1,
+        schedule="GPipe",
+    ).check()
     groups = build_groups(plan, rank)
     rt = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification"))
     opt = optimizer_for(rt.trainable_parameters())
@@ -200,8 +226,16 @@ def worker(args: dict, out: str, command: str) -> None:
             stats = torch.tensor([r["wall"], 1 - r["busy"] / r["wall"]], dtype=torch.float64)
             dist.all_reduce(stats)
             stats /= world
-            results["bubble"].append({"schedule": schedule, "K": 2, "M": m, "step_s": stats[0].item(),
-                                      "bubble": stats[1].item(), "ideal": 1 / (m + 1)})
+            results["bubble"].append(
+                {
+                    "schedule": schedule,
+                    "K": 2,
+                    "M": m,
+                    "step_s": stats[0].item(),
+                    "bubble": stats[1].item(),
+                    "ideal": 1 / (m + 1),
+                }
+            )
     results["dp"] = bench_dp(args, rank, world)
     dist.destroy_process_group()
     if rank == 0:
@@ -211,25 +245,33 @@ def worker(args: dict, out: str, command: str) -> None:
 def caption(result: dict) -> str:
     """The line above the tables: model, input, batch, workers and timed steps."""
     a = result["args"]
-    return (f"ViT dim {a['dim']} depth {a['depth']}, 32x32, batch {a['batch']}, {WORLD} workers x 1 thread, "
-            f"{a['steps']} timed steps")
+    return (
+        f"ViT dim {a['dim']} depth {a['depth']}, 32x32, batch {a['batch']}, {WORLD} workers x 1 thread, "
+        f"{a['steps']} timed steps"
+    )
 
 
 def bubble_table(rows: list[dict]) -> str:
     """Measured bubble per schedule and M, next to GPipe's formula."""
     lines = ["| schedule | K | M | step (ms) | measured bubble | (K-1)/(M+K-1) |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['schedule']} | {r['K']} | {r['M']} | {1000 * r['step_s']:.0f} | {r['bubble']:.2f} | "
-                     f"{r['ideal']:.2f} |")
+        lines.append(
+            f"| {r['schedule']} | {r['K']} | {r['M']} | {1000 * r['step_s']:.0f} | {r['bubble']:.2f} | "
+            f"{r['ideal']:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def dp_table(dp: dict) -> str:
     """ptrun's samples/s at K = 1, DP = WORLD next to DDP's."""
-    return "\n".join([f"| K = 1, DP = {WORLD} | samples/s | vs DDP |", "|---|---|---|",
-                      f"| torch DistributedDataParallel | {dp['ddp']:.0f} | 1.00 |",
-                      f"| ptrun (K = 1: the stage in DDP) | {dp['ptrun']:.0f} | "
-                      f"{dp['ptrun'] / dp['ddp']:.2f} |"])
+    return "\n".join(
+        [
+            f"| K = 1, DP = {WORLD} | samples/s | vs DDP |",
+            "|---|---|---|",
+            f"| torch DistributedDataParallel | {dp['ddp']:.0f} | 1.00 |",
+            f"| ptrun (K = 1: the stage in DDP) | {dp['ptrun']:.0f} | {dp['ptrun'] / dp['ddp']:.2f} |",
+        ]
+    )
 
 
 def table(result: dict) -> str:
@@ -252,8 +294,15 @@ def main() -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=WORLD, run_id=f"bench-{os.getpid()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=WORLD,
+        run_id=f"bench-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
     elastic_launch(config, worker)(args, out, command_line())
     result = json.loads(Path(out).read_text())
     print(f"{caption(result)}\n")

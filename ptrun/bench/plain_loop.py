@@ -65,10 +65,18 @@ def build_model(m, data) -> torch.nn.Module:
     if m.family == "vit":
         import timm
 
-        kwargs = dict(num_classes=m.num_classes or data.num_classes, img_size=m.img_size or data.image_size,
-                      patch_size=m.patch_size, in_chans=m.in_chans or data.in_chans, embed_dim=m.embed_dim,
-                      depth=m.depth, num_heads=m.num_heads, mlp_ratio=m.mlp_ratio, drop_rate=m.dropout,
-                      drop_path_rate=m.drop_path)
+        kwargs = dict(
+            num_classes=m.num_classes or data.num_classes,
+            img_size=m.img_size or data.image_size,
+            patch_size=m.patch_size,
+            in_chans=m.in_chans or data.in_chans,
+            embed_dim=m.embed_dim,
+            depth=m.depth,
+            num_heads=m.num_heads,
+            mlp_ratio=m.mlp_ratio,
+            drop_rate=m.dropout,
+            drop_path_rate=m.drop_path,
+        )
         return timm.create_model(m.name, pretrained=False, **{k: v for k, v in kwargs.items() if v is not None})
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging
@@ -79,11 +87,15 @@ def build_model(m, data) -> torch.nn.Module:
         from ptrun.models.hf import FAMILIES, model_type  # the family's dropout fields: the recipe's 0.0 everywhere
 
         dropout = dict.fromkeys(FAMILIES[model_type(m.pretrained)].dropout, m.dropout)
-        return AutoModelForCausalLM.from_pretrained(m.pretrained, dtype=torch.float32,
-                                                    attn_implementation=m.attention, **dropout)
+        return AutoModelForCausalLM.from_pretrained(
+            m.pretrained, dtype=torch.float32, attn_implementation=m.attention, **dropout
+        )
     return AutoModelForSequenceClassification.from_pretrained(
-        m.pretrained, num_labels=m.num_classes or data.num_classes, hidden_dropout_prob=m.dropout,
-        attention_probs_dropout_prob=m.dropout)
+        m.pretrained,
+        num_labels=m.num_classes or data.num_classes,
+        hidden_dropout_prob=m.dropout,
+        attention_probs_dropout_prob=m.dropout,
+    )
 
 
 def model_inputs(batch: dict) -> dict:
@@ -128,7 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_flush_denormal(True)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     # One GPU per process where there are GPUs (nccl), else the CPU (gloo): the same loop either way.
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
         # What a user on a GPU sets (and ptrun's `device.tf32`, on by default): TF32 tensor cores for fp32.
@@ -142,13 +158,20 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = recipe_config(args.recipe, args.overrides)
     task = cfg.model.task
-    assert PRECISION_SPECS[cfg.train.precision].autocast is None and task in TASKS, "the peer trains fp32 classifiers and causal LMs"
+    assert PRECISION_SPECS[cfg.train.precision].autocast is None and task in TASKS, (
+        "the peer trains fp32 classifiers and causal LMs"
+    )
     data = build_datasets(cfg.data, task=task)
-    columns = [c for c in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
-               if c in data.train.column_names]
+    columns = [
+        c
+        for c in ("pixel_values", "input_ids", "attention_mask", "token_type_ids", "labels")
+        if c in data.train.column_names
+    ]
     # Small datasets: whole tensors in memory (token columns as int64, as the embeddings want them).
-    train, test = ({c: (v if v.is_floating_point() else v.long()).to(device) for c, v in split[:].items()
-                    if c in columns} for split in (data.train, data.eval))
+    train, test = (
+        {c: (v if v.is_floating_point() else v.long()).to(device) for c, v in split[:].items() if c in columns}
+        for split in (data.train, data.eval)
+    )
     torch.manual_seed(cfg.train.seed)
     net = build_model(cfg.model, data).to(device)
     net.train()
@@ -160,9 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     no_decay = [p for n, p in named if not (p.ndim > 1 and not any(k in n for k in NO_DECAY))]
     o, t = cfg.optim, cfg.train
     # fused=True works on the CPU too (torch 2.14), and its step took half the time of foreach=True here.
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=True)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+        fused=True,
+    )
     n_train, batch = len(train["labels"]), t.global_batch_size
     steps = min(math.ceil(n_train / batch), t.max_steps_per_epoch or math.ceil(n_train / batch))
     total, warmup = t.epochs * steps, int(o.warmup_fraction * t.epochs * steps)
@@ -188,11 +215,13 @@ def main(argv: list[str] | None = None) -> None:
             for ids in shard.split(eval_batch):
                 b = {k: v[ids.to(device)] for k, v in test.items()}
                 if task == CAUSAL_LM:
-                    sums += torch.stack([summed_loss(net, b, task, 1).double(),
-                                         predicted_tokens(b["labels"]).sum().double()])
+                    sums += torch.stack(
+                        [summed_loss(net, b, task, 1).double(), predicted_tokens(b["labels"]).sum().double()]
+                    )
                 else:
-                    sums += torch.tensor([(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)],
-                                         device=device)
+                    sums += torch.tensor(
+                        [(logits(net, b).argmax(-1) == b["labels"]).sum().item(), len(ids)], device=device
+                    )
         if world > 1:
             dist.all_reduce(sums)
         net.train()
@@ -234,12 +263,22 @@ def main(argv: list[str] | None = None) -> None:
         elapsed += train_s
         t_eval = time.perf_counter()
         metrics = evaluate()
-        epochs.append({"epoch": epoch, "train_time_s": train_s, "eval_time_s": time.perf_counter() - t_eval,
-                       "elapsed_train_s": elapsed,
-                       "wall_s": time.time() - start, **metrics})
+        epochs.append(
+            {
+                "epoch": epoch,
+                "train_time_s": train_s,
+                "eval_time_s": time.perf_counter() - t_eval,
+                "elapsed_train_s": elapsed,
+                "wall_s": time.time() - start,
+                **metrics,
+            }
+        )
         if rank == 0:
-            shown = (f"eval loss {metrics['loss']:.4f}  perplexity {metrics['perplexity']:.2f}"
-                     if task == CAUSAL_LM else f"top-1 {metrics['top1']:.2f}")
+            shown = (
+                f"eval loss {metrics['loss']:.4f}  perplexity {metrics['perplexity']:.2f}"
+                if task == CAUSAL_LM
+                else f"top-1 {metrics['top1']:.2f}"
+            )
             print(f"epoch {epoch + 1}/{t.epochs}  {train_s:.1f}s  {shown}", flush=True)
 
     per_step = torch.stack(losses)
@@ -248,10 +287,18 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0 and args.out:
         # final_top1, or a causal LM's final_eval_loss and final_perplexity
         final = {f"final_{'eval_loss' if key == 'loss' else key}": value for key, value in metrics.items()}
-        result = {"train_time_s": elapsed, "samples_per_s": samples / elapsed, "epochs": epochs, **final,
-                  "final_train_loss": per_step[-steps:].mean().item(),
-                  "world_size": world, "threads": args.threads, "wall_s": time.time() - start,
-                  "process_start_time": start, **first_step}
+        result = {
+            "train_time_s": elapsed,
+            "samples_per_s": samples / elapsed,
+            "epochs": epochs,
+            **final,
+            "final_train_loss": per_step[-steps:].mean().item(),
+            "world_size": world,
+            "threads": args.threads,
+            "wall_s": time.time() - start,
+            "process_start_time": start,
+            **first_step,
+        }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     if rank == 0 and args.save_state:

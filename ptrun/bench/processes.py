@@ -23,5 +23,6 @@ def worker_pids(launcher: int) -> list[int]:
     """The launcher's workers: the children of its forkserver (or its spawned children, where workers spawn)."""
     procs = processes()
     servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher and "multiprocessing.forkserver" in cmd}
-    return sorted(pid for pid, (ppid, cmd) in procs.items()
-                  if ppid in servers or (ppid == launcher and "spawn_main" in cmd))
+    return sorted(
+        pid for pid, (ppid, cmd) in procs.items() if ppid in servers or (ppid == launcher and "spawn_main" in cmd)
+    )

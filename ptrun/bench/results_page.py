@@ -63,8 +63,10 @@ def measured_on(results: Path, filename: str, result: dict) -> str:
     """The date the result was measured: its JSON's `date`, else `MEASURED`."""
     date = result.get("date") or MEASURED.get(filename)
     if not date:
-        raise ResultsError(f"{shown(results / filename)}: no date (add 'date' to the JSON or record it in "
-                           f"MEASURED in ptrun/bench/readme.py)")
+        raise ResultsError(
+            f"{shown(results / filename)}: no date (add 'date' to the JSON or record it in "
+            f"MEASURED in ptrun/bench/readme.py)"
+        )
     return str(date)[:10]
 
 
@@ -79,8 +81,7 @@ def formatted(results: Path, entry: Table, result: dict) -> tuple[str, str]:
         return module.caption(result), module.table(result)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         name = entry.module.rpartition(".")[2]
-        raise ResultsError(f"{shown(results / entry.file)}: invalid {name} result ({type(e).__name__}: {e})") \
-            from None
+        raise ResultsError(f"{shown(results / entry.file)}: invalid {name} result ({type(e).__name__}: {e})") from None
 
 
 def anchor(title: str) -> str:
@@ -91,12 +92,21 @@ def anchor(title: str) -> str:
 def section(results: Path, entry: Table) -> str:
     result = load(results, entry.file)
     caption, table = formatted(results, entry, result)
-    parts = [f"### {entry.title}", "", entry.measures, "",
-             f"- command: `{result['command']}`",
-             f"- measured: {measured_on(results, entry.file, result)}",
-             f"- machine: {machine_of(entry.file, result)}",
-             f"- data: [results/{entry.file}](results/{entry.file})", "",
-             f"{caption}.", "", table, ""]
+    parts = [
+        f"### {entry.title}",
+        "",
+        entry.measures,
+        "",
+        f"- command: `{result['command']}`",
+        f"- measured: {measured_on(results, entry.file, result)}",
+        f"- machine: {machine_of(entry.file, result)}",
+        f"- data: [results/{entry.file}](results/{entry.file})",
+        "",
+        f"{caption}.",
+        "",
+        table,
+        "",
+    ]
     if entry.notes:
         parts += [entry.notes, ""]
     return "\n".join(parts)
@@ -107,8 +117,9 @@ def page(results: Path) -> str:
     known = {t.file for t in TABLES} | set(OTHER)
     for path in sorted(results.glob("*.json")):
         if path.name not in known:
-            raise ResultsError(f"{shown(path)}: not on the results page (add it to TABLES or OTHER in "
-                               f"ptrun/bench/readme.py)")
+            raise ResultsError(
+                f"{shown(path)}: not on the results page (add it to TABLES or OTHER in ptrun/bench/readme.py)"
+            )
     shown_tables = [t for t in TABLES if not t.optional or (results / t.file).is_file()]
     current = [t for t in shown_tables if not t.older]
     older = [t for t in shown_tables if t.older]
@@ -141,16 +152,17 @@ def page(results: Path) -> str:
         *[section(results, t) for t in older],
         "## Other result files",
         "",
-        "Used by `ptrun plan` and the simulator's validation; [simulator.md](simulator.md) shows and explains "
-        "them.",
+        "Used by `ptrun plan` and the simulator's validation; [simulator.md](simulator.md) shows and explains them.",
         "",
         "| file | what | command | measured |",
         "|---|---|---|---|",
     ]
     for filename, what in OTHER.items():
         result = load(results, filename)
-        lines.append(f"| [{filename}](results/{filename}) | {what} | `{result['command']}` | "
-                     f"{measured_on(results, filename, result)} |")
+        lines.append(
+            f"| [{filename}](results/{filename}) | {what} | `{result['command']}` | "
+            f"{measured_on(results, filename, result)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -165,27 +177,34 @@ def headline(results: Path, readme: Path) -> str:
         # seeded rounds: the accuracy is the mean over the seeds; else the median of the rounds
         top1 = "mean_top1" if result.get("seeds") else "final_top1"
         over = f" (means over {result['repeats']} seeds)" if result.get("seeds") else ""
-        text = (f"On the embedded default (`ptrun train`, the recipe `bbc_news_bert`: all-MiniLM-L6-v2 fine-tuned "
-                f"on BBC News topics, 3 epochs, 2 workers) ptrun ran **{mine['speedup_wall']:.2f}x faster** "
-                f"in wall time than a plain transformers loop ({mine['wall_s']:.0f} s against "
-                f"{peer['wall_s']:.0f} s, start-up included) and ended at {mine[top1]:.2f}% top-1 against "
-                f"{peer[top1]:.2f}%{over}.")
+        text = (
+            f"On the embedded default (`ptrun train`, the recipe `bbc_news_bert`: all-MiniLM-L6-v2 fine-tuned "
+            f"on BBC News topics, 3 epochs, 2 workers) ptrun ran **{mine['speedup_wall']:.2f}x faster** "
+            f"in wall time than a plain transformers loop ({mine['wall_s']:.0f} s against "
+            f"{peer['wall_s']:.0f} s, start-up included) and ended at {mine[top1]:.2f}% top-1 against "
+            f"{peer[top1]:.2f}%{over}."
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise ResultsError(f"{shown(results / filename)}: invalid peers result ({type(e).__name__}: {e})") from None
     link = "docs/results.md"
-    return (f"<!-- generated by scripts/readme_results.py from docs/results/{filename} -->\n{text}\n"
-            f"Measured {measured_on(results, filename, result)} on {machine_of(filename, result)} with "
-            f"`{result['command']}`; every measurement, with its command and date: [{link}]({link}).\n")
+    return (
+        f"<!-- generated by scripts/readme_results.py from docs/results/{filename} -->\n{text}\n"
+        f"Measured {measured_on(results, filename, result)} on {machine_of(filename, result)} with "
+        f"`{result['command']}`; every measurement, with its command and date: [{link}]({link}).\n"
+    )
 
 
 def readme_text(text: str, results: Path, readme: Path) -> str:
     """The README text with every block rewritten from its JSON."""
     for name in README_BLOCKS:
-        pattern = re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(.*?)(<!-- /results:{re.escape(name)} -->)",
-                             re.DOTALL)
+        pattern = re.compile(
+            rf"(<!-- results:{re.escape(name)} -->\n)(.*?)(<!-- /results:{re.escape(name)} -->)", re.DOTALL
+        )
         if not pattern.search(text):
-            raise ResultsError(f"{shown(readme)}: no '<!-- results:{name} -->' ... '<!-- /results:{name} -->' "
-                               f"markers (each on its own line)")
+            raise ResultsError(
+                f"{shown(readme)}: no '<!-- results:{name} -->' ... '<!-- /results:{name} -->' "
+                f"markers (each on its own line)"
+            )
         body = headline(results, readme)
         # A function, not a template: the command line might hold backslashes.
         text = pattern.sub(lambda m: m.group(1) + body + m.group(3), text, count=1)
@@ -202,17 +221,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.readme.is_file():
             raise ResultsError(f"{shown(args.readme)}: missing")
-        outputs = [(args.readme, args.readme.read_text(), readme_text(args.readme.read_text(), args.results,
-                                                                      args.readme)),
-                   (args.page, args.page.read_text() if args.page.is_file() else None, page(args.results))]
+        outputs = [
+            (args.readme, args.readme.read_text(), readme_text(args.readme.read_text(), args.results, args.readme)),
+            (args.page, args.page.read_text() if args.page.is_file() else None, page(args.results)),
+        ]
     except ResultsError as e:
         print(f"readme_results: {e}", file=sys.stderr)
         return 2
     stale = [path for path, old, new in outputs if old != new]
     if args.check:
         for path in stale:
-            print(f"readme_results: {shown(path)} differs from {shown(args.results)}; run "
-                  f"`python scripts/readme_results.py`", file=sys.stderr)
+            print(
+                f"readme_results: {shown(path)} differs from {shown(args.results)}; run "
+                f"`python scripts/readme_results.py`",
+                file=sys.stderr,
+            )
         if stale:
             return 1
         print(f"{shown(args.readme)}, {shown(args.page)}: up to date")

@@ -24,8 +24,17 @@ import math
 from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import (cell, command_line, dir_name, fmt, label_rows, markdown_lines,
-                                 publish, rounds_parser, train)
+from ptrun.bench.harness import (
+    cell,
+    command_line,
+    dir_name,
+    fmt,
+    label_rows,
+    markdown_lines,
+    publish,
+    rounds_parser,
+    train,
+)
 from ptrun.bench.tiny import machine
 
 RECIPES = ("digits_vit", "text_classification")
@@ -40,8 +49,11 @@ def recipe_overrides(recipe: str, out: Path, per_class: int = 80) -> list[str]:
         return [f"recipe={recipe}"]
     from ptrun.bench.tiny import news_csv, tiny_encoder
 
-    return [f"recipe={recipe}", f"model.pretrained={tiny_encoder(out / 'tiny_bert')}",
-            f"data.path={news_csv(out / f'data{per_class}', per_class)}"]
+    return [
+        f"recipe={recipe}",
+        f"model.pretrained={tiny_encoder(out / 'tiny_bert')}",
+        f"data.path={news_csv(out / f'data{per_class}', per_class)}",
+    ]
 
 
 def first_rate_estimate(run) -> float | None:
@@ -85,39 +97,81 @@ def measure(dirs: dict[str, Path]) -> dict:
     first = first_rate_estimate(on_run)
     estimate = on.unfrozen_s  # None: too few steady steps with every unit training to estimate
     span = on.unfrozen_range_s
-    return {"label": "estimate against measured", "estimate_s": estimate, "measured_s": off.train_s,
-            "train_s": on.train_s, "error": estimate and estimate / off.train_s - 1, "line": on.line(),
-            "range_s": span and list(span), "in_range": span and span[0] <= off.train_s <= span[1],
-            "steady_steps": on.steady_steps, "rate_ratio": rate_ratio(on_run, off_run),
-            "first_rate_estimate_s": first, "first_rate_error": first and first / off.train_s - 1,
-            "runs": {label: str(d) for label, d in dirs.items()}}
+    return {
+        "label": "estimate against measured",
+        "estimate_s": estimate,
+        "measured_s": off.train_s,
+        "train_s": on.train_s,
+        "error": estimate and estimate / off.train_s - 1,
+        "line": on.line(),
+        "range_s": span and list(span),
+        "in_range": span and span[0] <= off.train_s <= span[1],
+        "steady_steps": on.steady_steps,
+        "rate_ratio": rate_ratio(on_run, off_run),
+        "first_rate_estimate_s": first,
+        "first_rate_error": first and first / off.train_s - 1,
+        "runs": {label: str(d) for label, d in dirs.items()},
+    }
 
 
 def caption(result: dict) -> str:
     data = f" on the tiny BERT, {result['per_class']} articles a topic" if result.get("per_class") else ""
-    return (f"{result['recipe']}{data}: {result['repeats']} round(s) of 2 runs (freezing, freezing off), interleaved; "
-            f"medians" + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
-            + "; error = estimate / measured - 1; rate ratio = the freezing run's steady seconds per sample with "
-            "every unit training over the run without freezing's in the same epochs (1: the machine ran both alike)")
+    return (
+        f"{result['recipe']}{data}: {result['repeats']} round(s) of 2 runs (freezing, freezing off), interleaved; "
+        f"medians"
+        + (" (min-max over the rounds)" if result["repeats"] > 1 else "")
+        + "; error = estimate / measured - 1; rate ratio = the freezing run's steady seconds per sample with "
+        "every unit training over the run without freezing's in the same epochs (1: the machine ran both alike)"
+    )
 
 
 def table(result: dict) -> str:
     n, row = result["repeats"], result["rows"][0]
     lines = markdown_lines(
-        ["training with freezing (s)", "estimate without freezing (s)", "measured without freezing (s)",
-         "error", "earlier estimate (s)", "its error"],
-        [[cell(row, "train_s", ".2f", "", n), cell(row, "estimate_s", ".2f", "", n),
-          cell(row, "measured_s", ".2f", "", n), pct(row, "error", n),
-          cell(row, "first_rate_estimate_s", ".2f", "", n),
-          pct(row, "first_rate_error", n)]])
-    per_round = markdown_lines(["round", "steady steps", "rate ratio", "estimate (s)", "the line's range (s)",
-                                "measured (s)", "error", "earlier error"],
-                               [[str(i), fmt(r.get("steady_steps"), "d"), fmt(r.get("rate_ratio")),
-                                 fmt(r["estimate_s"]), span_cell(r),
-                                 f"{r['measured_s']:.2f}",
-                                 "-" if r["error"] is None else f"{100 * r['error']:+.0f}%",
-                                 "-" if r["first_rate_error"] is None else f"{100 * r['first_rate_error']:+.0f}%"]
-                                for i, r in enumerate(row["runs"])])
+        [
+            "training with freezing (s)",
+            "estimate without freezing (s)",
+            "measured without freezing (s)",
+            "error",
+            "earlier estimate (s)",
+            "its error",
+        ],
+        [
+            [
+                cell(row, "train_s", ".2f", "", n),
+                cell(row, "estimate_s", ".2f", "", n),
+                cell(row, "measured_s", ".2f", "", n),
+                pct(row, "error", n),
+                cell(row, "first_rate_estimate_s", ".2f", "", n),
+                pct(row, "first_rate_error", n),
+            ]
+        ],
+    )
+    per_round = markdown_lines(
+        [
+            "round",
+            "steady steps",
+            "rate ratio",
+            "estimate (s)",
+            "the line's range (s)",
+            "measured (s)",
+            "error",
+            "earlier error",
+        ],
+        [
+            [
+                str(i),
+                fmt(r.get("steady_steps"), "d"),
+                fmt(r.get("rate_ratio")),
+                fmt(r["estimate_s"]),
+                span_cell(r),
+                f"{r['measured_s']:.2f}",
+                "-" if r["error"] is None else f"{100 * r['error']:+.0f}%",
+                "-" if r["first_rate_error"] is None else f"{100 * r['first_rate_error']:+.0f}%",
+            ]
+            for i, r in enumerate(row["runs"])
+        ],
+    )
     return "\n".join(lines + [""] + per_round)
 
 
@@ -140,19 +194,38 @@ def pct(row: dict, key: str, repeats: int) -> str:
 
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/check_savings", recipe=None, repeats=3)
-    parser.add_argument("--recipe", action="append", help="repeatable; default: digits_vit and text_classification "
-                        "(which runs on the tiny BERT; any other recipe runs as shipped)")
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        help="repeatable; default: digits_vit and text_classification "
+        "(which runs on the tiny BERT; any other recipe runs as shipped)",
+    )
     parser.add_argument("--per-class", type=int, default=80, help="text_classification's articles per topic")
     args, overrides = parser.parse_known_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for recipe in args.recipe or RECIPES:
         common = [*recipe_overrides(recipe, out, args.per_class), "train.export=false", *overrides]
-        rounds = [[measure({label: train(out / recipe / f"round{r}" / dir_name(label), [*common, *extra], args.reuse)
-                            for label, extra in RUNS.items()})] for r in range(args.repeats)]
-        result = {"command": command_line(), "date": date.today().isoformat(),
-                  "machine": machine(), "recipe": recipe, "overrides": common, "repeats": args.repeats,
-                  "rows": label_rows(rounds, KEYS)}
+        rounds = [
+            [
+                measure(
+                    {
+                        label: train(out / recipe / f"round{r}" / dir_name(label), [*common, *extra], args.reuse)
+                        for label, extra in RUNS.items()
+                    }
+                )
+            ]
+            for r in range(args.repeats)
+        ]
+        result = {
+            "command": command_line(),
+            "date": date.today().isoformat(),
+            "machine": machine(),
+            "recipe": recipe,
+            "overrides": common,
+            "repeats": args.repeats,
+            "rows": label_rows(rounds, KEYS),
+        }
         name = recipe + (f"_{args.per_class}" if recipe == "text_classification" and args.per_class != 80 else "")
         result["per_class"] = args.per_class if recipe == "text_classification" else None
         publish(result, out / f"check_savings_{name}.json", caption, table)

@@ -50,8 +50,13 @@ import torch
 import torch.distributed as dist
 
 OVERRIDES = [
-    "recipe=digits_vit", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
-    "train.max_steps_per_epoch=2", "train.export=false", "checkpoint.keep=2",
+    "recipe=digits_vit",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.max_steps_per_epoch=2",
+    "train.export=false",
+    "checkpoint.keep=2",
     "pipe.length=2",  # plan A is the 2-stage pipeline: the cycle moves K 2 -> 1 -> 2
     # The digits recipe caches any frozen prefix of this 2-block model; 5 units (both blocks) keeps plan B
     # frozen but uncached, so the cycle has a frozen, a cached and a plain layout.
@@ -74,9 +79,16 @@ def usage() -> dict:
             continue
         kind = target.split(":")[0] if ":" in target else str(Path(target).parent)
         kinds[kind] = kinds.get(kind, 0) + 1
-    return {"fds": sum(kinds.values()), "threads": threading.active_count(), "os_threads": int(status["Threads"]),
-            "rss_mib": mib("VmRSS"), "private_mib": mib("VmRSS") - mib("RssShmem"), "shared_mib": mib("RssShmem"),
-            "fd_kinds": kinds, "thread_names": sorted(t.name for t in threading.enumerate())}
+    return {
+        "fds": sum(kinds.values()),
+        "threads": threading.active_count(),
+        "os_threads": int(status["Threads"]),
+        "rss_mib": mib("VmRSS"),
+        "private_mib": mib("VmRSS") - mib("RssShmem"),
+        "shared_mib": mib("RssShmem"),
+        "fd_kinds": kinds,
+        "thread_names": sorted(t.name for t in threading.enumerate()),
+    }
 
 
 def cycle_plans(trainer) -> list:
@@ -94,8 +106,10 @@ def kill_points(transitions: int, restarts: int, checkpoint_every: int) -> list[
     the last attempt runs on to the end."""
     points = [(r + 1) * 2 * checkpoint_every + 2 for r in range(restarts)]
     if points and points[-1] >= transitions:
-        raise ValueError(f"{restarts} restarts need more than {points[-1]} transitions "
-                         f"(or a smaller --checkpoint-every than {checkpoint_every})")
+        raise ValueError(
+            f"{restarts} restarts need more than {points[-1]} transitions "
+            f"(or a smaller --checkpoint-every than {checkpoint_every})"
+        )
     return points
 
 
@@ -114,6 +128,7 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
     setup_logging(cfg.run_dir, rank)
     kill_at = kill_points(transitions, restarts, checkpoint_every)
     with open(Path(samples_dir) / f"rank{rank}.jsonl", "a") as out:
+
         def record(done: int, **extra) -> None:
             row = {"attempt": attempt, "rank": rank, "transition": done, "time": time.time(), **extra, **usage()}
             out.write(json.dumps(row) + "\n")
@@ -160,8 +175,13 @@ def judge(samples: list[dict], warmup: int, memory_limit: float) -> tuple[list[d
     rows, problems = [], []
     for key in sorted({(s["attempt"], s["rank"]) for s in samples}):
         series = [s for s in samples if (s["attempt"], s["rank"]) == key]  # series[i]: after i transitions
-        row = {"attempt": key[0], "rank": key[1], "from": series[0]["transition"], "to": series[-1]["transition"],
-               "judged": len(series) >= warmup + 2 * CYCLE}
+        row = {
+            "attempt": key[0],
+            "rank": key[1],
+            "from": series[0]["transition"],
+            "to": series[-1]["transition"],
+            "judged": len(series) >= warmup + 2 * CYCLE,
+        }
         warm, last = series[warmup : warmup + CYCLE], series[-CYCLE:]
         span = len(series) - CYCLE - warmup  # transitions between the two windows
         for m in METRICS:
@@ -180,15 +200,26 @@ def judge(samples: list[dict], warmup: int, memory_limit: float) -> tuple[list[d
                 problems.append(f"{name}: {m} grew by {row[m]['growth']} after warm-up")
         allowed = memory_limit * max(span, 100) / 100
         if row["private_mib"]["growth"] > allowed:
-            problems.append(f"{name}: private memory grew {row['private_mib']['growth']:.1f} MiB over {span} "
-                            f"transitions after warm-up (allowed {allowed:.1f})")
+            problems.append(
+                f"{name}: private memory grew {row['private_mib']['growth']:.1f} MiB over {span} "
+                f"transitions after warm-up (allowed {allowed:.1f})"
+            )
     if not any(r["judged"] for r in rows):
         problems.append(f"no worker process ran more than {warmup + 2 * CYCLE} transitions: nothing judged")
     return rows, problems
 
 
-def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, checkpoint_every: int = 10,
-         warmup: int = 10, memory_limit: float = 5.0, overrides: list[str] = (), start_method: str = "spawn") -> dict:
+def soak(
+    run_dir: str | Path,
+    *,
+    transitions: int = 200,
+    restarts: int = 5,
+    checkpoint_every: int = 10,
+    warmup: int = 10,
+    memory_limit: float = 5.0,
+    overrides: list[str] = (),
+    start_method: str = "spawn",
+) -> dict:
     """Run the soak in `run_dir` (emptied first) and judge it; returns everything measured, `problems` empty
     when nothing leaked. `start_method="forkserver"` forks the workers from a server that imported the trainer
     once, which saves each (re)start its ~10 s of imports (ptrun's launcher spawns)."""
@@ -202,9 +233,18 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     shutil.rmtree(run_dir, ignore_errors=True)
     samples_dir = run_dir / "soak"
     samples_dir.mkdir(parents=True)
-    cfg = soak_config(OVERRIDES + [f"train.epochs={transitions + 1}", f"launcher.max_restarts={restarts}",
-                                   f"checkpoint.every_epochs={checkpoint_every}", "checkpoint.every_steps=0",
-                                   f"train.eval_every_epochs={checkpoint_every}", *overrides], run_dir)
+    cfg = soak_config(
+        OVERRIDES
+        + [
+            f"train.epochs={transitions + 1}",
+            f"launcher.max_restarts={restarts}",
+            f"checkpoint.every_epochs={checkpoint_every}",
+            "checkpoint.every_steps=0",
+            f"train.eval_every_epochs={checkpoint_every}",
+            *overrides,
+        ],
+        run_dir,
+    )
     config_path = run_dir / "config.yaml"
     config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
@@ -220,8 +260,7 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     t0 = time.perf_counter()
     try:
         with tidy_agent():  # the killed attempts' survivors raise; their exception files go
-            elastic_launch(config, worker)(str(config_path), str(samples_dir), transitions, restarts,
-                                           checkpoint_every)
+            elastic_launch(config, worker)(str(config_path), str(samples_dir), transitions, restarts, checkpoint_every)
     finally:
         stop.set()
         watcher.join()
@@ -231,8 +270,9 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
     wall = time.perf_counter() - t0
     agent_after = usage()
 
-    samples = [json.loads(line) for path in sorted(samples_dir.glob("rank*.jsonl"))
-               for line in path.read_text().splitlines()]
+    samples = [
+        json.loads(line) for path in sorted(samples_dir.glob("rank*.jsonl")) for line in path.read_text().splitlines()
+    ]
     rows, problems = judge(samples, warmup, memory_limit)
     attempts = sorted({s["attempt"] for s in samples})
     if attempts != list(range(restarts + 1)):
@@ -250,18 +290,32 @@ def soak(run_dir: str | Path, *, transitions: int = 200, restarts: int = 5, chec
         if at_start and max(x[m] for x in at_start) > at_start[0][m]:
             problems.append(f"the agent's {m} grew across restarts: {[x[m] for x in at_start]}")
     # each transition's seconds, as the run's plan events recorded them (every attempt's)
-    moved = [e["transition_s"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-             if e.get("event") == "plan" and e.get("transition_s", 0) > 0]
-    return {"transitions": transitions, "restarts": restarts, "checkpoint_every": checkpoint_every,
-            "warmup": warmup, "memory_limit_mib_per_100": memory_limit, "overrides": OVERRIDES + list(overrides),
-            "plans": json.loads((samples_dir / "plans.json").read_text()), "wall_s": wall,
-            "transitions_run": len(moved), "transition_s_mean": sum(moved) / len(moved),
-            "agent": {"before": agent_before, "after": agent_after, "at_attempt_start": at_start},
-            "rows": rows, "problems": problems, "samples": samples}
+    moved = [
+        e["transition_s"]
+        for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if e.get("event") == "plan" and e.get("transition_s", 0) > 0
+    ]
+    return {
+        "transitions": transitions,
+        "restarts": restarts,
+        "checkpoint_every": checkpoint_every,
+        "warmup": warmup,
+        "memory_limit_mib_per_100": memory_limit,
+        "overrides": OVERRIDES + list(overrides),
+        "plans": json.loads((samples_dir / "plans.json").read_text()),
+        "wall_s": wall,
+        "transitions_run": len(moved),
+        "transition_s_mean": sum(moved) / len(moved),
+        "agent": {"before": agent_before, "after": agent_after, "at_attempt_start": at_start},
+        "rows": rows,
+        "problems": problems,
+        "samples": samples,
+    }
 
 
 def table(result: dict) -> str:
     """The soak as markdown: one row per worker process, then the agent."""
+
     def cell(entry: dict, fmt: str = "{:.0f}") -> str:
         values = [entry["first"]] + ([entry["warm"], entry["last"]] if "warm" in entry else [])
         return " / ".join(fmt.format(v) for v in values)
@@ -269,27 +323,34 @@ def table(result: dict) -> str:
     def growth(entry: dict, fmt: str = "{:+.0f}") -> str:
         return fmt.format(entry["per_100"]) if "per_100" in entry else "-"
 
-    lines = [f"{result['transitions']} transitions (cycle A -> B -> C), {result['restarts']} restarts, "
-             f"{result['transitions_run']} transitions run in all (work after a checkpoint is redone), "
-             f"{result['wall_s']:.0f} s, {1000 * result['transition_s_mean']:.0f} ms per transition; "
-             f"warm-up {result['warmup']} transitions per process",
-             "",
-             "| attempt | rank | transitions | fds first / warm / last | threads (Python) | threads (OS) "
-             "| RSS MiB first / warm / last | of it cache store (shared) | per 100 transitions after warm-up: "
-             "fds, threads, OS threads, RSS MiB, private MiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{result['transitions']} transitions (cycle A -> B -> C), {result['restarts']} restarts, "
+        f"{result['transitions_run']} transitions run in all (work after a checkpoint is redone), "
+        f"{result['wall_s']:.0f} s, {1000 * result['transition_s_mean']:.0f} ms per transition; "
+        f"warm-up {result['warmup']} transitions per process",
+        "",
+        "| attempt | rank | transitions | fds first / warm / last | threads (Python) | threads (OS) "
+        "| RSS MiB first / warm / last | of it cache store (shared) | per 100 transitions after warm-up: "
+        "fds, threads, OS threads, RSS MiB, private MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['attempt']} | {r['rank']} | {r['from']}-{r['to']} | {cell(r['fds'])} "
-                     f"| {cell(r['threads'])} | {cell(r['os_threads'])} | {cell(r['rss_mib'], '{:.1f}')} "
-                     f"| {cell(r['shared_mib'], '{:.1f}')} "
-                     f"| {growth(r['fds'])}, {growth(r['threads'])}, {growth(r['os_threads'])}, "
-                     f"{growth(r['rss_mib'], '{:+.2f}')}, {growth(r['private_mib'], '{:+.2f}')} |")
+        lines.append(
+            f"| {r['attempt']} | {r['rank']} | {r['from']}-{r['to']} | {cell(r['fds'])} "
+            f"| {cell(r['threads'])} | {cell(r['os_threads'])} | {cell(r['rss_mib'], '{:.1f}')} "
+            f"| {cell(r['shared_mib'], '{:.1f}')} "
+            f"| {growth(r['fds'])}, {growth(r['threads'])}, {growth(r['os_threads'])}, "
+            f"{growth(r['rss_mib'], '{:+.2f}')}, {growth(r['private_mib'], '{:+.2f}')} |"
+        )
     a, b, starts = result["agent"]["before"], result["agent"]["after"], result["agent"]["at_attempt_start"]
-    lines += ["", f"agent (the launching process) before -> after: fds {a['fds']} -> {b['fds']}, threads "
-              f"{a['threads']} -> {b['threads']} (OS {a['os_threads']} -> {b['os_threads']}), RSS "
-              f"{a['rss_mib']:.1f} -> {b['rss_mib']:.1f} MiB; at each attempt's start: fds "
-              f"{[x['fds'] for x in starts]}, OS threads {[x['os_threads'] for x in starts]}, RSS MiB "
-              f"{[round(x['rss_mib'], 1) for x in starts]}"]
+    lines += [
+        "",
+        f"agent (the launching process) before -> after: fds {a['fds']} -> {b['fds']}, threads "
+        f"{a['threads']} -> {b['threads']} (OS {a['os_threads']} -> {b['os_threads']}), RSS "
+        f"{a['rss_mib']:.1f} -> {b['rss_mib']:.1f} MiB; at each attempt's start: fds "
+        f"{[x['fds'] for x in starts]}, OS threads {[x['os_threads'] for x in starts]}, RSS MiB "
+        f"{[round(x['rss_mib'], 1) for x in starts]}",
+    ]
     return "\n".join(lines)
 
 
@@ -299,14 +360,21 @@ def main() -> int:
     parser.add_argument("--restarts", type=int, default=5)
     parser.add_argument("--checkpoint-every", type=int, default=10, help="transitions between checkpoints")
     parser.add_argument("--warmup", type=int, default=10, help="transitions per process before judging")
-    parser.add_argument("--memory-limit", type=float, default=5.0,
-                        help="allowed growth of private memory, MiB per 100 transitions")
+    parser.add_argument(
+        "--memory-limit", type=float, default=5.0, help="allowed growth of private memory, MiB per 100 transitions"
+    )
     parser.add_argument("--run-dir", default="runs/soak")
     parser.add_argument("--out", help="JSON result (default RUN_DIR/soak.json)")
     args, overrides = parser.parse_known_args()
-    result = soak(args.run_dir, transitions=args.transitions, restarts=args.restarts,
-                  checkpoint_every=args.checkpoint_every, warmup=args.warmup, memory_limit=args.memory_limit,
-                  overrides=overrides)
+    result = soak(
+        args.run_dir,
+        transitions=args.transitions,
+        restarts=args.restarts,
+        checkpoint_every=args.checkpoint_every,
+        warmup=args.warmup,
+        memory_limit=args.memory_limit,
+        overrides=overrides,
+    )
     print(table(result))
     out = Path(args.out or Path(args.run_dir) / "soak.json")
     out.write_text(json.dumps(result, indent=1))

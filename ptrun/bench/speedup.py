@@ -22,37 +22,76 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ptrun.bench.harness import (COMBINATIONS, aggregate, cell, command_line, fmt, markdown_lines, median, paper_for,
-                                 publish, rounds_parser, run_rounds)
+from ptrun.bench.harness import (
+    COMBINATIONS,
+    aggregate,
+    cell,
+    command_line,
+    fmt,
+    markdown_lines,
+    median,
+    paper_for,
+    publish,
+    rounds_parser,
+    run_rounds,
+)
 
 
 def caption(result: dict) -> str:
     """The line above the table: what was run and what the target is."""
     metric = result["rows"][0]["metric"]
     target = median([run["target"] for run in result["rows"][0]["runs"]])
-    return (f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs; medians; target = the "
-            f"baseline's final {metric} (median {target:.2f})")
+    return (
+        f"{result['recipe']}: {result['repeats']} round(s) of {len(result['rows'])} runs; medians; target = the "
+        f"baseline's final {metric} (median {target:.2f})"
+    )
 
 
 def table(result: dict) -> str:
     """The Markdown table of a `bench_speedup.json` (printed by this script, put in the README by
     `readme_results.py`)."""
-    header = ["combination", "training time (s)", "speedup (range)", "time to target (s)", "speedup to target",
-              f"final {result['rows'][0]['metric']}", "ideal speedup", "share of ideal", paper_for(result["recipe"])[1]]
-    rows = ([r["combination"], f"{r['train_time_s']:.1f}", cell(r, "speedup", ".2f", "x", result["repeats"]),
-             fmt(r["time_to_target_s"], ".1f"), fmt(r["speedup_to_target"], ".2f", "x"), fmt(r["final"]),
-             f"{r['ideal_speedup']:.2f}x", fmt(r["share_of_ideal"] and 100 * r["share_of_ideal"], ".0f", "%"),
-             fmt(r["paper_speedup"], ".2f", "x")] for r in result["rows"])
+    header = [
+        "combination",
+        "training time (s)",
+        "speedup (range)",
+        "time to target (s)",
+        "speedup to target",
+        f"final {result['rows'][0]['metric']}",
+        "ideal speedup",
+        "share of ideal",
+        paper_for(result["recipe"])[1],
+    ]
+    rows = (
+        [
+            r["combination"],
+            f"{r['train_time_s']:.1f}",
+            cell(r, "speedup", ".2f", "x", result["repeats"]),
+            fmt(r["time_to_target_s"], ".1f"),
+            fmt(r["speedup_to_target"], ".2f", "x"),
+            fmt(r["final"]),
+            f"{r['ideal_speedup']:.2f}x",
+            fmt(r["share_of_ideal"] and 100 * r["share_of_ideal"], ".0f", "%"),
+            fmt(r["paper_speedup"], ".2f", "x"),
+        ]
+        for r in result["rows"]
+    )
     return "\n".join(markdown_lines(header, rows))
 
 
 def main() -> None:
-    parser = rounds_parser(__doc__, "runs/bench_speedup", repeats_help="rounds of all the runs, interleaved (a "
-                           "slow spell of the machine hits every combination alike); the table shows medians and "
-                           "the speedups' range")
-    parser.add_argument("--only", default=None,
-                        help="comma-separated combinations to run beside the baseline (e.g. 'all four'), for "
-                             "recipes too slow for all five")
+    parser = rounds_parser(
+        __doc__,
+        "runs/bench_speedup",
+        repeats_help="rounds of all the runs, interleaved (a "
+        "slow spell of the machine hits every combination alike); the table shows medians and "
+        "the speedups' range",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated combinations to run beside the baseline (e.g. 'all four'), for "
+        "recipes too slow for all five",
+    )
     args, extra = parser.parse_known_args()
     out = Path(args.out)
     runs = COMBINATIONS
@@ -63,11 +102,17 @@ def main() -> None:
             parser.error(f"--only {unknown[0]!r}: not one of {', '.join(list(COMBINATIONS)[1:])}")
         runs = {k: v for k, v in COMBINATIONS.items() if k == "baseline" or k in wanted}
     paper = paper_for(args.recipe)[0]
-    repeats = run_rounds(out, runs, [f"recipe={args.recipe}", "train.export=false", *extra],
-                         args.repeats, args.reuse, paper)
+    repeats = run_rounds(
+        out, runs, [f"recipe={args.recipe}", "train.export=false", *extra], args.repeats, args.reuse, paper
+    )
     rows = aggregate(repeats, paper)
-    result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
-              "rows": rows}
+    result = {
+        "command": command_line(),
+        "recipe": args.recipe,
+        "overrides": extra,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
     publish(result, out / "bench_speedup.json", caption, table)
 
 

@@ -42,8 +42,17 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ptrun.bench.harness import (command_line, dir_name, fresh_run_dir, label_rows, machine_description,
-                                 publish, rounds_caption, rounds_parser, rows_table)
+from ptrun.bench.harness import (
+    command_line,
+    dir_name,
+    fresh_run_dir,
+    label_rows,
+    machine_description,
+    publish,
+    rounds_caption,
+    rounds_parser,
+    rows_table,
+)
 from ptrun.bench.peers import command as peer_command, shown
 
 PLAIN, COLD, WARM, PTRUN = "plain loop", "ptrun, cold cache", "ptrun, warm cache", "ptrun"
@@ -52,9 +61,13 @@ TOKENIZED_DIR = "PTRUN_TOKENIZED_DIR"
 SAMPLES = {"text_classification": "news.csv"}
 """Recipe -> the file of `ptrun.data.sample_files` it trains on where no `data.path=` override is given."""
 KEYS = ("first_step_s", "first_step_end_s", "over_plain_s", "start_event_s", "wall_s")
-COLUMNS = [("first step (s)", "first_step_s", ".1f", ""), ("first step done (s)", "first_step_end_s", ".1f", ""),
-           ("first step, over the plain loop (s)", "over_plain_s", ".1f", ""),
-           ("ptrun's start event (s)", "start_event_s", ".1f", ""), ("wall (s)", "wall_s", ".1f", "")]
+COLUMNS = [
+    ("first step (s)", "first_step_s", ".1f", ""),
+    ("first step done (s)", "first_step_end_s", ".1f", ""),
+    ("first step, over the plain loop (s)", "over_plain_s", ".1f", ""),
+    ("ptrun's start event (s)", "start_event_s", ".1f", ""),
+    ("wall (s)", "wall_s", ".1f", ""),
+]
 """The table's columns: (header, key, format spec, suffix), as `rows_table` takes them."""
 
 
@@ -108,14 +121,20 @@ def ptrun_marks(events: list[dict]) -> dict:
     begin and end from the first epoch event that has them."""
     start = next(e for e in events if e["event"] == "start")
     first = next(e for e in events if e["event"] == "epoch" and "first_step_time" in e)
-    return {"start_time": start["time"], "first_step_time": first["first_step_time"],
-            "first_step_end_time": first["first_step_end_time"]}
+    return {
+        "start_time": start["time"],
+        "first_step_time": first["first_step_time"],
+        "first_step_end_time": first["first_step_end_time"],
+    }
 
 
 def plain_marks(result: dict) -> dict:
     """The plain loop's marks from its JSON (it writes no start event)."""
-    return {"start_time": None, "first_step_time": result["first_step_time"],
-            "first_step_end_time": result["first_step_end_time"]}
+    return {
+        "start_time": None,
+        "first_step_time": result["first_step_time"],
+        "first_step_end_time": result["first_step_end_time"],
+    }
 
 
 def marks_of(label: str, run_dir: Path) -> dict:
@@ -128,16 +147,20 @@ def marks_of(label: str, run_dir: Path) -> dict:
 
 def since(spawn: float, marks: dict) -> dict:
     """Seconds from the spawn to each mark (None for a mark the run does not have)."""
-    return {"first_step_s": marks["first_step_time"] - spawn, "first_step_end_s": marks["first_step_end_time"] - spawn,
-            "start_event_s": None if marks["start_time"] is None else marks["start_time"] - spawn}
+    return {
+        "first_step_s": marks["first_step_time"] - spawn,
+        "first_step_end_s": marks["first_step_end_time"] - spawn,
+        "start_event_s": None if marks["start_time"] is None else marks["start_time"] - spawn,
+    }
 
 
 def measure(runs: list[dict]) -> list[dict]:
     """One round's rows: each run's seconds to its first step over the plain loop's of the round (None for the
     plain loop itself, or without one)."""
     plain = next((r["first_step_s"] for r in runs if r["label"] == PLAIN), None)
-    return [dict(r, over_plain_s=None if r["label"] == PLAIN or plain is None else r["first_step_s"] - plain)
-            for r in runs]
+    return [
+        dict(r, over_plain_s=None if r["label"] == PLAIN or plain is None else r["first_step_s"] - plain) for r in runs
+    ]
 
 
 def run_round(recipe: str, round_dir: Path, runs: list[str], overrides: list[str], reuse: bool) -> list[dict]:
@@ -147,11 +170,17 @@ def run_round(recipe: str, round_dir: Path, runs: list[str], overrides: list[str
     for label in runs:
         run_dir = round_dir / dir_name(label)
         tokenized = round_dir / ("tokenized_plain" if label == PLAIN else "tokenized")
-        timing = execute(command(label, recipe, run_dir, overrides), run_dir, tokenized,
-                         empty_cache=label != WARM, reuse=reuse)
-        rows.append({"label": label, "wall_s": timing["wall_s"], **since(timing["spawn_time"],
-                                                                        marks_of(label, run_dir)),
-                     "run_dir": str(run_dir)})
+        timing = execute(
+            command(label, recipe, run_dir, overrides), run_dir, tokenized, empty_cache=label != WARM, reuse=reuse
+        )
+        rows.append(
+            {
+                "label": label,
+                "wall_s": timing["wall_s"],
+                **since(timing["spawn_time"], marks_of(label, run_dir)),
+                "run_dir": str(run_dir),
+            }
+        )
     return measure(rows)
 
 
@@ -159,15 +188,19 @@ def warm_up(recipe: str, out: Path, overrides: list[str]) -> None:
     """One untimed run of the plain loop: the `datasets` cache of the data file filled, the libraries and the
     model read from disk once."""
     run_dir = out / "warm-up"
-    execute(command(PLAIN, recipe, run_dir, overrides), run_dir, run_dir / "tokenized", empty_cache=True,
-            reuse=False)
+    execute(command(PLAIN, recipe, run_dir, overrides), run_dir, run_dir / "tokenized", empty_cache=True, reuse=False)
 
 
 def caption(result: dict) -> str:
-    cache = ("the tokenized-data cache emptied before the plain loop and the cold run of each round"
-             if result["tokenized_cache"] else "its data is tokenized in memory on every run (no tokenized-data cache)")
-    return (rounds_caption(result) + f"; seconds from spawning each command; {result['steps']} training step(s) "
-            f"of 1 epoch per run; {cache}")
+    cache = (
+        "the tokenized-data cache emptied before the plain loop and the cold run of each round"
+        if result["tokenized_cache"]
+        else "its data is tokenized in memory on every run (no tokenized-data cache)"
+    )
+    return (
+        rounds_caption(result) + f"; seconds from spawning each command; {result['steps']} training step(s) "
+        f"of 1 epoch per run; {cache}"
+    )
 
 
 def table(result: dict) -> str:
@@ -177,10 +210,15 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = rounds_parser(__doc__, "runs/bench_startup", recipe="text_classification", repeats=3)
-    parser.add_argument("--steps", type=int, default=3, help="training steps per run (train.max_steps_per_epoch "
-                        "of one epoch)")
-    parser.add_argument("--per-class", type=int, default=20, help="articles per topic in the sample file of "
-                        "text_classification (400: the whole corpus)")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="training steps per run (train.max_steps_per_epoch of one epoch)"
+    )
+    parser.add_argument(
+        "--per-class",
+        type=int,
+        default=20,
+        help="articles per topic in the sample file of text_classification (400: the whole corpus)",
+    )
     args, extra = parser.parse_known_args()
     if args.steps < 1 or args.repeats < 1:
         parser.error("--steps and --repeats: integers >= 1")
@@ -194,11 +232,18 @@ def main() -> None:
     if not args.reuse:
         warm_up(recipe, out / recipe, overrides)
     rounds = [run_round(recipe, out / recipe / f"round{r}", runs, overrides, args.reuse) for r in range(args.repeats)]
-    result = {"command": command_line(), "date": datetime.now().isoformat(timespec="seconds"),
-              "machine": machine_description(), "recipe": recipe, "overrides": overrides,
-              "repeats": args.repeats, "steps": args.steps, "tokenized_cache": cached,
-              "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides)) for label in runs},
-              "rows": label_rows(rounds, KEYS)}
+    result = {
+        "command": command_line(),
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "recipe": recipe,
+        "overrides": overrides,
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "tokenized_cache": cached,
+        "commands": {label: shown(command(label, recipe, Path("RUN_DIR"), overrides)) for label in runs},
+        "rows": label_rows(rounds, KEYS),
+    }
     if recipe in SAMPLES and not any(o.startswith("data.path=") for o in extra):
         result["per_class"] = args.per_class
     publish(result, out / f"bench_startup_{recipe}.json", caption, table)

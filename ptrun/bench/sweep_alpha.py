@@ -26,12 +26,20 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-from ptrun.bench.harness import (aggregate, cell, command_line, fmt, markdown_lines, median, publish, rounds_parser,
-                                 run_rounds)
+from ptrun.bench.harness import (
+    aggregate,
+    cell,
+    command_line,
+    fmt,
+    markdown_lines,
+    median,
+    publish,
+    rounds_parser,
+    run_rounds,
+)
 
 ALPHAS = "1/5,1/4,1/3,2/5,1/2"
-PAPER = {"1/5": (2.04, 91.33), "1/4": (2.44, 91.13), "1/3": (2.83, 90.78), "2/5": (3.29, 90.82),
-         "1/2": (3.86, 89.84)}
+PAPER = {"1/5": (2.04, 91.33), "1/4": (2.44, 91.13), "1/3": (2.83, 90.78), "2/5": (3.29, 90.82), "1/2": (3.86, 89.84)}
 """Figure 10's (speedup, top-1) per alpha (ViT-B/16 fine-tuned on CIFAR-100, 2 x 8 GPUs)."""
 PAPER_BASELINE_TOP1 = 91.21
 """The paper's CIFAR-100 baseline top-1 (Table 1), which Figure 10's accuracies compare against."""
@@ -64,8 +72,12 @@ def sweep_rows(rounds: list[list[dict]], alphas: list[str]) -> list[dict]:
     for i, (row, alpha) in enumerate(zip(rows, [None, *alphas])):
         row["alpha"] = alpha
         row["frozen_blocks"] = frozen_blocks(Path(row["runs"][0]["run_dir"]))
-        row["final_vs_baseline"] = median([None if rep[i]["final"] is None or rep[0]["final"] is None
-                                           else rep[i]["final"] - rep[0]["final"] for rep in rounds])
+        row["final_vs_baseline"] = median(
+            [
+                None if rep[i]["final"] is None or rep[0]["final"] is None else rep[i]["final"] - rep[0]["final"]
+                for rep in rounds
+            ]
+        )
         row["paper_speedup"], row["paper_final"] = PAPER.get(alpha, (1.0, PAPER_BASELINE_TOP1))
     return rows
 
@@ -73,19 +85,38 @@ def sweep_rows(rounds: list[list[dict]], alphas: list[str]) -> list[dict]:
 def caption(result: dict) -> str:
     """The line above the table: what was run."""
     rounds = f"medians of {result['repeats']} interleaved rounds" if result["repeats"] > 1 else "one round"
-    return (f"{result['recipe']}, the baseline and all four components at each alpha (freeze.policy=alpha), same "
-            f"seed and data; {rounds}")
+    return (
+        f"{result['recipe']}, the baseline and all four components at each alpha (freeze.policy=alpha), same "
+        f"seed and data; {rounds}"
+    )
 
 
 def table(result: dict) -> str:
     """The Markdown table of a `sweep_alpha.json` (printed by this script, put in the README by
     `readme_results.py`)."""
-    header = ["alpha", "frozen blocks (from epoch)", "training time (s)", "speedup", "ideal speedup",
-              f"final {result['rows'][0]['metric']}", "vs baseline", "paper (Fig. 10): speedup, top-1"]
-    rows = ([str(r["alpha"] or "baseline"), schedule_text(r["frozen_blocks"]), f"{r['train_time_s']:.1f}",
-             cell(r, "speedup", ".2f", "x", result["repeats"]), f"{r['ideal_speedup']:.2f}x", fmt(r["final"]),
-             fmt(r["final_vs_baseline"], "+.2f"), f"{r['paper_speedup']:.2f}x, {r['paper_final']:.2f}"]
-            for r in result["rows"])
+    header = [
+        "alpha",
+        "frozen blocks (from epoch)",
+        "training time (s)",
+        "speedup",
+        "ideal speedup",
+        f"final {result['rows'][0]['metric']}",
+        "vs baseline",
+        "paper (Fig. 10): speedup, top-1",
+    ]
+    rows = (
+        [
+            str(r["alpha"] or "baseline"),
+            schedule_text(r["frozen_blocks"]),
+            f"{r['train_time_s']:.1f}",
+            cell(r, "speedup", ".2f", "x", result["repeats"]),
+            f"{r['ideal_speedup']:.2f}x",
+            fmt(r["final"]),
+            fmt(r["final_vs_baseline"], "+.2f"),
+            f"{r['paper_speedup']:.2f}x, {r['paper_final']:.2f}",
+        ]
+        for r in result["rows"]
+    )
     return "\n".join(markdown_lines(header, rows))
 
 
@@ -99,13 +130,20 @@ def main() -> None:
             parser.error(f"--alphas: {a} is not between 0 and 1")
     runs = {"baseline": ["auto.freeze=false", "auto.cache=false"]}
     # float() of the fraction: the config takes a number, and 1/3 must be 0.333..., not 0.33.
-    runs.update({label(a): [*ALL_FOUR, "freeze.policy=alpha", f"freeze.alpha={float(Fraction(a))!r}"]
-                 for a in alphas})
+    runs.update({label(a): [*ALL_FOUR, "freeze.policy=alpha", f"freeze.alpha={float(Fraction(a))!r}"] for a in alphas})
     out = Path(args.out)
-    rounds = run_rounds(out, runs, [f"recipe={args.recipe}", "train.export=false", *extra], args.repeats,
-                        args.reuse, paper={})
-    result = {"command": command_line(), "recipe": args.recipe, "overrides": extra, "repeats": args.repeats,
-              "policy": "alpha", "alphas": alphas, "rows": sweep_rows(rounds, alphas)}
+    rounds = run_rounds(
+        out, runs, [f"recipe={args.recipe}", "train.export=false", *extra], args.repeats, args.reuse, paper={}
+    )
+    result = {
+        "command": command_line(),
+        "recipe": args.recipe,
+        "overrides": extra,
+        "repeats": args.repeats,
+        "policy": "alpha",
+        "alphas": alphas,
+        "rows": sweep_rows(rounds, alphas),
+    }
     publish(result, out / "sweep_alpha.json", caption, table)
 
 

@@ -19,8 +19,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ptrun.bench.harness import (command_line, dir_name, fmt, ideal_speedup, label_rows, median, publish,
-                                 rounds_caption, rounds_parser, rows_table)
+from ptrun.bench.harness import (
+    command_line,
+    dir_name,
+    fmt,
+    ideal_speedup,
+    label_rows,
+    median,
+    publish,
+    rounds_caption,
+    rounds_parser,
+    rows_table,
+)
 from ptrun.bench.peers import COLUMNS, commands, execute, measure
 
 PEER = "plain loop"
@@ -43,9 +53,11 @@ def aggregate(rounds: list[list[dict]]) -> dict:
 
 
 def caption(result: dict) -> str:
-    return (rounds_caption(result) + "; speedup = the plain loop's wall time over the run's; target = the plain "
-            f"loop's final top-1 (median {fmt(result['target'])}); ideal = what the run's freeze schedule alone "
-            "could save")
+    return (
+        rounds_caption(result) + "; speedup = the plain loop's wall time over the run's; target = the plain "
+        f"loop's final top-1 (median {fmt(result['target'])}); ideal = what the run's freeze schedule alone "
+        "could save"
+    )
 
 
 def table(result: dict) -> str:
@@ -64,14 +76,21 @@ def main() -> None:
     for recipe in args.recipe or ["bbc_news_bert"]:
         rounds = []
         for r in range(args.repeats):
-            runs = [execute(label, recipe, out / recipe / f"round{r}" / dir_name(label), overrides, args.reuse,
-                            VARIANTS) for label in labels]
+            runs = [
+                execute(label, recipe, out / recipe / f"round{r}" / dir_name(label), overrides, args.reuse, VARIANTS)
+                for label in labels
+            ]
             for run in runs:
                 run["ideal"] = None if run["label"] == PEER else ideal_speedup(Path(run["run_dir"]))
             rounds.append(measure(runs))
-        result = {"command": command_line(), "recipe": recipe, "overrides": overrides, "repeats": args.repeats,
-                  "commands": commands(labels, recipe, overrides, VARIANTS),
-                  **aggregate(rounds)}
+        result = {
+            "command": command_line(),
+            "recipe": recipe,
+            "overrides": overrides,
+            "repeats": args.repeats,
+            "commands": commands(labels, recipe, overrides, VARIANTS),
+            **aggregate(rounds),
+        }
         publish(result, out / f"sweep_interval_{recipe}.json", caption, table)
 
 

@@ -65,8 +65,15 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
     # Stages balanced by parameter count, as `pipe.partition=params` (the default) would split them.
     costs = [float(sum(p.numel() for p in u.parameters())) for u in layered.units]
     dp = WORLD // k
-    plan = Plan(num_units=len(costs), frozen_units=0, pp=k, dp=dp, stage_bounds=min_max(costs, k),
-                microbatches=m, schedule=args["schedule"]).check()
+    plan = Plan(
+        num_units=len(costs),
+        frozen_units=0,
+        pp=k,
+        dp=dp,
+        stage_bounds=min_max(costs, k),
+        microbatches=m,
+        schedule=args["schedule"],
+    ).check()
     groups = build_groups(plan, rank)
     rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification"))
     opt = optimizer_for(rt.trainable_parameters())
@@ -104,8 +111,17 @@ def result_rows(batch: int, timed: list[dict]) -> list[dict]:
     rows = []
     for t in timed:
         step = min(t["step_s"])
-        rows.append({"K": t["K"], "M": t["M"], "dp": WORLD // t["K"], "step_s": step, "samples_per_s": batch / step,
-                     "samples_per_s_median": batch / statistics.median(t["step_s"]), "step_s_rounds": t["step_s"]})
+        rows.append(
+            {
+                "K": t["K"],
+                "M": t["M"],
+                "dp": WORLD // t["K"],
+                "step_s": step,
+                "samples_per_s": batch / step,
+                "samples_per_s_median": batch / statistics.median(t["step_s"]),
+                "step_s_rounds": t["step_s"],
+            }
+        )
     for r in rows:
         first = next(b for b in rows if b["K"] == r["K"])
         r["vs_m_equals_k"] = r["samples_per_s"] / first["samples_per_s"]
@@ -116,8 +132,10 @@ def caption(result: dict) -> str:
     """The line above the table: model, batch and how many steps each number is."""
     a = result["args"]
     rounds = f"fastest of {a['repeats']} interleaved rounds" if a["repeats"] > 1 else "one round"
-    return (f"ViT dim {a['dim']} depth {a['depth']}, 32x32, batch {a['batch']}, {WORLD} workers x 1 thread, "
-            f"{a['schedule']}, {a['steps']} timed steps per layout; {rounds}")
+    return (
+        f"ViT dim {a['dim']} depth {a['depth']}, 32x32, batch {a['batch']}, {WORLD} workers x 1 thread, "
+        f"{a['schedule']}, {a['steps']} timed steps per layout; {rounds}"
+    )
 
 
 def table(result: dict) -> str:
@@ -125,8 +143,10 @@ def table(result: dict) -> str:
     `readme_results.py`): every (K, M) of the range, "-" where M was not measured."""
     by = {(r["K"], r["M"]): r for r in result["rows"]}
     several = result["args"]["repeats"] > 1
-    lines = [f"| K | DP | M | step (ms) | samples/s{' (median)' if several else ''} | vs M = K |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"| K | DP | M | step (ms) | samples/s{' (median)' if several else ''} | vs M = K |",
+        "|---|---|---|---|---|---|",
+    ]
     for k in KS:
         for m in (k * i for i in MULTIPLES):
             r = by.get((k, m))
@@ -134,8 +154,10 @@ def table(result: dict) -> str:
                 lines.append(f"| {k} | {WORLD // k} | {m} | - | - | - |")
                 continue
             spread = f" ({r['samples_per_s_median']:.0f})" if several else ""
-            lines.append(f"| {k} | {r['dp']} | {m} | {1000 * r['step_s']:.0f} | {r['samples_per_s']:.0f}{spread} "
-                         f"| {r['vs_m_equals_k']:.2f} |")
+            lines.append(
+                f"| {k} | {r['dp']} | {m} | {1000 * r['step_s']:.0f} | {r['samples_per_s']:.0f}{spread} "
+                f"| {r['vs_m_equals_k']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -145,8 +167,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--schedule", default="1F1B", choices=("GPipe", "1F1B"),
-                        help="digits_vit's schedule is 1F1B (the paper's Pipe ran GPipe)")
+    parser.add_argument(
+        "--schedule",
+        default="1F1B",
+        choices=("GPipe", "1F1B"),
+        help="digits_vit's schedule is 1F1B (the paper's Pipe ran GPipe)",
+    )
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--out", default="runs/sweep_microbatches")
@@ -159,15 +185,26 @@ def main() -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=WORLD, run_id=f"mbsweep-{os.getpid()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=WORLD,
+        run_id=f"mbsweep-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
     raw = out / "sweep_microbatches.raw.json"
     elastic_launch(config, worker)(args, str(raw))
     timed = json.loads(raw.read_text())
     raw.unlink()
     _, skipped = layouts(args["batch"], args["schedule"])
-    result = {"command": command_line(), "args": args, "skipped": [{"K": k, "M": m} for k, m in skipped],
-              "rows": result_rows(args["batch"], timed)}
+    result = {
+        "command": command_line(),
+        "args": args,
+        "skipped": [{"K": k, "M": m} for k, m in skipped],
+        "rows": result_rows(args["batch"], timed),
+    }
     publish(result, out / "sweep_microbatches.json", caption, table)
 
 

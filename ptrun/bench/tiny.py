@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 def machine() -> str:
     """This machine for a result's `machine`: `harness.machine_description()`, and on a host without a GPU (the
     development VM, which other jobs may share) its load average over the last 15 minutes, the benchmark's own
@@ -40,8 +41,14 @@ def tiny_encoder(out: Path, layers: int = 4, hidden: int = 64, seed: int = 0) ->
     import transformers as T
 
     tok = T.AutoTokenizer.from_pretrained(packaged_minilm())
-    cfg = T.BertConfig(vocab_size=tok.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, intermediate_size=4 * hidden, max_position_embeddings=512)
+    cfg = T.BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     T.BertModel(cfg).save_pretrained(out)
@@ -54,6 +61,9 @@ def news_csv(folder: Path, per_class: int = 80) -> Path:
     (kept if it is already there)."""
     path = Path(folder) / "news.csv"
     if not path.is_file():
-        subprocess.run([sys.executable, "-m", "ptrun.data.sample_files", str(folder), "--per-class", str(per_class)],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "ptrun.data.sample_files", str(folder), "--per-class", str(per_class)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return path

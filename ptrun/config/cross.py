@@ -27,24 +27,51 @@ def check_pipedream(cfg) -> None:
     """What PipeDream's asynchronous schedule and its stage replication rule out elsewhere."""
     p, t, au = cfg.pipe, cfg.train, cfg.auto
     if not SCHEDULE_SPECS[p.schedule].flushing:
-        require(p.recompute == "none", "pipe.recompute", "none with pipe.schedule=pipedream (a stashed weight "
-                "version is used once per pass)", p.recompute)
-        require(not PRECISION_SPECS[t.precision].loss_scale, "train.precision", "fp32 or bf16 with "
-                "pipe.schedule=pipedream (fp16's loss scale needs every stage to step or skip together; pipedream "
-                "stages step apart)", t.precision)
-        require(not inside_epochs(cfg.freeze), "freeze.every", "whole epochs with pipe.schedule=pipedream (its "
-                "stages step apart, so a layout changes only where the pipeline drains: an epoch's end)",
-                cfg.freeze.every_steps or cfg.freeze.every)
+        require(
+            p.recompute == "none",
+            "pipe.recompute",
+            "none with pipe.schedule=pipedream (a stashed weight version is used once per pass)",
+            p.recompute,
+        )
+        require(
+            not PRECISION_SPECS[t.precision].loss_scale,
+            "train.precision",
+            "fp32 or bf16 with "
+            "pipe.schedule=pipedream (fp16's loss scale needs every stage to step or skip together; pipedream "
+            "stages step apart)",
+            t.precision,
+        )
+        require(
+            not inside_epochs(cfg.freeze),
+            "freeze.every",
+            "whole epochs with pipe.schedule=pipedream (its "
+            "stages step apart, so a layout changes only where the pipeline drains: an epoch's end)",
+            cfg.freeze.every_steps or cfg.freeze.every,
+        )
     if p.first_stage_replicas > 1:
-        require(not SCHEDULE_SPECS[p.schedule].flushing, "pipe.first_stage_replicas",
-                "1 unless pipe.schedule=pipedream (stage replication is PipeDream's)", p.first_stage_replicas)
+        require(
+            not SCHEDULE_SPECS[p.schedule].flushing,
+            "pipe.first_stage_replicas",
+            "1 unless pipe.schedule=pipedream (stage replication is PipeDream's)",
+            p.first_stage_replicas,
+        )
         for key, on in (("auto.pipe", au.pipe), ("auto.dp", au.dp)):
-            require(not on, key, "false with pipe.first_stage_replicas > 1 (a replicated layout stays as "
-                    "placed; freezing and AutoCache still apply)", on)
-        require(p.microbatches in (1, None), "pipe.microbatches", "1 with pipe.first_stage_replicas > 1",
-                p.microbatches)
-        require(p.length != "auto", "pipe.length", "an integer with pipe.first_stage_replicas > 1 (a replicated "
-                "placement is fixed)", p.length)
+            require(
+                not on,
+                key,
+                "false with pipe.first_stage_replicas > 1 (a replicated layout stays as "
+                "placed; freezing and AutoCache still apply)",
+                on,
+            )
+        require(
+            p.microbatches in (1, None), "pipe.microbatches", "1 with pipe.first_stage_replicas > 1", p.microbatches
+        )
+        require(
+            p.length != "auto",
+            "pipe.length",
+            "an integer with pipe.first_stage_replicas > 1 (a replicated placement is fixed)",
+            p.length,
+        )
 
 
 def check_compile(cfg) -> None:
@@ -52,10 +79,14 @@ def check_compile(cfg) -> None:
     inputs' gradients first, the weights' later from hooks on the graph) got a weight's gradient wrong in a
     test: refused when asked for, and `auto` runs such a schedule eager (`ptrun.parallel.compiled`)."""
     if cfg.train.compile is True:
-        require(not SCHEDULE_SPECS[cfg.pipe.schedule].split_backward, "train.compile", "true only with a schedule "
-                f"whose stages run their backward pass whole, not with pipe.schedule={cfg.pipe.schedule} (it splits "
-                "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream",
-                "true")
+        require(
+            not SCHEDULE_SPECS[cfg.pipe.schedule].split_backward,
+            "train.compile",
+            "true only with a schedule "
+            f"whose stages run their backward pass whole, not with pipe.schedule={cfg.pipe.schedule} (it splits "
+            "it); leave it auto (eager there) or choose 1F1B, GPipe, Interleaved1F1B, LoopedBFS or pipedream",
+            "true",
+        )
 
 
 def check_text(cfg) -> None:
@@ -63,41 +94,58 @@ def check_text(cfg) -> None:
     `check_paths`)."""
     m, d = cfg.model, cfg.data
     if d.name in TEXT_SOURCES:
-        require(m.family in ("bert", "transformers") or (m.family is None and m.name.startswith("bert"))
-                or m.pretrained is not None, "model.name", f"a transformers model (a BERT preset, or a Hugging Face "
-                f"model as model.pretrained) for the text source data.name={d.name}", m.name)
+        require(
+            m.family in ("bert", "transformers")
+            or (m.family is None and m.name.startswith("bert"))
+            or m.pretrained is not None,
+            "model.name",
+            f"a transformers model (a BERT preset, or a Hugging Face "
+            f"model as model.pretrained) for the text source data.name={d.name}",
+            m.name,
+        )
         want_task = "qa" if d.name == "squad" else "regression" if d.task == "stsb" else "classification"
         require(m.task == want_task, "model.task", f"{want_task} for data.name={d.name}", m.task)
-        require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null",
-                d.max_length)
+        require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null", d.max_length)
         if d.name == "squad":
-            require(1 <= d.doc_stride < (d.max_length or 384), "data.doc_stride",
-                    "an integer >= 1 and below data.max_length", d.doc_stride)
+            require(
+                1 <= d.doc_stride < (d.max_length or 384),
+                "data.doc_stride",
+                "an integer >= 1 and below data.max_length",
+                d.doc_stride,
+            )
 
 
 def check_paths(cfg) -> None:
     """The files and directories the run reads: given where a source needs them, and there."""
     m, d, ca = cfg.model, cfg.data, cfg.cache
-    require(ca.dir is None or not Path(ca.dir).expanduser().exists() or Path(ca.dir).expanduser().is_dir(),
-            "cache.dir", "a directory (created when missing)", ca.dir)
+    require(
+        ca.dir is None or not Path(ca.dir).expanduser().exists() or Path(ca.dir).expanduser().is_dir(),
+        "cache.dir",
+        "a directory (created when missing)",
+        ca.dir,
+    )
     if d.name in ("cifar10", "cifar100", "glue", "squad"):
         require(d.path is not None, "data.path", f"the local dataset directory for data.name={d.name}", d.path)
     if d.name in TEXT_SOURCES:
-        require(d.tokenizer is not None or m.pretrained is not None, "data.tokenizer",
-                "a local tokenizer directory (or model.pretrained, a Hugging Face model directory)", d.tokenizer)
+        require(
+            d.tokenizer is not None or m.pretrained is not None,
+            "data.tokenizer",
+            "a local tokenizer directory (or model.pretrained, a Hugging Face model directory)",
+            d.tokenizer,
+        )
     if d.tokenizer is not None and not Path(d.tokenizer).expanduser().is_dir():
         raise ConfigError(f"data.tokenizer={d.tokenizer!r}: no such directory")
     if d.name == "imagefolder":
-        require(d.path is not None, "data.path", "a directory of class folders for data.name=imagefolder",
-                d.path)
+        require(d.path is not None, "data.path", "a directory of class folders for data.name=imagefolder", d.path)
     check_hf_path(cfg)  # a file, a folder or a hub dataset id
     if d.path is not None and d.name != "hf" and not Path(d.path).expanduser().is_dir():
         raise ConfigError(f"data.path={d.path!r}: no such directory")
     if m.pretrained is not None and not Path(m.pretrained).expanduser().exists():
         raise ConfigError(f"model.pretrained={m.pretrained!r}: no such file or directory")
     weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-    if _hf_config(m.pretrained) is not None and not any((Path(m.pretrained).expanduser() / w).is_file()
-                                                        for w in weights):
+    if _hf_config(m.pretrained) is not None and not any(
+        (Path(m.pretrained).expanduser() / w).is_file() for w in weights
+    ):
         raise ConfigError(f"model.pretrained={m.pretrained!r}: no weights in the directory ({', '.join(weights)})")
 
 
@@ -135,8 +183,9 @@ def timm_model_names() -> frozenset[str]:
     if models is None or not models.is_dir():
         return frozenset()
     pattern = re.compile(r"@register_model\s*\ndef (\w+)\(")
-    return frozenset(name for source in models.glob("*.py")
-                     for name in pattern.findall(source.read_text(errors="replace")))
+    return frozenset(
+        name for source in models.glob("*.py") for name in pattern.findall(source.read_text(errors="replace"))
+    )
 
 
 def is_timm_image_name(name: str) -> bool:
@@ -165,7 +214,7 @@ def timm_vit_problem(name: str) -> str | None:
         found = pattern.search(text)
         if not found:
             continue
-        body = text[found.end():].split("@register_model", 1)[0]
+        body = text[found.end() :].split("@register_model", 1)[0]
         if source.stem not in TIMM_VIT_MODULES:
             return f"timm builds it in timm.models.{source.stem}, not as a VisionTransformer"
         if "block_fn=" in body:
@@ -180,17 +229,26 @@ def check_model_type(m, hf: dict, recipe: str | None = None) -> None:
     """A Hugging Face directory's `model_type` must be a family ptrun splits, able to do `model.task`; the
     refusal of a task names the recipes (other than `recipe`) whose task the family does."""
     kind = hf.get("model_type")
-    require(kind in HF_MODEL_TYPES, "model.pretrained", f"a Hugging Face model of a supported model_type "
-            f"({', '.join(HF_MODEL_TYPES)}); this one is a {kind!r} model", m.pretrained)
+    require(
+        kind in HF_MODEL_TYPES,
+        "model.pretrained",
+        f"a Hugging Face model of a supported model_type ({', '.join(HF_MODEL_TYPES)}); this one is a {kind!r} model",
+        m.pretrained,
+    )
     decoder = kind in DECODER_TYPES
     tasks = DECODER_TASKS if decoder else ENCODER_TASKS
     if m.task not in tasks:
         # the task usually comes with the recipe, so what to change is the recipe (or the model)
         other, others = ("a decoder", "an encoder") if decoder else ("an encoder", "a decoder")
         takes = ", ".join(ENCODER_TYPES if decoder else DECODER_TYPES)
-        require(False, "model.task", f"one of {', '.join(tasks)} for a {kind} model (model.pretrained="
-                f"{m.pretrained!r}, {other}; {m.task} takes {others}: {takes}); for this model "
-                + use_recipe(lambda r: r.takes_text_model(kind), recipe), m.task)
+        require(
+            False,
+            "model.task",
+            f"one of {', '.join(tasks)} for a {kind} model (model.pretrained="
+            f"{m.pretrained!r}, {other}; {m.task} takes {others}: {takes}); for this model "
+            + use_recipe(lambda r: r.takes_text_model(kind), recipe),
+            m.task,
+        )
 
 
 def _beside_weights(pretrained: str | None) -> dict | None:
@@ -237,8 +295,10 @@ def _timm_name_on_text(cfg, inputs: str | None, kind: str | None) -> str:
         why.append(f"model.pretrained is a {kind} text model, which model.name only labels")
     problem = timm_vit_problem(name)
     split = f", with a timm ViT ptrun splits (not {name}: {problem})" if problem else ""
-    return (f"model.name={name!r} is a timm image model; {' and '.join(why)}: "
-            f"{use_recipe(Recipe.takes_timm, cfg.recipe)}{split}")
+    return (
+        f"model.name={name!r} is a timm image model; {' and '.join(why)}: "
+        f"{use_recipe(Recipe.takes_timm, cfg.recipe)}{split}"
+    )
 
 
 def check_model_fits_recipe(cfg, shown: str | None = None) -> None:
@@ -250,14 +310,17 @@ def check_model_fits_recipe(cfg, shown: str | None = None) -> None:
     m = cfg.model
     inputs, kind = run_inputs(cfg), text_model_type(m.pretrained)
     if kind is not None and inputs == "images":
-        raise ConfigError(f"model.pretrained={shown or m.pretrained!r} is a {kind} text model; "
-                          f"{_trains(cfg, 'images')}: "
-                          + use_recipe(lambda r: r.takes_text_model(kind), cfg.recipe))
+        raise ConfigError(
+            f"model.pretrained={shown or m.pretrained!r} is a {kind} text model; "
+            f"{_trains(cfg, 'images')}: " + use_recipe(lambda r: r.takes_text_model(kind), cfg.recipe)
+        )
     if is_timm_image_name(m.name) and (kind is not None or inputs == "text"):
         raise ConfigError(_timm_name_on_text(cfg, inputs, kind))
     hf = _hf_config(m.pretrained)
     if hf is not None:
-        check_model_type(replace(m, pretrained=shown or m.pretrained), hf, cfg.recipe)  # before the files pass: a wrong family outweighs a missing file
+        check_model_type(
+            replace(m, pretrained=shown or m.pretrained), hf, cfg.recipe
+        )  # before the files pass: a wrong family outweighs a missing file
 
 
 def check_model_against_data(cfg) -> None:
@@ -267,49 +330,91 @@ def check_model_against_data(cfg) -> None:
     m, d = cfg.model, cfg.data
     hf = _hf_config(m.pretrained)
     # a Hugging Face directory names its architecture itself, whatever the model group's family says
-    family = "bert" if hf is not None else m.family or ("bert" if m.name.startswith("bert") else
-                                                        "vit" if m.name.startswith(("vit_", "deit")) else None)
+    family = (
+        "bert"
+        if hf is not None
+        else m.family
+        or ("bert" if m.name.startswith("bert") else "vit" if m.name.startswith(("vit_", "deit")) else None)
+    )
     if family == "transformers":
         family = "bert"  # one family of rules: a transformers model
-    require(m.task != "causal_lm" or hf is not None, "model.task", "causal_lm only for a decoder given as "
-            f"model.pretrained (a Hugging Face model of model_type {', '.join(DECODER_TYPES)})", m.task)
+    require(
+        m.task != "causal_lm" or hf is not None,
+        "model.task",
+        "causal_lm only for a decoder given as "
+        f"model.pretrained (a Hugging Face model of model_type {', '.join(DECODER_TYPES)})",
+        m.task,
+    )
     if m.embed_dim is not None and m.num_heads is not None:
-        require(m.embed_dim % m.num_heads == 0, "model.num_heads",
-                f"a divisor of model.embed_dim={m.embed_dim} (each head gets embed_dim / num_heads channels)",
-                m.num_heads)
+        require(
+            m.embed_dim % m.num_heads == 0,
+            "model.num_heads",
+            f"a divisor of model.embed_dim={m.embed_dim} (each head gets embed_dim / num_heads channels)",
+            m.num_heads,
+        )
     if family == "vit":
-        require(m.name.startswith(("vit_", "deit")), "model.name",
-                "a timm ViT name (vit_* or deit_*, e.g. vit_tiny_patch16_224) with model.family=vit", m.name)
+        require(
+            m.name.startswith(("vit_", "deit")),
+            "model.name",
+            "a timm ViT name (vit_* or deit_*, e.g. vit_tiny_patch16_224) with model.family=vit",
+            m.name,
+        )
         problem = timm_vit_problem(m.name)
-        require(problem is None, "model.name", f"a timm VisionTransformer with pre-norm Blocks, e.g. "
-                f"vit_tiny_patch16_224 or vit_base_patch16_224 ({problem})", m.name)
+        require(
+            problem is None,
+            "model.name",
+            f"a timm VisionTransformer with pre-norm Blocks, e.g. "
+            f"vit_tiny_patch16_224 or vit_base_patch16_224 ({problem})",
+            m.name,
+        )
         if d.name in SOURCE_IMAGES:
             side, chans = SOURCE_IMAGES[d.name]
             side = d.image_size or side
-            require(m.img_size is None or m.img_size == side, "model.img_size",
-                    f"{side}, the side of the images data.name={d.name} produces (data.image_size="
-                    f"{d.image_size}), or null to follow the data", m.img_size)
-            require(m.in_chans is None or m.in_chans == chans, "model.in_chans",
-                    f"{chans}, the channels of data.name={d.name}'s images, or null to follow the data", m.in_chans)
+            require(
+                m.img_size is None or m.img_size == side,
+                "model.img_size",
+                f"{side}, the side of the images data.name={d.name} produces (data.image_size="
+                f"{d.image_size}), or null to follow the data",
+                m.img_size,
+            )
+            require(
+                m.in_chans is None or m.in_chans == chans,
+                "model.in_chans",
+                f"{chans}, the channels of data.name={d.name}'s images, or null to follow the data",
+                m.in_chans,
+            )
     if family == "bert":
         if hf is not None:
             check_model_type(m, hf, cfg.recipe)
             # the same rule as the model builder's (models/bert.py _check_against_dir): sizes are the weights'
-            have = {"depth": hf.get("num_hidden_layers"), "embed_dim": hf.get("hidden_size"),
-                    "num_heads": hf.get("num_attention_heads"), "vocab_size": hf.get("vocab_size"),
-                    "max_position_embeddings": hf.get("max_position_embeddings")}
+            have = {
+                "depth": hf.get("num_hidden_layers"),
+                "embed_dim": hf.get("hidden_size"),
+                "num_heads": hf.get("num_attention_heads"),
+                "vocab_size": hf.get("vocab_size"),
+                "max_position_embeddings": hf.get("max_position_embeddings"),
+            }
             for key, value in have.items():
                 want = getattr(m, key)
                 if want is not None and value is not None and want != value:
-                    raise ConfigError(f"model.{key}={want!r} is not allowed: model.pretrained={m.pretrained!r} "
-                                      f"has {value!r}; leave it null")
+                    raise ConfigError(
+                        f"model.{key}={want!r} is not allowed: model.pretrained={m.pretrained!r} "
+                        f"has {value!r}; leave it null"
+                    )
         if d.name in TEXT_MAX_LENGTH:
             length = d.max_length or TEXT_MAX_LENGTH[d.name]
             positions, where = (
-                (m.max_position_embeddings, "model.max_position_embeddings") if m.max_position_embeddings else
-                (hf["max_position_embeddings"], f"the position table of model.pretrained={m.pretrained!r}")
-                if hf is not None and hf.get("max_position_embeddings") else
-                (BERT_MAX_POSITIONS, f"the position table of model.name={m.name!r} (max_position_embeddings)"))
+                (m.max_position_embeddings, "model.max_position_embeddings")
+                if m.max_position_embeddings
+                else (hf["max_position_embeddings"], f"the position table of model.pretrained={m.pretrained!r}")
+                if hf is not None and hf.get("max_position_embeddings")
+                else (BERT_MAX_POSITIONS, f"the position table of model.name={m.name!r} (max_position_embeddings)")
+            )
             # Longer inputs index past the position embedding table: an IndexError inside every worker.
-            require(length <= positions, "data.max_length", f"at most {positions}, {where}"
-                    + ("" if d.max_length else f" (null = {length} for data.name={d.name})"), d.max_length)
+            require(
+                length <= positions,
+                "data.max_length",
+                f"at most {positions}, {where}"
+                + ("" if d.max_length else f" (null = {length} for data.name={d.name})"),
+                d.max_length,
+            )

@@ -128,8 +128,9 @@ def check_data(cfg) -> None:
     if d.name == "glue":
         require(d.task in GLUE_TASKS, "data.task", f"{one_of(GLUE_TASKS)} for data.name=glue", d.task)
     else:  # no other source reads it: a task given for another source would be ignored without a word
-        require(d.task is None, "data.task", f"unset for data.name={d.name} (the GLUE task, for data.name=glue)",
-                d.task)
+        require(
+            d.task is None, "data.task", f"unset for data.name={d.name} (the GLUE task, for data.name=glue)", d.task
+        )
     if d.name == "hf":
         check_hf(cfg)
 
@@ -137,33 +138,57 @@ def check_data(cfg) -> None:
 def check_hf(cfg) -> None:
     """`data.name=hf`: a path, the columns its task reads, and a tokenizer for text."""
     d, task = cfg.data, cfg.model.task
-    require(d.path is not None, "data.path", "a local data file or folder, a save_to_disk directory or a hub "
-            "dataset id (org/name) for data.name=hf", d.path)
+    require(
+        d.path is not None,
+        "data.path",
+        "a local data file or folder, a save_to_disk directory or a hub dataset id (org/name) for data.name=hf",
+        d.path,
+    )
     require(task in HF_TASKS, "model.task", f"{either(HF_TASKS)} for data.name=hf", task)
     if d.image_column is not None:
-        require(task == "classification", "model.task", "classification for data.name=hf with data.image_column",
-                task)
-        require(d.text_column is None, "data.text_column", "null with data.image_column (one kind of input)",
-                d.text_column)
+        require(task == "classification", "model.task", "classification for data.name=hf with data.image_column", task)
+        require(
+            d.text_column is None, "data.text_column", "null with data.image_column (one kind of input)", d.text_column
+        )
     else:
-        require(d.text_column is not None, "data.text_column", "the column of texts for data.name=hf (or "
-                "data.image_column, the column of images)", d.text_column)
-        require(d.tokenizer is not None or cfg.model.pretrained is not None, "data.tokenizer",
-                "a local tokenizer directory (or model.pretrained, a Hugging Face model directory) for "
-                "data.name=hf with data.text_column", d.tokenizer)
-        require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null",
-                d.max_length)
+        require(
+            d.text_column is not None,
+            "data.text_column",
+            "the column of texts for data.name=hf (or data.image_column, the column of images)",
+            d.text_column,
+        )
+        require(
+            d.tokenizer is not None or cfg.model.pretrained is not None,
+            "data.tokenizer",
+            "a local tokenizer directory (or model.pretrained, a Hugging Face model directory) for "
+            "data.name=hf with data.text_column",
+            d.tokenizer,
+        )
+        require(d.max_length is None or d.max_length >= 8, "data.max_length", "an integer >= 8 or null", d.max_length)
     if task == "classification":
-        require(d.label_column is not None, "data.label_column", "the column of class labels for data.name=hf "
-                "with model.task=classification", d.label_column)
+        require(
+            d.label_column is not None,
+            "data.label_column",
+            "the column of class labels for data.name=hf with model.task=classification",
+            d.label_column,
+        )
     elif task == "regression":
-        require(d.label_column is not None, "data.label_column", "the column of numeric targets for "
-                "data.name=hf with model.task=regression", d.label_column)
+        require(
+            d.label_column is not None,
+            "data.label_column",
+            "the column of numeric targets for data.name=hf with model.task=regression",
+            d.label_column,
+        )
     else:
-        require(d.label_column is None, "data.label_column", "null with model.task=causal_lm (the text is the "
-                "target)", d.label_column)
-        require(d.text_pair_column is None, "data.text_pair_column", "null with model.task=causal_lm",
-                d.text_pair_column)
+        require(
+            d.label_column is None,
+            "data.label_column",
+            "null with model.task=causal_lm (the text is the target)",
+            d.label_column,
+        )
+        require(
+            d.text_pair_column is None, "data.text_pair_column", "null with model.task=causal_lm", d.text_pair_column
+        )
 
 
 def hf_path_problem(path: str) -> str | None:
@@ -173,8 +198,10 @@ def hf_path_problem(path: str) -> str | None:
         return None
     if HUB_ID.fullmatch(path) and not path.endswith(HF_FILE_SUFFIXES):
         return None
-    return "no such file or directory (a .csv / .json / .jsonl / .parquet file or folder, a save_to_disk " \
-           "directory, or a hub dataset id org/name)"
+    return (
+        "no such file or directory (a .csv / .json / .jsonl / .parquet file or folder, a save_to_disk "
+        "directory, or a hub dataset id org/name)"
+    )
 
 
 def check_hf_path(cfg) -> None:

@@ -33,10 +33,15 @@ an entry the mapping already holds is set without it: `{first}.2=4`.
 def field_docs(cls: type) -> dict[str, str]:
     """A dataclass's field docstrings (the string literal after each field), read from its source."""
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {node.target.id: inspect.cleandoc(after.value.value) for node, after in zip(body, body[1:])
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-            and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)}
+    return {
+        node.target.id: inspect.cleandoc(after.value.value)
+        for node, after in zip(body, body[1:])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
 
 
 def _type_name(hint: Any) -> str:
@@ -73,7 +78,8 @@ def render() -> str:
         if allowed is not None:
             line += "; one of " + ", ".join(f"`{_value(v)}`" for v in allowed)
         groups.setdefault(key.rpartition(".")[0] or "top level", []).append(
-            f"{line}: {' '.join(doc.split())}" if doc else line)
+            f"{line}: {' '.join(doc.split())}" if doc else line
+        )
     free = free_form_keys()
     header = HEADER.format(free=", ".join(f"`{key}`" for key in free), first=free[0])
     return header + "".join(f"\n## {group}\n\n" + "\n".join(lines) + "\n" for group, lines in groups.items())

@@ -69,8 +69,9 @@ def _read_recipe(path: Path, config_dir: Path, base: dict[str, str]) -> Recipe:
     groups = {**base, **_choices(node.get("defaults", []))}
     model = {**_yaml(config_dir / "model" / f"{groups.get('model')}.yaml"), **(node.get("model") or {})}
     data = {**_yaml(config_dir / "data" / f"{groups.get('data')}.yaml"), **(node.get("data") or {})}
-    return Recipe(path.stem, data.get("name", DataConfig.name), model.get("task", ModelConfig.task),
-                  model.get("family"))
+    return Recipe(
+        path.stem, data.get("name", DataConfig.name), model.get("task", ModelConfig.task), model.get("family")
+    )
 
 
 def _yaml_root() -> Path:

@@ -28,6 +28,8 @@ def cache_dtype(dtype: str, precision: str) -> str:
     if dtype in CACHE_DTYPE_BYTES:
         return dtype
     return PRECISION_SPECS[precision].autocast or "float32"
+
+
 CACHE_AUGMENT = ("fixed", "off")
 """`cache.augment`."""
 
@@ -135,15 +137,13 @@ def check_alpha(alpha: float) -> float:
 
 def check_percentile(percentile: float) -> float:
     """`freeze.percentile`, AutoFreeze's threshold percentile: 0 < p <= 100."""
-    require(0.0 < percentile <= 100.0, "freeze.percentile", "a percentile 0 < p <= 100 (50: the median)",
-            percentile)
+    require(0.0 < percentile <= 100.0, "freeze.percentile", "a percentile 0 < p <= 100 (50: the median)", percentile)
     return float(percentile)
 
 
 def check_threshold(threshold: float) -> float:
     """`freeze.threshold`, the share of a block's peak plasticity below which it has settled: 0 < t < 1."""
-    require(0.0 < threshold < 1.0, "freeze.threshold", "a share of the block's peak plasticity, 0 < t < 1",
-            threshold)
+    require(0.0 < threshold < 1.0, "freeze.threshold", "a share of the block's peak plasticity, 0 < t < 1", threshold)
     return float(threshold)
 
 
@@ -159,26 +159,49 @@ def check_freezing(cfg) -> None:
     check_percentile(fr.percentile)
     check_threshold(fr.threshold)
     require(fr.every > 0, "freeze.every", "a number of epochs > 0 (e.g. 1, 0.5, 0.25)", fr.every)
-    require(fr.every_steps is None or fr.every_steps >= 1, "freeze.every_steps", "an integer >= 1 or null",
-            fr.every_steps)
-    require(fr.every_steps is None or fr.every == 1.0, "freeze.every",
-            "1 when freeze.every_steps is set (one interval length)", fr.every)
+    require(
+        fr.every_steps is None or fr.every_steps >= 1, "freeze.every_steps", "an integer >= 1 or null", fr.every_steps
+    )
+    require(
+        fr.every_steps is None or fr.every == 1.0,
+        "freeze.every",
+        "1 when freeze.every_steps is set (one interval length)",
+        fr.every,
+    )
     require(0.0 <= fr.max_fraction <= 1.0, "freeze.max_fraction", "0 <= f <= 1", fr.max_fraction)
     require(fr.start >= 0, "freeze.start", "an epoch >= 0", fr.start)
-    require((fr.blocks is not None) == (fr.policy == "schedule"), "freeze.blocks",
-            "a list of frozen block counts per interval exactly when freeze.policy=schedule", fr.blocks)
+    require(
+        (fr.blocks is not None) == (fr.policy == "schedule"),
+        "freeze.blocks",
+        "a list of frozen block counts per interval exactly when freeze.policy=schedule",
+        fr.blocks,
+    )
     if fr.blocks is not None:
         blocks = list(fr.blocks)
-        require(all(b >= 0 for b in blocks) and blocks == sorted(blocks)
-                and (m.depth is None or blocks[-1:] <= [m.depth]) and blocks[:1] == [0], "freeze.blocks",
-                f"non-decreasing counts starting at 0, at most model.depth={m.depth}", blocks)
+        require(
+            all(b >= 0 for b in blocks)
+            and blocks == sorted(blocks)
+            and (m.depth is None or blocks[-1:] <= [m.depth])
+            and blocks[:1] == [0],
+            "freeze.blocks",
+            f"non-decreasing counts starting at 0, at most model.depth={m.depth}",
+            blocks,
+        )
     check_choices(ca, "cache")
-    require(ca.min_frozen_units is None or ca.min_frozen_units >= 1, "cache.min_frozen_units",
-            "an integer >= 1 or null", ca.min_frozen_units)
+    require(
+        ca.min_frozen_units is None or ca.min_frozen_units >= 1,
+        "cache.min_frozen_units",
+        "an integer >= 1 or null",
+        ca.min_frozen_units,
+    )
     parse_memory(ca.max_memory)
     check_choices(au, "auto")
     if inside_epochs(fr):
         # A fixed_per_pipeline transition changes the global batch, so the epoch's remaining steps would
         # no longer be the windows of the same order that the steps before it used.
-        require(au.batch == "fixed_global", "auto.batch", "fixed_global when freezing decides inside epochs "
-                "(freeze.every not a whole number, or freeze.every_steps)", au.batch)
+        require(
+            au.batch == "fixed_global",
+            "auto.batch",
+            "fixed_global when freezing decides inside epochs (freeze.every not a whole number, or freeze.every_steps)",
+            au.batch,
+        )

@@ -95,8 +95,10 @@ def nvml_memory_totals() -> Optional[list[int]]:
         totals = []
         for i in range(count.value):
             handle, memory = ctypes.c_void_p(), Memory()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0 or \
-                    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+            if (
+                nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0
+                or nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0
+            ):
                 return None
             totals.append(memory.total)
         return totals

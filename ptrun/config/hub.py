@@ -43,8 +43,17 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 """Weight files of a Hugging Face directory that the weights loader reads (the first found wins)."""
 FETCHED_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors")
 """The weight files fetched: safetensors, whole or sharded (a repo's other formats are left on the hub)."""
-TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-             "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model")
+TOKENIZER = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 """What `AutoTokenizer.from_pretrained` reads from a tokenizer's directory."""
 TIMM_WEIGHTS = "model.safetensors"
 """A timm hub repo's (`timm/NAME.TAG`) weights: timm's own state dict, which ptrun's ViT loader reads."""
@@ -53,8 +62,10 @@ TIMM_WEIGHTS = "model.safetensors"
 DATASET_FILES = {
     "cifar10": lambda d: ("*train-*.parquet", "*test-*.parquet"),
     "cifar100": lambda d: ("*train-*.parquet", "*test-*.parquet"),
-    "glue": lambda d: (f"{d.task}/train-*.parquet",
-                       f"{d.task}/validation{'_matched' if d.task == 'mnli' else ''}-*.parquet"),
+    "glue": lambda d: (
+        f"{d.task}/train-*.parquet",
+        f"{d.task}/validation{'_matched' if d.task == 'mnli' else ''}-*.parquet",
+    ),
     "squad": lambda d: ("*train-*.parquet", "*validation-*.parquet"),
     "imagefolder": lambda d: ("*train-*.parquet", "*validation-*.parquet"),
 }
@@ -77,8 +88,11 @@ class HubId:
         return self.repo + (f"@{self.revision}" if self.revision else "")
 
     def fetch_command(self) -> str:
-        return (f"hf download {self.repo}" + (f" --revision {self.revision}" if self.revision else "")
-                + (" --repo-type dataset" if self.repo_type == "dataset" else ""))
+        return (
+            f"hf download {self.repo}"
+            + (f" --revision {self.revision}" if self.revision else "")
+            + (" --repo-type dataset" if self.repo_type == "dataset" else "")
+        )
 
 
 class NotCached(ConfigError):
@@ -114,8 +128,7 @@ def is_bare_hub_id(value: str) -> bool:
 
 def hub_cache(env: Mapping[str, str]) -> Path:
     """The hub cache `huggingface_hub` would use in environment `env` (its own precedence of variables)."""
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
-                                               "huggingface")
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
     cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
     return Path(os.path.expandvars(cache)).expanduser()
 
@@ -201,8 +214,10 @@ def _not_cached(missing: list[NotCached]) -> str:
     ids = ", ".join(f"{e.key}={str(e.hub_id)!r}" for e in missing)
     commands = "; ".join(e.hub_id.fetch_command() for e in missing)
     extra = "".join(f"; {e.extra}" for e in missing if e.extra)
-    return (f"not in the Hugging Face cache ({first.cache}) and {first.why}: {ids}; fetch them on a machine "
-            f"with access: {commands}{extra}")
+    return (
+        f"not in the Hugging Face cache ({first.cache}) and {first.why}: {ids}; fetch them on a machine "
+        f"with access: {commands}{extra}"
+    )
 
 
 def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> Optional[str]:
@@ -224,8 +239,9 @@ def _say(key: str, hub_id: HubId, local: str) -> None:
     print(f"{key}={hub_id} -> {local}", file=sys.stderr, flush=True)
 
 
-def _fetch(key: str, hub_id: HubId, patterns: tuple[str, ...], needed: tuple[str, ...],
-           env: Mapping[str, str], extra: str = "") -> str:
+def _fetch(
+    key: str, hub_id: HubId, patterns: tuple[str, ...], needed: tuple[str, ...], env: Mapping[str, str], extra: str = ""
+) -> str:
     """The snapshot directory of `hub_id` with the files matching `patterns` fetched (from the cache alone
     when offline; huggingface_hub's progress bars show a download); ConfigError unless it holds one of
     `needed` (file names or globs; a dataset: every one of them). `extra`: what else the user may do, said
@@ -235,21 +251,32 @@ def _fetch(key: str, hub_id: HubId, patterns: tuple[str, ...], needed: tuple[str
 
     offline = hub_offline(env)
     try:
-        snapshot = snapshot_download(hub_id.repo, repo_type=hub_id.repo_type, revision=hub_id.revision,
-                                     cache_dir=hub_cache(env), endpoint=env.get("HF_ENDPOINT"),
-                                     allow_patterns=list(patterns), local_files_only=offline)
+        snapshot = snapshot_download(
+            hub_id.repo,
+            repo_type=hub_id.repo_type,
+            revision=hub_id.revision,
+            cache_dir=hub_cache(env),
+            endpoint=env.get("HF_ENDPOINT"),
+            allow_patterns=list(patterns),
+            local_files_only=offline,
+        )
     except IncompleteSnapshotError as e:  # files the repo has beyond what was fetched: `needed` decides
         snapshot = e.snapshot_path
     except Exception as e:
         raise _problem(key, hub_id, e, env, extra=extra) from None
     found = [any(_glob(snapshot, name)) for name in needed]
     if not (all(found) if hub_id.repo_type == "dataset" else any(found)):
-        where = ("fetch them on a machine with access: " + hub_id.fetch_command() if offline else
-                 f"the repo on the hub has none of them as ptrun fetches them ({', '.join(patterns)})")
+        where = (
+            "fetch them on a machine with access: " + hub_id.fetch_command()
+            if offline
+            else f"the repo on the hub has none of them as ptrun fetches them ({', '.join(patterns)})"
+        )
         what = "lacks" if hub_id.repo_type == "dataset" else "holds none of"
         lacking = [n for n, f in zip(needed, found) if not f] if hub_id.repo_type == "dataset" else needed
-        raise ConfigError(f"{key}={str(hub_id)!r}: its snapshot {snapshot} {what} {', '.join(lacking)}; {where}"
-                          + (f"; {extra}" if extra else ""))
+        raise ConfigError(
+            f"{key}={str(hub_id)!r}: its snapshot {snapshot} {what} {', '.join(lacking)}; {where}"
+            + (f"; {extra}" if extra else "")
+        )
     return snapshot
 
 
@@ -267,17 +294,30 @@ def _fetch_file(key: str, hub_id: HubId, name: str, env: Mapping[str, str]) -> s
     from huggingface_hub import hf_hub_download
 
     try:
-        return hf_hub_download(hub_id.repo, name, revision=hub_id.revision, cache_dir=hub_cache(env),
-                               endpoint=env.get("HF_ENDPOINT"), local_files_only=hub_offline(env))
+        return hf_hub_download(
+            hub_id.repo,
+            name,
+            revision=hub_id.revision,
+            cache_dir=hub_cache(env),
+            endpoint=env.get("HF_ENDPOINT"),
+            local_files_only=hub_offline(env),
+        )
     except Exception as e:
         raise _problem(key, hub_id, e, env, name) from None
 
 
-def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], name: str = "",
-             extra: str = "") -> ConfigError:
+def _problem(
+    key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], name: str = "", extra: str = ""
+) -> ConfigError:
     """One line saying why `hub_id` could not be had, and what to do (then `extra`, what else may be done)."""
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     head = f"{key}={str(hub_id)!r}: no such file or directory"
     what = f"{name} of {hub_id} is not" if name else "not"
@@ -288,21 +328,34 @@ def _problem(key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], 
         why = "HF_HUB_OFFLINE=1" if hub_offline(env) else "the hub cannot be reached"
         # a bare name may as well be a directory the user mistyped: say it is neither
         what = f"no such file or directory, and {what}" if "/" not in hub_id.repo else what
-        return NotCached(f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
-                         f"fetch it on a machine with access: {hub_id.fetch_command()}{tail}", key, hub_id, why,
-                         hub_cache(env), extra)
+        return NotCached(
+            f"{key}={str(hub_id)!r}: {what} in the Hugging Face cache ({hub_cache(env)}) and {why}; "
+            f"fetch it on a machine with access: {hub_id.fetch_command()}{tail}",
+            key,
+            hub_id,
+            why,
+            hub_cache(env),
+            extra,
+        )
     if isinstance(error, RevisionNotFoundError):
-        return ConfigError(f"{key}={str(hub_id)!r}: the Hugging Face hub has no revision {hub_id.revision!r} of "
-                           f"{hub_id.repo}")
+        return ConfigError(
+            f"{key}={str(hub_id)!r}: the Hugging Face hub has no revision {hub_id.revision!r} of {hub_id.repo}"
+        )
     kind = "dataset" if hub_id.repo_type == "dataset" else "model"
     if isinstance(error, GatedRepoError):  # the repo is there, its terms not accepted by this token
-        return ConfigError(f"{key}={str(hub_id)!r}: gated on the Hugging Face hub and this machine has no access; "
-                           f"accept its terms at https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}"
-                           f"{hub_id.repo} and log in (hf auth login, or set HF_TOKEN){tail}")
+        return ConfigError(
+            f"{key}={str(hub_id)!r}: gated on the Hugging Face hub and this machine has no access; "
+            f"accept its terms at https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}"
+            f"{hub_id.repo} and log in (hf auth login, or set HF_TOKEN){tail}"
+        )
     if isinstance(error, RepositoryNotFoundError):  # also private repos without a token
-        return ConfigError(f"{head}, nor a {kind} on the Hugging Face hub (if it is private or gated: hf auth "
-                           f"login, or set HF_TOKEN){tail}")
+        return ConfigError(
+            f"{head}, nor a {kind} on the Hugging Face hub (if it is private or gated: hf auth "
+            f"login, or set HF_TOKEN){tail}"
+        )
     if isinstance(error, EntryNotFoundError):
         return ConfigError(f"{key}={str(hub_id)!r}: {hub_id} has no {name or 'such file'}")
-    return ConfigError(f"{key}={str(hub_id)!r}: cannot fetch it from the Hugging Face hub "
-                       f"({type(error).__name__}: {' '.join(str(error).split())[:200]}){tail}")
+    return ConfigError(
+        f"{key}={str(hub_id)!r}: cannot fetch it from the Hugging Face hub "
+        f"({type(error).__name__}: {' '.join(str(error).split())[:200]}){tail}"
+    )

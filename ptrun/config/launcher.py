@@ -112,11 +112,19 @@ def check_devices(lc: LauncherConfig) -> None:
     """On the machine that starts: one worker per GPU at most (a worker beyond them would ask CUDA for a
     device that does not exist), and `backend=nccl` only where there is a GPU. Raises ConfigError."""
     gpus = visible_gpus(lc)
-    require(lc.backend != "nccl" or gpus > 0, "launcher.backend", "gloo or auto on a machine without a GPU "
-            "(nccl needs CUDA)", lc.backend)
-    require(lc.nproc_per_node == "auto" or not gpus or lc.nproc_per_node <= gpus, "launcher.nproc_per_node",
-            f"at most the {gpus} GPU{'s' if gpus > 1 else ''} this machine shows (CUDA_VISIBLE_DEVICES), or auto "
-            f"for one worker per GPU", lc.nproc_per_node)
+    require(
+        lc.backend != "nccl" or gpus > 0,
+        "launcher.backend",
+        "gloo or auto on a machine without a GPU (nccl needs CUDA)",
+        lc.backend,
+    )
+    require(
+        lc.nproc_per_node == "auto" or not gpus or lc.nproc_per_node <= gpus,
+        "launcher.nproc_per_node",
+        f"at most the {gpus} GPU{'s' if gpus > 1 else ''} this machine shows (CUDA_VISIBLE_DEVICES), or auto "
+        f"for one worker per GPU",
+        lc.nproc_per_node,
+    )
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int | None] | None:
@@ -160,28 +168,44 @@ def check_machines(lc: LauncherConfig) -> None:
     if lo > 1 and endpoint is not None and (only_this_machine(endpoint[0]) or endpoint[1] == 0):
         # The rendezvous store would listen where no other machine can connect (loopback, or a port chosen at
         # random on this machine), so the job would wait for machines that can never join (join timeout 900 s).
-        why = " and ".join(w for w, bad in (("a loopback host", only_this_machine(endpoint[0])),
-                                            ("port 0", endpoint[1] == 0)) if bad)
-        raise ConfigError(f"launcher.nnodes={lc.nnodes!r} is not allowed with launcher.rdzv_endpoint="
-                          f"{lc.rdzv_endpoint!r} ({why}: no other machine can join); set launcher.rdzv_endpoint="
-                          f"HOST:PORT that every machine reaches and run the same command on each, or "
-                          f"launcher.nnodes=1 for one machine")
+        why = " and ".join(
+            w for w, bad in (("a loopback host", only_this_machine(endpoint[0])), ("port 0", endpoint[1] == 0)) if bad
+        )
+        raise ConfigError(
+            f"launcher.nnodes={lc.nnodes!r} is not allowed with launcher.rdzv_endpoint="
+            f"{lc.rdzv_endpoint!r} ({why}: no other machine can join); set launcher.rdzv_endpoint="
+            f"HOST:PORT that every machine reaches and run the same command on each, or "
+            f"launcher.nnodes=1 for one machine"
+        )
     # Without an id each machine names its rendezvous after its own run directory plus a random suffix
     # (launch.launch_config), so the machines of one job would never meet: each waits, or starts alone.
-    require(hi == 1 or bool(lc.rdzv_id), "launcher.rdzv_id", f"the same id on every machine of a "
-            f"launcher.nnodes={lc.nnodes!r} job (e.g. launcher.rdzv_id=myjob-1), or launcher.nnodes=1 for one "
-            f"machine", lc.rdzv_id)
+    require(
+        hi == 1 or bool(lc.rdzv_id),
+        "launcher.rdzv_id",
+        f"the same id on every machine of a "
+        f"launcher.nnodes={lc.nnodes!r} job (e.g. launcher.rdzv_id=myjob-1), or launcher.nnodes=1 for one "
+        f"machine",
+        lc.rdzv_id,
+    )
 
 
 def check_launcher(cfg) -> None:
     lc = cfg.launcher
-    require(lc.nproc_per_node == "auto" or (isinstance(lc.nproc_per_node, int) and lc.nproc_per_node >= 1),
-            "launcher.nproc_per_node", "an integer >= 1 or auto", lc.nproc_per_node)
+    require(
+        lc.nproc_per_node == "auto" or (isinstance(lc.nproc_per_node, int) and lc.nproc_per_node >= 1),
+        "launcher.nproc_per_node",
+        "an integer >= 1 or auto",
+        lc.nproc_per_node,
+    )
     require(lc.max_restarts >= 0, "launcher.max_restarts", "an integer >= 0", lc.max_restarts)
     require(lc.rdzv_last_call >= 1, "launcher.rdzv_last_call", "whole seconds >= 1", lc.rdzv_last_call)
     require(lc.stop_timeout >= 1, "launcher.stop_timeout", "whole seconds >= 1", lc.stop_timeout)
-    require(lc.threads_per_worker == "auto" or (isinstance(lc.threads_per_worker, int) and lc.threads_per_worker >= 1),
-            "launcher.threads_per_worker", "an integer >= 1 or auto", lc.threads_per_worker)
+    require(
+        lc.threads_per_worker == "auto" or (isinstance(lc.threads_per_worker, int) and lc.threads_per_worker >= 1),
+        "launcher.threads_per_worker",
+        "an integer >= 1 or auto",
+        lc.threads_per_worker,
+    )
     check_choices(lc, "launcher")
     parse_nnodes(lc.nnodes)
     if cfg.device.memory is not None:

@@ -30,10 +30,17 @@ def width_problem(pipe, world: int, nproc: Any = None, note: str = "") -> tuple 
     k, replicas = pipe.length, pipe.first_stage_replicas
     if replicas > 1 and world != replicas + k - 1:
         if nproc is not None:
-            return ("launcher.nproc_per_node", f"{replicas + k - 1} workers for pipe.first_stage_replicas="
-                    f"{replicas} at pipe.length={k} (replicas + length - 1{note})", nproc)
-        return ("pipe.first_stage_replicas", f"{world - k + 1} with {world} workers at pipe.length={k} "
-                f"(workers = replicas + length - 1)", replicas)
+            return (
+                "launcher.nproc_per_node",
+                f"{replicas + k - 1} workers for pipe.first_stage_replicas="
+                f"{replicas} at pipe.length={k} (replicas + length - 1{note})",
+                nproc,
+            )
+        return (
+            "pipe.first_stage_replicas",
+            f"{world - k + 1} with {world} workers at pipe.length={k} (workers = replicas + length - 1)",
+            replicas,
+        )
     if replicas == 1 and world % k:
         return "pipe.length", f"a divisor of the world size {world} (launcher.nproc_per_node x nnodes{note})", k
     return None
@@ -90,14 +97,18 @@ def length_problem(pipe, k: int, world: int, global_batch: int, num_units: int |
         problem = schedule_problem(schedule, k, pipe.stages_per_rank, m)
         return None if problem is None else f"{problem[0]}={problem[2]!r} is not allowed: {problem[1]}"
     # `auto` and unset: some count must divide the replica's batch and suit the schedule
-    if any(per_replica % c == 0 and schedule_problem(schedule, k, pipe.stages_per_rank, c) is None
-           for c in range(1, per_replica + 1)):
+    if any(
+        per_replica % c == 0 and schedule_problem(schedule, k, pipe.stages_per_rank, c) is None
+        for c in range(1, per_replica + 1)
+    ):
         return None
     key, allowed, value = schedule_problem(schedule, k, pipe.stages_per_rank, per_replica)
     if key != "pipe.microbatches":  # a rule of the schedule that no count satisfies
         return f"{key}={value!r} is not allowed: {allowed}"
-    return (f"no micro-batch count divides the per-replica batch {per_replica} and suits pipe.schedule={schedule} "
-            f"at pipe.length={k} ({allowed})")
+    return (
+        f"no micro-batch count divides the per-replica batch {per_replica} and suits pipe.schedule={schedule} "
+        f"at pipe.length={k} ({allowed})"
+    )
 
 
 def batch_at(train, dp: int) -> int:
@@ -125,8 +136,9 @@ def no_length_fits(world: int, reasons: dict[int, str], note: str = "", hint: st
     """The one-line refusal of `pipe.length=auto` when every candidate length broke a rule: each length with
     the first rule it broke (`reasons`, in order), then `hint`."""
     per_length = "; ".join(f"K={k}: {reason}" for k, reason in reasons.items())
-    return ConfigError(f"pipe.length=auto: no layout fits {world} workers{note}: {per_length}"
-                       + (f"; {hint}" if hint else ""))
+    return ConfigError(
+        f"pipe.length=auto: no layout fits {world} workers{note}: {per_length}" + (f"; {hint}" if hint else "")
+    )
 
 
 def auto_lengths(world: int) -> list[int]:
@@ -175,14 +187,26 @@ def check_layout(cfg) -> None:
     if auto_m:
         # `auto` needs one count that works: the schedule's stage rules still apply, its micro-batch rules
         # only narrow the candidates (on several machines the batch per replica is known only at start).
-        counts = [m for m in range(1, per_replica + 1) if per_replica % m == 0] if per_replica else \
-            range(1, 4 * num_stages + 1)
+        counts = (
+            [m for m in range(1, per_replica + 1) if per_replica % m == 0]
+            if per_replica
+            else range(1, 4 * num_stages + 1)
+        )
         problems = [schedule_problem(p.schedule, k, p.stages_per_rank, m) for m in counts]
         if all(problems):
-            require(False, *next((pr for pr in problems if pr[0] != "pipe.microbatches"), (
-                "pipe.microbatches", f"a count that suits {p.schedule} at pipe.length={k}"
-                + (f" and divides the per-replica batch {per_replica}" if per_replica else "") + "; none does",
-                p.microbatches)))
+            require(
+                False,
+                *next(
+                    (pr for pr in problems if pr[0] != "pipe.microbatches"),
+                    (
+                        "pipe.microbatches",
+                        f"a count that suits {p.schedule} at pipe.length={k}"
+                        + (f" and divides the per-replica batch {per_replica}" if per_replica else "")
+                        + "; none does",
+                        p.microbatches,
+                    ),
+                ),
+            )
     else:
         problem = schedule_problem(p.schedule, k, p.stages_per_rank, p.microbatches)
         if problem:

@@ -32,8 +32,9 @@ class Family:
 
 FAMILY_SPECS: dict[str, Family] = {
     "vit": Family("timm", ("vit_", "deit"), ("ptrun.models.vit",)),
-    "transformers": Family("transformers", ("bert",),
-                           ("transformers.modeling_utils", "transformers.tokenization_utils_tokenizers")),
+    "transformers": Family(
+        "transformers", ("bert",), ("transformers.modeling_utils", "transformers.tokenization_utils_tokenizers")
+    ),
 }
 """Every model family, by the name `model_family` gives."""
 FAMILY_ALIASES = {"bert": "transformers"}
@@ -148,6 +149,8 @@ def model_family(cfg: ModelConfig) -> str:
     named = named_family(cfg)
     if named is not None:
         return named
-    raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
-                      f"a BERT preset (bert-tiny ... bert-large), a Hugging Face directory as model.pretrained, "
-                      f"or set model.family")
+    raise ConfigError(
+        f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name, "
+        f"a BERT preset (bert-tiny ... bert-large), a Hugging Face directory as model.pretrained, "
+        f"or set model.family"
+    )

@@ -35,8 +35,12 @@ class PaperConfig:
 
 def check_paper(cfg) -> None:
     p = cfg.paper
-    require(p.setup is not None or (p.metric is None and p.result is None), "paper.setup",
-            "the words naming the paper's setup whenever its numbers are given", p.setup)
+    require(
+        p.setup is not None or (p.metric is None and p.result is None),
+        "paper.setup",
+        "the words naming the paper's setup whenever its numbers are given",
+        p.setup,
+    )
     require(p.gpus is None or p.gpus >= 1, "paper.gpus", "an integer >= 1 or null", p.gpus)
     require(p.epochs is None or p.epochs >= 1, "paper.epochs", "an integer >= 1 or null", p.epochs)
 
@@ -49,8 +53,13 @@ def quick_try(cfg, gpus: int) -> Optional[str]:
 
     if cfg.paper.setup is None or gpus or cfg.train.max_steps_per_epoch is not None:
         return None
-    batch = (f"train.pipeline_batch_size={min(16, cfg.train.pipeline_batch_size)}"
-             if cfg.train.pipeline_batch_size else f"train.global_batch_size={min(16, cfg.train.global_batch_size)}")
+    batch = (
+        f"train.pipeline_batch_size={min(16, cfg.train.pipeline_batch_size)}"
+        if cfg.train.pipeline_batch_size
+        else f"train.global_batch_size={min(16, cfg.train.global_batch_size)}"
+    )
     size = "data.image_size=64" if run_inputs(cfg) == "images" else "data.max_length=64"
-    return (f"ptrun: recipe {cfg.recipe} trains at the paper's size, on this machine's CPU for hours or days; a quick "
-            f"try shrinks it: train.epochs=1 train.max_steps_per_epoch=20 {batch} {size}")
+    return (
+        f"ptrun: recipe {cfg.recipe} trains at the paper's size, on this machine's CPU for hours or days; a quick "
+        f"try shrinks it: train.epochs=1 train.max_steps_per_epoch=20 {batch} {size}"
+    )

@@ -9,7 +9,6 @@ from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
 
 
-
 @dataclass(frozen=True)
 class Schedule:
     """What ptrun knows of one `pipe.schedule`, in one place: the config's rules (`schedule_problem`), the
@@ -130,8 +129,11 @@ def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches:
         return "pipe.stages_per_rank", f"{spec.stages_per_rank} for {schedule}{why}", stages_per_rank
     rule = spec.microbatches
     if rule == "one" and microbatches != 1:
-        return ("pipe.microbatches", f"1 for {schedule} (a mini-batch is one replica batch; the pipeline stays "
-                "full across steps instead)", microbatches)
+        return (
+            "pipe.microbatches",
+            f"1 for {schedule} (a mini-batch is one replica batch; the pipeline stays full across steps instead)",
+            microbatches,
+        )
     if rule == "at_least_length" and microbatches < pp:
         return "pipe.microbatches", f"at least pipe.length={pp} for {schedule}", microbatches
     if rule == "multiple_of_length" and microbatches % pp:
@@ -146,36 +148,64 @@ def check_pipe(cfg) -> None:
     p, m = cfg.pipe, cfg.model
     check_choices(p, "pipe")
     auto_k = p.length == "auto"
-    require(auto_k or (isinstance(p.length, int) and p.length >= 1), "pipe.length", "an integer >= 1 or auto",
-            p.length)
+    require(auto_k or (isinstance(p.length, int) and p.length >= 1), "pipe.length", "an integer >= 1 or auto", p.length)
     # `auto` and unset: the count is chosen at start, so only "some count works" can be checked here.
     auto_m = p.microbatches == "auto" or p.microbatches is None
-    require(auto_m or (isinstance(p.microbatches, int) and p.microbatches >= 1), "pipe.microbatches",
-            "an integer >= 1, auto, or unset (follows the pipeline length)", p.microbatches)
+    require(
+        auto_m or (isinstance(p.microbatches, int) and p.microbatches >= 1),
+        "pipe.microbatches",
+        "an integer >= 1, auto, or unset (follows the pipeline length)",
+        p.microbatches,
+    )
     if auto_k:
-        require(p.stages is None, "pipe.length", "an integer with pipe.stages (explicit stages fix the length)",
-                p.length)
+        require(
+            p.stages is None, "pipe.length", "an integer with pipe.stages (explicit stages fix the length)", p.length
+        )
     require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
-    require((p.stages is not None) == (p.partition == "explicit"), "pipe.stages",
-            "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit", p.stages)
+    require(
+        (p.stages is not None) == (p.partition == "explicit"),
+        "pipe.stages",
+        "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit",
+        p.stages,
+    )
     num_stages = (1 if auto_k else p.length) * p.stages_per_rank
     num_units = 2 * m.depth + 2 if m.depth else None  # embedding, two halves per block, head
     if p.stages is not None:
         ranges = [list(r) for r in p.stages]
-        require(len(ranges) == num_stages, "pipe.stages",
-                f"{num_stages} ranges (pipe.length x pipe.stages_per_rank)", ranges)
+        require(
+            len(ranges) == num_stages,
+            "pipe.stages",
+            f"{num_stages} ranges (pipe.length x pipe.stages_per_rank)",
+            ranges,
+        )
         edges = [r[0] for r in ranges if len(r) == 2] + [ranges[-1][-1]]
-        require(all(len(r) == 2 and r[0] < r[1] for r in ranges) and edges[0] == 0
-                and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-                and (num_units is None or edges[-1] == num_units), "pipe.stages",
-                f"contiguous non-empty [lo, hi) unit ranges from 0 to the model's "
-                f"{num_units if num_units else 'unit count'}", ranges)
+        require(
+            all(len(r) == 2 and r[0] < r[1] for r in ranges)
+            and edges[0] == 0
+            and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            and (num_units is None or edges[-1] == num_units),
+            "pipe.stages",
+            f"contiguous non-empty [lo, hi) unit ranges from 0 to the model's "
+            f"{num_units if num_units else 'unit count'}",
+            ranges,
+        )
     if num_units is not None and not auto_k:
-        require(num_stages <= num_units, "pipe.length",
-                f"at most {num_units} stages in all (the model's units; pipe.length x pipe.stages_per_rank "
-                f"= {num_stages})", p.length)
+        require(
+            num_stages <= num_units,
+            "pipe.length",
+            f"at most {num_units} stages in all (the model's units; pipe.length x pipe.stages_per_rank = {num_stages})",
+            p.length,
+        )
     parse_recompute(p.recompute)
-    require(isinstance(p.first_stage_replicas, int) and p.first_stage_replicas >= 1, "pipe.first_stage_replicas",
-            "an integer >= 1", p.first_stage_replicas)
-    require(not p.vertical_sync or p.weight_stashing, "pipe.vertical_sync",
-            "false unless pipe.weight_stashing=true (vertical sync picks among stashed versions)", p.vertical_sync)
+    require(
+        isinstance(p.first_stage_replicas, int) and p.first_stage_replicas >= 1,
+        "pipe.first_stage_replicas",
+        "an integer >= 1",
+        p.first_stage_replicas,
+    )
+    require(
+        not p.vertical_sync or p.weight_stashing,
+        "pipe.vertical_sync",
+        "false unless pipe.weight_stashing=true (vertical sync picks among stashed versions)",
+        p.vertical_sync,
+    )

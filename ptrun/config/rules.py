@@ -80,5 +80,6 @@ def parse_memory(spec: str, total: int | None = None, key: str = "cache.max_memo
             raise ValueError
         return int(value * units[unit])
     except ValueError:
-        raise ConfigError(f"{key}={spec!r} is not allowed: a share such as 50% (0-100] or "
-                          f"a size such as 8GB, 512MB, 4096") from None
+        raise ConfigError(
+            f"{key}={spec!r} is not allowed: a share such as 50% (0-100] or a size such as 8GB, 512MB, 4096"
+        ) from None

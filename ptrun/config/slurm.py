@@ -30,9 +30,24 @@ from typing import Iterable, Iterator, Mapping, Optional
 from ptrun.config.launcher import LauncherConfig, parse_nnodes
 from ptrun.errors import ConfigError
 
-__all__ = ["BASE_PORT", "HOSTLIST_ALLOWED", "LAYOUT_FIELDS", "NODE_COUNT_VARS", "NODELIST_VARS", "PORT_SPREAD",
-           "TASKS_PER_NODE_VARS", "SlurmJob", "expand_hostlist", "explicit_fields", "first_host", "from_slurm",
-           "in_slurm", "iter_hosts", "read_job", "summary"]
+__all__ = [
+    "BASE_PORT",
+    "HOSTLIST_ALLOWED",
+    "LAYOUT_FIELDS",
+    "NODE_COUNT_VARS",
+    "NODELIST_VARS",
+    "PORT_SPREAD",
+    "TASKS_PER_NODE_VARS",
+    "SlurmJob",
+    "expand_hostlist",
+    "explicit_fields",
+    "first_host",
+    "from_slurm",
+    "in_slurm",
+    "iter_hosts",
+    "read_job",
+    "summary",
+]
 
 BASE_PORT = 29400  # torch's c10d default
 PORT_SPREAD = 1000  # 29400-30399: below Linux's ephemeral range (32768-60999), where clients' ports come from
@@ -51,6 +66,7 @@ def in_slurm(env: Mapping[str, str]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- host lists
+
 
 def _split_top_level(text: str, var: str) -> list[str]:
     """`a,b[1,2],c` -> [`a`, `b[1,2]`, `c`]: commas inside brackets separate numbers, not hosts."""
@@ -80,8 +96,10 @@ def _ranges(group: str, text: str, var: str) -> list[tuple[str, int]]:
     for part in group.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
-            raise ConfigError(f"{var}={text!r} is not allowed: {HOSTLIST_ALLOWED} (cannot read the range "
-                              f"{part!r}: N or LOW-HIGH with LOW <= HIGH)")
+            raise ConfigError(
+                f"{var}={text!r} is not allowed: {HOSTLIST_ALLOWED} (cannot read the range "
+                f"{part!r}: N or LOW-HIGH with LOW <= HIGH)"
+            )
         out.append((m.group(1), int(m.group(2) or m.group(1))))
     return out
 
@@ -138,6 +156,7 @@ def first_host(text: str, var: str = "SLURM_JOB_NODELIST") -> str:
 
 # ------------------------------------------------------------------------------------------------ the job
 
+
 @dataclass(frozen=True)
 class SlurmJob:
     job_id: str
@@ -167,8 +186,10 @@ def _check_one_task_per_node(env: Mapping[str, str]) -> None:
     if any(c is None for c in counts):
         raise ConfigError(f"{var}={value!r} is not allowed: task counts per node such as 1 or 1(x2)")
     if any(int(c.group(1)) != 1 for c in counts):  # type: ignore[union-attr]
-        raise ConfigError(f"{var}={value} is not allowed: 1 (ptrun runs one agent per node, which starts "
-                          f"launcher.nproc_per_node workers itself; submit with --ntasks-per-node=1)")
+        raise ConfigError(
+            f"{var}={value} is not allowed: 1 (ptrun runs one agent per node, which starts "
+            f"launcher.nproc_per_node workers itself; submit with --ntasks-per-node=1)"
+        )
 
 
 def read_job(env: Mapping[str, str], with_host: bool = True) -> Optional[SlurmJob]:
@@ -182,8 +203,10 @@ def read_job(env: Mapping[str, str], with_host: bool = True) -> Optional[SlurmJo
     _check_one_task_per_node(env)
     var, value = _first(env, NODE_COUNT_VARS)
     if var is None:
-        raise ConfigError(f"none of {', '.join(NODE_COUNT_VARS)} is set: the number of nodes of the SLURM job "
-                          f"(or give launcher.nnodes)")
+        raise ConfigError(
+            f"none of {', '.join(NODE_COUNT_VARS)} is set: the number of nodes of the SLURM job "
+            f"(or give launcher.nnodes)"
+        )
     nnodes = _count(var, value, "the number of nodes, an integer >= 1")
     if nnodes < 1:
         raise ConfigError(f"{var}={value!r} is not allowed: the number of nodes, an integer >= 1")
@@ -191,8 +214,9 @@ def read_job(env: Mapping[str, str], with_host: bool = True) -> Optional[SlurmJo
     if env.get("SLURM_NODEID", "").strip():
         node_id = _count("SLURM_NODEID", env["SLURM_NODEID"], f"this node's index, 0 to {nnodes - 1}")
         if node_id >= nnodes:
-            raise ConfigError(f"SLURM_NODEID={node_id} is not allowed: this node's index, 0 to {nnodes - 1} "
-                              f"({var}={nnodes})")
+            raise ConfigError(
+                f"SLURM_NODEID={node_id} is not allowed: this node's index, 0 to {nnodes - 1} ({var}={nnodes})"
+            )
     host = (env.get("MASTER_ADDR", "").strip() or None) if with_host else None
     list_var, nodelist = _first(env, NODELIST_VARS)
     if with_host and host is None and list_var is not None:
@@ -213,8 +237,8 @@ def explicit_fields(overrides: Iterable[str]) -> set[str]:
     out = set()
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~").strip()
-        if key.startswith("launcher.") and key[len("launcher."):] in names:
-            out.add(key[len("launcher."):])
+        if key.startswith("launcher.") and key[len("launcher.") :] in names:
+            out.add(key[len("launcher.") :])
     return out
 
 
@@ -237,8 +261,10 @@ def from_slurm(launcher: LauncherConfig, env: Mapping[str, str], explicit: set[s
     # can hold); the agents of several nodes meet at one host's port.
     if "rdzv_endpoint" not in explicit and max_nodes > 1:
         if job.host is None:
-            raise ConfigError(f"none of MASTER_ADDR, {', '.join(NODELIST_VARS)} is set: the SLURM job's hosts, "
-                              f"where the rendezvous is (or give launcher.rdzv_endpoint)")
+            raise ConfigError(
+                f"none of MASTER_ADDR, {', '.join(NODELIST_VARS)} is set: the SLURM job's hosts, "
+                f"where the rendezvous is (or give launcher.rdzv_endpoint)"
+            )
         changes["rdzv_endpoint"] = f"[{job.host}]:{job.port}" if ":" in job.host else f"{job.host}:{job.port}"
     return replace(launcher, **changes)
 
@@ -250,5 +276,7 @@ def summary(launcher: LauncherConfig, env: Mapping[str, str], explicit: set[str]
     node = env.get("SLURM_NODEID", "?").strip()
     given = sorted(f"launcher.{f}" for f in set(LAYOUT_FIELDS) & explicit)
     note = f" ({', '.join(given)} from the command line)" if given else ""
-    return (f"ptrun: SLURM job {env['SLURM_JOB_ID'].strip()}: node {node} of {launcher.nnodes}, rendezvous at "
-            f"{launcher.rdzv_endpoint} (id {launcher.rdzv_id}){note}")
+    return (
+        f"ptrun: SLURM job {env['SLURM_JOB_ID'].strip()}: node {node} of {launcher.nnodes}, rendezvous at "
+        f"{launcher.rdzv_endpoint} (id {launcher.rdzv_id}){note}"
+    )

@@ -169,28 +169,41 @@ def check_training(cfg) -> None:
     check_choices(t, "train")
     require(t.epochs >= 1, "train.epochs", "an integer >= 1", t.epochs)
     if t.pipeline_batch_size is None:
-        require(t.global_batch_size is not None and t.global_batch_size >= 1, "train.global_batch_size",
-                "an integer >= 1 (or null with train.pipeline_batch_size set)", t.global_batch_size)
+        require(
+            t.global_batch_size is not None and t.global_batch_size >= 1,
+            "train.global_batch_size",
+            "an integer >= 1 (or null with train.pipeline_batch_size set)",
+            t.global_batch_size,
+        )
     else:
-        require(t.pipeline_batch_size >= 1, "train.pipeline_batch_size", "an integer >= 1 or null",
-                t.pipeline_batch_size)
-        require(t.global_batch_size is None, "train.global_batch_size",
-                f"null while train.pipeline_batch_size={t.pipeline_batch_size} gives the batch (the global batch "
-                f"is that times the data-parallel width); to give the global batch, add "
-                f"train.pipeline_batch_size=null", t.global_batch_size)
+        require(
+            t.pipeline_batch_size >= 1, "train.pipeline_batch_size", "an integer >= 1 or null", t.pipeline_batch_size
+        )
+        require(
+            t.global_batch_size is None,
+            "train.global_batch_size",
+            f"null while train.pipeline_batch_size={t.pipeline_batch_size} gives the batch (the global batch "
+            f"is that times the data-parallel width); to give the global batch, add "
+            f"train.pipeline_batch_size=null",
+            t.global_batch_size,
+        )
     require(t.grad_clip >= 0, "train.grad_clip", "a norm >= 0 (0 = off)", t.grad_clip)
     require(t.eval_every_epochs >= 1, "train.eval_every_epochs", "an integer >= 1", t.eval_every_epochs)
     require(t.log_every_steps >= 1, "train.log_every_steps", "an integer >= 1", t.log_every_steps)
-    require(t.profile_step is None or t.profile_step >= 0, "train.profile_step", "a step >= 0 or null",
-            t.profile_step)
-    require(t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
-            "an integer >= 1 or null", t.max_steps_per_epoch)
+    require(t.profile_step is None or t.profile_step >= 0, "train.profile_step", "a step >= 0 or null", t.profile_step)
+    require(
+        t.max_steps_per_epoch is None or t.max_steps_per_epoch >= 1,
+        "train.max_steps_per_epoch",
+        "an integer >= 1 or null",
+        t.max_steps_per_epoch,
+    )
     check_choices(o, "optim")
     require(o.lr > 0, "optim.lr", "a learning rate > 0", o.lr)
     require(o.weight_decay >= 0, "optim.weight_decay", "a value >= 0", o.weight_decay)
     require(0.0 <= o.warmup_fraction < 1.0, "optim.warmup_fraction", "0 <= f < 1", o.warmup_fraction)
-    require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)",
-            list(o.betas))
+    require(
+        len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", "two values in [0, 1)", list(o.betas)
+    )
     require(ck.every_epochs >= 0, "checkpoint.every_epochs", "an integer >= 0", ck.every_epochs)
     require(ck.keep >= 1, "checkpoint.keep", "an integer >= 1", ck.keep)
     require(ck.every_steps >= 0, "checkpoint.every_steps", "an integer >= 0 (0 = off)", ck.every_steps)
@@ -200,9 +213,13 @@ def check_compiler(t: TrainConfig, env: dict | None = None) -> None:
     """`train.compile=true` on the machine that launches: inductor builds its kernels with a C++ compiler
     (on a GPU too: triton's launchers are C), so none found is refused before any worker starts."""
     if t.compile is True:
-        require(c_compiler(env) is not None, "train.compile", "true only where inductor can build, and no C "
-                "compiler was found ($CXX, $CC, g++, c++, clang++, gcc, cc, clang): install one, or leave it auto",
-                "true")
+        require(
+            c_compiler(env) is not None,
+            "train.compile",
+            "true only where inductor can build, and no C "
+            "compiler was found ($CXX, $CC, g++, c++, clang++, gcc, cc, clang): install one, or leave it auto",
+            "true",
+        )
 
 
 def c_compiler(env: dict | None = None) -> str | None:

@@ -5,8 +5,12 @@ any worker starts, imports `ptrun.data.hf_read` without torch, torchvision and e
 
 from importlib import import_module
 
-_HOMES = {"DataSplits": "ptrun.data.splits", "EpochSampler": "ptrun.data.sampler",
-          "build_datasets": "ptrun.data.sources", "iterate_batches": "ptrun.data.loader"}
+_HOMES = {
+    "DataSplits": "ptrun.data.splits",
+    "EpochSampler": "ptrun.data.sampler",
+    "build_datasets": "ptrun.data.sources",
+    "iterate_batches": "ptrun.data.loader",
+}
 
 __all__ = sorted(_HOMES)
 

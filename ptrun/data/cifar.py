@@ -31,23 +31,53 @@ PIXELS = 3 * CIFAR_SIZE * CIFAR_SIZE
 class Variant:
     """Where CIFAR-10 and CIFAR-100 differ: file names, label keys and the class count."""
 
-    def __init__(self, name: str, classes: int, folder: str, train: tuple[str, ...], test: str, meta: str,
-                 label_key: str, names_key: str, hf_labels: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        name: str,
+        classes: int,
+        folder: str,
+        train: tuple[str, ...],
+        test: str,
+        meta: str,
+        label_key: str,
+        names_key: str,
+        hf_labels: tuple[str, ...],
+    ) -> None:
         self.name, self.classes, self.folder = name, classes, folder
         self.train, self.test, self.meta = train, test, meta
         self.label_key, self.names_key, self.hf_labels = label_key, names_key, hf_labels
 
     def layout(self) -> str:
         """One line describing the accepted layouts, for error messages."""
-        return (f"expected {self.folder}/ ({', '.join(self.train[:1])}..., {self.test}, {self.meta}) or its "
-                f"contents, a save_to_disk DatasetDict (train + test), or train*.parquet + test*.parquet")
+        return (
+            f"expected {self.folder}/ ({', '.join(self.train[:1])}..., {self.test}, {self.meta}) or its "
+            f"contents, a save_to_disk DatasetDict (train + test), or train*.parquet + test*.parquet"
+        )
 
 
-CIFAR10 = Variant("cifar10", 10, "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
-                  "test_batch", "batches.meta", "labels", "label_names", ("label",))
+CIFAR10 = Variant(
+    "cifar10",
+    10,
+    "cifar-10-batches-py",
+    tuple(f"data_batch_{i}" for i in range(1, 6)),
+    "test_batch",
+    "batches.meta",
+    "labels",
+    "label_names",
+    ("label",),
+)
 # CIFAR-100's 100 fine classes are the task; the 20 coarse super-classes are ignored.
-CIFAR100 = Variant("cifar100", 100, "cifar-100-python", ("train",), "test", "meta", "fine_labels",
-                   "fine_label_names", ("fine_label", "label"))
+CIFAR100 = Variant(
+    "cifar100",
+    100,
+    "cifar-100-python",
+    ("train",),
+    "test",
+    "meta",
+    "fine_labels",
+    "fine_label_names",
+    ("fine_label", "label"),
+)
 
 
 def build_cifar10(cfg: DataConfig) -> DataSplits:
@@ -76,24 +106,36 @@ def _build(cfg: DataConfig, variant: Variant) -> DataSplits:
     for split, where in ((train, "train"), (test, "test")):
         labels = split.data.column("labels").to_numpy()
         if len(labels) == 0 or labels.min() < 0 or labels.max() >= variant.classes:
-            raise ConfigError(f"data.path={cfg.path!r}: the {where} split has {len(labels)} images with labels "
-                              f"outside 0..{variant.classes - 1}; is this {variant.name}?")
+            raise ConfigError(
+                f"data.path={cfg.path!r}: the {where} split has {len(labels)} images with labels "
+                f"outside 0..{variant.classes - 1}; is this {variant.name}?"
+            )
     size = cfg.image_size
     train.set_transform(_transform(size, cfg.augment))
     test.set_transform(_transform(size, augment=False))
-    return DataSplits(train=train, eval=test, num_classes=variant.classes, class_names=names,
-                      input_names=("pixel_values",), image_size=size, in_chans=3)
+    return DataSplits(
+        train=train,
+        eval=test,
+        num_classes=variant.classes,
+        class_names=names,
+        input_names=("pixel_values",),
+        image_size=size,
+        in_chans=3,
+    )
 
 
 # ---- the three layouts -------------------------------------------------------------------------------
+
 
 class _DataOnlyUnpickler(pickle.Unpickler):
     """Unpickles plain data and numpy arrays, nothing else: a pickle may name any function to call while it
     loads, so a file from elsewhere must not get to name one."""
 
     ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype")} | {
-        (module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
-        for name in ("_reconstruct", "scalar")}
+        (module, name)
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    }
 
     def find_class(self, module: str, name: str):
         if (module, name) in self.ALLOWED:
@@ -110,8 +152,9 @@ def _unpickle(path: Path) -> dict:
             problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
             raise ConfigError(f"data.path: {str(path)!r} is not a CIFAR python pickle ({problem})") from None
     if not isinstance(batch, dict):
-        raise ConfigError(f"data.path: {str(path)!r} is not a CIFAR python pickle (it holds a "
-                          f"{type(batch).__name__}, not a dict)")
+        raise ConfigError(
+            f"data.path: {str(path)!r} is not a CIFAR python pickle (it holds a {type(batch).__name__}, not a dict)"
+        )
     return batch
 
 
@@ -129,11 +172,14 @@ def _from_pickles(folder: Path, variant: Variant) -> tuple[datasets.Dataset, dat
         except KeyError as e:
             raise ConfigError(f"data.path: {str(folder)!r} pickles lack the key {e}; {variant.layout()}") from e
         except (ValueError, TypeError) as e:  # e.g. rows that are not 3,072 bytes each
-            raise ConfigError(f"data.path: {str(folder)!r} pickles do not hold rows of {PIXELS} uint8 pixels "
-                              f"({' '.join(str(e).split())[:200]}); {variant.layout()}") from e
+            raise ConfigError(
+                f"data.path: {str(folder)!r} pickles do not hold rows of {PIXELS} uint8 pixels "
+                f"({' '.join(str(e).split())[:200]}); {variant.layout()}"
+            ) from e
         # One fixed-size binary value per image: the transform gets cheap `bytes`, not 3,072 Python ints.
-        images = pa.FixedSizeBinaryArray.from_buffers(pa.binary(PIXELS), len(pixels),
-                                                      [None, pa.py_buffer(np.ascontiguousarray(pixels))])
+        images = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(PIXELS), len(pixels), [None, pa.py_buffer(np.ascontiguousarray(pixels))]
+        )
         return datasets.Dataset(pa.table({"image": images, "labels": pa.array(labels)}))
 
     names = [str(i) for i in range(variant.classes)]
@@ -148,10 +194,14 @@ def _from_saved(root: Path, variant: Variant) -> tuple[datasets.Dataset, dataset
     saved = datasets.load_from_disk(str(root))
     eval_name = next((n for n in ("test", *EVAL_DIR_NAMES) if n in saved), None)
     if "train" not in saved or eval_name is None:
-        raise ConfigError(f"data.path={str(root)!r}: the saved dataset has no train and test splits; "
-                          f"{variant.layout()}")
-    return (_hf_columns(saved["train"], variant, root), _hf_columns(saved[eval_name], variant, root),
-            _class_names(saved["train"], variant))
+        raise ConfigError(
+            f"data.path={str(root)!r}: the saved dataset has no train and test splits; {variant.layout()}"
+        )
+    return (
+        _hf_columns(saved["train"], variant, root),
+        _hf_columns(saved[eval_name], variant, root),
+        _class_names(saved["train"], variant),
+    )
 
 
 def _parquet_files(root: Path, split: str) -> list[Path]:
@@ -176,8 +226,10 @@ def _hf_columns(ds: datasets.Dataset, variant: Variant, where: Path) -> datasets
     image = next((c for c in ("img", "image") if c in ds.column_names), None)
     label = next((c for c in variant.hf_labels if c in ds.column_names), None)
     if image is None or label is None:
-        raise ConfigError(f"data.path={str(where)!r}: needs an img/image column and a "
-                          f"{'/'.join(variant.hf_labels)} column, has {ds.column_names}; {variant.layout()}")
+        raise ConfigError(
+            f"data.path={str(where)!r}: needs an img/image column and a "
+            f"{'/'.join(variant.hf_labels)} column, has {ds.column_names}; {variant.layout()}"
+        )
     ds = ds.select_columns([image, label]).rename_columns({image: "image", label: "labels"})
     if not isinstance(ds.features["image"], datasets.Image):  # e.g. parquet without the datasets metadata
         ds = ds.cast_column("image", datasets.Image())
@@ -195,6 +247,7 @@ def _class_names(ds: datasets.Dataset, variant: Variant) -> list[str]:
 
 # ---- transform ---------------------------------------------------------------------------------------
 
+
 def _as_tensor(image) -> torch.Tensor:
     """uint8 (3, H, W) from a raw pickle row (bytes) or a decoded PIL image."""
     if isinstance(image, bytes):
@@ -207,7 +260,6 @@ def _transform(size: int, augment: bool) -> Callable[[dict], dict[str, torch.Ten
     geometry: list = [v2.Resize((size, size), antialias=True)]
     if augment:
         geometry += [v2.RandomCrop(size, padding=max(1, size // 8)), v2.RandomHorizontalFlip()]
-    pipeline = v2.Compose([*geometry, v2.ToDtype(torch.float32, scale=True),
-                           v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    pipeline = v2.Compose([*geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
     return image_batches(pipeline, _as_tensor)

@@ -45,29 +45,56 @@ class GlueTask:
 
 
 GLUE_TASKS = {
-    "cola": GlueTask("CoLA", ("sentence",), {"1": "label", "3": "sentence"}, ("unacceptable", "acceptable"),
-                     tsv_header=False),
+    "cola": GlueTask(
+        "CoLA", ("sentence",), {"1": "label", "3": "sentence"}, ("unacceptable", "acceptable"), tsv_header=False
+    ),
     "sst2": GlueTask("SST-2", ("sentence",), {"sentence": "sentence", "label": "label"}, ("negative", "positive")),
-    "mrpc": GlueTask("MRPC", ("sentence1", "sentence2"),
-                     {"#1 String": "sentence1", "#2 String": "sentence2", "Quality": "label"},
-                     ("not_equivalent", "equivalent")),
-    "qqp": GlueTask("QQP", ("question1", "question2"),
-                    {"question1": "question1", "question2": "question2", "is_duplicate": "label"},
-                    ("not_duplicate", "duplicate")),
-    "stsb": GlueTask("STS-B", ("sentence1", "sentence2"),
-                     {"sentence1": "sentence1", "sentence2": "sentence2", "score": "label"}, ("similarity",)),
-    "mnli": GlueTask("MNLI", ("premise", "hypothesis"),
-                     {"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"},
-                     ("entailment", "neutral", "contradiction"), eval_file="dev_matched.tsv", string_labels=True),
-    "qnli": GlueTask("QNLI", ("question", "sentence"), {"question": "question", "sentence": "sentence",
-                                                        "label": "label"},
-                     ("entailment", "not_entailment"), string_labels=True),
-    "rte": GlueTask("RTE", ("sentence1", "sentence2"),
-                    {"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
-                    ("entailment", "not_entailment"), string_labels=True),
-    "wnli": GlueTask("WNLI", ("sentence1", "sentence2"),
-                     {"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
-                     ("not_entailment", "entailment")),
+    "mrpc": GlueTask(
+        "MRPC",
+        ("sentence1", "sentence2"),
+        {"#1 String": "sentence1", "#2 String": "sentence2", "Quality": "label"},
+        ("not_equivalent", "equivalent"),
+    ),
+    "qqp": GlueTask(
+        "QQP",
+        ("question1", "question2"),
+        {"question1": "question1", "question2": "question2", "is_duplicate": "label"},
+        ("not_duplicate", "duplicate"),
+    ),
+    "stsb": GlueTask(
+        "STS-B",
+        ("sentence1", "sentence2"),
+        {"sentence1": "sentence1", "sentence2": "sentence2", "score": "label"},
+        ("similarity",),
+    ),
+    "mnli": GlueTask(
+        "MNLI",
+        ("premise", "hypothesis"),
+        {"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"},
+        ("entailment", "neutral", "contradiction"),
+        eval_file="dev_matched.tsv",
+        string_labels=True,
+    ),
+    "qnli": GlueTask(
+        "QNLI",
+        ("question", "sentence"),
+        {"question": "question", "sentence": "sentence", "label": "label"},
+        ("entailment", "not_entailment"),
+        string_labels=True,
+    ),
+    "rte": GlueTask(
+        "RTE",
+        ("sentence1", "sentence2"),
+        {"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
+        ("entailment", "not_entailment"),
+        string_labels=True,
+    ),
+    "wnli": GlueTask(
+        "WNLI",
+        ("sentence1", "sentence2"),
+        {"sentence1": "sentence1", "sentence2": "sentence2", "label": "label"},
+        ("not_entailment", "entailment"),
+    ),
 }
 TABLE_SUFFIXES = ("parquet", "jsonl", "json")
 
@@ -75,8 +102,10 @@ TABLE_SUFFIXES = ("parquet", "jsonl", "json")
 def glue_layout(task: str) -> str:
     """The one-line description of the accepted GLUE layouts, for error messages."""
     spec = GLUE_TASKS[task]
-    return (f"expected the GLUE TSV layout (path/{spec.folder}/train.tsv + {spec.eval_file}) or tables "
-            f"(train*.parquet + validation*.parquet, or .jsonl/.json, in path or path/{task}/)")
+    return (
+        f"expected the GLUE TSV layout (path/{spec.folder}/train.tsv + {spec.eval_file}) or tables "
+        f"(train*.parquet + validation*.parquet, or .jsonl/.json, in path or path/{task}/)"
+    )
 
 
 def build_glue(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
@@ -96,9 +125,17 @@ def build_glue(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
         columns["labels"] = rows.data.column("label").to_numpy().astype(label_type)
         return arrays_to_dataset(columns)
 
-    return DataSplits(train=split(train_rows), eval=split(eval_rows), num_classes=len(spec.class_names),
-                      class_names=list(spec.class_names), input_names=INPUT_NAMES, image_size=None,
-                      in_chans=None, vocab_size=len(tok), metrics=partial(_glue_eval_metrics, cfg.task))
+    return DataSplits(
+        train=split(train_rows),
+        eval=split(eval_rows),
+        num_classes=len(spec.class_names),
+        class_names=list(spec.class_names),
+        input_names=INPUT_NAMES,
+        image_size=None,
+        in_chans=None,
+        vocab_size=len(tok),
+        metrics=partial(_glue_eval_metrics, cfg.task),
+    )
 
 
 def _glue_eval_metrics(task: str, outputs, eval_split: datasets.Dataset) -> dict:
@@ -141,8 +178,15 @@ def _read_glue_tsv(path: Path, task: str) -> datasets.Dataset:
 
     spec = GLUE_TASKS[task]
     try:
-        frame = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False,
-                            header=0 if spec.tsv_header else None, encoding="utf-8-sig")
+        frame = pd.read_csv(
+            path,
+            sep="\t",
+            quoting=csv.QUOTE_NONE,
+            dtype=str,
+            keep_default_na=False,
+            header=0 if spec.tsv_header else None,
+            encoding="utf-8-sig",
+        )
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise ConfigError(f"data.path: cannot read {str(path)!r} as a GLUE TSV ({' '.join(str(e).split())})") from e
     if not spec.tsv_header:
@@ -185,8 +229,10 @@ def _read_glue_table(files: list[Path], task: str) -> datasets.Dataset:
         rows = datasets.Dataset.from_pandas(pd.concat(frames), preserve_index=False)
     missing = [c for c in (*spec.text, "label") if c not in rows.column_names]
     if missing:
-        raise ConfigError(f"data.path: {str(files[0])!r} lacks the {task} columns {missing} "
-                          f"(has {rows.column_names}); {glue_layout(task)}")
+        raise ConfigError(
+            f"data.path: {str(files[0])!r} lacks the {task} columns {missing} "
+            f"(has {rows.column_names}); {glue_layout(task)}"
+        )
     return _check_labels(rows.select_columns([*spec.text, "label"]), task, files[0])
 
 
@@ -199,8 +245,10 @@ def _check_labels(rows: datasets.Dataset, task: str, where: Path) -> datasets.Da
         raise ConfigError(f"data.path: {str(where)!r} has no rows")
     if not spec.regression and not np.isin(labels, np.arange(len(spec.class_names))).all():
         bad = sorted(set(labels[~np.isin(labels, np.arange(len(spec.class_names)))].tolist()))[:5]
-        raise ConfigError(f"data.path: {str(where)!r} has {task} labels {bad}; expected 0..{len(spec.class_names) - 1}"
-                          f" (a test split without labels?)")
+        raise ConfigError(
+            f"data.path: {str(where)!r} has {task} labels {bad}; expected 0..{len(spec.class_names) - 1}"
+            f" (a test split without labels?)"
+        )
     return rows
 
 

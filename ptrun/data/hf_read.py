@@ -77,8 +77,10 @@ def read_raw(cfg: DataConfig, task: str) -> RawSplits:
             continue
         for key, column in wanted:
             if column is not None and column not in rows.column_names:
-                raise ConfigError(f"data.{key}={column!r}: the {where} split of data.path={cfg.path!r} has no such "
-                                  f"column; it has {rows.column_names}")
+                raise ConfigError(
+                    f"data.{key}={column!r}: the {where} split of data.path={cfg.path!r} has no such "
+                    f"column; it has {rows.column_names}"
+                )
     for name, rows in ((cfg.train_split, train), (eval_name, held_out)):
         if rows is not None and len(rows) == 0:
             raise empty_split(cfg, name)
@@ -94,14 +96,17 @@ def read_raw(cfg: DataConfig, task: str) -> RawSplits:
             train_pos, eval_pos = seeded_split(len(train), cfg)
             train, held_out = train.select(train_pos), train.select(eval_pos)
             return RawSplits(train, held_out, [], train_targets[train_pos], train_targets[eval_pos])
-        return RawSplits(train, held_out, [], train_targets,
-                         regression_targets(held_out, cfg.label_column, "eval", cfg))
+        return RawSplits(
+            train, held_out, [], train_targets, regression_targets(held_out, cfg.label_column, "eval", cfg)
+        )
 
     class_names, train_labels = class_indices(train, cfg.label_column, None, cfg)
     present = np.unique(train_labels)
     if len(present) < 2:
-        raise ConfigError(f"data.label_column={cfg.label_column!r}: the train split of data.path={cfg.path!r} has "
-                          f"one class ({class_names[present[0]]!r}); classification needs two or more")
+        raise ConfigError(
+            f"data.label_column={cfg.label_column!r}: the train split of data.path={cfg.path!r} has "
+            f"one class ({class_names[present[0]]!r}); classification needs two or more"
+        )
     if held_out is None:
         train_pos, eval_pos = stratified_split(train_labels, cfg, f"the labels of data.path={cfg.path!r}")
         train, held_out = train.select(train_pos), train.select(eval_pos)
@@ -143,12 +148,17 @@ def _load_source(cfg: DataConfig) -> dict[str, datasets.Dataset]:
         if path.is_file():
             if path.suffix not in BUILDERS:
                 raise ConfigError(f"data.path={cfg.path!r}: not a {' / '.join(HF_FILE_SUFFIXES)} file")
-            return dict(datasets.load_dataset(BUILDERS[path.suffix], data_files={"train": str(path)},
-                                              cache_dir=str(datasets_cache())))
+            return dict(
+                datasets.load_dataset(
+                    BUILDERS[path.suffix], data_files={"train": str(path)}, cache_dir=str(datasets_cache())
+                )
+            )
         if path.is_dir():
             if not data_files(path):
-                raise ConfigError(f"data.path={cfg.path!r}: the folder holds no {' / '.join(HF_FILE_SUFFIXES)} "
-                                  f"files and is not a save_to_disk directory")
+                raise ConfigError(
+                    f"data.path={cfg.path!r}: the folder holds no {' / '.join(HF_FILE_SUFFIXES)} "
+                    f"files and is not a save_to_disk directory"
+                )
             return dict(datasets.load_dataset(str(path), cache_dir=str(datasets_cache())))
         return load_hub(cfg)
     except ConfigError:
@@ -185,8 +195,13 @@ def saved_split_without_rows(path: Path) -> str | None:
 def data_files(folder: Path) -> list[Path]:
     """The data files of `folder` as `datasets` reads a folder: those it has a builder for, hidden ones left
     out."""
-    return sorted(f for f in folder.rglob("*") if f.suffix in BUILDERS and f.is_file()
-                  and not any(part.startswith((".", "__")) for part in f.relative_to(folder).parts))
+    return sorted(
+        f
+        for f in folder.rglob("*")
+        if f.suffix in BUILDERS
+        and f.is_file()
+        and not any(part.startswith((".", "__")) for part in f.relative_to(folder).parts)
+    )
 
 
 def first_unreadable(folder: Path) -> tuple[Path, Exception] | None:
@@ -194,8 +209,9 @@ def first_unreadable(folder: Path) -> tuple[Path, Exception] | None:
     reads (what failed was the folder's files together: columns that differ, say)."""
     for file in data_files(folder):
         try:
-            datasets.load_dataset(BUILDERS[file.suffix], data_files={"train": str(file)},
-                                  cache_dir=str(datasets_cache()))
+            datasets.load_dataset(
+                BUILDERS[file.suffix], data_files={"train": str(file)}, cache_dir=str(datasets_cache())
+            )
         except Exception as e:
             return file, e
     return None
@@ -205,18 +221,23 @@ def unreadable(cfg: DataConfig, path: Path, file: Path | None, e: BaseException)
     """The one line for a source `datasets` could not read: `file` of the folder `path`, or `path` itself."""
     what = "it" if file is None else str(file.relative_to(path))
     if isinstance(e, ValueError) and NO_DATA.search(str(e)):  # `datasets` builds no split without rows
-        return ConfigError(f"data.path={cfg.path!r}: {'the file' if file is None else what} has no rows; give it "
-                           f"rows{'' if file is None else ', or remove it'}")
+        return ConfigError(
+            f"data.path={cfg.path!r}: {'the file' if file is None else what} has no rows; give it "
+            f"rows{'' if file is None else ', or remove it'}"
+        )
     return ConfigError(f"data.path={cfg.path!r}: cannot read {what} ({one_line(root_cause(e))})")
 
 
 def empty_split(cfg: DataConfig, name: str) -> ConfigError:
     """The one line for split `name` of the source without rows (a `save_to_disk` directory's: `datasets`
     builds none from files)."""
-    key, value = ("data.train_split", cfg.train_split) if name == cfg.train_split else \
-        ("data.eval_split", cfg.eval_split)
-    return ConfigError(f"{key}={value!r}: the {name!r} split of data.path={cfg.path!r} has no rows; give it rows, "
-                       f"or name another split")
+    key, value = (
+        ("data.train_split", cfg.train_split) if name == cfg.train_split else ("data.eval_split", cfg.eval_split)
+    )
+    return ConfigError(
+        f"{key}={value!r}: the {name!r} split of data.path={cfg.path!r} has no rows; give it rows, "
+        f"or name another split"
+    )
 
 
 def load_hub(cfg: DataConfig) -> dict[str, datasets.Dataset]:
@@ -228,16 +249,26 @@ def load_hub(cfg: DataConfig) -> dict[str, datasets.Dataset]:
     from datasets.packaged_modules.cache.cache import Cache  # what load_dataset itself reads offline
 
     try:
-        builder = Cache(cache_dir=str(cache), repo_id=cfg.path, dataset_name=cfg.path.split("/")[-1],
-                        config_name=cfg.config_name, version="auto", hash="auto")
+        builder = Cache(
+            cache_dir=str(cache),
+            repo_id=cfg.path,
+            dataset_name=cfg.path.split("/")[-1],
+            config_name=cfg.config_name,
+            version="auto",
+            hash="auto",
+        )
     except ValueError as e:
         text = str(e)
         if "Available configs" in text or "multiple" in text:
-            raise ConfigError(f"data.config_name={cfg.config_name!r}: the datasets cache {str(cache)!r} holds "
-                              f"{cfg.path} in other configurations ({one_line(e)})") from None
-        raise ConfigError(f"data.path={cfg.path!r}: not a local file or folder, and not in the datasets cache "
-                          f"{str(cache)!r} (offline: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set); load it once "
-                          f"online, or give a local path") from None
+            raise ConfigError(
+                f"data.config_name={cfg.config_name!r}: the datasets cache {str(cache)!r} holds "
+                f"{cfg.path} in other configurations ({one_line(e)})"
+            ) from None
+        raise ConfigError(
+            f"data.path={cfg.path!r}: not a local file or folder, and not in the datasets cache "
+            f"{str(cache)!r} (offline: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set); load it once "
+            f"online, or give a local path"
+        ) from None
     return dict(builder.as_dataset())
 
 
@@ -252,8 +283,9 @@ def column_values(rows: datasets.Dataset, column: str) -> pa.ChunkedArray | pa.A
     return rows.select_columns([column]).with_format("arrow")[:][column]
 
 
-def class_indices(rows: datasets.Dataset, column: str, class_names: list[str] | None,
-                  cfg: DataConfig) -> tuple[list[str], np.ndarray]:
+def class_indices(
+    rows: datasets.Dataset, column: str, class_names: list[str] | None, cfg: DataConfig
+) -> tuple[list[str], np.ndarray]:
     """(class names, int64 class index per row). A ClassLabel column keeps its names; other values (strings,
     integers) are named by their text and ordered by value (numbers numerically). With `class_names` given
     (the train split's), each row's label is matched by name: a ClassLabel with the same names maps as it
@@ -262,14 +294,17 @@ def class_indices(rows: datasets.Dataset, column: str, class_names: list[str] | 
     feature = rows.features[column]
     values = column_values(rows, column)
     if values.null_count:
-        raise ConfigError(f"data.label_column={column!r}: {values.null_count} rows of data.path={cfg.path!r} have "
-                          f"no label")
+        raise ConfigError(
+            f"data.label_column={column!r}: {values.null_count} rows of data.path={cfg.path!r} have no label"
+        )
     if isinstance(feature, datasets.ClassLabel):
         index = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
         bad = sorted(set(index[(index < 0) | (index >= feature.num_classes)].tolist()))
         if bad:
-            raise ConfigError(f"data.label_column={column!r}: data.path={cfg.path!r} has labels {bad[:5]} outside "
-                              f"its {feature.num_classes} class names (a test split without labels?)")
+            raise ConfigError(
+                f"data.label_column={column!r}: data.path={cfg.path!r} has labels {bad[:5]} outside "
+                f"its {feature.num_classes} class names (a test split without labels?)"
+            )
         if class_names is None or list(feature.names) == list(class_names):
             return list(feature.names), index
         keys = np.asarray(feature.names, dtype=object)[index].astype(str)  # another split's names: by name
@@ -277,8 +312,10 @@ def class_indices(rows: datasets.Dataset, column: str, class_names: list[str] | 
         keys = np.asarray(values.to_numpy(zero_copy_only=False))
         if keys.dtype.kind == "f":
             if not np.all(keys == np.round(keys)):
-                raise ConfigError(f"data.label_column={column!r}: data.path={cfg.path!r} has fractional labels "
-                                  f"(class labels are strings or integers; model.task=regression for numbers)")
+                raise ConfigError(
+                    f"data.label_column={column!r}: data.path={cfg.path!r} has fractional labels "
+                    f"(class labels are strings or integers; model.task=regression for numbers)"
+                )
             keys = keys.astype(np.int64)
     else:
         keys = np.asarray(values.to_pylist(), dtype=object).astype(str)
@@ -288,8 +325,10 @@ def class_indices(rows: datasets.Dataset, column: str, class_names: list[str] | 
     lookup = {name: i for i, name in enumerate(names)}
     unknown = [t for t in as_text if t not in lookup]
     if unknown:
-        raise ConfigError(f"data.label_column={column!r}: the eval split has labels {unknown[:5]} that the train "
-                          f"split lacks (train has {names[:10]})")
+        raise ConfigError(
+            f"data.label_column={column!r}: the eval split has labels {unknown[:5]} that the train "
+            f"split lacks (train has {names[:10]})"
+        )
     return list(names), np.array([lookup[t] for t in as_text], dtype=np.int64)[row_of.reshape(-1)]
 
 
@@ -298,19 +337,28 @@ def regression_targets(rows: datasets.Dataset, column: str, where: str, cfg: Dat
     one finite."""
     values = column_values(rows, column)
     kind = values.type
-    if isinstance(rows.features[column], datasets.ClassLabel) or not (pa.types.is_floating(kind)
-                                                                      or pa.types.is_integer(kind)):
+    if isinstance(rows.features[column], datasets.ClassLabel) or not (
+        pa.types.is_floating(kind) or pa.types.is_integer(kind)
+    ):
         first = next((v for v in values.to_pylist() if v is not None), None)
-        shown = ("class labels" if isinstance(rows.features[column], datasets.ClassLabel) else
-                 f"text such as {str(first)[:40]!r}" if pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                 else f"{kind} values")
-        raise ConfigError(f"data.label_column={column!r}: the {where} split of data.path={cfg.path!r} holds "
-                          f"{shown}; model.task=regression needs numbers")
+        shown = (
+            "class labels"
+            if isinstance(rows.features[column], datasets.ClassLabel)
+            else f"text such as {str(first)[:40]!r}"
+            if pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            else f"{kind} values"
+        )
+        raise ConfigError(
+            f"data.label_column={column!r}: the {where} split of data.path={cfg.path!r} holds "
+            f"{shown}; model.task=regression needs numbers"
+        )
     targets = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
     missing = int(values.null_count) or int((~np.isfinite(targets)).sum())
     if missing:
-        raise ConfigError(f"data.label_column={column!r}: {missing} rows of the {where} split of "
-                          f"data.path={cfg.path!r} have no finite target")
+        raise ConfigError(
+            f"data.label_column={column!r}: {missing} rows of the {where} split of "
+            f"data.path={cfg.path!r} have no finite target"
+        )
     return targets.astype(np.float32)
 
 
@@ -319,8 +367,10 @@ def seeded_split(n: int, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     targets), fixed by `split_seed`; each side keeps the source's order."""
     n_eval = max(1, round(n * cfg.eval_fraction))
     if n_eval >= n:
-        raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: data.path={cfg.path!r} has {n} rows, too few "
-                          f"to hold out {n_eval} (give data.eval_split, or more rows)")
+        raise ConfigError(
+            f"data.eval_fraction={cfg.eval_fraction!r}: data.path={cfg.path!r} has {n} rows, too few "
+            f"to hold out {n_eval} (give data.eval_split, or more rows)"
+        )
     order = np.random.default_rng(cfg.split_seed).permutation(n)
     return np.sort(order[n_eval:]), np.sort(order[:n_eval])
 

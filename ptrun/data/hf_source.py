@@ -49,14 +49,20 @@ def checked_task(cfg: DataConfig, task: str | None) -> str:
     if task not in HF_TASKS:
         raise ConfigError(f"model.task={task!r} is not allowed: {either(HF_TASKS)} for data.name=hf")
     if cfg.path is None:
-        raise ConfigError("data.path=None is not allowed: a local data file or folder, a save_to_disk directory or "
-                          "a hub dataset id (org/name) for data.name=hf")
+        raise ConfigError(
+            "data.path=None is not allowed: a local data file or folder, a save_to_disk directory or "
+            "a hub dataset id (org/name) for data.name=hf"
+        )
     if cfg.image_column is None and cfg.text_column is None:
-        raise ConfigError("data.text_column=None is not allowed: the column of texts for data.name=hf (or "
-                          "data.image_column, the column of images)")
+        raise ConfigError(
+            "data.text_column=None is not allowed: the column of texts for data.name=hf (or "
+            "data.image_column, the column of images)"
+        )
     if task != CAUSAL_LM and cfg.label_column is None:
-        raise ConfigError(f"data.label_column=None is not allowed: the column of {LABELS[task]} for data.name=hf "
-                          f"with model.task={task}")
+        raise ConfigError(
+            f"data.label_column=None is not allowed: the column of {LABELS[task]} for data.name=hf "
+            f"with model.task={task}"
+        )
     return task
 
 
@@ -85,27 +91,56 @@ def text_splits(cfg: DataConfig, raw: RawSplits, task: str) -> DataSplits:
     tok_id = hf_tokens.tokenizer_identity(tok)
 
     def tokenized(rows: datasets.Dataset, labels) -> datasets.Dataset:
-        settings = dict(task=task, max_length=length, text=cfg.text_column, pair=cfg.text_pair_column,
-                        pack=cfg.pack if task == CAUSAL_LM else None, classes=raw.class_names)
+        settings = dict(
+            task=task,
+            max_length=length,
+            text=cfg.text_column,
+            pair=cfg.text_pair_column,
+            pack=cfg.pack if task == CAUSAL_LM else None,
+            classes=raw.class_names,
+        )
         key = hf_tokens.entry_key(rows._fingerprint, tok_id, **settings)
         if task == CAUSAL_LM:
-            make = (hf_tokens.packed_batches if cfg.pack else hf_tokens.document_batches)
+            make = hf_tokens.packed_batches if cfg.pack else hf_tokens.document_batches
             batches = make(rows, tok, cfg.text_column, length)
         else:
-            batches = hf_tokens.classification_batches(rows, labels, tok, cfg.text_column, cfg.text_pair_column,
-                                                       length)
+            batches = hf_tokens.classification_batches(rows, labels, tok, cfg.text_column, cfg.text_pair_column, length)
         return hf_tokens.cached_table(key, batches)
 
     train, held_out = tokenized(raw.train, raw.train_labels), tokenized(raw.eval, raw.eval_labels)
     if task == CAUSAL_LM:
-        return DataSplits(train=train, eval=held_out, num_classes=0, class_names=[],
-                          input_names=hf_tokens.LM_INPUT_NAMES, image_size=None, in_chans=None, vocab_size=len(tok))
+        return DataSplits(
+            train=train,
+            eval=held_out,
+            num_classes=0,
+            class_names=[],
+            input_names=hf_tokens.LM_INPUT_NAMES,
+            image_size=None,
+            in_chans=None,
+            vocab_size=len(tok),
+        )
     if task == REGRESSION:  # one output, no class names
-        return DataSplits(train=train, eval=held_out, num_classes=1, class_names=[],
-                          input_names=hf_tokens.model_inputs(tok), image_size=None, in_chans=None,
-                          vocab_size=len(tok), metrics=regression_eval_metrics)
-    return DataSplits(train=train, eval=held_out, num_classes=len(raw.class_names), class_names=raw.class_names,
-                      input_names=hf_tokens.model_inputs(tok), image_size=None, in_chans=None, vocab_size=len(tok))
+        return DataSplits(
+            train=train,
+            eval=held_out,
+            num_classes=1,
+            class_names=[],
+            input_names=hf_tokens.model_inputs(tok),
+            image_size=None,
+            in_chans=None,
+            vocab_size=len(tok),
+            metrics=regression_eval_metrics,
+        )
+    return DataSplits(
+        train=train,
+        eval=held_out,
+        num_classes=len(raw.class_names),
+        class_names=raw.class_names,
+        input_names=hf_tokens.model_inputs(tok),
+        image_size=None,
+        in_chans=None,
+        vocab_size=len(tok),
+    )
 
 
 def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
@@ -123,9 +158,15 @@ def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
         out.set_transform(image_transform(size, augment))
         return out
 
-    return DataSplits(train=split(raw.train, raw.train_labels, cfg.augment),
-                      eval=split(raw.eval, raw.eval_labels, augment=False), num_classes=len(raw.class_names),
-                      class_names=raw.class_names, input_names=("pixel_values",), image_size=size, in_chans=3)
+    return DataSplits(
+        train=split(raw.train, raw.train_labels, cfg.augment),
+        eval=split(raw.eval, raw.eval_labels, augment=False),
+        num_classes=len(raw.class_names),
+        class_names=raw.class_names,
+        input_names=("pixel_values",),
+        image_size=size,
+        in_chans=3,
+    )
 
 
 def regression_eval_metrics(outputs, eval_split: datasets.Dataset) -> dict:

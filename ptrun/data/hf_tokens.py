@@ -55,8 +55,9 @@ def tokenizer_identity(tok: "PreTrainedTokenizerBase") -> str:
     """A hash of the tokenizer's whole definition (vocabulary, normalizer, pre- and post-processing) and the
     settings that change its output here (special tokens, padding side)."""
     special = {k: str(v) for k, v in sorted(tok.special_tokens_map.items())}
-    text = json.dumps([type(tok).__name__, tok.backend_tokenizer.to_str(), special, tok.padding_side,
-                       list(tok.model_input_names)])
+    text = json.dumps(
+        [type(tok).__name__, tok.backend_tokenizer.to_str(), special, tok.padding_side, list(tok.model_input_names)]
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -71,8 +72,7 @@ def content_fingerprint(texts: list[str], labels: np.ndarray) -> str:
 
 
 def entry_key(fingerprint: str, tok_id: str, **settings) -> str:
-    text = json.dumps({"version": FORMAT_VERSION, "rows": fingerprint, "tokenizer": tok_id, **settings},
-                      sort_keys=True)
+    text = json.dumps({"version": FORMAT_VERSION, "rows": fingerprint, "tokenizer": tok_id, **settings}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -85,8 +85,10 @@ def cached_table(key: str, write_batches: Iterator[pa.RecordBatch]) -> datasets.
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{DIR_ENV}: cannot create the tokenized-data cache {str(folder)!r} ({e.strerror}); "
-                          f"point {DIR_ENV} at a writable directory") from e
+        raise ConfigError(
+            f"{DIR_ENV}: cannot create the tokenized-data cache {str(folder)!r} ({e.strerror}); "
+            f"point {DIR_ENV} at a writable directory"
+        ) from e
     path = folder / f"{key}.arrow"
     if not path.is_file():
         lock = path.with_name(f"{key}.lock")
@@ -134,8 +136,14 @@ def model_inputs(tok: "PreTrainedTokenizerBase") -> tuple[str, ...]:
     return tuple(k for k in INPUT_NAMES if k in tok.model_input_names)
 
 
-def classification_batches(rows: datasets.Dataset, labels: np.ndarray, tok: "PreTrainedTokenizerBase",
-                           text_column: str, pair_column: str | None, max_length: int) -> Iterator[pa.RecordBatch]:
+def classification_batches(
+    rows: datasets.Dataset,
+    labels: np.ndarray,
+    tok: "PreTrainedTokenizerBase",
+    text_column: str,
+    pair_column: str | None,
+    max_length: int,
+) -> Iterator[pa.RecordBatch]:
     names = model_inputs(tok)
     if tok.pad_token is None:  # GPT-style tokenizers have none; padded positions are masked anyway
         tok.pad_token = tok.eos_token or tok.sep_token
@@ -152,19 +160,27 @@ def end_and_pad(tok: "PreTrainedTokenizerBase") -> tuple[int, int]:
     that end token)."""
     token_id = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
     if token_id is None:
-        raise ConfigError(f"data.tokenizer: {type(tok).__name__} has neither an EOS nor a SEP token to end "
-                          f"documents with for model.task=causal_lm")
+        raise ConfigError(
+            f"data.tokenizer: {type(tok).__name__} has neither an EOS nor a SEP token to end "
+            f"documents with for model.task=causal_lm"
+        )
     return int(token_id), (tok.pad_token_id if tok.pad_token_id is not None else int(token_id))
 
 
 def lm_rows(ids: np.ndarray, real: np.ndarray) -> pa.RecordBatch:
     """[B, T] token ids and real-token mask -> the causal-LM columns."""
-    return record_batch({"input_ids": ids.astype(np.int32), "attention_mask": real.astype(np.int8),
-                         "labels": np.where(real, ids, IGNORE_INDEX).astype(np.int32)})
+    return record_batch(
+        {
+            "input_ids": ids.astype(np.int32),
+            "attention_mask": real.astype(np.int8),
+            "labels": np.where(real, ids, IGNORE_INDEX).astype(np.int32),
+        }
+    )
 
 
-def packed_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str,
-                   block: int) -> Iterator[pa.RecordBatch]:
+def packed_batches(
+    rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str, block: int
+) -> Iterator[pa.RecordBatch]:
     """Documents + EOS, concatenated and cut into blocks of `block` tokens (the last one padded)."""
     eos, pad = end_and_pad(tok)
     carry = np.zeros(0, dtype=np.int64)
@@ -178,19 +194,21 @@ def packed_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", colum
         carry = stream[full:]
     if len(carry):
         ids = np.full(block, pad, dtype=np.int64)
-        ids[:len(carry)] = carry
+        ids[: len(carry)] = carry
         yield lm_rows(ids[None], (np.arange(block) < len(carry))[None])
 
 
-def document_batches(rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str,
-                     length: int) -> Iterator[pa.RecordBatch]:
+def document_batches(
+    rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str, length: int
+) -> Iterator[pa.RecordBatch]:
     """One document a row: its first `length - 1` tokens and EOS, padded to `length`."""
     eos, pad = end_and_pad(tok)
     for part in chunks(len(rows)):
-        docs = tok(texts(rows, column, part), add_special_tokens=False, truncation=True,
-                   max_length=length - 1)["input_ids"]
+        docs = tok(texts(rows, column, part), add_special_tokens=False, truncation=True, max_length=length - 1)[
+            "input_ids"
+        ]
         ids = np.full((len(docs), length), pad, dtype=np.int64)
         sizes = np.array([len(d) + 1 for d in docs])
         for i, d in enumerate(docs):
-            ids[i, :sizes[i]] = d + [eos]
+            ids[i, : sizes[i]] = d + [eos]
         yield lm_rows(ids, np.arange(length)[None, :] < sizes[:, None])

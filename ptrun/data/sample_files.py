@@ -20,16 +20,31 @@ from ptrun.config import ConfigError
 
 TOPICS = ("business", "entertainment", "politics", "sports", "tech")
 FALLBACK_NEWS = {
-    "business": ["Shares rose as the bank reported higher profits.", "The firm cut jobs after sales fell.",
-                 "Oil prices climbed for a third week."],
-    "entertainment": ["The film won the top prize at the festival.", "The band announced a summer tour.",
-                      "A new drama series starts on Sunday."],
-    "politics": ["The minister called an early election.", "Parliament voted on the new tax plan.",
-                 "The party set out its manifesto."],
-    "sports": ["The team won the cup final on penalties.", "She ran a record time in the final.",
-               "The coach named his squad for the match."],
-    "tech": ["The new phone has a faster chip.", "More people now shop online.",
-             "The software update fixes a security flaw."],
+    "business": [
+        "Shares rose as the bank reported higher profits.",
+        "The firm cut jobs after sales fell.",
+        "Oil prices climbed for a third week.",
+    ],
+    "entertainment": [
+        "The film won the top prize at the festival.",
+        "The band announced a summer tour.",
+        "A new drama series starts on Sunday.",
+    ],
+    "politics": [
+        "The minister called an early election.",
+        "Parliament voted on the new tax plan.",
+        "The party set out its manifesto.",
+    ],
+    "sports": [
+        "The team won the cup final on penalties.",
+        "She ran a record time in the final.",
+        "The coach named his squad for the match.",
+    ],
+    "tech": [
+        "The new phone has a faster chip.",
+        "More people now shop online.",
+        "The software update fixes a security flaw.",
+    ],
 }
 STORIES = [
     "Once upon a time a small robot learned to read.",

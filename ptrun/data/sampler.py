@@ -24,8 +24,10 @@ class EpochSampler:
 
     def __init__(self, num_samples: int, global_batch_size: int, seed: int, shuffle: bool = True):
         if num_samples < 1 or global_batch_size < 1:
-            raise ValueError(f"EpochSampler needs num_samples >= 1 and global_batch_size >= 1, "
-                             f"got {num_samples} and {global_batch_size}")
+            raise ValueError(
+                f"EpochSampler needs num_samples >= 1 and global_batch_size >= 1, "
+                f"got {num_samples} and {global_batch_size}"
+            )
         self.num_samples = num_samples
         self.global_batch_size = global_batch_size
         self.seed = seed
@@ -61,8 +63,9 @@ class EpochSampler:
     def replica_batch(self, epoch: int, step: int, replica: int, dp: int) -> tuple[Tensor, Tensor]:
         """The contiguous slice `[replica * B/dp, (replica + 1) * B/dp)` of the global batch."""
         if dp < 1 or self.global_batch_size % dp != 0:
-            raise ValueError(f"global batch size {self.global_batch_size} is not divisible by the "
-                             f"data-parallel width {dp}")
+            raise ValueError(
+                f"global batch size {self.global_batch_size} is not divisible by the data-parallel width {dp}"
+            )
         if not 0 <= replica < dp:
             raise ValueError(f"replica {replica} is outside 0..{dp - 1}")
         ids, weights = self.global_batch(epoch, step)

@@ -20,6 +20,7 @@ from ptrun.data import hf_source, packaged_text
 from ptrun.data.memory import in_memory
 from ptrun.data.splits import DataSplits, stratified_split
 
+
 def build_datasets(cfg: DataConfig, task: str | None = None) -> DataSplits:
     """Build the splits of `cfg.name` for the model's `task` (`model.task`; only `hf` reads it, and infers it
     from its columns when None; `cfg.name` is one the config's validation accepted, `DATA_SOURCE_SPECS`);

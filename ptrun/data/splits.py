@@ -49,8 +49,9 @@ def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tupl
 
     positions = np.arange(len(labels))
     try:
-        train, held_out = train_test_split(positions, test_size=cfg.eval_fraction, random_state=cfg.split_seed,
-                                           stratify=labels)
+        train, held_out = train_test_split(
+            positions, test_size=cfg.eval_fraction, random_state=cfg.split_seed, stratify=labels
+        )
     except ValueError as e:  # too few samples per class for a stratified split
         raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: cannot split {where} stratified ({e})") from e
     # sorted so each split keeps the source's order; the epoch sampler does the shuffling

@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-
-SQUAD_LAYOUT = ("expected SQuAD v1.1 JSON (data[].paragraphs[].qas[]): path/train-v1.1.json + "
-                "path/dev-v1.1.json, or train*.json + dev*.json / validation*.json, or the hub's parquet "
-                "(train-*.parquet + validation-*.parquet, in path or one folder down)")
+SQUAD_LAYOUT = (
+    "expected SQuAD v1.1 JSON (data[].paragraphs[].qas[]): path/train-v1.1.json + "
+    "path/dev-v1.1.json, or train*.json + dev*.json / validation*.json, or the hub's parquet "
+    "(train-*.parquet + validation-*.parquet, in path or one folder down)"
+)
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,25 @@ def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
     train_examples, examples = read(train_file), read(eval_file)
     train, _, _ = qa_features(tok, train_examples, max_length, cfg.doc_stride)
     evals, feature_example, offsets = qa_features(tok, examples, max_length, cfg.doc_stride, keep_offsets=True)
-    side = QAEvalData(ids=examples["id"], contexts=examples["context"], answers=examples["answers"],
-                      feature_example=feature_example, offsets=offsets)
-    return DataSplits(train=train, eval=evals, num_classes=2, class_names=["start", "end"],
-                      input_names=INPUT_NAMES, image_size=None, in_chans=None, vocab_size=len(tok), qa_eval=side,
-                      metrics=partial(_squad_eval_metrics, side))
+    side = QAEvalData(
+        ids=examples["id"],
+        contexts=examples["context"],
+        answers=examples["answers"],
+        feature_example=feature_example,
+        offsets=offsets,
+    )
+    return DataSplits(
+        train=train,
+        eval=evals,
+        num_classes=2,
+        class_names=["start", "end"],
+        input_names=INPUT_NAMES,
+        image_size=None,
+        in_chans=None,
+        vocab_size=len(tok),
+        qa_eval=side,
+        metrics=partial(_squad_eval_metrics, side),
+    )
 
 
 def _squad_eval_metrics(side: QAEvalData, outputs, eval_split: datasets.Dataset) -> dict:
@@ -115,8 +130,12 @@ def read_squad(path: Path) -> dict[str, list]:
                     rows["context"].append(paragraph["context"])
                     # Some questions start with runs of spaces that would only waste window tokens.
                     rows["question"].append(qa["question"].lstrip())
-                    rows["answers"].append({"text": [a["text"] for a in qa["answers"]],
-                                            "answer_start": [int(a["answer_start"]) for a in qa["answers"]]})
+                    rows["answers"].append(
+                        {
+                            "text": [a["text"] for a in qa["answers"]],
+                            "answer_start": [int(a["answer_start"]) for a in qa["answers"]],
+                        }
+                    )
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
         problem = " ".join(f"{type(e).__name__}: {e}".split())
         raise ConfigError(f"data.path: {str(path)!r} is not SQuAD JSON ({problem}); {SQUAD_LAYOUT}") from e
@@ -143,8 +162,12 @@ def read_squad_parquet(path: Path) -> dict[str, list]:
         raise ConfigError(f"data.path: {str(path)!r} holds no questions; {SQUAD_LAYOUT}")
     if not all(a["text"] for a in answers):
         raise ConfigError(f"data.path: {str(path)!r} has questions without answers (SQuAD v2?); {SQUAD_LAYOUT}")
-    return {"id": [str(i) for i in rows["id"]], "context": rows["context"],
-            "question": [q.lstrip() for q in rows["question"]], "answers": answers}
+    return {
+        "id": [str(i) for i in rows["id"]],
+        "context": rows["context"],
+        "question": [q.lstrip() for q in rows["question"]],
+        "answers": answers,
+    }
 
 
 def _check_window(tok: "PreTrainedTokenizerBase", questions: list[str], max_length: int, doc_stride: int) -> None:
@@ -153,13 +176,20 @@ def _check_window(tok: "PreTrainedTokenizerBase", questions: list[str], max_leng
     longest = max(len(ids) for ids in tok(questions, add_special_tokens=False)["input_ids"])
     room = max_length - longest - tok.num_special_tokens_to_add(pair=True)
     if room <= doc_stride:
-        raise ConfigError(f"data.doc_stride={doc_stride} is not allowed: it must be below the context room of "
-                          f"data.max_length={max_length} minus the longest question ({longest} tokens) minus "
-                          f"special tokens = {room}")
+        raise ConfigError(
+            f"data.doc_stride={doc_stride} is not allowed: it must be below the context room of "
+            f"data.max_length={max_length} minus the longest question ({longest} tokens) minus "
+            f"special tokens = {room}"
+        )
 
 
-def qa_features(tok: "PreTrainedTokenizerBase", examples: dict[str, list], max_length: int, doc_stride: int,
-                keep_offsets: bool = False) -> tuple[datasets.Dataset, np.ndarray, np.ndarray | None]:
+def qa_features(
+    tok: "PreTrainedTokenizerBase",
+    examples: dict[str, list],
+    max_length: int,
+    doc_stride: int,
+    keep_offsets: bool = False,
+) -> tuple[datasets.Dataset, np.ndarray, np.ndarray | None]:
     """Question + context windows (`return_overflowing_tokens` with `stride=doc_stride`) with the answer's
     token span in each window, [CLS] when the window does not contain the whole answer.
 
@@ -169,9 +199,17 @@ def qa_features(tok: "PreTrainedTokenizerBase", examples: dict[str, list], max_l
     columns: dict[str, list[np.ndarray]] = {k: [] for k in (*INPUT_NAMES, "start_positions", "end_positions")}
     feature_example, all_offsets = [], []
     for part in chunks(len(examples["id"])):
-        enc = tok(examples["question"][part], examples["context"][part], truncation="only_second",
-                  max_length=max_length, stride=doc_stride, return_overflowing_tokens=True,
-                  return_offsets_mapping=True, padding="max_length", return_token_type_ids=True)
+        enc = tok(
+            examples["question"][part],
+            examples["context"][part],
+            truncation="only_second",
+            max_length=max_length,
+            stride=doc_stride,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+            padding="max_length",
+            return_token_type_ids=True,
+        )
         # lists -> arrays here: transformers' return_tensors="np" is several times slower
         arrays = {k: np.asarray(enc[k]) for k in INPUT_NAMES}
         example_of = np.asarray(enc["overflow_to_sample_mapping"], dtype=np.int64) + part.start
@@ -184,8 +222,9 @@ def qa_features(tok: "PreTrainedTokenizerBase", examples: dict[str, list], max_l
         for i, ex in enumerate(example_of):
             answer = examples["answers"][ex]
             cls = int(cls_index[i])
-            span = answer_tokens(offsets[i], answer["answer_start"][0],
-                                 answer["answer_start"][0] + len(answer["text"][0]))
+            span = answer_tokens(
+                offsets[i], answer["answer_start"][0], answer["answer_start"][0] + len(answer["text"][0])
+            )
             starts.append(span[0] if span else cls)
             ends.append(span[1] if span else cls)
         for k in INPUT_NAMES:
@@ -214,8 +253,9 @@ def answer_tokens(offsets: np.ndarray, start_char: int, end_char: int) -> tuple[
     return int(start), int(end)
 
 
-def postprocess_qa(data: QAEvalData, start_logits: np.ndarray, end_logits: np.ndarray, n_best: int = 20,
-                   max_answer_length: int = 30) -> list[dict[str, str]]:
+def postprocess_qa(
+    data: QAEvalData, start_logits: np.ndarray, end_logits: np.ndarray, n_best: int = 20, max_answer_length: int = 30
+) -> list[dict[str, str]]:
     """The best answer text per example from the [F, T] start/end logits of all eval features.
 
     In each feature, the `n_best` highest start and end logits are paired; a pair is a candidate if both
@@ -226,19 +266,22 @@ def postprocess_qa(data: QAEvalData, start_logits: np.ndarray, end_logits: np.nd
     """
     start_logits, end_logits = np.asarray(start_logits, np.float64), np.asarray(end_logits, np.float64)
     if start_logits.shape != data.offsets.shape[:2] or end_logits.shape != data.offsets.shape[:2]:
-        raise ValueError(f"logits {start_logits.shape} / {end_logits.shape} do not match the eval features "
-                         f"{data.offsets.shape[:2]}")
+        raise ValueError(
+            f"logits {start_logits.shape} / {end_logits.shape} do not match the eval features {data.offsets.shape[:2]}"
+        )
     best: list[tuple[float, str] | None] = [None] * len(data.ids)
     for f, ex in enumerate(data.feature_example):
-        for score, lo, hi in nbest_spans(start_logits[f], end_logits[f], data.offsets[f], n_best,
-                                         max_answer_length)[:1]:
+        for score, lo, hi in nbest_spans(start_logits[f], end_logits[f], data.offsets[f], n_best, max_answer_length)[
+            :1
+        ]:
             if best[ex] is None or score > best[ex][0]:
                 best[ex] = (score, data.contexts[ex][lo:hi])
     return [{"id": i, "prediction_text": b[1] if b else ""} for i, b in zip(data.ids, best)]
 
 
-def nbest_spans(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, n_best: int = 20,
-                max_answer_length: int = 30) -> list[tuple[float, int, int]]:
+def nbest_spans(
+    start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, n_best: int = 20, max_answer_length: int = 30
+) -> list[tuple[float, int, int]]:
     """Valid answer spans of one feature as (start + end logit, context start char, end char), best first."""
     starts = np.argsort(start_logits)[::-1][:n_best]
     ends = np.argsort(end_logits)[::-1][:n_best]

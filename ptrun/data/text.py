@@ -26,8 +26,10 @@ TOKENIZE_CHUNK = 4096
 def load_tokenizer(path: str | None, source: str) -> "PreTrainedTokenizerBase":
     """A fast tokenizer from a local directory (`AutoTokenizer.from_pretrained`; never downloads)."""
     if path is None:
-        raise ConfigError(f"data.tokenizer=None: data.name={source} needs a local tokenizer directory "
-                          f"(data.tokenizer, or model.pretrained as a Hugging Face directory)")
+        raise ConfigError(
+            f"data.tokenizer=None: data.name={source} needs a local tokenizer directory "
+            f"(data.tokenizer, or model.pretrained as a Hugging Face directory)"
+        )
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise ConfigError(f"data.tokenizer={path!r}: no such directory (a saved Hugging Face tokenizer)")
@@ -36,8 +38,9 @@ def load_tokenizer(path: str | None, source: str) -> "PreTrainedTokenizerBase":
     try:
         tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"data.tokenizer={path!r}: not a Hugging Face tokenizer directory "
-                          f"({' '.join(str(e).split())[:200]})") from e
+        raise ConfigError(
+            f"data.tokenizer={path!r}: not a Hugging Face tokenizer directory ({' '.join(str(e).split())[:200]})"
+        ) from e
     if not tok.is_fast:  # offsets and overflowing windows (SQuAD) need the Rust tokenizer
         raise ConfigError(f"data.tokenizer={path!r}: not a fast (tokenizers-backed) tokenizer")
     return tok
@@ -48,14 +51,20 @@ def chunks(n: int, size: int = TOKENIZE_CHUNK) -> Iterator[slice]:
         yield slice(lo, min(n, lo + size))
 
 
-def tokenize_texts(tok: "PreTrainedTokenizerBase", texts: Sequence[Sequence[str]],
-                   max_length: int) -> dict[str, np.ndarray]:
+def tokenize_texts(
+    tok: "PreTrainedTokenizerBase", texts: Sequence[Sequence[str]], max_length: int
+) -> dict[str, np.ndarray]:
     """Tokenize single sentences (`texts` = [sentences]) or pairs ([firsts, seconds]), truncated and padded to
     `max_length`: the three model inputs as [N, max_length] arrays."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in INPUT_NAMES}
     for part in chunks(len(texts[0])):
-        enc = tok(*[list(t[part]) for t in texts], truncation=True, max_length=max_length,
-                  padding="max_length", return_token_type_ids=True)
+        enc = tok(
+            *[list(t[part]) for t in texts],
+            truncation=True,
+            max_length=max_length,
+            padding="max_length",
+            return_token_type_ids=True,
+        )
         for k in INPUT_NAMES:  # lists -> arrays here: transformers' return_tensors="np" is several times slower
             parts[k].append(np.asarray(enc[k]))
     return {k: compact(k, np.concatenate(v)) for k, v in parts.items()}

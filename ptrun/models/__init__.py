@@ -18,9 +18,16 @@ from ptrun.models.lazy import empty_meta_parameters, init_units, parameters_on_m
 __all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
 
 
-def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = None,
-                in_chans: int | None = None, vocab_size: int | None = None,
-                units: Iterable[int] | None = None, library_config=None) -> LayeredModel:
+def build_model(
+    cfg: ModelConfig,
+    *,
+    num_classes: int,
+    img_size: int | None = None,
+    in_chans: int | None = None,
+    vocab_size: int | None = None,
+    units: Iterable[int] | None = None,
+    library_config=None,
+) -> LayeredModel:
     """Build the model `cfg` names, sized by cfg where set and by the data's facts otherwise.
 
     Its parameters are created without storage (`ptrun.models.lazy`); `units` are then given their initial
@@ -36,8 +43,9 @@ def build_model(cfg: ModelConfig, *, num_classes: int, img_size: int | None = No
             from ptrun.models.vit import build_vit
 
             if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():
-                raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: ViT takes a weights "
-                                  f"file, not a directory")
+                raise ConfigError(
+                    f"model.pretrained={cfg.pretrained!r} is not allowed: ViT takes a weights file, not a directory"
+                )
             layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
         else:
             from ptrun.models.hf import from_directory

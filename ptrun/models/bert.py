@@ -26,8 +26,10 @@ PRESETS = {
 def _preset_sizes(cfg: ModelConfig, vocab_size: int | None) -> dict:
     """BertConfig size fields: the preset for `cfg.name`, overridden by the fields set in cfg."""
     if cfg.name not in PRESETS:
-        raise ConfigError(f"model.name={cfg.name!r} is not a known model: BERT names are "
-                          f"{', '.join(PRESETS)} (or a Hugging Face directory as model.pretrained)")
+        raise ConfigError(
+            f"model.name={cfg.name!r} is not a known model: BERT names are "
+            f"{', '.join(PRESETS)} (or a Hugging Face directory as model.pretrained)"
+        )
     layers, hidden, heads = PRESETS[cfg.name]
     hidden = cfg.embed_dim or hidden
     return dict(
@@ -48,6 +50,11 @@ def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) ->
     from ptrun.models.hf import build_transformers
 
     num_labels = 2 if cfg.task == "qa" else (cfg.num_classes or num_classes)
-    config = BertConfig(**_preset_sizes(cfg, vocab_size), num_labels=num_labels, attn_implementation=cfg.attention,
-                        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+    config = BertConfig(
+        **_preset_sizes(cfg, vocab_size),
+        num_labels=num_labels,
+        attn_implementation=cfg.attention,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+    )
     return build_transformers(cfg, config, "bert")

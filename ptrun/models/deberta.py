@@ -43,8 +43,9 @@ class DebertaEmbed(nn.Module):
         super().__init__()
         self.embeddings = embeddings
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, mask=attention_mask)
         return hidden, attention_mask.to(hidden.dtype)
 
@@ -97,8 +98,9 @@ class DebertaMlpHalf(nn.Module):
         super().__init__()
         self.intermediate, self.output, self.conv = intermediate, output, conv
 
-    def forward(self, hidden: torch.Tensor, keep: torch.Tensor,
-                layer_input: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden: torch.Tensor, keep: torch.Tensor, layer_input: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.output(self.intermediate(hidden), hidden)
         if self.conv is not None:
             # The convolution runs over the transposed input, so the gradient of `layer_input` comes back
@@ -115,8 +117,10 @@ def split_deberta(model: nn.Module, task: str) -> list[nn.Module]:
     units: list[nn.Module] = [DebertaEmbed(base.embeddings)]
     for i, layer in enumerate(encoder.layer):
         conv = encoder.conv if i == 0 else None
-        units += [DebertaAttnHalf(layer.attention, encoder, pass_input=conv is not None),
-                  DebertaMlpHalf(layer.intermediate, layer.output, conv)]
+        units += [
+            DebertaAttnHalf(layer.attention, encoder, pass_input=conv is not None),
+            DebertaMlpHalf(layer.intermediate, layer.output, conv),
+        ]
     units.append(encoder_head(model, task))
     return units
 

@@ -38,15 +38,17 @@ def attention_mask(config, layer: int, hidden: torch.Tensor, keep: torch.Tensor)
     types = getattr(config, "layer_types", None)
     sliding = (types[layer] == "sliding_attention") if types else getattr(config, "sliding_window", None) is not None
     make = create_sliding_window_causal_mask if sliding else create_causal_mask
-    return make(config=config, inputs_embeds=hidden, attention_mask=keep > 0.5,
-                **causal_mask_kwargs(make, positions(hidden)))
+    return make(
+        config=config, inputs_embeds=hidden, attention_mask=keep > 0.5, **causal_mask_kwargs(make, positions(hidden))
+    )
 
 
 class TokenEmbed(nn.Module):
     """Token embeddings (plus GPT-2's learned positions and dropout); passes the padding mask on as float."""
 
-    def __init__(self, tokens: nn.Module, learned_positions: nn.Module | None = None,
-                 dropout: nn.Module | None = None) -> None:
+    def __init__(
+        self, tokens: nn.Module, learned_positions: nn.Module | None = None, dropout: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.tokens, self.learned_positions, self.dropout = tokens, learned_positions, dropout
 
@@ -63,8 +65,9 @@ class DecoderAttnHalf(nn.Module):
     """x + attention(norm(x)) for layer `layer`: the layer's pre-attention norm and self-attention module,
     and (Llama family) the model's rotary embedding."""
 
-    def __init__(self, config, layer: int, norm: nn.Module, attention: nn.Module,
-                 rotary: nn.Module | None = None) -> None:
+    def __init__(
+        self, config, layer: int, norm: nn.Module, attention: nn.Module, rotary: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.config, self.layer = config, layer
         # The rotary embedding holds buffers only (no parameter), so every attention half may register the
@@ -74,12 +77,14 @@ class DecoderAttnHalf(nn.Module):
         self.mask_kind = types[layer] if types else "attention"  # the layers of one type share a mask
 
     def forward(self, hidden: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = shared(("mask", self.mask_kind, hidden.dtype),
-                      lambda: attention_mask(self.config, self.layer, hidden, keep))
+        mask = shared(
+            ("mask", self.mask_kind, hidden.dtype), lambda: attention_mask(self.config, self.layer, hidden, keep)
+        )
         extra = {}
         if self.rotary is not None:
-            extra["position_embeddings"] = shared(("rotary", hidden.dtype),
-                                                  lambda: self.rotary(hidden, positions(hidden)))
+            extra["position_embeddings"] = shared(
+                ("rotary", hidden.dtype), lambda: self.rotary(hidden, positions(hidden))
+            )
         out = self.attention(self.norm(hidden), attention_mask=mask, **extra)
         return hidden + (out[0] if isinstance(out, tuple) else out), keep
 
@@ -135,8 +140,10 @@ def split_decoder(model: nn.Module, task: str) -> list[nn.Module]:
     else:  # Llama family: embed_tokens, layers of (input_layernorm, self_attn, post_attention_layernorm, mlp)
         units = [TokenEmbed(base.embed_tokens)]
         for i, layer in enumerate(base.layers):
-            units += [DecoderAttnHalf(config, i, layer.input_layernorm, layer.self_attn, base.rotary_emb),
-                      DecoderMlpHalf(layer.post_attention_layernorm, layer.mlp)]
+            units += [
+                DecoderAttnHalf(config, i, layer.input_layernorm, layer.self_attn, base.rotary_emb),
+                DecoderMlpHalf(layer.post_attention_layernorm, layer.mlp),
+            ]
         final_norm = base.norm
     if task == "causal_lm":
         units.append(LmHead(final_norm, model.lm_head))

@@ -37,8 +37,9 @@ class EncoderEmbed(nn.Module):
         super().__init__()
         self.embeddings, self.project = embeddings, project
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if token_type_ids is None:  # the family takes none (RoBERTa, DistilBERT): its own default
             hidden = self.embeddings(input_ids)
         else:
@@ -67,8 +68,9 @@ class AttnHalf(nn.Module):
     def forward(self, hidden: torch.Tensor, ext_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.first_token is not None:
             query = hidden[:, :1]
-            context = self.first_token(self.attention.self, query, encoder_hidden_states=hidden,
-                                       attention_mask=ext_mask)[0]
+            context = self.first_token(
+                self.attention.self, query, encoder_hidden_states=hidden, attention_mask=ext_mask
+            )[0]
             return self.attention.output(context, query), ext_mask
         out = self.attention(hidden, attention_mask=ext_mask)
         return (out[0] if isinstance(out, tuple) else out), ext_mask
@@ -86,7 +88,7 @@ def first_token_attention(attention: nn.Module) -> Callable | None:
         return None
     if getattr(inner, "is_causal", False) or getattr(inner, "position_embedding_type", "absolute") != "absolute":
         return None
-    cross = getattr(sys.modules[type(inner).__module__], name[:-len("SelfAttention")] + "CrossAttention", None)
+    cross = getattr(sys.modules[type(inner).__module__], name[: -len("SelfAttention")] + "CrossAttention", None)
     return getattr(cross, "forward", None)
 
 
@@ -153,14 +155,18 @@ def split_encoder(model: nn.Module, task: str) -> list[nn.Module]:
     if hasattr(base, "transformer"):  # DistilBERT
         blocks = list(base.transformer.layer)
         for block in blocks:
-            units += [DistilAttnHalf(block.attention, block.sa_layer_norm, first_token and block is blocks[-1]),
-                      DistilMlpHalf(block.ffn, block.output_layer_norm)]
+            units += [
+                DistilAttnHalf(block.attention, block.sa_layer_norm, first_token and block is blocks[-1]),
+                DistilMlpHalf(block.ffn, block.output_layer_norm),
+            ]
     else:
         layers = list(base.encoder.layer)
         for layer in layers:
             last = first_token and layer is layers[-1]
-            units += [AttnHalf(layer.attention, first_token_attention(layer.attention) if last else None),
-                      MlpHalf(layer.intermediate, layer.output)]
+            units += [
+                AttnHalf(layer.attention, first_token_attention(layer.attention) if last else None),
+                MlpHalf(layer.intermediate, layer.output),
+            ]
     units.append(encoder_head(model, task))
     return units
 

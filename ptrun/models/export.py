@@ -32,8 +32,9 @@ def save_quietly(model, out: Path) -> None:
             hf_logging.enable_progress_bar()
 
 
-def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None,
-                 class_names: list[str] | None = None) -> Path:
+def export_model(
+    layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None, class_names: list[str] | None = None
+) -> Path:
     """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -50,7 +51,9 @@ def export_model(layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str 
         return out
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().cpu().contiguous() for k, v in layered.model.state_dict().items()},
-              str(out / "model.safetensors"))
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in layered.model.state_dict().items()},
+        str(out / "model.safetensors"),
+    )
     (out / "config.json").write_text(json.dumps(layered.library_config, indent=1) + "\n")
     return out

@@ -20,10 +20,13 @@ from ptrun.config import ConfigError, ModelConfig
 from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
 from ptrun.models.layered import LayeredModel
 
-AUTO_CLASSES = {"classification": "AutoModelForSequenceClassification",
-                "regression": "AutoModelForSequenceClassification",
-                "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM",
-                "causal_lm": "AutoModelForCausalLM"}
+AUTO_CLASSES = {
+    "classification": "AutoModelForSequenceClassification",
+    "regression": "AutoModelForSequenceClassification",
+    "qa": "AutoModelForQuestionAnswering",
+    "mlm": "AutoModelForMaskedLM",
+    "causal_lm": "AutoModelForCausalLM",
+}
 """The library's task model class of each task."""
 
 
@@ -63,8 +66,10 @@ def model_type(path: str) -> str:
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.pretrained={path!r}: cannot read config.json ({type(e).__name__})") from None
     if found not in FAMILIES:
-        raise ConfigError(f"model.pretrained={path!r} is a {found!r} model, which ptrun cannot split into "
-                          f"units: supported are {', '.join(HF_MODEL_TYPES)}")
+        raise ConfigError(
+            f"model.pretrained={path!r} is a {found!r} model, which ptrun cannot split into "
+            f"units: supported are {', '.join(HF_MODEL_TYPES)}"
+        )
     return found
 
 
@@ -96,8 +101,15 @@ def build_transformers(cfg: ModelConfig, config, kind: str, *, task_class: str |
         units, tied = _split_encoder(model, kind, cfg.task)
         uses_types = getattr(config, "type_vocab_size", 0) > 1  # RoBERTa / XLM-R have one type: none needed
         input_names = ("input_ids", "attention_mask") + (("token_type_ids",) if uses_types else ())
-    return LayeredModel(model, family=kind, task=cfg.task, units=units, input_names=input_names, tied=tied,
-                        init=partial(init_hf_unit, model))
+    return LayeredModel(
+        model,
+        family=kind,
+        task=cfg.task,
+        units=units,
+        input_names=input_names,
+        tied=tied,
+        init=partial(init_hf_unit, model),
+    )
 
 
 def _split_encoder(model: nn.Module, kind: str, task: str) -> tuple[list[nn.Module], list[nn.Parameter]]:
@@ -127,24 +139,31 @@ def from_directory(cfg: ModelConfig, *, num_labels: int) -> LayeredModel:
     kernel = {"attn_implementation": cfg.attention} if FAMILIES[kind].attention_kernels else {}
     config = AutoConfig.from_pretrained(path, **kernel, **labels, **dropout)
     if getattr(config, "is_decoder", False) and not FAMILIES[kind].decoder:
-        raise ConfigError(f"model.pretrained={cfg.pretrained!r} is not allowed: a {kind} configured as a "
-                          f"decoder (is_decoder=true); ptrun trains {kind} as an encoder")
+        raise ConfigError(
+            f"model.pretrained={cfg.pretrained!r} is not allowed: a {kind} configured as a "
+            f"decoder (is_decoder=true); ptrun trains {kind} as an encoder"
+        )
     check_sizes(cfg, config)
     return build_transformers(cfg, config, kind)
 
 
 def check_sizes(cfg: ModelConfig, config) -> None:
     """Size fields set in cfg must agree with the pretrained directory's (they cannot change its weights)."""
-    have = {"depth": config.num_hidden_layers, "embed_dim": config.hidden_size,
-            "num_heads": config.num_attention_heads, "vocab_size": config.vocab_size,
-            "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
+    have = {
+        "depth": config.num_hidden_layers,
+        "embed_dim": config.hidden_size,
+        "num_heads": config.num_attention_heads,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+    }
     if getattr(config, "intermediate_size", None):
         have["mlp_ratio"] = config.intermediate_size / config.hidden_size
     for key, value in have.items():
         want = getattr(cfg, key)
         if want is not None and want != value:
-            raise ConfigError(f"model.{key}={want!r} is not allowed: model.pretrained={cfg.pretrained!r} "
-                              f"has {value!r}; leave it null")
+            raise ConfigError(
+                f"model.{key}={want!r} is not allowed: model.pretrained={cfg.pretrained!r} has {value!r}; leave it null"
+            )
 
 
 def _tied_decoder(model: nn.Module) -> list[nn.Parameter]:
@@ -157,8 +176,10 @@ def _tied_decoder(model: nn.Module) -> list[nn.Parameter]:
     if not model.config.tie_word_embeddings:
         return []  # a checkpoint that trained them untied: two ordinary parameters, nothing to declare
     if decoder is not model.get_input_embeddings().weight:
-        raise RuntimeError(f"{type(model).__name__}: tie_word_embeddings is set but the decoder weight is not "
-                           f"the word-embedding Parameter")
+        raise RuntimeError(
+            f"{type(model).__name__}: tie_word_embeddings is set but the decoder weight is not "
+            f"the word-embedding Parameter"
+        )
     return [decoder]
 
 

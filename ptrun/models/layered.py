@@ -59,20 +59,30 @@ class LayeredModel(nn.Module):
     indices of those units. A declared parameter used by a single unit needs no replica and is not listed.
     """
 
-    def __init__(self, model: nn.Module, *, family: str, task: str, units: list[nn.Module],
-                 input_names: tuple[str, ...], tied: Iterable[nn.Parameter | str] = (),
-                 init: Callable[[nn.Module], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        family: str,
+        task: str,
+        units: list[nn.Module],
+        input_names: tuple[str, ...],
+        tied: Iterable[nn.Parameter | str] = (),
+        init: Callable[[nn.Module], None] | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.family = family
         self.task = task
         self.units = list(units)  # a list is not a Module, so nn.Module stores it as a plain attribute
         self.num_blocks = (len(units) - 2) // 2
-        self.unit_names = (["embed"] + [f"block.{b}.{half}" for b in range(self.num_blocks)
-                                        for half in ("attn", "mlp")] + ["head"])
+        self.unit_names = (
+            ["embed"] + [f"block.{b}.{half}" for b in range(self.num_blocks) for half in ("attn", "mlp")] + ["head"]
+        )
         self.input_names = input_names
-        self.sequence_units = next((i for i, unit in enumerate(self.units) if getattr(unit, "first_token_only", False)),
-                                   len(self.units))
+        self.sequence_units = next(
+            (i for i, unit in enumerate(self.units) if getattr(unit, "first_token_only", False)), len(self.units)
+        )
         """How many leading units return every token's row. A classification head's last layer may keep the first
         token's only (ptrun.models.encoders); AutoCache caches no deeper, where an entry would change shape."""
         self.tied: dict[str, tuple[int, ...]] = {}
@@ -95,8 +105,10 @@ class LayeredModel(nn.Module):
             # get_parameter resolves any registered name, including an alias of a tied Parameter
             p = self.model.get_parameter(entry) if isinstance(entry, str) else entry
             if id(p) not in own:
-                raise RuntimeError(f"tied parameter {entry if isinstance(entry, str) else tuple(p.shape)} "
-                                   f"is not a parameter of the model")
+                raise RuntimeError(
+                    f"tied parameter {entry if isinstance(entry, str) else tuple(p.shape)} "
+                    f"is not a parameter of the model"
+                )
             ids.add(id(p))
         return ids
 
@@ -115,12 +127,16 @@ class LayeredModel(nn.Module):
             for p in unit.parameters():  # deduplicated within the unit, so a unit counts once per parameter
                 name = name_of.get(id(p))
                 if name is None:
-                    raise RuntimeError(f"unit {self.unit_names[i]}: a parameter of shape {tuple(p.shape)} "
-                                       f"is not a parameter of the model")
+                    raise RuntimeError(
+                        f"unit {self.unit_names[i]}: a parameter of shape {tuple(p.shape)} "
+                        f"is not a parameter of the model"
+                    )
                 seen = users.setdefault(name, [])
                 if seen and id(p) not in allowed:  # sharing that no adapter asked for is a bug, not a tie
-                    raise RuntimeError(f"unit {self.unit_names[i]}: parameter {name} is not owned once "
-                                       f"(also used by unit {self.unit_names[seen[0]]}) and not declared tied")
+                    raise RuntimeError(
+                        f"unit {self.unit_names[i]}: parameter {name} is not owned once "
+                        f"(also used by unit {self.unit_names[seen[0]]}) and not declared tied"
+                    )
                 seen.append(i)
         orphans = [n for n in name_of.values() if n not in users]
         if orphans:

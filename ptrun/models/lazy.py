@@ -122,8 +122,12 @@ def init_units(layered, units: Iterable[int]) -> None:
     if not wanted:
         return
     params = dict(layered.model.named_parameters())
-    tied_owners = {layered.tied[n][0] for u in wanted for n in layered.unit_shared_param_names(u)
-                   if is_empty(layered, n, params[n])}
+    tied_owners = {
+        layered.tied[n][0]
+        for u in wanted
+        for n in layered.unit_shared_param_names(u)
+        if is_empty(layered, n, params[n])
+    }
     extra = tied_owners - wanted
     allocate(layered, unit_names(layered, wanted | extra))
     supplied = set(layered.weights.keys) if layered.weights is not None else set()

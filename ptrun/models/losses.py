@@ -12,8 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-LABEL_KEYS = {"classification": ("labels",), "regression": ("labels",), "qa": ("start_positions", "end_positions"),
-              "mlm": ("labels",), "causal_lm": ("labels",)}
+LABEL_KEYS = {
+    "classification": ("labels",),
+    "regression": ("labels",),
+    "qa": ("start_positions", "end_positions"),
+    "mlm": ("labels",),
+    "causal_lm": ("labels",),
+}
 TOKEN_TASKS = ("mlm", "causal_lm")
 """Tasks whose labels are one per token ([b, T]) and whose loss is a mean over the predicted tokens."""
 IGNORE_INDEX = -100
@@ -70,8 +75,12 @@ def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: str) -> to
             labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)
         # [b * T, vocab] rows, as transformers computes it: cross_entropy over a [b, vocab, T] view (the
         # class dimension second) runs several times slower, forward and backward.
-        token = F.cross_entropy(output.float().reshape(-1, output.shape[-1]), labels.reshape(-1),
-                                ignore_index=IGNORE_INDEX, reduction="none")
+        token = F.cross_entropy(
+            output.float().reshape(-1, output.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
+        )
         return token.view(labels.shape).sum(dim=1)
     # qa: logits [b, T, 2]; the loss is the mean of the start and end cross-entropies (BERT's QA loss).
     start = F.cross_entropy(output[..., 0].float(), target[:, 0], reduction="none")
@@ -92,7 +101,8 @@ class WeightedLoss:
     def __init__(self, task: str):
         self.task = task
 
-    def __call__(self, output: torch.Tensor, target: torch.Tensor, *, denominator: float = 1.0,
-                 scale: float = 1.0) -> torch.Tensor:
+    def __call__(
+        self, output: torch.Tensor, target: torch.Tensor, *, denominator: float = 1.0, scale: float = 1.0
+    ) -> torch.Tensor:
         weight = target[:, -1].to(torch.float32)
         return (per_sample_loss(output, target, self.task) * weight).sum() / denominator * scale

@@ -32,8 +32,15 @@ from ptrun.models.per_pass import shared
 class ModernBertAttnHalf(nn.Module):
     """x + attention(attn_norm(x)) with the mask and rotary embedding of the layer's type."""
 
-    def __init__(self, config, norm: nn.Module, attention: nn.Module, layer_type: str, rotary: nn.Module,
-                 first_token_only: bool = False) -> None:
+    def __init__(
+        self,
+        config,
+        norm: nn.Module,
+        attention: nn.Module,
+        layer_type: str,
+        rotary: nn.Module,
+        first_token_only: bool = False,
+    ) -> None:
         super().__init__()
         self.config, self.layer_type = config, layer_type
         self.norm, self.attention, self.rotary = norm, attention, rotary
@@ -43,8 +50,11 @@ class ModernBertAttnHalf(nn.Module):
         """The library model's mask for this layer's type (None where sdpa needs none: no padding)."""
         from transformers.masking_utils import create_bidirectional_mask, create_bidirectional_sliding_window_mask
 
-        make = create_bidirectional_sliding_window_mask if self.layer_type == "sliding_attention" else \
-            create_bidirectional_mask
+        make = (
+            create_bidirectional_sliding_window_mask
+            if self.layer_type == "sliding_attention"
+            else create_bidirectional_mask
+        )
         return make(config=self.config, inputs_embeds=hidden, attention_mask=keep > 0.5)
 
     def forward(self, hidden: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +71,9 @@ class ModernBertHead(nn.Module):
     """Final norm, pooling (classification / regression: `classifier_pooling`; none for qa), then the task
     model's `head`, `drop` and `classifier`."""
 
-    def __init__(self, final_norm: nn.Module, head: nn.Module, drop: nn.Module, classifier: nn.Module,
-                 pooling: str | None) -> None:
+    def __init__(
+        self, final_norm: nn.Module, head: nn.Module, drop: nn.Module, classifier: nn.Module, pooling: str | None
+    ) -> None:
         super().__init__()
         self.final_norm, self.head, self.drop, self.classifier = final_norm, head, drop, classifier
         self.pooling = pooling
@@ -83,8 +94,16 @@ def split_modernbert(model: nn.Module, task: str) -> list[nn.Module]:
     units: list[nn.Module] = [TokenEmbed(base.embeddings)]
     pooling = None if task == "qa" else config.classifier_pooling
     for layer in base.layers:
-        units += [ModernBertAttnHalf(config, layer.attn_norm, layer.attn, layer.attention_type, base.rotary_emb,
-                                     pooling == "cls" and layer is base.layers[-1]),
-                  DecoderMlpHalf(layer.mlp_norm, layer.mlp)]
+        units += [
+            ModernBertAttnHalf(
+                config,
+                layer.attn_norm,
+                layer.attn,
+                layer.attention_type,
+                base.rotary_emb,
+                pooling == "cls" and layer is base.layers[-1],
+            ),
+            DecoderMlpHalf(layer.mlp_norm, layer.mlp),
+        ]
     units.append(ModernBertHead(base.final_norm, model.head, model.drop, model.classifier, pooling))
     return units

@@ -81,7 +81,7 @@ def init_vit_unit(unit: nn.Module) -> None:
     named_apply(init_weights_vit_timm, unit)
     if isinstance(unit, VitEmbed):
         if unit.pos_embed is not None:
-            trunc_normal_(unit.pos_embed, std=.02)
+            trunc_normal_(unit.pos_embed, std=0.02)
         for token in (unit.cls_token, unit.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
@@ -90,24 +90,37 @@ def init_vit_unit(unit: nn.Module) -> None:
 def build_vit(cfg: ModelConfig, *, num_classes: int, img_size: int | None, in_chans: int | None) -> LayeredModel:
     """`timm.create_model(cfg.name, pretrained=False, ...)` with only the sizes that are set."""
     if not timm.is_model(cfg.name):
-        raise ConfigError(f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name "
-                          f"(e.g. vit_tiny_patch16_224) or a BERT name")
+        raise ConfigError(
+            f"model.name={cfg.name!r} is not a known model: use a timm vit_*/deit_* name "
+            f"(e.g. vit_tiny_patch16_224) or a BERT name"
+        )
     if cfg.task != "classification":
         raise ConfigError(f"model.task={cfg.task!r} is not allowed: ViT supports classification only")
-    kwargs = dict(num_classes=cfg.num_classes or num_classes, img_size=cfg.img_size or img_size,
-                  patch_size=cfg.patch_size, in_chans=cfg.in_chans or in_chans, embed_dim=cfg.embed_dim,
-                  depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
-                  drop_rate=cfg.dropout, drop_path_rate=cfg.drop_path)
+    kwargs = dict(
+        num_classes=cfg.num_classes or num_classes,
+        img_size=cfg.img_size or img_size,
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_chans or in_chans,
+        embed_dim=cfg.embed_dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        drop_rate=cfg.dropout,
+        drop_path_rate=cfg.drop_path,
+    )
     vit = timm.create_model(cfg.name, pretrained=False, **{k: v for k, v in kwargs.items() if v is not None})
     # Units mirror these two classes exactly; subclasses (e.g. distilled DeiT) and other blocks differ.
     if type(vit) is not VisionTransformer or any(type(b).forward is not Block.forward for b in vit.blocks):
-        raise ConfigError(f"model.name={cfg.name!r} is not a known model: ptrun supports timm "
-                          f"VisionTransformer with pre-norm Blocks, this is a {type(vit).__name__}")
+        raise ConfigError(
+            f"model.name={cfg.name!r} is not a known model: ptrun supports timm "
+            f"VisionTransformer with pre-norm Blocks, this is a {type(vit).__name__}"
+        )
     units: list[nn.Module] = [VitEmbed(vit)]
     for block in vit.blocks:
         units += [VitBlockHalf(block, 1), VitBlockHalf(block, 2)]
     units.append(VitHead(vit))
-    layered = LayeredModel(vit, family="vit", task="classification", units=units, input_names=("pixel_values",),
-                           init=init_vit_unit)
+    layered = LayeredModel(
+        vit, family="vit", task="classification", units=units, input_names=("pixel_values",), init=init_vit_unit
+    )
     layered.library_config = {"model_name": cfg.name, **{k: v for k, v in kwargs.items() if v is not None}}
     return layered

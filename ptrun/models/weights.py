@@ -45,13 +45,16 @@ def _files(path: str) -> list[str]:
         try:
             return sorted({str(folder / f) for f in json.loads(index.read_text())["weight_map"].values()})
         except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"model.pretrained={path!r}: cannot read weights ({index.name}: "
-                              f"{type(e).__name__})") from e
+            raise ConfigError(
+                f"model.pretrained={path!r}: cannot read weights ({index.name}: {type(e).__name__})"
+            ) from e
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).is_file():
             return [str(folder / name)]
-    raise ConfigError(f"model.pretrained={path!r}: no weights in the directory (model.safetensors, "
-                      f"model.safetensors.index.json or pytorch_model.bin)")
+    raise ConfigError(
+        f"model.pretrained={path!r}: no weights in the directory (model.safetensors, "
+        f"model.safetensors.index.json or pytorch_model.bin)"
+    )
 
 
 def _index(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:

@@ -51,8 +51,9 @@ def compile_wanted(setting, device: torch.device, schedule: str = "GPipe") -> bo
     return bool(setting)
 
 
-def make_compiler(train, layered, device: torch.device, probe: tuple = (),
-                  schedule: str = "GPipe") -> "UnitCompiler | None":
+def make_compiler(
+    train, layered, device: torch.device, probe: tuple = (), schedule: str = "GPipe"
+) -> "UnitCompiler | None":
     """The worker's `UnitCompiler` where `train.compile` (a TrainConfig's) is on for `device` and `schedule`,
     else None. `probe`: one training sample's model inputs, from which the first layout's first stage compiles
     at once."""
@@ -129,8 +130,13 @@ class CompileCounts:
         """What was compiled so far: seconds, dynamo compiles and recompiles, inductor graphs built and the
         ones its cache served."""
         hits, graphs = self._cache_counts()
-        return {"compile_s": self.seconds, "compiles": self.compiles, "recompiles": self.recompiles,
-                "graphs": graphs - self._cache_base[1], "graphs_from_cache": hits - self._cache_base[0]}
+        return {
+            "compile_s": self.seconds,
+            "compiles": self.compiles,
+            "recompiles": self.recompiles,
+            "graphs": graphs - self._cache_base[1],
+            "graphs_from_cache": hits - self._cache_base[0],
+        }
 
 
 def since(now: dict, before: dict) -> dict:
@@ -155,8 +161,7 @@ class CompiledUnit:
     def __init__(self, unit: nn.Module, name: str, compiler: "UnitCompiler") -> None:
         self.unit, self.name, self.compiler = unit, name, compiler
         self.kind = type(unit).__name__
-        self.compiled = torch.compile(unit, mode=None if compiler.mode == "default" else compiler.mode,
-                                      dynamic=False)
+        self.compiled = torch.compile(unit, mode=None if compiler.mode == "default" else compiler.mode, dynamic=False)
 
     def __call__(self, *args):
         if self.kind in self.compiler.eager_kinds or (args and args[0].device.type == "meta"):
@@ -242,10 +247,14 @@ class UnitCompiler:
         self.eager_kinds.add(runner.kind)
         self.kinds.discard(runner.kind)
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        why = ("hit dynamo's recompile limit" if "recompile_limit" in type(exc).__name__.lower() + first.lower()
-               else f"did not compile ({type(exc).__name__}: {first})")
-        log.warning("train.compile: unit %s (%s) %s; %s units run eager from here", runner.name, runner.kind,
-                    why, runner.kind)
+        why = (
+            "hit dynamo's recompile limit"
+            if "recompile_limit" in type(exc).__name__.lower() + first.lower()
+            else f"did not compile ({type(exc).__name__}: {first})"
+        )
+        log.warning(
+            "train.compile: unit %s (%s) %s; %s units run eager from here", runner.name, runner.kind, why, runner.kind
+        )
 
     def summary(self) -> str:
         """Collective: `compiled N unit kinds in X s (Y of Z graphs from cache)` over the job (the kinds every

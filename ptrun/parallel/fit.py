@@ -15,8 +15,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ptrun.config import (OPTIMIZER_SPECS, SCHEDULE_SPECS, ConfigError, PtrunConfig, check_concrete,
-                          data_parallel_width, parse_memory)
+from ptrun.config import (
+    OPTIMIZER_SPECS,
+    SCHEDULE_SPECS,
+    ConfigError,
+    PtrunConfig,
+    check_concrete,
+    data_parallel_width,
+    parse_memory,
+)
 from ptrun.config.layout import auto_lengths, batch_at, fill_batch, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
 from ptrun.parallel.microbatches import pick_microbatches
@@ -55,8 +62,12 @@ def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
     values yet holds one unit at a time."""
     copies = state_copies(optimizer)
     params = dict(layered.model.named_parameters())
-    state = [float(sum(layered.param_shapes[n].numel() * params[n].element_size() * copies
-                       for n in unit_names(layered, [i]))) for i in range(len(layered.units))]
+    state = [
+        float(
+            sum(layered.param_shapes[n].numel() * params[n].element_size() * copies for n in unit_names(layered, [i]))
+        )
+        for i in range(len(layered.units))
+    ]
     activations: list[float] = []
     carry: tuple = tuple(sample)
     for i, unit in enumerate(layered.units):
@@ -104,12 +115,16 @@ class LengthChoice:
     def summary(self) -> str:
         gib = 2**30
         if self.length == 1:
-            return (f"pipe.length=auto: the model needs ~{self.whole_bytes / gib:.2f} GiB per device (parameters, "
-                    f"gradients, optimizer state, activations), the device offers {self.budget / gib:.1f} GiB: "
-                    f"K = 1 (data parallelism), M = {self.microbatches}")
-        return (f"pipe.length=auto: the whole model needs ~{self.whole_bytes / gib:.2f} GiB, a device offers "
-                f"{self.budget / gib:.1f} GiB: K = {self.length} (largest stage ~{self.stage_bytes / gib:.2f} GiB), "
-                f"M = {self.microbatches}")
+            return (
+                f"pipe.length=auto: the model needs ~{self.whole_bytes / gib:.2f} GiB per device (parameters, "
+                f"gradients, optimizer state, activations), the device offers {self.budget / gib:.1f} GiB: "
+                f"K = 1 (data parallelism), M = {self.microbatches}"
+            )
+        return (
+            f"pipe.length=auto: the whole model needs ~{self.whole_bytes / gib:.2f} GiB, a device offers "
+            f"{self.budget / gib:.1f} GiB: K = {self.length} (largest stage ~{self.stage_bytes / gib:.2f} GiB), "
+            f"M = {self.microbatches}"
+        )
 
 
 def follow_microbatches(pp: int, per_replica: int, cfg: PtrunConfig) -> int:
@@ -118,8 +133,9 @@ def follow_microbatches(pp: int, per_replica: int, cfg: PtrunConfig) -> int:
     pipe = cfg.pipe
     if pp * pipe.stages_per_rank == 1:
         return 1
-    return pick_microbatches(pp, per_replica, pipe.schedule, cfg.auto.microbatch_table,
-                             stages_per_rank=pipe.stages_per_rank)
+    return pick_microbatches(
+        pp, per_replica, pipe.schedule, cfg.auto.microbatch_table, stages_per_rank=pipe.stages_per_rank
+    )
 
 
 def _in_flight(schedule: str, pp: int, microbatches: int) -> int:
@@ -135,8 +151,10 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
     when no K works: where every K breaks a layout rule (`length_problem`) or none fits, naming for each K
     the first rule it broke, or what its largest stage needs."""
     pipe, num_units, train = cfg.pipe, len(memory.state_bytes), cfg.train
-    reasons = {pp: length_problem(pipe, pp, world_size, batch_at(train, world_size // pp), num_units)
-               for pp in auto_lengths(world_size)}
+    reasons = {
+        pp: length_problem(pipe, pp, world_size, batch_at(train, world_size // pp), num_units)
+        for pp in auto_lengths(world_size)
+    }
     if all(reasons.values()):
         raise no_length_fits(world_size, reasons)
     gib = 2**30
@@ -150,19 +168,23 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
         else:  # an estimate: if memory picks this K, `resolve_length` names the rule it breaks
             m = pipe.microbatches if isinstance(pipe.microbatches, int) else 1
         micro = per_replica / m
-        cost = [s + a * micro * _in_flight(pipe.schedule, pp, m)
-                for s, a in zip(memory.state_bytes, memory.activation_bytes)]
+        cost = [
+            s + a * micro * _in_flight(pipe.schedule, pp, m)
+            for s, a in zip(memory.state_bytes, memory.activation_bytes)
+        ]
         bounds = partition("params", pp * pipe.stages_per_rank, num_units=num_units, param_costs=cost)
         stages = stage_sums(bounds, cost)
         # A rank holds `stages_per_rank` stages: charge it the largest ones' sum.
-        largest = sum(sorted(stages)[-pipe.stages_per_rank:])
+        largest = sum(sorted(stages)[-pipe.stages_per_rank :])
         whole = sum(cost) if whole is None else whole
         if largest <= budget:
             return LengthChoice(pp, m, largest, budget, whole)
-        reasons[pp] = reasons[pp] or (f"the largest stage needs ~{largest / gib:.2f} GiB, a device offers "
-                                      f"{budget / gib:.2f} GiB")
-    raise no_length_fits(world_size, reasons, hint="use more workers, a smaller batch, pipe.recompute, or set "
-                                                   "device.memory")
+        reasons[pp] = reasons[pp] or (
+            f"the largest stage needs ~{largest / gib:.2f} GiB, a device offers {budget / gib:.2f} GiB"
+        )
+    raise no_length_fits(
+        world_size, reasons, hint="use more workers, a smaller batch, pipe.recompute, or set device.memory"
+    )
 
 
 def stage_bytes(memory: UnitMemory, plan, global_batch: int) -> list[float]:
@@ -170,8 +192,10 @@ def stage_bytes(memory: UnitMemory, plan, global_batch: int) -> list[float]:
     and the activations of the micro-batches in flight (a rank of a looped or V schedule holds several)."""
     micro = global_batch // plan.dp / plan.microbatches
     flight = _in_flight(plan.schedule, plan.pp, plan.microbatches)
-    return [sum(memory.state_bytes[u] + memory.activation_bytes[u] * micro * flight for u in range(lo, hi))
-            for lo, hi in plan.stage_bounds]
+    return [
+        sum(memory.state_bytes[u] + memory.activation_bytes[u] * micro * flight for u in range(lo, hi))
+        for lo, hi in plan.stage_bounds
+    ]
 
 
 def check_fits(memory: UnitMemory, plan, global_batch: int, budget: int) -> list[float]:
@@ -180,14 +204,17 @@ def check_fits(memory: UnitMemory, plan, global_batch: int, budget: int) -> list
     gib = 2**30
     for stage, (bytes_, (lo, hi)) in enumerate(zip(need, plan.stage_bounds)):
         if bytes_ > budget:
-            raise ConfigError(f"pipe.length={plan.pp}: stage {stage} (units {lo}-{hi - 1}) needs ~{bytes_ / gib:.2f} "
-                              f"GiB, a device offers {budget / gib:.2f} GiB (device.memory); use a longer pipeline "
-                              f"(or pipe.length=auto), a smaller batch, or pipe.recompute")
+            raise ConfigError(
+                f"pipe.length={plan.pp}: stage {stage} (units {lo}-{hi - 1}) needs ~{bytes_ / gib:.2f} "
+                f"GiB, a device offers {budget / gib:.2f} GiB (device.memory); use a longer pipeline "
+                f"(or pipe.length=auto), a smaller batch, or pipe.recompute"
+            )
     return need
 
 
-def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, budget: int,
-                   memory: UnitMemory | None = None) -> tuple[PtrunConfig, LengthChoice | None]:
+def resolve_length(
+    cfg: PtrunConfig, layered, sample: tuple, world_size: int, budget: int, memory: UnitMemory | None = None
+) -> tuple[PtrunConfig, LengthChoice | None]:
     """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit
     (`memory`, else measured on `layered` with `sample`), an unset micro-batch count from the length
     (`pick_microbatches`), the global batch from `train.pipeline_batch_size` at that length (`fill_batch`).
@@ -203,12 +230,16 @@ def resolve_length(cfg: PtrunConfig, layered, sample: tuple, world_size: int, bu
     if pipe.length == "auto":
         memory = memory or measure_unit_memory(layered, sample, cfg.optim.name)
         choice = choose_length(memory, cfg, world_size, budget)
-        pipe = replace(pipe, length=choice.length, microbatches=choice.microbatches
-                       if pipe.microbatches is None else pipe.microbatches)
+        pipe = replace(
+            pipe,
+            length=choice.length,
+            microbatches=choice.microbatches if pipe.microbatches is None else pipe.microbatches,
+        )
     cfg = fill_batch(replace(cfg, pipe=pipe), world_size)
     if pipe.microbatches is None:
         dp = data_parallel_width(pipe, world_size)
-        pipe = replace(pipe, microbatches=follow_microbatches(
-            pipe.length, max(1, cfg.train.global_batch_size // dp), cfg))
+        pipe = replace(
+            pipe, microbatches=follow_microbatches(pipe.length, max(1, cfg.train.global_batch_size // dp), cfg)
+        )
     check_concrete(pipe, world_size, cfg.train.global_batch_size)
     return replace(cfg, pipe=pipe), choice

@@ -19,8 +19,10 @@ def param_costs(layered: LayeredModel) -> list[float]:
     shapes = getattr(layered, "param_shapes", None)  # the planner's stand-in units hold meta tensors instead
     if shapes is None:
         return [float(sum(p.numel() for p in unit.parameters())) for unit in layered.units]
-    return [float(sum(shapes[n].numel() for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)))
-            for u in range(len(layered.units))]
+    return [
+        float(sum(shapes[n].numel() for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)))
+        for u in range(len(layered.units))
+    ]
 
 
 def start_replica_batch(pipe: PipeConfig, world_size: int, global_batch: int) -> int:
@@ -47,8 +49,15 @@ def starting_micro_batch(pipe: PipeConfig, world_size: int, global_batch: int, t
     return max(1, start_replica_batch(pipe, world_size, global_batch) // m)
 
 
-def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, profile: UnitProfile | None = None,
-               bandwidth: float | None = None, microbatches: int | None = None) -> Plan:
+def first_plan(
+    pipe: PipeConfig,
+    layered: LayeredModel,
+    world_size: int,
+    *,
+    profile: UnitProfile | None = None,
+    bandwidth: float | None = None,
+    microbatches: int | None = None,
+) -> Plan:
     """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with
     `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`).
     `pipe` obeys the layout rules at `world_size` already: checked by the config's validation, or where the
@@ -60,14 +69,28 @@ def first_plan(pipe: PipeConfig, layered: LayeredModel, world_size: int, *, prof
     num_units = len(layered.units)
     num_stages = pipe.length * pipe.stages_per_rank
     if num_stages > num_units:
-        raise ConfigError(f"pipe.length={pipe.length} is not allowed: {num_stages} stages (x stages_per_rank) "
-                          f"exceed the model's {num_units} units")
-    bounds = partition(pipe.partition, num_stages, num_units=num_units, param_costs=param_costs(layered),
-                       time_costs=profile.time_s if profile else None,
-                       activation=profile.activation_bytes if profile else None, bandwidth=bandwidth,
-                       stages=[list(r) for r in pipe.stages] if pipe.stages is not None else None)
-    return Plan(num_units=num_units, frozen_units=0, pp=pipe.length,
-                dp=data_parallel_width(pipe, world_size),
-                stage_bounds=tuple(tuple(b) for b in bounds), microbatches=microbatches,
-                schedule=pipe.schedule, stages_per_rank=pipe.stages_per_rank,
-                replicate_first_only=pipe.first_stage_replicas > 1).check()
+        raise ConfigError(
+            f"pipe.length={pipe.length} is not allowed: {num_stages} stages (x stages_per_rank) "
+            f"exceed the model's {num_units} units"
+        )
+    bounds = partition(
+        pipe.partition,
+        num_stages,
+        num_units=num_units,
+        param_costs=param_costs(layered),
+        time_costs=profile.time_s if profile else None,
+        activation=profile.activation_bytes if profile else None,
+        bandwidth=bandwidth,
+        stages=[list(r) for r in pipe.stages] if pipe.stages is not None else None,
+    )
+    return Plan(
+        num_units=num_units,
+        frozen_units=0,
+        pp=pipe.length,
+        dp=data_parallel_width(pipe, world_size),
+        stage_bounds=tuple(tuple(b) for b in bounds),
+        microbatches=microbatches,
+        schedule=pipe.schedule,
+        stages_per_rank=pipe.stages_per_rank,
+        replicate_first_only=pipe.first_stage_replicas > 1,
+    ).check()

@@ -12,11 +12,11 @@ PAPER_MICROBATCHES: dict[int, int] = {8: 16, 4: 16, 2: 16, 1: 4}
 """Best micro-batch count per pipeline length in the paper's profiling: 2K at K = 8, 4K at
 K = 4, 8K at K = 2, and 4 at K = 1 (where micro-batching only bounds activation memory)."""
 
+
 def min_microbatches(schedule: str, pp: int, stages_per_rank: int = 1) -> int:
     """The fewest micro-batches `schedule` accepts at pipeline length `pp` (too few hangs or raises in some
     runtimes), by the same rule config validation applies (`schedule_problem`)."""
-    return next(m for m in range(1, 4 * pp * stages_per_rank + 1)
-                if schedule_accepts(schedule, pp, stages_per_rank, m))
+    return next(m for m in range(1, 4 * pp * stages_per_rank + 1) if schedule_accepts(schedule, pp, stages_per_rank, m))
 
 
 def schedule_accepts(schedule: str, pp: int, stages_per_rank: int, m: int) -> bool:
@@ -36,8 +36,14 @@ def _table_target(pp: int, table: Optional[Mapping[Any, int]]) -> int:
     return PAPER_MICROBATCHES.get(pp, 4 * pp)
 
 
-def pick_microbatches(pp: int, per_replica_batch: int, schedule: str, table: Optional[Mapping[Any, int]] = None,
-                      *, stages_per_rank: int = 1) -> int:
+def pick_microbatches(
+    pp: int,
+    per_replica_batch: int,
+    schedule: str,
+    table: Optional[Mapping[Any, int]] = None,
+    *,
+    stages_per_rank: int = 1,
+) -> int:
     """Micro-batches M for a replica batch at pipeline length pp.
 
     The target is the profiled `table`'s entry for pp (entries override the paper's per length; lengths the
@@ -52,18 +58,28 @@ def pick_microbatches(pp: int, per_replica_batch: int, schedule: str, table: Opt
     if per_replica_batch < 1:
         raise ConfigError(f"the per-replica batch {per_replica_batch} is not allowed: at least one sample")
     target = _table_target(pp, table)
-    ok = [m for m in range(1, per_replica_batch + 1)
-          if per_replica_batch % m == 0 and schedule_accepts(schedule, pp, stages_per_rank, m)]
+    ok = [
+        m
+        for m in range(1, per_replica_batch + 1)
+        if per_replica_batch % m == 0 and schedule_accepts(schedule, pp, stages_per_rank, m)
+    ]
     if not ok:
-        raise ConfigError(f"pipe.schedule={schedule} at pipe.length={pp} needs at least "
-                          f"{min_microbatches(schedule, pp, stages_per_rank)} equal micro-batches, but the "
-                          f"per-replica batch is {per_replica_batch}")
+        raise ConfigError(
+            f"pipe.schedule={schedule} at pipe.length={pp} needs at least "
+            f"{min_microbatches(schedule, pp, stages_per_rank)} equal micro-batches, but the "
+            f"per-replica batch is {per_replica_batch}"
+        )
     below = [m for m in ok if m <= target]
     return max(below) if below else min(ok)
 
 
-def batch_sizes(dp: int, *, batch_policy: str = "fixed_global", global_batch: Optional[int] = None,
-                per_pipeline_batch: Optional[int] = None) -> tuple[int, int]:
+def batch_sizes(
+    dp: int,
+    *,
+    batch_policy: str = "fixed_global",
+    global_batch: Optional[int] = None,
+    per_pipeline_batch: Optional[int] = None,
+) -> tuple[int, int]:
     """(per-replica batch, global batch) at data-parallel width dp.
 
     `fixed_global` needs `global_batch`, which dp must divide; `fixed_per_pipeline` needs
@@ -76,12 +92,14 @@ def batch_sizes(dp: int, *, batch_policy: str = "fixed_global", global_batch: Op
         if global_batch is None or global_batch < 1:
             raise ConfigError(f"batch policy fixed_global needs a global batch >= 1, got {global_batch}")
         if global_batch % dp:
-            raise ConfigError(f"train.global_batch_size={global_batch} is not allowed: a multiple of the "
-                              f"data-parallel width {dp}")
+            raise ConfigError(
+                f"train.global_batch_size={global_batch} is not allowed: a multiple of the data-parallel width {dp}"
+            )
         return global_batch // dp, global_batch
     if batch_policy == "fixed_per_pipeline":
         if per_pipeline_batch is None or per_pipeline_batch < 1:
-            raise ConfigError(f"batch policy fixed_per_pipeline needs a per-pipeline batch >= 1, "
-                              f"got {per_pipeline_batch}")
+            raise ConfigError(
+                f"batch policy fixed_per_pipeline needs a per-pipeline batch >= 1, got {per_pipeline_batch}"
+            )
         return per_pipeline_batch, per_pipeline_batch * dp
     raise ConfigError(f"batch policy {batch_policy!r} is not allowed: one of {', '.join(BATCH_POLICIES)}")

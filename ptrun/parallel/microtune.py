@@ -88,12 +88,26 @@ class Choice:
 def shrinking(cfg) -> bool:
     """Whether AutoPipe may shorten the pipeline in this run (else only the starting K is ever used): it
     needs freezing, AutoPipe and AutoDP on, and an epoch boundary to act at."""
-    return bool(cfg.auto.freeze and cfg.freeze.policy != "none" and cfg.freeze.max_fraction > 0
-                and cfg.auto.pipe and cfg.auto.dp and cfg.train.epochs > 1)
+    return bool(
+        cfg.auto.freeze
+        and cfg.freeze.policy != "none"
+        and cfg.freeze.max_fraction > 0
+        and cfg.auto.pipe
+        and cfg.auto.dp
+        and cfg.train.epochs > 1
+    )
 
 
-def candidates(pp: int, world_size: int, global_batch: int, schedule: str, *, stages_per_rank: int = 1,
-               batch_policy: str = "fixed_global", shrinks: bool = True) -> list[Length]:
+def candidates(
+    pp: int,
+    world_size: int,
+    global_batch: int,
+    schedule: str,
+    *,
+    stages_per_rank: int = 1,
+    batch_policy: str = "fixed_global",
+    shrinks: bool = True,
+) -> list[Length]:
     """The lengths to tune, longest first: the starting `pp` and, with `shrinks`, each halving AutoPipe can
     reach (it halves while K is even, and stops at a K whose batch does not split: `next_plan`)."""
     dp0 = world_size // pp
@@ -101,16 +115,21 @@ def candidates(pp: int, world_size: int, global_batch: int, schedule: str, *, st
     k = pp
     while True:
         try:
-            per_replica, batch = batch_sizes(world_size // k, batch_policy=batch_policy, global_batch=global_batch,
-                                             per_pipeline_batch=global_batch // dp0)
+            per_replica, batch = batch_sizes(
+                world_size // k,
+                batch_policy=batch_policy,
+                global_batch=global_batch,
+                per_pipeline_batch=global_batch // dp0,
+            )
             fallback = pick_microbatches(k, per_replica, schedule, stages_per_rank=stages_per_rank)
         except ConfigError:
             if k == pp:
                 raise
             break
         counts = K1_CANDIDATES if k == 1 else [k * f for f in MULTIPLES]
-        ms = tuple(m for m in counts if per_replica % m == 0
-                   and schedule_problem(schedule, k, stages_per_rank, m) is None)
+        ms = tuple(
+            m for m in counts if per_replica % m == 0 and schedule_problem(schedule, k, stages_per_rank, m) is None
+        )
         out.append(Length(k, world_size // k, per_replica, batch, ms or (fallback,)))
         if not shrinks or k == 1 or k % 2:
             break
@@ -140,8 +159,10 @@ def choose(lengths: Sequence[Length], costs: Mapping[tuple[int, int], float], ti
         m = min(m for m in ms if costs[(k, m)] <= costs[(k, fastest)] * (1 + tie))
         head = f"M={m} at K={k}: {rate[m]:.0f} samples/s"
         if m != fastest:
-            reason = (f"{head}, within {tie:.0%} of the fastest M={fastest} ({rate[fastest]:.0f}, "
-                      f"{rate[fastest] / rate[m] - 1:+.0%}): the fewer micro-batches")
+            reason = (
+                f"{head}, within {tie:.0%} of the fastest M={fastest} ({rate[fastest]:.0f}, "
+                f"{rate[fastest] / rate[m] - 1:+.0%}): the fewer micro-batches"
+            )
         else:
             nxt = min((x for x in ms if x != m), key=lambda x: (costs[(k, x)], x))
             reason = f"{head}, next best M={nxt} at {rate[nxt]:.0f} ({rate[nxt] / rate[m] - 1:+.0%})"
@@ -158,8 +179,9 @@ def with_table(choices: Mapping[int, Choice], table: Optional[Mapping[Any, int]]
     for key, value in (table or {}).items():
         k, m = int(key), int(value)
         if k in choices and m != choices[k].microbatches:
-            notes.append(f"K={k} after a change: M={m} from auto.microbatch_table (measured: M="
-                         f"{choices[k].microbatches})")
+            notes.append(
+                f"K={k} after a change: M={m} from auto.microbatch_table (measured: M={choices[k].microbatches})"
+            )
         merged[k] = m
     return merged, notes
 
@@ -217,8 +239,17 @@ def time_steps(runtime, batches: Sequence[Batch], device: torch.device) -> float
     return _slowest((time.perf_counter() - t0) / n, device)
 
 
-def training_batches(dataset, length: Length, rank: int, *, seed: int, input_names: Sequence[str], task: str,
-                     device: torch.device, count: int = BATCHES) -> list[Batch]:
+def training_batches(
+    dataset,
+    length: Length,
+    rank: int,
+    *,
+    seed: int,
+    input_names: Sequence[str],
+    task: str,
+    device: torch.device,
+    count: int = BATCHES,
+) -> list[Batch]:
     """This rank's replica batches of the first `count` steps of epoch 0 at `length` (real training data,
     in the order training will see it)."""
     from ptrun.data import EpochSampler
@@ -237,9 +268,15 @@ def training_batches(dataset, length: Length, rank: int, *, seed: int, input_nam
     return out
 
 
-def measure(lengths: Sequence[Length], *, plan_at: Callable[[int, int], Plan], build: Callable[[Plan], Any],
-            batches: Callable[[Length], list[Batch]], model: torch.nn.Module,
-            device: torch.device) -> dict[tuple[int, int], float]:
+def measure(
+    lengths: Sequence[Length],
+    *,
+    plan_at: Callable[[int, int], Plan],
+    build: Callable[[Plan], Any],
+    batches: Callable[[Length], list[Batch]],
+    model: torch.nn.Module,
+    device: torch.device,
+) -> dict[tuple[int, int], float]:
     """Collective over all ranks: {(K, M): seconds per step} for every K with more than one candidate.
 
     `plan_at(K, M)` is the Plan to time (nothing frozen), `build(plan)` its Layout (groups + runtime; the
@@ -296,16 +333,38 @@ def device_name(device: torch.device) -> str:
     return f"{name} x{os.cpu_count()}"
 
 
-def cache_fields(*, model: Mapping, input_shapes: Mapping, lengths: Sequence[Length], world_size: int,
-                 schedule: str, stages_per_rank: int, partition: str, recompute: str, precision: str,
-                 threads: int, device: torch.device) -> dict:
+def cache_fields(
+    *,
+    model: Mapping,
+    input_shapes: Mapping,
+    lengths: Sequence[Length],
+    world_size: int,
+    schedule: str,
+    stages_per_rank: int,
+    partition: str,
+    recompute: str,
+    precision: str,
+    threads: int,
+    device: torch.device,
+) -> dict:
     """Everything that shapes the measured step times (and so keys the cache)."""
-    return {"version": VERSION, "timing": [WARMUP_STEPS, TIMED_BUDGET_S, list(TIMED_STEPS), BATCHES],
-            "model": dict(model), "input_shapes": dict(input_shapes),
-            "lengths": [[l.pp, l.dp, l.per_replica, list(l.microbatches)] for l in lengths],
-            "world_size": world_size, "schedule": schedule, "stages_per_rank": stages_per_rank,
-            "partition": partition, "recompute": recompute, "precision": precision, "threads": threads,
-            "device": [device.type, device_name(device)], "torch": torch.__version__, "host": socket.gethostname()}
+    return {
+        "version": VERSION,
+        "timing": [WARMUP_STEPS, TIMED_BUDGET_S, list(TIMED_STEPS), BATCHES],
+        "model": dict(model),
+        "input_shapes": dict(input_shapes),
+        "lengths": [[l.pp, l.dp, l.per_replica, list(l.microbatches)] for l in lengths],
+        "world_size": world_size,
+        "schedule": schedule,
+        "stages_per_rank": stages_per_rank,
+        "partition": partition,
+        "recompute": recompute,
+        "precision": precision,
+        "threads": threads,
+        "device": [device.type, device_name(device)],
+        "torch": torch.__version__,
+        "host": socket.gethostname(),
+    }
 
 
 def cache_key(fields: Mapping) -> str:
@@ -335,15 +394,23 @@ def load(path: Path, fields: Mapping, needed: Sequence[tuple[int, int]]) -> Opti
             raise ValueError("missing or invalid step times")
         return costs
     except (ValueError, KeyError, TypeError) as e:
-        log.warning("micro-batch cache %s is unusable (%s: %s); measuring again and rewriting it", path,
-                    e.__class__.__name__, str(e).splitlines()[0] if str(e) else "")
+        log.warning(
+            "micro-batch cache %s is unusable (%s: %s); measuring again and rewriting it",
+            path,
+            e.__class__.__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
         return None
 
 
 def store(path: Path, fields: Mapping, costs: Mapping[tuple[int, int], float]) -> bool:
     """Write the costs atomically (a reader never sees half a file); False, with a warning, if it cannot."""
-    record = {"key": cache_key(fields), "fields": fields, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "costs": [[k, m, s] for (k, m), s in sorted(costs.items())]}
+    record = {
+        "key": cache_key(fields),
+        "fields": fields,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "costs": [[k, m, s] for (k, m), s in sorted(costs.items())],
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -387,20 +454,32 @@ class Tuning:
 
     def event_fields(self) -> dict:
         """For the first `plan` event."""
-        return {"microbatches_reason": self.reason,
-                "microbatch_tuning": {"source": self.source, "seconds": round(self.seconds, 3),
-                                      "chosen": {str(k): c.microbatches for k, c in self.choices.items()},
-                                      "table": {str(k): m for k, m in self.table.items()},
-                                      "samples_per_s": self.samples_per_s(), "cache_file": self.cache_file}}
+        return {
+            "microbatches_reason": self.reason,
+            "microbatch_tuning": {
+                "source": self.source,
+                "seconds": round(self.seconds, 3),
+                "chosen": {str(k): c.microbatches for k, c in self.choices.items()},
+                "table": {str(k): m for k, m in self.table.items()},
+                "samples_per_s": self.samples_per_s(),
+                "cache_file": self.cache_file,
+            },
+        }
 
     def summary(self) -> str:
         """The console line."""
         return f"micro-batches (pipe.microbatches=auto, {self.source} in {self.seconds:.1f}s): {self.reason}"
 
 
-def tune(lengths: list[Length], fields: Mapping, *, measure_costs: Callable[[], dict[tuple[int, int], float]],
-         explicit_table: Optional[Mapping[Any, int]] = None, device: torch.device,
-         root: Optional[Path] = None) -> Tuning:
+def tune(
+    lengths: list[Length],
+    fields: Mapping,
+    *,
+    measure_costs: Callable[[], dict[tuple[int, int], float]],
+    explicit_table: Optional[Mapping[Any, int]] = None,
+    device: torch.device,
+    root: Optional[Path] = None,
+) -> Tuning:
     """Collective: the cached costs for `fields` if rank 0 has them, else `measure_costs()` on every rank
     (then rank 0 writes the cache); then the choice per K. Every rank returns the same Tuning."""
     t0 = time.perf_counter()
@@ -417,10 +496,27 @@ def tune(lengths: list[Length], fields: Mapping, *, measure_costs: Callable[[], 
             store(path, fields, costs)
     choices = choose(lengths, costs)
     table, notes = with_table(choices, explicit_table)
-    return Tuning(list(lengths), costs, choices, table, notes, source, time.perf_counter() - t0,
-                  str(path) if needed else "")
+    return Tuning(
+        list(lengths), costs, choices, table, notes, source, time.perf_counter() - t0, str(path) if needed else ""
+    )
 
 
-__all__ = ["Batch", "Choice", "Length", "Tuning", "cache_dir", "cache_fields", "cache_key", "cache_path",
-           "candidates", "choose", "load", "measure", "shrinking", "store", "training_batches", "tune",
-           "with_table"]
+__all__ = [
+    "Batch",
+    "Choice",
+    "Length",
+    "Tuning",
+    "cache_dir",
+    "cache_fields",
+    "cache_key",
+    "cache_path",
+    "candidates",
+    "choose",
+    "load",
+    "measure",
+    "shrinking",
+    "store",
+    "training_batches",
+    "tune",
+    "with_table",
+]

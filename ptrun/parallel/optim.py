@@ -21,8 +21,11 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]], cfg: OptimConf
         return None
     decay = [p for n, p in named_params if p.ndim > 1 and not any(k in n for k in NO_DECAY_NAMES)]
     no_decay = [p for n, p in named_params if not (p.ndim > 1 and not any(k in n for k in NO_DECAY_NAMES))]
-    groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
-                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    groups = [
+        g
+        for g in ({"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+        if g["params"]
+    ]
     # The fused kernels (CPU and CUDA) update every parameter in one pass; the default single-tensor path
     # costs ~4x as much per step on a small model (measured: 2.4 against 9.9 ms for 200 k parameters).
     impl = {"fused": True} if all(p.is_floating_point() for _, p in named_params) else {"foreach": True}

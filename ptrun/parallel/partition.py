@@ -56,8 +56,9 @@ def _check_costs(costs: Sequence[float], name: str, method: str) -> list[float]:
         except (TypeError, ValueError):
             v = math.nan
         if not (math.isfinite(v) and v >= 0):  # name the first bad unit: a 100-entry list is unreadable
-            raise ConfigError(f"pipe.partition={method}: every {name} entry must be a finite number >= 0, "
-                              f"unit {i} has {c!r}")
+            raise ConfigError(
+                f"pipe.partition={method}: every {name} entry must be a finite number >= 0, unit {i} has {c!r}"
+            )
         out.append(v)
     if not out:
         raise ConfigError(f"pipe.partition={method} needs a non-empty {name} vector (one entry per unit)")
@@ -69,8 +70,10 @@ def _check_stages(num_stages: int, num_units: int, method: str) -> None:
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise ConfigError(f"pipe.partition={method}: the stage count must be an integer >= 1, got {num_stages!r}")
     if num_stages > num_units:
-        raise ConfigError(f"pipe.partition={method} cannot split {num_units} units into {num_stages} stages: "
-                          f"every stage needs a unit, so at most {num_units} stages")
+        raise ConfigError(
+            f"pipe.partition={method} cannot split {num_units} units into {num_stages} stages: "
+            f"every stage needs a unit, so at most {num_units} stages"
+        )
 
 
 def _bounds_from_ends(ends: Sequence[int]) -> Bounds:
@@ -155,8 +158,9 @@ def stage_sums(bounds: Sequence[tuple[int, int]], costs: Sequence[float]) -> lis
     return [math.fsum(costs[lo:hi]) for lo, hi in bounds]
 
 
-def stage_times(bounds: Sequence[tuple[int, int]], compute: Sequence[float], activation: Sequence[float],
-                bandwidth: float) -> list[float]:
+def stage_times(
+    bounds: Sequence[tuple[int, int]], compute: Sequence[float], activation: Sequence[float], bandwidth: float
+) -> list[float]:
     """PipeDream's per-stage time: the stage's compute plus sending its last unit's output to the next stage.
 
     `activation[i]` is the size of unit i's output and the transfer takes `activation / bandwidth`; the last
@@ -246,14 +250,16 @@ def pipedream(compute: Sequence[float], activation: Sequence[float], num_stages:
     comp = _check_costs(compute, "compute", "pipedream")
     act = _check_costs(activation, "activation", "pipedream")
     if len(act) != len(comp):
-        raise ConfigError(f"pipe.partition=pipedream needs one activation size per unit: got {len(act)} "
-                          f"for {len(comp)} units")
+        raise ConfigError(
+            f"pipe.partition=pipedream needs one activation size per unit: got {len(act)} for {len(comp)} units"
+        )
     if not (isinstance(bandwidth, (int, float)) and bandwidth > 0):  # NaN fails `> 0` too
         raise ConfigError(f"pipe.partition=pipedream needs a bandwidth > 0, got {bandwidth!r}")
     n = len(comp)
     _check_stages(num_stages, n, "pipedream")
     return _exact_partition(
-        n, num_stages, lambda lo, hi: math.fsum(comp[lo:hi]) + (act[hi - 1] / bandwidth if hi < n else 0.0))
+        n, num_stages, lambda lo, hi: math.fsum(comp[lo:hi]) + (act[hi - 1] / bandwidth if hi < n else 0.0)
+    )
 
 
 def explicit(stages: Any, num_units: int) -> Bounds:
@@ -262,6 +268,7 @@ def explicit(stages: Any, num_units: int) -> Bounds:
     It must be a list of integer pairs, each non-empty (lo < hi), each starting where the previous ended,
     the first at 0 and the last ending at `num_units`.
     """
+
     def bad() -> ConfigError:
         shown = stages
         if not isinstance(stages, (str, bytes)):
@@ -269,8 +276,9 @@ def explicit(stages: Any, num_units: int) -> Bounds:
                 shown = [list(r) for r in stages]
             except TypeError:
                 pass
-        return ConfigError(f"pipe.stages={shown!r} must be contiguous non-empty [lo, hi) ranges "
-                           f"covering units 0..{num_units}")
+        return ConfigError(
+            f"pipe.stages={shown!r} must be contiguous non-empty [lo, hi) ranges covering units 0..{num_units}"
+        )
 
     if isinstance(stages, (str, bytes)):
         raise bad()
@@ -296,9 +304,18 @@ def explicit(stages: Any, num_units: int) -> Bounds:
     return tuple(out)
 
 
-def partition(method: str, num_stages: int, *, num_units: int, param_costs: Optional[Sequence[float]] = None,
-              time_costs: Optional[Sequence[float]] = None, activation: Optional[Sequence[float]] = None,
-              bandwidth: Optional[float] = None, frozen_units: int = 0, stages: Any = None) -> Bounds:
+def partition(
+    method: str,
+    num_stages: int,
+    *,
+    num_units: int,
+    param_costs: Optional[Sequence[float]] = None,
+    time_costs: Optional[Sequence[float]] = None,
+    activation: Optional[Sequence[float]] = None,
+    bandwidth: Optional[float] = None,
+    frozen_units: int = 0,
+    stages: Any = None,
+) -> Bounds:
     """Split `num_units` units into `num_stages` stages by `method` (one of `PARTITIONERS`).
 
     - uniform: equal unit counts.
@@ -333,12 +350,17 @@ def partition(method: str, num_stages: int, *, num_units: int, param_costs: Opti
     if method == "pipedream":
         if bandwidth is None:
             raise ConfigError("pipe.partition=pipedream needs the link bandwidth, which was not given")
-        return pipedream(weighted_costs(need(time_costs, "time costs"), frozen_units),
-                         need(activation, "activation sizes"), num_stages, bandwidth)
+        return pipedream(
+            weighted_costs(need(time_costs, "time costs"), frozen_units),
+            need(activation, "activation sizes"),
+            num_stages,
+            bandwidth,
+        )
     if stages is None:
         raise ConfigError("pipe.partition=explicit needs pipe.stages, a list of [lo, hi) unit ranges")
     out = explicit(stages, num_units)
     if len(out) != num_stages:
-        raise ConfigError(f"pipe.stages has {len(out)} ranges but the pipeline has {num_stages} stages; "
-                          f"give exactly {num_stages}")
+        raise ConfigError(
+            f"pipe.stages has {len(out)} ranges but the pipeline has {num_stages} stages; give exactly {num_stages}"
+        )
     return out

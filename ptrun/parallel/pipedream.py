@@ -48,6 +48,7 @@ from ptrun.parallel.pipeline import StageRuntime, Step
 from ptrun.parallel.plan import Plan
 from ptrun.models.losses import WeightedLoss
 
+
 def backwards_due(in_flight: int, limit: int, drain: bool) -> int:
     """PipeDream's 1F1B order for one stage, after a step's forward pass: how many of the `in_flight` steps
     (that one included) run their backward pass now, oldest first. Once `limit` steps are in flight the
@@ -71,8 +72,16 @@ class _InFlight:
 
 
 # ---- point-to-point messages --------------------------------------------------------------------------
-_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.bool,
-           torch.uint8]
+_DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+    torch.uint8,
+]
 _MAX_TENSORS, _MAX_DIMS = 4, 6
 _HEADER = 2 + _MAX_TENSORS * (2 + _MAX_DIMS)
 _TAG_FORWARD, _TAG_BACKWARD = 1, 2
@@ -110,15 +119,27 @@ class AsyncPipelineRuntime(StageRuntime):
     clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
     asynchronous = True  # later steps are in flight when one's update is due
 
-    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 compute_dtype: torch.dtype | None = None, weight_stashing: bool = True,
-                 vertical_sync: bool = False, compiler=None):
+    def __init__(
+        self,
+        layered,
+        plan: Plan,
+        rank: int,
+        groups: Groups,
+        device: torch.device,
+        loss: WeightedLoss,
+        compute_dtype: torch.dtype | None = None,
+        weight_stashing: bool = True,
+        vertical_sync: bool = False,
+        compiler=None,
+    ):
         super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype, compiler)
         for name, units in layered.tied.items():
             holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
             if len(holders) > 1:
-                raise ConfigError(f"pipe.schedule=pipedream is not allowed for this model: {name} is tied across "
-                                  f"stages {sorted(holders)}, which step apart; use a flushing schedule (1F1B)")
+                raise ConfigError(
+                    f"pipe.schedule=pipedream is not allowed for this model: {name} is tied across "
+                    f"stages {sorted(holders)}, which step apart; use a flushing schedule (1F1B)"
+                )
         self.module = self.modules[0]
         self.stage = self.stage_indices[0]
         # The replicas whose mini-batches this rank runs: its own, or (a later stage shared under PipeDream's
@@ -157,8 +178,9 @@ class AsyncPipelineRuntime(StageRuntime):
             return self._working
         if version not in self._stash:
             if version != self.version:
-                raise RuntimeError(f"stage {self.stage}: weight version {version} was asked for but not kept "
-                                   f"(current {self.version})")
+                raise RuntimeError(
+                    f"stage {self.stage}: weight version {version} was asked for but not kept (current {self.version})"
+                )
             self._stash[version] = self._snapshot()
             self.stash_bytes_peak = max(self.stash_bytes_peak, self.stash_bytes)
         return self._stash[version]
@@ -258,13 +280,20 @@ class AsyncPipelineRuntime(StageRuntime):
             else:
                 out = out if isinstance(out, tuple) else (out,)
                 record.outputs.append(out[0])
-                self._send(out, self.next_ranks[i], _TAG_FORWARD,
-                           version=version if self.vertical_sync else self.version)
+                self._send(
+                    out, self.next_ranks[i], _TAG_FORWARD, version=version if self.vertical_sync else self.version
+                )
         if self.trace is not None:
-            record.trace = {"stage": self.stage, "step": step.step, "version": version,
-                            "forward_fingerprint": self._fingerprint(record.weights),
-                            "lanes": list(self.lanes), "received_versions": sent_versions,
-                            "from_ranks": list(self.prev_ranks), "to_ranks": list(self.next_ranks)}
+            record.trace = {
+                "stage": self.stage,
+                "step": step.step,
+                "version": version,
+                "forward_fingerprint": self._fingerprint(record.weights),
+                "lanes": list(self.lanes),
+                "received_versions": sent_versions,
+                "from_ranks": list(self.prev_ranks),
+                "to_ranks": list(self.next_ranks),
+            }
         return record
 
     def _backward(self, record: _InFlight) -> None:
@@ -277,8 +306,9 @@ class AsyncPipelineRuntime(StageRuntime):
                 torch.autograd.backward(output, grad)
             if not self.is_first:  # back to the rank that ran this lane's forward pass on the stage before
                 head = record.inputs[i][0]
-                self._send((head.grad if head.grad is not None else torch.zeros_like(head),), self.prev_ranks[i],
-                           _TAG_BACKWARD)
+                self._send(
+                    (head.grad if head.grad is not None else torch.zeros_like(head),), self.prev_ranks[i], _TAG_BACKWARD
+                )
         if record.weights is not None:  # the gradient of the copy is the gradient for the live weights
             for n, w in record.weights.items():
                 if w.grad is not None:
@@ -286,12 +316,17 @@ class AsyncPipelineRuntime(StageRuntime):
                     live.grad = w.grad if live.grad is None else live.grad + w.grad
                     w.grad = None
         if self.trace is not None:
-            self.trace.append({**record.trace, "backward_fingerprint": self._fingerprint(record.weights),
-                               "grads": {n: p.grad.detach().clone() for n, p in self._live.items()
-                                         if p.grad is not None}})
+            self.trace.append(
+                {
+                    **record.trace,
+                    "backward_fingerprint": self._fingerprint(record.weights),
+                    "grads": {n: p.grad.detach().clone() for n, p in self._live.items() if p.grad is not None},
+                }
+            )
 
-    def train_step(self, step: Step, loss_scale: float = 1.0,
-                   drain: bool = False) -> Iterator[tuple[Step, torch.Tensor | None]]:
+    def train_step(
+        self, step: Step, loss_scale: float = 1.0, drain: bool = False
+    ) -> Iterator[tuple[Step, torch.Tensor | None]]:
         """`step`'s forward pass, then the backward passes PipeDream's 1F1B runs now (`backwards_due`): after
         each it yields `(step, loss)` for that step's update (the loss on the last stage only: this replica's
         share of the global mean loss). The caller applies the update and resumes; the pipeline drains (every
@@ -329,8 +364,9 @@ class AsyncPipelineRuntime(StageRuntime):
             if self.is_last:
                 outs.append(out)
             else:
-                self._send(out if isinstance(out, tuple) else (out,), self.next_ranks[i], _TAG_FORWARD,
-                           version=self.version)
+                self._send(
+                    out if isinstance(out, tuple) else (out,), self.next_ranks[i], _TAG_FORWARD, version=self.version
+                )
         self._wait_sends()
         if not self.is_last:
             return None
@@ -346,15 +382,23 @@ class AsyncPipelineRuntime(StageRuntime):
         def forward(step: Step, loss_scale: float) -> _InFlight:
             start = time.time()
             record = self._timed_originals[0](step, loss_scale)
-            events.append({"stage": self.stage, "microbatch": step.step, "kind": "F", "start_s": start,
-                           "end_s": time.time()})
+            events.append(
+                {"stage": self.stage, "microbatch": step.step, "kind": "F", "start_s": start, "end_s": time.time()}
+            )
             return record
 
         def backward(record: _InFlight) -> None:
             start = time.time()
             self._timed_originals[1](record)
-            events.append({"stage": self.stage, "microbatch": record.step.step, "kind": "B", "start_s": start,
-                           "end_s": time.time()})
+            events.append(
+                {
+                    "stage": self.stage,
+                    "microbatch": record.step.step,
+                    "kind": "B",
+                    "start_s": start,
+                    "end_s": time.time(),
+                }
+            )
 
         self._forward, self._backward = forward, backward
         return events

@@ -64,8 +64,9 @@ class Runtime(Protocol):
     is_last: bool
     unit_indices: list[int]
 
-    def train_step(self, step: Step, loss_scale: float = 1.0,
-                   drain: bool = False) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
+    def train_step(
+        self, step: Step, loss_scale: float = 1.0, drain: bool = False
+    ) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
         """`step`'s passes, its loss multiplied by `loss_scale` (fp16's, 1 otherwise) where backward starts;
         yields `(step, loss)` for each step whose update is now due (the caller applies it, then resumes): a
         flushing runtime yields `step` itself, PipeDream the oldest step in flight once its pipeline is full,
@@ -99,16 +100,29 @@ class StageRuntime:
     asynchronous = False
     """A flushing runtime finishes each step before the next (`Runtime.asynchronous`)."""
 
-    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none", compute_dtype: torch.dtype | None = None,
-                 compiler: UnitCompiler | None = None):
+    def __init__(
+        self,
+        layered,
+        plan: Plan,
+        rank: int,
+        groups: Groups,
+        device: torch.device,
+        loss: WeightedLoss,
+        recompute: str = "none",
+        compute_dtype: torch.dtype | None = None,
+        compiler: UnitCompiler | None = None,
+    ):
         self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
         self.replica, stage_rank = plan.coords(rank)
         self.stage_indices = plan.local_stages(stage_rank)
         self.dp_peers = len(plan.stage_ranks(stage_rank))  # ranks of this stage across replicas (self included)
         every = parse_recompute(recompute)
-        self.modules = [StageModule(layered.units[slice(*plan.active_range(s))], every, compute_dtype, compiler,
-                                    plan.active_range(s)[0]).to(device) for s in self.stage_indices]
+        self.modules = [
+            StageModule(
+                layered.units[slice(*plan.active_range(s))], every, compute_dtype, compiler, plan.active_range(s)[0]
+            ).to(device)
+            for s in self.stage_indices
+        ]
         if compiler is not None:  # the new variants compile now, in the transition, not in the steps after it
             for s, m in zip(self.stage_indices, self.modules):
                 compiler.warm_stage(m, plan.active_range(s)[0], s, plan)
@@ -118,13 +132,17 @@ class StageRuntime:
         # Fixed for the layout (freezing builds a new runtime): walking the modules every step costs time.
         self._trainable = [p for p in self._unique_parameters() if p.requires_grad]
         # A tied weight's gradient is norm-counted on the rank holding its owner (first) unit only.
-        self._norm_excluded = {id(layered.model.get_parameter(name)) for name, units in layered.tied.items()
-                               if units[0] not in self.unit_indices}
+        self._norm_excluded = {
+            id(layered.model.get_parameter(name))
+            for name, units in layered.tied.items()
+            if units[0] not in self.unit_indices
+        }
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
-    def train_step(self, step: Step, loss_scale: float = 1.0,
-                   drain: bool = False) -> Iterator[tuple[Step, torch.Tensor]]:
+    def train_step(
+        self, step: Step, loss_scale: float = 1.0, drain: bool = False
+    ) -> Iterator[tuple[Step, torch.Tensor]]:
         """`step`'s forward and backward passes; yields `(step, loss)` for its update (a flushing schedule
         finishes every step: `drain` changes nothing)."""
         yield step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale)
@@ -225,9 +243,14 @@ def data_parallel(module: nn.Module, groups: Groups, device: torch.device) -> Di
     """`module` in DistributedDataParallel over the DP group, summing (not averaging) the replicas' bucketed
     gradients during the backward pass. No initial broadcast: every replica already holds the same weights
     (one seed, or moved there by AutoDP)."""
-    ddp = DistributedDataParallel(module, process_group=groups.dp, init_sync=False, gradient_as_bucket_view=True,
-                                  device_ids=[device.index] if device.type == "cuda" else None,
-                                  **ddp_no_buffer_sync())
+    ddp = DistributedDataParallel(
+        module,
+        process_group=groups.dp,
+        init_sync=False,
+        gradient_as_bucket_view=True,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        **ddp_no_buffer_sync(),
+    )
     ddp.register_comm_hook(groups.dp, _sum_hook)
     return ddp
 
@@ -236,9 +259,18 @@ class PipelineRuntime(StageRuntime):
     """Builds and runs this rank's stages of `plan` with a torch.distributed.pipelining schedule, which
     flushes the pipeline every step."""
 
-    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none", compute_dtype: torch.dtype | None = None,
-                 compiler: UnitCompiler | None = None):
+    def __init__(
+        self,
+        layered,
+        plan: Plan,
+        rank: int,
+        groups: Groups,
+        device: torch.device,
+        loss: WeightedLoss,
+        recompute: str = "none",
+        compute_dtype: torch.dtype | None = None,
+        compiler: UnitCompiler | None = None,
+    ):
         super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype, compiler)
         import torch.distributed.pipelining as pipelining
 
@@ -249,12 +281,16 @@ class PipelineRuntime(StageRuntime):
         shared = sum(len([p for p in m.parameters() if p.requires_grad]) for m in self.modules) > len(self._trainable)
         spec = SCHEDULE_SPECS[plan.schedule]
         wrap = self.dp_peers > 1 and not spec.split_backward and not shared
-        runs = [data_parallel(m, groups, device) if wrap and any(p.requires_grad for p in m.parameters()) else m
-                for m in self.modules]
+        runs = [
+            data_parallel(m, groups, device) if wrap and any(p.requires_grad for p in m.parameters()) else m
+            for m in self.modules
+        ]
         self._ddp = [m for m in runs if isinstance(m, DistributedDataParallel)]
         self.syncs_in_backward = bool(self._ddp)
-        self.stages = [pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
-                       for m, s in zip(runs, self.stage_indices)]
+        self.stages = [
+            pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
+            for m, s in zip(runs, self.stage_indices)
+        ]
         kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
         # torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the
         # module brings in torch._dynamo, about 1.8 s of every worker's start-up.
@@ -269,8 +305,9 @@ class PipelineRuntime(StageRuntime):
         kwargs = {"target": target, **last} if self.is_last and target is not None else {}
         return run(*args, **kwargs)
 
-    def forward_backward(self, inputs: tuple, target: torch.Tensor, denominator: float,
-                         loss_scale: float = 1.0) -> torch.Tensor:
+    def forward_backward(
+        self, inputs: tuple, target: torch.Tensor, denominator: float, loss_scale: float = 1.0
+    ) -> torch.Tensor:
         """One pipelined forward + backward over the replica batch, the loss divided by `denominator` and
         multiplied by `loss_scale` (`Runtime.train_step`). Returns this rank's share of the global mean loss
         (non-zero on last stages only; summing over all ranks gives the global loss), without the loss scale."""
@@ -282,8 +319,13 @@ class PipelineRuntime(StageRuntime):
             # forward and backward that must not reduce: so DDP's own forward never prepares one.
             for ddp in self._ddp:
                 stack.enter_context(ddp.no_sync())
-            self._run(self.schedule.step, inputs, target, losses=losses,
-                      loss_kwargs={"denominator": denominator, "scale": loss_scale})
+            self._run(
+                self.schedule.step,
+                inputs,
+                target,
+                losses=losses,
+                loss_kwargs={"denominator": denominator, "scale": loss_scale},
+            )
         if self.is_last:
             return torch.stack([l.detach().float() for l in losses]).sum() / loss_scale
         return torch.zeros((), device=self.device)
@@ -304,15 +346,19 @@ class PipelineRuntime(StageRuntime):
         events: list[dict] = []
         self._timed = []
         for stage, index in zip(self.stages, self.stage_indices):
-            for method, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"),
-                                 ("backward_weight_one_chunk", "W")):
+            for method, kind in (
+                ("forward_one_chunk", "F"),
+                ("backward_one_chunk", "B"),
+                ("backward_weight_one_chunk", "W"),
+            ):
                 original = getattr(stage, method)
 
                 def timed(chunk, *args, _run=original, _kind=kind, _stage=index, **kwargs):
                     start = time.time()
                     out = _run(chunk, *args, **kwargs)
-                    events.append({"stage": _stage, "microbatch": chunk, "kind": _kind, "start_s": start,
-                                   "end_s": time.time()})
+                    events.append(
+                        {"stage": _stage, "microbatch": chunk, "kind": _kind, "start_s": start, "end_s": time.time()}
+                    )
                     return out
 
                 setattr(stage, method, timed)  # an instance attribute shadows the class's method
@@ -341,9 +387,18 @@ class LocalRuntime(StageRuntime):
     all-reduce overlaps the backward pass; a module with nothing to train (never the case at K = 1 in
     practice: the head always trains) runs unwrapped."""
 
-    def __init__(self, layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                 recompute: str = "none", compute_dtype: torch.dtype | None = None,
-                 compiler: UnitCompiler | None = None):
+    def __init__(
+        self,
+        layered,
+        plan: Plan,
+        rank: int,
+        groups: Groups,
+        device: torch.device,
+        loss: WeightedLoss,
+        recompute: str = "none",
+        compute_dtype: torch.dtype | None = None,
+        compiler: UnitCompiler | None = None,
+    ):
         super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype, compiler)
         assert plan.pp == 1 and len(self.modules) == 1, "LocalRuntime runs one stage per replica"
         self.module = self.modules[0]
@@ -370,8 +425,9 @@ class LocalRuntime(StageRuntime):
         self._events.append({"stage": 0, "microbatch": chunk, "kind": kind, "start_s": start, "end_s": time.time()})
         return out
 
-    def forward_backward(self, inputs: tuple, target: torch.Tensor, denominator: float,
-                         loss_scale: float = 1.0) -> torch.Tensor:
+    def forward_backward(
+        self, inputs: tuple, target: torch.Tensor, denominator: float, loss_scale: float = 1.0
+    ) -> torch.Tensor:
         """Forward + backward over the replica batch, the loss divided by `denominator` and multiplied by
         `loss_scale` (`Runtime.train_step`); returns this replica's share of the global mean loss (summing over the
         replicas gives the global loss), without the loss scale."""
@@ -405,11 +461,20 @@ class LocalRuntime(StageRuntime):
         self._events = None
 
 
-def flushing_runtime(layered, plan: Plan, rank: int, groups: Groups, device: torch.device, loss: WeightedLoss,
-                     recompute: str = "none", compute_dtype: torch.dtype | None = None,
-                     compiler: UnitCompiler | None = None) -> StageRuntime:
+def flushing_runtime(
+    layered,
+    plan: Plan,
+    rank: int,
+    groups: Groups,
+    device: torch.device,
+    loss: WeightedLoss,
+    recompute: str = "none",
+    compute_dtype: torch.dtype | None = None,
+    compiler: UnitCompiler | None = None,
+) -> StageRuntime:
     """The runtime of a flushing plan: a single stage runs directly (`LocalRuntime`), more stages run a
     pipelining schedule (`PipelineRuntime`); `compiler` compiles their units (`train.compile`)."""
     kind = LocalRuntime if plan.num_stages == 1 else PipelineRuntime
-    return kind(layered, plan, rank, groups, device, loss, recompute=recompute, compute_dtype=compute_dtype,
-                compiler=compiler)
+    return kind(
+        layered, plan, rank, groups, device, loss, recompute=recompute, compute_dtype=compute_dtype, compiler=compiler
+    )

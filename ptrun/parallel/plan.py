@@ -112,15 +112,22 @@ class Plan:
     def check(self) -> "Plan":
         """Raise ConfigError unless the plan is internally consistent; returns self."""
         if len(self.stage_bounds) != self.num_stages:
-            raise ConfigError(f"pipe.length={self.pp} x pipe.stages_per_rank={self.stages_per_rank} needs "
-                              f"{self.num_stages} stage ranges, not {len(self.stage_bounds)}")
+            raise ConfigError(
+                f"pipe.length={self.pp} x pipe.stages_per_rank={self.stages_per_rank} needs "
+                f"{self.num_stages} stage ranges, not {len(self.stage_bounds)}"
+            )
         if self.num_stages > self.num_units:
-            raise ConfigError(f"{self.num_stages} stages (pipe.length x pipe.stages_per_rank) are more than the "
-                              f"model's {self.num_units} units")
+            raise ConfigError(
+                f"{self.num_stages} stages (pipe.length x pipe.stages_per_rank) are more than the "
+                f"model's {self.num_units} units"
+            )
         edges = [lo for lo, _ in self.stage_bounds] + [self.stage_bounds[-1][1]]
-        if edges[0] != 0 or edges[-1] != self.num_units or any(
-            hi != lo2 for (_, hi), (lo2, _) in zip(self.stage_bounds, self.stage_bounds[1:])
-        ) or any(lo >= hi for lo, hi in self.stage_bounds):
+        if (
+            edges[0] != 0
+            or edges[-1] != self.num_units
+            or any(hi != lo2 for (_, hi), (lo2, _) in zip(self.stage_bounds, self.stage_bounds[1:]))
+            or any(lo >= hi for lo, hi in self.stage_bounds)
+        ):
             raise ConfigError(
                 f"stages {list(map(list, self.stage_bounds))} must be non-empty, contiguous and cover units 0..{self.num_units}"
             )
@@ -129,13 +136,17 @@ class Plan:
             key, allowed, value = problem
             raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
         if self.replicate_first_only and (self.flushing or self.stages_per_rank != 1):
-            raise ConfigError(f"pipe.first_stage_replicas is not allowed with pipe.schedule={self.schedule}: "
-                              f"stage replication needs pipedream")
+            raise ConfigError(
+                f"pipe.first_stage_replicas is not allowed with pipe.schedule={self.schedule}: "
+                f"stage replication needs pipedream"
+            )
         if not 0 <= self.frozen_units < self.num_units:
             raise ConfigError(f"frozen units {self.frozen_units} must leave the head trainable (< {self.num_units})")
         if not 0 <= self.cached_units <= self.frozen_units or self.cached_units >= self.stage_bounds[0][1]:
-            raise ConfigError(f"cached units {self.cached_units} must be a frozen prefix (<= {self.frozen_units}) "
-                              f"that leaves the first stage a unit to run (< {self.stage_bounds[0][1]})")
+            raise ConfigError(
+                f"cached units {self.cached_units} must be a frozen prefix (<= {self.frozen_units}) "
+                f"that leaves the first stage a unit to run (< {self.stage_bounds[0][1]})"
+            )
         return self
 
 
@@ -150,8 +161,9 @@ def even_bounds(num_units: int, pp: int) -> tuple[tuple[int, int], ...]:
     return tuple(bounds)
 
 
-def initial_plan(num_units: int, world_size: int, pp: int, microbatches: int, schedule: str,
-                 stages_per_rank: int = 1) -> Plan:
+def initial_plan(
+    num_units: int, world_size: int, pp: int, microbatches: int, schedule: str, stages_per_rank: int = 1
+) -> Plan:
     """The starting layout: everything trainable, units evenly split over the stages, dp = world / pp."""
     if world_size % pp:
         raise ConfigError(f"pipe.length={pp} must divide the world size {world_size}")

@@ -21,6 +21,7 @@ import torch
 
 from ptrun.config import PRECISION_SPECS
 
+
 def compute_dtype(precision: str) -> torch.dtype | None:
     """`train.precision`'s autocast dtype (`ptrun.config.PRECISION_SPECS`; None: plain float32)."""
     name = PRECISION_SPECS[precision].autocast
@@ -43,8 +44,14 @@ class LossScaler:
         """The scaler of `train.precision` (`Precision.loss_scale`)."""
         return cls(enabled=PRECISION_SPECS[precision].loss_scale)
 
-    def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+    def __init__(
+        self,
+        enabled: bool,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
         self.enabled = enabled
         self.scale = init_scale if enabled else 1.0
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval

@@ -72,8 +72,14 @@ def _median_time(run, device: torch.device, repeats: int, setup=tuple, clock=tim
     return sorted(samples)[len(samples) // 2]
 
 
-def profile_units(layered: LayeredModel, inputs: tuple, device: torch.device, repeats: int = 3,
-                  detail: bool = False, clock=time.perf_counter) -> UnitProfile:
+def profile_units(
+    layered: LayeredModel,
+    inputs: tuple,
+    device: torch.device,
+    repeats: int = 3,
+    detail: bool = False,
+    clock=time.perf_counter,
+) -> UnitProfile:
     """Time each unit's forward and backward on `inputs` (one micro-batch, already on `device`); the
     median of `repeats` runs after one warm-up. Units run in train mode, as in training. With `detail`,
     also each unit's forward alone (no_grad) and its forward + input-gradient backward with its parameters
@@ -104,6 +110,7 @@ def profile_units(layered: LayeredModel, inputs: tuple, device: torch.device, re
             unit.zero_grad(set_to_none=True)
             sizes.append(float(sum(t.numel() * t.element_size() for t in out)))
             if detail:
+
                 def forward_only():
                     with torch.no_grad():
                         unit(*carry)
@@ -130,7 +137,7 @@ def agree(profile: UnitProfile, device: torch.device) -> UnitProfile:
     dist.all_reduce(t)  # one collective for all the vectors (every rank measured the same ones)
     t /= dist.get_world_size()
     n = len(profile.time_s)
-    mean = [t[i * n:(i + 1) * n].tolist() for i in range(len(parts))]
+    mean = [t[i * n : (i + 1) * n].tolist() for i in range(len(parts))]
     return UnitProfile(mean[0], list(profile.activation_bytes), *(mean[1:] if len(mean) == 3 else (None, None)))
 
 

@@ -32,16 +32,21 @@ class StageModule(nn.Module):
     The stage calls each unit's compiled form (`calls`), while `units` holds the modules themselves, so the
     parameters keep their names. `first` is the stage's first unit index in the model."""
 
-    def __init__(self, units: Sequence[nn.Module], recompute: int | None = None,
-                 compute_dtype: torch.dtype | None = None, compiler: UnitCompiler | None = None, first: int = 0):
+    def __init__(
+        self,
+        units: Sequence[nn.Module],
+        recompute: int | None = None,
+        compute_dtype: torch.dtype | None = None,
+        compiler: UnitCompiler | None = None,
+        first: int = 0,
+    ):
         super().__init__()
         self.units = nn.ModuleList(units)
         self.recompute = recompute
         self.compute_dtype = compute_dtype
         self.compiler, self.first = compiler, first
         self.calls = compiler.runners(units, first) if compiler is not None else list(units)
-        self.frozen = next((i for i, u in enumerate(units) if any(p.requires_grad for p in u.parameters())),
-                           len(units))
+        self.frozen = next((i for i, u in enumerate(units) if any(p.requires_grad for p in u.parameters())), len(units))
         """Leading units with nothing to train (fixed for the stage: freezing builds new stages)."""
 
     def train(self, mode: bool = True) -> "StageModule":
@@ -76,8 +81,12 @@ class StageModule(nn.Module):
             else:
                 size = self.recompute or len(calls)
                 for lo in range(0, len(calls), size):
-                    out = checkpoint(run_units, calls[lo : lo + size], *(out if isinstance(out, tuple) else (out,)),
-                                     use_reentrant=False)
+                    out = checkpoint(
+                        run_units,
+                        calls[lo : lo + size],
+                        *(out if isinstance(out, tuple) else (out,)),
+                        use_reentrant=False,
+                    )
         head = out[0] if isinstance(out, tuple) else out
         if self.compute_dtype is not None and head.is_floating_point() and head.dtype != self.compute_dtype:
             head = head.to(self.compute_dtype)  # autocast keeps residual streams in float32

@@ -51,7 +51,10 @@ def timelines(runs, out: Path) -> dict[str, Path]:
             record = json.loads(source.read_text())
             plan = record["plan"]
             path = out / (f"timeline_{run.label.replace('/', '_')}.png" if len(runs) > 1 else "timeline.png")
-            timeline_figure(record["events"], path, title=f"{run.label}: step {record['step']}, K={plan['pp']} "
-                                                          f"M={plan['microbatches']} {plan['schedule']}")
+            timeline_figure(
+                record["events"],
+                path,
+                title=f"{run.label}: step {record['step']}, K={plan['pp']} M={plan['microbatches']} {plan['schedule']}",
+            )
             drawn[f"Pipeline timeline ({run.label})"] = path
     return drawn

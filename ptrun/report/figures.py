@@ -65,8 +65,9 @@ def layout_steps(run: Run) -> tuple[list[float], list[dict[str, Any]]]:
     steps = {e["epoch"]: e.get("steps") for e in run.epochs}
     xs, plans = [], []
     for p in run.plans:
-        per_epoch = steps.get(p["epoch"]) or max([q.get("step", 0) for q in run.plans if q["epoch"] == p["epoch"]]
-                                                + [0]) + 1
+        per_epoch = (
+            steps.get(p["epoch"]) or max([q.get("step", 0) for q in run.plans if q["epoch"] == p["epoch"]] + [0]) + 1
+        )
         xs.append(p["epoch"] + p.get("step", 0) / per_epoch)
         plans.append(p)
     if plans:
@@ -87,11 +88,17 @@ def layout_figure(runs: list[Run], path: str | Path) -> Figure:
     for i, run in enumerate(runs):
         xs, plans = layout_steps(run)
         color = f"C{i}"
-        top.plot(xs, [p["frozen_units"] for p in plans], drawstyle="steps-post", color=color,
-                 label=f"{run.label}: frozen units")
+        top.plot(
+            xs,
+            [p["frozen_units"] for p in plans],
+            drawstyle="steps-post",
+            color=color,
+            label=f"{run.label}: frozen units",
+        )
         bottom.plot(xs, [p["pp"] for p in plans], drawstyle="steps-post", color=color, label=f"{run.label}: K")
-        bottom.plot(xs, [p["dp"] for p in plans], drawstyle="steps-post", color=color, linestyle="--",
-                    label=f"{run.label}: DP")
+        bottom.plot(
+            xs, [p["dp"] for p in plans], drawstyle="steps-post", color=color, linestyle="--", label=f"{run.label}: DP"
+        )
         if plans:
             top.axhline(plans[0]["num_units"], color=color, linewidth=0.5, alpha=0.5)
     top.set(ylabel="frozen units", title="Layout as it changed (thin line: the model's unit count)")
@@ -117,8 +124,13 @@ def loss_figure(runs: list[Run], path: str | Path) -> Figure:
             key = run.metric[0]
             keys.add(key)
             evals = run.evals(key)
-            right.plot([ep + 1 for ep, _, _ in evals], [v for _, _, v in evals], marker=".", color=f"C{i}",
-                       label=f"{run.label}: eval {key}")
+            right.plot(
+                [ep + 1 for ep, _, _ in evals],
+                [v for _, _, v in evals],
+                marker=".",
+                color=f"C{i}",
+                label=f"{run.label}: eval {key}",
+            )
     left.set(xlabel="epoch", ylabel="train loss", title="Training loss")
     if losses and min(losses) > 0:
         left.set_yscale("log")  # the loss falls by orders of magnitude; linear hides the late epochs
@@ -149,14 +161,18 @@ def time_to_accuracy_figure(runs: list[Run], path: str | Path) -> Figure:
         if not evals:
             continue
         speed = f", {row['speedup']:.2f}x" if row["speedup"] else ", target not reached"
-        ax.plot([w for _, w, _ in evals], [v for _, _, v in evals], marker=".", color=f"C{i}",
-                label=f"{run.label}{' (baseline)' if i == 0 else speed}")
+        ax.plot(
+            [w for _, w, _ in evals],
+            [v for _, _, v in evals],
+            marker=".",
+            color=f"C{i}",
+            label=f"{run.label}{' (baseline)' if i == 0 else speed}",
+        )
         hit = reached(evals, target, tta["higher_is_better"])
         if hit:
             ax.plot([hit[1]], [target], marker="o", color=f"C{i}", markerfacecolor="none", markersize=9)
     ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-    ax.set(xlabel="wall time (s)", ylabel=f"eval {key}",
-           title=f"Time to the baseline's final {key} ({target:.2f})")
+    ax.set(xlabel="wall time (s)", ylabel=f"eval {key}", title=f"Time to the baseline's final {key} ({target:.2f})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, path)
@@ -192,8 +208,9 @@ def timeline_figure(events: Iterable[dict[str, Any]], path: str | Path, title: s
     ax = fig.add_subplot()
     for ev in events:
         x, w = ev["start_s"] - t0, ev["end_s"] - ev["start_s"]
-        ax.barh(int(ev["stage"]), w, left=x, height=0.8, color=TIMELINE_COLORS[ev["kind"]], edgecolor="black",
-                linewidth=0.5)
+        ax.barh(
+            int(ev["stage"]), w, left=x, height=0.8, color=TIMELINE_COLORS[ev["kind"]], edgecolor="black", linewidth=0.5
+        )
         ax.text(x + w / 2, int(ev["stage"]), str(ev["microbatch"]), ha="center", va="center", fontsize=8)
     ax.set_yticks(stages, [f"stage {s}" for s in stages])
     ax.invert_yaxis()  # stage 0 (the input) on top, as pipeline diagrams are drawn
@@ -201,8 +218,12 @@ def timeline_figure(events: Iterable[dict[str, Any]], path: str | Path, title: s
     kinds = [k for k in TIMELINE_COLORS if any(ev["kind"] == k for ev in events)]
     names = {"F": "forward", "B": "backward", "W": "weight grad"}
     # Outside the axes: inside, it would hide the bars of the last micro-batches.
-    ax.legend(handles=[Patch(color=TIMELINE_COLORS[k], label=names[k]) for k in kinds], fontsize="small",
-              loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(
+        handles=[Patch(color=TIMELINE_COLORS[k], label=names[k]) for k in kinds],
+        fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 

@@ -34,8 +34,13 @@ def run_setup(run: Run) -> Optional[RunSetup]:
     except (OSError, yaml.YAMLError):
         return None
     auto, train = cfg.get("auto") or {}, cfg.get("train") or {}
-    return RunSetup(paper=cfg.get("paper") or {}, recipe=cfg.get("recipe"), freezing=bool(auto.get("freeze", True)),
-                    epochs=train.get("epochs"), steps_cap=train.get("max_steps_per_epoch"))
+    return RunSetup(
+        paper=cfg.get("paper") or {},
+        recipe=cfg.get("recipe"),
+        freezing=bool(auto.get("freeze", True)),
+        epochs=train.get("epochs"),
+        steps_cap=train.get("max_steps_per_epoch"),
+    )
 
 
 def final_metric(run: Run, key: str) -> Optional[float]:
@@ -76,9 +81,11 @@ def paper_lines(runs: list[Run]) -> list[str]:
         if base is not None and run.total_wall_s > 0:
             theirs = final_metric(base, key)
             at = f", {key} {theirs:.2f}" if theirs is not None else ""
-            lines.append(f"speedup over the freezing-off run ({base.label}: {clock(base.total_wall_s)}{at}): "
-                         f"{base.total_wall_s / run.total_wall_s:.2f}x in wall time"
-                         + (f" (the paper: {paper['speedup']:.2f}x)" if paper.get("speedup") else ""))
+            lines.append(
+                f"speedup over the freezing-off run ({base.label}: {clock(base.total_wall_s)}{at}): "
+                f"{base.total_wall_s / run.total_wall_s:.2f}x in wall time"
+                + (f" (the paper: {paper['speedup']:.2f}x)" if paper.get("speedup") else "")
+            )
         differ = differences(run, setup)
         if differ:
             lines.append("not the paper's setup, so not its experiment: " + "; ".join(differ))

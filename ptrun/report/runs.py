@@ -34,14 +34,14 @@ class ReportError(Exception):
 
 @dataclass
 class Run:
-    path: Path                      # the run directory
-    label: str                      # how tables and legends name it
-    start: dict[str, Any]           # the first `start` event
-    plans: list[dict[str, Any]]     # `plan` events, the latest record of each (epoch, step), in order
-    epochs: list[dict[str, Any]]    # `epoch` events, the latest record of each epoch, by epoch, with `wall_s`
-    end: dict[str, Any] | None      # the `end` event; None while the run is unfinished (or it died)
-    total_wall_s: float = 0.0       # wall time from the first `start` to the last event, over all segments
-    segments: int = 1               # 1 + the number of resumes
+    path: Path  # the run directory
+    label: str  # how tables and legends name it
+    start: dict[str, Any]  # the first `start` event
+    plans: list[dict[str, Any]]  # `plan` events, the latest record of each (epoch, step), in order
+    epochs: list[dict[str, Any]]  # `epoch` events, the latest record of each epoch, by epoch, with `wall_s`
+    end: dict[str, Any] | None  # the `end` event; None while the run is unfinished (or it died)
+    total_wall_s: float = 0.0  # wall time from the first `start` to the last event, over all segments
+    segments: int = 1  # 1 + the number of resumes
 
     def plan_for(self, epoch: int) -> dict[str, Any] | None:
         """The layout epoch `epoch` started in: the latest plan event at or before its first step."""
@@ -104,7 +104,7 @@ def load_run(run_dir: Path, label: str | None = None) -> Run:
     events = _read_events(path)
     first_start = None
     seg_start: float | None = None
-    offset = 0.0          # wall time of the finished segments before the current one
+    offset = 0.0  # wall time of the finished segments before the current one
     last_time = None
     segments = 0
     plans: dict[int, dict] = {}
@@ -132,10 +132,16 @@ def load_run(run_dir: Path, label: str | None = None) -> Run:
             end = e
     if first_start is None:
         raise ReportError(f"{path}: no 'start' event")
-    return Run(path=run_dir, label=label or run_dir.name, start=first_start,
-               plans=[plans[k] for k in sorted(plans)],
-               epochs=sorted(epochs.values(), key=lambda r: r["epoch"]), end=end,
-               total_wall_s=offset + (last_time - seg_start), segments=segments)
+    return Run(
+        path=run_dir,
+        label=label or run_dir.name,
+        start=first_start,
+        plans=[plans[k] for k in sorted(plans)],
+        epochs=sorted(epochs.values(), key=lambda r: r["epoch"]),
+        end=end,
+        total_wall_s=offset + (last_time - seg_start),
+        segments=segments,
+    )
 
 
 def _child_key(p: Path) -> tuple:

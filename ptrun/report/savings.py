@@ -85,14 +85,20 @@ class Savings:
         if not self.froze:
             return f"no layer froze: training took {_seconds(self.train_s)}, as it would without freezing"
         if self.unfrozen_s is None:
-            return (f"freezing: training took {_seconds(self.train_s)}; too few steps trained every layer before "
-                    f"the first froze ({self.steady_steps} after the warm-up, fewer than {MIN_STEADY_STEPS}) to "
-                    f"estimate the time without freezing")
+            return (
+                f"freezing: training took {_seconds(self.train_s)}; too few steps trained every layer before "
+                f"the first froze ({self.steady_steps} after the warm-up, fewer than {MIN_STEADY_STEPS}) to "
+                f"estimate the time without freezing"
+            )
         if self.saved_s < 0:  # the frozen stretches ran slower than the run's own steps without freezing
-            return (f"freezing cost ~{_seconds(-self.saved_s)}: training took {_seconds(self.train_s)}, longer "
-                    f"than the ~{_seconds(self.unfrozen_s)} it would take without freezing ({self.speedup:.2f}x)")
-        return (f"freezing saved ~{_seconds(self.saved_s)}: training took {_seconds(self.train_s)}; "
-                f"without freezing it would take ~{_seconds(self.unfrozen_s)}{self._range()} ({self.speedup:.2f}x)")
+            return (
+                f"freezing cost ~{_seconds(-self.saved_s)}: training took {_seconds(self.train_s)}, longer "
+                f"than the ~{_seconds(self.unfrozen_s)} it would take without freezing ({self.speedup:.2f}x)"
+            )
+        return (
+            f"freezing saved ~{_seconds(self.saved_s)}: training took {_seconds(self.train_s)}; "
+            f"without freezing it would take ~{_seconds(self.unfrozen_s)}{self._range()} ({self.speedup:.2f}x)"
+        )
 
     def _range(self) -> str:
         """The estimate's range, where the steady stretches' rates tell one."""
@@ -105,10 +111,16 @@ class Savings:
 
     def event_fields(self) -> dict[str, Any]:
         """The `savings` event's fields (`unfrozen_time_s`, `saved_s` and `speedup` null without an estimate)."""
-        return {"train_time_s": self.train_s, "unfrozen_time_s": self.unfrozen_s, "saved_s": self.saved_s,
-                "speedup": self.speedup, "froze": self.froze, "steady_steps": self.steady_steps,
-                "unfrozen_range_s": None if self.unfrozen_range_s is None else list(self.unfrozen_range_s),
-                "line": self.line()}
+        return {
+            "train_time_s": self.train_s,
+            "unfrozen_time_s": self.unfrozen_s,
+            "saved_s": self.saved_s,
+            "speedup": self.speedup,
+            "froze": self.froze,
+            "steady_steps": self.steady_steps,
+            "unfrozen_range_s": None if self.unfrozen_range_s is None else list(self.unfrozen_range_s),
+            "line": self.line(),
+        }
 
 
 def _seconds(s: float) -> str:
@@ -140,8 +152,9 @@ def epoch_pieces(run: Run, epoch: dict[str, Any]) -> Optional[list[Piece]]:
         pieces.append((p, seconds, per_step * (following.get("step", 0) - p.get("step", 0))))
         spent += seconds
     # the last piece runs to the loop's end: what the epoch's own clock has left, so the pieces add up to it
-    pieces.append((plans[-1], max(0.0, epoch["epoch_time_s"] - changes - spent),
-                   per_step * (steps - plans[-1].get("step", 0))))
+    pieces.append(
+        (plans[-1], max(0.0, epoch["epoch_time_s"] - changes - spent), per_step * (steps - plans[-1].get("step", 0)))
+    )
     return pieces
 
 
@@ -237,8 +250,13 @@ def freezing_savings(run: Run) -> Optional[Savings]:
     spread = None
     if len(rates) > 1:
         spread = (measured_s + min(rates) * frozen_samples, measured_s + max(rates) * frozen_samples)
-    return Savings(train_s, measured_s + rate_s / rate_samples * frozen_samples, froze=True, steady_steps=steps,
-                   unfrozen_range_s=spread)
+    return Savings(
+        train_s,
+        measured_s + rate_s / rate_samples * frozen_samples,
+        froze=True,
+        steady_steps=steps,
+        unfrozen_range_s=spread,
+    )
 
 
 def run_savings(run_dir: str | Path) -> Optional[Savings]:

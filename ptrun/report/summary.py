@@ -25,7 +25,7 @@ class LayoutStats:
     dp: int
     microbatches: int
     cached_units: int
-    epochs: list[int]                 # 1-based epochs run in this layout
+    epochs: list[int]  # 1-based epochs run in this layout
     mean_samples_per_s: float
 
 
@@ -37,9 +37,12 @@ def layouts(run: Run) -> list[LayoutStats]:
         if plan is None:
             continue
         groups.setdefault(tuple(plan.get(k, 0) for k in LAYOUT_KEYS), []).append(e)
-    return [LayoutStats(*key, epochs=[e["epoch"] + 1 for e in es],
-                        mean_samples_per_s=sum(e["samples_per_s"] for e in es) / len(es))
-            for key, es in groups.items()]
+    return [
+        LayoutStats(
+            *key, epochs=[e["epoch"] + 1 for e in es], mean_samples_per_s=sum(e["samples_per_s"] for e in es) / len(es)
+        )
+        for key, es in groups.items()
+    ]
 
 
 def transitions(run: Run) -> list[dict[str, Any]]:
@@ -48,13 +51,22 @@ def transitions(run: Run) -> list[dict[str, Any]]:
     mean_epoch = sum(e["epoch_time_s"] for e in run.epochs) / len(run.epochs) if run.epochs else 0.0
     out = []
     for before, plan in zip(run.plans, run.plans[1:]):
-        if all(before.get(k, 0) == plan.get(k, 0) for k in LAYOUT_KEYS) and \
-                before["stage_bounds"] == plan["stage_bounds"]:
+        if (
+            all(before.get(k, 0) == plan.get(k, 0) for k in LAYOUT_KEYS)
+            and before["stage_bounds"] == plan["stage_bounds"]
+        ):
             continue
         cost = plan.get("transition_s", 0.0)
-        out.append({"epoch": plan["epoch"] + 1, "step": plan.get("step", 0), "from": before, "to": plan,
-                    "transition_s": cost,
-                    "share": cost / mean_epoch if mean_epoch else 0.0})
+        out.append(
+            {
+                "epoch": plan["epoch"] + 1,
+                "step": plan.get("step", 0),
+                "from": before,
+                "to": plan,
+                "transition_s": cost,
+                "share": cost / mean_epoch if mean_epoch else 0.0,
+            }
+        )
     return out
 
 
@@ -71,14 +83,24 @@ def summarize(run: Run) -> dict[str, Any]:
             best_epoch += 1
     tr = transitions(run)
     return {
-        "label": run.label, "path": str(run.path), "recipe": run.start.get("recipe"),
-        "model": run.start.get("model"), "world_size": run.start.get("world_size"),
-        "epochs": len(run.epochs), "finished": run.end is not None, "resumes": run.segments - 1,
-        "metric": metric[0] if metric else None, "final": final, "best": best, "best_epoch": best_epoch,
+        "label": run.label,
+        "path": str(run.path),
+        "recipe": run.start.get("recipe"),
+        "model": run.start.get("model"),
+        "world_size": run.start.get("world_size"),
+        "epochs": len(run.epochs),
+        "finished": run.end is not None,
+        "resumes": run.segments - 1,
+        "metric": metric[0] if metric else None,
+        "final": final,
+        "best": best,
+        "best_epoch": best_epoch,
         "total_wall_s": run.total_wall_s,
         "train_time_s": sum(e["epoch_time_s"] for e in run.epochs),
         "mean_samples_per_s": sum(e["samples_per_s"] for e in run.epochs) / len(run.epochs) if run.epochs else None,
-        "layouts": layouts(run), "transitions": tr, "transition_s": sum(t["transition_s"] for t in tr),
+        "layouts": layouts(run),
+        "transitions": tr,
+        "transition_s": sum(t["transition_s"] for t in tr),
         "savings": freezing_savings(run),
     }
 
@@ -137,8 +159,18 @@ def markdown(runs: list[Run], figures: dict[str, Path], out_dir: Path) -> str:
     """The text of `report.md`: the runs table, each run's layouts and transitions, the comparison, figures."""
     sums = [summarize(r) for r in runs]
     lines = ["# ptrun report", ""]
-    header = ["run", "recipe", "workers", "epochs", "final eval", "best eval (epoch)", "wall time (s)",
-              "training time (s)", "mean samples/s", "transitions: total (s)"]
+    header = [
+        "run",
+        "recipe",
+        "workers",
+        "epochs",
+        "final eval",
+        "best eval (epoch)",
+        "wall time (s)",
+        "training time (s)",
+        "mean samples/s",
+        "transitions: total (s)",
+    ]
     lines += ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for s in sums:
         metric = s["metric"] or "eval"
@@ -148,31 +180,50 @@ def markdown(runs: list[Run], figures: dict[str, Path], out_dir: Path) -> str:
             f"| {s['label']} | {s['recipe']} | {s['world_size']} | {s['epochs']}{status}{resumed} | "
             f"{metric} {_num(s['final'])} | {metric} {_num(s['best'])} ({s['best_epoch'] or '-'}) | "
             f"{s['total_wall_s']:.1f} | {s['train_time_s']:.1f} | {_num(s['mean_samples_per_s'], '.1f')} | "
-            f"{len(s['transitions'])}: {s['transition_s']:.3f} |")
+            f"{len(s['transitions'])}: {s['transition_s']:.3f} |"
+        )
     for s in sums:
-        lines += ["", f"## {s['label']}", "", f"`{s['path']}`: {s['model']}", "",
-                  "| layout | epochs | mean samples/s |", "|---|---|---|"]
+        lines += [
+            "",
+            f"## {s['label']}",
+            "",
+            f"`{s['path']}`: {s['model']}",
+            "",
+            "| layout | epochs | mean samples/s |",
+            "|---|---|---|",
+        ]
         for lay in s["layouts"]:
-            lines.append(f"| {_layout(asdict(lay))} | {_spans(lay.epochs)} ({len(lay.epochs)}) | "
-                         f"{lay.mean_samples_per_s:.1f} |")
+            lines.append(
+                f"| {_layout(asdict(lay))} | {_spans(lay.epochs)} ({len(lay.epochs)}) | {lay.mean_samples_per_s:.1f} |"
+            )
         if s["transitions"]:
             lines += ["", "| before epoch | from | to | cost (s) | share of a mean epoch |", "|---|---|---|---|---|"]
             for t in s["transitions"]:
-                lines.append(f"| {t['epoch']} | {_layout(t['from'])} | {_layout(t['to'])} | "
-                             f"{t['transition_s']:.3f} | {100 * t['share']:.2f}% |")
+                lines.append(
+                    f"| {t['epoch']} | {_layout(t['from'])} | {_layout(t['to'])} | "
+                    f"{t['transition_s']:.3f} | {100 * t['share']:.2f}% |"
+                )
         else:
             lines += ["", "No layout changes."]
         if s["savings"] is not None:
             lines += ["", s["savings"].line()]
     tta = time_to_accuracy(runs) if len(runs) > 1 else None
     if tta:
-        lines += ["", "## Time to accuracy", "",
-                  f"Target: the baseline's ({tta['baseline']}) final {tta['metric']} {tta['target']:.2f}. "
-                  f"Speedup = the baseline's wall time to the target / the run's.", "",
-                  "| run | epoch reached | wall time (s) | speedup |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "## Time to accuracy",
+            "",
+            f"Target: the baseline's ({tta['baseline']}) final {tta['metric']} {tta['target']:.2f}. "
+            f"Speedup = the baseline's wall time to the target / the run's.",
+            "",
+            "| run | epoch reached | wall time (s) | speedup |",
+            "|---|---|---|---|",
+        ]
         for row in tta["runs"]:
-            lines.append(f"| {row['label']} | {row['epoch'] or 'not reached'} | {_num(row['time_s'], '.1f')} | "
-                         f"{_num(row['speedup'])} |")
+            lines.append(
+                f"| {row['label']} | {row['epoch'] or 'not reached'} | {_num(row['time_s'], '.1f')} | "
+                f"{_num(row['speedup'])} |"
+            )
     beside = paper_lines(runs)
     if beside:
         lines += ["", "## The paper", ""] + [f"- {line}" for line in beside]

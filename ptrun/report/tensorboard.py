@@ -29,12 +29,22 @@ from pathlib import Path
 from typing import Any
 
 # metrics.jsonl field -> scalar tag, per event
-PLAN_SCALARS = {"pp": "layout/K", "dp": "layout/DP", "frozen_units": "layout/frozen_units",
-                "microbatches": "layout/microbatches", "cached_units": "layout/cached_units",
-                "transition_s": "layout/transition_s"}
-EPOCH_SCALARS = {"train_loss": "train/loss", "samples_per_s": "train/samples_per_s",
-                 "epoch_time_s": "train/epoch_time_s", "lr": "train/lr",
-                 "sample_uses_min": "train/sample_uses_min", "sample_uses_max": "train/sample_uses_max"}
+PLAN_SCALARS = {
+    "pp": "layout/K",
+    "dp": "layout/DP",
+    "frozen_units": "layout/frozen_units",
+    "microbatches": "layout/microbatches",
+    "cached_units": "layout/cached_units",
+    "transition_s": "layout/transition_s",
+}
+EPOCH_SCALARS = {
+    "train_loss": "train/loss",
+    "samples_per_s": "train/samples_per_s",
+    "epoch_time_s": "train/epoch_time_s",
+    "lr": "train/lr",
+    "sample_uses_min": "train/sample_uses_min",
+    "sample_uses_max": "train/sample_uses_max",
+}
 
 
 # events whose whole record (as JSON) is kept as text under this tag, at the step `event_scalars` gives

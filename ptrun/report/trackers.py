@@ -74,8 +74,14 @@ class WandbLog:
             # The name says which run it is; the suffix keeps two run directories of the same name (on two
             # machines, or a deleted and recreated one) from resuming each other's run in a shared project.
             run_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', self.run_dir.name)[:48]}-{uuid.uuid4().hex[:8]}"
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, name=self.run_dir.name,
-                              id=run_id, resume="allow", dir=self.run_dir, config=config_dict(config))
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+            name=self.run_dir.name,
+            id=run_id,
+            resume="allow",
+            dir=self.run_dir,
+            config=config_dict(config),
+        )
         _save_state(self.run_dir, "wandb", run_id)
         # Charts over the epoch, not over wandb's own step (one per log call): a plan and its epoch are
         # two calls at the same epoch, and a resumed run repeats epochs, which a step could not.
@@ -123,8 +129,9 @@ class MlflowLog:
                 # Artifacts of the store in the run directory stay there too, not in the current directory.
                 location = (self.run_dir / "mlartifacts").resolve().as_uri() if in_run_dir else None
                 experiment_id = self.client.create_experiment(name, location)
-            self.run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name,
-                                                 tags={"ptrun.run_dir": str(self.run_dir.resolve())}).info.run_id
+            self.run_id = self.client.create_run(
+                experiment_id, run_name=self.run_dir.name, tags={"ptrun.run_dir": str(self.run_dir.resolve())}
+            ).info.run_id
             _save_state(self.run_dir, "mlflow", {"run_id": self.run_id, "tracking_uri": uri})
         self._log_config(config, logged)
         self.ended = False
@@ -139,8 +146,11 @@ class MlflowLog:
         params = [Param(k, v) for k, v in flat.items() if k not in logged]
         tags = [RunTag(f"resumed.{k}", v) for k, v in flat.items() if k in logged and logged[k] != v]
         for i in range(0, max(len(params), len(tags)), MAX_PARAMS_TAGS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=params[i:i + MAX_PARAMS_TAGS_PER_BATCH],
-                                  tags=tags[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+            self.client.log_batch(
+                self.run_id,
+                params=params[i : i + MAX_PARAMS_TAGS_PER_BATCH],
+                tags=tags[i : i + MAX_PARAMS_TAGS_PER_BATCH],
+            )
 
     def write(self, event: str, **fields: Any) -> None:
         from mlflow.entities import Metric, RunTag

@@ -18,9 +18,20 @@ docs/simulator.md.
 
 import importlib
 
-_MODULE_OF = {"PRESETS": "cluster", "Cluster": "cluster", "get_cluster": "cluster", "ModelCosts": "costs",
-              "bert_costs": "costs", "costs_from_config": "costs", "load_profile": "costs", "save_profile": "costs",
-              "vit_costs": "costs", "COMBINATIONS": "simulate", "EpochRecord": "simulate", "speedups": "simulate"}
+_MODULE_OF = {
+    "PRESETS": "cluster",
+    "Cluster": "cluster",
+    "get_cluster": "cluster",
+    "ModelCosts": "costs",
+    "bert_costs": "costs",
+    "costs_from_config": "costs",
+    "load_profile": "costs",
+    "save_profile": "costs",
+    "vit_costs": "costs",
+    "COMBINATIONS": "simulate",
+    "EpochRecord": "simulate",
+    "speedups": "simulate",
+}
 """Where each name of the package lives, imported when first asked for: the launcher reads the stand-in's
 costs (`ptrun.sim.fill`) without the simulator. The functions named as their modules (`simulate.simulate`,
 `report.report`) are imported from them."""

@@ -128,18 +128,57 @@ class Cluster:
 
 
 PRESETS: dict[str, Cluster] = {
-    "paper": Cluster("paper", nodes=2, gpus_per_node=8, peak_tflops=11.2, efficiency=0.35, intra_gbs=10.0,
-                     inter_gbs=5.0, host_gbs=10.0, host_memory_gb=512.0, disk_gbs=2.0, transition_s=20.0,
-                     microbatch_overhead_s=0.002, device_memory_gb=32.0),
-    "this_machine": Cluster("this_machine", nodes=1, gpus_per_node=2, peak_tflops=0.08, efficiency=0.6,
-                            intra_gbs=3.8, inter_gbs=3.8, host_gbs=5.0, host_memory_gb=23.0, disk_gbs=1.0,
-                            transition_s=0.25, microbatch_overhead_s=0.00135, overlap_io=False,
-                            link_latency_s=0.00051, loader_batch_s=0.00116, loader_samples_s=4214.0,
-                            cache_batch_s=0.00106, cache_sample_s=3.4e-05, cores_per_node=1.89),
+    "paper": Cluster(
+        "paper",
+        nodes=2,
+        gpus_per_node=8,
+        peak_tflops=11.2,
+        efficiency=0.35,
+        intra_gbs=10.0,
+        inter_gbs=5.0,
+        host_gbs=10.0,
+        host_memory_gb=512.0,
+        disk_gbs=2.0,
+        transition_s=20.0,
+        microbatch_overhead_s=0.002,
+        device_memory_gb=32.0,
+    ),
+    "this_machine": Cluster(
+        "this_machine",
+        nodes=1,
+        gpus_per_node=2,
+        peak_tflops=0.08,
+        efficiency=0.6,
+        intra_gbs=3.8,
+        inter_gbs=3.8,
+        host_gbs=5.0,
+        host_memory_gb=23.0,
+        disk_gbs=1.0,
+        transition_s=0.25,
+        microbatch_overhead_s=0.00135,
+        overlap_io=False,
+        link_latency_s=0.00051,
+        loader_batch_s=0.00116,
+        loader_samples_s=4214.0,
+        cache_batch_s=0.00106,
+        cache_sample_s=3.4e-05,
+        cores_per_node=1.89,
+    ),
 }
 
-ZERO_OK = ("device_memory_gb", "transition_s", "microbatch_overhead_s", "loader_samples_s", "link_latency_s", "loader_batch_s",
-           "cache_batch_s", "cache_sample_s", "step_overhead_s", "cores_per_node", "background_load")
+ZERO_OK = (
+    "device_memory_gb",
+    "transition_s",
+    "microbatch_overhead_s",
+    "loader_samples_s",
+    "link_latency_s",
+    "loader_batch_s",
+    "cache_batch_s",
+    "cache_sample_s",
+    "step_overhead_s",
+    "cores_per_node",
+    "background_load",
+)
 """Fields for which 0 is meaningful (no cost, no limit)."""
 
 

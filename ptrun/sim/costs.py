@@ -56,12 +56,23 @@ from ptrun.config.model import DECODER_TYPES, POOLED_TASKS, named_family
 FP32 = 4
 """Bytes of an fp32 value: activations, gradients and the cache's default dtype."""
 
-VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
-             "huge": (1280, 32, 16)}
+VIT_SIZES = {
+    "tiny": (192, 12, 3),
+    "small": (384, 12, 6),
+    "base": (768, 12, 12),
+    "large": (1024, 24, 16),
+    "huge": (1280, 32, 16),
+}
 """timm ViT size -> (width D, depth L, heads) for names such as `vit_base_patch16_224`."""
 
-BERT_SIZES = {"bert-tiny": (2, 128), "bert-mini": (4, 256), "bert-small": (4, 512), "bert-medium": (8, 512),
-              "bert-base": (12, 768), "bert-large": (24, 1024)}
+BERT_SIZES = {
+    "bert-tiny": (2, 128),
+    "bert-mini": (4, 256),
+    "bert-small": (4, 512),
+    "bert-medium": (8, 512),
+    "bert-base": (12, 768),
+    "bert-large": (24, 1024),
+}
 """BERT name -> (layers L, hidden D), as `ptrun.models.bert.PRESETS`."""
 
 DATA_IMAGES = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3, 100), "imagefolder": (224, 3, 1000)}
@@ -127,8 +138,16 @@ def _blocks(num_blocks: int, tokens: int, width: int, hidden: int, carry: float)
     return params, flops, acts
 
 
-def vit_costs(*, img_size: int, patch_size: int, embed_dim: int, depth: int, mlp_ratio: float = 4.0,
-              num_classes: int = 1000, in_chans: int = 3) -> ModelCosts:
+def vit_costs(
+    *,
+    img_size: int,
+    patch_size: int,
+    embed_dim: int,
+    depth: int,
+    mlp_ratio: float = 4.0,
+    num_classes: int = 1000,
+    in_chans: int = 3,
+) -> ModelCosts:
     """Costs of a timm VisionTransformer (class token, pre-norm blocks, qkv bias, token pooling)."""
     if img_size % patch_size:
         raise ConfigError(f"model.patch_size={patch_size} is not allowed: a divisor of the image size {img_size}")
@@ -141,9 +160,18 @@ def vit_costs(*, img_size: int, patch_size: int, embed_dim: int, depth: int, mlp
     return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops))
 
 
-def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, vocab_size: int = 30522,
-               max_positions: int = 512, task: str = "qa", num_labels: int = 2,
-               whole_attention: bool = False) -> ModelCosts:
+def bert_costs(
+    *,
+    seq_len: int,
+    hidden: int,
+    depth: int,
+    intermediate: int,
+    vocab_size: int = 30522,
+    max_positions: int = 512,
+    task: str = "qa",
+    num_labels: int = 2,
+    whole_attention: bool = False,
+) -> ModelCosts:
     """Costs of a Hugging Face BERT as ptrun splits it (the mask travels with the hidden state);
     `whole_attention`: the last layer's attention runs every query under a classification head (DistilBERT)."""
     t, d = seq_len, hidden
@@ -159,20 +187,40 @@ def bert_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, voca
     if task == "qa":
         head = (2 * d + 2, 2.0 * t * d * 2, t * 2 * FP32)
     elif task == "mlm":
-        head = (d * d + d + 2 * d + vocab_size * d + vocab_size, 2.0 * t * (d * d + d * vocab_size),
-                t * vocab_size * FP32)
+        head = (
+            d * d + d + 2 * d + vocab_size * d + vocab_size,
+            2.0 * t * (d * d + d * vocab_size),
+            t * vocab_size * FP32,
+        )
     else:
         head = (d * d + d + d * num_labels + num_labels, 2.0 * (d * d + d * num_labels), num_labels * FP32)
     params = [embed_p, *bp, head[0]]
     flops = [0.0, *bf, head[1]]
     acts = [t * d * FP32 + mask, *ba, head[2]]
-    return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops),
-                      sequence_units=2 * depth - 1 if tail else None)
+    return ModelCosts(
+        unit_names(depth),
+        tuple(map(float, params)),
+        tuple(map(float, acts)),
+        tuple(flops),
+        sequence_units=2 * depth - 1 if tail else None,
+    )
 
 
-def decoder_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, heads: int, kv_heads: int,
-                  head_dim: int, vocab_size: int, gated: bool = True, positions: int = 0,
-                  task: str = "causal_lm", num_labels: int = 2) -> ModelCosts:
+def decoder_costs(
+    *,
+    seq_len: int,
+    hidden: int,
+    depth: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    vocab_size: int,
+    gated: bool = True,
+    positions: int = 0,
+    task: str = "causal_lm",
+    num_labels: int = 2,
+) -> ModelCosts:
     """Costs of a decoder as ptrun splits it (GPT-2, the Llama family): pre-norm halves, grouped KV heads,
     a gated MLP (three D x I matrices) or GPT-2's two, the padding mask (N fp32 values) travelling with
     the hidden state. The causal attention is counted in full (an upper bound: fused kernels skip about half
@@ -193,12 +241,15 @@ def decoder_costs(*, seq_len: int, hidden: int, depth: int, intermediate: int, h
         head = (d + vocab_size * d, 2.0 * t * d * vocab_size, t * vocab_size * FP32)
     else:
         head = (d + d * num_labels, 2.0 * d * num_labels, num_labels * FP32)
-    return ModelCosts(unit_names(depth), tuple(map(float, [embed_p, *blocks_p, head[0]])),
-                      tuple(map(float, [act, *[act] * (2 * depth), head[2]])), tuple([0.0, *blocks_f, head[1]]))
+    return ModelCosts(
+        unit_names(depth),
+        tuple(map(float, [embed_p, *blocks_p, head[0]])),
+        tuple(map(float, [act, *[act] * (2 * depth), head[2]])),
+        tuple([0.0, *blocks_f, head[1]]),
+    )
 
 
-def deberta_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classification",
-                  num_labels: int = 2) -> ModelCosts:
+def deberta_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classification", num_labels: int = 2) -> ModelCosts:
     """Costs of a DeBERTa-v2 / v3 (`hf`: its config.json, with the library's defaults for absent keys) as
     ptrun splits it (`ptrun.models.deberta`): the padding mask (N fp32 values) travels with the hidden state;
     the relative-position table (and its LayerNorm) is counted on every attention half, each holding a
@@ -220,8 +271,13 @@ def deberta_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classificati
     normed = "layer_norm" in [x.strip() for x in str(hf.get("norm_rel_ebd", "none")).lower().split("|")]
     kernel, groups = hf.get("conv_kernel_size", 0) or 0, hf.get("conv_groups", 1) or 1
     mask = t * FP32
-    embed_p = v * e + (positions * e if hf.get("position_biased_input", True) else 0) + \
-        (hf.get("type_vocab_size", 0) or 0) * e + (e * d if e != d else 0) + 2 * d
+    embed_p = (
+        v * e
+        + (positions * e if hf.get("position_biased_input", True) else 0)
+        + (hf.get("type_vocab_size", 0) or 0) * e
+        + (e * d if e != d else 0)
+        + 2 * d
+    )
     attn_p = 3 * (d * a + a) + d * d + d + 2 * d
     attn_f = 2.0 * (3 * t * d * a + t * a * d + 2 * t * t * a)
     if relative:
@@ -244,12 +300,17 @@ def deberta_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classificati
         head = (2 * d + 2, 2.0 * t * d * 2, t * 2 * FP32)
     else:  # ContextPooler (first token, dense) and the classifier
         head = (d * d + d + d * num_labels + num_labels, 2.0 * (d * d + d * num_labels), num_labels * FP32)
-    return ModelCosts(unit_names(hf["num_hidden_layers"]), tuple(map(float, params + [head[0]])),
-                      tuple(map(float, acts + [head[2]])), tuple(flops + [head[1]]))
+    return ModelCosts(
+        unit_names(hf["num_hidden_layers"]),
+        tuple(map(float, params + [head[0]])),
+        tuple(map(float, acts + [head[2]])),
+        tuple(flops + [head[1]]),
+    )
 
 
-def modernbert_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classification",
-                     num_labels: int = 2) -> ModelCosts:
+def modernbert_costs(
+    hf: dict[str, Any], *, seq_len: int, task: str = "classification", num_labels: int = 2
+) -> ModelCosts:
     """Costs of a ModernBERT (`hf`: its config.json, the library's defaults for absent keys) as ptrun splits it
     (`ptrun.models.modernbert`): pre-norm halves (layer 0's attention norm is an identity), fused QKV, a gated
     MLP (Wi: D x 2I, Wo: I x D), the padding mask travelling with the hidden state. Local layers are counted
@@ -274,8 +335,13 @@ def modernbert_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classific
     if first_token:  # ptrun.models.modernbert
         acts[-2:] = [d * FP32 + t * FP32] * 2
         flops[-1] = 2.0 * 3 * d * i
-    return ModelCosts(unit_names(depth), tuple(map(float, params + [head[0]])), tuple(map(float, acts + [head[2]])),
-                      tuple(flops + [head[1]]), sequence_units=2 * depth - 1 if first_token else None)
+    return ModelCosts(
+        unit_names(depth),
+        tuple(map(float, params + [head[0]])),
+        tuple(map(float, acts + [head[2]])),
+        tuple(flops + [head[1]]),
+        sequence_units=2 * depth - 1 if first_token else None,
+    )
 
 
 ENCODER_COSTS = {"deberta-v2": deberta_costs, "modernbert": modernbert_costs}
@@ -289,12 +355,17 @@ def _family(model: ModelConfig) -> str:
     return "bert" if (named_family(model) or "vit") == "transformers" else "vit"
 
 
-SIZE_KEYS = {"depth": ("num_hidden_layers", "n_layer", "n_layers"), "width": ("hidden_size", "n_embd", "dim"),
-             "hidden": ("intermediate_size", "n_inner", "hidden_dim"),
-             "heads": ("num_attention_heads", "n_head", "n_heads"), "kv_heads": ("num_key_value_heads",),
-             "head_dim": ("head_dim",), "vocab": ("vocab_size",), "positions": ("max_position_embeddings",
-                                                                                "n_positions"),
-             "model_type": ("model_type",)}
+SIZE_KEYS = {
+    "depth": ("num_hidden_layers", "n_layer", "n_layers"),
+    "width": ("hidden_size", "n_embd", "dim"),
+    "hidden": ("intermediate_size", "n_inner", "hidden_dim"),
+    "heads": ("num_attention_heads", "n_head", "n_heads"),
+    "kv_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "vocab": ("vocab_size",),
+    "positions": ("max_position_embeddings", "n_positions"),
+    "model_type": ("model_type",),
+}
 """Each size and the config.json keys the families name it by (BERT's, GPT-2's, DistilBERT's)."""
 
 
@@ -307,8 +378,9 @@ def _hf_config(model: ModelConfig) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
-                          f"({e})") from None
+        raise ConfigError(
+            f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json ({e})"
+        ) from None
 
 
 def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
@@ -318,8 +390,9 @@ def _hf_sizes(model: ModelConfig) -> dict[str, Any]:
         return {}
     sizes = {size: next((hf[k] for k in keys if hf.get(k) is not None), None) for size, keys in SIZE_KEYS.items()}
     if not (sizes["depth"] and sizes["width"]):
-        raise ConfigError(f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json "
-                          f"(no layer count or width)")
+        raise ConfigError(
+            f"model.pretrained={model.pretrained!r}: cannot read its sizes from config.json (no layer count or width)"
+        )
     sizes["hidden"] = sizes["hidden"] or 4 * sizes["width"]  # GPT-2's n_inner=null
     return sizes
 
@@ -333,46 +406,76 @@ def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
         hf = _hf_sizes(model)
         if hf.get("model_type") in ENCODER_COSTS:
             labels = model.num_classes or (3 if data.task == "mnli" else 2)
-            return ENCODER_COSTS[hf["model_type"]](_hf_config(model), task=model.task, num_labels=labels,
-                                                   seq_len=data.max_length or (384 if data.name == "squad" else 128))
+            return ENCODER_COSTS[hf["model_type"]](
+                _hf_config(model),
+                task=model.task,
+                num_labels=labels,
+                seq_len=data.max_length or (384 if data.name == "squad" else 128),
+            )
         if hf.get("model_type") in DECODER_TYPES:
             heads = hf["heads"] or 1
-            return decoder_costs(seq_len=data.max_length or 512, hidden=hf["width"], depth=model.depth or hf["depth"],
-                                 intermediate=hf["hidden"], heads=heads, kv_heads=hf["kv_heads"] or heads,
-                                 head_dim=hf["head_dim"] or hf["width"] // heads, vocab_size=hf["vocab"] or 32000,
-                                 gated=hf["model_type"] != "gpt2",
-                                 positions=(hf["positions"] or 0) if hf["model_type"] == "gpt2" else 0,
-                                 task=model.task, num_labels=model.num_classes or 2)
+            return decoder_costs(
+                seq_len=data.max_length or 512,
+                hidden=hf["width"],
+                depth=model.depth or hf["depth"],
+                intermediate=hf["hidden"],
+                heads=heads,
+                kv_heads=hf["kv_heads"] or heads,
+                head_dim=hf["head_dim"] or hf["width"] // heads,
+                vocab_size=hf["vocab"] or 32000,
+                gated=hf["model_type"] != "gpt2",
+                positions=(hf["positions"] or 0) if hf["model_type"] == "gpt2" else 0,
+                task=model.task,
+                num_labels=model.num_classes or 2,
+            )
         layers, width = BERT_SIZES.get(model.name, (hf.get("depth"), hf.get("width")))
         if hf:
             layers, width = hf["depth"], hf["width"]
         depth, width = model.depth or layers, model.embed_dim or width
         if not (depth and width):
-            raise ConfigError(f"model.name={model.name!r}: the simulator knows {', '.join(BERT_SIZES)}; "
-                              f"set model.depth and model.embed_dim for another BERT")
+            raise ConfigError(
+                f"model.name={model.name!r}: the simulator knows {', '.join(BERT_SIZES)}; "
+                f"set model.depth and model.embed_dim for another BERT"
+            )
         hidden = int(width * model.mlp_ratio) if model.mlp_ratio else hf.get("hidden") or 4 * width
         labels = model.num_classes or (3 if data.task == "mnli" else 2)
-        return bert_costs(seq_len=data.max_length or (384 if data.name == "squad" else 128), hidden=width,
-                          depth=depth, intermediate=hidden, vocab_size=model.vocab_size or hf.get("vocab") or 30522,
-                          max_positions=model.max_position_embeddings or hf.get("positions") or 512,
-                          task=model.task, num_labels=labels, whole_attention=hf.get("model_type") == "distilbert")
+        return bert_costs(
+            seq_len=data.max_length or (384 if data.name == "squad" else 128),
+            hidden=width,
+            depth=depth,
+            intermediate=hidden,
+            vocab_size=model.vocab_size or hf.get("vocab") or 30522,
+            max_positions=model.max_position_embeddings or hf.get("positions") or 512,
+            task=model.task,
+            num_labels=labels,
+            whole_attention=hf.get("model_type") == "distilbert",
+        )
     m = re.match(r"(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)_(\d+)", model.name)
     width, depth, _ = VIT_SIZES[m.group(1)] if m else (None, None, None)
     native, chans, classes = DATA_IMAGES.get(data.name, (None, 3, None))
-    sizes = dict(embed_dim=model.embed_dim or width, depth=model.depth or depth,
-                 patch_size=model.patch_size or (int(m.group(2)) if m else None),
-                 img_size=model.img_size or data.image_size or native or (int(m.group(3)) if m else None),
-                 num_classes=model.num_classes or classes)
+    sizes = dict(
+        embed_dim=model.embed_dim or width,
+        depth=model.depth or depth,
+        patch_size=model.patch_size or (int(m.group(2)) if m else None),
+        img_size=model.img_size or data.image_size or native or (int(m.group(3)) if m else None),
+        num_classes=model.num_classes or classes,
+    )
     missing = [k for k, v in sizes.items() if v is None]
     if missing:
-        raise ConfigError(f"model.{missing[0]}=None is not allowed: the simulator cannot infer it for "
-                          f"model.name={model.name!r} and data.name={data.name!r}; set it")
-    return vit_costs(mlp_ratio=model.mlp_ratio or 4.0, in_chans=model.in_chans or chans,
-                     **sizes)  # type: ignore[arg-type]
+        raise ConfigError(
+            f"model.{missing[0]}=None is not allowed: the simulator cannot infer it for "
+            f"model.name={model.name!r} and data.name={data.name!r}; set it"
+        )
+    return vit_costs(mlp_ratio=model.mlp_ratio or 4.0, in_chans=model.in_chans or chans, **sizes)  # type: ignore[arg-type]
 
 
-def save_profile(profile: Any, batch: int, path: str | Path, params: Optional[Sequence[float]] = None,
-                 update_s: Optional[Sequence[float]] = None) -> None:
+def save_profile(
+    profile: Any,
+    batch: int,
+    path: str | Path,
+    params: Optional[Sequence[float]] = None,
+    update_s: Optional[Sequence[float]] = None,
+) -> None:
     """Write a `UnitProfile` (`time_s` and `activation_bytes` for one micro-batch of `batch` samples, and
     `forward_s` / `frozen_s` when it has them) as the JSON `load_profile` reads; `params` (per-unit parameter
     counts) and `update_s` (per-unit optimizer seconds per step) are optional."""
@@ -403,21 +506,46 @@ def load_profile(path: str | Path, base: ModelCosts) -> ModelCosts:
     batch = doc["batch"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"--profile {path}: batch={batch!r} is not allowed: the micro-batch size, an integer >= 1")
-    vectors = {k: doc[k] for k in ("time_s", "activation_bytes", "params", "forward_s", "frozen_s", "update_s")
-               if k in doc}
+    vectors = {
+        k: doc[k] for k in ("time_s", "activation_bytes", "params", "forward_s", "frozen_s", "update_s") if k in doc
+    }
     for key, vec in vectors.items():
-        if not isinstance(vec, list) or len(vec) != base.num_units or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in vec):
-            raise ConfigError(f"--profile {path}: {key} must list {base.num_units} finite numbers >= 0 "
-                              f"(one per unit of the recipe's model)")
+        if (
+            not isinstance(vec, list)
+            or len(vec) != base.num_units
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in vec
+            )
+        ):
+            raise ConfigError(
+                f"--profile {path}: {key} must list {base.num_units} finite numbers >= 0 "
+                f"(one per unit of the recipe's model)"
+            )
+
     def per_sample(key: str) -> Optional[tuple[float, ...]]:
         return tuple(t / batch for t in vectors[key]) if key in vectors else None
 
-    return replace(base, fb_seconds=per_sample("time_s"), act_bytes=per_sample("activation_bytes"),
-                   params=tuple(map(float, vectors.get("params", base.params))),
-                   fwd_seconds=per_sample("forward_s"), frozen_seconds=per_sample("frozen_s"),
-                   update_seconds=tuple(map(float, vectors["update_s"])) if "update_s" in vectors else None)
+    return replace(
+        base,
+        fb_seconds=per_sample("time_s"),
+        act_bytes=per_sample("activation_bytes"),
+        params=tuple(map(float, vectors.get("params", base.params))),
+        fwd_seconds=per_sample("forward_s"),
+        frozen_seconds=per_sample("frozen_s"),
+        update_seconds=tuple(map(float, vectors["update_s"])) if "update_s" in vectors else None,
+    )
 
 
-__all__ = ["ModelCosts", "attention_flops", "bert_costs", "costs_from_config", "deberta_costs", "load_profile",
-           "mlp_flops", "modernbert_costs", "save_profile", "unit_names", "vit_costs"]
+__all__ = [
+    "ModelCosts",
+    "attention_flops",
+    "bert_costs",
+    "costs_from_config",
+    "deberta_costs",
+    "load_profile",
+    "mlp_flops",
+    "modernbert_costs",
+    "save_profile",
+    "unit_names",
+    "vit_costs",
+]

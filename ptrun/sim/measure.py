@@ -142,8 +142,7 @@ def ping_pong_s(rank: int, nbytes: int, repeats: int) -> float:
 def allreduce_s(numel: int, repeats: int) -> float:
     flat = torch.zeros(numel, dtype=torch.float32)
     dist.barrier()
-    return mean_over_workers([median_s(lambda: dist.all_reduce(flat), repeats, clock=time.perf_counter,
-                                       pick=min)])[0]
+    return mean_over_workers([median_s(lambda: dist.all_reduce(flat), repeats, clock=time.perf_counter, pick=min)])[0]
 
 
 def fit_line(x0: float, y0: float, x1: float, y1: float) -> tuple[float, float]:
@@ -189,12 +188,17 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
         return holder["p"].time_s + holder["p"].forward_s + holder["p"].frozen_s
 
     times = solo(rank, units)
-    out.update(time_s=times[:n], forward_s=times[n:2 * n], frozen_s=times[2 * n:],
-               activation_bytes=holder["p"].activation_bytes)
+    out.update(
+        time_s=times[:n],
+        forward_s=times[n : 2 * n],
+        frozen_s=times[2 * n :],
+        activation_bytes=holder["p"].activation_bytes,
+    )
 
     # 2. the schedule's fixed cost per stage and micro-batch: K = 1 (DP = 2), M = 1, whole model, alone
-    plan = Plan(num_units=n, frozen_units=0, pp=1, dp=WORLD, stage_bounds=((0, n),), microbatches=1,
-                schedule="GPipe").check()
+    plan = Plan(
+        num_units=n, frozen_units=0, pp=1, dp=WORLD, stage_bounds=((0, n),), microbatches=1, schedule="GPipe"
+    ).check()
     loss = WeightedLoss(cfg.model.task)
     name_of = {id(p): k for k, p in layered.model.named_parameters()}
     layout = build_layout(Builder(layered, rank, torch.device("cpu"), loss, cfg.optim, name_of), plan)
@@ -221,11 +225,13 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
         head = run_units(list(layered.units), *inputs)
         (head[0] if isinstance(head, tuple) else head).float().sum().backward()
 
-    out["alone_s"], out["alone_wall_s"] = solo(rank, lambda: [median_s(model_step, repeats),
-                                                              median_s(model_step, repeats, clock=time.perf_counter)])
+    out["alone_s"], out["alone_wall_s"] = solo(
+        rank, lambda: [median_s(model_step, repeats), median_s(model_step, repeats, clock=time.perf_counter)]
+    )
     dist.barrier()
     out["together_s"], out["together_wall_s"] = mean_over_workers(
-        [median_s(model_step, repeats), median_s(model_step, repeats, clock=time.perf_counter)])
+        [median_s(model_step, repeats), median_s(model_step, repeats, clock=time.perf_counter)]
+    )
     layered.model.zero_grad(set_to_none=True)
 
     # 5. links: the boundary tensor (the middle unit's output) and 4 MB; the DP all-reduce
@@ -238,26 +244,35 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
 
     # 6. the loading thread's work per batch, alone: raw samples, and AutoCache hits
     out["loader_samples"] = [batch, 2 * batch]
-    out["loader_s"] = solo(rank, lambda: [median_s(lambda k=k: dict(data.train[ids[:k].tolist()]), repeats)
-                                          for k in out["loader_samples"]])
+    out["loader_s"] = solo(
+        rank, lambda: [median_s(lambda k=k: dict(data.train[ids[:k].tolist()]), repeats) for k in out["loader_samples"]]
+    )
     depth = frozen_units_for_blocks(max(1, 2 * layered.num_blocks // 3))  # what the digits runs cache: 9 units
-    cache = AutoCache(layered, cfg.cache, tag=f"measure-{rank}", num_train=len(data.train), num_eval=0,
-                      device=torch.device("cpu"), run_dir=cache_root / f"rank{rank}")
+    cache = AutoCache(
+        layered,
+        cfg.cache,
+        tag=f"measure-{rank}",
+        num_train=len(data.train),
+        num_eval=0,
+        device=torch.device("cpu"),
+        run_dir=cache_root / f"rank{rank}",
+    )
     try:
         cache.set_depth(depth, tuple(t[:1] for t in inputs))
 
         def fetch_and_inputs(k: int):
-            b = cache.fetch("train", data.train, ids[:k], input_names=names,
-                            label_names=LABEL_KEYS[cfg.model.task])
+            b = cache.fetch("train", data.train, ids[:k], input_names=names, label_names=LABEL_KEYS[cfg.model.task])
             b["weight"] = torch.ones(k)
             cache.inputs("train", b, tuple(b[x] for x in names if x in b))
 
         fetch_and_inputs(2 * batch)  # fills the entries (misses, computed and written)
-        out["cache_s"] = solo(rank, lambda: [median_s(lambda k=k: fetch_and_inputs(k), repeats)
-                                             for k in out["loader_samples"]])
+        out["cache_s"] = solo(
+            rank, lambda: [median_s(lambda k=k: fetch_and_inputs(k), repeats) for k in out["loader_samples"]]
+        )
         entry = [torch.zeros(s.shape, dtype=s.dtype) for s in cache.store.specs]
         out["cache_write_sample_s"] = solo(
-            rank, lambda: [median_s(lambda: cache.store.write(int(ids[0]), entry, cache.key["train"]), repeats)])[0]
+            rank, lambda: [median_s(lambda: cache.store.write(int(ids[0]), entry, cache.key["train"]), repeats)]
+        )[0]
     finally:
         cache.close(remove=True)
     set_frozen(layered, 0)
@@ -274,8 +289,13 @@ def worker(rank: int, port: int, overrides: list[str], batch: int, passes: int, 
     cfg = unchecked_config(overrides)
     data = build_datasets(cfg.data)
     torch.manual_seed(cfg.train.seed)
-    layered = build_model(cfg.model, num_classes=data.num_classes,
-                          img_size=data.image_size, in_chans=data.in_chans, vocab_size=data.vocab_size)
+    layered = build_model(
+        cfg.model,
+        num_classes=data.num_classes,
+        img_size=data.image_size,
+        in_chans=data.in_chans,
+        vocab_size=data.vocab_size,
+    )
     with tempfile.TemporaryDirectory(prefix="ptrun-measure-") as cache_root:
         runs = [one_pass(rank, cfg, layered, data, batch, repeats, Path(cache_root)) for _ in range(passes)]
     dist.destroy_process_group()
@@ -298,10 +318,16 @@ def worker(rank: int, port: int, overrides: list[str], batch: int, passes: int, 
         "host": socket.gethostname(),
         "load_average_at_end": os.getloadavg(),
         "torch": torch.__version__,
-        "workers": WORLD, "threads_per_worker": 1, "passes": passes, "repeats": repeats,
+        "workers": WORLD,
+        "threads_per_worker": 1,
+        "passes": passes,
+        "repeats": repeats,
         "batch": batch,
-        "time_s": med("time_s"), "forward_s": med("forward_s"), "frozen_s": med("frozen_s"),
-        "update_s": med("update_s"), "activation_bytes": runs[0]["activation_bytes"],
+        "time_s": med("time_s"),
+        "forward_s": med("forward_s"),
+        "frozen_s": med("frozen_s"),
+        "update_s": med("update_s"),
+        "activation_bytes": runs[0]["activation_bytes"],
         "params": [float(sum(p.numel() for p in u.parameters())) for u in layered.units],
         "cluster": {
             "cores_per_node": min(2.0, WORLD * med("alone_s") / med("together_s")),
@@ -314,14 +340,30 @@ def worker(rank: int, port: int, overrides: list[str], batch: int, passes: int, 
             "cache_sample_s": cache_per,
             "cache_write_sample_s": med("cache_write_sample_s"),
         },
-        "raw": {k: med(k) for k in ("p2p_s", "allreduce_s", "loader_s", "cache_s", "microbatch_overhead_s",
-                                    "schedule_step_s", "alone_s", "together_s", "alone_wall_s",
-                                    "together_wall_s")}
-        | {"p2p_bytes": nb, "allreduce_params": runs[0]["allreduce_params"],
-           "loader_samples": runs[0]["loader_samples"],
-           "per_pass_microbatch_overhead_s": [r["microbatch_overhead_s"] for r in runs],
-           "per_pass_alone_s": [r["alone_s"] for r in runs], "per_pass_together_s": [r["together_s"] for r in runs],
-           "per_pass_time_s_sum": [sum(r["time_s"]) for r in runs]},
+        "raw": {
+            k: med(k)
+            for k in (
+                "p2p_s",
+                "allreduce_s",
+                "loader_s",
+                "cache_s",
+                "microbatch_overhead_s",
+                "schedule_step_s",
+                "alone_s",
+                "together_s",
+                "alone_wall_s",
+                "together_wall_s",
+            )
+        }
+        | {
+            "p2p_bytes": nb,
+            "allreduce_params": runs[0]["allreduce_params"],
+            "loader_samples": runs[0]["loader_samples"],
+            "per_pass_microbatch_overhead_s": [r["microbatch_overhead_s"] for r in runs],
+            "per_pass_alone_s": [r["alone_s"] for r in runs],
+            "per_pass_together_s": [r["together_s"] for r in runs],
+            "per_pass_time_s_sum": [sum(r["time_s"]) for r in runs],
+        },
     }
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(doc, indent=1) + "\n")
@@ -337,15 +379,19 @@ def main(argv: list[str] | None = None) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, overrides or ["recipe=digits_vit"], args.batch, args.passes, args.repeats,
-                           args.out), nprocs=WORLD)
+    mp.spawn(
+        worker,
+        args=(port, overrides or ["recipe=digits_vit"], args.batch, args.passes, args.repeats, args.out),
+        nprocs=WORLD,
+    )
     doc = json.loads(Path(args.out).read_text())
     ms = lambda v: f"{1e3 * v:.2f} ms"  # noqa: E731
     print(f"wrote {args.out}")
-    print(f"  units, micro-batch {doc['batch']}: forward + backward {ms(sum(doc['time_s']))}, forward "
-          f"{ms(sum(doc['forward_s']))}, frozen (input gradient) {ms(sum(doc['frozen_s']))}, "
-          f"update {ms(sum(doc['update_s']))}")
+    print(
+        f"  units, micro-batch {doc['batch']}: forward + backward {ms(sum(doc['time_s']))}, forward "
+        f"{ms(sum(doc['forward_s']))}, frozen (input gradient) {ms(sum(doc['frozen_s']))}, "
+        f"update {ms(sum(doc['update_s']))}"
+    )
     for key, value in doc["cluster"].items():
         print(f"  {key} = {value:.6g}" if value is not None else f"  {key} = None")
     print(f"  all-reduce {doc['raw']['allreduce_params']} params: {[ms(v) for v in doc['raw']['allreduce_s']]}")
-

@@ -28,13 +28,20 @@ COMBINATIONS: dict[str, tuple[str, dict[str, bool]]] = {
 }
 """Figure 9's component combinations: name -> (label, the `auto.*` switches)."""
 
-DATASET_SAMPLES = {"imagefolder": 1_281_167, "cifar100": 50_000, "cifar10": 50_000, "squad": 88_524,
-                   "digits": 1_437}
+DATASET_SAMPLES = {"imagefolder": 1_281_167, "cifar100": 50_000, "cifar10": 50_000, "squad": 88_524, "digits": 1_437}
 """Training samples per source: ImageNet-1k's train split (imagefolder is taken to be ImageNet), CIFAR,
 SQuAD v1.1's train features at length 384 / stride 128 (BERT tokenizer; more at 256), digits' 80% split."""
 
-GLUE_SAMPLES = {"cola": 8_551, "sst2": 67_349, "mrpc": 3_668, "qqp": 363_846, "mnli": 392_702, "qnli": 104_743,
-                "rte": 2_490, "wnli": 635}
+GLUE_SAMPLES = {
+    "cola": 8_551,
+    "sst2": 67_349,
+    "mrpc": 3_668,
+    "qqp": 363_846,
+    "mnli": 392_702,
+    "qnli": 104_743,
+    "rte": 2_490,
+    "wnli": 635,
+}
 
 
 def default_samples(cfg: PtrunConfig) -> Optional[int]:
@@ -59,8 +66,14 @@ def device_budget(cfg: PtrunConfig, cluster: Cluster) -> int:
     when the cluster gives none."""
     from ptrun.parallel.fit import memory_budget
 
-    return memory_budget(cfg.device.memory, int(cluster.device_memory_gb * GB if cluster.device_memory_gb else
-                                                cluster.host_memory_gb * GB / cluster.gpus_per_node))
+    return memory_budget(
+        cfg.device.memory,
+        int(
+            cluster.device_memory_gb * GB
+            if cluster.device_memory_gb
+            else cluster.host_memory_gb * GB / cluster.gpus_per_node
+        ),
+    )
 
 
 def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluster | None = None) -> PtrunConfig:
@@ -69,14 +82,17 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
     if costs is not None and cluster is not None and (cfg.pipe.length == "auto" or cfg.pipe.microbatches is None):
         from ptrun.parallel.fit import resolve_length
 
-        cfg, _ = resolve_length(cfg, None, (), cluster.world_size, device_budget(cfg, cluster),
-                                memory=fit_memory(costs, cfg))
+        cfg, _ = resolve_length(
+            cfg, None, (), cluster.world_size, device_budget(cfg, cluster), memory=fit_memory(costs, cfg)
+        )
     if cfg.freeze.policy == "pipetransformer":
         return replace(cfg, freeze=replace(cfg.freeze, policy="alpha"))
     signal = POLICIES[cfg.freeze.policy].signal
     if signal is not None and cfg.auto.freeze:
-        raise ConfigError(f"freeze.policy={cfg.freeze.policy!r} is not allowed: it needs measured "
-                          f"{SIGNALS[signal]}; simulate with alpha, linear, schedule or none")
+        raise ConfigError(
+            f"freeze.policy={cfg.freeze.policy!r} is not allowed: it needs measured "
+            f"{SIGNALS[signal]}; simulate with alpha, linear, schedule or none"
+        )
     return cfg
 
 
@@ -100,15 +116,17 @@ def start_profile(cfg: PtrunConfig, costs: ModelCosts, cluster: Cluster) -> tupl
     backward seconds and output bytes per unit) and the stage link's bandwidth; (None, None) for the others."""
     if cfg.pipe.partition not in NEEDS_PROFILE:
         return None, None
-    micro = starting_micro_batch(cfg.pipe, cluster.world_size, cfg.train.global_batch_size,
-                                 cfg.auto.microbatch_table)
+    micro = starting_micro_batch(cfg.pipe, cluster.world_size, cfg.train.global_batch_size, cfg.auto.microbatch_table)
     fb, _ = unit_seconds(costs, cluster)
-    return (SimpleNamespace(time_s=[t * micro for t in fb], activation_bytes=[a * micro for a in costs.act_bytes]),
-            cluster.intra_gbs * GB)
+    return (
+        SimpleNamespace(time_s=[t * micro for t in fb], activation_bytes=[a * micro for a in costs.act_bytes]),
+        cluster.intra_gbs * GB,
+    )
 
 
-def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
-                samples: int | None = None) -> tuple[Controller, list[Plan]]:
+def plan_epochs(
+    costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig, samples: int | None = None
+) -> tuple[Controller, list[Plan]]:
     """The Controller for `cfg` on `cluster`'s world, and the Plan of every epoch as the trainer gets them
     (the same `start`, then `decide` at each decision point, without gradient norms). Nothing is measured
     here: `pipe.microbatches=auto` plans with the M AutoPipe's table gives. `samples` (the training-set size)
@@ -117,8 +135,9 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     profile, bandwidth = start_profile(cfg, costs, cluster)
     t = cfg.train
     steps = epoch_steps(samples, t.global_batch_size, t.max_steps_per_epoch) if samples else None
-    controller = start(cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth,
-                       steps_per_epoch=steps)
+    controller = start(
+        cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth, steps_per_epoch=steps
+    )
     from ptrun.parallel.fit import check_fits
 
     # The first layout must fit a device (later ones only shorten the active part: frozen units keep no
@@ -137,6 +156,18 @@ def plan_epochs(costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
         plans.append(plan)
     return controller, plans
 
-__all__ = ["ACTIVATION_PER_OUTPUT", "COMBINATIONS", "DATASET_SAMPLES", "GLUE_SAMPLES", "combination_config",
-           "default_samples", "device_budget", "fit_memory", "plan_epochs", "plannable", "stand_in",
-           "start_profile"]
+
+__all__ = [
+    "ACTIVATION_PER_OUTPUT",
+    "COMBINATIONS",
+    "DATASET_SAMPLES",
+    "GLUE_SAMPLES",
+    "combination_config",
+    "default_samples",
+    "device_budget",
+    "fit_memory",
+    "plan_epochs",
+    "plannable",
+    "stand_in",
+    "start_profile",
+]

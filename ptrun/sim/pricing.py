@@ -15,7 +15,6 @@ from ptrun.sim.cluster import GB, Cluster
 from ptrun.sim.costs import FP32, ModelCosts
 
 
-
 @dataclass(frozen=True)
 class StepTime:
     stage_s: tuple[float, ...]
@@ -54,17 +53,25 @@ def frozen_grad_seconds(costs: ModelCosts, cluster: Cluster) -> list[float]:
     return [f + (t - f) / 2 for t, f in zip(fb, fwd)]
 
 
-def unit_work(plan: Plan, fb: Sequence[float], fwd: Sequence[float], recompute: bool = False,
-              frozen_grad: Optional[Sequence[float]] = None) -> list[float]:
+def unit_work(
+    plan: Plan,
+    fb: Sequence[float],
+    fwd: Sequence[float],
+    recompute: bool = False,
+    frozen_grad: Optional[Sequence[float]] = None,
+) -> list[float]:
     """Seconds per sample each unit costs in the pipeline: trainable fb (plus another forward with
     `pipe.recompute`), cached 0, frozen fwd on the first stage (its input carries no gradient) and
     `frozen_grad` on a later one (the pipeline's received activations require a gradient, so a frozen unit
     there still back-propagates to its input; without `frozen_grad`, fwd)."""
+
     def frozen(u: int) -> float:
         return fwd[u] if frozen_grad is None or plan.stage_of_unit(u) == 0 else frozen_grad[u]
 
-    return [0.0 if u < plan.cached_units else frozen(u) if u < plan.frozen_units else fb[u] + recompute * fwd[u]
-            for u in range(plan.num_units)]
+    return [
+        0.0 if u < plan.cached_units else frozen(u) if u < plan.frozen_units else fb[u] + recompute * fwd[u]
+        for u in range(plan.num_units)
+    ]
 
 
 def update_seconds(plan: Plan, costs: ModelCosts) -> list[float]:
@@ -92,13 +99,16 @@ def sharing_slowdown(plan: Plan, cluster: Cluster, busy_s: float, step_s: float)
 
 def boundary_bandwidth(plan: Plan, stage: int, cluster: Cluster) -> float:
     """Bytes/s from stage `stage` to the next: inter-node if any replica's two ranks sit on different nodes."""
-    crosses = any(cluster.node_of(plan.rank_of_stage(r, stage)) != cluster.node_of(plan.rank_of_stage(r, stage + 1))
-                  for r in range(plan.dp))
+    crosses = any(
+        cluster.node_of(plan.rank_of_stage(r, stage)) != cluster.node_of(plan.rank_of_stage(r, stage + 1))
+        for r in range(plan.dp)
+    )
     return (cluster.inter_gbs if crosses else cluster.intra_gbs) * GB
 
 
-def stage_seconds(plan: Plan, work: Sequence[float], act_bytes: Sequence[float], micro: float,
-                  cluster: Cluster) -> list[float]:
+def stage_seconds(
+    plan: Plan, work: Sequence[float], act_bytes: Sequence[float], micro: float, cluster: Cluster
+) -> list[float]:
     """Micro-batch seconds of each stage: the cluster's fixed overhead, compute, plus the output sent on and
     its gradient received back, each a message of `link_latency_s` plus its bytes (assumption 2). The
     gradient comes back even to a frozen stage: the next stage's received activations require one."""
@@ -106,8 +116,11 @@ def stage_seconds(plan: Plan, work: Sequence[float], act_bytes: Sequence[float],
     for s, compute in enumerate(stage_sums(plan.stage_bounds, list(work))):
         hi = plan.stage_bounds[s][1]
         last = s == plan.num_stages - 1
-        transfer = 0.0 if last else 2 * (cluster.link_latency_s
-                                          + micro * act_bytes[hi - 1] / boundary_bandwidth(plan, s, cluster))
+        transfer = (
+            0.0
+            if last
+            else 2 * (cluster.link_latency_s + micro * act_bytes[hi - 1] / boundary_bandwidth(plan, s, cluster))
+        )
         out.append(cluster.microbatch_overhead_s + micro * compute + transfer)
     return out
 
@@ -166,13 +179,15 @@ def cache_memory_share(cfg: PtrunConfig, cluster: Cluster, entry_bytes: float, s
     return min(1.0, budget / (entry_bytes * samples)) if entry_bytes * samples else 1.0
 
 
-def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig, per_replica: int, samples: int,
-              filled: int) -> StepTime:
+def step_time(
+    plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig, per_replica: int, samples: int, filled: int
+) -> StepTime:
     """One optimizer step under `plan` with `per_replica` samples a replica; `filled` is the cache depth
     the entries hold when the epoch starts (0: nothing cached yet)."""
     fb, fwd = unit_seconds(costs, cluster)
-    work = unit_work(plan, fb, fwd, recompute=cfg.pipe.recompute != "none",
-                     frozen_grad=frozen_grad_seconds(costs, cluster))
+    work = unit_work(
+        plan, fb, fwd, recompute=cfg.pipe.recompute != "none", frozen_grad=frozen_grad_seconds(costs, cluster)
+    )
     stages = stage_seconds(plan, work, costs.act_bytes, per_replica / plan.microbatches, cluster)
     pipe = pipeline_seconds(plan, stages)
     allreduce = allreduce_seconds(plan, costs.params, cluster)
@@ -184,8 +199,15 @@ def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     if c:
         stored = CACHE_DTYPE_BYTES[cache_dtype(cfg.cache.dtype, cfg.train.precision)]
         entry = costs.act_bytes[c - 1] * stored / FP32
-        io = cache_io_seconds(per_replica * entry, cache_memory_share(cfg, cluster, entry, samples),
-                              cache_readers(plan, cluster), cluster) + per_replica * cluster.cache_sample_s
+        io = (
+            cache_io_seconds(
+                per_replica * entry,
+                cache_memory_share(cfg, cluster, entry, samples),
+                cache_readers(plan, cluster),
+                cluster,
+            )
+            + per_replica * cluster.cache_sample_s
+        )
         start = filled if filled <= c else 0
         read = cluster.cache_batch_s + (io if start else 0.0)
         first_raw = 0.0 if start else raw
@@ -193,14 +215,38 @@ def step_time(plan: Plan, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig,
     loading = max(first_raw + read, raw if plan.pp > 1 else 0.0)  # the ranks load side by side
     busy = fill + pipe
     update = update_seconds(plan, costs)
-    total = (max(loading, busy) if cluster.overlap_io else loading + busy) + allreduce + max(update) \
+    total = (
+        (max(loading, busy) if cluster.overlap_io else loading + busy)
+        + allreduce
+        + max(update)
         + cluster.step_overhead_s
-    cpu = (plan.microbatches * math.fsum(stages) + fill + math.fsum(update) + first_raw + read
-           + (plan.pp - 1) * raw + plan.pp * cluster.step_overhead_s)
+    )
+    cpu = (
+        plan.microbatches * math.fsum(stages)
+        + fill
+        + math.fsum(update)
+        + first_raw
+        + read
+        + (plan.pp - 1) * raw
+        + plan.pp * cluster.step_overhead_s
+    )
     slowdown = sharing_slowdown(plan, cluster, cpu, total)
     return StepTime(tuple(stages), pipe, allreduce, read, fill, raw, max(update), slowdown, total * slowdown)
 
 
-__all__ = ["StepTime", "allreduce_seconds", "boundary_bandwidth",
-           "cache_io_seconds", "cache_memory_share", "cache_readers", "frozen_grad_seconds", "pipeline_seconds",
-           "sharing_slowdown", "stage_seconds", "step_time", "unit_seconds", "unit_work", "update_seconds"]
+__all__ = [
+    "StepTime",
+    "allreduce_seconds",
+    "boundary_bandwidth",
+    "cache_io_seconds",
+    "cache_memory_share",
+    "cache_readers",
+    "frozen_grad_seconds",
+    "pipeline_seconds",
+    "sharing_slowdown",
+    "stage_seconds",
+    "step_time",
+    "unit_seconds",
+    "unit_work",
+    "update_seconds",
+]

@@ -14,14 +14,18 @@ def hms(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{seconds:.1f}s"
 
 
-LEGEND = ("frozen / cached: units of the model's prefix; stage max: the slowest stage's micro-batch time; allred: "
-          "the gradient all-reduce of a step; cache: its cache read + fill; epoch: steps x step + a layout change")
+LEGEND = (
+    "frozen / cached: units of the model's prefix; stage max: the slowest stage's micro-batch time; allred: "
+    "the gradient all-reduce of a step; cache: its cache read + fill; epoch: steps x step + a layout change"
+)
 
 
 def epoch_table(records: Sequence[EpochRecord]) -> str:
     """One line per epoch: the plan (K, DP, M, frozen and cached units) and its estimated time."""
-    head = (f"{'epoch':>5} {'frozen':>7} {'cached':>6} {'K':>2} {'DP':>3} {'M':>3} {'batch':>6} {'steps':>6} "
-            f"{'stage max':>9} {'allred':>7} {'cache':>7} {'step':>7} {'samples/s':>9} {'epoch':>10}")
+    head = (
+        f"{'epoch':>5} {'frozen':>7} {'cached':>6} {'K':>2} {'DP':>3} {'M':>3} {'batch':>6} {'steps':>6} "
+        f"{'stage max':>9} {'allred':>7} {'cache':>7} {'step':>7} {'samples/s':>9} {'epoch':>10}"
+    )
     lines = [head]
     for r in records:
         p, st = r.plan, r.step
@@ -30,7 +34,8 @@ def epoch_table(records: Sequence[EpochRecord]) -> str:
             f"{r.epoch:>5} {p.frozen_units:>3}/{p.num_units:<3} {p.cached_units:>6} {p.pp:>2} {p.dp:>3} "
             f"{p.microbatches:>3} {r.global_batch:>6} {r.steps:>6} {1e3 * max(st.stage_s):>7.1f}ms "
             f"{1e3 * st.allreduce_s:>5.0f}ms {1e3 * (st.cache_read_s + st.cache_fill_s):>5.0f}ms "
-            f"{st.total_s:>6.2f}s {per_s:>9.0f} {hms(r.time_s):>10}")
+            f"{st.total_s:>6.2f}s {per_s:>9.0f} {hms(r.time_s):>10}"
+        )
     lines.append(f"{'total':>5} {hms(total_seconds(records))}")
     return "\n".join(lines)
 

@@ -78,14 +78,36 @@ from ptrun.config import ConfigError, PtrunConfig
 from ptrun.parallel.plan import Plan
 from ptrun.sim.cluster import Cluster
 from ptrun.sim.costs import ModelCosts
-from ptrun.sim.planning import (COMBINATIONS, DATASET_SAMPLES, combination_config, default_samples, device_budget,
-                                fit_memory, plan_epochs, plannable, stand_in, start_profile)
-from ptrun.sim.pricing import (StepTime, allreduce_seconds, frozen_grad_seconds, pipeline_seconds, sharing_slowdown,
-                               stage_seconds, step_time, unit_seconds, unit_work, update_seconds)
+from ptrun.sim.planning import (
+    COMBINATIONS,
+    DATASET_SAMPLES,
+    combination_config,
+    default_samples,
+    device_budget,
+    fit_memory,
+    plan_epochs,
+    plannable,
+    stand_in,
+    start_profile,
+)
+from ptrun.sim.pricing import (
+    StepTime,
+    allreduce_seconds,
+    frozen_grad_seconds,
+    pipeline_seconds,
+    sharing_slowdown,
+    stage_seconds,
+    step_time,
+    unit_seconds,
+    unit_work,
+    update_seconds,
+)
 
-PAPER_TABLE1 = {"vit_imagenet": (2.83, 26 * 3600 + 30 * 60, 9 * 3600 + 21 * 60),
-                "vit_cifar100": (2.44, 35 * 60 + 6, 12 * 60 + 23),
-                "bert_squad": (2.10, 5 * 3600 + 7 * 60, 2 * 3600 + 26 * 60)}
+PAPER_TABLE1 = {
+    "vit_imagenet": (2.83, 26 * 3600 + 30 * 60, 9 * 3600 + 21 * 60),
+    "vit_cifar100": (2.44, 35 * 60 + 6, 12 * 60 + 23),
+    "bert_squad": (2.10, 5 * 3600 + 7 * 60, 2 * 3600 + 26 * 60),
+}
 """Recipe -> (speedup, baseline seconds, PipeTransformer seconds) of the paper's Table 1."""
 
 PAPER_FIG9 = {"vit_imagenet": {"freeze": 0.95, "freeze+pipe+cache": 1.26, "freeze+pipe+dp": 2.27, "all": 2.83}}
@@ -103,8 +125,9 @@ class EpochRecord:
     time_s: float
 
 
-def epoch_records(plans: Sequence[Plan], controller: Controller, costs: ModelCosts, cluster: Cluster,
-                  cfg: PtrunConfig, samples: int) -> list[EpochRecord]:
+def epoch_records(
+    plans: Sequence[Plan], controller: Controller, costs: ModelCosts, cluster: Cluster, cfg: PtrunConfig, samples: int
+) -> list[EpochRecord]:
     """Price each epoch's plan (assumption 5)."""
     records, filled, prev = [], 0, None
     for epoch, plan in enumerate(plans):
@@ -143,8 +166,33 @@ def speedups(results: dict[str, list[EpochRecord]]) -> dict[str, float]:
     return {name: base / total_seconds(records) for name, records in results.items()}
 
 
-__all__ = ["COMBINATIONS", "DATASET_SAMPLES", "EpochRecord", "PAPER_FIG9", "PAPER_TABLE1", "StepTime",
-           "allreduce_seconds", "combination_config", "default_samples", "device_budget", "epoch_records",
-           "fit_memory", "frozen_grad_seconds", "pipeline_seconds", "plan_epochs", "plannable", "sharing_slowdown",
-           "simulate", "simulate_one", "speedups", "stage_seconds", "stand_in", "start_profile", "step_time",
-           "total_seconds", "unit_seconds", "unit_work", "update_seconds"]
+__all__ = [
+    "COMBINATIONS",
+    "DATASET_SAMPLES",
+    "EpochRecord",
+    "PAPER_FIG9",
+    "PAPER_TABLE1",
+    "StepTime",
+    "allreduce_seconds",
+    "combination_config",
+    "default_samples",
+    "device_budget",
+    "epoch_records",
+    "fit_memory",
+    "frozen_grad_seconds",
+    "pipeline_seconds",
+    "plan_epochs",
+    "plannable",
+    "sharing_slowdown",
+    "simulate",
+    "simulate_one",
+    "speedups",
+    "stage_seconds",
+    "stand_in",
+    "start_profile",
+    "step_time",
+    "total_seconds",
+    "unit_seconds",
+    "unit_work",
+    "update_seconds",
+]

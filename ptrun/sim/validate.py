@@ -67,14 +67,21 @@ def read_run(run: Path) -> dict:
 def plan_key(p) -> dict:
     """The fields a measured plan event and a simulated Plan are compared on."""
     get = p.get if isinstance(p, dict) else lambda k: getattr(p, k)
-    return {"frozen_units": get("frozen_units"), "cached_units": get("cached_units"), "pp": get("pp"),
-            "dp": get("dp"), "microbatches": get("microbatches"),
-            "stage_bounds": [list(b) for b in get("stage_bounds")]}
+    return {
+        "frozen_units": get("frozen_units"),
+        "cached_units": get("cached_units"),
+        "pp": get("pp"),
+        "dp": get("dp"),
+        "microbatches": get("microbatches"),
+        "stage_bounds": [list(b) for b in get("stage_bounds")],
+    }
 
 
 def describe(key: dict) -> str:
-    return (f"{key['frozen_units']:>2}/{key['cached_units']:<2} K{key['pp']} DP{key['dp']} M{key['microbatches']} "
-            f"{'|'.join(f'{lo}-{hi}' for lo, hi in key['stage_bounds'])}")
+    return (
+        f"{key['frozen_units']:>2}/{key['cached_units']:<2} K{key['pp']} DP{key['dp']} M{key['microbatches']} "
+        f"{'|'.join(f'{lo}-{hi}' for lo, hi in key['stage_bounds'])}"
+    )
 
 
 def simulate_run(config: Path, blocks: list[int], samples: int, costs_path, cluster):
@@ -84,8 +91,11 @@ def simulate_run(config: Path, blocks: list[int], samples: int, costs_path, clus
     from ptrun.sim.simulate import simulate_one
 
     cfg = load_resolved(config)
-    cfg = replace(cfg, freeze=replace(cfg.freeze, policy="schedule", blocks=list(blocks), max_fraction=1.0),
-                  launcher=replace(cfg.launcher, nproc_per_node=cluster.gpus_per_node, nnodes=str(cluster.nodes)))
+    cfg = replace(
+        cfg,
+        freeze=replace(cfg.freeze, policy="schedule", blocks=list(blocks), max_fraction=1.0),
+        launcher=replace(cfg.launcher, nproc_per_node=cluster.gpus_per_node, nnodes=str(cluster.nodes)),
+    )
     costs = costs_from_config(cfg.model, cfg.data)
     if costs_path is not None:
         costs = load_profile(costs_path, costs)
@@ -102,17 +112,24 @@ def measured_epochs(runs: list[Path]) -> tuple[list[dict], list[int], int, list[
     notes = []
     schedules = [[blocks_of_units(d["plans"][e]["frozen_units"]) for e in range(n)] for d in data]
     if any(s != schedules[0] for s in schedules):
-        notes.append("the rounds froze differently; the first round's schedule is replayed, and each epoch is "
-                     "compared with the median of all rounds")
+        notes.append(
+            "the rounds froze differently; the first round's schedule is replayed, and each epoch is "
+            "compared with the median of all rounds"
+        )
     samples = data[0]["start"].get("train_samples")
     if not samples:
         from ptrun.config import load_resolved
         from ptrun.sim.simulate import default_samples
 
         samples = default_samples(load_resolved(runs[0] / "config.yaml"))
-    epochs = [{"plan": data[0]["plans"][e], "steps": data[0]["epochs"][e].get("steps"),
-               "rounds_s": [d["epochs"][e]["epoch_time_s"] + d["plans"][e].get("transition_s", 0.0) for d in data]}
-              for e in range(n)]
+    epochs = [
+        {
+            "plan": data[0]["plans"][e],
+            "steps": data[0]["epochs"][e].get("steps"),
+            "rounds_s": [d["epochs"][e]["epoch_time_s"] + d["plans"][e].get("transition_s", 0.0) for d in data],
+        }
+        for e in range(n)
+    ]
     return epochs, schedules[0], samples, notes
 
 
@@ -138,6 +155,7 @@ def price(runs: list[Path], costs_path, cluster) -> tuple[list, list[dict], list
 def fit_load(runs: list[Path], which: set[int], costs_path, cluster) -> tuple[float, float]:
     """The `background_load` >= 0 at which the simulated seconds of epochs `which` sum to the measured ones
     (medians over the rounds), by bisection (the time grows with the load); and the error at 0."""
+
     def error(load: float) -> float:
         records, epochs, *_ = price(runs, costs_path, replace(cluster, **{CALIBRATED: load}))
         predicted = sum(records[e].time_s for e in which)
@@ -155,8 +173,15 @@ def fit_load(runs: list[Path], which: set[int], costs_path, cluster) -> tuple[fl
     return hi, at_zero
 
 
-def validate_combination(name: str, runs: list[Path], costs_path, cluster, tolerance: float,
-                         calibrated: set[int] = frozenset(), fit: Optional[dict] = None) -> dict:
+def validate_combination(
+    name: str,
+    runs: list[Path],
+    costs_path,
+    cluster,
+    tolerance: float,
+    calibrated: set[int] = frozenset(),
+    fit: Optional[dict] = None,
+) -> dict:
     """Predicted against measured seconds, epoch by epoch; `calibrated` epochs are marked (their sum was
     fitted, not predicted)."""
     records, measured, blocks, samples, notes = price(runs, costs_path, cluster)
@@ -167,35 +192,62 @@ def validate_combination(name: str, runs: list[Path], costs_path, cluster, toler
         measured_key, simulated_key = plan_key(m["plan"]), plan_key(rec.plan)
         same = measured_key == simulated_key
         if not same:
-            notes.append(f"epoch {e}: simulated plan {describe(simulated_key)} differs from the measured "
-                         f"{describe(measured_key)}")
+            notes.append(
+                f"epoch {e}: simulated plan {describe(simulated_key)} differs from the measured "
+                f"{describe(measured_key)}"
+            )
         if m["steps"] is not None and m["steps"] != rec.steps:
             notes.append(f"epoch {e}: {rec.steps} simulated steps, {m['steps']} measured")
         error = rec.time_s / median - 1
-        epochs.append({"epoch": e, "role": "calibration" if e in calibrated else "validation",
-                       "plan": measured_key, "plan_matches": same, "predicted_s": rec.time_s,
-                       "step_s": rec.step.total_s, "slowdown": rec.step.slowdown, "measured_s": median,
-                       "measured_rounds_s": m["rounds_s"], "error": error,
-                       "within_tolerance": abs(error) <= tolerance})
+        epochs.append(
+            {
+                "epoch": e,
+                "role": "calibration" if e in calibrated else "validation",
+                "plan": measured_key,
+                "plan_matches": same,
+                "predicted_s": rec.time_s,
+                "step_s": rec.step.total_s,
+                "slowdown": rec.step.slowdown,
+                "measured_s": median,
+                "measured_rounds_s": m["rounds_s"],
+                "error": error,
+                "within_tolerance": abs(error) <= tolerance,
+            }
+        )
 
     def summary(xs: list[dict]) -> dict:
         if not xs:
             return {}
         predicted, measured_s = sum(x["predicted_s"] for x in xs), sum(x["measured_s"] for x in xs)
         worst = max(xs, key=lambda x: abs(x["error"]))
-        return {"epochs": len(xs), "predicted_s": predicted, "measured_s": measured_s,
-                "error": predicted / measured_s - 1, "worst_epoch": worst["epoch"],
-                "worst_epoch_error": worst["error"], "within_tolerance": sum(x["within_tolerance"] for x in xs)}
+        return {
+            "epochs": len(xs),
+            "predicted_s": predicted,
+            "measured_s": measured_s,
+            "error": predicted / measured_s - 1,
+            "worst_epoch": worst["epoch"],
+            "worst_epoch_error": worst["error"],
+            "within_tolerance": sum(x["within_tolerance"] for x in xs),
+        }
 
-    return {"combination": name, "runs": [str(r) for r in runs], "freeze_blocks": blocks, "samples": samples,
-            "background_load": getattr(cluster, CALIBRATED), "fit": fit, "epochs": epochs,
-            "total": summary(epochs), "validation_epochs": summary([x for x in epochs if x["role"] == "validation"]),
-            "measured_totals_per_round_s": [sum(r) for r in zip(*(x["measured_rounds_s"] for x in epochs))],
-            "notes": notes}
+    return {
+        "combination": name,
+        "runs": [str(r) for r in runs],
+        "freeze_blocks": blocks,
+        "samples": samples,
+        "background_load": getattr(cluster, CALIBRATED),
+        "fit": fit,
+        "epochs": epochs,
+        "total": summary(epochs),
+        "validation_epochs": summary([x for x in epochs if x["role"] == "validation"]),
+        "measured_totals_per_round_s": [sum(r) for r in zip(*(x["measured_rounds_s"] for x in epochs))],
+        "notes": notes,
+    }
 
 
-def run_mode(combos: dict[str, list[Path]], names: list[str], mode: str, costs_path, cluster,
-             tolerance: float) -> list[dict]:
+def run_mode(
+    combos: dict[str, list[Path]], names: list[str], mode: str, costs_path, cluster, tolerance: float
+) -> list[dict]:
     """Every combination's report under one calibration mode: `each`, `baseline` or `none`."""
     shared = None
     if mode == "baseline":
@@ -214,8 +266,11 @@ def run_mode(combos: dict[str, list[Path]], names: list[str], mode: str, costs_p
         elif mode == "baseline":
             load, at_zero = shared
             fit = {"fitted_on": "the baseline run, all epochs", "value": load, "error_at_0": at_zero}
-        results.append(validate_combination(name, combos[name], costs_path, replace(cluster, **{CALIBRATED: load}),
-                                            tolerance, which, fit))
+        results.append(
+            validate_combination(
+                name, combos[name], costs_path, replace(cluster, **{CALIBRATED: load}), tolerance, which, fit
+            )
+        )
     return results
 
 
@@ -226,20 +281,29 @@ def pct(v: float) -> str:
 def print_report(results: list[dict], tolerance: float) -> None:
     for r in results:
         fit = r["fit"]
-        how = (f"background_load {r['background_load']:.2f} fitted on epochs {fit['fitted_on_epochs'][0]}-"
-               f"{fit['fitted_on_epochs'][-1]} (c)" if fit and "fitted_on_epochs" in fit else
-               f"background_load {r['background_load']:.2f}")
+        how = (
+            f"background_load {r['background_load']:.2f} fitted on epochs {fit['fitted_on_epochs'][0]}-"
+            f"{fit['fitted_on_epochs'][-1]} (c)"
+            if fit and "fitted_on_epochs" in fit
+            else f"background_load {r['background_load']:.2f}"
+        )
         print(f"== {r['combination']} ({len(r['runs'])} rounds; freeze blocks {r['freeze_blocks']}; {how})")
-        print(f"{'epoch':>5}  {'frozen/cached K DP M stages':<28} {'predicted':>9} {'measured':>9} "
-              f"{'(rounds)':<20} {'error':>6}")
+        print(
+            f"{'epoch':>5}  {'frozen/cached K DP M stages':<28} {'predicted':>9} {'measured':>9} "
+            f"{'(rounds)':<20} {'error':>6}"
+        )
         for x in r["epochs"]:
             rounds = " ".join(f"{v:.2f}" for v in x["measured_rounds_s"])
             flag = " c" if x["role"] == "calibration" else "" if x["within_tolerance"] else " *"
-            print(f"{x['epoch']:>5}  {describe(x['plan']):<28} {x['predicted_s']:>8.2f}s {x['measured_s']:>8.2f}s "
-                  f"{rounds:<20} {pct(x['error']):>6}{flag}")
+            print(
+                f"{x['epoch']:>5}  {describe(x['plan']):<28} {x['predicted_s']:>8.2f}s {x['measured_s']:>8.2f}s "
+                f"{rounds:<20} {pct(x['error']):>6}{flag}"
+            )
         t = r["total"]
-        print(f"total  {'':<28} {t['predicted_s']:>8.1f}s {t['measured_s']:>8.1f}s "
-              f"{' '.join(f'{v:.1f}' for v in r['measured_totals_per_round_s']):<20} {pct(t['error']):>6}")
+        print(
+            f"total  {'':<28} {t['predicted_s']:>8.1f}s {t['measured_s']:>8.1f}s "
+            f"{' '.join(f'{v:.1f}' for v in r['measured_totals_per_round_s']):<20} {pct(t['error']):>6}"
+        )
         for note in r["notes"]:
             print(f"  note: {note}")
         print()
@@ -247,15 +311,21 @@ def print_report(results: list[dict], tolerance: float) -> None:
 
 
 def summary_table(results: list[dict], tolerance: float) -> None:
-    print(f"{'combination':<26} {'total: predicted':>16} {'measured':>9} {'error':>6} | {'validation epochs:':>18} "
-          f"{'error':>6} {'worst':>11} {'within':>7}")
+    print(
+        f"{'combination':<26} {'total: predicted':>16} {'measured':>9} {'error':>6} | {'validation epochs:':>18} "
+        f"{'error':>6} {'worst':>11} {'within':>7}"
+    )
     for r in results:
         t, v = r["total"], r["validation_epochs"]
-        tail = (f"{v['epochs']:>9} epochs {pct(v['error']):>6} {pct(v['worst_epoch_error']):>6} "
-                f"(e{v['worst_epoch']:<2}) {v['within_tolerance']:>3}/{v['epochs']:<3}"
-                if v else f"{'(all calibration)':>42}")
-        print(f"{r['combination']:<26} {t['predicted_s']:>15.1f}s {t['measured_s']:>8.1f}s {pct(t['error']):>6} "
-              f"| {tail}")
+        tail = (
+            f"{v['epochs']:>9} epochs {pct(v['error']):>6} {pct(v['worst_epoch_error']):>6} "
+            f"(e{v['worst_epoch']:<2}) {v['within_tolerance']:>3}/{v['epochs']:<3}"
+            if v
+            else f"{'(all calibration)':>42}"
+        )
+        print(
+            f"{r['combination']:<26} {t['predicted_s']:>15.1f}s {t['measured_s']:>8.1f}s {pct(t['error']):>6} | {tail}"
+        )
     print(f"(c = a calibration epoch; * = a validation epoch outside +-{100 * tolerance:.0f}%)")
 
 
@@ -269,8 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="this_machine")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--tolerance", type=float, default=0.15)
-    ap.add_argument("--calibrate", default="each", choices=MODES,
-                    help=f"what cluster.{CALIBRATED} is fitted on (the full report; the others are summarised)")
+    ap.add_argument(
+        "--calibrate",
+        default="each",
+        choices=MODES,
+        help=f"what cluster.{CALIBRATED} is fitted on (the full report; the others are summarised)",
+    )
     args, rest = ap.parse_known_args(argv)
     command = shlex.join(["python", *sys.argv]) if argv is None else shlex.join(["python", sys.argv[0], *argv])
     try:
@@ -282,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             key, eq, value = item.partition("=")
             if not (eq and key.startswith("cluster.")):
                 raise ConfigError(f"cannot parse {item!r}: cluster.FIELD=VALUE")
-            overrides[key[len("cluster."):]] = value
+            overrides[key[len("cluster.") :]] = value
         cluster = get_cluster(args.cluster, overrides)
         costs_path = None if args.profile == "none" else Path(args.profile)
         root = Path(args.runs)
@@ -306,11 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n-- the same with --calibrate {m}: {CALIBRATION_TEXT[m]}")
         summary_table(reports[m], args.tolerance)
     if args.out:
-        doc = {"command": command, "runs": str(root), "profile": str(costs_path) if costs_path else None,
-               "cluster": asdict(cluster), "tolerance": args.tolerance,
-               "measured": "median over rounds of epoch_time_s + the plan event's transition_s",
-               "calibrate": args.calibrate,
-               "modes": {m: {"calibration": CALIBRATION_TEXT[m], "combinations": reports[m]} for m in modes}}
+        doc = {
+            "command": command,
+            "runs": str(root),
+            "profile": str(costs_path) if costs_path else None,
+            "cluster": asdict(cluster),
+            "tolerance": args.tolerance,
+            "measured": "median over rounds of epoch_time_s + the plan event's transition_s",
+            "calibrate": args.calibrate,
+            "modes": {m: {"calibration": CALIBRATION_TEXT[m], "combinations": reports[m]} for m in modes},
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"\nwrote {args.out}")
@@ -319,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
 
 CALIBRATION_TEXT = {
     "each": f"cluster.{CALIBRATED} fitted per run on its epochs before the first freeze (the baseline's plan); "
-            "the later epochs (frozen, cached, other K / DP / M) are predicted",
+    "the later epochs (frozen, cached, other K / DP / M) are predicted",
     "baseline": f"cluster.{CALIBRATED} fitted once, on the baseline run's total; every other run is predicted",
     "none": f"nothing fitted: cluster.{CALIBRATED} as given (the preset's 0: a machine to itself)",
 }
-

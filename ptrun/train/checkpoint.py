@@ -30,8 +30,15 @@ from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
 from ptrun.train import faults
-from ptrun.train.checkpoint_files import (MANIFEST, TRAINER, checkpoint_root, latest_valid,  # noqa: F401
-                                          list_checkpoints, sha256_of, verify)
+from ptrun.train.checkpoint_files import (
+    MANIFEST,
+    TRAINER,
+    checkpoint_root,
+    latest_valid,  # noqa: F401
+    list_checkpoints,
+    sha256_of,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +64,18 @@ def set_rng_states(states: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def save(run_dir: str | Path, *, global_step: int, named_params: dict[str, torch.Tensor],
-         optim_state: dict[str, dict[str, torch.Tensor]], writer: bool, stage: int,
-         trainer_state: dict[str, Any], keep: int, progress: dict[str, torch.Tensor] | None = None) -> Path:
+def save(
+    run_dir: str | Path,
+    *,
+    global_step: int,
+    named_params: dict[str, torch.Tensor],
+    optim_state: dict[str, dict[str, torch.Tensor]],
+    writer: bool,
+    stage: int,
+    trainer_state: dict[str, Any],
+    keep: int,
+    progress: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Collective over all ranks. `writer` ranks (one per stage) write their stage's tensors and every rank
     its generator states; rank 0 then writes `progress` (if any), trainer.json and the manifest, and renames
     the directory into place."""
@@ -72,20 +88,33 @@ def save(run_dir: str | Path, *, global_step: int, named_params: dict[str, torch
     dist.barrier()
     rank = dist.get_rank()
     if writer:
-        save_file({n: t.detach().cpu().contiguous() for n, t in named_params.items()},
-                  str(tmp / f"params-stage{stage}.safetensors"))
-        torch.save({n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()},
-                   tmp / f"optim-stage{stage}.pt")
+        save_file(
+            {n: t.detach().cpu().contiguous() for n, t in named_params.items()},
+            str(tmp / f"params-stage{stage}.safetensors"),
+        )
+        torch.save(
+            {n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()},
+            tmp / f"optim-stage{stage}.pt",
+        )
     save_file(rng_states(), str(tmp / f"rng-rank{rank}.safetensors"))
     faults.reached("checkpoint", global_step)
     dist.barrier()
     if rank == 0:
         if progress:
-            save_file({k: v.detach().cpu().contiguous() for k, v in progress.items()}, str(tmp / "progress.safetensors"))
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in progress.items()}, str(tmp / "progress.safetensors")
+            )
         _write_json(tmp / TRAINER, trainer_state)
         files = sorted(p.name for p in tmp.iterdir())
-        _write_json(tmp / MANIFEST, {"format": 1, "files": {
-            name: {"sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files}})
+        _write_json(
+            tmp / MANIFEST,
+            {
+                "format": 1,
+                "files": {
+                    name: {"sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files
+                },
+            },
+        )
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep]:
@@ -120,8 +149,9 @@ def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load(ckpt: Path, names: Collection[str] | None = None
-         ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+def load(
+    ckpt: Path, names: Collection[str] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
     """(the parameters by name, their optimizer state by parameter name, trainer state): all of them, or only
     `names`' (a worker reads the units it holds: other tensors' bytes are not read, and each stage's
     optimizer file is memory-mapped and filtered, so at most one file's worth is ever touched)."""
@@ -133,8 +163,9 @@ def load(ckpt: Path, names: Collection[str] | None = None
                 params.update({k: handle.get_tensor(k) for k in handle.keys() if names is None or k in names})
         for f in sorted(ckpt.glob("optim-stage*.pt")):
             saved = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-            optim.update({n: {k: v.clone() for k, v in s.items()} for n, s in saved.items()
-                          if names is None or n in names})
+            optim.update(
+                {n: {k: v.clone() for k, v in s.items()} for n, s in saved.items() if names is None or n in names}
+            )
             del saved
         state = json.loads((ckpt / TRAINER).read_text())
     except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback

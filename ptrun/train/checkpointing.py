@@ -32,8 +32,9 @@ def stage_param_names(layered, runtime, plan: Plan) -> list[str]:
     return [n for u in units for n in layered.unit_param_names(u)]
 
 
-def save(cfg: PtrunConfig, layered, layout, state: TrainState, rank: int, *, controller, scaler,
-         param_name: dict[int, str]) -> None:
+def save(
+    cfg: PtrunConfig, layered, layout, state: TrainState, rank: int, *, controller, scaler, param_name: dict[int, str]
+) -> None:
     """Collective: the run's position (`state` whole: `state.step_in_epoch` 0 is an epoch boundary; its
     `progress` holds what a resume there carries on), this rank's stages and their optimizer state, and the
     states of the controller and the loss scaler."""
@@ -43,12 +44,25 @@ def save(cfg: PtrunConfig, layered, layout, state: TrainState, rank: int, *, con
     optim_state = {}
     if layout.optimizer is not None:
         optim_state = {param_name[id(p)]: s for p, s in layout.optimizer.state.items()}
-    saved = {**state.to_dict(), "plan": plan.to_dict(), "controller": controller.state_dict(),
-             "model": {"name": cfg.model.name, "num_units": len(layered.units)}, "loss_scale": scaler.state_dict()}
+    saved = {
+        **state.to_dict(),
+        "plan": plan.to_dict(),
+        "controller": controller.state_dict(),
+        "model": {"name": cfg.model.name, "num_units": len(layered.units)},
+        "loss_scale": scaler.state_dict(),
+    }
     replica, stage = plan.coords(rank)
-    path = checkpoint.save(cfg.run_dir, global_step=state.global_step, named_params={n: params[n] for n in names},
-                           optim_state=optim_state, writer=replica == 0, stage=stage, trainer_state=saved,
-                           keep=cfg.checkpoint.keep, progress=state.progress)
+    path = checkpoint.save(
+        cfg.run_dir,
+        global_step=state.global_step,
+        named_params={n: params[n] for n in names},
+        optim_state=optim_state,
+        writer=replica == 0,
+        stage=stage,
+        trainer_state=saved,
+        keep=cfg.checkpoint.keep,
+        progress=state.progress,
+    )
     log.info("checkpoint written: %s", path)
 
 
@@ -66,25 +80,30 @@ class Resumed:
 
 def _check_model(ckpt, state: dict, cfg: PtrunConfig, layered) -> None:
     if state["model"]["num_units"] != len(layered.units) or state["model"]["name"] != cfg.model.name:
-        raise ConfigError(f"checkpoint {ckpt} is of model {state['model']['name']} with "
-                          f"{state['model']['num_units']} units, not {cfg.model.name} with "
-                          f"{len(layered.units)} units; resume with the run's model settings or choose "
-                          f"another hydra.run.dir")
+        raise ConfigError(
+            f"checkpoint {ckpt} is of model {state['model']['name']} with "
+            f"{state['model']['num_units']} units, not {cfg.model.name} with "
+            f"{len(layered.units)} units; resume with the run's model settings or choose "
+            f"another hydra.run.dir"
+        )
     shapes = checkpoint.param_shapes(ckpt)
     own = layered.param_shapes
     missing = sorted(set(own) - set(shapes))
     if missing:
-        raise ConfigError(f"checkpoint {ckpt} lacks parameter {missing[0]}; resume with the run's model "
-                          f"settings or choose another hydra.run.dir")
+        raise ConfigError(
+            f"checkpoint {ckpt} lacks parameter {missing[0]}; resume with the run's model "
+            f"settings or choose another hydra.run.dir"
+        )
     wrong = next((n for n, shape in own.items() if shapes[n] != tuple(shape)), None)
     if wrong is not None:
-        raise ConfigError(f"checkpoint {ckpt}: {wrong} has shape {shapes[wrong]}, the model "
-                          f"{tuple(own[wrong])}; resume with the run's model settings or choose "
-                          f"another hydra.run.dir")
+        raise ConfigError(
+            f"checkpoint {ckpt}: {wrong} has shape {shapes[wrong]}, the model "
+            f"{tuple(own[wrong])}; resume with the run's model settings or choose "
+            f"another hydra.run.dir"
+        )
 
 
-def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size: int,
-           interval_of) -> Resumed | None:
+def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size: int, interval_of) -> Resumed | None:
     """The newest valid checkpoint, read for the units this rank holds in the plan it resumes in (None: there
     is none). The saved plan is reused when the world size is the same; otherwise AutoPipe re-plans the saved
     frozen prefix for this world. `interval_of(epoch, step)` is the interval of a position, for checkpoints
@@ -97,9 +116,12 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     saved = checkpoint.trainer_state(ckpt)
     _check_model(ckpt, saved, cfg, layered)
     saved_plan = Plan.from_dict(saved["plan"])
-    state = TrainState.from_dict(saved, checkpoint.load_extra(ckpt, "progress"),
-                                 interval=interval_of(saved["epoch"], saved.get("step_in_epoch", 0)),
-                                 global_batch=controller.global_batch(saved_plan))
+    state = TrainState.from_dict(
+        saved,
+        checkpoint.load_extra(ckpt, "progress"),
+        interval=interval_of(saved["epoch"], saved.get("step_in_epoch", 0)),
+        global_batch=controller.global_batch(saved_plan),
+    )
     controller.load_state_dict(saved.get("controller", {}))
     scaler.load_state_dict(saved.get("loss_scale", {}))
     if saved_plan.world_size == world_size:
@@ -118,8 +140,14 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
             if name in held:
                 p.copy_(params[name])
     if rank == 0:
-        log.info("resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen", ckpt,
-                 state.epoch, state.step_in_epoch, state.global_step, plan.frozen_units)
+        log.info(
+            "resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen",
+            ckpt,
+            state.epoch,
+            state.step_in_epoch,
+            state.global_step,
+            plan.frozen_units,
+        )
     return Resumed(str(ckpt), state, plan, optim_state)
 
 
@@ -138,8 +166,7 @@ def checkpoint_due(cfg: PtrunConfig, state: TrainState, epoch_base: int, step: i
     trained (an asynchronous pipeline drains up to it). `epoch_base` is the global step before the epoch's
     step 0."""
     every = cfg.checkpoint.every_steps
-    return bool(every) and epoch_base + step + 1 - state.last_checkpoint_step >= every \
-        and step + 1 < steps_per_epoch
+    return bool(every) and epoch_base + step + 1 - state.last_checkpoint_step >= every and step + 1 < steps_per_epoch
 
 
 def boundary_due(cfg: PtrunConfig, state: TrainState, last: bool) -> bool:
@@ -154,8 +181,9 @@ class Checkpoints:
     """The trainer's checkpoints: when one is due, saving one (`checkpoint.keep` are kept), resuming from the
     newest, and the model exported at the end."""
 
-    def __init__(self, cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size: int,
-                 param_name: dict[int, str]):
+    def __init__(
+        self, cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size: int, param_name: dict[int, str]
+    ):
         self.cfg, self.layered, self.controller, self.scaler = cfg, layered, controller, scaler
         self.rank, self.world_size, self.param_name = rank, world_size, param_name
 
@@ -173,8 +201,16 @@ class Checkpoints:
 
     def save(self, layout, position: TrainState) -> None:
         """Collective: `position` (the run's state as a resume should find it) with this rank's stages."""
-        save(self.cfg, self.layered, layout, position, self.rank, controller=self.controller, scaler=self.scaler,
-             param_name=self.param_name)
+        save(
+            self.cfg,
+            self.layered,
+            layout,
+            position,
+            self.rank,
+            controller=self.controller,
+            scaler=self.scaler,
+            param_name=self.param_name,
+        )
 
     def export(self, plan: Plan, device: torch.device, class_names) -> Path | None:
         """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format;
@@ -182,5 +218,6 @@ class Checkpoints:
         gather_to(self.layered, plan, 0, device)
         if self.rank != 0:
             return None
-        return export_model(self.layered, Path(self.cfg.run_dir) / "model", self.cfg.data.tokenizer,
-                            class_names=class_names)
+        return export_model(
+            self.layered, Path(self.cfg.run_dir) / "model", self.cfg.data.tokenizer, class_names=class_names
+        )

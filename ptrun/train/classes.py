@@ -35,9 +35,11 @@ def check_resumed_classes(names: list[str], run_dir: str | Path) -> None:
     except (OSError, ValueError):
         return  # not ours to judge: the run rewrites it once it has started
     if list(names) != saved:
-        raise ConfigError(f"data: the classes the data names now, {shown(names)}, are not the run's "
-                          f"({path}: {shown(saved)}); resume with the data the run started on, or start a new "
-                          f"run in another hydra.run.dir")
+        raise ConfigError(
+            f"data: the classes the data names now, {shown(names)}, are not the run's "
+            f"({path}: {shown(saved)}); resume with the data the run started on, or start a new "
+            f"run in another hydra.run.dir"
+        )
 
 
 def ranks_disagree(names_by_rank: list[list[str]]) -> str | None:
@@ -46,8 +48,10 @@ def ranks_disagree(names_by_rank: list[list[str]]) -> str | None:
     other = next((r for r, names in enumerate(names_by_rank) if names != first), None)
     if other is None:
         return None
-    return (f"data: the workers read different classes (rank 0: {shown(first)}, rank {other}: "
-            f"{shown(names_by_rank[other])}); give every machine the same data")
+    return (
+        f"data: the workers read different classes (rank 0: {shown(first)}, rank {other}: "
+        f"{shown(names_by_rank[other])}); give every machine the same data"
+    )
 
 
 def agree_on_classes(names: list[str]) -> None:

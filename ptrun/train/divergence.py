@@ -71,8 +71,15 @@ class DivergenceWatch:
         self.copy_step: int | None = None
         """The step the copy in flight was made after (None: none in flight)."""
 
-    def observe(self, norm: torch.Tensor, stepped: bool, fp16: bool, synchronous: bool, record: StepRecord,
-                on_host: bool | None = None) -> None:
+    def observe(
+        self,
+        norm: torch.Tensor,
+        stepped: bool,
+        fp16: bool,
+        synchronous: bool,
+        record: StepRecord,
+        on_host: bool | None = None,
+    ) -> None:
         """After step `record`, updated with the global gradient `norm` (`stepped`: fp16 did not skip it), in a
         `synchronous` runtime or not. Raises Diverged where the host reads the norm (`on_host`; None: where that
         is free, fp16 or not a GPU) and the runtime is synchronous; otherwise `flag` says what the host knows."""

@@ -29,16 +29,22 @@ def diverged_line(report: dict, lr: float, run_dir: Path, overrides: list[str]) 
     learning rate (or starts again at it, before the first checkpoint)."""
     lower = f"optim.lr={lr / 10:g}"
     kept = [o for o in overrides if not o.lstrip("+").startswith("optim.lr=")]
-    where = (f"training diverged in epoch {report['epoch'] + 1}, step {report['step'] + 1} (global step "
-             f"{report['global_step'] + 1}): {report['why']}, at optim.lr={lr:g} (the schedule's {report['lr']:.3g} "
-             f"there); nothing was exported, and no checkpoint written after it")
+    where = (
+        f"training diverged in epoch {report['epoch'] + 1}, step {report['step'] + 1} (global step "
+        f"{report['global_step'] + 1}): {report['why']}, at optim.lr={lr:g} (the schedule's {report['lr']:.3g} "
+        f"there); nothing was exported, and no checkpoint written after it"
+    )
     ckpt = checkpoint_files.latest_valid(run_dir)
     if ckpt is None:
         fresh = [o for o in kept if not o.startswith(("train.resume=", "hydra.run.dir="))]
-        return (f"{where}; no checkpoint was written before it: start again at a lower learning rate: "
-                f"{shlex.join(['ptrun', 'train', *fresh, lower])}")
-    return (f"{where}; newest good checkpoint {ckpt} ({_checkpoint_position(ckpt)}); resume from it at a lower "
-            f"learning rate: {_resume_command([*kept, lower], run_dir)}")
+        return (
+            f"{where}; no checkpoint was written before it: start again at a lower learning rate: "
+            f"{shlex.join(['ptrun', 'train', *fresh, lower])}"
+        )
+    return (
+        f"{where}; newest good checkpoint {ckpt} ({_checkpoint_position(ckpt)}); resume from it at a lower "
+        f"learning rate: {_resume_command([*kept, lower], run_dir)}"
+    )
 
 
 def _checkpoint_position(ckpt: Path) -> str:

@@ -14,8 +14,14 @@ from ptrun.models.losses import TOKEN_TASKS, loss_weight, per_sample_loss
 
 
 @torch.no_grad()
-def evaluate(runtime, batches: Iterable[tuple[dict, tuple, torch.Tensor]], data: DataSplits, task: str,
-             device: torch.device, is_main: bool) -> dict:
+def evaluate(
+    runtime,
+    batches: Iterable[tuple[dict, tuple, torch.Tensor]],
+    data: DataSplits,
+    task: str,
+    device: torch.device,
+    is_main: bool,
+) -> dict:
     """Collective. `batches` yields this rank's eval batches as (batch, inputs, target). The loss is a mean
     over samples, or for a token task over the predicted tokens (as in training); a causal LM adds its
     perplexity, exp(loss)."""

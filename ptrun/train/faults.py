@@ -39,8 +39,12 @@ def _planned() -> dict | None:
 def reached(point: str, step: int) -> None:
     """Die here (or raise) if this worker's attempt planned to."""
     planned = _planned()
-    if planned and planned["point"] == point and planned.get("step", step) == step \
-            and planned.get("rank", int(os.environ.get("RANK", "0"))) == int(os.environ.get("RANK", "0")):
+    if (
+        planned
+        and planned["point"] == point
+        and planned.get("step", step) == step
+        and planned.get("rank", int(os.environ.get("RANK", "0"))) == int(os.environ.get("RANK", "0"))
+    ):
         if "raise" in planned:
             raise TypeError(planned["raise"])
         os.kill(os.getpid(), signal.SIGKILL)

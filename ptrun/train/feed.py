@@ -56,8 +56,17 @@ class Feed:
         data = (self.plain_train if self.cache is not None else self.data.train) if train else self.data.eval
         fetch = None
         if self.cache is not None and self.cache.holds(split):
-            fetch = partial(self.cache.fetch, split, data, input_names=self.input_names,
-                            label_names=LABEL_KEYS[self.task])
-        return iterate_batches(data, self.train_sampler if train else self.eval_sampler, epoch if train else 0,
-                               self.replica, self.dp, start_step=start_step, max_steps=end_step if train else None,
-                               fetch=fetch, pin_memory=self.pin_memory)
+            fetch = partial(
+                self.cache.fetch, split, data, input_names=self.input_names, label_names=LABEL_KEYS[self.task]
+            )
+        return iterate_batches(
+            data,
+            self.train_sampler if train else self.eval_sampler,
+            epoch if train else 0,
+            self.replica,
+            self.dp,
+            start_step=start_step,
+            max_steps=end_step if train else None,
+            fetch=fetch,
+            pin_memory=self.pin_memory,
+        )

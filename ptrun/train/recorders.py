@@ -25,8 +25,9 @@ class StepRecorders:
     updates included), or at the run's end (`close`). An asynchronous pipeline takes steps ahead of its
     updates: a recording then holds the work that ran meanwhile, which is what the steps cost."""
 
-    def __init__(self, timeline_step: int | None, profile_step: int | None, run_dir: str, rank: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, timeline_step: int | None, profile_step: int | None, run_dir: str, rank: int, device: torch.device
+    ) -> None:
         self.timeline_step, self.profile_step = timeline_step, profile_step
         self.run_dir, self.rank, self.device = Path(run_dir), rank, device
         self._timeline: list[dict] | None = None
@@ -69,10 +70,15 @@ class StepRecorders:
         reads = host_reads(averages)
         (folder / f"rank{self.rank}.txt").write_text(
             f"{steps}, rank {self.rank}, by {key}; {reads} host reads of a tensor's value "
-            f"({reads / (self._last_step - self.profile_step + 1):.1f} a step)\n{table}\n")
+            f"({reads / (self._last_step - self.profile_step + 1):.1f} a step)\n{table}\n"
+        )
         if self.rank == 0:
-            log.info("profile of %s written to %s (rankR.json: a Chrome trace for https://ui.perfetto.dev; "
-                     "rankR.txt: the operators by self time)", steps, folder)
+            log.info(
+                "profile of %s written to %s (rankR.json: a Chrome trace for https://ui.perfetto.dev; "
+                "rankR.txt: the operators by self time)",
+                steps,
+                folder,
+            )
 
 
 def profiler_activities(device: torch.device) -> list:
@@ -109,5 +115,6 @@ def write_timeline(events: list[dict], run_dir: Path, plan: Plan, rank: int, glo
     gathered: list = [None] * plan.world_size
     dist.all_gather_object(gathered, events if plan.coords(rank)[0] == 0 else [])
     if rank == 0:
-        (run_dir / "timeline.json").write_text(json.dumps(
-            {"step": global_step, "plan": plan.to_dict(), "events": [e for part in gathered for e in part]}))
+        (run_dir / "timeline.json").write_text(
+            json.dumps({"step": global_step, "plan": plan.to_dict(), "events": [e for part in gathered for e in part]})
+        )

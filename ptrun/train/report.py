@@ -114,17 +114,23 @@ class ProgressView:
         if not self.live:
             return
         self.progress = Progress(
-            TextColumn(f"epoch {epoch + 1}/{epochs}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} samples/s"),
-            TimeRemainingColumn(), console=self.console, transient=True,
+            TextColumn(f"epoch {epoch + 1}/{epochs}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[speed]} samples/s"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=steps, loss="-", speed="-")
 
     def update(self, step: int, loss: float | None, speed: float) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, completed=step, speed=f"{speed:.0f}",
-                                 loss="-" if loss is None else f"{loss:.4f}")
+            self.progress.update(
+                self.task, completed=step, speed=f"{speed:.0f}", loss="-" if loss is None else f"{loss:.4f}"
+            )
 
     def end_epoch(self) -> None:
         if self.progress is not None:
@@ -165,34 +171,44 @@ def _replication(plan) -> str:
 
 def layout_line(plan) -> str:
     """One plain line: K, DP, M and each stage's unit range with its frozen / cached share."""
-    stages = " ".join(f"[{lo},{hi})" + (f"f{frozen}" if frozen else "") + (f"c{cached}" if cached else "")
-                      for _, _, lo, hi, frozen, cached in _stage_rows(plan))
-    return (f"layout: K={plan.pp} DP={plan.dp}{_replication(plan)} M={plan.microbatches} {plan.schedule}; frozen "
-            f"{plan.frozen_units}/{plan.num_units} units, cached {plan.cached_units}; stages {stages}")
+    stages = " ".join(
+        f"[{lo},{hi})" + (f"f{frozen}" if frozen else "") + (f"c{cached}" if cached else "")
+        for _, _, lo, hi, frozen, cached in _stage_rows(plan)
+    )
+    return (
+        f"layout: K={plan.pp} DP={plan.dp}{_replication(plan)} M={plan.microbatches} {plan.schedule}; frozen "
+        f"{plan.frozen_units}/{plan.num_units} units, cached {plan.cached_units}; stages {stages}"
+    )
 
 
 def layout_table(plan, unit_names: list[str]):
     """A rich Table: one row per stage (rank position, units by name, frozen and cached units)."""
     from rich.table import Table
 
-    table = Table(title=f"K={plan.pp} x DP={plan.dp}{_replication(plan)}, M={plan.microbatches} ({plan.schedule}); "
-                        f"{plan.frozen_units} of {plan.num_units} units frozen, {plan.cached_units} cached",
-                  title_justify="left")
+    table = Table(
+        title=f"K={plan.pp} x DP={plan.dp}{_replication(plan)}, M={plan.microbatches} ({plan.schedule}); "
+        f"{plan.frozen_units} of {plan.num_units} units frozen, {plan.cached_units} cached",
+        title_justify="left",
+    )
     for column in ("stage", "rank", "units", "frozen", "cached"):
         table.add_column(column)
     for s, position, lo, hi, frozen, cached in _stage_rows(plan):
-        table.add_row(str(s), str(position), f"{unit_names[lo]} .. {unit_names[hi - 1]} [{lo},{hi})", str(frozen),
-                      str(cached))
+        table.add_row(
+            str(s), str(position), f"{unit_names[lo]} .. {unit_names[hi - 1]} [{lo},{hi})", str(frozen), str(cached)
+        )
     return table
 
 
 # ---- the terminal's lines ---------------------------------------------------------------------------------
 
+
 def start_line(start: dict, run_dir: str) -> str:
     """The terminal's first line, from the start event's fields."""
-    return (f"ptrun: {start['model']} ({start['num_units']} units, {start['params'] / 1e6:.2f} M params) on "
-            f"{start['train_samples']} train / {start['eval_samples']} eval samples; {start['world_size']} workers "
-            f"on {start['device'].split(':')[0]}, precision {start['precision']}; run dir {run_dir}")
+    return (
+        f"ptrun: {start['model']} ({start['num_units']} units, {start['params'] / 1e6:.2f} M params) on "
+        f"{start['train_samples']} train / {start['eval_samples']} eval samples; {start['world_size']} workers "
+        f"on {start['device'].split(':')[0]}, precision {start['precision']}; run dir {run_dir}"
+    )
 
 
 def served(counters: dict, prefix: str = "") -> str:
@@ -210,24 +226,37 @@ def epoch_line(epoch: int, epochs: int, stats: dict, ev: dict, plan) -> str:
         c = stats["cache"]
         evaluated = any(c.get(f"eval_{k}", 0) for k in ("hits", "advanced", "computed"))
         eval_share = f", eval {served(c, 'eval_')}" if evaluated else ""
-        shown += (f"  cache {c['cached_units']} units, {served(c)}{eval_share} "
-                  f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)")
-    return (f"epoch {epoch + 1}/{epochs}  loss {stats['train_loss']:.4f}  {stats['samples_per_s']:.0f} samples/s  "
-            f"{stats['epoch_time_s']:.1f}s  {shown}  [K={plan.pp} DP={plan.dp} M={plan.microbatches}]")
+        shown += (
+            f"  cache {c['cached_units']} units, {served(c)}{eval_share} "
+            f"({(c['memory_bytes'] + c['disk_bytes']) / 2**20:.1f} MiB)"
+        )
+    return (
+        f"epoch {epoch + 1}/{epochs}  loss {stats['train_loss']:.4f}  {stats['samples_per_s']:.0f} samples/s  "
+        f"{stats['epoch_time_s']:.1f}s  {shown}  [K={plan.pp} DP={plan.dp} M={plan.microbatches}]"
+    )
 
 
-def transition_line(epoch: int, old, new, transition_s: float, step: int = 0, step_s: float | None = None,
-                    compile_s: float | None = None) -> str:
+def transition_line(
+    epoch: int,
+    old,
+    new,
+    transition_s: float,
+    step: int = 0,
+    step_s: float | None = None,
+    compile_s: float | None = None,
+) -> str:
     """A layout change before `epoch` (0-based), or before its step `step` (1-based in the line); with the
     run's recent seconds a step (`step_s`), its cost in steps too; with compiled units, the seconds of it spent
     compiling the new layout's variants (`compile_s`)."""
     at = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
     steps = transition_s / step_s if step_s else None
     in_steps = "" if steps is None else f" ({steps:.2g} steps' time)" if steps < 10 else f" ({steps:.0f} steps' time)"
-    return (f"{at}: {new.frozen_units} of {new.num_units} units frozen (was {old.frozen_units}); "
-            f"K {old.pp} -> {new.pp}, DP {old.dp} -> {new.dp}, M {old.microbatches} -> {new.microbatches}; "
-            f"stages {list(map(list, new.stage_bounds))}; transition {transition_s:.2f}s{in_steps}"
-            + (f", compiling {compile_s:.2f}s" if compile_s is not None else ""))
+    return (
+        f"{at}: {new.frozen_units} of {new.num_units} units frozen (was {old.frozen_units}); "
+        f"K {old.pp} -> {new.pp}, DP {old.dp} -> {new.dp}, M {old.microbatches} -> {new.microbatches}; "
+        f"stages {list(map(list, new.stage_bounds))}; transition {transition_s:.2f}s{in_steps}"
+        + (f", compiling {compile_s:.2f}s" if compile_s is not None else "")
+    )
 
 
 def done_line(epochs: int, total_s: float, final_eval: dict, run_dir: str) -> str:

@@ -160,10 +160,10 @@ class WeightChange(NoSignal):
             self.lr_sum += done.lr
 
     def begin(self) -> None:
-        self.ref = {b: [p.detach().to(torch.bfloat16, copy=True) for p in params]
-                    for b, params in self.held.params.items()}
-        self.at_begin = torch.stack([self._squares(lambda p, r: p - r.float()),
-                                     self._squares(lambda p, r: r.float())])
+        self.ref = {
+            b: [p.detach().to(torch.bfloat16, copy=True) for p in params] for b, params in self.held.params.items()
+        }
+        self.at_begin = torch.stack([self._squares(lambda p, r: p - r.float()), self._squares(lambda p, r: r.float())])
         self.lr_sum = 0.0
 
     def _squares(self, of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -56,8 +56,14 @@ def build_units(cfg: PtrunConfig, data: DataSplits):
     """The model as layer units without values: a worker fills its own stages' units once it knows its layout
     (`LayoutInUse.start`). The seed first: identical per-unit initial values on every rank."""
     torch.manual_seed(cfg.train.seed)
-    return build_model(cfg.model, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.in_chans,
-                       vocab_size=data.vocab_size, units=())
+    return build_model(
+        cfg.model,
+        num_classes=data.num_classes,
+        img_size=data.image_size,
+        in_chans=data.in_chans,
+        vocab_size=data.vocab_size,
+        units=(),
+    )
 
 
 def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device: torch.device) -> Builder:
@@ -66,9 +72,19 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
     param_name = {id(p): n for n, p in layered.model.named_parameters()}
     wanted = compile_wanted(cfg.train.compile, device, cfg.pipe.schedule)
     probe = first_sample(data, layered.input_names) if wanted else ()
-    return Builder(layered, rank, device, WeightedLoss(cfg.model.task), cfg.optim, param_name, cfg.pipe.recompute,
-                   compute_dtype(cfg.train.precision), cfg.pipe.weight_stashing, cfg.pipe.vertical_sync,
-                   make_compiler(cfg.train, layered, device, probe, cfg.pipe.schedule))
+    return Builder(
+        layered,
+        rank,
+        device,
+        WeightedLoss(cfg.model.task),
+        cfg.optim,
+        param_name,
+        cfg.pipe.recompute,
+        compute_dtype(cfg.train.precision),
+        cfg.pipe.weight_stashing,
+        cfg.pipe.vertical_sync,
+        make_compiler(cfg.train, layered, device, probe, cfg.pipe.schedule),
+    )
 
 
 def check_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
@@ -77,16 +93,19 @@ def check_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
     (`check_concrete`; on one machine the launcher checked it already), and a per-pipeline batch the launcher
     could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of that world."""
     if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
-        raise ConfigError("pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
-                          "(ptrun.sim.fill.fill_layout, which ptrun train runs)")
+        raise ConfigError(
+            "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
+            "(ptrun.sim.fill.fill_layout, which ptrun train runs)"
+        )
     cfg = fill_batch(cfg, world_size)
     if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
         check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
     return cfg
 
 
-def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochSampler, world_size: int,
-                    device: torch.device):
+def measure_profile(
+    cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochSampler, world_size: int, device: torch.device
+):
     """Collective: for the time-based partitioners, the units' profile (measured once, on one micro-batch of
     the first step's samples, agreed by every rank) and the link's bandwidth; (None, None) for the others and
     for a one-stage start."""
@@ -105,49 +124,93 @@ def measure_profile(cfg: PtrunConfig, layered, data: DataSplits, sampler: EpochS
     return agree(profile_units(layered, inputs, device), device), measure_bandwidth(device)
 
 
-def tune_microbatches(cfg: PtrunConfig, controller: Controller, builder: Builder, layered, data: DataSplits,
-                      world_size: int, device: torch.device) -> microtune.Tuning:
+def tune_microbatches(
+    cfg: PtrunConfig,
+    controller: Controller,
+    builder: Builder,
+    layered,
+    data: DataSplits,
+    world_size: int,
+    device: torch.device,
+) -> microtune.Tuning:
     """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
     starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
     first = controller.first
-    lengths = microtune.candidates(first.pp, world_size, cfg.train.global_batch_size, first.schedule,
-                                   stages_per_rank=first.stages_per_rank, batch_policy=cfg.auto.batch,
-                                   shrinks=microtune.shrinking(cfg))
+    lengths = microtune.candidates(
+        first.pp,
+        world_size,
+        cfg.train.global_batch_size,
+        first.schedule,
+        stages_per_rank=first.stages_per_rank,
+        batch_policy=cfg.auto.batch,
+        shrinks=microtune.shrinking(cfg),
+    )
 
     def plan_at(pp: int, m: int) -> Plan:
-        bounds = first.stage_bounds if pp == first.pp else partition(
-            controller.method, pp * first.stages_per_rank, num_units=first.num_units,
-            param_costs=controller.param_costs, **controller.partition_kwargs)
-        return replace(first, pp=pp, dp=world_size // pp, microbatches=m,
-                       stage_bounds=tuple(tuple(b) for b in bounds)).check()
+        bounds = (
+            first.stage_bounds
+            if pp == first.pp
+            else partition(
+                controller.method,
+                pp * first.stages_per_rank,
+                num_units=first.num_units,
+                param_costs=controller.param_costs,
+                **controller.partition_kwargs,
+            )
+        )
+        return replace(
+            first, pp=pp, dp=world_size // pp, microbatches=m, stage_bounds=tuple(tuple(b) for b in bounds)
+        ).check()
 
-    batches = partial(microtune.training_batches, data.train, rank=builder.rank, seed=cfg.train.seed,
-                      input_names=layered.input_names, task=cfg.model.task, device=device)
+    batches = partial(
+        microtune.training_batches,
+        data.train,
+        rank=builder.rank,
+        seed=cfg.train.seed,
+        input_names=layered.input_names,
+        task=cfg.model.task,
+        device=device,
+    )
     probe = dict(data.train[[0]])
     shapes = {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in layered.input_names if k in probe}
     fields = microtune.cache_fields(
-        model=asdict(cfg.model), input_shapes=shapes, lengths=lengths, world_size=world_size,
-        schedule=first.schedule, stages_per_rank=first.stages_per_rank,
+        model=asdict(cfg.model),
+        input_shapes=shapes,
+        lengths=lengths,
+        world_size=world_size,
+        schedule=first.schedule,
+        stages_per_rank=first.stages_per_rank,
         partition=cfg.pipe.partition if cfg.pipe.stages is None else json.dumps(cfg.pipe.stages),
-        recompute=cfg.pipe.recompute, precision=cfg.train.precision, threads=torch.get_num_threads(),
-        device=device)
+        recompute=cfg.pipe.recompute,
+        precision=cfg.train.precision,
+        threads=torch.get_num_threads(),
+        device=device,
+    )
 
     def measure():
         # Measuring builds and runs this rank's stages at every candidate length: every unit is filled
         # (emptied again, all but this rank's, once the first layout is built). A cached table needs none.
         init_units(layered, range(len(layered.units)))
-        return microtune.measure(lengths, plan_at=plan_at, build=partial(build_layout, builder), batches=batches,
-                                 model=layered.model, device=device)
+        return microtune.measure(
+            lengths,
+            plan_at=plan_at,
+            build=partial(build_layout, builder),
+            batches=batches,
+            model=layered.model,
+            device=device,
+        )
 
-    tuning = microtune.tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table,
-                            device=device)
+    tuning = microtune.tune(
+        lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table, device=device
+    )
     if builder.rank == 0:
         log.info("%s", tuning.summary())
     return tuning
 
 
-def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSplits,
-                     world_size: int) -> tuple[Controller, microtune.Tuning | None]:
+def start_controller(
+    cfg: PtrunConfig, layered, builder: Builder, data: DataSplits, world_size: int
+) -> tuple[Controller, microtune.Tuning | None]:
     """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`), over the epochs of the
     configured global batch. With `pipe.microbatches=auto` the first start's layout is measured for the M per
     length, and the controller starts again with that table, so the first plan and AutoPipe's later picks use
@@ -156,8 +219,9 @@ def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSpli
     sampler = EpochSampler(len(data.train), batch, cfg.train.seed)
     steps_per_epoch = epoch_steps(len(data.train), batch, cfg.train.max_steps_per_epoch)
     profile, bandwidth = measure_profile(cfg, layered, data, sampler, world_size, builder.device)
-    begin = partial(start, cfg, layered, world_size, profile=profile, bandwidth=bandwidth,
-                    steps_per_epoch=steps_per_epoch)
+    begin = partial(
+        start, cfg, layered, world_size, profile=profile, bandwidth=bandwidth, steps_per_epoch=steps_per_epoch
+    )
     controller = begin()
     if cfg.pipe.microbatches != "auto":
         return controller, None
@@ -165,8 +229,9 @@ def start_controller(cfg: PtrunConfig, layered, builder: Builder, data: DataSpli
     return begin(microbatch_table=tuning.table), tuning
 
 
-def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device, compute_dtype,
-               is_main: bool) -> tuple[AutoCache | None, object]:
+def make_cache(
+    cfg: PtrunConfig, layered, data: DataSplits, device: torch.device, compute_dtype, is_main: bool
+) -> tuple[AutoCache | None, object]:
     """AutoCache for this worker (None without `auto.cache`), and the training set cached samples are read
     from (without random augmentation where `cache.augment=off`). Its entries are keyed by everything that
     shapes a cached activation besides the frozen weights and the split: the model and data configuration and
@@ -176,15 +241,32 @@ def make_cache(cfg: PtrunConfig, layered, data: DataSplits, device: torch.device
         return None, plain_train
     if cfg.data.augment:
         if cfg.cache.augment == "off":  # cached samples are loaded without random augmentation
-            plain_train = build_datasets(replace(cfg.data, augment=False),
-                                         task=cfg.model.task).train
+            plain_train = build_datasets(replace(cfg.data, augment=False), task=cfg.model.task).train
         elif is_main:
-            log.warning("auto.cache with data.augment: each cached sample keeps the augmented view it had "
-                        "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
-                        "without random augmentation")
-    tag = json.dumps({"model": asdict(cfg.model), "data": asdict(cfg.data), "augment": cfg.cache.augment,
-                      "seed": cfg.train.seed, "precision": cfg.train.precision}, sort_keys=True)
-    cache = AutoCache(layered, cfg.cache, tag=tag, num_train=len(data.train),
-                      num_eval=len(data.eval) if cfg.cache.eval else 0, device=device, run_dir=cfg.run_dir,
-                      compute_dtype=compute_dtype, local=dist.get_world_size() == 1)
+            log.warning(
+                "auto.cache with data.augment: each cached sample keeps the augmented view it had "
+                "when it was cached (cache.augment=fixed); cache.augment=off trains cached epochs "
+                "without random augmentation"
+            )
+    tag = json.dumps(
+        {
+            "model": asdict(cfg.model),
+            "data": asdict(cfg.data),
+            "augment": cfg.cache.augment,
+            "seed": cfg.train.seed,
+            "precision": cfg.train.precision,
+        },
+        sort_keys=True,
+    )
+    cache = AutoCache(
+        layered,
+        cfg.cache,
+        tag=tag,
+        num_train=len(data.train),
+        num_eval=len(data.eval) if cfg.cache.eval else 0,
+        device=device,
+        run_dir=cfg.run_dir,
+        compute_dtype=compute_dtype,
+        local=dist.get_world_size() == 1,
+    )
     return cache, plain_train

@@ -47,8 +47,9 @@ class TrainState:
         return {k: v for k, v in asdict(replace(self, progress={})).items() if k != "progress"}
 
     @classmethod
-    def from_dict(cls, saved: dict, progress: dict[str, torch.Tensor] | None = None, *, interval: int = 0,
-                  global_batch: int = 0) -> "TrainState":
+    def from_dict(
+        cls, saved: dict, progress: dict[str, torch.Tensor] | None = None, *, interval: int = 0, global_batch: int = 0
+    ) -> "TrainState":
         """The state a checkpoint holds (its JSON part and its tensors). `interval` and `global_batch` stand in
         for a checkpoint written before they were saved. A checkpoint's position is its last checkpoint step."""
         known = {f.name for f in fields(cls)} - {"progress"}
@@ -66,8 +67,11 @@ class TrainState:
             return
         self.last_eval = ev
         key = metric_key(ev)
-        better = (ev[key] > self.best_eval.get(key, -1)) if key != "loss" else \
-            (ev[key] < self.best_eval.get(key, float("inf")))
+        better = (
+            (ev[key] > self.best_eval.get(key, -1))
+            if key != "loss"
+            else (ev[key] < self.best_eval.get(key, float("inf")))
+        )
         if better:
             self.best_eval = {**ev, "epoch": self.epoch}
 
@@ -91,5 +95,8 @@ class EpochSums:
 
     def so_far(self, all_sum) -> dict[str, torch.Tensor]:
         """Collective (`all_sum` sums over the ranks): the epoch's sums so far, for a mid-epoch checkpoint."""
-        return {"loss_sum": all_sum(self.loss.reshape(1)).cpu(), "seen": all_sum(self.seen).cpu(),
-                "samples": torch.tensor([self.samples_before + self.samples], dtype=torch.float64)}
+        return {
+            "loss_sum": all_sum(self.loss.reshape(1)).cpu(),
+            "seen": all_sum(self.seen).cpu(),
+            "samples": torch.tensor([self.samples_before + self.samples], dtype=torch.float64),
+        }

@@ -124,8 +124,14 @@ def cache_stats(cache, plan: Plan, device: torch.device) -> dict:
         return {}
     own = {**cache.take_stats("train"), **{f"eval_{k}": v for k, v in cache.take_stats("eval").items()}}
     total = all_sum(list(own.values()), device).long().tolist()
-    return {"cache": {**dict(zip(own, total)), "cached_units": plan.cached_units,
-                      "memory_bytes": cache.memory_bytes, "disk_bytes": cache.disk_bytes}}
+    return {
+        "cache": {
+            **dict(zip(own, total)),
+            "cached_units": plan.cached_units,
+            "memory_bytes": cache.memory_bytes,
+            "disk_bytes": cache.disk_bytes,
+        }
+    }
 
 
 def memory_stats(layered, layout, rank: int, device: torch.device) -> dict:
@@ -138,8 +144,12 @@ def memory_stats(layered, layout, rank: int, device: torch.device) -> dict:
         held.update({id(p): p for u in range(plan.cached_units) for p in layered.units[u].parameters()})
     optim = 0
     if optimizer is not None:
-        optim = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
-                    if torch.is_tensor(v) and v.ndim)  # not the scalar step counts
+        optim = sum(
+            v.numel() * v.element_size()
+            for s in optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v) and v.ndim
+        )  # not the scalar step counts
     # ru_maxrss is KiB on Linux, bytes on macOS
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     mine = [sum(p.numel() * p.element_size() for p in held.values()), optim, resident_bytes(), peak]
@@ -175,9 +185,11 @@ def cache_slower(cache, plan: Plan, device: torch.device) -> str | None:
     costs = serving_costs(cache, plan, device)
     if costs is None or costs[0] <= costs[1]:
         return None
-    return (f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
-            f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
-            f"from here on")
+    return (
+        f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
+        f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
+        f"from here on"
+    )
 
 
 def compile_stats(compiler: UnitCompiler | None) -> dict:

@@ -76,8 +76,13 @@ def train_step(state: TrainState, progress: float, parts: StepParts, step: int =
     norms = block_norms(runtime, parts.block_of, parts.num_blocks) if want_norms and stepped else None
     done = Update(lr, stepped, norms, time.perf_counter() - t0 if want_norms else 0.0)
     if parts.divergence is not None:
-        parts.divergence.observe(norm, stepped, scaler.enabled, not runtime.asynchronous,
-                                 StepRecord(state.epoch, step, state.global_step, lr))
+        parts.divergence.observe(
+            norm,
+            stepped,
+            scaler.enabled,
+            not runtime.asynchronous,
+            StepRecord(state.epoch, step, state.global_step, lr),
+        )
     return replace(state, global_step=state.global_step + 1, interval_steps=state.interval_steps + 1), done
 
 
@@ -92,8 +97,11 @@ def block_norms(runtime, block_of: dict[int, int], num_blocks: int) -> torch.Ten
         blocks = [block_of.get(i) for i in ids]
         rows = [i for i, b in enumerate(blocks) if b is not None]
         device = runtime.grad_sq.device
-        cached = (ids, torch.tensor(rows, dtype=torch.long, device=device),
-                  torch.tensor([blocks[i] for i in rows], dtype=torch.long, device=device))
+        cached = (
+            ids,
+            torch.tensor(rows, dtype=torch.long, device=device),
+            torch.tensor([blocks[i] for i in rows], dtype=torch.long, device=device),
+        )
         _BLOCK_INDEX.clear()  # one layout's index at a time
         _BLOCK_INDEX[id(block_of)] = cached
     _, rows, blocks = cached

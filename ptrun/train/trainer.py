@@ -43,9 +43,17 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: PtrunConfig, rank: int, world_size: int, device: torch.device, resume: bool,
-                 stops: StopRequests | None = None, decide: Decide | None = None,
-                 start_clock: stats.StartClock | None = None):
+    def __init__(
+        self,
+        cfg: PtrunConfig,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        resume: bool,
+        stops: StopRequests | None = None,
+        decide: Decide | None = None,
+        start_clock: stats.StartClock | None = None,
+    ):
         cfg = startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
@@ -61,14 +69,24 @@ class Trainer:
         clock.lap("controller")
         # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
         signal = make_signal(controller.signal, self.layered.num_blocks, device)
-        self.cache, plain_train = startup.make_cache(cfg, self.layered, self.data, device, builder.compute_dtype,
-                                                     rank == 0)
+        self.cache, plain_train = startup.make_cache(
+            cfg, self.layered, self.data, device, builder.compute_dtype, rank == 0
+        )
         clock.lap("cache")
         self.decisions = Decisions(controller, signal, self.all_sum, decide)
         self.record = RunRecord(cfg, rank, device, clock, self.all_sum, tuning)
         self.checkpoints = Checkpoints(cfg, self.layered, controller, self.scaler, rank, world_size, builder.name_of)
-        self.layouts = LayoutInUse(cfg, builder, self.data, plain_train, self.cache, signal, self.scaler,
-                                   controller.global_batch, self.stops.divergence)
+        self.layouts = LayoutInUse(
+            cfg,
+            builder,
+            self.data,
+            plain_train,
+            self.cache,
+            signal,
+            self.scaler,
+            controller.global_batch,
+            self.stops.divergence,
+        )
         self.state, plan, optimizer_states = self._resume() if resume else (TrainState(), controller.first, {})
         self.layouts.start(plan, optimizer_states)
         clock.lap("layout")
@@ -123,9 +141,15 @@ class Trainer:
         state, batch = self.state, self.layouts.train_sampler.global_batch_size
         start = checkpointing.resume_step(state.step_in_epoch, state.global_batch, batch)
         if start != state.step_in_epoch and self.rank == 0:
-            log.warning("the global batch changed from %d to %d on resuming: epoch %d restarts at step %d "
-                        "(%d samples of it are trained twice)", state.global_batch, batch, state.epoch, start,
-                        state.step_in_epoch * state.global_batch - start * batch)
+            log.warning(
+                "the global batch changed from %d to %d on resuming: epoch %d restarts at step %d "
+                "(%d samples of it are trained twice)",
+                state.global_batch,
+                batch,
+                state.epoch,
+                start,
+                state.step_in_epoch * state.global_batch - start * batch,
+            )
         sums = self._epoch_sums(start)
         state.progress, state.step_in_epoch, state.global_batch = {}, 0, batch
         epoch_base = state.global_step - start  # the global step before this epoch's step 0
@@ -144,8 +168,11 @@ class Trainer:
         elapsed = time.perf_counter() - sums.t0
         self.stops.now()  # the stop all-reduce in flight ends before the epoch's own collectives (or Diverged)
         self.record.view.end_epoch()
-        extra = {**stats.scaler_stats(self.scaler, skipped_before), **stats.stash_stats(self.runtime, self.device),
-                 **stats.memory_stats(self.layered, self.layouts.layout, self.rank, self.device)}
+        extra = {
+            **stats.scaler_stats(self.scaler, skipped_before),
+            **stats.stash_stats(self.runtime, self.device),
+            **stats.memory_stats(self.layered, self.layouts.layout, self.rank, self.device),
+        }
         return self.record.epoch_stats(sums, elapsed, self.steps_per_epoch, start, self.all_sum, extra)
 
     def _epoch_sums(self, start: int) -> EpochSums:
@@ -157,7 +184,8 @@ class Trainer:
             loss=carried.get("loss_sum", torch.zeros(1, dtype=torch.float64))[0].to(self.device),
             # How often each training sample was used this epoch (counted on each replica's first stage).
             seen=carried.get("seen", torch.zeros(len(self.data.train), dtype=torch.float64)).clone(),
-            samples_before=float(progress["samples"][0]) if "samples" in progress else 0.0)
+            samples_before=float(progress["samples"][0]) if "samples" in progress else 0.0,
+        )
 
     def _train_segment(self, sums: EpochSums, start: int, end: int, epoch_base: int) -> None:
         """Steps `start .. end - 1` of the epoch, in one layout (no decision falls between them)."""
@@ -215,9 +243,12 @@ class Trainer:
         the epoch's sums so far (`progress`, already summed over the ranks). What the freeze signal has
         measured of the open interval goes with it either way (an interval may span a boundary)."""
         self.stops.now()  # never a diverged state: the workers agree on divergence first (Diverged)
-        position = replace(self.state, step_in_epoch=step_in_epoch,
-                           global_batch=self.layouts.train_sampler.global_batch_size,
-                           progress={**(progress or {}), **self.decisions.signal.progress(self.all_sum)})
+        position = replace(
+            self.state,
+            step_in_epoch=step_in_epoch,
+            global_batch=self.layouts.train_sampler.global_batch_size,
+            progress={**(progress or {}), **self.decisions.signal.progress(self.all_sum)},
+        )
         self.checkpoints.save(self.layouts.layout, position)
         self.state.last_checkpoint_step = self.state.global_step
 
@@ -230,8 +261,9 @@ class Trainer:
         # joined or left) ends them before they train: nothing is recorded, the run goes on from where it was.
         if self.stops.now():
             raise Interrupted(self.stops.agreed)
-        self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan,
-                             self.layouts.builder.compiler)
+        self.record.announce(
+            self.layered, self.data, self.world_size, self.device, self.plan, self.layouts.builder.compiler
+        )
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
         moved = stats.start_memory(self.layouts.unheld_bytes(), self.rank, self.world_size, self.device)
@@ -276,8 +308,9 @@ class Trainer:
         its seconds and the bytes moved between the workers (nothing when nothing was decided or the layout
         stays)."""
         state = self.state
-        decided = self.decisions.due(self.layouts.positions, state.epoch, position, state.interval,
-                                     state.interval_steps, self.plan)
+        decided = self.decisions.due(
+            self.layouts.positions, state.epoch, position, state.interval, state.interval_steps, self.plan
+        )
         if decided is None:
             return {}
         state.interval, plan = decided
@@ -304,8 +337,12 @@ class Trainer:
         transition_s = self.layouts.switch_to(plan, self.state.global_step)
         # parameter storage outside the workers' stages (none) is summed with what moved
         moved, unheld = self.all_sum([self.layouts.layout.received_bytes, self.layouts.unheld_bytes()]).tolist()
-        cost = {"transition_s": transition_s, "moved_bytes": int(moved), "unheld_param_bytes": int(unheld),
-                **self.layouts.layout.compiled}  # compiling the new layout's units, part of the transition's seconds
+        cost = {
+            "transition_s": transition_s,
+            "moved_bytes": int(moved),
+            "unheld_param_bytes": int(unheld),
+            **self.layouts.layout.compiled,
+        }  # compiling the new layout's units, part of the transition's seconds
         self.record.transition(self.state.epoch, old, plan, cost, position, announce, self.layered.unit_names)
         return cost
 
