@@ -86,7 +86,11 @@ def recipe_summaries() -> dict[str, str]:
     """Recipe name -> its first descriptive comment line."""
     out = {}
     for path in sorted(RECIPE_DIR.glob("*.yaml")):
-        lines = [l[1:].strip() for l in path.read_text().splitlines() if l.startswith("#") and "@package" not in l]
+        lines = [
+            line[1:].strip()
+            for line in path.read_text().splitlines()
+            if line.startswith("#") and "@package" not in line
+        ]
         out[path.stem] = lines[0] if lines else ""
     return out
 

@@ -306,4 +306,4 @@ def explain(exc: BaseException) -> str:
         return f"{m.group(1)} is already a key: set it without '+' ({m.group(1)}=VALUE); '+' adds a key"
     if exc.__class__.__name__ == "OverrideParseException":
         return f"cannot parse the override {getattr(exc, 'override', '')!r}: {text.splitlines()[0]}"
-    return next((l.strip() for l in text.splitlines() if l.strip()), exc.__class__.__name__)
+    return next((line.strip() for line in text.splitlines() if line.strip()), exc.__class__.__name__)

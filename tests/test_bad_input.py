@@ -53,7 +53,8 @@ MESSAGES = {
     "(path/SST-2/train.tsv + dev.tsv)",
     "squad_not_json": "is not SQuAD JSON (JSONDecodeError: Expecting value: line 1 column 1 (char 0)); "
     "expected SQuAD v1.1 JSON",
-    "resume_another_model": "is of model vit_tiny_patch16_224 with 6 units, not vit_tiny_patch16_224 with 8 units; resume with the run's model settings or choose another hydra.run.dir",
+    "resume_another_model": "is of model vit_tiny_patch16_224 with 6 units, not vit_tiny_patch16_224 with 8 units; "
+    "resume with the run's model settings or choose another hydra.run.dir",
     "resume_corrupt_checkpoint": "params-stage0.safetensors does not match its checksum; restore it, or start a "
     "new run in another hydra.run.dir",
     "resume_manifest_not_json": "manifest.json is unreadable (JSONDecodeError); restore it, or start a new run "

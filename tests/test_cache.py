@@ -445,7 +445,7 @@ def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, o
         moved = trainer._stop_caching_if_slower()
         assert moved["transition_s"] >= 0 and trainer.plan.cached_units == 0 and trainer.plan.frozen_units == 3
         assert not trainer.controller.caching and trainer.controller.cached_units_for(5) == 0
-        lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("AutoCache off")]
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("AutoCache off")]
         assert len(lines) == 1 and "recomputing its 3 frozen units" in lines[0], lines
         trainer.cache.take_stats("train")
         trainer.train_epoch()  # the prefix runs in the stage: the cache serves nothing

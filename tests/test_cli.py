@@ -193,7 +193,7 @@ def test_recipes_lists_each_with_a_summary(tmp_path):
     out = ptrun("recipes", cwd=tmp_path)
     assert out.returncode == 0
     for name in recipe_summaries():
-        line = next(l for l in out.stdout.splitlines() if l.startswith(name))
+        line = next(printed for printed in out.stdout.splitlines() if printed.startswith(name))
         assert len(line.split(None, 1)[1]) > 10
 
 
@@ -225,7 +225,7 @@ def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
 def test_help_lists_recipes_and_groups(tmp_path):
     out = ptrun("train", "--help", cwd=tmp_path)
     assert out.returncode == 0
-    assert "digits_vit" in next(l for l in out.stdout.splitlines() if l.startswith("recipe: "))
+    assert "digits_vit" in next(line for line in out.stdout.splitlines() if line.startswith("recipe: "))
     assert "optim: adamw, sgd" in out.stdout
 
 

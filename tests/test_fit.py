@@ -10,7 +10,6 @@ import torch
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
 from ptrun.models import build_model
 from ptrun.parallel.fit import (
-    LengthChoice,
     UnitMemory,
     check_fits,
     choose_length,

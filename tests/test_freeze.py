@@ -189,9 +189,9 @@ def median_rule(changes_by_interval: list[list[float]], frozen: int = 0) -> list
     for k, norms in enumerate(changes_by_interval):
         if k >= 1:  # interval 0 never decides
             active = range(frozen, len(norms))
-            change = {l: abs(norms[l] - prev[l]) / prev[l] for l in active}
+            change = {block: abs(norms[block] - prev[block]) / prev[block] for block in active}
             median = statistics.median(change.values())
-            frozen = max(frozen, next(l for l in active if change[l] >= median))
+            frozen = max(frozen, next(block for block in active if change[block] >= median))
         prev = norms
         out.append(frozen)
     return out

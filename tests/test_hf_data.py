@@ -8,7 +8,6 @@ quoted in docs/errors.md). tests/test_hf_train_dist.py runs real workers."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import time
@@ -102,7 +101,7 @@ def tok(tokenizer_dir):
 
 
 def frame(rows, label="topic", text="text") -> pd.DataFrame:
-    return pd.DataFrame({text: [t for t, _ in rows], label: [l for _, l in rows]})
+    return pd.DataFrame({text: [t for t, _ in rows], label: [topic for _, topic in rows]})
 
 
 def write_source(kind: str, folder: Path, train=TRAIN, held_out=EVAL, text="text", label="topic") -> Path:
@@ -198,7 +197,11 @@ def test_class_label_names_come_from_the_feature(tmp_path, tokenizer_dir):
     features = datasets.Features(
         {"text": datasets.Value("string"), "topic": datasets.ClassLabel(names=["tech", "sports", "business", "unused"])}
     )
-    rows = lambda r: {"text": [t for t, _ in r], "topic": [["tech", "sports", "business"].index(l) for _, l in r]}
+
+    def rows(pairs):
+        topics = ["tech", "sports", "business"]
+        return {"text": [t for t, _ in pairs], "topic": [topics.index(topic) for _, topic in pairs]}
+
     datasets.DatasetDict(
         {
             "train": datasets.Dataset.from_dict(rows(TRAIN), features=features),
@@ -242,7 +245,7 @@ def class_label_source(folder: Path, train_names: list[str], eval_names: list[st
     def split(rows, names):
         features = datasets.Features({"text": datasets.Value("string"), "topic": datasets.ClassLabel(names=names)})
         return datasets.Dataset.from_dict(
-            {"text": [t for t, _ in rows], "topic": [names.index(l) for _, l in rows]}, features=features
+            {"text": [t for t, _ in rows], "topic": [names.index(topic) for _, topic in rows]}, features=features
         )
 
     datasets.DatasetDict({"train": split(TRAIN, train_names), "test": split(held_out, eval_names)}).save_to_disk(folder)

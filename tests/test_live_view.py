@@ -27,7 +27,8 @@ def test_the_table_lists_each_stage_with_its_units_and_frozen_and_cached_counts(
     console.print(layout_table(PLAN, NAMES))
     text = console.export_text()
     assert "K=2 x DP=2, M=4 (1F1B); 5 of 14 units frozen, 5 cached" in text
-    rows = [[cell.strip() for cell in l.split("│")[1:-1]] for l in text.splitlines() if "[" in l and "│" in l]
+    table = [line for line in text.splitlines() if "[" in line and "│" in line]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table]
     assert rows == [
         ["0", "0", "embed .. block.3.mlp [0,9)", "5", "5"],
         ["1", "1", "block.4.attn .. head [9,14)", "0", "0"],

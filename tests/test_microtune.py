@@ -12,13 +12,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import TINY, compose_config
-from ptrun.config import ConfigError, PtrunConfig, load_resolved
+from ptrun.config import ConfigError, load_resolved
 from ptrun.parallel import microtune
 from ptrun.parallel.microtune import Length, candidates, choose, with_table
 
 
 def ks_and_ms(lengths: list[Length]) -> list[tuple[int, tuple[int, ...]]]:
-    return [(l.pp, l.microbatches) for l in lengths]
+    return [(length.pp, length.microbatches) for length in lengths]
 
 
 # ---- candidates ----------------------------------------------------------------------------------------------
@@ -29,20 +29,21 @@ def test_candidates_of_the_embedded_default():
     16); K = 1 (DP 2, 8 a replica) tries 1, 2, 4 of 1-6."""
     got = candidates(2, 2, 16, "1F1B")
     assert ks_and_ms(got) == [(2, (2, 4, 8)), (1, (1, 2, 4))]
-    assert [(l.dp, l.per_replica, l.global_batch) for l in got] == [(1, 16, 16), (2, 8, 16)]
+    assert [(length.dp, length.per_replica, length.global_batch) for length in got] == [(1, 16, 16), (2, 8, 16)]
     assert ks_and_ms(candidates(2, 2, 16, "1F1B", shrinks=False)) == [(2, (2, 4, 8))]
 
 
 def test_candidates_follow_the_halvings_and_the_batch_policy():
     fixed = candidates(8, 16, 128, "GPipe")
     assert ks_and_ms(fixed) == [(8, (8, 16, 32)), (4, (4, 8, 16)), (2, (2, 4, 8)), (1, (1, 2, 4))]
-    assert {l.global_batch for l in fixed} == {128}
+    assert {length.global_batch for length in fixed} == {128}
     # the paper's policy: each replica keeps its 64 samples, so the global batch grows with DP
     grown = candidates(8, 16, 128, "GPipe", batch_policy="fixed_per_pipeline")
-    assert [(l.per_replica, l.global_batch) for l in grown] == [(64, 128), (64, 256), (64, 512), (64, 1024)]
+    batches = [(length.per_replica, length.global_batch) for length in grown]
+    assert batches == [(64, 128), (64, 256), (64, 512), (64, 1024)]
     assert ks_and_ms(grown)[-1] == (1, (1, 2, 4))
     # AutoPipe halves only an even K: 6 -> 3 and no further
-    assert [l.pp for l in candidates(6, 6, 36, "GPipe")] == [6, 3]
+    assert [length.pp for length in candidates(6, 6, 36, "GPipe")] == [6, 3]
 
 
 def test_candidates_obey_the_schedule_and_fall_back_to_autopipes_pick():

@@ -1,7 +1,7 @@
 """The layered-model contract: units reproduce the library forward and backward exactly (a classification
-model's last layer computes the first token's row only: equal to the float rounding of a one-row product), own every parameter
-once (a declared tied parameter is owned by its first unit and shared by the others), can be cut anywhere,
-and pretrained weights load (or fail) as documented."""
+model's last layer computes the first token's row only: equal to the float rounding of a one-row product), own
+every parameter once (a declared tied parameter is owned by its first unit and shared by the others), can be cut
+anywhere, and pretrained weights load (or fail) as documented."""
 
 from __future__ import annotations
 

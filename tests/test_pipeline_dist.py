@@ -2,7 +2,8 @@
 2-stage pipeline of RoBERTa, DistilBERT, Qwen3, DeBERTa-v3, DeBERTa-v2 with its convolution, ModernBERT
 (classification), GPT-2 and Llama (causal LM), on real worker processes (gloo, elastic_launch on localhost):
 the loss, the pre-clip global gradient norm and the parameters after two clipped AdamW steps equal a plain
-single-process reference on the same global batches (rtol 1e-5, atol 4e-5). All cases of one world size run in a single launch (start-up is ~7 s)."""
+single-process reference on the same global batches (rtol 1e-5, atol 4e-5). All cases of one world size run in a single
+launch (start-up is ~7 s)."""
 
 from __future__ import annotations
 

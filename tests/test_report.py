@@ -125,9 +125,9 @@ def two_runs(tmp_path):
 
 def lines_by_label(ax) -> dict[str, tuple[list, list]]:
     return {
-        l.get_label(): (list(l.get_xdata()), list(l.get_ydata()))
-        for l in ax.get_lines()
-        if not l.get_label().startswith("_")
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
     }
 
 
@@ -195,12 +195,12 @@ def test_missing_dirs_and_dirs_without_metrics_are_report_errors(tmp_path):
 # ---- summaries -------------------------------------------------------------------------------------------
 def test_layouts_and_transitions_follow_the_plan_events(two_runs):
     base, fast = two_runs
-    assert [(l.pp, l.dp, l.frozen_units, l.epochs, l.mean_samples_per_s) for l in layouts(fast)] == [
+    assert [(row.pp, row.dp, row.frozen_units, row.epochs, row.mean_samples_per_s) for row in layouts(fast)] == [
         (2, 1, 0, [1], 300.0),
         (2, 1, 4, [2], 400.0),
         (1, 2, 8, [3, 4], 620.0),
     ]
-    assert [(l.epochs, l.mean_samples_per_s) for l in layouts(base)] == [([1, 2, 3, 4], 315.0)]
+    assert [(row.epochs, row.mean_samples_per_s) for row in layouts(base)] == [([1, 2, 3, 4], 315.0)]
     tr = transitions(fast)
     assert [(t["epoch"], t["transition_s"]) for t in tr] == [(2, 0.5), (3, 0.25)]
     assert tr[0]["share"] == pytest.approx(0.5 / 6.0)  # mean epoch (9 + 7 + 5 + 3) / 4 = 6 s

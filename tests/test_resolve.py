@@ -270,14 +270,14 @@ def test_a_group_chosen_on_the_command_line_is_what_trains():
     identity = {"model": {"name", "family"}, "data": {"name", "task"}, "optim": {"name"}}
     for recipe in sorted((root / "recipes").glob("*.yaml")):
         values = yaml.safe_load(recipe.read_text())
-        for group, keys in identity.items():
-            assert not keys & set(values.get(group) or {}), f"{recipe.name} sets {group}'s identity: choose an option"
+        for group, names in identity.items():
+            assert not names & set(values.get(group) or {}), f"{recipe.name} sets {group}'s identity: choose an option"
     # what that gives: the default recipe with each group's options in turn
-    for group, keys in identity.items():
+    for group, names in identity.items():
         for option in sorted((root / "configs" / group).glob("*.yaml")):
             chosen = yaml.safe_load(option.read_text())
             got = getattr(composed([f"{group}={option.stem}"]), group)
-            assert {k: getattr(got, k) for k in keys} == {k: chosen.get(k) for k in keys}, f"{group}={option.stem}"
+            assert {k: getattr(got, k) for k in names} == {k: chosen.get(k) for k in names}, f"{group}={option.stem}"
 
 
 @pytest.mark.slow

@@ -488,7 +488,7 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     assert "freeze + AutoPipe + AutoDP" in out and "2.27x" in out and "0.95x" in out
     # memory a device, priced per stage of the first layout (K = 8 on the paper's 32 GB devices), of the 90%
     # the trainer would leave a stage (`ptrun.parallel.fit.DEVICE_SHARE`)
-    line = next(l for l in out.splitlines() if l.startswith("memory a device"))
+    line = next(printed for printed in out.splitlines() if printed.startswith("memory a device"))
     assert "(K = 8, M = 16)" in line and "stage 7 ~" in line and "of 26.8 GiB" in line
 
 

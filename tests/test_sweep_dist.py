@@ -22,7 +22,7 @@ def test_a_sweep_ends_with_one_summary_row_per_point_and_reports(tmp_path):
     ]
     out = run_ptrun("train", "-m", *args, cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and "optim.lr=" in l]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "optim.lr=" in line]
     assert [r.split("|")[2].strip() for r in rows] == ["optim.lr=0.001", "optim.lr=0.002"]
     for n, row in enumerate(rows):
         end = run_events(sweep / str(n), "end")[0]

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch

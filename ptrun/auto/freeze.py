@@ -278,10 +278,10 @@ class PipeTransformerFreeze(FreezePolicy):
         self.reach = self.reach_from(frozen_blocks)
         if grad_norms is None:
             return bound
-        finite = [l for l in range(frozen_blocks, self.num_blocks) if math.isfinite(grad_norms[l])]
+        finite = [block for block in range(frozen_blocks, self.num_blocks) if math.isfinite(grad_norms[block])]
         if not finite:
             return bound
-        argmin = min(finite, key=lambda l: (grad_norms[l], l))
+        argmin = min(finite, key=lambda block: (grad_norms[block], block))
         return min(bound, argmin + 1)
 
     def _state(self):
@@ -331,10 +331,10 @@ class AutoFreeze(FreezePolicy):
         if grad_norms is None or self.prev_norms is None or self.prev_interval != interval - 2:
             return frozen_blocks
         active = range(frozen_blocks, self.num_blocks)
-        change = {l: self.relative_change(grad_norms[l], self.prev_norms[l]) for l in active}
+        change = {block: self.relative_change(grad_norms[block], self.prev_norms[block]) for block in active}
         threshold = percentile(change.values(), self.percentile)
         # The percentile is at most the largest change, so a threshold block always exists.
-        return next(l for l in active if change[l] >= threshold)
+        return next(block for block in active if change[block] >= threshold)
 
     def _observe(self, interval, grad_norms):
         if grad_norms is None:
@@ -392,7 +392,9 @@ class PlasticityFreeze(FreezePolicy):
     def _propose(self, interval, frozen_blocks, plasticity):
         if plasticity is None:
             return frozen_blocks
-        unsettled = (l for l in range(frozen_blocks, self.num_blocks) if not self.settled(l, plasticity[l]))
+        unsettled = (
+            block for block in range(frozen_blocks, self.num_blocks) if not self.settled(block, plasticity[block])
+        )
         return next(unsettled, self.num_blocks)
 
     def _observe(self, interval, plasticity):

@@ -2,14 +2,13 @@
 
 A model large enough to matter here (BERT-base at random init, 110 M parameters, on the BBC News text)
 trains a few steps on 4 workers through two layout changes forced by a schedule (from K = 4, DP = 1 to
-AutoPipe's layouts for 6 and 9 of the 12 blocks frozen), once with this tree's ptrun and once with the commit `--before` names (run from a temporary git
-worktree of it), in interleaved rounds. While a run trains, every worker's resident memory is sampled from
-/proc; per layout phase (between the `plan` events) the benchmark reports each worker's median resident
-memory, and over the run its peak, with each transition's seconds (and, where the code records them, the
-bytes it moved and each worker's parameter and optimizer-state bytes). The whole model's footprint
-(parameters, gradients and AdamW's two moments: 16 bytes a parameter) is printed beside. Prints the table and
-writes it with the command line to `bench_memory.json` in --out (`readme_results.py` makes the README's
-table from it).
+AutoPipe's layouts for 6 and 9 of the 12 blocks frozen), once with this tree's ptrun and once with the commit `--before`
+names (run from a temporary git worktree of it), in interleaved rounds. While a run trains, every worker's resident
+memory is sampled from /proc; per layout phase (between the `plan` events) the benchmark reports each worker's median
+resident memory, and over the run its peak, with each transition's seconds (and, where the code records them, the bytes
+it moved and each worker's parameter and optimizer-state bytes). The whole model's footprint (parameters, gradients and
+AdamW's two moments: 16 bytes a parameter) is printed beside. Prints the table and writes it with the command line to
+`bench_memory.json` in --out (`readme_results.py` makes the README's table from it).
 
     python scripts/bench_memory.py --before REF [--repeats 1] [--out DIR] [--reuse] [overrides ...]
 """
@@ -150,7 +149,8 @@ def caption(result: dict) -> str:
     return (
         f"BERT-base at random init ({result['parameters'] / 1e6:.0f} M parameters; parameters, gradients and "
         f"AdamW state {result['footprint_bytes'] / 2**20:.0f} MiB), 4 workers from K = 4, 6 then 9 of 12 "
-        f"blocks frozen at epoch boundaries (AutoPipe's layouts); {result['repeats']} round(s), interleaved (medians); per worker, by rank, in MiB: "
+        f"blocks frozen at epoch boundaries (AutoPipe's layouts); {result['repeats']} round(s), interleaved "
+        f"(medians); per worker, by rank, in MiB: "
         f"resident memory (median over the layout's phase), and where the code records it the parameters + "
         f"optimizer state it holds; before = `{result['before']}`"
     )

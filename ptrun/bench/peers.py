@@ -25,7 +25,8 @@ The causal-LM recipe needs a decoder and a text file; without a model hub, `ptru
 random-weight Llama and BBC News text (its docstring has the sizes):
 
     python -m ptrun.bench.decoder /tmp/lm
-    python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl
+    python scripts/bench_peers.py --recipe causal_lm \\
+        --only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl
 
 Overrides (`train.epochs=2`) apply to every run, the plain peers' included. With `--seeds`, round r runs every
 run with `train.seed=r` (the split, the initial weights and the batch order all follow it), so the rounds are

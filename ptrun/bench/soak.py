@@ -46,7 +46,6 @@ from pathlib import Path
 
 # This checkout's ptrun, installed or not; the spawned workers inherit the path.
 
-import torch
 import torch.distributed as dist
 
 OVERRIDES = [

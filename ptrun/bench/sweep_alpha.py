@@ -15,8 +15,8 @@ an upper bound, and the gradient-norm term may stop a freeze step earlier, so a 
 mixed with this model's gradient norms (and two alphas could give the same schedule for reasons that have
 nothing to do with alpha). The closed form F_T = ceil(L (1 - (1 - alpha)^T)) makes the schedule a function
 of alpha alone, and it is what the paper's released code ran when Figure 10 was made. The recipe's own
-`freeze.start` and `freeze.max_fraction` still apply: a cap of 4 of 6 blocks (digits_vit's, when this was measured) makes
-alpha = 2/5 and 1/2 the same schedule, so lift it (`freeze.max_fraction=1.0`) to see the whole range.
+`freeze.start` and `freeze.max_fraction` still apply: a cap of 4 of 6 blocks (digits_vit's, when this was measured)
+makes alpha = 2/5 and 1/2 the same schedule, so lift it (`freeze.max_fraction=1.0`) to see the whole range.
 
 Overrides after the options go to every run, the baseline included.
 """

@@ -37,13 +37,12 @@ CACHE_AUGMENT = ("fixed", "off")
 @dataclass
 class FreezeConfig:
     policy: str = choice("pipetransformer", FREEZE_POLICIES)
-    """Which bottom blocks to freeze at the end of each interval (`every`): `pipetransformer` (the paper's rule: the smaller
-    of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha`
-    (the closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms,
-    up to the first block at or above their `percentile`), `plasticity` (the longest prefix of blocks whose
-    relative weight change per unit of learning rate has fallen below `threshold` times its peak),
-    `linear` (frozen fraction rising linearly after `start`), `schedule` (the frozen block count per epoch
-    from `blocks`) or `none`."""
+    """Which bottom blocks to freeze at the end of each interval (`every`): `pipetransformer` (the paper's rule: the
+    smaller of the alpha bound and the active block with the smallest gradient norm over the last epoch), `alpha` (the
+    closed form ceil(L(1 - (1 - alpha)^T))), `autofreeze` (relative change of block gradient norms, up to the first
+    block at or above their `percentile`), `plasticity` (the longest prefix of blocks whose relative weight change per
+    unit of learning rate has fallen below `threshold` times its peak), `linear` (frozen fraction rising linearly after
+    `start`), `schedule` (the frozen block count per epoch from `blocks`) or `none`."""
     alpha: float = 1 / 3
     """Freeze rate per epoch: an epoch of decisions freezes at most this fraction of the still-active blocks
     (paper: 1/3). With a shorter interval each decision takes its share, 1 - (1 - alpha)^every, so the

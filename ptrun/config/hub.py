@@ -3,15 +3,14 @@ local directories and files.
 
 A value that exists on disk is a path, whatever it looks like. Otherwise one of the form `org/name` or
 `org/name@revision` (a branch, a tag or a commit) is a hub id, and so is a bare `name[@revision]` (`gpt2`,
-`bert-base-uncased`: the hub's oldest models have no org) that does not end like a file (`.safetensors`, `.pt`): it is looked up in the Hugging Face cache and,
-unless `HF_HUB_OFFLINE` is set, the files ptrun reads are fetched into it once (never the whole repo). The
-start does this on each machine, before any worker (`ptrun.compose.resolve`), and hands the workers the
-snapshot directory (or, for a timm ViT, its weights file): the weights loader, the tokenizer and the
-simulator only ever see local paths. `ptrun plan` fetches only a model's config.json (the sizes it reads).
-A dataset id in `data.path` (the paper's recipes: `uoft-cs/cifar100`, `nyu-mll/glue`, ...) is fetched the same
-way, as a dataset repo and only the parquet files its source reads (`DATASET_FILES`); `data.name=hf` reads its
-hub ids through `datasets` instead (`ptrun.data.hf_read`). Offline, every id the cache lacks is named in one
-line with the command that fetches it.
+`bert-base-uncased`: the hub's oldest models have no org) that does not end like a file (`.safetensors`, `.pt`): it is
+looked up in the Hugging Face cache and, unless `HF_HUB_OFFLINE` is set, the files ptrun reads are fetched into it once
+(never the whole repo). The start does this on each machine, before any worker (`ptrun.compose.resolve`), and hands the
+workers the snapshot directory (or, for a timm ViT, its weights file): the weights loader, the tokenizer and the
+simulator only ever see local paths. `ptrun plan` fetches only a model's config.json (the sizes it reads). A dataset id
+in `data.path` (the paper's recipes: `uoft-cs/cifar100`, `nyu-mll/glue`, ...) is fetched the same way, as a dataset repo
+and only the parquet files its source reads (`DATASET_FILES`); `data.name=hf` reads its hub ids through `datasets`
+instead (`ptrun.data.hf_read`). Offline, every id the cache lacks is named in one line with the command that fetches it.
 
 The cache is the one `huggingface_hub` uses, read from the environment at each call (`HF_HUB_CACHE`, else
 `HF_HOME/hub`, else `~/.cache/huggingface/hub`; `HF_HUB_OFFLINE` and `HF_ENDPOINT` too) rather than from

@@ -80,9 +80,10 @@ class ModelConfig:
     """Pretrained weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), a Hugging
     Face model directory, or a Hugging Face hub id `org/name[@revision]` or, for the hub's models without an
     org, `name[@revision]` (`gpt2`, `bert-base-uncased`); a value that exists on disk is a path, and so is a
-    missing one that starts with `.`, `/` or `~` or ends like a file (`.safetensors`, `.pt`, `.bin`). An id is looked up in the Hugging Face cache (HF_HOME, HF_HUB_CACHE) and, unless HF_HUB_OFFLINE=1,
-    its config.json, safetensors weights and tokenizer files are fetched into it once, at the start on each
-    machine; the workers read the local snapshot. A timm ViT's id is its timm repo, the name with its tag:
+    missing one that starts with `.`, `/` or `~` or ends like a file (`.safetensors`, `.pt`, `.bin`). An id is looked up
+    in the Hugging Face cache (HF_HOME, HF_HUB_CACHE) and, unless HF_HUB_OFFLINE=1, its config.json, safetensors weights
+    and tokenizer files are fetched into it once, at the start on each machine; the workers read the local snapshot. A
+    timm ViT's id is its timm repo, the name with its tag:
     `model.name=vit_base_patch16_224.augreg_in21k model.pretrained=timm/vit_base_patch16_224.augreg_in21k`
     (its model.safetensors). A task head whose class count differs is re-initialised."""
     num_classes: Optional[int] = None

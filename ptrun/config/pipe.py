@@ -63,11 +63,11 @@ class PipeConfig:
     microbatches: Union[int, str, None] = None
     """Micro-batches M each replica's batch is split into (GPipe chunks): unset (the default), M follows the
     pipeline length and the per-replica batch (`auto.microbatch_table`, else the paper's table: 1 at K = 1);
-    an integer that divides the per-replica batch; or `auto`: before training, time a few steps (forward + backward, no optimizer step) at
-    each candidate M (K, 2K, ..., 6K that divide the per-replica batch and suit the schedule; 1-6 at K = 1)
-    for every pipeline length K the run may use, and take the fastest, within 3% the fewer. Measured once per
-    model and machine and cached in `~/.cache/ptrun/microtune` (`PTRUN_MICROTUNE_DIR` moves it); the first
-    `plan` event says what was chosen and why."""
+    an integer that divides the per-replica batch; or `auto`: before training, time a few steps (forward + backward, no
+    optimizer step) at each candidate M (K, 2K, ..., 6K that divide the per-replica batch and suit the schedule; 1-6 at
+    K = 1) for every pipeline length K the run may use, and take the fastest, within 3% the fewer. Measured once per
+    model and machine and cached in `~/.cache/ptrun/microtune` (`PTRUN_MICROTUNE_DIR` moves it); the first `plan` event
+    says what was chosen and why."""
     schedule: str = choice("GPipe", SCHEDULES)
     """torch.distributed.pipelining schedule: `GPipe`, `1F1B` (one stage per rank), or `Interleaved1F1B`,
     `LoopedBFS`, `InterleavedZeroBubble` (looped: rank r holds stages r, r+K, ...), `ZBVZeroBubble`,

@@ -353,7 +353,7 @@ def cache_fields(
         "timing": [WARMUP_STEPS, TIMED_BUDGET_S, list(TIMED_STEPS), BATCHES],
         "model": dict(model),
         "input_shapes": dict(input_shapes),
-        "lengths": [[l.pp, l.dp, l.per_replica, list(l.microbatches)] for l in lengths],
+        "lengths": [[length.pp, length.dp, length.per_replica, list(length.microbatches)] for length in lengths],
         "world_size": world_size,
         "schedule": schedule,
         "stages_per_rank": stages_per_rank,
@@ -446,7 +446,7 @@ class Tuning:
         return "; ".join([c.reason for c in self.choices.values()] + self.notes)
 
     def samples_per_s(self) -> dict[str, dict[str, float]]:
-        batch = {l.pp: l.global_batch for l in self.lengths}
+        batch = {length.pp: length.global_batch for length in self.lengths}
         out: dict[str, dict[str, float]] = {}
         for (k, m), s in sorted(self.costs.items(), key=lambda item: (-item[0][0], item[0][1])):
             out.setdefault(str(k), {})[str(m)] = round(batch[k] / s, 1)
@@ -483,7 +483,7 @@ def tune(
     """Collective: the cached costs for `fields` if rank 0 has them, else `measure_costs()` on every rank
     (then rank 0 writes the cache); then the choice per K. Every rank returns the same Tuning."""
     t0 = time.perf_counter()
-    needed = [(l.pp, m) for l in lengths if len(l.microbatches) > 1 for m in l.microbatches]
+    needed = [(length.pp, m) for length in lengths if len(length.microbatches) > 1 for m in length.microbatches]
     path = cache_path(fields, root)
     if not needed:
         costs, source = {}, "no choice"

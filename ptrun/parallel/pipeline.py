@@ -327,7 +327,7 @@ class PipelineRuntime(StageRuntime):
                 loss_kwargs={"denominator": denominator, "scale": loss_scale},
             )
         if self.is_last:
-            return torch.stack([l.detach().float() for l in losses]).sum() / loss_scale
+            return torch.stack([loss.detach().float() for loss in losses]).sum() / loss_scale
         return torch.zeros((), device=self.device)
 
     @torch.no_grad()

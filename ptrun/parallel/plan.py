@@ -129,7 +129,8 @@ class Plan:
             or any(lo >= hi for lo, hi in self.stage_bounds)
         ):
             raise ConfigError(
-                f"stages {list(map(list, self.stage_bounds))} must be non-empty, contiguous and cover units 0..{self.num_units}"
+                f"stages {list(map(list, self.stage_bounds))} must be non-empty, contiguous and cover units "
+                f"0..{self.num_units}"
             )
         problem = schedule_problem(self.schedule, self.pp, self.stages_per_rank, self.microbatches)
         if problem:

@@ -16,8 +16,8 @@ tracker run:
           directory's name. The config becomes params (`train.epochs`, ...); start and end are the tags
           run/start and run/end (JSON).
 
-The libraries come with `pip install 'ptrun[trackers]'`; `ptrun.installed.check_installed` refuses a logger whose package is
-missing while the config is validated, before any worker starts.
+The libraries come with `pip install 'ptrun[trackers]'`; `ptrun.installed.check_installed` refuses a logger whose
+package is missing while the config is validated, before any worker starts.
 """
 
 from __future__ import annotations

@@ -179,19 +179,6 @@ def resident_bytes() -> int:
         return 0
 
 
-def cache_slower(cache, plan: Plan, device: torch.device) -> str | None:
-    """Collective: the line that turns AutoCache off when this epoch served a cached sample more slowly than
-    recomputing its frozen prefix would have taken (`serving_costs`); None when it paid or cannot be told."""
-    costs = serving_costs(cache, plan, device)
-    if costs is None or costs[0] <= costs[1]:
-        return None
-    return (
-        f"AutoCache off: serving a cached sample took {costs[0] * 1e3:.3f} ms, recomputing its "
-        f"{plan.cached_units} frozen units {costs[1] * 1e3:.3f} ms; the frozen prefix runs in the first stage "
-        f"from here on"
-    )
-
-
 def compile_stats(compiler: UnitCompiler | None) -> dict:
     """Collective: the epoch event's `compile` (what compiling units cost since the last epoch event, its
     transition included: `UnitCompiler.epoch_fields`); nothing without compiled units."""
