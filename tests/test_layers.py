@@ -1,7 +1,7 @@
 """The package's layers, read from its source: `report`, `models`, `data`, `parallel`, `auto`, `train`, `sim` and
 `bench` from the bottom up (every package but the base's `config`), each importing only from layers below it
-(or from the base modules every layer may use), and no import cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they never
-run)."""
+(or from the base modules every layer may use), and no import cycle anywhere in `ptrun`. Imports inside functions count;
+imports only for type checkers do not (they never run)."""
 
 from __future__ import annotations
 
@@ -143,19 +143,22 @@ def test_the_walkthrough_quotes_the_step_as_it_is():
     """docs/codebase.md quotes `train_step` and the segment's loop whole: a change to either shows here until
     the document follows."""
     import inspect
+    import textwrap
 
     from ptrun.train import step, trainer
 
     doc = (ROOT / "docs" / "codebase.md").read_text()
-    assert inspect.getsource(step.train_step) in doc
+    # The quote sits in a list item, indented with it (ruff formats the document's code blocks too).
+    assert textwrap.indent(inspect.getsource(step.train_step), "  ") in doc
     loop = inspect.getsource(trainer.Trainer._train_segment)
     quoted = [line.strip() for line in loop.splitlines() if line.strip() and not line.strip().startswith('"""')]
     assert all(line in doc for line in quoted), quoted
 
 
 def test_the_trainer_keeps_the_loop_and_the_wiring():
-    """The Trainer composes a few parts: at most 15 attributes, an `__init__` of at most 40 lines, and no part
-    (no call at all) is handed the trainer itself."""
+    """The Trainer composes a few parts: at most 15 attributes, an `__init__` whose body is at most 40 lines (its
+    signature, formatted one parameter a line, not counted), and no part (no call at all) is handed the trainer
+    itself."""
     import ast
     import inspect
 
@@ -171,7 +174,8 @@ def test_the_trainer_keeps_the_loop_and_the_wiring():
         and node.value.id == "self"
     }
     assert len(attributes) <= 15, sorted(attributes)
-    assert len(inspect.getsource(trainer.Trainer.__init__).splitlines()) <= 40
+    init = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    assert init.end_lineno - init.body[0].lineno + 1 <= 40
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     handed = [
         call.lineno
