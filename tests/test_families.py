@@ -19,7 +19,7 @@ from ptrun.models.hf import FAMILIES
 from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_target, per_sample_loss
 from ptrun.parallel.layout import param_costs
 from ptrun.parallel.optim import build_optimizer
-from ptrun.sim.costs import costs_from_config
+from ptrun.sim.config_costs import costs_from_config
 from ptrun.train import recorders
 
 CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + [
@@ -355,7 +355,7 @@ PUBLISHED = {  # the sizes of published config.json files, as written there
     },
 }
 PRICED = ("deberta-v2", "deberta-v2-conv", "modernbert")
-"""The families the simulator prices from their whole config.json (`ptrun.sim.costs.ENCODER_COSTS`)."""
+"""The families the simulator prices from their whole config.json (`ptrun.sim.hf_costs.ENCODER_COSTS`)."""
 
 
 @pytest.mark.parametrize("task", ["classification", "qa"])

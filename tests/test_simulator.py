@@ -603,7 +603,7 @@ def test_decoder_costs_count_llama_3_8b_exactly(tmp_path):
     import json
 
     from ptrun.config import DataConfig, ModelConfig
-    from ptrun.sim.costs import costs_from_config
+    from ptrun.sim.config_costs import costs_from_config
 
     (tmp_path / "config.json").write_text(
         json.dumps(

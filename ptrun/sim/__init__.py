@@ -1,7 +1,8 @@
 """`ptrun plan`: project ptrun's speedup to a cluster without running it.
 
-- `costs`: per-unit parameters, forward FLOPs and activation bytes of a ViT or BERT from its config
-  (or measured seconds from a profile JSON);
+- `costs`: per-unit parameters, forward FLOPs and activation bytes of a ViT or BERT from its sizes,
+  `hf_costs` those of the other Hugging Face families from their config.json, `config_costs` the model a
+  config would build (`costs_from_config`), `profiles` measured seconds from a profile JSON;
 - `cluster`: the machines (device FLOP/s, links, host memory and disk for AutoCache), presets `paper`
   and `this_machine`;
 - `simulate`: runs the real `Controller` over the recipe's epochs for each component combination of the
@@ -24,9 +25,9 @@ _MODULE_OF = {
     "get_cluster": "cluster",
     "ModelCosts": "costs",
     "bert_costs": "costs",
-    "costs_from_config": "costs",
-    "load_profile": "costs",
-    "save_profile": "costs",
+    "costs_from_config": "config_costs",
+    "load_profile": "profiles",
+    "save_profile": "profiles",
     "vit_costs": "costs",
     "COMBINATIONS": "simulate",
     "EpochRecord": "simulate",

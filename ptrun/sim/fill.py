@@ -14,7 +14,8 @@ import os
 from ptrun.config import LauncherConfig, PtrunConfig, parse_nnodes
 from ptrun.config.gpus import visible_gpu_memory_without_torch
 from ptrun.config.launcher import visible_gpus, workers_per_node
-from ptrun.sim.costs import ModelCosts, costs_from_config
+from ptrun.sim.config_costs import costs_from_config
+from ptrun.sim.costs import ModelCosts
 
 ACTIVATION_PER_OUTPUT = 6.0
 """Bytes autograd keeps per byte of a unit's output, for the planner (which measures nothing). Measured with
