@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from conftest import TINY, compose_config
 from ptrun.config import ConfigError, load_resolved
-from ptrun.parallel import microtune
+from ptrun.parallel import tuning
 from ptrun.parallel.microtune import Length, candidates, choose, with_table
 
 
@@ -117,13 +117,13 @@ def test_tune_measures_once_then_reads_the_cache(tmp_path):
         calls.append(1)
         return dict(COSTS)
 
-    first = microtune.tune([K2, K1], FIELDS, measure_costs=measure, device=torch.device("cpu"), root=tmp_path)
-    second = microtune.tune([K2, K1], FIELDS, measure_costs=measure, device=torch.device("cpu"), root=tmp_path)
+    first = tuning.tune([K2, K1], FIELDS, measure_costs=measure, device=torch.device("cpu"), root=tmp_path)
+    second = tuning.tune([K2, K1], FIELDS, measure_costs=measure, device=torch.device("cpu"), root=tmp_path)
     assert len(calls) == 1 and (first.source, second.source) == ("measured", "cached")
     assert second.costs == first.costs == COSTS and second.reason == first.reason
     assert {k: c.microbatches for k, c in second.choices.items()} == {2: 4, 1: 2}
     # other settings are another key: measured again, into another file
-    other = microtune.tune(
+    other = tuning.tune(
         [K2, K1], {**FIELDS, "world_size": 4}, measure_costs=measure, device=torch.device("cpu"), root=tmp_path
     )
     assert other.source == "measured" and len(calls) == 2 and len(list(tmp_path.glob("*.json"))) == 2
@@ -133,25 +133,25 @@ def test_tune_measures_once_then_reads_the_cache(tmp_path):
 
 @pytest.mark.parametrize("content", ["{not json", '{"key": "0", "costs": []}', "[]", "REPLACE_KEY_BUT_DROP_A_COST"])
 def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
-    path = microtune.cache_path(FIELDS, tmp_path)
+    path = tuning.cache_path(FIELDS, tmp_path)
     if content == "REPLACE_KEY_BUT_DROP_A_COST":  # the right key, but a candidate's time is missing
-        microtune.store(path, FIELDS, {c: s for c, s in COSTS.items() if c != (1, 4)})
+        tuning.store(path, FIELDS, {c: s for c, s in COSTS.items() if c != (1, 4)})
     else:
         path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="ptrun.parallel.microtune"):
-        got = microtune.tune(
+    with caplog.at_level(logging.WARNING, logger="ptrun.parallel.tuning"):
+        got = tuning.tune(
             [K2, K1], FIELDS, measure_costs=lambda: dict(COSTS), device=torch.device("cpu"), root=tmp_path
         )
     assert got.source == "measured"
     assert any(
         "is unusable" in r.getMessage() and "measuring again and rewriting it" in r.getMessage() for r in caplog.records
     )
-    assert microtune.load(path, FIELDS, list(COSTS)) == COSTS  # rewritten, whole
+    assert tuning.load(path, FIELDS, list(COSTS)) == COSTS  # rewritten, whole
 
 
 def test_nothing_to_choose_measures_nothing_and_writes_nothing(tmp_path):
     only = [Length(2, 1, 16, 16, (1,)), Length(1, 2, 8, 16, (1,))]
-    got = microtune.tune(
+    got = tuning.tune(
         only, FIELDS, measure_costs=lambda: pytest.fail("measured"), device=torch.device("cpu"), root=tmp_path
     )
     assert got.source == "no choice" and got.table == {2: 1, 1: 1} and not list(tmp_path.iterdir())
@@ -246,7 +246,7 @@ def test_tuning_in_the_trainer_changes_nothing_about_training(tmp_path, monkeypa
     holds the weights, gradients (none) and generator state of a trainer built with the chosen M. The
     recipe's auto.microbatch_table ({2: 2, 1: 1}) still wins for AutoPipe; the first layout takes the measured
     M."""
-    monkeypatch.setenv(microtune.DIR_ENV, str(tmp_path / "microtune"))
+    monkeypatch.setenv(tuning.DIR_ENV, str(tmp_path / "microtune"))
     tuned = build_trainer(tmp_path, "auto", "pipe.microbatches=auto")
     rng_tuned = torch.get_rng_state()
     try:

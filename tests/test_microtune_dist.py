@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY, final_params, run_events, run_workers
-from ptrun.parallel import microtune
+from ptrun.parallel.tuning import DIR_ENV
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
@@ -34,7 +34,7 @@ def plans(run_dir) -> list[dict]:
 
 
 def test_auto_tunes_once_per_machine_and_trains_like_the_chosen_m(tmp_path, monkeypatch):
-    monkeypatch.setenv(microtune.DIR_ENV, str(tmp_path / "microtune"))  # the workers inherit it
+    monkeypatch.setenv(DIR_ENV, str(tmp_path / "microtune"))  # the workers inherit it
     run_workers(RUN + ["pipe.microbatches=auto"], tmp_path / "auto")
     first, *later = plans(tmp_path / "auto")
     tuning, m = first["microbatch_tuning"], first["microbatches"]

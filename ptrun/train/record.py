@@ -38,7 +38,7 @@ class RunRecord:
         self.start_clock = start_clock
         """The start's phases, for the start event."""
         self.tuning = tuning
-        """The micro-batch tuning (`ptrun.parallel.microtune.Tuning`), or None."""
+        """The micro-batch tuning (`ptrun.parallel.tuning.Tuning`), or None."""
         self.tuned = tuning.event_fields() if tuning is not None else {}
         """Its fields, for the first plan event this process writes."""
         self.resumed_from: str | None = None

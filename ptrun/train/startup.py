@@ -25,6 +25,7 @@ from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel import microtune
+from ptrun.parallel.tuning import Tuning, cache_fields, tune
 from ptrun.parallel.compiled import compile_wanted, make_compiler
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
@@ -132,7 +133,7 @@ def tune_microbatches(
     data: DataSplits,
     world_size: int,
     device: torch.device,
-) -> microtune.Tuning:
+) -> Tuning:
     """Collective: the M per pipeline length this run may use, from the disk cache or measured on the
     starting layout and on the nothing-frozen layouts AutoPipe would build at the shorter lengths."""
     first = controller.first
@@ -173,7 +174,7 @@ def tune_microbatches(
     )
     probe = dict(data.train[[0]])
     shapes = {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in layered.input_names if k in probe}
-    fields = microtune.cache_fields(
+    fields = cache_fields(
         model=asdict(cfg.model),
         input_shapes=shapes,
         lengths=lengths,
@@ -200,9 +201,7 @@ def tune_microbatches(
             device=device,
         )
 
-    tuning = microtune.tune(
-        lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table, device=device
-    )
+    tuning = tune(lengths, fields, measure_costs=measure, explicit_table=cfg.auto.microbatch_table, device=device)
     if builder.rank == 0:
         log.info("%s", tuning.summary())
     return tuning
@@ -210,7 +209,7 @@ def tune_microbatches(
 
 def start_controller(
     cfg: PtrunConfig, layered, builder: Builder, data: DataSplits, world_size: int
-) -> tuple[Controller, microtune.Tuning | None]:
+) -> tuple[Controller, Tuning | None]:
     """Collective: the Controller and its first Plan (`ptrun.auto.controller.start`), over the epochs of the
     configured global batch. With `pipe.microbatches=auto` the first start's layout is measured for the M per
     length, and the controller starts again with that table, so the first plan and AutoPipe's later picks use
