@@ -12,16 +12,8 @@ import statistics
 import numpy as np
 import pytest
 
-from ptrun.auto.freeze import (
-    POLICIES,
-    blocks_of_units,
-    ceil_tol,
-    floor_tol,
-    frozen_units_for_blocks,
-    make_policy,
-    num_units_for_blocks,
-    percentile,
-)
+from ptrun.auto.counts import ceil_tol, floor_tol, num_units_for_blocks, percentile
+from ptrun.auto.freeze import POLICIES, blocks_of_units, frozen_units_for_blocks, make_policy
 from ptrun.config import ConfigError
 
 PAPER = [0, 4, 7, 9, 10, 11, 11, 12]

@@ -11,7 +11,7 @@ from ptrun.config.training import PRECISION_SPECS
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
 """`freeze.policy`: the policies' names, declared here once; each policy class registers under one
-(`ptrun.auto.freeze.registered`), and the registry must hold them all."""
+(`ptrun.auto.freeze_policy.registered`), and the registry must hold them all."""
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
 optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global

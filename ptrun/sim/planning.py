@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from typing import Optional
 
 from ptrun.auto.controller import Controller, start
-from ptrun.auto.freeze import POLICIES, SIGNALS
+from ptrun.auto.freeze import POLICIES
+from ptrun.auto.freeze_policy import SIGNALS
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch

@@ -195,7 +195,7 @@ def plasticity(change_sq: float, ref_sq: float, mean_lr: float) -> float:
 
 
 MEASUREMENTS: dict[Optional[str], type[NoSignal]] = {m.name: m for m in (NoSignal, GradNorms, WeightChange)}
-"""The measurement of each signal a policy may read (`ptrun.auto.freeze.SIGNALS`), and of none."""
+"""The measurement of each signal a policy may read (`ptrun.auto.freeze_policy.SIGNALS`), and of none."""
 
 
 def make_signal(name: Optional[str], num_blocks: int, device: torch.device) -> NoSignal:
