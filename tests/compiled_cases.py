@@ -38,7 +38,7 @@ class Case:
         return f"{self.schedule}-{self.precision}-{self.recompute}-{'compiled' if self.compiled else 'eager'}"
 
 
-def steps(layered, task: str, first: int, count: int, scale: float):
+def steps(layered, task: str, first: int, count: int):
     for t in range(first, first + count):
         full = pc.batch("bert", t)
         yield Step(
@@ -46,7 +46,6 @@ def steps(layered, task: str, first: int, count: int, scale: float):
             tuple(full[k] for k in layered.input_names),
             make_target(full, task),
             float(loss_weight(make_target(full, task), task)),
-            loss_scale=scale,
         )
 
 
@@ -86,19 +85,21 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     step = 0
     while step < STEPS:
         count = FREEZE_AT - step if case.freeze and step < FREEZE_AT else STEPS - step
-        for item, share in layout.runtime.train_steps(steps(layered, loss.task, step, count, scaler.scale)):
-            norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale)
-            if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
-                layout.optimizer.step()
-            if item.step >= FREEZE_AT and case.freeze:
-                frozen_grads += [
-                    p.grad
-                    for u in layered.units[:FROZEN]
-                    for p in u.parameters()
-                    if u in layout.runtime.modules[0].units
-                ]
-            layout.runtime.zero_grad()
-            losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
+        for data in steps(layered, loss.task, step, count):
+            drain = data.step == step + count - 1  # a segment's last step drains PipeDream's pipeline
+            for item, share in layout.runtime.train_step(data, scaler.scale, drain):
+                norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale)
+                if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
+                    layout.optimizer.step()
+                if item.step >= FREEZE_AT and case.freeze:
+                    frozen_grads += [
+                        p.grad
+                        for u in layered.units[:FROZEN]
+                        for p in u.parameters()
+                        if u in layout.runtime.modules[0].units
+                    ]
+                layout.runtime.zero_grad()
+                losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
         step += count
         if step == FREEZE_AT and case.freeze:
             layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))

@@ -140,7 +140,9 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
     write_config(cfg)  # the run directory the metrics go to
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
-        trainer._announce()
+        trainer.record.announce(
+            trainer.layered, trainer.data, 1, trainer.device, trainer.plan, trainer.layouts.builder.compiler
+        )
         shown = capsys.readouterr().out
         kinds = len({type(unit) for unit in trainer.layered.units})  # ViT: embedding, block half, head
         assert f"compiled {kinds} unit kinds in " in shown and " graphs from cache)" in shown, shown
@@ -148,15 +150,15 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
         trainer.evaluate()
         trainer._move_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0, announce=False)
         assert ", compiling " in capsys.readouterr().out
-        assert trainer.layout.compiled["compile_s"] > 0 and trainer.layout.compiled["recompiles"] > 0
-        trainer.builder.compiler.epoch_fields()  # the counts start again here
+        assert trainer.layouts.layout.compiled["compile_s"] > 0 and trainer.layouts.layout.compiled["recompiles"] > 0
+        trainer.layouts.builder.compiler.epoch_fields()  # the counts start again here
         trainer.train_epoch()
         trainer.evaluate()
-        assert trainer.builder.compiler.epoch_fields()["compile"]["compiles"] == 0
+        assert trainer.layouts.builder.compiler.epoch_fields()["compile"]["compiles"] == 0
         served = trainer.cache.take_stats("train")
         assert served["hits"] + served["computed"] > 0, served  # the steps read the cached prefix's output
         trainer.save_checkpoint()
-        trainer.recorders.close()
+        trainer.record.recorders.close()
     finally:
         trainer._release_cache()
         trainer.close()

@@ -67,7 +67,7 @@ def growth(tmp_path, workers: int) -> tuple[int, int]:
 def test_a_pipeline_worker_grows_by_its_stages_share_of_the_model(tmp_path):
     one_started, one = growth(tmp_path, 1)
     four_started, four = growth(tmp_path, 4)
-    assert one_started > 85e6 * 4, one_started  # the single worker holds the added layers' parameters at least
+    assert one_started > 0.9 * 85e6 * 4, one_started  # the single worker holds the added layers' parameters
     mib = 2**20
     assert four_started <= MAX_START_GROWTH_RATIO * one_started, (
         f"once started, a K = 4 worker grew {four_started / mib:.0f} MiB, the single worker "
