@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ptrun.config import ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
-from ptrun.parallel.pipeline import flushing_runtime
+from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.optim import build_optimizer

@@ -23,7 +23,8 @@ from ptrun.models.lazy import allocate, give_back_host_memory
 from ptrun.parallel.compiled import cost_since, counts
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
-from ptrun.parallel.pipeline import StageRuntime, flushing_runtime
+from ptrun.parallel.flushing import flushing_runtime
+from ptrun.parallel.pipeline import StageRuntime
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.optim import build_optimizer
 

@@ -125,7 +125,7 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
 
     from ptrun.parallel.groups import build_groups
     from ptrun.parallel.partition import min_max
-    from ptrun.parallel.pipeline import PipelineRuntime
+    from ptrun.parallel.flushing import PipelineRuntime
     from ptrun.parallel.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
@@ -170,7 +170,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from ptrun.parallel.groups import build_groups
-    from ptrun.parallel.pipeline import flushing_runtime
+    from ptrun.parallel.flushing import flushing_runtime
     from ptrun.parallel.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
