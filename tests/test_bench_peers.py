@@ -1,4 +1,5 @@
-"""`ptrun.bench.peers` and its plain peer, `ptrun.bench.plain_loop`.
+"""`ptrun.bench.peers` (its runs, `peer_runs`; their summary, `peer_summary`) and its plain peer,
+`ptrun.bench.plain_loop`.
 
 The peer under torchrun (2 processes, DDP) trains the same model as in one process: same global batches,
 including an uneven last one. The benchmark's arithmetic (medians, ranges, speedups against the faster plain
@@ -21,11 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ptrun.bench import peer_runs, peer_summary
 from ptrun.bench import peers as bench_peers
 from ptrun.bench import readme as readme_entries
 from ptrun.bench import results_page
 
-PLAIN = ["-m", bench_peers.PLAIN]
+PLAIN = ["-m", peer_runs.PLAIN]
 
 
 @pytest.mark.slow
@@ -74,13 +76,13 @@ def test_the_plain_peer_runs_from_the_package(tmp_path):
     package, so an installed wheel has it (tests/test_wheel.py runs it there)."""
     import importlib.util
 
-    origin = importlib.util.find_spec(bench_peers.PLAIN).origin
-    assert origin == str(Path(bench_peers.__file__).with_name("plain_loop.py"))
-    loop = bench_peers.command("plain loop", "digits_vit", tmp_path, ["train.epochs=1"])
-    assert loop[1:3] == ["-m", bench_peers.PLAIN] and loop[-1] == "train.epochs=1"
-    ddp = bench_peers.command("plain DDP", "digits_vit", tmp_path, [])
-    assert ddp[1:3] == ["-m", "torch.distributed.run"] and ddp[ddp.index("-m", 3) + 1] == bench_peers.PLAIN
-    assert bench_peers.shown(loop) == (
+    origin = importlib.util.find_spec(peer_runs.PLAIN).origin
+    assert origin == str(Path(peer_runs.__file__).with_name("plain_loop.py"))
+    loop = peer_runs.command("plain loop", "digits_vit", tmp_path, ["train.epochs=1"])
+    assert loop[1:3] == ["-m", peer_runs.PLAIN] and loop[-1] == "train.epochs=1"
+    ddp = peer_runs.command("plain DDP", "digits_vit", tmp_path, [])
+    assert ddp[1:3] == ["-m", "torch.distributed.run"] and ddp[ddp.index("-m", 3) + 1] == peer_runs.PLAIN
+    assert peer_runs.shown(loop) == (
         f"python -m ptrun.bench.plain_loop --recipe=digits_vit --threads=2 "
         f"--out={tmp_path / 'plain.json'} train.epochs=1"
     )
@@ -98,14 +100,14 @@ def run(label: str, wall: float, train: float, samples_per_s: float, curve: list
     }
 
 
-A, B, C, D, E = bench_peers.LABELS
+A, B, C, D, E = peer_runs.LABELS
 
 
 def rounds() -> list[list[dict]]:
     """Three rounds. The plain peers' best final top-1 (the target) is 96, 97, 96. In round 2 the faster
     plain peer by wall time (the loop) is not the faster one by training time (DDP)."""
     return [
-        bench_peers.measure(r)
+        peer_summary.measure(r)
         for r in (
             [
                 run(A, 30.0, 20.0, 100.0, [[10.0, 90.0], [20.0, 95.0]]),
@@ -153,7 +155,7 @@ def test_one_round_targets_overheads_and_speedups():
 
 
 def test_aggregate_medians_ranges_and_checks():
-    result = bench_peers.aggregate(rounds())
+    result = peer_summary.aggregate(rounds())
     rows = {r["label"]: r for r in result["rows"]}
     assert [r["label"] for r in result["rows"]] == [A, B, C, D, E]
     assert [r["kind"] for r in result["rows"]] == ["plain", "plain", "ptrun", "ptrun", "ptrun"]
@@ -181,45 +183,45 @@ def test_aggregate_medians_ranges_and_checks():
 
 
 def test_without_plain_peers_there_is_no_target():
-    only = [bench_peers.measure([run(E, 28.0, 10.0, 200.0, [[10.0, 96.5]])])]
-    result = bench_peers.aggregate(only)
+    only = [peer_summary.measure([run(E, 28.0, 10.0, 200.0, [[10.0, 96.5]])])]
+    result = peer_summary.aggregate(only)
     row = result["rows"][0]
     assert result["target"] is None and result["checks"] == []
     assert row["time_to_target_s"] is None and row["speedup_wall"] is None and row["time_to_target_s_range"] is None
-    assert "| ptrun default | 28.0 | 10.0 | 18.0 | 200 | 96.50 | - | - | - |" in bench_peers.table(
+    assert "| ptrun default | 28.0 | 10.0 | 18.0 | 200 | 96.50 | - | - | - |" in peer_summary.table(
         {"recipe": "digits_vit", "repeats": 1, **result}
     )
 
 
 def test_only_picks_labels_or_letters_in_order():
-    assert bench_peers.pick(["e,a"]) == [A, E]
-    assert bench_peers.pick([D, "plain DDP"]) == [B, D]  # a label with commas is one label
+    assert peer_runs.pick(["e,a"]) == [A, E]
+    assert peer_runs.pick([D, "plain DDP"]) == [B, D]  # a label with commas is one label
     with pytest.raises(ValueError, match="'f'"):
-        bench_peers.pick(["a,f"])
+        peer_runs.pick(["a,f"])
 
 
 def test_compiled_twins_run_each_side_eager_and_compiled_and_check_like_against_like():
     """`--compiled` makes every chosen run twice: eager with `train.compile=false`, compiled with
     `train.compile=true` (the plain loop compiles its library model); samples/s are checked eager against eager
     and compiled against compiled."""
-    labels = bench_peers.twins([A, C])
+    labels = peer_runs.twins([A, C])
     assert labels == [f"{A}, eager", f"{A}, compiled", f"{C}, eager", f"{C}, compiled"]
-    cmds = bench_peers.commands(labels, "digits_vit", ["train.epochs=1"])
+    cmds = peer_runs.commands(labels, "digits_vit", ["train.epochs=1"])
     assert cmds[f"{A}, compiled"].startswith("python -m ptrun.bench.plain_loop --recipe=digits_vit")
     assert cmds[f"{A}, compiled"].endswith("train.epochs=1 train.compile=true")
     assert cmds[f"{C}, eager"].startswith("ptrun train") and cmds[f"{C}, eager"].endswith("train.compile=false")
     twin_rounds = [
-        bench_peers.measure(
+        peer_summary.measure(
             [
                 dict(r, label=r["label"] + suffix)
                 for r in rnd
                 if r["label"] in (A, C)
-                for suffix in (bench_peers.EAGER, bench_peers.COMPILED)
+                for suffix in (peer_runs.EAGER, peer_runs.COMPILED)
             ]
         )
         for rnd in rounds()
     ]
-    result = bench_peers.aggregate(twin_rounds)
+    result = peer_summary.aggregate(twin_rounds)
     assert [r["kind"] for r in result["rows"]] == ["plain", "plain", "ptrun", "ptrun"]
     assert [(c["ptrun"], c["peer"]) for c in result["checks"]] == [
         (f"{C}, eager", f"{A}, eager"),
@@ -259,27 +261,27 @@ def test_the_plain_loop_compiles_the_library_model_as_a_user_writes_it(tmp_path)
 def test_variants_and_seeded_rounds():
     """A `--variant` is one more ptrun run with its overrides after the recipe's; with `--seeds` the table adds
     the mean final top-1 over the rounds."""
-    label, overrides = bench_peers.variant("start 12: freeze.start=12 freeze.max_fraction=0.5")
+    label, overrides = peer_runs.variant("start 12: freeze.start=12 freeze.max_fraction=0.5")
     assert (label, overrides) == ("start 12", ["freeze.start=12", "freeze.max_fraction=0.5"])
-    cmd = bench_peers.command(label, "digits_vit", Path("/r"), ["train.seed=3"], {label: overrides})
-    assert bench_peers.shown(cmd) == (
+    cmd = peer_runs.command(label, "digits_vit", Path("/r"), ["train.seed=3"], {label: overrides})
+    assert peer_runs.shown(cmd) == (
         "ptrun train hydra.run.dir=/r recipe=digits_vit freeze.start=12 freeze.max_fraction=0.5 train.seed=3"
     )
     for bad in ("no label", f"{E}: auto.cache=false", ": freeze.start=1"):
         with pytest.raises(ValueError, match="--variant"):
-            bench_peers.variant(bad)
+            peer_runs.variant(bad)
     # an --engine run: the same command line, by another interpreter, which its `commands` entry names
-    assert bench_peers.engine("before: /b/python auto.cache=false") == ("before", ["/b/python", "auto.cache=false"])
+    assert peer_runs.engine("before: /b/python auto.cache=false") == ("before", ["/b/python", "auto.cache=false"])
     for bad in ("before:", "no label /b/python", f"{E}: /b/python"):
         with pytest.raises(ValueError, match="--engine"):
-            bench_peers.engine(bad)
-    cmd = bench_peers.command("before", "digits_vit", Path("/r"), [], {"before": []}, {"before": "/b/python"})
+            peer_runs.engine(bad)
+    cmd = peer_runs.command("before", "digits_vit", Path("/r"), [], {"before": []}, {"before": "/b/python"})
     assert (
         cmd[:3] == ["/b/python", "-m", "ptrun.cli"]
-        and cmd[3:] == bench_peers.command(E, "digits_vit", Path("/r"), [])[3:]
+        and cmd[3:] == peer_runs.command(E, "digits_vit", Path("/r"), [])[3:]
     )
-    assert bench_peers.commands(
-        ["before", E], "digits_vit", [], {**bench_peers.PTRUN, "before": []}, {"before": "/b/python"}
+    assert peer_runs.commands(
+        ["before", E], "digits_vit", [], {**peer_runs.PTRUN, "before": []}, {"before": "/b/python"}
     ) == {
         "before": "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit  (by /b/python)",
         E: "ptrun train hydra.run.dir=RUN_DIR recipe=digits_vit",
@@ -288,24 +290,24 @@ def test_variants_and_seeded_rounds():
     rows = {r["label"]: r for r in result["rows"]}
     assert rows[E]["mean_top1"] == pytest.approx((96.5 + 97.0 + 96.5) / 3)
     assert rows[A]["mean_top1"] == pytest.approx((95.0 + 97.0 + 95.0) / 3)
-    assert "| ptrun default | 28.0 (26.0-30.0) |" in bench_peers.table(result)
-    assert bench_peers.table(result).splitlines()[0].endswith("| mean top-1 |")
-    assert "; round r ran with train.seed=r;" in bench_peers.caption(result)
+    assert "| ptrun default | 28.0 (26.0-30.0) |" in peer_summary.table(result)
+    assert peer_summary.table(result).splitlines()[0].endswith("| mean top-1 |")
+    assert "; round r ran with train.seed=r;" in peer_summary.caption(result)
 
 
-def result_json(repeats_rounds: list[list[dict]], recipe: str, metric=bench_peers.TOP1) -> dict:
+def result_json(repeats_rounds: list[list[dict]], recipe: str, metric=peer_runs.TOP1) -> dict:
     return {
         "command": f"python scripts/bench_peers.py --recipe {recipe} --repeats 3 --out /tmp/p",
         "recipe": recipe,
         "overrides": [],
         "repeats": len(repeats_rounds),
-        **bench_peers.aggregate(repeats_rounds, metric),
+        **peer_summary.aggregate(repeats_rounds, metric),
     }
 
 
 def test_table_and_caption():
     result = result_json(rounds(), "digits_vit")
-    text = bench_peers.table(result)
+    text = peer_summary.table(result)
     assert (
         "| ptrun default | 28.0 (26.0-30.0) | 11.0 (10.0-12.0) | 18.0 (15.0-18.0) | 190 (180-200) "
         "| 96.50 (96.50-97.00) | 10.0 (5.5-12.0) | 0.89x (0.80-1.04) | 1.45x (1.17-1.50) |"
@@ -313,7 +315,7 @@ def test_table_and_caption():
     assert "| plain loop | 30.0 (24.0-31.0) |" in text
     assert "| ptrun, freezing off, 1 worker / plain loop | 0.97x (0.90-0.98) | 0.95x: yes |" in text
     assert "| ptrun, freezing off, 2 workers / plain DDP | 0.92x (0.90-0.98) | 0.95x: **no** |" in text
-    assert bench_peers.caption(result) == (
+    assert peer_summary.caption(result) == (
         "digits_vit: 3 round(s) of 5 runs, interleaved; medians (min-max over the rounds); speedups against the "
         "faster plain peer of each round; target = the best plain peer's final top-1 (median 96.00)"
     )
@@ -370,8 +372,8 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
 
     peer, quarter = sweep_interval.PEER, "ptrun, every 1/4 epoch"
     rounds = [
-        bench_peers.measure([run(peer, 200.0, 180.0, 98.0), run(quarter, 100.0, 80.0, 98.0, 1.9)]),
-        bench_peers.measure([run(peer, 240.0, 200.0, 98.0), run(quarter, 100.0, 90.0, 97.5, 1.9)]),
+        peer_summary.measure([run(peer, 200.0, 180.0, 98.0), run(quarter, 100.0, 80.0, 98.0, 1.9)]),
+        peer_summary.measure([run(peer, 240.0, 200.0, 98.0), run(quarter, 100.0, 90.0, 97.5, 1.9)]),
     ]
     result = dict(sweep_interval.aggregate(rounds), command="python x", recipe="bbc_news_bert", repeats=2)
     rows = {r["label"]: r for r in result["rows"]}
@@ -559,19 +561,19 @@ def test_the_benchmarks_decoder_is_written_offline(tmp_path):
 def test_causal_lm_command_lines_and_metric(tmp_path):
     """The one documented command: --only a,c runs the plain loop and ptrun without freezing on one worker,
     each with the decoder's overrides; the recipe's task picks perplexity."""
-    assert bench_peers.pick(["a,c"]) == [A, C]
+    assert peer_runs.pick(["a,c"]) == [A, C]
     lm = [f"model.pretrained={tmp_path}/llama", f"data.path={tmp_path}/news.jsonl"]
-    assert bench_peers.shown(bench_peers.command(A, "causal_lm", Path("/r"), lm)) == (
+    assert peer_runs.shown(peer_runs.command(A, "causal_lm", Path("/r"), lm)) == (
         f"python -m ptrun.bench.plain_loop --recipe=causal_lm --threads=2 --out=/r/plain.json {' '.join(lm)}"
     )
-    assert bench_peers.shown(bench_peers.command(C, "causal_lm", Path("/r"), lm)) == (
+    assert peer_runs.shown(peer_runs.command(C, "causal_lm", Path("/r"), lm)) == (
         "ptrun train hydra.run.dir=/r recipe=causal_lm auto.freeze=false auto.cache=false "
         f"launcher.nproc_per_node=1 {' '.join(lm)}"
     )
-    assert bench_peers.metric_of("causal_lm", lm) is bench_peers.PERPLEXITY
-    assert bench_peers.metric_of("digits_vit", []) is bench_peers.TOP1
+    assert peer_runs.metric_of("causal_lm", lm) is peer_runs.PERPLEXITY
+    assert peer_runs.metric_of("digits_vit", []) is peer_runs.TOP1
     with pytest.raises(ValueError, match="model.task='qa'; the plain peer trains classification, causal_lm"):
-        bench_peers.metric_of("bert_squad", ["data.path=/x", "model.pretrained=null"])
+        peer_runs.metric_of("bert_squad", ["data.path=/x", "model.pretrained=null"])
     assert "--only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl" in bench_peers.__doc__
 
 
@@ -590,9 +592,9 @@ def lm_run(label: str, wall: float, train: float, samples_per_s: float, curve: l
 def lm_rounds() -> list[list[dict]]:
     """Two rounds of the plain loop and ptrun without freezing, on perplexity: the target is the plain loop's
     (the only peer), and lower reaches it."""
-    ppl = bench_peers.PERPLEXITY
+    ppl = peer_runs.PERPLEXITY
     return [
-        bench_peers.measure(r, ppl)
+        peer_summary.measure(r, ppl)
         for r in (
             [
                 lm_run(A, 60.0, 50.0, 20.0, [[25.0, 300.0], [50.0, 200.0]]),
@@ -613,14 +615,14 @@ def test_perplexity_targets_and_times_compare_lower_is_better():
     assert by[A]["time_to_target_s"] == 50.0 and by[C]["time_to_target_s"] == 24.5  # 199 <= 200 at epoch 1
     assert by2[C]["time_to_target_s"] == 56.0  # within the relative tolerance
     # a peer with the higher perplexity is not the target, even when it comes first
-    worse = bench_peers.measure(
-        [lm_run(A, 1.0, 1.0, 1.0, [[1.0, 150.0]]), lm_run(B, 1.0, 1.0, 1.0, [[1.0, 120.0]])], bench_peers.PERPLEXITY
+    worse = peer_summary.measure(
+        [lm_run(A, 1.0, 1.0, 1.0, [[1.0, 150.0]]), lm_run(B, 1.0, 1.0, 1.0, [[1.0, 120.0]])], peer_runs.PERPLEXITY
     )
     assert worse[0]["target"] == 120.0 and worse[0]["time_to_target_s"] is None
 
 
 def test_perplexity_aggregate_table_and_caption():
-    result = {**result_json(lm_rounds(), "causal_lm", bench_peers.PERPLEXITY), "seeds": True}
+    result = {**result_json(lm_rounds(), "causal_lm", peer_runs.PERPLEXITY), "seeds": True}
     assert result["metric"] == "perplexity" and result["target"] == 205.0
     rows = {r["label"]: r for r in result["rows"]}
     assert rows[C]["final_perplexity"] == pytest.approx((180.0 + 210.0 * (1 + 1e-9)) / 2)
@@ -628,7 +630,7 @@ def test_perplexity_aggregate_table_and_caption():
     check = result["checks"][0]
     assert (check["ptrun"], check["peer"]) == (C, A)
     assert check["rounds"] == pytest.approx([20.4 / 20.0, 17.5 / 19.0]) and check["passed"] is True  # median 0.97
-    text = bench_peers.table(result)
+    text = peer_summary.table(result)
     assert text.splitlines()[0] == (
         "| run | wall (s) | training (s) | outside training (s) | samples/s | final "
         "perplexity | time to target (s) | speedup, wall | speedup, training | mean "
@@ -640,7 +642,7 @@ def test_perplexity_aggregate_table_and_caption():
         "| 18.95 (17.50-20.40) | 195.00 (180.00-210.00) | 40.2 (24.5-56.0) |"
     ) in text
     assert "| ptrun, freezing off, 1 worker / plain loop | 0.97x (0.92-1.02) | 0.95x: yes |" in text
-    assert bench_peers.caption(result) == (
+    assert peer_summary.caption(result) == (
         "causal_lm: 2 round(s) of 2 runs, interleaved; medians (min-max over the rounds); round r ran with "
         "train.seed=r; speedups against the faster plain peer of each round; target = the plain peers' lowest "
         "final perplexity (median 205.00)"
@@ -658,7 +660,7 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     (results / "bench_peers_causal_lm.json").write_text(
         json.dumps(
             {
-                **result_json(lm_rounds()[:1], "causal_lm", bench_peers.PERPLEXITY),
+                **result_json(lm_rounds()[:1], "causal_lm", peer_runs.PERPLEXITY),
                 "date": "2026-11-26",
                 "command": "python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=/tmp/lm/llama",
             }
@@ -682,7 +684,7 @@ def test_a_ptrun_runs_signal_share_is_read_and_tabled(tmp_path):
     ]
     events.append({"event": "end", "total_time_s": 4.5})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
-    run = bench_peers.read_ptrun(tmp_path)
+    run = peer_runs.read_ptrun(tmp_path)
     assert run["signal_share"] == pytest.approx(0.08 / 4.0) and run["samples_per_s"] == pytest.approx(50.0)
     rows = [
         dict(run, label=E, wall_s=6.0),
@@ -695,8 +697,8 @@ def test_a_ptrun_runs_signal_share_is_read_and_tabled(tmp_path):
             "curve": [[6.0, 91.0]],
         },
     ]
-    result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
-    text = bench_peers.table(result)
+    result = {**peer_summary.aggregate([peer_summary.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
+    text = peer_summary.table(result)
     assert f"| {E} | 2.00% |" in text and f"| {A} | " not in text.split("freeze policy's signal")[1]
 
 
@@ -704,24 +706,24 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
     """From the spawn to the first step, the evaluations, and what is left of the wall time; tabled under the
     runs for the runs that recorded them (a result written before they were has no such table)."""
     timed = dict(run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]]), first_step_time=1005.5, eval_s=2.5)
-    assert bench_peers.outside_training(timed, spawned=1000.0) == {"to_first_step_s": 5.5, "rest_s": 2.0}
-    assert bench_peers.outside_training(timed, spawned=None) == {}
-    assert bench_peers.outside_training(dict(timed, eval_s=None), spawned=1000.0) == {}
+    assert peer_runs.outside_training(timed, spawned=1000.0) == {"to_first_step_s": 5.5, "rest_s": 2.0}
+    assert peer_runs.outside_training(timed, spawned=None) == {}
+    assert peer_runs.outside_training(dict(timed, eval_s=None), spawned=1000.0) == {}
     ptrun_run = dict(run(E, 20.0, 10.0, 200.0, [[10.0, 96.0]]), first_step_time=2004.0, eval_s=1.0)
     # a ptrun run's worker began at 2003.2: the launcher's share of its 4 s to the first step
-    assert bench_peers.outside_training(dict(ptrun_run, worker_start_time=2003.2), 2000.0) == pytest.approx(
+    assert peer_runs.outside_training(dict(ptrun_run, worker_start_time=2003.2), 2000.0) == pytest.approx(
         {"to_first_step_s": 4.0, "rest_s": 5.0, "to_worker_s": 3.2}
     )
     rows = [
-        dict(timed, **bench_peers.outside_training(timed, 1000.0)),
-        dict(ptrun_run, **bench_peers.outside_training(ptrun_run, 2000.0)),
+        dict(timed, **peer_runs.outside_training(timed, 1000.0)),
+        dict(ptrun_run, **peer_runs.outside_training(ptrun_run, 2000.0)),
     ]
-    result = {**bench_peers.aggregate([bench_peers.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
-    text = bench_peers.table(result)
+    result = {**peer_summary.aggregate([peer_summary.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
+    text = peer_summary.table(result)
     assert f"| {A} | 5.5 | 2.5 | 2.0 |" in text and f"| {E} | 4.0 | 1.0 | 5.0 |" in text
     old = {
-        **bench_peers.aggregate([bench_peers.measure([run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]])])]),
+        **peer_summary.aggregate([peer_summary.measure([run(A, 30.0, 20.0, 100.0, [[20.0, 95.0]])])]),
         "repeats": 1,
         "recipe": "digits_vit",
     }
-    assert "to the first step" not in bench_peers.table(old)
+    assert "to the first step" not in peer_summary.table(old)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TINY, compose_config, run_events
-from ptrun.bench import peers as bench_peers
+from ptrun.bench import peer_runs
 from ptrun.bench import readme as readme_entries
 from ptrun.bench import results_page
 from ptrun.bench import startup as bench_startup
@@ -55,7 +55,7 @@ def test_a_real_runs_events_give_its_first_step_after_its_start(tmp_path, one_ra
     assert seconds["first_step_end_s"] == marks["first_step_end_time"] - spawn
     # each epoch's evaluation is timed, inside the epoch's record; the peer benchmark adds them up
     assert all(0 < e["eval_time_s"] < e["time"] - marks["start_time"] for e in epochs)
-    run = bench_peers.read_ptrun(run_dir)
+    run = peer_runs.read_ptrun(run_dir)
     assert run["eval_s"] == pytest.approx(sum(e["eval_time_s"] for e in epochs))
     assert run["first_step_time"] == marks["first_step_time"]
 
@@ -82,7 +82,7 @@ def test_the_plain_loop_records_its_first_step(tmp_path):
     assert marks["start_time"] is None and bench_startup.since(0.0, marks)["start_event_s"] is None
     assert marks["first_step_time"] == result["first_step_time"]
     assert [e["eval_time_s"] > 0 for e in result["epochs"]] == [True]
-    run = bench_peers.read_plain(tmp_path)
+    run = peer_runs.read_plain(tmp_path)
     assert run["eval_s"] == result["epochs"][0]["eval_time_s"] and run["first_step_time"] == result["first_step_time"]
 
 

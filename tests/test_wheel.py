@@ -79,7 +79,7 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
     ]
 
     # The benchmarks' plain peer ships in the package: `ptrun.bench.peers` runs it as a module, no clone needed.
-    peer = "import importlib.util, ptrun.bench.peers as p; print(importlib.util.find_spec(p.PLAIN).origin)"
+    peer = "import importlib.util, ptrun.bench.peer_runs as p; print(importlib.util.find_spec(p.PLAIN).origin)"
     assert run(python, "-c", peer, cwd=work).stdout.split() == [str(site / "ptrun" / "bench" / "plain_loop.py")]
     assert "--threads" in run(python, "-m", "ptrun.bench.plain_loop", "--help", cwd=work).stdout
 

@@ -53,7 +53,7 @@ from ptrun.bench.harness import (
     rounds_parser,
     rows_table,
 )
-from ptrun.bench.peers import command as peer_command, shown
+from ptrun.bench.peer_runs import command as peer_command, shown
 
 PLAIN, COLD, WARM, PTRUN = "plain loop", "ptrun, cold cache", "ptrun, warm cache", "ptrun"
 TOKENIZED_DIR = "PTRUN_TOKENIZED_DIR"

@@ -31,7 +31,8 @@ from ptrun.bench.harness import (
     rounds_parser,
     rows_table,
 )
-from ptrun.bench.peers import COLUMNS, commands, execute, measure
+from ptrun.bench.peer_runs import commands, execute
+from ptrun.bench.peer_summary import COLUMNS, measure
 
 PEER = "plain loop"
 VARIANTS = {
