@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ptrun.bench import overhead
+from ptrun.bench import oracle_loop, overhead
 from ptrun.bench.harness import label_rows
 from test_report import write_run
 
@@ -58,14 +58,14 @@ EVENTS = [
 
 def test_the_schedule_is_the_runs_layout_changes(tmp_path):
     run_dir = write_run(tmp_path / "r", EVENTS)
-    changes = overhead.schedule(run_dir)
+    changes = oracle_loop.schedule(run_dir)
     assert changes == [
         {"epoch": 0, "step": 2, "frozen_units": 3},
         {"epoch": 0, "step": 6, "frozen_units": 5},
         {"epoch": 1, "step": 0, "frozen_units": 7},
     ]
-    assert [overhead.frozen_at(changes, 0, s) for s in range(8)] == [0, 0, 3, 3, 3, 3, 5, 5]
-    assert overhead.frozen_at(changes, 1, 0) == overhead.frozen_at(changes, 5, 3) == 7
+    assert [oracle_loop.frozen_at(changes, 0, s) for s in range(8)] == [0, 0, 3, 3, 3, 3, 5, 5]
+    assert oracle_loop.frozen_at(changes, 1, 0) == oracle_loop.frozen_at(changes, 5, 3) == 7
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "electra"])
@@ -79,7 +79,7 @@ def test_the_oracles_units_are_ptruns(kind):
     from ptrun.models.encoders import split_encoder
 
     model = transformers.AutoModelForSequenceClassification.from_config(tiny_config(kind))
-    ours = overhead.unit_params(model)
+    ours = oracle_loop.unit_params(model)
     theirs = split_encoder(model, "classification")
     assert len(ours) == len(theirs) == 2 * 2 + 2
     for i, (mine, unit) in enumerate(zip(ours, theirs)):
@@ -113,7 +113,7 @@ def test_per_epoch_overhead_and_the_whole_run(tmp_path):
         "model": "tiny",
         "repeats": 2,
         "num_units": 10,
-        "schedule": overhead.schedule(run_dir),
+        "schedule": oracle_loop.schedule(run_dir),
         "rows": label_rows([rows, rows], overhead.KEYS),
     }
     for row in result["rows"]:
@@ -153,9 +153,9 @@ def test_one_small_round_end_to_end(tmp_path):
     import transformers
 
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "tiny_bert", num_labels=5)
-    sizes = [sum(p.numel() for p in unit) for unit in overhead.unit_params(model)]
+    sizes = [sum(p.numel() for p in unit) for unit in oracle_loop.unit_params(model)]
     oracle = json.loads((tmp_path / "small" / "round0" / "oracle.json").read_text())
-    frozen = [overhead.frozen_at(result["schedule"], e, 8) for e in (0, 1)]
+    frozen = [oracle_loop.frozen_at(result["schedule"], e, 8) for e in (0, 1)]
     assert [e["frozen_units"] for e in oracle["epochs"]] == frozen and frozen[-1] > frozen[0] > 0
     assert [e["trainable_params"] for e in oracle["epochs"]] == [sum(sizes[f:]) for f in frozen]
     assert [e["optimizer_params"] for e in oracle["epochs"]] == [sum(sizes[f:]) for f in frozen]
