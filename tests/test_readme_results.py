@@ -261,7 +261,7 @@ def test_page_comes_from_the_json(tree):
     # The current results first, the older ones under their own heading, then the simulator's files.
     current, older = text.split("## Older measurements")
     assert "### ptrun against plain PyTorch: bbc_news_bert" in current and "bench_speedup.json" not in current
-    assert "### Speedup breakdown, digits_vit" in older and readme_entries.OLDER in older
+    assert "### Speedup breakdown, digits_vit" in older and older.startswith("\n\nMeasured before `pipe.length=auto`")
     # The README: its block rewritten from the peers' JSON, the prose around it untouched.
     body = readme.read_text()
     assert "stale text" not in body and "**2.54x faster**" in body
@@ -330,6 +330,34 @@ def test_a_result_without_a_date_or_a_place_is_named(tree, capsys, monkeypatch):
     assert run(tree) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_new.json: not on the results page" in err
+
+
+def test_the_prose_comes_from_the_templates(tree, tmp_path, capsys, monkeypatch):
+    """Each result's prose is its template, the page's own prose page.md; a missing template is one line naming it."""
+    readme, page, results = tree
+    templates = tmp_path / "templates"
+    shutil.copytree(results_page.TEMPLATES, templates)
+    monkeypatch.setattr(results_page, "TEMPLATES", templates)
+    cache = templates / "bench_cache.md"
+    cache.write_text(cache.read_text().replace("$result", "Edited measures.\n\n$result", 1))
+    page_md = templates / "page.md"
+    page_md.write_text(page_md.read_text().replace("## Other result files", "## Other files, edited", 1))
+    assert run(tree) == 0
+    text = page.read_text()
+    section = text.split("### AutoCache\n\n")[1].split("\n### ")[0]
+    assert "Edited measures.\n\n- command: `" in section and "## Other files, edited\n" in text
+    cache.unlink()
+    page.unlink()
+    assert run(tree) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench_cache.md: missing" in err and not page.exists()
+
+
+def test_every_result_has_a_template_and_every_template_a_use():
+    """docs/results/templates/ holds the prose of every result on the page and the page's own, nothing else."""
+    names = {path.name for path in results_page.TEMPLATES.glob("*")}
+    entries = {entry.template for entry in readme_entries.TABLES}
+    assert names == entries | {"page.md", "result.md", "readme_headline.md"}
 
 
 def test_missing_markers_are_named(tree, capsys):
@@ -411,6 +439,7 @@ INTERNAL = re.compile(
         *sorted((REPO / "configs").rglob("*.yaml")),
         *sorted((REPO / "recipes").glob("*.yaml")),
         Path(readme_entries.__file__),
+        *sorted(results_page.TEMPLATES.glob("*.md")),
     ],
     ids=lambda p: str(p.relative_to(REPO)),
 )

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 
 
 @dataclass(frozen=True)
 class Table:
-    """One result on the page."""
+    """One result on the page; the prose around it is its template (`template`)."""
 
     file: str
     """Its JSON file in docs/results/."""
     module: str
     """The benchmark module whose `caption(result)` and `table(result)` format it."""
     title: str
-    measures: str
-    """What it measures (Markdown), above the table."""
-    notes: str = ""
-    """What the table says (Markdown), below it."""
     older: bool = False
     """Measured on code that has changed since: listed under the older results."""
     optional: bool = False
     """On the page only when its JSON is in docs/results/: a benchmark that has not been measured here yet."""
+
+    @property
+    def template(self) -> str:
+        """Its prose in docs/results/templates/: what it measures (Markdown), `$result` where the command, date,
+        machine, caption and table go, then what the table says."""
+        return PurePath(self.file).stem + ".md"

@@ -4,8 +4,8 @@ docs/results.md is generated whole: for every result in `TABLES` (its entry in p
 it measures, the command that wrote its JSON, the date it was measured, the machine, the benchmark's caption
 and table (formatted by the benchmark module's own `caption()` and `table()`, the text the script printed
 when it ran) and the prose that explains it. Results measured on older code come last, under a heading that
-says so. Every JSON file in docs/results/ must appear on the page (a new one without an entry there is an
-error).
+says so. The prose, the page's own and each result's, lies in text templates (`TEMPLATES`). Every JSON file
+in docs/results/ must appear on the page (a new one without an entry there is an error).
 
 In the README, the text between `<!-- results:NAME -->` and `<!-- /results:NAME -->` is replaced by the
 block NAME of `README_BLOCKS`; nothing outside the markers is touched. Running the generator again changes
@@ -15,8 +15,8 @@ nothing.
                                      [--results docs/results]
 
 `--check` writes nothing and exits 1 when a file differs from what the JSON gives (a table edited by hand,
-or JSON updated without regenerating). A missing or invalid JSON file, a result without a date, or a README
-without a block's markers exits 2 with one line naming it.
+or JSON updated without regenerating). A missing or invalid JSON file or template, a result without a date, or
+a README without a block's markers exits 2 with one line naming it.
 """
 
 from __future__ import annotations
@@ -27,10 +27,17 @@ import json
 import re
 import sys
 from pathlib import Path
+from string import Template
 
-from ptrun.bench.readme import MACHINE, MACHINES, MEASURED, OLDER, OTHER, README_BLOCKS, TABLES, Table
+from ptrun.bench.readme import MACHINE, MACHINES, MEASURED, OTHER, README_BLOCKS, TABLES, Table
 
 REPO = Path(__file__).resolve().parents[2]
+
+TEMPLATES = REPO / "docs" / "results" / "templates"
+"""The page's prose, read with `string.Template` (`$field`; a literal dollar is `$$`): `page.md` the page around
+the results, `result.md` what each result shows from its JSON, `readme_headline.md` the README's block, and for
+each result its own (`Table.template`). They lie in the clone beside the JSON, which only a clone has: the page
+is generated there, not from an installed package."""
 
 
 class ResultsError(Exception):
@@ -43,6 +50,17 @@ def shown(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def filled(name: str, **fields: str) -> str:
+    """The template `name` with its fields filled in, less the file's final newline."""
+    path = TEMPLATES / name
+    if not path.is_file():
+        raise ResultsError(f"{shown(path)}: missing (docs/results.md is generated from it)")
+    try:
+        return Template(path.read_text().removesuffix("\n")).substitute(fields)
+    except (KeyError, ValueError) as e:
+        raise ResultsError(f"{shown(path)}: invalid template ({type(e).__name__}: {e})") from None
 
 
 def load(results: Path, filename: str) -> dict:
@@ -90,26 +108,25 @@ def anchor(title: str) -> str:
 
 
 def section(results: Path, entry: Table) -> str:
+    """A result's heading, its prose and what its JSON shows."""
     result = load(results, entry.file)
     caption, table = formatted(results, entry, result)
-    parts = [
-        f"### {entry.title}",
-        "",
-        entry.measures,
-        "",
-        f"- command: `{result['command']}`",
-        f"- measured: {measured_on(results, entry.file, result)}",
-        f"- machine: {machine_of(entry.file, result)}",
-        f"- data: [results/{entry.file}](results/{entry.file})",
-        "",
-        f"{caption}.",
-        "",
-        table,
-        "",
-    ]
-    if entry.notes:
-        parts += [entry.notes, ""]
-    return "\n".join(parts)
+    shows = filled(
+        "result.md",
+        command=result["command"],
+        measured=measured_on(results, entry.file, result),
+        machine=machine_of(entry.file, result),
+        file=entry.file,
+        caption=caption,
+        table=table,
+    )
+    return f"### {entry.title}\n\n" + filled(entry.template, result=shows)
+
+
+def listed(results: Path, tables: list[Table]) -> str:
+    """The tables' index, then their sections."""
+    index = "\n".join(f"- [{t.title}](#{anchor(t.title)})" for t in tables)
+    return "\n\n".join([index, *(section(results, t) for t in tables)])
 
 
 def page(results: Path) -> str:
@@ -121,49 +138,16 @@ def page(results: Path) -> str:
                 f"{shown(path)}: not on the results page (add it to TABLES or OTHER in ptrun/bench/readme.py)"
             )
     shown_tables = [t for t in TABLES if not t.optional or (results / t.file).is_file()]
-    current = [t for t in shown_tables if not t.older]
-    older = [t for t in shown_tables if t.older]
-    lines = [
-        "# Measured results",
-        "",
-        "<!-- generated by `python scripts/readme_results.py` from docs/results/*.json: edit the JSON or "
-        "ptrun/bench/readme.py, not this page -->",
-        "",
-        "Every table here is generated from the JSON a benchmark script wrote into [results/](results/), with "
-        "the command that wrote it and the date it was measured. To re-measure: run the command, copy the JSON "
-        "it writes into docs/results/, and run `python scripts/readme_results.py`. The tests run it with "
-        "`--check`, so a table edited by hand fails them.",
-        "",
-        "Everything was measured on CPUs (no GPU), where the workers stand for devices: read the ratios and "
-        "shapes, not the absolute times. Benchmarks that run several configurations interleave them in rounds "
-        "and report medians (with the min-max range over the rounds when there are several).",
-        "",
-        "## Current code",
-        "",
-        *[f"- [{t.title}](#{anchor(t.title)})" for t in current],
-        "",
-        *[section(results, t) for t in current],
-        "## Older measurements",
-        "",
-        OLDER,
-        "",
-        *[f"- [{t.title}](#{anchor(t.title)})" for t in older],
-        "",
-        *[section(results, t) for t in older],
-        "## Other result files",
-        "",
-        "Used by `ptrun plan` and the simulator's validation; [simulator.md](simulator.md) shows and explains them.",
-        "",
-        "| file | what | command | measured |",
-        "|---|---|---|---|",
-    ]
+    current = listed(results, [t for t in shown_tables if not t.older])
+    older = listed(results, [t for t in shown_tables if t.older])
+    rows = []
     for filename, what in OTHER.items():
         result = load(results, filename)
-        lines.append(
+        rows.append(
             f"| [{filename}](results/{filename}) | {what} | `{result['command']}` | "
             f"{measured_on(results, filename, result)} |"
         )
-    return "\n".join(lines) + "\n"
+    return filled("page.md", current=current, older=older, other="\n".join(rows)) + "\n"
 
 
 def headline(results: Path, readme: Path) -> str:
@@ -176,22 +160,25 @@ def headline(results: Path, readme: Path) -> str:
         peer = max((r for r in result["rows"] if r["kind"] == "plain"), key=lambda r: r["speedup_wall"])
         # seeded rounds: the accuracy is the mean over the seeds; else the median of the rounds
         top1 = "mean_top1" if result.get("seeds") else "final_top1"
-        over = f" (means over {result['repeats']} seeds)" if result.get("seeds") else ""
-        text = (
-            f"On the embedded default (`ptrun train`, the recipe `bbc_news_bert`: all-MiniLM-L6-v2 fine-tuned "
-            f"on BBC News topics, 3 epochs, 2 workers) ptrun ran **{mine['speedup_wall']:.2f}x faster** "
-            f"in wall time than a plain transformers loop ({mine['wall_s']:.0f} s against "
-            f"{peer['wall_s']:.0f} s, start-up included) and ended at {mine[top1]:.2f}% top-1 against "
-            f"{peer[top1]:.2f}%{over}."
-        )
+        numbers = {
+            "speedup": f"{mine['speedup_wall']:.2f}",
+            "wall": f"{mine['wall_s']:.0f}",
+            "peer_wall": f"{peer['wall_s']:.0f}",
+            "top1": f"{mine[top1]:.2f}",
+            "peer_top1": f"{peer[top1]:.2f}",
+            "over": f" (means over {result['repeats']} seeds)" if result.get("seeds") else "",
+        }
     except (KeyError, TypeError, ValueError) as e:
         raise ResultsError(f"{shown(results / filename)}: invalid peers result ({type(e).__name__}: {e})") from None
-    link = "docs/results.md"
-    return (
-        f"<!-- generated by scripts/readme_results.py from docs/results/{filename} -->\n{text}\n"
-        f"Measured {measured_on(results, filename, result)} on {machine_of(filename, result)} with "
-        f"`{result['command']}`; every measurement, with its command and date: [{link}]({link}).\n"
+    text = filled(
+        "readme_headline.md",
+        file=filename,
+        measured=measured_on(results, filename, result),
+        machine=machine_of(filename, result),
+        command=result["command"],
+        **numbers,
     )
+    return text + "\n"
 
 
 def readme_text(text: str, results: Path, readme: Path) -> str:
