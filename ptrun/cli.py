@@ -101,7 +101,7 @@ def checked_start(overrides: list[str]) -> Resolved:
     fails before anything is created. Once the config itself is good, the workers' server starts importing
     their modules, beside the checks that read files (a refused start ends it with the command: no worker has
     started)."""
-    from ptrun.launch import start_worker_server
+    from ptrun.worker_server import start_worker_server
 
     try:
         start = for_this_machine(resolve(overrides, os.environ))
@@ -198,8 +198,10 @@ def hydra_job(cfg: DictConfig) -> None:
 def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
-    from ptrun.launch import Diverged, LaunchFailed, Stopped, check_rendezvous, launch, start_worker_server
+    from ptrun.launch import Diverged, LaunchFailed, Stopped, launch
+    from ptrun.rendezvous import check_rendezvous
     from ptrun.sim.fill import fill_layout
+    from ptrun.worker_server import start_worker_server
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
     try:
@@ -459,13 +461,13 @@ def _main(argv: list[str] | None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from ptrun.launch import stop_worker_server, user_cache_dir
+        from ptrun.worker_server import stop_worker_server, user_cache_dir
 
         # SIGTERM before the workers run (composing, waiting for other machines): exit as after a stop, with
         # the private files cleaned up (elastic's own handler takes over once the workers start).
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
-        # before anything imports torch._dynamo, which makes its cache directory (see launch_config)
+        # before anything imports torch._dynamo, which makes its cache directory (see worker_environment)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
         try:
             run_train(rest)

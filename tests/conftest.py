@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptrun.launch import user_cache_dir
+from ptrun.worker_server import user_cache_dir
 
 # As `ptrun train` does, before anything imports torch._dynamo (its default cache is /tmp/torchinductor_USER).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))

@@ -157,7 +157,7 @@ def test_the_workers_preloaded_modules_leave_wandb_out(recipe):
     import subprocess
     import sys
 
-    from ptrun.launch import worker_modules
+    from ptrun.worker_server import worker_modules
 
     assert importlib.util.find_spec("wandb") is not None, "wandb is installed (ptrun[trackers]): the test needs it"
     modules = worker_modules(for_this_machine(resolve([f"recipe={recipe}"], {})).cfg)

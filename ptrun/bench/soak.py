@@ -225,7 +225,8 @@ def soak(
     from omegaconf import OmegaConf
     from torch.distributed.launcher.api import elastic_launch
 
-    from ptrun.launch import launch_config, tidy_agent
+    from ptrun.elastic_agent import tidy_agent
+    from ptrun.launch import launch_config
 
     kill_points(transitions, restarts, checkpoint_every)  # fail before starting anything
     run_dir = Path(run_dir).resolve()

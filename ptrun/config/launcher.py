@@ -129,7 +129,7 @@ def check_devices(lc: LauncherConfig) -> None:
 
 def split_endpoint(endpoint: str) -> tuple[str, int | None] | None:
     """`host:port`, `[v6 address]:port` or `host` -> (host, port; None = torch's default port); None when it
-    does not parse (`ptrun.launch.check_rendezvous` reports that with torch's own parser)."""
+    does not parse (`ptrun.rendezvous.check_rendezvous` reports that with torch's own parser)."""
     text = str(endpoint).strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")

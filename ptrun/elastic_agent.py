@@ -1,0 +1,183 @@
+"""ptrun's elastic agent, put in the place of torch's while elastic runs the workers: it makes no restart once the
+workers' reports say a restart would fail the same way (bad input, divergence, every worker's same start-up error),
+passes a Ctrl-C / SIGTERM on as "stop at a checkpoint", gives its own stops a short grace, leaves no worker
+exception files behind, and keeps elastic's logs quiet where the launcher's one line says what happened."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from ptrun.compat import agent_shutdown
+
+# torch's loggers that report a failed worker (with the agent's traceback) and the shutdown of the others
+ELASTIC_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+# ... and the agent's, which reports a signal it received ("Received SIGINT death signal, shutting down
+# workers"; the launcher's own line says what happened and how to resume)
+AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+OWN_STOP_GRACE_S = 10
+"""When the agent stops its workers itself (a restart after a failure, a job re-formed because machines left
+or joined, the rest of a failed group), the seconds between SIGTERM and SIGKILL. Workers that can go on stop
+at a step they agree on and write a checkpoint (the re-formed job resumes there); those whose peers are gone
+end on the error the lost connection raises. Either way they exit as Python processes do, releasing what
+they hold: a process SIGKILLed leaves its named semaphores in /dev/shm (multiprocessing's, such as the lock
+tqdm makes for `datasets`) to the launcher's resource tracker, which warns about them when it exits, and to
+nobody if the launcher dies too. A worker stuck in a collective that never returns is killed after the
+grace, so a re-form waits at most this long."""
+
+
+START_REPORT_WAIT_S = 10
+"""After a worker failed at start-up, how long the agent waits for the other workers of its machine to fail
+the same way before it decides whether to restart them (they run the same code, seconds apart at most)."""
+
+
+def config_reports(errors: Path) -> list[Path]:
+    """The bad-input reports workers wrote in `errors` (`ptrun.worker`), lowest rank first."""
+    return sorted(errors.glob("rank*"))
+
+
+def diverged_reports(errors: Path) -> list[Path]:
+    """The reports of workers that stopped because training diverged (`ptrun.worker`), lowest rank first."""
+    return sorted(errors.glob("diverged-rank*"))
+
+
+def start_reports(errors: Path) -> list[Path]:
+    """The start-up failure reports workers wrote in `errors` (`ptrun.worker.report_start_failure`)."""
+    return sorted(errors.glob("start-rank*"))
+
+
+def same_start_failure(errors: Path, local_workers: int) -> bool:
+    """Whether every worker of this machine failed at start-up with the same error: a bug that a restart
+    would only repeat. Otherwise (a worker killed, a peer lost, errors that differ) the reports are logged and
+    removed, and elastic restarts the group as for any fault."""
+    deadline = time.monotonic() + START_REPORT_WAIT_S
+    while 0 < len(start_reports(errors)) < local_workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reports = [json.loads(p.read_text()) for p in start_reports(errors)]
+    if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
+        return True
+    for path, report in zip(start_reports(errors), reports):
+        logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-") :], report["traceback"])
+        path.unlink(missing_ok=True)
+    return False
+
+
+@contextlib.contextmanager
+def quiet_agent_on_signals():
+    """Once the agent has received a signal, drop its warnings about it and about passing it on to the
+    workers: the launcher's own line says what happened and how to resume."""
+    signalled = False
+
+    def quiet(record: logging.LogRecord) -> bool:
+        nonlocal signalled
+        signalled = signalled or "death signal" in record.getMessage()
+        return not signalled
+
+    loggers = [logging.getLogger(name) for name in (AGENT_LOGGER, *ELASTIC_LOGGERS)]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+class _TidyAgent:
+    """Mixed into elastic's agent: when it stops a worker group (a restart, or the end), it removes the files
+    torch.multiprocessing pickles a raising worker's exception into (in the temp directory, never removed by
+    torch). The agent has read them into the failure it reports by then."""
+
+    def _shutdown(self, *args, **kwargs):
+        workers = getattr(self._pcontext, "_pc", None)
+        try:
+            return super()._shutdown(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            for name in getattr(workers, "error_files", None) or []:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+
+
+@contextlib.contextmanager
+def _elastic_agent(make):
+    """While the block runs, `elastic_launch` builds its agent from `make(LocalElasticAgent)`, a subclass (it
+    takes the class from `torch.distributed.launcher.api`)."""
+    import torch.distributed.launcher.api as launcher_api
+
+    base = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = make(base)
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = base
+
+
+def tidy_agent():
+    """While the block runs, `elastic_launch` builds an agent that leaves no worker exception files behind
+    (`_TidyAgent`): for launches of other entry points than ptrun's workers (the soak benchmark)."""
+    return _elastic_agent(lambda base: type("TidyAgent", (_TidyAgent, base), {}))
+
+
+@contextlib.contextmanager
+def ptrun_agent(errors: Path, stop_timeout: float):
+    """While elastic runs the workers, ptrun's agent:
+    - once a worker has reported bad input or divergence in `errors`, or every worker of the machine the same
+      error at start-up (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
+      fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
+      the other workers, since the one-line message says what happened;
+    - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
+      checkpoint" (ptrun/train/stop.py), and waits `launcher.stop_timeout` for them. Its own stops (the rest
+      of a failed group, a restart, a job re-formed for machines that left or joined) send SIGTERM too, but
+      wait only `OWN_STOP_GRACE_S` before SIGKILL (see there).
+
+    elastic_launch builds its agent from `torch.distributed.launcher.api.LocalElasticAgent`, so a subclass is
+    put there for the duration."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def make(base):
+        class Agent(_TidyAgent, base):  # type: ignore[misc, valid-type]
+            signalled = False
+
+            def _invoke_run(self, *args, **kwargs):
+                try:
+                    return super()._invoke_run(*args, **kwargs)
+                except SignalException:
+                    self.signalled = True
+                    raise
+
+            def _shutdown(self, death_sig=signal.SIGTERM, timeout=None):
+                if not self.signalled:  # a stop of the agent's own: a restart, a re-form, a failed group's end
+                    death_sig, timeout = signal.SIGTERM, OWN_STOP_GRACE_S
+                elif timeout is None:  # a torch whose agent passes no timeout (before 2.12)
+                    timeout = stop_timeout
+                agent_shutdown(self, super()._shutdown, base, death_sig, timeout)
+
+            def _monitor_workers(self, worker_group):
+                result = super()._monitor_workers(worker_group)
+                if result.is_failed() and (
+                    config_reports(errors)
+                    or diverged_reports(errors)
+                    or same_start_failure(errors, worker_group.spec.local_world_size)
+                ):
+                    self._remaining_restarts = 0
+                return result
+
+        return Agent
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return not any(errors.iterdir())
+
+    for name in ELASTIC_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    try:
+        with _elastic_agent(make):
+            yield errors
+    finally:
+        for name in ELASTIC_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)

@@ -1,0 +1,75 @@
+"""The workers' server and environment: the forkserver the workers start from, which imports their modules once
+while the launcher checks the config and forms the rendezvous; the modules it imports; the environment the workers
+need; ptrun's cache directory."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+from ptrun.config import PtrunConfig
+from ptrun.config.model import FAMILY_SPECS, model_family
+
+
+def user_cache_dir() -> Path:
+    """ptrun's directory for caches that outlive a run: $XDG_CACHE_HOME/ptrun, by default ~/.cache/ptrun."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ptrun"
+
+
+WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
+"""What every worker imports before it can start: torch, ptrun's trainer, and scikit-learn's split, which the
+offline sources use; `worker_modules` adds the model's library."""
+
+
+def worker_modules(cfg: PtrunConfig) -> list[str]:
+    """`WORKER_MODULES` and the library that builds `cfg.model` (`Family.preload`)."""
+    return [*WORKER_MODULES, *FAMILY_SPECS[model_family(cfg.model)].preload]
+
+
+def worker_environment() -> None:
+    """What the workers' environment needs before the first of them (or the forkserver) starts."""
+    # torch 2.13/2.14: restarted gloo workers fail in connectFullMesh when the agent shares its TCP store
+    # with them (the store still holds the previous attempt's addresses); a separate store fixes restarts.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Importing torch._dynamo (timm and the pipelining schedules do) creates torch's compile cache, by
+    # default /tmp/torchinductor_USER; a cache that should outlive the run belongs with the user's caches.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
+
+
+def start_worker_server(cfg: PtrunConfig) -> str:
+    """The workers' start method, with their server started now: `ptrun train` calls this as soon as the
+    config is checked, so the server imports `worker_modules` while the launcher reads the data file it
+    checks, imports elastic and forms the rendezvous (seconds of every start); `launch_config` calls it again
+    (then it is running); `ptrun train` stops it as it ends (`stop_worker_server`).
+
+    Workers are forked from a forkserver that imported the modules once; spawned where the platform has no
+    forkserver. Not forked from the launcher: forked workers failed elastic restarts in the full test suite
+    (a re-formed job never came up); the forkserver is a fresh single-threaded process that only imported
+    modules (no CUDA, no threads, no process group), so its children start as clean as spawned ones. Every
+    restart and every later launch here (a test session's) reuses it, with the modules of the first."""
+    worker_environment()
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(worker_modules(cfg))
+    try:
+        forkserver.ensure_running()
+    except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
+        return "spawn"
+    return "forkserver"
+
+
+def stop_worker_server() -> None:
+    """End the workers' server this process started, at once (its workers have ended, or none started), where
+    closing its pipe would have it finish what it is importing, then tear its libraries down first; nothing
+    without one."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the module's instance, which `ensure_running` started
+    if getattr(server, "_forkserver_pid", None) is None:
+        return
+    os.kill(server._forkserver_pid, signal.SIGKILL)
+    server._stop()  # reaps it and removes its socket file
