@@ -509,7 +509,7 @@ def test_run_dir_probes_of_agents_sharing_it_do_not_race(tmp_path):
     directory of its own beside the missing one, so concurrent checks neither fail nor leave anything."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ptrun.cli import _check_run_dir_path
+    from ptrun.cli_train import _check_run_dir_path
 
     target = tmp_path / "shared" / "job"
     with ThreadPoolExecutor(8) as pool:

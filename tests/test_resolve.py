@@ -201,11 +201,15 @@ def test_ptrun_train_composes_once_and_makes_the_run_directory_as_hydra_did(tmp_
     nothing of Hydra's in it (configs/train.yaml asks for no `.hydra/` and no job log), and its config.yaml
     the resolved config, run_dir the directory's absolute path."""
     import ptrun.cli
+    import ptrun.cli_train
 
     # a sweep's jobs, for its closing summary, and nothing a single run hands from its check to its start
     assert {
-        name for name, value in vars(ptrun.cli).items() if isinstance(value, (list, dict)) and not name.startswith("__")
-    } == {"SWEEP_JOBS"}
+        f"{module.__name__}.{name}"
+        for module in (ptrun.cli, ptrun.cli_train)
+        for name, value in vars(module).items()
+        if isinstance(value, (list, dict)) and not name.startswith("__")
+    } == {"ptrun.cli_train.SWEEP_JOBS"}
     out = run_ptrun(
         "train", *TINY, "train.epochs=1", "train.max_steps_per_epoch=2", "checkpoint.every_epochs=1", cwd=tmp_path
     )
