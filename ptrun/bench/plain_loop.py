@@ -62,7 +62,9 @@ def recipe_config(recipe: str, overrides: list[str]):
 def build_model(m, data) -> torch.nn.Module:
     """The model of `m` (ptrun's model config) for `data`, built the ordinary way: timm, or transformers'
     `from_pretrained` with the recipe's dropout (and for a decoder its attention kernel, fp32 weights)."""
-    if m.family == "vit":
+    from ptrun.config.model import FAMILY_SPECS, model_family
+
+    if FAMILY_SPECS[model_family(m)].reads_images:
         import timm
 
         kwargs = dict(

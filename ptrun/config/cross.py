@@ -11,7 +11,14 @@ from pathlib import Path
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
 from ptrun.config.freezing import inside_epochs
 from ptrun.config.fit import Recipe, recipe_named, use_recipe
-from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
+from ptrun.config.model import (
+    DECODER_TASKS,
+    DECODER_TYPES,
+    ENCODER_TASKS,
+    ENCODER_TYPES,
+    HF_MODEL_TYPES,
+    family_spec,
+)
 from ptrun.config.pipe import SCHEDULE_SPECS
 from ptrun.config.training import PRECISION_SPECS
 from ptrun.config.rules import require
@@ -95,9 +102,7 @@ def check_text(cfg) -> None:
     m, d = cfg.model, cfg.data
     if d.name in TEXT_SOURCES:
         require(
-            m.family in ("bert", "transformers")
-            or (m.family is None and m.name.startswith("bert"))
-            or m.pretrained is not None,
+            (spec := family_spec(m)) is not None and not spec.reads_images or m.pretrained is not None,
             "model.name",
             f"a transformers model (a BERT preset, or a Hugging Face "
             f"model as model.pretrained) for the text source data.name={d.name}",
@@ -330,14 +335,7 @@ def check_model_against_data(cfg) -> None:
     m, d = cfg.model, cfg.data
     hf = _hf_config(m.pretrained)
     # a Hugging Face directory names its architecture itself, whatever the model group's family says
-    family = (
-        "bert"
-        if hf is not None
-        else m.family
-        or ("bert" if m.name.startswith("bert") else "vit" if m.name.startswith(("vit_", "deit")) else None)
-    )
-    if family == "transformers":
-        family = "bert"  # one family of rules: a transformers model
+    family = family_spec(m)
     require(
         m.task != "causal_lm" or hf is not None,
         "model.task",
@@ -352,7 +350,7 @@ def check_model_against_data(cfg) -> None:
             f"a divisor of model.embed_dim={m.embed_dim} (each head gets embed_dim / num_heads channels)",
             m.num_heads,
         )
-    if family == "vit":
+    if family is not None and family.reads_images:
         require(
             m.name.startswith(("vit_", "deit")),
             "model.name",
@@ -383,7 +381,7 @@ def check_model_against_data(cfg) -> None:
                 f"{chans}, the channels of data.name={d.name}'s images, or null to follow the data",
                 m.in_chans,
             )
-    if family == "bert":
+    if family is not None and not family.reads_images:
         if hf is not None:
             check_model_type(m, hf, cfg.recipe)
             # the same rule as the model builder's (models/bert.py _check_against_dir): sizes are the weights'

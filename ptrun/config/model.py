@@ -22,6 +22,9 @@ class Family:
 
     library: str
     """The library that builds the model: `timm` or `transformers`."""
+    reads_images: bool
+    """Whether the model reads images (a timm ViT: its sizes follow the image source) rather than tokens (a
+    transformers model: its sizes and type come from its config.json)."""
     names: tuple[str, ...]
     """Prefixes of `model.name` that mean this family."""
     preload: tuple[str, ...]
@@ -31,9 +34,12 @@ class Family:
 
 
 FAMILY_SPECS: dict[str, Family] = {
-    "vit": Family("timm", ("vit_", "deit"), ("ptrun.models.vit",)),
+    "vit": Family("timm", True, ("vit_", "deit"), ("ptrun.models.vit",)),
     "transformers": Family(
-        "transformers", ("bert",), ("transformers.modeling_utils", "transformers.tokenization_utils_tokenizers")
+        "transformers",
+        False,
+        ("bert",),
+        ("transformers.modeling_utils", "transformers.tokenization_utils_tokenizers"),
     ),
 }
 """Every model family, by the name `model_family` gives."""
@@ -138,6 +144,14 @@ def named_family(cfg: ModelConfig) -> Optional[str]:
     if cfg.family is not None:
         return FAMILY_ALIASES.get(cfg.family, cfg.family)
     return next((family for family, spec in FAMILY_SPECS.items() if cfg.name.startswith(spec.names)), None)
+
+
+def family_spec(cfg: ModelConfig) -> Optional[Family]:
+    """The family of `model_family`, or None where nothing says which (a check that needs one refuses)."""
+    if is_hf_dir(cfg.pretrained):
+        return FAMILY_SPECS["transformers"]
+    named = named_family(cfg)
+    return FAMILY_SPECS.get(named) if named is not None else None
 
 
 def model_family(cfg: ModelConfig) -> str:

@@ -55,7 +55,7 @@ class PtrunConfig:
 
 def check_logger(cfg) -> None:
     check_choices(cfg)
-    if cfg.logger in ("wandb", "mlflow"):
+    if LOGGER_SPECS[cfg.logger].modules():
         check_installed(cfg.logger)  # here, not in the workers: a missing package is one line, not a crash
 
 

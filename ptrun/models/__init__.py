@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ptrun.config import ConfigError, ModelConfig
-from ptrun.config.model import is_hf_dir, model_family
+from ptrun.config.model import FAMILY_SPECS, is_hf_dir, model_family
 from ptrun.models.layered import LayeredModel, run_units
 from ptrun.models.lazy import empty_meta_parameters, init_units, parameters_on_meta
 
@@ -39,7 +39,7 @@ def build_model(
     builds that model with random weights instead (tests and benchmarks).
     """
     with parameters_on_meta():
-        if library_config is None and model_family(cfg) == "vit":
+        if library_config is None and FAMILY_SPECS[model_family(cfg)].reads_images:
             from ptrun.models.vit import build_vit
 
             if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():

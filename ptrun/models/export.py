@@ -38,7 +38,7 @@ def export_model(
     """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if layered.family != "vit":
+    if hasattr(layered.model, "save_pretrained"):  # a transformers model writes its own format
         config = layered.model.config
         if class_names and layered.task == "classification" and len(class_names) == config.num_labels:
             config.id2label = dict(enumerate(class_names))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig
-from ptrun.config.model import DECODER_TYPES, named_family
+from ptrun.config.model import DECODER_TYPES, family_spec
 from ptrun.sim.costs import BERT_SIZES, VIT_SIZES, ModelCosts, bert_costs, vit_costs
 from ptrun.sim.hf_costs import ENCODER_COSTS, decoder_costs
 
@@ -19,10 +19,10 @@ DATA_IMAGES = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3,
 """Image source -> (native size in pixels, channels, classes); imagefolder is taken to be ImageNet-1k."""
 
 
-def _family(model: ModelConfig) -> str:
-    if model.pretrained and (Path(model.pretrained).expanduser() / "config.json").is_file():
-        return "bert"  # a Hugging Face directory: a transformers model, whatever the model group said
-    return "bert" if (named_family(model) or "vit") == "transformers" else "vit"
+def _reads_tokens(model: ModelConfig) -> bool:
+    """A transformers model (a Hugging Face directory, or a name or family that says so); else a ViT."""
+    family = family_spec(model)
+    return family is not None and not family.reads_images
 
 
 SIZE_KEYS = {
@@ -72,7 +72,7 @@ def costs_from_config(model: ModelConfig, data: DataConfig) -> ModelCosts:
     `model.pretrained` directory's config.json, then the name's defaults (timm's `vit_SIZE_patchP_IMG`,
     ptrun's BERT presets), then the data source (image size, channels, classes, sequence length). Raises
     ConfigError naming the key that is missing."""
-    if _family(model) == "bert":
+    if _reads_tokens(model):
         hf = _hf_sizes(model)
         if hf.get("model_type") in ENCODER_COSTS:
             labels = model.num_classes or (3 if data.task == "mnli" else 2)
