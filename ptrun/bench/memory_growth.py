@@ -124,7 +124,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before_tree)], check=False)
     result = {
         "command": command_line(),
-        "before": f"{args.before} = {sha}",
+        "before": sha if sha.startswith(args.before) else f"{args.before} = {sha}",
         "overrides": overrides,
         "repeats": args.repeats,
         "rows": [row(label, rounds[label]) for label in trees],

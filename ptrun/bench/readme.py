@@ -19,6 +19,7 @@ MACHINES = {
 MEASURED = {
     "bench_cache.json": "2026-11-22",
     "bench_memory.json": "2026-11-24",
+    "bench_memory_growth.json": "2026-11-28",
     "bench_peers_bbc_news_bert.json": "2026-11-25",
     "bench_peers_digits_vit.json": "2026-11-24",
     "bench_peers_digits_vit_seeds.json": "2026-11-25",
@@ -132,6 +133,7 @@ TABLES = [
     Table("sweep_interval_bbc_news_bert.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: bbc_news_bert"),
     Table("sweep_interval_digits_vit.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: digits_vit"),
     Table("bench_memory.json", "ptrun.bench.memory", "Memory a worker holds"),
+    Table("bench_memory_growth.json", "ptrun.bench.memory_growth", "Memory a worker holds as the model grows"),
     Table("bench_pipeline.json", "ptrun.bench.pipeline", "Pipeline bubble and data-parallel overhead"),
     Table(
         "bench_speedup.json", "ptrun.bench.speedup", "Speedup breakdown, digits_vit (the paper's Figure 9)", older=True
