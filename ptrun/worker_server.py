@@ -4,9 +4,11 @@ need; ptrun's cache directory."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 from pathlib import Path
 
 from ptrun.config import PtrunConfig
@@ -38,6 +40,24 @@ def worker_environment() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
 
 
+@contextlib.contextmanager
+def launchers_import_path():
+    """The forkserver started inside imports what the launcher would. It starts as `python -c ...`, which
+    puts the current directory first on its sys.path, and (CPython 3.11 and 3.12) does not take the
+    launcher's sys.path, as a spawned process does. Unless the launcher has the directory on its own path
+    (`python -m` there), PYTHONSAFEPATH keeps it out: otherwise the workers, forked from the server, would
+    import what the directory holds before the installed packages (another ptrun checkout, a folder named
+    like a library)."""
+    keep_out = not {"", os.getcwd()} & set(sys.path) and "PYTHONSAFEPATH" not in os.environ
+    if keep_out:
+        os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        if keep_out:
+            del os.environ["PYTHONSAFEPATH"]
+
+
 def start_worker_server(cfg: PtrunConfig) -> str:
     """The workers' start method, with their server started now: `ptrun train` calls this as soon as the
     config is checked, so the server imports `worker_modules` while the launcher reads the data file it
@@ -56,7 +76,8 @@ def start_worker_server(cfg: PtrunConfig) -> str:
 
     multiprocessing.set_forkserver_preload(worker_modules(cfg))
     try:
-        forkserver.ensure_running()
+        with launchers_import_path():
+            forkserver.ensure_running()
     except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
         return "spawn"
     return "forkserver"
