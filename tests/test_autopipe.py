@@ -9,7 +9,8 @@ import math
 import pytest
 
 from ptrun.auto.autopipe import next_plan, starting_max
-from ptrun.auto.freeze import frozen_units_for_blocks, make_policy
+from ptrun.auto.counts import frozen_units_for_blocks
+from ptrun.auto.freeze import make_policy
 from ptrun.config import ConfigError
 from ptrun.parallel.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
 from ptrun.parallel.partition import partition, stage_sums, weighted_costs

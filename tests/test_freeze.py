@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ptrun.auto.counts import ceil_tol, floor_tol, num_units_for_blocks, percentile
-from ptrun.auto.freeze import POLICIES, blocks_of_units, frozen_units_for_blocks, make_policy
+from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
+from ptrun.auto.freeze import POLICIES, make_policy
 from ptrun.config import ConfigError
 
 PAPER = [0, 4, 7, 9, 10, 11, 11, 12]

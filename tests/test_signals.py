@@ -11,7 +11,8 @@ import torch
 
 from pipeline_cases import model
 from ptrun.auto.autodp import set_frozen
-from ptrun.auto.freeze import POLICIES, frozen_units_for_blocks
+from ptrun.auto.counts import frozen_units_for_blocks
+from ptrun.auto.freeze import POLICIES
 from ptrun.auto.freeze_policy import SIGNALS
 from ptrun.config import FREEZE_POLICIES
 from ptrun.train.signals import (

@@ -3,7 +3,8 @@
 boundaries and applies the Plan they return."""
 
 from ptrun.auto.autopipe import next_plan, starting_max
-from ptrun.auto.freeze import POLICIES, blocks_of_units, frozen_units_for_blocks, make_policy
+from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
+from ptrun.auto.freeze import POLICIES, make_policy
 from ptrun.auto.freeze_policy import FreezePolicy
 
 __all__ = [

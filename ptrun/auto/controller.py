@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from ptrun.auto.autocache import default_min_units
 from ptrun.auto.autopipe import next_plan, starting_max
-from ptrun.auto.freeze import blocks_of_units, frozen_units_for_blocks, make_policy
+from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
+from ptrun.auto.freeze import make_policy
 from ptrun.auto.freeze_policy import FreezePolicy
 from ptrun.auto.intervals import Positions, interval_epochs
 from ptrun.config import ConfigError, PtrunConfig

@@ -19,12 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ptrun.auto import signal_freeze  # noqa: F401 (the policies that read a signal register as it is imported)
-from ptrun.auto.counts import (  # noqa: F401 (the unit helpers are this module's too, as they always were)
-    blocks_of_units,
-    ceil_tol,
-    floor_tol,
-    frozen_units_for_blocks,
-)
+from ptrun.auto.counts import ceil_tol, floor_tol
 from ptrun.auto.freeze_policy import REGISTRY, FreezePolicy, registered
 from ptrun.config import FREEZE_POLICIES, ConfigError, FreezeConfig, check_alpha, one_of
 

@@ -37,15 +37,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Optional, Sequence
 
-from ptrun.auto.counts import (  # noqa: F401 (the helpers are this module's too, as they always were)
-    EPS,
-    blocks_of_units,
-    ceil_tol,
-    floor_tol,
-    frozen_units_for_blocks,
-    num_units_for_blocks,
-    percentile,
-)
+from ptrun.auto.counts import EPS, floor_tol
 from ptrun.config import (
     FREEZE_POLICIES,
     ConfigError,

@@ -7,15 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ptrun.auto.counts import (  # noqa: F401 (the helpers are this module's too, as they always were)
-    EPS,
-    blocks_of_units,
-    ceil_tol,
-    floor_tol,
-    frozen_units_for_blocks,
-    num_units_for_blocks,
-    percentile,
-)
+from ptrun.auto.counts import ceil_tol, percentile
 from ptrun.config import (
     FreezeConfig,
     check_alpha,

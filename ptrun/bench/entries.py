@@ -15,6 +15,7 @@ class Table:
     module: str
     """The benchmark module whose `caption(result)` and `table(result)` format it."""
     title: str
+    """Its heading on the page (and the anchor the page's contents link to)."""
     older: bool = False
     """Measured on code that has changed since: listed under the older results."""
     optional: bool = False

