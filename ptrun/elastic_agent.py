@@ -129,6 +129,8 @@ def ptrun_agent(errors: Path, stop_timeout: float):
       error at start-up (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
+    - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
+      a group restarted because machines joined resumes like one restarted after a failure;
     - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
       checkpoint" (ptrun/train/stop.py), and waits `launcher.stop_timeout` for them. Its own stops (the rest
       of a failed group, a restart, a job re-formed for machines that left or joined) send SIGTERM too, but
@@ -143,6 +145,17 @@ def ptrun_agent(errors: Path, stop_timeout: float):
     def make(base):
         class Agent(_TidyAgent, base):  # type: ignore[misc, valid-type]
             signalled = False
+            group_starts = 0
+
+            def _start_workers(self, worker_group):
+                # Elastic counts only failures as restarts (TORCHELASTIC_RESTART_COUNT), not a re-form for machines
+                # that joined, after which the workers must resume from the newest checkpoint too: they are told
+                # how often this machine's group started before, as the worker function's last argument.
+                spec = worker_group.spec
+                self.base_args = getattr(self, "base_args", spec.args)
+                spec.args = (*self.base_args, self.group_starts)
+                self.group_starts += 1
+                return super()._start_workers(worker_group)
 
             def _invoke_run(self, *args, **kwargs):
                 try:

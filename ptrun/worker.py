@@ -1,7 +1,8 @@
 """One worker process: read the resolved config, join the process group, train.
 
 Started by torch.distributed.elastic (see launch.py), which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
-and MASTER_PORT, and TORCHELASTIC_RESTART_COUNT after a restart (then the worker resumes automatically).
+and MASTER_PORT, and TORCHELASTIC_RESTART_COUNT after a restart; ptrun's agent adds how often the machine's
+workers started before in this launch. After a restart or an earlier start the workers resume automatically.
 
 The run has started once the trainer is built (data read, checkpoint resumed, layout placed): only then
 does rank 0 write `config.yaml` and `train.log` into the run directory, so a start that fails on bad input
@@ -63,9 +64,11 @@ def adopt_environment(launcher_env: dict[str, str]) -> None:
     os.environ.update(from_elastic)
 
 
-def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> dict:
-    """Returns rank 0's final eval. On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a
-    checkpoint there and exit with 128 + the signal's number, as a shell reports a process the signal ended.
+def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], group_start: int = 0) -> dict:
+    """Returns rank 0's final eval. `group_start` counts the earlier starts of this machine's workers in this
+    launch (ptrun's agent passes it): after any of them, as after a restart, the workers resume.
+    On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a checkpoint there and exit with
+    128 + the signal's number, as a shell reports a process the signal ended.
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with EXIT_DIVERGED."""
     adopt_environment(launcher_env)
@@ -89,12 +92,11 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     log_existed = log_file.exists()
     setup_logging(cfg.run_dir, rank)
     held = _hold_file_log(log_file, log_existed) if rank == 0 else None
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 or group_start > 0
+    resume = agree_to_resume(cfg.train.resume or restarted, device)
     trainer, stopped = None, 0
     try:
-        trainer = Trainer(
-            cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops, start_clock=start_clock
-        )
+        trainer = Trainer(cfg, rank, world, device, resume=resume, stops=stops, start_clock=start_clock)
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
             write_class_names(trainer.data.class_names, cfg.run_dir)
@@ -165,6 +167,15 @@ def join_job(cfg, timeout: timedelta = timedelta(minutes=10)) -> tuple[torch.dev
     use_gpu_switches(cfg.device, device)
     dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
     return device, dist.get_rank(), dist.get_world_size()
+
+
+def agree_to_resume(mine: bool, device: torch.device) -> bool:
+    """Collective: whether the job resumes, the same on every worker: when any of them would. A machine that
+    joins a running job starts its workers afresh, while the machines already there restart theirs; all of them
+    must then continue from the newest checkpoint, or they would train different states in one job."""
+    flag = torch.tensor([int(mine)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def transient(error: BaseException) -> bool:

@@ -6,12 +6,19 @@ restart boundary (DP 1 -> 2) and finishes with the accuracy and, up to float dri
 uninterrupted 4-worker run (the global batch, data order and loss do not depend on the layout). Node A stops
 its workers at each re-form with SIGTERM (SIGKILL only after a grace), so they leave nothing behind: no named
 semaphore in /dev/shm, no pickled exception in the temp directory.
+
+Joining is an event, not a time: node A forms the job alone when its last call (`launcher.rdzv_last_call`) runs
+out before node B's agent is up, which a loaded machine makes likely. The job then re-forms with B at its next
+restart boundary, as it does when a lost node comes back. So the first test waits for a formation that holds
+both nodes, whatever formed before it, and the second starts B only after A has formed alone and checkpointed,
+so that the late join (2 -> 4 workers) is exercised rather than left to chance.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +39,7 @@ from conftest import (
 )
 from ptrun.train import checkpoint
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes, one lost and regained: ~100 s
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes: ~100 s a test, and one uninterrupted run
 
 JOB = TINY + [
     "train.epochs=10",
@@ -128,79 +135,88 @@ def signal_pending(pid: int, signum: int) -> bool:
     return bool((pending["SigPnd"] | pending["ShdPnd"]) >> (signum - 1) & 1)
 
 
-def test_a_node_lost_and_regained(tmp_path, semaphore_watch):
-    run_dir, port, paused, lost = tmp_path / "job", free_port(), [], set()
-    semaphores_before = set(semaphores().values())
-    first = start_agent(run_dir, port, tmp_path / "node_a.log")
-    node_a = first.pid
-    # Node A hosts the rendezvous store and B connects to it: B starts once A's store is listening (a fixed
-    # pause is not enough on a loaded machine, where B could bind the port first and take the store with it).
-    wait_for(lambda: listening(port), "node A's rendezvous store", timeout=60.0)
-    second = start_agent(run_dir, port, tmp_path / "node_b.log")
+def world_sizes(run_dir: Path) -> list[int]:
+    return [s["world_size"] for s in starts(run_dir)]
+
+
+def step_of(checkpoint: str | None) -> int:
+    """The global step of a checkpoint directory's name (`step_00000040` -> 40); -1 for none."""
+    return -1 if checkpoint is None else int(Path(checkpoint).name.removeprefix("step_"))
+
+
+def formed_and_checkpointed(run_dir: Path, world_size: int) -> bool:
+    """Whether the job's newest formation has `world_size` workers and has written a checkpoint of its own (a step
+    past the one it resumed from): it trains, and a node lost now loses no more than the steps since."""
+    history = starts(run_dir)
+    if not history or history[-1]["world_size"] != world_size:
+        return False
+    since = step_of(history[-1]["resumed_from"])
+    return any(step_of(p.name) > since for p in (run_dir / "checkpoints").glob("step_*"))
+
+
+def start_joining_node(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    """Node B, started as a user would start the second machine of a job under way: the same command, and if ptrun
+    refuses it because the shared run directory holds checkpoints by then (node A may have formed the job alone
+    and written one while B started), the same command with `train.resume=true`, as the refusal says."""
+    node = start_agent(run_dir, port, log)
+    wait_for(lambda: node.poll() is not None or "ptrun: waiting up to" in log.read_text(), "node B's start-up checks")
+    if node.poll() is None:
+        return node
+    assert node.returncode == 2 and "already holds a run; continue it with train.resume=true" in log.read_text()
+    log.rename(log.with_suffix(".refused.log"))
+    shutil.rmtree(log.with_suffix(".tmp"))
+    return start_agent(run_dir, port, log, "train.resume=true")
+
+
+def join_while_paused(node_a: subprocess.Popen, start_node_b) -> subprocess.Popen:
+    """Start node B (`start_node_b()`) while node A trains, and return it. Node A's workers wait (stopped) until A's
+    agent has seen B and asked them to stop, or A could finish alone while B starts: A's agent stays up (it holds
+    the rendezvous store) and restarts them when B joins. It stops them with SIGTERM first: they go on once it is
+    sent, to stop at a step they agree on."""
+    paused = worker_pids(node_a.pid)
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(
-            lambda: (
-                [s["world_size"] for s in starts(run_dir)] == [4]
-                and any(p.name.startswith("step_") for p in (run_dir / "checkpoints").glob("step_*"))
-            ),
-            "both nodes training and a first checkpoint",
-        )
-        lost = lose_node(second)  # node B is lost: its agent and its workers
-        wait_for(lambda: [s["world_size"] for s in starts(run_dir)][-1:] == [2], "the job re-formed on node A")
-        # Node A's workers wait (stopped) until B is back, or A could finish alone while B starts: A's agent
-        # stays up (it holds the rendezvous store) and restarts them when B joins. It stops them with
-        # SIGTERM first: they go on once it is sent, to stop at a step they agree on.
-        paused = worker_pids(first.pid)
-        for pid in paused:
-            os.kill(pid, signal.SIGSTOP)
-        second = start_agent(run_dir, port, tmp_path / "node_b2.log", "train.resume=true")  # B is back
-        node_b2 = second.pid
+        node_b = start_node_b()
         wait_for(lambda: all(signal_pending(pid, signal.SIGTERM) for pid in paused), "node A stopping its workers")
-        for pid in paused:
-            os.kill(pid, signal.SIGCONT)
-        assert first.wait(timeout=300) == 0, (tmp_path / "node_a.log").read_text()[-3000:]
-        assert second.wait(timeout=60) == 0, (tmp_path / "node_b2.log").read_text()[-3000:]
     finally:
         for pid in paused:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        for agent in (first, second):
+    return node_b
+
+
+def stop_nodes(*agents: subprocess.Popen | None) -> None:
+    for agent in agents:
+        if agent is not None:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
-        # Node B's semaphores went with it (a machine that is really lost takes them along); two nodes on one
-        # machine must not leave them behind.
-        for path in lost:
-            path.unlink(missing_ok=True)
 
-    # Node A stopped its workers at each re-form with SIGTERM, and they exited: nothing was left to its
-    # resource tracker (which warns about what it cleans up), no semaphore to anyone, and the exceptions
-    # its failed workers pickled (in each node's temp directory; the session checks its own) are gone.
+
+def assert_stopped_cleanly(tmp_path: Path, *nodes: str) -> None:
+    """Node A stopped its workers at each re-form with SIGTERM, and they exited: nothing was left to its resource
+    tracker (which warns about what it cleans up), and the exceptions its failed workers pickled (in each node's
+    temp directory; the session checks its own) are gone."""
     log = (tmp_path / "node_a.log").read_text()
     assert "leaked semaphore" not in log and "forcefully exiting via SIGKILL" not in log, log[-3000:]
     assert "Closing process" in log  # it did stop workers
-    for node in ("node_a", "node_b2"):
+    for node in nodes:
         assert error_files(tmp_path / f"{node}.tmp") == set() and list((tmp_path / f"{node}.tmp").iterdir()) == []
-    assert not semaphore_watch.leaked(semaphores_before | lost, branches={node_a, node_b2})  # B's were lost
 
-    history = starts(run_dir)
-    assert [s["world_size"] for s in history] == [4, 2, 4], history
-    assert history[1]["resumed_from"] and history[2]["resumed_from"]
-    widths = {(p["pp"], p["dp"]) for p in run_events(run_dir, "plan")}
-    assert widths == {(2, 2), (2, 1)}  # re-planned for the world it had: fewer replicas, the same pipeline
 
-    # No step lost or repeated: every epoch (its latest record: the attempt that got through) trained its 40
-    # steps' 640 samples, none twice, and the run ends at its 400th step.
+def assert_matches_uninterrupted(run_dir: Path, clean: Path) -> None:
+    """No step lost or repeated, and the result of an uninterrupted 4-worker run."""
+    # Every epoch (its latest record: the attempt that got through) trained its 40 steps' 640 samples, none
+    # twice, and the run ends at its 400th step.
     epochs = {e["epoch"]: e for e in run_events(run_dir, "epoch")}
     assert sorted(epochs) == list(range(10))
     assert all(e["samples"] == 40 * 16 and e["sample_uses_max"] == 1 for e in epochs.values()), epochs
     assert checkpoint.load(checkpoint.latest_valid(run_dir))[2]["global_step"] == 10 * 40
-    # And the uninterrupted run ends at the same weights up to float drift: DP = 1 and DP = 2 sum each global
-    # batch's gradient in another order, and 400 steps amplify those 1e-7 differences, the more the longer the
-    # job ran at DP = 1, which depends on when the lost node's replacement joins (measured: 1.3e-3 to 6.6e-3).
-    # Losing or repeating an epoch's steps moves weights by 1e-2 and more.
-    clean = tmp_path / "clean"
-    run_workers(JOB[:-2] + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], clean)
+    # The same weights up to float drift: DP = 1 and DP = 2 sum each global batch's gradient in another order,
+    # and 400 steps amplify those 1e-7 differences, the more the longer the job ran at DP = 1, which depends on
+    # when the other node joins (measured: 1.3e-3 to 6.6e-3). Losing or repeating an epoch's steps moves weights
+    # by 1e-2 and more.
     got, want = final_params(run_dir), final_params(clean)
     assert got.keys() == want.keys()
     drift = max((got[n] - want[n]).abs().max().item() for n in want)
@@ -208,3 +224,82 @@ def test_a_node_lost_and_regained(tmp_path, semaphore_watch):
     final = {r: run_events(r)[-1]["final_eval"] for r in (run_dir, clean)}
     assert abs(final[run_dir]["top1"] - final[clean]["top1"]) <= 1.5, final
     assert final[run_dir]["loss"] == pytest.approx(final[clean]["loss"], rel=0.01), final
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The same job on one node of 4 workers, never interrupted: what both tests must end at."""
+    clean = tmp_path_factory.mktemp("uninterrupted")
+    run_workers(JOB[:-2] + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], clean)
+    return clean
+
+
+def test_a_node_lost_and_regained(tmp_path, semaphore_watch, uninterrupted):
+    run_dir, port, lost = tmp_path / "job", free_port(), set()
+    semaphores_before = set(semaphores().values())
+    first, second = start_agent(run_dir, port, tmp_path / "node_a.log"), None
+    node_a = first.pid
+    try:
+        # Node A hosts the rendezvous store and B connects to it: B starts once A's store is listening (a fixed
+        # pause is not enough on a loaded machine, where B could bind the port first and take the store with it).
+        wait_for(lambda: listening(port), "node A's rendezvous store", timeout=60.0)
+        second = start_joining_node(run_dir, port, tmp_path / "node_b.log")
+        # Whether B makes A's last call or joins at A's next restart boundary, the job holds both nodes in the end.
+        wait_for(lambda: formed_and_checkpointed(run_dir, 4), "both nodes training and a checkpoint of theirs")
+        joined = len(starts(run_dir))
+        lost = lose_node(second)  # node B is lost: its agent and its workers
+        wait_for(lambda: world_sizes(run_dir)[joined:] == [2], "the job re-formed on node A")
+        second = join_while_paused(
+            first, lambda: start_agent(run_dir, port, tmp_path / "node_b2.log", "train.resume=true")
+        )  # B is back
+        node_b2 = second.pid
+        assert first.wait(timeout=300) == 0, (tmp_path / "node_a.log").read_text()[-3000:]
+        assert second.wait(timeout=60) == 0, (tmp_path / "node_b2.log").read_text()[-3000:]
+    finally:
+        stop_nodes(first, second)
+        # Node B's semaphores went with it (a machine that is really lost takes them along); two nodes on one
+        # machine must not leave them behind.
+        for path in lost:
+            path.unlink(missing_ok=True)
+
+    assert_stopped_cleanly(tmp_path, "node_a", "node_b2")
+    assert not semaphore_watch.leaked(semaphores_before | lost, branches={node_a, node_b2})  # B's were lost
+
+    history = starts(run_dir)
+    sizes = world_sizes(run_dir)
+    assert sizes[joined - 1 :] == [4, 2, 4] and set(sizes[: joined - 1]) <= {2}, history  # A alone, if B was late
+    assert all(s["resumed_from"] for s in history[joined:])
+    widths = {(p["pp"], p["dp"]) for p in run_events(run_dir, "plan")}
+    assert widths == {(2, 2), (2, 1)}  # re-planned for the world it had: fewer replicas, the same pipeline
+    assert_matches_uninterrupted(run_dir, uninterrupted)
+
+
+def test_a_node_that_joins_late(tmp_path, semaphore_watch, uninterrupted):
+    """Node B starts only after node A's last call ran out and A trains alone: the job re-forms from 2 to 4
+    workers at A's next restart boundary, from A's newest checkpoint, and ends as the uninterrupted run does."""
+    run_dir, port = tmp_path / "job", free_port()
+    semaphores_before = set(semaphores().values())
+    first, second = start_agent(run_dir, port, tmp_path / "node_a.log"), None
+    node_a = first.pid
+    try:
+        wait_for(lambda: formed_and_checkpointed(run_dir, 2), "node A training alone and a checkpoint of its own")
+        # The run directory holds A's checkpoints by now: B is started as the refusal to start over tells a user
+        # to start a late machine of a job whose machines share the run directory.
+        second = join_while_paused(
+            first, lambda: start_agent(run_dir, port, tmp_path / "node_b.log", "train.resume=true")
+        )
+        node_b = second.pid
+        assert first.wait(timeout=300) == 0, (tmp_path / "node_a.log").read_text()[-3000:]
+        assert second.wait(timeout=60) == 0, (tmp_path / "node_b.log").read_text()[-3000:]
+    finally:
+        stop_nodes(first, second)
+
+    assert_stopped_cleanly(tmp_path, "node_a", "node_b")
+    assert not semaphore_watch.leaked(semaphores_before, branches={node_a, node_b})
+
+    history = starts(run_dir)
+    assert world_sizes(run_dir) == [2, 4], history
+    assert history[0]["resumed_from"] is None and step_of(history[1]["resumed_from"]) > 0, history
+    widths = {(p["pp"], p["dp"]) for p in run_events(run_dir, "plan")}
+    assert widths == {(2, 1), (2, 2)}  # planned for one node, re-planned for two
+    assert_matches_uninterrupted(run_dir, uninterrupted)
