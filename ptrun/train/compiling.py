@@ -43,7 +43,8 @@ class Compiling:
         self.cfg, self.layered, self.data, self.device, self.rank = cfg, layered, data, device, rank
         self.setting = cfg.train.compile
         self.why_not = ruled_out(device, cfg.pipe.schedule)
-        self.kept = KeptCosts(device, cfg.train.compile_mode) if rank == 0 and self.setting is not False else None
+        self.kept = KeptCosts(device, cfg.train.compile_mode) if rank == 0 else None
+        """What this machine measured (rank 0's): an eager run keeps its step time too."""
         self.tuned_step_s: Optional[float] = None
         """The micro-batch tuning's eager step time of the first layout, where it measured one."""
         probe = dict(data.train[[0]])
@@ -110,7 +111,7 @@ class Compiling:
         measured is kept, and a start that waited for them decides now. Returns the builder (with a compiler
         where compiling pays: the caller builds the layout again) and that decision (None where none was
         made)."""
-        if trained < TIMED_STEPS or self.setting is False:
+        if trained < TIMED_STEPS:
             return builder, None
         self._learn(builder, plan, step_s)
         if not self.pending:
