@@ -93,6 +93,12 @@ def test_kept_costs_replace_the_defaults_and_count_the_cache_entries_still_there
     assert again.figures("other", 100, 0.1, 12, present=entries).cached == 0  # another model's graphs
     again.learn_compile("m", {"graphs": 10, "graphs_from_cache": 10, "compile_s": 3.0}, set())
     assert again.graph_s() == (pytest.approx(2.5), pytest.approx(0.3))
+    # mostly built, one found in the cache (another worker's): that one at the warm figure
+    again.learn_compile("m", {"graphs": 10, "graphs_from_cache": 1, "compile_s": 18.3}, set())
+    assert again.graph_s() == (pytest.approx(2.0), pytest.approx(0.3))
+    # mostly cached, two built at the cold figure
+    again.learn_compile("m", {"graphs": 10, "graphs_from_cache": 8, "compile_s": 5.6}, set())
+    assert again.graph_s() == (pytest.approx(2.0), pytest.approx(0.2))
     (tmp_path / again.path.name).write_text("{not json")
     assert KeptCosts(cpu, "default", root=tmp_path).graph_s() == DEFAULT_GRAPH_S["cpu"]  # unusable: defaults
 
@@ -136,3 +142,39 @@ def test_a_run_says_its_decision_and_does_what_it_says(tmp_path):
     assert again.returncode == 0, again.stderr
     lines = [line for line in again.stdout.splitlines() if line.startswith("compile: ")]
     assert len(lines) == 1 and lines[0].startswith("compile: off (trains ~"), lines
+
+
+def test_the_auto_benchmark_sets_auto_against_the_better_of_false_and_true_on_its_cache_state():
+    """`ptrun.bench.compile_auto`: per round and cache state, auto's wall time over the better of false and true;
+    medians over the rounds in one table per workload, with what auto chose; the verdict per cache state."""
+    from ptrun.bench import compile_auto as bench
+    from ptrun.bench.harness import label_rows
+
+    def rnd(walls: dict[tuple[str, str], float], chose: str) -> list[dict]:
+        rows = [
+            {"label": f"{state}, {setting}", "state": state, "setting": setting, "wall_s": wall, "train_time_s": 10.0}
+            for (state, setting), wall in walls.items()
+        ]
+        for row in rows:
+            row.update({"compile_s": 0.0, "final_top1": 90.0}, **({"chose": chose} if row["setting"] == "auto" else {}))
+        return bench.against_best(rows)
+
+    walls = {
+        (s, x): w
+        for s, ws in (("cold", (40.0, 80.0, 41.0)), ("warm", (40.0, 36.0, 37.0)))
+        for x, w in zip(bench.SETTINGS, ws)
+    }
+    first = rnd(walls, "off")
+    assert first[2]["auto_vs_best"] == pytest.approx(41.0 / 40.0)  # cold: eager was the better one
+    assert first[5]["auto_vs_best"] == pytest.approx(37.0 / 36.0)  # warm: compiled was
+    second = rnd({**walls, ("warm", "auto"): 40.0}, "on at epoch 2, step 1")
+    rows = label_rows([first, second], bench.KEYS)
+    for row in rows:
+        row["state"] = row["runs"][0]["state"]
+    result = {"machine": "2 CPU cores", "repeats": {"digits_vit": 2}, "workloads": {"digits_vit": rows}}
+    assert bench.verdicts(result["workloads"]) == {"digits_vit, cold": True, "digits_vit, warm": False}
+    table = bench.table(result).splitlines()
+    assert table[0].startswith("| digits_vit | wall (s) | training (s) | compiling (s) | final top-1 | auto chose |")
+    warm_auto = next(line for line in table if line.startswith("| warm, auto |"))
+    assert "| off, on at epoch 2, step 1 |" in warm_auto and "1.069x (1.028-1.111)" in warm_auto
+    assert bench.caption(result).startswith("train.compile=auto against false and true, 2 CPU cores")

@@ -85,6 +85,11 @@ def round_of(workload: str, out: Path, r: int, overrides: list[str], reuse: bool
             rows.append({"label": f"{state}, {setting}", "state": state, "setting": setting, **row})
             if setting == "auto":
                 rows[-1]["chose"] = chose(run_dir)
+    return against_best(rows)
+
+
+def against_best(rows: list[dict]) -> list[dict]:
+    """A round's rows, `auto`'s with its wall time over the better of `false` and `true` on its cache state."""
     for state in STATES:
         best = min(row["wall_s"] for row in rows if row["state"] == state and row["setting"] != "auto")
         auto = next(row for row in rows if row["state"] == state and row["setting"] == "auto")

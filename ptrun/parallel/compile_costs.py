@@ -3,7 +3,7 @@ timings are (`ptrun.parallel.tuning`): one JSON file per machine (its device, to
 compile mode), in ~/.cache/ptrun/compile (`PTRUN_COMPILE_COSTS_DIR` moves it), holding
 
 - the seconds one graph costs cold (inductor builds it) and warm (inductor's cache serves it), from the last
-  run that compiled only cold or only cached graphs;
+  run that compiled mostly cold or mostly cached graphs;
 - per model and layout (`model_key`): the eager and the compiled step time a run measured (their ratio is
   what a compiled step saves), the graphs its compiling took, and the entries it left in inductor's FX graph
   cache ($TORCHINDUCTOR_CACHE_DIR/fxgraph), so a later run counts as cached the share of them still there.
@@ -40,12 +40,13 @@ def costs_dir() -> Path:
 
 
 def inductor_entries() -> set[str]:
-    """The entries of inductor's FX graph cache now (one a compiled graph: `fxgraph/<xx>/<key>`)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root = Path(cache_dir()) / "fxgraph"
+    """The entries of inductor's FX graph cache now (one a compiled graph: `fxgraph/<xx>/<key>`), in
+    $TORCHINDUCTOR_CACHE_DIR (which `ptrun train` sets; without it none are counted), read without creating
+    it (torch's own `cache_dir()` makes it: an eager run leaves no empty cache behind)."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
-        return {f"{d.name}/{e.name}" for d in root.iterdir() if d.is_dir() for e in d.iterdir()}
+        top = Path(root or "") / "fxgraph"
+        return {f"{d.name}/{e.name}" for d in top.iterdir() if d.is_dir() for e in d.iterdir()} if root else set()
     except OSError:
         return set()
 
@@ -120,18 +121,23 @@ class KeptCosts:
 
     # ---- what a run measured --------------------------------------------------------------------------
     def learn_compile(self, key: str, cost: Mapping, new_entries: set[str]) -> None:
-        """A compile of `key`'s layout (`cost`: `UnitCompiler.counts` between its start and end): the graphs
-        it took, the entries it left, and the per-graph seconds where its graphs were all cold or all cached."""
+        """A compile of `key`'s layout (`cost`: `UnitCompiler.counts` between its start and end, the busiest
+        worker's): the graphs it took, the entries it left, and the per-graph seconds, cold or cached, of what
+        most of its graphs were."""
         graphs, cached, seconds = int(cost["graphs"]), int(cost["graphs_from_cache"]), float(cost["compile_s"])
         if graphs <= 0:
             return
         m = self.data["models"].setdefault(key, {})
         m["graphs"] = graphs
         m["entries"] = sorted(set(m.get("entries", [])) | new_entries)
-        if cached == 0:
-            self.data["graph_s"]["cold"] = seconds / graphs
-        elif cached == graphs:
-            self.data["graph_s"]["warm"] = seconds / graphs
+        # Mostly built graphs give the cold figure, mostly cached ones the warm, the few others priced at the
+        # figure already known (two workers of a machine building the same graphs: one may find the other's).
+        cold, warm = self.graph_s()
+        built = graphs - cached
+        if built >= cached:
+            self.data["graph_s"]["cold"] = max(seconds - cached * warm, 0.0) / built
+        elif seconds > built * cold:
+            self.data["graph_s"]["warm"] = (seconds - built * cold) / cached
 
     def learn_step(self, key: str, compiled: bool, step_s: Optional[float]) -> None:
         """A step time `key`'s layout ran at, compiled or eager."""

@@ -60,7 +60,7 @@ class Compiling:
         """`auto` started eager without a step time: it decides again after the first steps."""
         self.compiled: set = set()
         """The variants compiled so far in this run (`ptrun.parallel.compiled.variants`)."""
-        self._before = inductor_entries() if self.kept is not None else set()
+        self._before = inductor_entries() if self.kept is not None and self.setting is not False else set()
         """Inductor's cache entries before this run's first compile (the ones it leaves are the model's)."""
         self._first_key: Optional[str] = None
         """The layout the first compile was for."""
