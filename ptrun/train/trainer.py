@@ -31,7 +31,6 @@ from ptrun.parallel.plan import Plan
 from ptrun.parallel.precision import LossScaler
 from ptrun.train import checkpointing, faults, startup, stats
 from ptrun.train.checkpointing import Checkpoints
-from ptrun.train.compiling import Compiling
 from ptrun.train.evaluation import evaluate
 from ptrun.train.layouts import LayoutInUse
 from ptrun.train.record import RunRecord
@@ -65,11 +64,8 @@ class Trainer:
         self.layered = startup.build_units(cfg, self.data)
         clock.lap("model")
         builder = startup.make_builder(cfg, self.layered, self.data, rank, device)
-        self.compiling = Compiling(cfg, self.layered, self.data, device, rank)
         self.scaler = LossScaler.for_precision(cfg.train.precision)
         controller, tuning = startup.start_controller(cfg, self.layered, builder, self.data, world_size)
-        if tuning is not None:  # the first layout's eager step, where the tuning measured it
-            self.compiling.tuned_step_s = tuning.costs.get((controller.first.pp, controller.first.microbatches))
         clock.lap("controller")
         # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
         signal = make_signal(controller.signal, self.layered.num_blocks, device)
@@ -92,9 +88,7 @@ class Trainer:
             self.stops.divergence,
         )
         self.state, plan, optimizer_states = self._resume() if resume else (TrainState(), controller.first, {})
-        # `train.compile=auto` priced on the steps left: the layout is built compiled or eager accordingly
-        self.layouts.builder = self.compiling.start(self.layouts.builder, plan, self._steps_left)
-        self.layouts.start(plan, optimizer_states)
+        self.layouts.start(plan, optimizer_states, self._steps_left, tuning)
         clock.lap("layout")
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.decisions.interval_begins()
@@ -279,7 +273,7 @@ class Trainer:
             self.device,
             self.plan,
             self.layouts.builder.compiler,
-            self.compiling.decision,
+            self.layouts.compiling.decision,
         )
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
@@ -352,7 +346,7 @@ class Trainer:
         recorded; returns its cost for the `plan` event."""
         old, layouts = self.plan, self.layouts
         # a compiled run of `auto` prices the new layout's variants: where they do not pay it runs eager
-        layouts.builder, priced = self.compiling.at_transition(
+        layouts.builder, priced = self.layouts.compiling.at_transition(
             layouts.builder, plan, self._steps_left, self.record.clock.step_s
         )
         transition_s = layouts.switch_to(plan, self.state.global_step)
@@ -374,7 +368,7 @@ class Trainer:
         `train.compile=auto` that started eager for want of a step time decides; where compiling pays, this
         layout is built again compiled, now (its optimizer and every value kept)."""
         layouts, clock = self.layouts, self.record.clock
-        layouts.builder, decided = self.compiling.after_first_steps(
+        layouts.builder, decided = self.layouts.compiling.after_first_steps(
             layouts.builder, self.plan, self._steps_left, clock.step_s, clock.steps
         )
         if decided is not None:
