@@ -178,3 +178,56 @@ def test_the_auto_benchmark_sets_auto_against_the_better_of_false_and_true_on_it
     warm_auto = next(line for line in table if line.startswith("| warm, auto |"))
     assert "| off, on at epoch 2, step 1 |" in warm_auto and "1.069x (1.028-1.111)" in warm_auto
     assert bench.caption(result).startswith("train.compile=auto against false and true, 2 CPU cores")
+
+
+@pytest.mark.slow
+def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where_it_pays(
+    tmp_path, one_rank_group, monkeypatch, capsys
+):
+    """A run of `auto` that knows no step time starts eager; where this machine has measured a compiled step
+    and a graph as all but free, its first timed steps price compiling as paying, and at the next decision
+    point (the second epoch's start) the layout is built again compiled and says so: the second epoch runs
+    compiled units, to the losses of an eager run (the optimizer's state and every value kept). A freeze's
+    transition then prices only its new variant (the first trained unit's, 2 graphs) at the saving measured:
+    compiled on where graphs are cheap, the next one's new layout eager where they are not."""
+    import torch
+
+    from conftest import TINY, compose_config, write_config
+    from ptrun.train.trainer import Trainer
+
+    def run(setting: str):
+        monkeypatch.setenv("PTRUN_COMPILE_COSTS_DIR", str(tmp_path / setting / "costs"))  # the eager run's its own
+        overrides = [f"train.compile={setting}", "train.max_steps_per_epoch=10", "train.epochs=2"]
+        cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "train.export=false", *overrides], tmp_path / setting)
+        write_config(cfg)
+        trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
+        try:
+            compiling = trainer.layouts.compiling
+            if setting == "auto":
+                assert compiling.pending and trainer.layouts.builder.compiler is None
+                compiling.kept.data["graph_s"] = {"cold": 1e-4, "warm": 1e-4}
+                compiling.kept.data["models"][compiling.key(trainer.plan)] = {"compiled_step_s": 1e-6}
+            trainer.fit()
+            losses = [e["train_loss"] for e in run_events(tmp_path / setting, "epoch")]
+            return losses, trainer, run_events(tmp_path / setting, "compile")
+        finally:
+            trainer.close()
+
+    eager, _, none = run("false")
+    losses, trainer, decisions = run("auto")
+    compiler = trainer.layouts.builder.compiler
+    assert none == [] and [d["compile_decision"]["compile"] for d in decisions] == [False, True]
+    assert decisions[1]["epoch"] == 1 and decisions[1]["compiled_s"] > 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("compile: ")]
+    assert lines[0].startswith("compile: off until the first steps are timed (12 cold graphs ~28 s)"), lines
+    assert lines[1].startswith("compile: on (trains ~") and "; 12 cold graphs ~0.0 s); compiled in " in lines[1]
+    assert compiler is not None and compiler.kinds and not compiler.eager_kinds
+    assert losses[0] == eager[0] and losses[1] == pytest.approx(eager[1], rel=1e-4)
+
+    compiling, frozen = trainer.layouts.compiling, replace(trainer.plan, frozen_units=3)
+    builder, priced = compiling.at_transition(trainer.layouts.builder, frozen, 10_000, 0.05)
+    assert priced.compile and builder.compiler is compiler and (priced.figures.graphs, priced.figures.cached) == (2, 0)
+    compiling.kept.data["graph_s"] = {"cold": 1e6, "warm": 1e6}  # the next freeze's new variant: the MLP half's
+    builder, priced = compiling.at_transition(builder, replace(frozen, frozen_units=4), 10_000, 0.05)
+    assert not priced.compile and builder.compiler is None
+    assert priced.line.startswith("compile: off (trains ~") and priced.line.endswith("; 2 cold graphs ~2000000 s)")

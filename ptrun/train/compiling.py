@@ -79,6 +79,10 @@ class Compiling:
             figures = self.kept.figures(self.key(plan), steps, step_s, graphs, inductor_entries())
             if new_only:  # a transition: the graphs estimated for its new variants, never a whole layout's record
                 figures = replace(figures, graphs=graphs, cached=min(figures.cached, graphs))
+                known = self.decision.figures if self.decision is not None else None
+                if known is not None and known.saving_measured and not figures.saving_measured:
+                    # what compiling saved this model, measured, over a new layout's default
+                    figures = replace(figures, saving=known.saving, saving_measured=True)
             box[0] = decide(self.setting, figures, self.why_not)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
