@@ -3,8 +3,9 @@ known, and the builder that compiles (or not) from then on.
 
 - At the start: the steps the run has left, the eager step time this machine measured for the model and
   layout (kept by an earlier run, or the micro-batch tuning's), the graphs the first layout needs and how many
-  of them inductor's cache holds. With no step time known yet, `auto` starts eager and decides again once the
-  first steps are timed (`after_first_steps`, at the next decision point), compiling then if it pays.
+  of them inductor's cache holds. With no step time known yet, `auto` starts eager, ends its first segment
+  once `TIMED_STEPS` steps are timed (`segment_end`) and decides there (`after_first_steps`), compiling then if
+  it pays.
 - At a transition of a compiled run: the new layout's variants priced the same way against what compiling
   still saves; where they do not pay, the new layout runs eager.
 - What the run measured is kept for the next (`ptrun.parallel.compile_costs`): the per-graph seconds and the
@@ -32,8 +33,9 @@ from ptrun.train.stats import WARM_UP_STEPS
 
 log = logging.getLogger("ptrun.train.trainer")
 
-TIMED_STEPS = WARM_UP_STEPS + 3
-"""Steps a process runs before its step time prices compiling: the warm-up's and three more."""
+TIMED_STEPS = 2 * WARM_UP_STEPS
+"""Steps a process runs before its step time prices compiling: twice the warm-up's, so the median of the
+times between them (`StepClock.step_s`) is a step's after the warm-up."""
 
 
 class Compiling:
@@ -109,6 +111,11 @@ class Compiling:
         self.pending = self.decision.figures is not None and self.decision.figures.step_s is None
         self.pending = self.pending and not self.decision.forced and not self.why_not
         return self._with_compiler(builder, plan, self.decision.compile)
+
+    def segment_end(self, position: int, end: int, trained: int) -> int:
+        """Where a segment from step `position` to `end` ends: a start that waits for its first timed steps
+        (`trained` so far) ends it after them, so it decides there and not at the next freeze interval's end."""
+        return min(end, position + TIMED_STEPS - trained) if self.pending and trained < TIMED_STEPS else end
 
     def after_first_steps(self, builder: Builder, plan: Plan, steps: int, step_s: Optional[float], trained: int):
         """Collective at a decision point (between two segments): once the first steps are timed, what they

@@ -168,6 +168,7 @@ class Trainer:
                 # in the new layout, at this step
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
             end = self.layouts.positions.segment_end(state.epoch, position)
+            end = self.layouts.compiling.segment_end(position, end, self.record.clock.steps)
             self._train_segment(sums, position, end, epoch_base)
             position = end
         elapsed = time.perf_counter() - sums.t0
