@@ -52,6 +52,8 @@ def test_the_decision_line_names_its_figures():
     )
     waiting = decide("auto", replace(STUB, steps=10_000, step_s=None))
     assert not waiting.compile and waiting.line == "compile: off until the first steps are timed (15 cold graphs ~30 s)"
+    nothing = decide("auto", replace(STUB, steps=10_000, step_s=None, saving=0.0))  # no step time would pay
+    assert nothing.line == "compile: off (a compiled step saves nothing at the default rate; 15 cold graphs ~30 s)"
 
 
 def test_true_and_false_force_it_and_auto_obeys_what_rules_compiling_out():
@@ -119,30 +121,30 @@ def test_a_layout_needs_a_trained_variant_a_unit_shape_and_a_freeze_adds_few():
 
 
 def test_a_run_says_its_decision_and_does_what_it_says(tmp_path):
-    """`train.compile=auto` on the CPU: the run knows no step time at its start, so it starts eager and says
-    so; once its first 10 steps are timed (mid-epoch) it prices compiling at the CPU's default saving (none),
-    stays eager and says so with its figures; the `compile` events carry the same decisions, no unit was
-    compiled, and the eager step time it measured is kept, so the next run of the model decides at its start."""
+    """`train.compile=auto` on the CPU, where a compiled step saves nothing by default: the run decides at its
+    start, with no step time known, and says so; the `compile` event carries the same decision, no unit was
+    compiled, and the eager step time it measured is kept, so the next run of the model prices its training
+    too."""
     costs = tmp_path / "costs"
     args = ["train.max_steps_per_epoch=16", "train.epochs=2", "launcher.nproc_per_node=1", "train.export=false"]
     env = {"PTRUN_COMPILE_COSTS_DIR": str(costs)}
     out = run_ptrun("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("compile: ")]
-    assert len(lines) == 2 and lines[0].startswith("compile: off until the first steps are timed ("), lines
-    assert lines[1].startswith("compile: off (trains ~") and "saves ~0.0 s at the default rate; " in lines[1]
+    assert lines == ["compile: off (a compiled step saves nothing at the default rate; 12 cold graphs ~28 s)"]
     assert "unit kinds in" not in out.stdout  # nothing compiled
     decisions = [e["compile_decision"] for e in run_events(tmp_path / "run", "compile")]
-    assert [d["compile"] for d in decisions] == [False, False] and decisions[0]["step_s"] is None
-    assert decisions[1]["step_s"] > 0 and decisions[1]["steps"] == 22  # after step 10 of 32
-    assert [(e["epoch"], e["step"]) for e in run_events(tmp_path / "run", "compile")] == [(0, 0), (0, 10)]
+    assert [d["compile"] for d in decisions] == [False] and decisions[0]["step_s"] is None
+    assert decisions[0]["steps"] == 32 and decisions[0]["graphs"] == 12
     kept = [json.loads(p.read_text()) for p in costs.glob("*.json")]
     assert len(kept) == 1 and [m["eager_step_s"] > 0 for m in kept[0]["models"].values()] == [True]
 
     again = run_ptrun("train", *args, f"hydra.run.dir={tmp_path / 'again'}", cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr
     lines = [line for line in again.stdout.splitlines() if line.startswith("compile: ")]
-    assert len(lines) == 1 and lines[0].startswith("compile: off (trains ~"), lines
+    assert len(lines) == 1 and lines[0].startswith("compile: off (trains ~") and "saves ~0.0 s at the" in lines[0]
+    decisions = [e["compile_decision"] for e in run_events(tmp_path / "again", "compile")]
+    assert decisions[0]["step_s"] == pytest.approx(next(iter(kept[0]["models"].values()))["eager_step_s"])
 
 
 def test_the_auto_benchmark_sets_auto_against_the_better_of_false_and_true_on_its_cache_state():
@@ -185,7 +187,8 @@ def test_the_auto_benchmark_sets_auto_against_the_better_of_false_and_true_on_it
 def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where_it_pays(
     tmp_path, one_rank_group, monkeypatch, capsys
 ):
-    """A run of `auto` that knows no step time starts eager; where this machine has measured a compiled step
+    """A run of `auto` that knows no step time starts eager (here at a GPU's default saving: a compiled step
+    saving nothing, as on the CPU, is decided at once); where this machine has measured a compiled step
     and a graph as all but free, its first timed steps price compiling as paying, and at the next decision
     point (after its first 10 steps, mid-epoch) the layout is built again compiled and says so: the steps from
     there run compiled units, to the losses of an eager run (the optimizer's state and every value kept). A freeze's
@@ -195,6 +198,8 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
 
     from conftest import TINY, compose_config, write_config
     from ptrun.train.trainer import Trainer
+
+    monkeypatch.setitem(DEFAULT_SAVING, "cpu", DEFAULT_SAVING["cuda"])
 
     def run(setting: str):
         monkeypatch.setenv("PTRUN_COMPILE_COSTS_DIR", str(tmp_path / setting / "costs"))  # the eager run's its own

@@ -126,6 +126,11 @@ def decide(setting, figures: CompileFigures, why_not: str = "") -> CompileDecisi
             forced=True,
         )
     saving = f"saves ~{_seconds(figures.saved_s)}" + ("" if figures.saving_measured else " at the default rate")
+    if figures.step_s is None and figures.saving <= 0:  # no step time would make it pay: decided now
+        rate = "measured" if figures.saving_measured else "at the default rate"
+        return CompileDecision(
+            False, f"compile: off (a compiled step saves nothing {rate}; {graphs_phrase(figures)})", figures
+        )
     if figures.step_s is None:
         return CompileDecision(
             False, f"compile: off until the first steps are timed ({graphs_phrase(figures)})", figures

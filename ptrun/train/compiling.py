@@ -108,8 +108,9 @@ class Compiling:
         if self.setting is False:
             return builder
         self.decision = self._decide(plan, steps, self.tuned_step_s)
-        self.pending = self.decision.figures is not None and self.decision.figures.step_s is None
-        self.pending = self.pending and not self.decision.forced and not self.why_not
+        figures = self.decision.figures
+        # only a step time is missing: a forced setting, a ruled-out or a saving of nothing are decided for good
+        self.pending = figures.step_s is None and figures.saving > 0 and not self.decision.forced and not self.why_not
         return self._with_compiler(builder, plan, self.decision.compile)
 
     def segment_end(self, position: int, end: int, trained: int) -> int:
