@@ -191,7 +191,8 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
     saving nothing, as on the CPU, is decided at once); where this machine has measured a compiled step
     and a graph as all but free, its first timed steps price compiling as paying, and at the next decision
     point (after its first 10 steps, mid-epoch) the layout is built again compiled and says so: the steps from
-    there run compiled units, to the losses of an eager run (the optimizer's state and every value kept). A freeze's
+    there run compiled units, to the losses of an eager run (the optimizer's state and every value kept), and
+    once they are timed their step time and what the compile took are kept for the next run. A freeze's
     transition then prices only its new variant (the first trained unit's, 2 graphs) at the saving measured:
     compiled on where graphs are cheap, the next one's new layout eager where they are not."""
     import torch
@@ -203,7 +204,7 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
 
     def run(setting: str):
         monkeypatch.setenv("PTRUN_COMPILE_COSTS_DIR", str(tmp_path / setting / "costs"))  # the eager run's its own
-        overrides = [f"train.compile={setting}", "train.max_steps_per_epoch=16", "train.epochs=2"]
+        overrides = [f"train.compile={setting}", "train.max_steps_per_epoch=16", "train.epochs=3"]
         cfg = compose_config(TINY + ["launcher.nproc_per_node=1", "train.export=false", *overrides], tmp_path / setting)
         write_config(cfg)
         trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
@@ -229,8 +230,11 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
     assert lines[1].startswith("compile: on (trains ~") and "; 12 cold graphs ~0.0 s); compiled in " in lines[1]
     assert compiler is not None and compiler.kinds and not compiler.eager_kinds
     assert losses == pytest.approx(eager, rel=1e-4)
+    compiling = trainer.layouts.compiling
+    kept = compiling.kept.model(compiling.key(trainer.plan))
+    assert kept["compiled_step_s"] > 1e-6 and kept["eager_step_s"] > 0 and kept["graphs"] > 0, kept
 
-    compiling, frozen = trainer.layouts.compiling, replace(trainer.plan, frozen_units=3)
+    frozen = replace(trainer.plan, frozen_units=3)
     builder, priced = compiling.at_transition(trainer.layouts.builder, frozen, 10_000, 0.05)
     assert priced.compile and builder.compiler is compiler and (priced.figures.graphs, priced.figures.cached) == (2, 0)
     compiling.kept.data["graph_s"] = {"cold": 1e6, "warm": 1e6}  # the next freeze's new variant: the MLP half's

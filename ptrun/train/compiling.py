@@ -53,6 +53,7 @@ class Compiling:
         self.model_fields = {
             "model": asdict(cfg.model),
             "inputs": {k: [list(probe[k].shape[1:]), str(probe[k].dtype)] for k in layered.input_names if k in probe},
+            "batch": [cfg.train.global_batch_size, cfg.train.pipeline_batch_size, cfg.auto.batch],
             "precision": cfg.train.precision,
             "recompute": cfg.pipe.recompute,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
@@ -66,11 +67,14 @@ class Compiling:
         """Inductor's cache entries before this run's first compile (the ones it leaves are the model's)."""
         self._first_key: Optional[str] = None
         """The layout the first compile was for."""
-        self._learned = False
+        self._learned: set[bool] = set()
+        """Whether an eager (False) and a compiled (True) step time were kept."""
+        self._since = 0
+        """The steps this process had trained when its units began to run the way they run now."""
 
     def key(self, plan: Plan) -> str:
-        layout = {k: v for k, v in plan.to_dict().items() if k not in ("frozen_units", "cached_units")}
-        return model_key({**self.model_fields, "layout": layout, "frozen": [plan.frozen_units, plan.cached_units]})
+        """The kept record of the model in `plan`'s layout (`ptrun.parallel.compile_costs`)."""
+        return model_key({**self.model_fields, "layout": plan.to_dict()})
 
     def _decide(self, plan: Plan, steps: int, step_s: Optional[float], new_only: bool = False) -> CompileDecision:
         """Collective: rank 0's decision on `plan` (`new_only`: pricing only the variants not compiled yet)."""
@@ -123,13 +127,15 @@ class Compiling:
         measured is kept, and a start that waited for them decides now. Returns the builder (with a compiler
         where compiling pays: the caller builds the layout again) and that decision (None where none was
         made)."""
-        if trained < TIMED_STEPS:
+        if trained - self._since < TIMED_STEPS:
             return builder, None
         self._learn(builder, plan, step_s)
         if not self.pending:
             return builder, None
         self.pending = False
         self.decision = self._decide(plan, steps, step_s)
+        if self.decision.compile:
+            self._since = trained  # the compiled steps are timed from here (the caller clears the clock's)
         return self._with_compiler(builder, plan, self.decision.compile), self.decision
 
     def at_transition(self, builder: Builder, plan: Plan, steps: int, step_s: Optional[float]):
@@ -147,12 +153,13 @@ class Compiling:
         return self._with_compiler(builder, plan, self.decision.compile), self.decision
 
     def _learn(self, builder: Builder, plan: Plan, step_s: Optional[float]) -> None:
-        """Collective the first time: the step time this layout runs at, and the first compile's cost (the
-        busiest worker's), kept for the next run."""
-        if self._learned:
-            return
-        self._learned = True
+        """Collective, the first time the units run eager and the first time they run compiled: the step time
+        of this layout, and with it compiled what the first compile cost (the busiest worker's), kept for the
+        next run."""
         compiler = builder.compiler
+        if (compiler is not None) in self._learned:
+            return
+        self._learned.add(compiler is not None)
         cost = _max_over_ranks(compiler.counts.snapshot()) if compiler is not None else None
         if self.kept is None:
             return

@@ -372,9 +372,13 @@ class Trainer:
         layouts.builder, decided = self.layouts.compiling.after_first_steps(
             layouts.builder, self.plan, self._steps_left, clock.step_s, clock.steps
         )
-        if decided is not None:
-            seconds = layouts.switch_to(self.plan, self.state.global_step) if decided.compile else None
-            self.record.compile_decided(decided, self.state.epoch, position, seconds)
+        if decided is None:
+            return
+        seconds = None
+        if decided.compile:
+            seconds = layouts.switch_to(self.plan, self.state.global_step)
+            clock.recent.clear()  # the step time from here is a compiled step's
+        self.record.compile_decided(decided, self.state.epoch, position, seconds)
 
     def _release_cache(self) -> None:
         """Collective: the cache's shared memory and files go (unless `cache.keep`) once every worker is done."""
