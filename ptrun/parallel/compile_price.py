@@ -114,27 +114,25 @@ def _seconds(s: float) -> str:
 def decide(setting, figures: CompileFigures, why_not: str = "") -> CompileDecision:
     """`train.compile` (`true`, `false` or `auto`) priced on `figures`. `why_not`: what rules compiling out
     on this machine or schedule, which `auto` obeys (and `true` was refused for before any worker started)."""
-    if setting is not True and setting is not False and why_not:
+    if isinstance(setting, bool):  # `true` and `false` force it; `true` says what it will cost
+        cost = f"; {graphs_phrase(figures)}" if setting else ""
+        line = f"compile: {'on' if setting else 'off'} (train.compile={str(setting).lower()}{cost})"
+        return CompileDecision(setting, line, figures, forced=True)
+    if why_not:
         return CompileDecision(False, f"compile: off ({why_not})", figures)
-    if setting is True or setting is False:
-        on = setting is True
-        figures_line = f"; {graphs_phrase(figures)}" if on else ""
-        return CompileDecision(
-            on,
-            f"compile: {'on' if on else 'off'} (train.compile={str(on).lower()}{figures_line})",
-            figures,
-            forced=True,
-        )
-    saving = f"saves ~{_seconds(figures.saved_s)}" + ("" if figures.saving_measured else " at the default rate")
-    if figures.step_s is None and figures.saving <= 0:  # no step time would make it pay: decided now
-        rate = "measured" if figures.saving_measured else "at the default rate"
-        return CompileDecision(
-            False, f"compile: off (a compiled step saves nothing {rate}; {graphs_phrase(figures)})", figures
-        )
+    rate = "" if figures.saving_measured else " at the default rate"
     if figures.step_s is None:
+        if figures.saving <= 0:  # no step time would make it pay: decided now
+            return CompileDecision(
+                False,
+                f"compile: off (a compiled step saves nothing{rate or ', measured'}; {graphs_phrase(figures)})",
+                figures,
+            )
         return CompileDecision(
             False, f"compile: off until the first steps are timed ({graphs_phrase(figures)})", figures
         )
     on = figures.saved_s > 0 and figures.saved_s >= MARGIN * figures.compile_s
-    line = f"compile: {'on' if on else 'off'} (trains ~{_seconds(figures.train_s)}, {saving}; {graphs_phrase(figures)})"
-    return CompileDecision(on, line, figures)
+    saved = figures.saved_s
+    effect = f"saves ~{_seconds(saved)}" if saved >= 0 else f"compiled steps take ~{_seconds(-saved)} more"
+    trains = f"trains ~{_seconds(figures.train_s)}, {effect}{rate}"
+    return CompileDecision(on, f"compile: {'on' if on else 'off'} ({trains}; {graphs_phrase(figures)})", figures)
