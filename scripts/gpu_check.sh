@@ -3,7 +3,11 @@
 # (`source .gpu-kit/install.sh` first where ptrun is not installed: ../shared/gpu/README.md, or docs/gpu.md).
 #   1-2. bbc_news_bert (the embedded default) at 128 and at 512 tokens: the plain transformers loop, ptrun with
 #        freezing off, ptrun's default (freezing + AutoCache), each eager and compiled (`train.compile`; the loop
-#        compiles the library model with torch.compile: bench_peers --compiled)
+#        compiles the library model with torch.compile: bench_peers --compiled), compiled on an empty inductor
+#        cache of its own (cold) and again on the cache that run filled (warm)
+#   2a.  auto128: the default as it is (`train.compile=auto`: compiles where its priced line says it pays), on an
+#        empty inductor cache with nothing kept (cold), then again on what that run left (warm): its line, wall
+#        and training seconds against 1's plain loop, eager and compiled
 #   2b.  cudagraphs128: ptrun with freezing off and the default at 128 tokens, compiled with CUDA graphs
 #        (`train.compile_mode=reduce-overhead`), against 1's compiled runs
 #   2c.  shared_store: the default at 128 tokens on one worker with AutoCache's node-shared store (`cache.keep`,
@@ -19,15 +23,15 @@
 #   8.   steps_lm: that Llama's own step, as steps512 (and how often each reads a value on the host: a sync)
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
 # to the plain loop (> 1: faster than it; a compiled run's also to the compiled loop), and the final metric; a
-# profile job adds its top five operators. Compiled runs start with inductor's cache as this host has it
-# ($TORCHINDUCTOR_CACHE_DIR, default ~/.cache/ptrun/torchinductor): run the check twice to see it warm.
+# profile job adds its top five operators. The other compiled runs (cudagraphs128, the profiles, the steps) start
+# with inductor's cache as this host has it ($TORCHINDUCTOR_CACHE_DIR, default ~/.cache/ptrun/torchinductor).
 # Everything lands in $1 (default: a new temp dir):
 # a job's log, its runs, and its bench_peers_<recipe>.json.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$(mktemp -d -t ptrun-gpu-check-XXXX)}
 limit=${PTRUN_GPU_CHECK_TIMEOUT:-420}  # seconds per job
-jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 cudagraphs128 shared_store steps512 profile512 digits causal_lm profile_lm steps_lm} "  # which jobs, to rerun a few
+jobs=" ${PTRUN_GPU_CHECK_JOBS:-bbc128 bbc512 auto128 cudagraphs128 shared_store steps512 profile512 digits causal_lm profile_lm steps_lm} "  # which jobs, to rerun a few
 read -r -a extra <<< "${PTRUN_GPU_CHECK_EXTRA:-}"  # overrides for every job (a dry run on the CPU: train.epochs=1 ...)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -41,7 +45,7 @@ r = json.load(open(path))
 metric = r["metric"]
 rows = {row["label"]: row for row in r["rows"]}
 plain = rows.get("plain loop") or rows.get("plain loop, eager")
-compiled = rows.get("plain loop, compiled")
+suffixes = (", compiled, cold cache", ", compiled, warm cache", ", compiled")
 seconds = lambda row: row["train_time_s"]["median"] if isinstance(row["train_time_s"], dict) else row["train_time_s"]
 parts = []
 for label, row in rows.items():
@@ -51,7 +55,9 @@ for label, row in rows.items():
     ratio = ""
     if plain is not None and row is not plain:
         ratio = f" ({seconds(plain) / t:.2f}x"
-        if compiled is not None and label.endswith(", compiled") and row is not compiled:
+        suffix = next((s for s in suffixes if label.endswith(s)), None)
+        compiled = rows.get("plain loop" + suffix) if suffix else None
+        if compiled is not None and row is not compiled:
             ratio += f", {seconds(compiled) / t:.2f}x the compiled loop"
         ratio += f", wall {plain['wall_s'] / row['wall_s']:.2f}x)" if isinstance(row.get("wall_s"), float) else ")"
     part = f"{label} {t:.2f} s{ratio} {metric} {final:.2f}" if final is not None else f"{label} {t:.2f} s{ratio}"
@@ -104,9 +110,42 @@ steps() {  # steps NAME RECIPE OUT_JSON [OVERRIDES...]: the model's own step, pt
   fi
 }
 
+auto() {  # auto NAME PEERS_JSON [OVERRIDES...]: the default with train.compile=auto, cold then warm
+  local name=$1 peers=$2; shift 2
+  [[ $jobs == *" $name "* ]] || return 0
+  local state="$out/${name}_state" cache
+  rm -rf "$state"
+  for cache in cold warm; do
+    local t0=$SECONDS
+    if TORCHINDUCTOR_CACHE_DIR="$state/inductor" PTRUN_COMPILE_COSTS_DIR="$state/kept" timeout "$limit" "$py" -m \
+         ptrun.cli train hydra.run.dir="$out/$name/$cache" train.compile=auto "$@" "${extra[@]}" > "$out/$name.$cache.log" 2>&1; then
+      "$py" - "$name, $cache cache" "$out/$name/$cache" "$peers" "$((SECONDS - t0))" <<'PY'
+import json, sys
+from pathlib import Path
+label, run, peers, wall = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4])
+events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+train = sum(e["epoch_time_s"] for e in {e["epoch"]: e for e in events if e["event"] == "epoch"}.values())
+lines = [l for l in (run.parent.parent / f"{run.parent.name}.{run.name}.log").read_text().splitlines() if l.startswith("compile: ")]
+against = ""
+if peers.is_file():
+    rows = {r["label"]: r for r in json.loads(peers.read_text())["rows"]}
+    cache = label.rsplit(", ", 1)[1].split()[0]
+    for peer in ("plain loop, eager", f"plain loop, compiled, {cache} cache"):
+        if peer in rows:
+            r = rows[peer]
+            against += f"; {peer}: wall {r['wall_s']:.1f} s ({r['wall_s'] / wall:.2f}x), training {r['train_time_s']:.1f} s"
+print(f"{label}: wall {wall:.0f} s, training {train:.1f} s{against} | " + " | ".join(lines), flush=True)
+PY
+    else
+      echo "$name, $cache cache: FAILED (exit $?; log $out/$name.$cache.log): $(grep -v '^\s*$' "$out/$name.$cache.log" | tail -n 1)"
+    fi
+  done
+}
+
 cd "$repo"
 job bbc128 bbc_news_bert a,c,e --compiled
 job bbc512 bbc_news_bert a,c,e --compiled data.max_length=512
+auto auto128 "$out/bbc128/bench_peers_bbc_news_bert.json"
 job cudagraphs128 bbc_news_bert c,e train.compile=true train.compile_mode=reduce-overhead
 if [[ $jobs == *" shared_store "* ]]; then
   store="$out/shared_store_cache"  # the node-shared store's files, removed after the job (cache.keep keeps them)

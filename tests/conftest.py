@@ -225,6 +225,15 @@ def semaphore_watch():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def kept_compile_costs(tmp_path_factory):
+    """The session's own kept compile measurements (`ptrun.parallel.compile_costs`), which every `ptrun` it
+    starts inherits: what one test's run measured never decides another's `train.compile=auto`, nor the
+    user's runs."""
+    os.environ.setdefault("PTRUN_COMPILE_COSTS_DIR", str(tmp_path_factory.mktemp("compile_costs")))
+    return os.environ["PTRUN_COMPILE_COSTS_DIR"]
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_litter_left(semaphore_watch):
     before, semaphores_before = _litter(), set(semaphores().values())
     yield

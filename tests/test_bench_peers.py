@@ -200,32 +200,40 @@ def test_only_picks_labels_or_letters_in_order():
         peer_runs.pick(["a,f"])
 
 
-def test_compiled_twins_run_each_side_eager_and_compiled_and_check_like_against_like():
-    """`--compiled` makes every chosen run twice: eager with `train.compile=false`, compiled with
-    `train.compile=true` (the plain loop compiles its library model); samples/s are checked eager against eager
-    and compiled against compiled."""
+def test_compiled_runs_each_side_eager_and_compiled_cold_and_warm_and_check_like_against_like(tmp_path):
+    """`--compiled` makes every chosen run three times: eager with `train.compile=false`, compiled with
+    `train.compile=true` (the plain loop compiles its library model) on an empty inductor cache of its own and
+    then on the cache that run filled; samples/s are checked eager against eager, cold against cold and warm
+    against warm."""
     labels = peer_runs.twins([A, C])
-    assert labels == [f"{A}, eager", f"{A}, compiled", f"{C}, eager", f"{C}, compiled"]
+    cold, warm = peer_runs.COLD, peer_runs.WARM
+    assert labels == [f"{A}, eager", f"{A}{cold}", f"{A}{warm}", f"{C}, eager", f"{C}{cold}", f"{C}{warm}"]
     cmds = peer_runs.commands(labels, "digits_vit", ["train.epochs=1"])
-    assert cmds[f"{A}, compiled"].startswith("python -m ptrun.bench.plain_loop --recipe=digits_vit")
-    assert cmds[f"{A}, compiled"].endswith("train.epochs=1 train.compile=true")
+    assert cmds[f"{A}{cold}"].startswith("python -m ptrun.bench.plain_loop --recipe=digits_vit")
+    assert cmds[f"{A}{warm}"].endswith("train.epochs=1 train.compile=true")
     assert cmds[f"{C}, eager"].startswith("ptrun train") and cmds[f"{C}, eager"].endswith("train.compile=false")
+    # one cache per run and round, the cold and the warm run's the same; none for an eager run
+    here = tmp_path / "round0"
+    assert peer_runs.inductor_cache(f"{A}{cold}", here / "a") == peer_runs.inductor_cache(f"{A}{warm}", here / "b")
+    assert peer_runs.inductor_cache(f"{A}{cold}", here / "a") != peer_runs.inductor_cache(f"{C}{cold}", here / "c")
+    assert peer_runs.inductor_cache(f"{A}, eager", here / "a") is None
     twin_rounds = [
         peer_summary.measure(
             [
                 dict(r, label=r["label"] + suffix)
                 for r in rnd
                 if r["label"] in (A, C)
-                for suffix in (peer_runs.EAGER, peer_runs.COMPILED)
+                for suffix in (peer_runs.EAGER, cold, warm)
             ]
         )
         for rnd in rounds()
     ]
     result = peer_summary.aggregate(twin_rounds)
-    assert [r["kind"] for r in result["rows"]] == ["plain", "plain", "ptrun", "ptrun"]
+    assert [r["kind"] for r in result["rows"]] == ["plain"] * 3 + ["ptrun"] * 3
     assert [(c["ptrun"], c["peer"]) for c in result["checks"]] == [
         (f"{C}, eager", f"{A}, eager"),
-        (f"{C}, compiled", f"{A}, compiled"),
+        (f"{C}{cold}", f"{A}{cold}"),
+        (f"{C}{warm}", f"{A}{warm}"),
     ]
 
 

@@ -59,18 +59,19 @@ def workload_overrides(workload: str, out: Path) -> list[str]:
     return ["recipe=bbc_news_bert"]
 
 
-def run(run_dir: Path, overrides: list[str], cache_dir: Path, reuse: bool) -> dict:
-    """One `ptrun train` with inductor's cache in `cache_dir`; its times, compile seconds and final top-1."""
+def run(run_dir: Path, overrides: list[str], env: dict[str, str], reuse: bool) -> dict:
+    """One `ptrun train` with `env` over this environment (inductor's cache: `TORCHINDUCTOR_CACHE_DIR`); its
+    times, compile seconds and final top-1."""
     from ptrun.report import load_run
     from ptrun.report.summary import summarize
 
     wall_file = run_dir / "wall.json"
     if fresh_run_dir(wall_file, reuse):
         cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *overrides]
-        print(f"$ TORCHINDUCTOR_CACHE_DIR={cache_dir} ptrun train {' '.join(cmd[4:])}", flush=True)
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+        shown = " ".join(f"{k}={v}" for k, v in env.items())
+        print(f"$ {shown} ptrun train {' '.join(cmd[4:])}", flush=True)
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
     loaded = load_run(run_dir)
     summary = summarize(loaded)
@@ -97,7 +98,7 @@ def round_of(workload: str, out: Path, r: int, overrides: list[str], reuse: bool
         row = run(
             here / label.replace(", ", "_").replace(" ", "_"),
             [*base, *extra, *overrides],
-            cache if label != "eager" else here / "inductor_eager",
+            {"TORCHINDUCTOR_CACHE_DIR": str(cache if label != "eager" else here / "inductor_eager")},
             reuse,
         )
         rows.append({"label": label, **row})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,15 +30,25 @@ PTRUN = {
     "ptrun default": [],
 }
 LABELS = [*PEERS, *PTRUN]
-EAGER, COMPILED = ", eager", ", compiled"
-"""`--compiled`: each run twice, `LABEL, eager` (`train.compile=false`) and `LABEL, compiled` (`train.compile=true`:
-ptrun's units; the plain loop's library model through torch.compile, as a user writes it)."""
-COMPILE_OVERRIDE = {EAGER: "train.compile=false", COMPILED: "train.compile=true"}
+EAGER, COLD, WARM = ", eager", ", compiled, cold cache", ", compiled, warm cache"
+"""`--compiled`: each run three times, `LABEL, eager` (`train.compile=false`) and compiled (`train.compile=true`:
+ptrun's units; the plain loop's library model through torch.compile, as a user writes it) on an empty inductor
+cache of its own (`cold`: every graph built, a first run) and then on the cache that run filled (`warm`)."""
+COMPILED = (COLD, WARM)
+COMPILE_OVERRIDE = {EAGER: "train.compile=false", COLD: "train.compile=true", WARM: "train.compile=true"}
 
 
 def twins(labels: list[str]) -> list[str]:
-    """Each label's eager and compiled runs (`--compiled`), in order."""
-    return [label + suffix for label in labels for suffix in (EAGER, COMPILED)]
+    """Each label's eager and compiled runs, cold then warm (`--compiled`), in order."""
+    return [label + suffix for label in labels for suffix in (EAGER, COLD, WARM)]
+
+
+def inductor_cache(label: str, run_dir: Path) -> Path | None:
+    """The inductor cache a compiled run of `label` uses: one per run and round beside its run directories,
+    emptied before the cold run (None for a run that does not compile)."""
+    if not label.endswith(COMPILED):
+        return None
+    return run_dir.parent / f"inductor_{base(label)[0].replace(' ', '_').replace(',', '')}"
 
 
 def base(label: str) -> tuple[str, list[str]]:
@@ -207,6 +218,11 @@ def execute(
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
         # empty (ptrun's runs use the user's cache, as ptrun does).
         env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if base(label)[0] in PEERS else None
+        cache = inductor_cache(label, run_dir)
+        if cache is not None:  # compiled: cold on an empty cache of its own, warm on what the cold run left
+            if label.endswith(COLD):
+                shutil.rmtree(cache, ignore_errors=True)
+            env = {**(env or os.environ), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
         spawned, t0 = time.time(), time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0, "spawn_time": spawned}))

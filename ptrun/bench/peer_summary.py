@@ -5,7 +5,7 @@ plain peer, the medians and ranges over the rounds, the throughput checks, and t
 from __future__ import annotations
 
 from ptrun.bench.harness import cell, fmt, label_rows, median, rounds_caption, rows_table, spread
-from ptrun.bench.peer_runs import BY_KEY, COMPILED, EAGER, PEERS, TOP1, Metric, base
+from ptrun.bench.peer_runs import BY_KEY, COLD, EAGER, PEERS, TOP1, WARM, Metric, base
 
 CHECKS = {"ptrun, freezing off, 1 worker": "plain loop", "ptrun, freezing off, 2 workers": "plain DDP"}
 """ptrun run -> the plain peer on the same processes and threads, whose samples/s it should keep up with."""
@@ -14,8 +14,9 @@ FLOOR = 0.95
 
 
 def check_pairs() -> list[tuple[str, str]]:
-    """(ptrun run, plain peer) pairs whose samples/s are checked: CHECKS, and each as eager and compiled twins."""
-    return [(mine + s, peer + s) for mine, peer in CHECKS.items() for s in ("", EAGER, COMPILED)]
+    """(ptrun run, plain peer) pairs whose samples/s are checked: CHECKS, and each eager, and compiled on a
+    cold and on a warm cache, like against like."""
+    return [(mine + s, peer + s) for mine, peer in CHECKS.items() for s in ("", EAGER, COLD, WARM)]
 
 
 def time_to(curve: list[list[float]], target: float | None, metric: Metric = TOP1) -> float | None:

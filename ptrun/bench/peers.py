@@ -35,10 +35,12 @@ ptrun run with those overrides after the recipe's (a seeded sweep of a recipe's 
 `--only a,e --seeds --repeats 5 --variant 'start 12: freeze.start=12'`). Each `--engine 'LABEL: PYTHON [KEY=V ...]'`
 adds a ptrun run of the recipe (with those overrides) made by another interpreter, such as another checkout's
 venv: the engine before and after a change, side by side (`--only e --engine 'before: ../base/.venv/bin/python'`).
-With `--compiled`, every chosen run is made twice, like against like: `LABEL, eager` with `train.compile=false`
-and `LABEL, compiled` with `train.compile=true` (ptrun compiles its units; the plain loop compiles the library
-model with `torch.compile`, as a user writes it); the throughput checks pair eager with eager and compiled with
-compiled.
+With `--compiled`, every chosen run is made three times, like against like: `LABEL, eager` with
+`train.compile=false`, and with `train.compile=true` (ptrun compiles its units; the plain loop compiles the library
+model with `torch.compile`, as a user writes it) `LABEL, compiled, cold cache` on an empty inductor cache of its
+own (every graph built, as a first run) and `LABEL, compiled, warm cache` on the cache that run filled (every later
+run), so each side gets the same chance; the throughput checks pair eager with eager, cold with cold and warm
+with warm.
 """
 
 from __future__ import annotations
@@ -87,8 +89,8 @@ def main() -> None:
     parser.add_argument(
         "--compiled",
         action="store_true",
-        help="each run twice: eager (train.compile=false) "
-        "and compiled (train.compile=true; the plain loop compiles the library model)",
+        help="each run three times: eager (train.compile=false), and compiled (train.compile=true; the plain "
+        "loop compiles the library model) on an empty inductor cache and then on the cache it filled",
     )
     args, overrides = parser.parse_known_args()
     try:

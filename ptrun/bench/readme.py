@@ -77,6 +77,12 @@ TABLES = [
     ),
     Table("bench_compile.json", "ptrun.bench.compiled", "Compiled units against eager on the CPU", optional=True),
     Table(
+        "bench_compile_auto.json",
+        "ptrun.bench.compile_auto",
+        "train.compile=auto against false and true on the CPU",
+        optional=True,
+    ),
+    Table(
         "bench_overhead_bbc_news_bert_small.json",
         "ptrun.bench.overhead",
         "ptrun against a loop frozen by hand: tiny model, steps of milliseconds",

@@ -115,7 +115,9 @@ class TrainConfig:
     compile: Union[bool, str] = choice("auto", COMPILE, wording=lambda _: "auto, true or false")
     """Compile each unit on its own with torch.compile (regional compilation: identical units, a model's
     blocks, share one compiled graph, so a 12-layer model compiles each kind of unit once): `true`, `false`, or
-    `auto` (on with a GPU, off on the CPU, where the cold compile costs more than it saves: docs/guide.md).
+    `auto` (on where the seconds it saves over the steps left are 1.5 times what its graphs cost, cold or in
+    inductor's cache, priced on this machine's measured step and compile times; one line says the decision and
+    its figures: docs/guide.md).
     Frozen units run their own no-grad variant; a unit whose compilation fails runs eager, with one line. Not
     with the schedules that split a stage's backward pass (ZBVZeroBubble, DualPipeV, InterleavedZeroBubble).
     Compiled graphs are kept in inductor's cache ($TORCHINDUCTOR_CACHE_DIR, by default

@@ -42,26 +42,45 @@ from ptrun.config.training import c_compiler
 log = logging.getLogger(__name__)
 
 
-def compile_wanted(setting, device: torch.device, schedule: str = "GPipe") -> bool:
-    """`train.compile`: `true` / `false` as written; `auto` on with a GPU (where inductor finds a C compiler)
-    and off on the CPU, where compiling cost more wall time than it saved on every recipe measured
-    (docs/guide.md), and off under a schedule that splits each stage's backward pass (`check_compile`)."""
-    if setting == "auto":
-        return device.type == "cuda" and c_compiler() is not None and not SCHEDULE_SPECS[schedule].split_backward
-    return bool(setting)
+def ruled_out(device: torch.device, schedule: str = "GPipe") -> str:
+    """What keeps `train.compile=auto` eager whatever compiling would save, or "" where it may compile: no C
+    compiler for inductor to build with, or a schedule that splits each stage's backward pass
+    (`check_compile`). `true` is refused for both before any worker starts."""
+    if c_compiler() is None:
+        return "no C compiler for inductor"
+    if SCHEDULE_SPECS[schedule].split_backward:
+        return f"pipe.schedule={schedule} splits the backward pass"
+    return ""
 
 
-def make_compiler(
-    train, layered, device: torch.device, probe: tuple = (), schedule: str = "GPipe"
-) -> "UnitCompiler | None":
-    """The worker's `UnitCompiler` where `train.compile` (a TrainConfig's) is on for `device` and `schedule`,
-    else None. `probe`: one training sample's model inputs, from which the first layout's first stage compiles
-    at once."""
-    if not compile_wanted(train.compile, device, schedule):
-        return None
+def make_compiler(train, layered, device: torch.device, probe: tuple = ()) -> "UnitCompiler":
+    """The worker's `UnitCompiler` for `train` (a TrainConfig: its `compile_mode` and global batch). `probe`:
+    one training sample's model inputs, from which the first layout's first stage compiles at once."""
     if device.type == "cpu":  # inductor's C++ build says, on every worker, that a CPU machine has no CUDA runtime
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     return UnitCompiler(train.compile_mode, layered, tuple(t.to(device) for t in probe), train.global_batch_size)
+
+
+def unit_shape(layered, u: int) -> tuple:
+    """What dynamo compiles a unit for apart from the units of other shapes: its class, its submodules, and
+    whether it or a unit before it keeps the first token only (the first-token tail's one-row halves)."""
+    unit = layered.units[u]
+    tail = any(getattr(layered.units[i], "first_token_only", False) for i in range(u + 1))
+    return type(unit).__name__, tuple(name for name, _ in unit.named_children()), tail
+
+
+def variants(layered, plan) -> dict[tuple, int]:
+    """The compiled variants `plan` runs over the whole model, each with its inductor graphs: a trained
+    variant a unit shape (forward and backward), the first trained unit's after a frozen prefix (its input
+    takes no gradient), and a no-grad one a shape of the frozen units and of evaluation (forward only); a
+    prefix AutoCache serves runs none. An estimate (a pipeline's worker compiles its own stages' only), which
+    what a run measured replaces (`ptrun.parallel.compile_costs`)."""
+    n, frozen = len(layered.units), plan.frozen_units
+    out = {(unit_shape(layered, u), "no grad"): 1 for u in range(min(plan.cached_units, frozen), n)}
+    out.update({(unit_shape(layered, u), "trained"): 2 for u in range(frozen, n)})
+    if 0 < frozen < n:
+        out[(unit_shape(layered, frozen), "trained, input without gradient")] = 2
+    return out
 
 
 def _max_over_ranks(values: dict) -> dict:

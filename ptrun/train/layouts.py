@@ -19,6 +19,7 @@ from ptrun.data import EpochSampler
 from ptrun.models.lazy import init_units
 from ptrun.parallel.plan import Plan
 from ptrun.train import faults
+from ptrun.train.compiling import Compiling
 from ptrun.train.feed import Feed
 from ptrun.train.signals import held_blocks
 from ptrun.train.startup import first_sample
@@ -58,6 +59,8 @@ class LayoutInUse:
         """Where this layout's batches come from on this rank."""
         self.step_parts: StepParts | None = None
         """What this layout's steps are updated with (`ptrun.train.step.train_step`)."""
+        self.compiling = Compiling(cfg, builder.layered, data, builder.device, builder.rank)
+        """`train.compile`'s decisions: the builder compiles or not from each on."""
 
     @property
     def plan(self) -> Plan:
@@ -72,8 +75,13 @@ class LayoutInUse:
             len(self.data.train), self.train_sampler.global_batch_size, self.cfg.train.max_steps_per_epoch
         )
 
-    def start(self, plan: Plan, optimizer_states: dict | None = None) -> None:
-        """Build `plan`'s layout on this rank (the first one, or after a resume); `switch_to` changes it."""
+    def start(self, plan: Plan, optimizer_states: dict | None = None, steps_left: int = 0, tuning=None) -> None:
+        """Collective: build `plan`'s layout on this rank (the first one, or after a resume), compiled or eager as
+        `train.compile` decides, priced on the `steps_left` (and the micro-batch `tuning`'s step time of this
+        layout, where it measured one); `switch_to` changes it."""
+        if tuning is not None:
+            self.compiling.tuned_step_s = tuning.costs.get((plan.pp, plan.microbatches))
+        self.builder = self.compiling.start(self.builder, plan, steps_left)
         layered, rank = self.builder.layered, self.builder.rank
         init_units(layered, held_units(layered, plan, rank))  # those a resume did not fill
         self._use(build_layout(self.builder, plan, optimizer_states))

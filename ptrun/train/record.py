@@ -66,9 +66,12 @@ class RunRecord:
         self.view.print(line)
 
     # ---- the run's milestones ---------------------------------------------------------------------------
-    def announce(self, layered, data, world_size: int, device: torch.device, plan: Plan, compiler=None) -> None:
-        """The start event and the terminal's first lines (the start, the micro-batch tuning's choice, what
-        compiling the units cost (`compiler`, with `train.compile`), the layout)."""
+    def announce(
+        self, layered, data, world_size: int, device: torch.device, plan: Plan, compiler=None, compiling=None
+    ) -> None:
+        """The start event and the terminal's first lines (the start, the micro-batch tuning's choice, whether
+        the units compile and why (`compiling`, a `CompileDecision`), what compiling them cost (`compiler`),
+        the layout)."""
         cfg = self.cfg
         self.announced = True
         start = dict(
@@ -86,10 +89,19 @@ class RunRecord:
         )
         self.event("start", **start, worker_start_time=self.start_clock.began, start_phases=self.start_clock.phases)
         self.print(start_line(start, cfg.run_dir))
-        for choice in (self.tuning, compiler):
-            if choice is not None:
-                self.print(choice.summary())
+        if self.tuning is not None:
+            self.print(self.tuning.summary())
+        if compiling is not None:
+            self.compile_decided(compiling, 0, 0)
+        if compiler is not None:
+            self.print(compiler.summary())
         self.view.show_layout(plan, layered.unit_names)
+
+    def compile_decided(self, decision, epoch: int, step: int, compiled_s: float | None = None) -> None:
+        """A `train.compile` decision (`ptrun.parallel.compile_price.CompileDecision`) before step `step` of
+        `epoch`: its `compile` event and its line (`compiled_s`: the seconds of a layout built again compiled)."""
+        self.event("compile", epoch=epoch, step=step, **decision.event_fields(), compiled_s=compiled_s)
+        self.print(decision.line + (f"; compiled in {compiled_s:.1f} s" if compiled_s is not None else ""))
 
     def epoch_plan(self, epoch: int, step: int, moved: dict, plan: Plan) -> None:
         """The plan event an epoch starts with (`moved`: the transition into it, if any); the first one carries

@@ -22,6 +22,10 @@
    "memory": {"param_bytes": [per rank], "optim_bytes": [...], "rss_bytes": [...], "peak_rss_bytes": [...]},
    on the first epoch a worker process trains also "first_step_time" and "first_step_end_time" (Unix times:
    its first step began, before the forward pass, and ended, after the update)}
+  {"event": "compile", "epoch": E, "step": S, "compile_decision": {"compile": bool, "forced": bool, "steps",
+   "step_s", "graphs", "cached_graphs", "compile_estimate_s", "saving", "saving_measured"}, "compiled_s": ...}
+   with train.compile auto or true: its decision at the start, after the first steps where the start waited for
+   them (`compiled_s`: the layout built again compiled), at a compiled run's transitions
   {"event": "savings", "train_time_s": ..., "unfrozen_time_s": ..., "saved_s": ..., "speedup": ..., "froze": bool,
    "steady_steps": ..., "unfrozen_range_s": [low, high] or null, "line": "freezing saved ~41 s: ..."} just
    before the end event: what freezing saved

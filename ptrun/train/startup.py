@@ -26,7 +26,7 @@ from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel import microtune
 from ptrun.parallel.tuning import Tuning, cache_fields, tune
-from ptrun.parallel.compiled import compile_wanted, make_compiler
+from ptrun.parallel.compiled import make_compiler
 from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
 from ptrun.parallel.partition import partition
 from ptrun.parallel.plan import Plan
@@ -68,11 +68,12 @@ def build_units(cfg: PtrunConfig, data: DataSplits):
 
 
 def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device: torch.device) -> Builder:
-    """What this worker's layouts are built from (the same for every Plan), its compiled units (`train.compile`)
-    included: they compile the first layout's first stage at once, on the first training sample."""
+    """What this worker's layouts are built from (the same for every Plan), its compiled units with
+    `train.compile=true` included (the micro-batch tuning measures compiled steps then): they compile the
+    first layout's first stage at once, on the first training sample. `auto` adds them once it has priced
+    compiling (`ptrun.train.compiling`)."""
     param_name = {id(p): n for n, p in layered.model.named_parameters()}
-    wanted = compile_wanted(cfg.train.compile, device, cfg.pipe.schedule)
-    probe = first_sample(data, layered.input_names) if wanted else ()
+    forced = cfg.train.compile is True
     return Builder(
         layered,
         rank,
@@ -84,7 +85,7 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
         compute_dtype(cfg.train.precision),
         cfg.pipe.weight_stashing,
         cfg.pipe.vertical_sync,
-        make_compiler(cfg.train, layered, device, probe, cfg.pipe.schedule),
+        make_compiler(cfg.train, layered, device, first_sample(data, layered.input_names)) if forced else None,
     )
 
 

@@ -88,7 +88,7 @@ class Trainer:
             self.stops.divergence,
         )
         self.state, plan, optimizer_states = self._resume() if resume else (TrainState(), controller.first, {})
-        self.layouts.start(plan, optimizer_states)
+        self.layouts.start(plan, optimizer_states, self._steps_left, tuning)
         clock.lap("layout")
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.decisions.interval_begins()
@@ -127,6 +127,10 @@ class Trainer:
         """Whether this process has finished a training step (its start-up is over)."""
         return self.record.clock.steps > 0
 
+    @property
+    def _steps_left(self) -> int:
+        return max(self.layouts.total_steps - self.state.global_step, 0)
+
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
         return stats.all_sum(values, self.device)
 
@@ -158,11 +162,13 @@ class Trainer:
         position = start
         while position < self.steps_per_epoch:
             self._decide(position)  # a decision inside the epoch (or one a resume has not made yet)
+            self._compile_if_it_pays(position)
             if position > start and self._checkpoint_due(epoch_base, position - 1):
                 # the checkpoint due at the segment's last step, written after the decision: a restart resumes
                 # in the new layout, at this step
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
             end = self.layouts.positions.segment_end(state.epoch, position)
+            end = self.layouts.compiling.segment_end(position, end, self.record.clock.steps)
             self._train_segment(sums, position, end, epoch_base)
             position = end
         elapsed = time.perf_counter() - sums.t0
@@ -262,7 +268,13 @@ class Trainer:
         if self.stops.now():
             raise Interrupted(self.stops.agreed)
         self.record.announce(
-            self.layered, self.data, self.world_size, self.device, self.plan, self.layouts.builder.compiler
+            self.layered,
+            self.data,
+            self.world_size,
+            self.device,
+            self.plan,
+            self.layouts.builder.compiler,
+            self.layouts.compiling.decision,
         )
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
@@ -333,8 +345,12 @@ class Trainer:
     def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
         """Collective: the transition to a decided `plan` before step `position`, shown and (`announce`)
         recorded; returns its cost for the `plan` event."""
-        old = self.plan
-        transition_s = self.layouts.switch_to(plan, self.state.global_step)
+        old, layouts = self.plan, self.layouts
+        # a compiled run of `auto` prices the new layout's variants: where they do not pay it runs eager
+        layouts.builder, priced = self.layouts.compiling.at_transition(
+            layouts.builder, plan, self._steps_left, self.record.clock.step_s
+        )
+        transition_s = layouts.switch_to(plan, self.state.global_step)
         # parameter storage outside the workers' stages (none) is summed with what moved
         moved, unheld = self.all_sum([self.layouts.layout.received_bytes, self.layouts.unheld_bytes()]).tolist()
         cost = {
@@ -344,7 +360,25 @@ class Trainer:
             **self.layouts.layout.compiled,
         }  # compiling the new layout's units, part of the transition's seconds
         self.record.transition(self.state.epoch, old, plan, cost, position, announce, self.layered.unit_names)
+        if priced is not None:
+            self.record.compile_decided(priced, self.state.epoch, position)
         return cost
+
+    def _compile_if_it_pays(self, position: int) -> None:
+        """Collective between two segments: once the first steps are timed, what they measured is kept, and
+        `train.compile=auto` that started eager for want of a step time decides; where compiling pays, this
+        layout is built again compiled, now (its optimizer and every value kept)."""
+        layouts, clock = self.layouts, self.record.clock
+        layouts.builder, decided = self.layouts.compiling.after_first_steps(
+            layouts.builder, self.plan, self._steps_left, clock.step_s, clock.steps
+        )
+        if decided is None:
+            return
+        seconds = None
+        if decided.compile:
+            seconds = layouts.switch_to(self.plan, self.state.global_step)
+            clock.recent.clear()  # the step time from here is a compiled step's
+        self.record.compile_decided(decided, self.state.epoch, position, seconds)
 
     def _release_cache(self) -> None:
         """Collective: the cache's shared memory and files go (unless `cache.keep`) once every worker is done."""

@@ -1,0 +1,155 @@
+"""What compiling costs and saves on this machine, measured by runs and kept on disk, as the micro-batch
+timings are (`ptrun.parallel.tuning`): one JSON file per machine (its device, torch, host, threads and
+compile mode), in ~/.cache/ptrun/compile (`PTRUN_COMPILE_COSTS_DIR` moves it), holding
+
+- the seconds one graph costs cold (inductor builds it) and warm (inductor's cache serves it), from the last
+  run that compiled mostly cold or mostly cached graphs;
+- per model and layout (`model_key`): the eager and the compiled step time a run measured (their ratio is
+  what a compiled step saves), the graphs its compiling took, and the entries it left in inductor's FX graph
+  cache ($TORCHINDUCTOR_CACHE_DIR/fxgraph), so a later run counts as cached the share of them still there.
+
+Rank 0 reads and writes it; a file that does not parse is ignored and rewritten; writes are atomic.
+`CompileFigures` (`ptrun.parallel.compile_price`) are made from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+
+from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
+from ptrun.parallel.tuning import device_name
+
+log = logging.getLogger(__name__)
+
+DIR_ENV = "PTRUN_COMPILE_COSTS_DIR"
+VERSION = 1
+"""Bump when what is kept changes: older files are then ignored."""
+
+
+def costs_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ptrun" / "compile"
+    return Path(os.environ.get(DIR_ENV) or base)
+
+
+def inductor_entries() -> set[str]:
+    """The entries of inductor's FX graph cache now (one a compiled graph: `fxgraph/<xx>/<key>`), in
+    $TORCHINDUCTOR_CACHE_DIR (which `ptrun train` sets; without it none are counted), read without creating
+    it (torch's own `cache_dir()` makes it: an eager run leaves no empty cache behind)."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        top = Path(root or "") / "fxgraph"
+        return {f"{d.name}/{e.name}" for d in top.iterdir() if d.is_dir() for e in d.iterdir()} if root else set()
+    except OSError:
+        return set()
+
+
+def machine_fields(device: torch.device, mode: str) -> dict:
+    """What shapes a graph's compile seconds on this machine."""
+    return {
+        "version": VERSION,
+        "device": [device.type, device_name(device)],
+        "torch": torch.__version__,
+        "host": socket.gethostname(),
+        "threads": torch.get_num_threads(),
+        "mode": mode,
+    }
+
+
+def model_key(fields: Mapping) -> str:
+    """The key of a model and layout's record (`fields`: the model, its inputs' shapes, the batch, the plan,
+    the precision)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class KeptCosts:
+    """This machine's kept compile measurements (see the module's docstring)."""
+
+    def __init__(self, device: torch.device, mode: str, root: Optional[Path] = None):
+        self.device_type = device.type
+        self.fields = machine_fields(device, mode)
+        key = model_key(self.fields)
+        self.path = (root or costs_dir()) / f"{key}.json"
+        self.data = {"key": key, "fields": self.fields, "graph_s": {}, "models": {}}
+        try:
+            kept = json.loads(self.path.read_text())
+            if kept.get("key") == key and isinstance(kept.get("models"), dict):
+                self.data = kept
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            log.warning("compile costs %s are unusable (%s); measuring again", self.path, e.__class__.__name__)
+
+    def model(self, key: str) -> dict:
+        return self.data["models"].get(key, {})
+
+    def graph_s(self) -> tuple[float, float]:
+        """Seconds a graph costs (cold, warm): measured here, else the device's default."""
+        cold, warm = DEFAULT_GRAPH_S[self.device_type]
+        kept = self.data["graph_s"]
+        return kept.get("cold", cold), kept.get("warm", warm)
+
+    def saving(self, key: str) -> tuple[float, bool]:
+        """The fraction of an eager step a compiled one saves for `key`, and whether it was measured."""
+        m = self.model(key)
+        if m.get("eager_step_s") and m.get("compiled_step_s"):
+            return 1.0 - m["compiled_step_s"] / m["eager_step_s"], True
+        return DEFAULT_SAVING[self.device_type], False
+
+    def cached(self, key: str, graphs: int, present: set[str]) -> int:
+        """How many of `graphs` inductor's cache holds for `key`: the share of the entries its earlier
+        compiles left that are still `present` (none without a record)."""
+        kept = self.model(key).get("entries", [])
+        if not kept:
+            return 0
+        return round(graphs * sum(e in present for e in kept) / len(kept))
+
+    def figures(self, key: str, steps: int, step_s: Optional[float], graphs: int, present: set[str]):
+        """The `CompileFigures` for `key` (`graphs`: the estimate, replaced by the graphs a run of it took)."""
+        graphs = self.model(key).get("graphs", graphs)
+        cold, warm = self.graph_s()
+        saving, measured = self.saving(key)
+        step_s = step_s or self.model(key).get("eager_step_s")
+        return CompileFigures(steps, step_s, graphs, self.cached(key, graphs, present), cold, warm, saving, measured)
+
+    # ---- what a run measured --------------------------------------------------------------------------
+    def learn_compile(self, key: str, cost: Mapping, new_entries: set[str]) -> None:
+        """A compile of `key`'s layout (`cost`: `UnitCompiler.counts` between its start and end, the busiest
+        worker's): the graphs it took, the entries it left, and the per-graph seconds, cold or cached, of what
+        most of its graphs were."""
+        graphs, cached, seconds = int(cost["graphs"]), int(cost["graphs_from_cache"]), float(cost["compile_s"])
+        if graphs <= 0:
+            return
+        m = self.data["models"].setdefault(key, {})
+        m["graphs"] = graphs
+        m["entries"] = sorted(set(m.get("entries", [])) | new_entries)
+        # Mostly built graphs give the cold figure, mostly cached ones the warm, the few others priced at the
+        # figure already known (two workers of a machine building the same graphs: one may find the other's).
+        cold, warm = self.graph_s()
+        built = graphs - cached
+        if built >= cached:
+            self.data["graph_s"]["cold"] = max(seconds - cached * warm, 0.0) / built
+        elif seconds > built * cold:
+            self.data["graph_s"]["warm"] = (seconds - built * cold) / cached
+
+    def learn_step(self, key: str, compiled: bool, step_s: Optional[float]) -> None:
+        """A step time `key`'s layout ran at, compiled or eager."""
+        if step_s:
+            self.data["models"].setdefault(key, {})["compiled_step_s" if compiled else "eager_step_s"] = step_s
+
+    def save(self) -> None:
+        """Write atomically; a warning where it cannot (the next run measures again)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, default=str))
+            os.replace(tmp, self.path)
+        except OSError as e:
+            log.warning("compile costs %s cannot be written (%s)", self.path, e)
