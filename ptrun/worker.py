@@ -29,6 +29,9 @@ from ptrun.errors import EXIT_BAD_INPUT, ConfigError
 
 EXIT_DIVERGED = 1
 """A worker's exit after training diverged (its report written for the launcher, which restarts nothing)."""
+EXIT_FAULT = 1
+"""A worker's exit after a fault of the machine (no space, out of memory; its report written for the launcher,
+which restarts nothing)."""
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or
@@ -69,6 +72,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with EXIT_DIVERGED."""
     adopt_environment(launcher_env)
+    from ptrun.train import machine
     from ptrun.train.divergence import Diverged
     from ptrun.train.stats import StartClock
     from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
@@ -113,6 +117,22 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
             stops.settle()  # a stop all-reduce the step had started
         trainer.stopped({"diverged": report})
         stopped = EXIT_DIVERGED
+    except machine.OutOfSpace as e:
+        # Every worker stops here, at the step they agreed on (the partial checkpoint removed): the launcher
+        # prints one line from the report and restarts nothing; a full disk stays full.
+        machine.write_report(errors, rank, e.report())
+        with contextlib.suppress(Diverged, machine.OutOfSpace):
+            stops.settle()
+        if trainer is not None:
+            trainer.stopped({"no_space": e.what})
+        stopped = EXIT_FAULT
+    except torch.OutOfMemoryError as e:
+        # In the middle of a step or a transition: no collective can follow (the peers wait in another), so
+        # the report is written and the worker ends; the peers' collectives fail on the lost connection.
+        where = oom_place(e)
+        plan = trainer.plan if trainer is not None and trainer.layouts.layout is not None else None
+        machine.write_report(errors, rank, machine.memory_report(e, device, where, plan))
+        stopped = EXIT_FAULT
     except ConfigError as e:
         # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):
         # its one line goes to the launcher, which prints it once, and the exit code tells it not to restart.
@@ -132,13 +152,25 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
             trainer.close()
         dist.destroy_process_group()
         remove_temporary_directories()
-    if stopped == EXIT_DIVERGED:
-        raise SystemExit(EXIT_DIVERGED)
+    if stopped in (EXIT_DIVERGED, EXIT_FAULT):
+        raise SystemExit(stopped)
     # Not a return value: the elastic agent that sent the signal is shutting down and reads none (a worker
     # that returned would wait for it until killed), it waits for the workers to exit. Where the signal
     # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
     # from the checkpoint just written.
     raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
+
+
+def oom_place(error: BaseException) -> str:
+    """Where an out-of-memory error arose, from its traceback: the cache, a transition, or a step."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if any(Path(f.filename).name in ("autocache.py", "cache_store.py") for f in frames):
+        return "cache"
+    if any(f.name in ("_move_to", "switch_to") for f in frames):
+        return "transition"
+    return "evaluation" if any(f.name == "evaluate" for f in frames) else "step"
 
 
 def remove_temporary_directories() -> None:

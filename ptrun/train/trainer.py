@@ -298,6 +298,7 @@ class Trainer:
             self.export()
         self._release_cache()
         self.record.ended(total, self.state)
+        self.stops.now()  # a file one worker found no room for since the last step ends the run all the same
         return self.state.last_eval
 
     def _decide(self, position: int, announce: bool = True) -> dict:
@@ -361,7 +362,7 @@ class Trainer:
 
     def export(self) -> None:
         """Collective: the model in its library's format, for use without ptrun (written by rank 0)."""
-        out = self.checkpoints.export(self.plan, self.device, self.data.class_names)
+        out = self.checkpoints.export(self.plan, self.device, self.data.class_names, self.state.global_step)
         if out is not None:
             library = FAMILY_SPECS[model_family(self.cfg.model)].library
             self.record.print(f"model saved for {library} without ptrun: {out}")
