@@ -199,7 +199,8 @@ def ptrun_agent(errors: Path, stop_timeout: float):
         return Agent
 
     def quiet(record: logging.LogRecord) -> bool:
-        return not any(errors.iterdir())
+        # once a worker reported, or the kernel killed one for want of memory, the launcher's line says it
+        return not any(errors.iterdir()) and not watch.seen()
 
     for name in ELASTIC_LOGGERS:
         logging.getLogger(name).addFilter(quiet)

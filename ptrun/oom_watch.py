@@ -74,6 +74,7 @@ class OomWatch:
         self.kills_before = oom_kills(self.events)
         self._log = _open_at_end(os.environ.get(KERNEL_LOG_ENV) or KERNEL_LOG)
         self.peak: dict[int, int] = {}
+        self._log_text = ""
 
     def sample(self, pids) -> None:
         """Take the workers' (`pids`) peak resident memory so far."""
@@ -83,14 +84,17 @@ class OomWatch:
     def killed(self, pid: int) -> str | None:
         """Where the machine says worker `pid`, just killed by SIGKILL, was killed for want of memory (the
         kernel's log, or the cgroup's memory events); None where it says nothing of it."""
-        log = self._read_log()
-        if re.search(rf"(Killed process {pid}\b|[,:]pid={pid},)", log):
+        self._log_text += self._read_log()
+        if re.search(rf"(Killed process {pid}\b|[,:]pid={pid},)", self._log_text):
             return "the kernel's log"
         kills = oom_kills(self.events)
         if kills is not None and self.kills_before is not None and kills > self.kills_before:
-            self.kills_before = kills  # one kill explains one worker
             return f"{self.events}"
         return None
+
+    def seen(self) -> bool:
+        """Whether the machine says it killed one of the workers sampled so far for want of memory."""
+        return any(self.killed(pid) for pid in self.peak)
 
     def _read_log(self) -> str:
         """What the kernel's log gained since the last read (a record per read on /dev/kmsg)."""
