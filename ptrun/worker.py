@@ -97,7 +97,14 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     trainer, stopped = None, 0
     try:
         trainer = Trainer(
-            cfg, rank, world, device, resume=cfg.train.resume or restarted, stops=stops, start_clock=start_clock
+            cfg,
+            rank,
+            world,
+            device,
+            resume=cfg.train.resume or restarted,
+            stops=stops,
+            start_clock=start_clock,
+            unit_memory=planner_memory(cfg),
         )
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
@@ -159,6 +166,18 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str]) -> d
     # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
     # from the checkpoint just written.
     raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
+
+
+def planner_memory(cfg):
+    """The planner's per-unit memory for the run's model (`ptrun.sim.fill.fit_memory`), which the trainer
+    checks a layout change against; None for a model the planner cannot size."""
+    from ptrun.sim.config_costs import costs_from_config
+    from ptrun.sim.fill import fit_memory
+
+    try:
+        return fit_memory(costs_from_config(cfg.model, cfg.data), cfg)
+    except Exception:  # the planner's stand-in does not know every model: no check then
+        return None
 
 
 def oom_place(error: BaseException) -> str:

@@ -250,3 +250,18 @@ def test_a_worker_the_kernel_killed_for_memory_is_one_line_and_no_restart(tmp_pa
     assert peak > 50 * 2**20  # a worker with torch loaded
     assert "newest good checkpoint" in line and "resume with: " in line
     assert len(run_events(run_dir, "start")) == 1
+
+
+def test_a_layout_change_that_would_not_fit_is_refused_and_the_run_freezes_in_place(tmp_path):
+    """K = 2 on 2 workers, both blocks frozen after the first epoch: AutoDP would widen to K = 1, DP = 2, where each
+    worker holds the whole model, more than a device offers (`device.memory`, tiny): the change is refused,
+    the run freezes in place in K = 2 and finishes."""
+    run_dir = tmp_path / "run"
+    layout = ["pipe.length=2", "pipe.microbatches=2", "pipe.schedule=1F1B", "freeze.blocks=[0,2]", "device.memory=1KB"]
+    out = run_ptrun("train", *INJECTED, *layout, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    refused = [line for line in out.stdout.splitlines() if "refused" in line]
+    assert len(refused) == 1 and refused[0].startswith("layout K=1 DP=2 refused: its largest stage would need ~")
+    assert refused[0].endswith("the 5 frozen units freeze in place, in K=2 DP=1"), refused[0]
+    plans = run_events(run_dir, "plan")
+    assert [(p["pp"], p["dp"], p["frozen_units"]) for p in plans] == [(2, 1, 0), (2, 1, 5)]
