@@ -48,6 +48,7 @@ def save(
     saved = {
         **state.to_dict(),
         "plan": plan.to_dict(),
+        "first_plan": controller.first.to_dict(),  # the layout the run's keys start in, for a resume to compare
         "controller": controller.state_dict(),
         "model": {"name": cfg.model.name, "num_units": len(layered.units)},
         "loss_scale": scaler.state_dict(),
@@ -125,17 +126,18 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     )
     controller.load_state_dict(saved.get("controller", {}))
     scaler.load_state_dict(saved.get("loss_scale", {}))
-    # The saved layout goes on where the world and the layout keys are the same: a run that has not frozen yet
-    # resumed with other layout keys (pipe.microbatches, pipe.length after running out of memory) starts in
-    # the layout they give.
-    layout_kept = saved_plan.frozen_units > 0 or saved_plan == controller.first
-    if saved_plan.world_size == world_size and layout_kept:
+    # The saved layout goes on where the world and the layout the run's keys start in are the same; a run resumed
+    # with other layout keys (pipe.microbatches, pipe.length after running out of memory) or in another world
+    # is planned again for its frozen prefix.
+    first = saved.get("first_plan")
+    if saved_plan.world_size == world_size and (first is None or Plan.from_dict(first) == controller.first):
         plan = saved_plan
+    else:
+        plan = controller.plan_for(controller.first, blocks_of_units(saved_plan.frozen_units), world_size)
+    if saved_plan.world_size == world_size:
         rng = checkpoint.load_extra(ckpt, f"rng-rank{rank}")
         if rng is not None:
             checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
-    else:
-        plan = controller.plan_for(controller.first, blocks_of_units(saved_plan.frozen_units), world_size)
     # Only the parameters (and optimizer state) of the units this rank holds in that plan are read.
     held = held_names(layered, plan, rank)
     params, optim_state, _ = checkpoint.load(ckpt, names=held)
