@@ -47,6 +47,7 @@ def one_line(out: subprocess.CompletedProcess, starts: str) -> str:
     assert "Traceback" not in out.stdout + out.stderr
     started = [line for line in out.stdout.splitlines() if line.startswith("ptrun: ")]
     assert len(started) == 1, out.stdout
+    print(lines[0])  # `pytest -rP` shows each case's line
     return lines[0]
 
 

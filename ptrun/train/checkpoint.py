@@ -90,7 +90,8 @@ def save(
     optim = {n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()} if writer else {}
     rng = rng_states()
     # what this rank writes, summed over the ranks for the line that says how much the checkpoint needs
-    nbytes = sum(_bytes(t) for t in [*tensors.values(), *rng.values(), *(progress or {}).values()])
+    written = [*tensors.values(), *rng.values(), *((progress or {}).values() if rank == 0 else [])]
+    nbytes = sum(_bytes(t) for t in written)
     nbytes += sum(_bytes(t) for s in optim.values() for t in s.values())
 
     def settle(error: BaseException | None) -> None:
