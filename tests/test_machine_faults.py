@@ -94,6 +94,9 @@ def test_the_line_names_checkpoint_keep_1_only_where_the_older_checkpoints_make_
         assert line.endswith(
             f"resume with: ptrun train {' '.join(overrides)} train.resume=true hydra.run.dir={run_dir}"
         )
+    # room again (an injected fault, or another writer's files gone): no cure to name
+    line = no_space_line(report, 2_000_000, 2, run_dir, overrides)
+    assert "are free there; newest good checkpoint" in line and "; there is room there now; resume with: " in line
 
 
 def test_the_keys_that_would_fit_come_from_the_planners_memory_model(tmp_path):

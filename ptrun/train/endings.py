@@ -76,8 +76,9 @@ def _bytes_of(folder: Path) -> int:
 def no_space_line(report: dict, free: int, keep: int, run_dir: Path, overrides: list[str]) -> str:
     """After the workers stopped because a file of the run found no space (`report`: what, where, the bytes
     it needed; `free`: the bytes free there now, the partial files removed; `keep`: `checkpoint.keep`): what
-    could not be written, the newest good checkpoint, the cure (the older checkpoints' room, which
-    `checkpoint.keep=1` gives up, or another directory) and the command that resumes the run."""
+    could not be written, the newest good checkpoint, the cure (none where there is room now; the older
+    checkpoints' room, which `checkpoint.keep=1` gives up; or another directory) and the command that resumes
+    the run."""
     where = report.get("path") or run_dir
     what = f"no space left on the disk of {where} to write the {report['what']}"
     needed = report["needed"]
@@ -90,7 +91,9 @@ def no_space_line(report: dict, free: int, keep: int, run_dir: Path, overrides: 
     older = [c for c in checkpoint_files.list_checkpoints(run_dir) if c.name < ckpt.name]
     older_bytes = sum(_bytes_of(c) for c in older)
     kept = [o for o in overrides if not o.lstrip("+").startswith("checkpoint.keep=")]
-    if keep > 1 and older and free + older_bytes >= ahead:
+    if free >= ahead:  # the space was found again meanwhile (another writer's files went)
+        cure = f"there is room there now; resume with: {resume_command(overrides, run_dir)}"
+    elif keep > 1 and older and free + older_bytes >= ahead:
         cure = (
             f"checkpoint.keep=1 is the cure: the {len(older)} older checkpoint(s) it removes on resuming hold "
             f"{size(older_bytes)}; resume with: {resume_command([*kept, 'checkpoint.keep=1'], run_dir)}"
