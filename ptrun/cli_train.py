@@ -148,7 +148,7 @@ def hydra_job(cfg: DictConfig) -> None:
 def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
-    from ptrun.launch import Diverged, LaunchFailed, Stopped, launch
+    from ptrun.launch import Diverged, LaunchFailed, MachineFault, Stopped, launch
     from ptrun.rendezvous import check_rendezvous
     from ptrun.sim.fill import fill_layout
     from ptrun.worker_server import start_worker_server
@@ -183,8 +183,27 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
             from ptrun.train.endings import diverged_line
 
             fail(diverged_line(e.report, typed_cfg.optim.lr, run_dir, overrides), code=1)
+        except MachineFault as e:  # a full disk or an exhausted memory: a restart would fail the same way
+            fail(fault_line(e.report, typed_cfg, run_dir, overrides), code=1)
         except Stopped as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
             _stopped(e.signum, run_dir, overrides)
+
+
+def fault_line(report: dict, cfg, run_dir: Path, overrides: list[str]) -> str:
+    """The line after a fault of the machine (`report`, a worker's or the agent's): a file that found no space,
+    a worker out of memory, or one the kernel killed for want of memory."""
+    from ptrun.train import endings
+
+    if report["kind"] == "no_space":
+        from ptrun.train.machine import free_bytes
+
+        free = free_bytes(report.get("path") or run_dir)  # now, with the partial files removed
+        return endings.no_space_line(report, free, cfg.checkpoint.keep, run_dir, overrides)
+    if report["kind"] == "oom_kill":
+        return endings.oom_kill_line(report, run_dir, overrides)
+    from ptrun.sim.memory_advice import oom_line
+
+    return oom_line(cfg, report, run_dir, overrides)
 
 
 def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  # noqa: F821

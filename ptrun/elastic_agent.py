@@ -1,5 +1,6 @@
 """ptrun's elastic agent, put in the place of torch's while elastic runs the workers: it makes no restart once the
-workers' reports say a restart would fail the same way (bad input, divergence, every worker's same start-up error),
+workers' reports say a restart would fail the same way (bad input, divergence, a full disk or an exhausted
+memory, every worker's same start-up error),
 passes a Ctrl-C / SIGTERM on as "stop at a checkpoint", gives its own stops a short grace, leaves no worker
 exception files behind, and keeps elastic's logs quiet where the launcher's one line says what happened."""
 
@@ -9,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -43,6 +45,26 @@ def config_reports(errors: Path) -> list[Path]:
 def diverged_reports(errors: Path) -> list[Path]:
     """The reports of workers that stopped because training diverged (`ptrun.worker`), lowest rank first."""
     return sorted(errors.glob("diverged-rank*"))
+
+
+def fault_reports(errors: Path) -> list[Path]:
+    """The reports of workers that stopped on a fault of the machine (no space, out of memory:
+    `ptrun.train.machine`) or that the kernel killed for want of memory (`oom_killed`), lowest rank first."""
+    return sorted(errors.glob("fault-*"))
+
+
+def oom_killed(errors: Path, failures: dict, watch) -> bool:
+    """Whether a worker of `failures` (global rank -> elastic's ProcessFailure) died of SIGKILL where the machine
+    says it killed it for want of memory (`watch`, a `ptrun.oom_watch.OomWatch`); its report is written."""
+    for rank, failure in failures.items():
+        if failure.exitcode != -signal.SIGKILL:
+            continue
+        source = watch.killed(failure.pid)
+        if source is not None:
+            report = {"kind": "oom_kill", "rank": rank, "pid": failure.pid, "peak": watch.peak.get(failure.pid, 0)}
+            Path(errors, f"fault-oom-kill-rank{rank:05d}").write_text(json.dumps({**report, "source": source}))
+            return True
+    return False
 
 
 def start_reports(errors: Path) -> list[Path]:
@@ -125,8 +147,9 @@ def tidy_agent():
 @contextlib.contextmanager
 def ptrun_agent(errors: Path, stop_timeout: float):
     """While elastic runs the workers, ptrun's agent:
-    - once a worker has reported bad input or divergence in `errors`, or every worker of the machine the same
-      error at start-up (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
+    - once a worker has reported bad input, divergence or a fault of the machine in `errors` (or the kernel
+      killed one for want of memory: `oom_killed`), or every worker of the machine the same error at start-up
+      (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
     - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
@@ -138,9 +161,11 @@ def ptrun_agent(errors: Path, stop_timeout: float):
 
     elastic_launch builds its agent from `torch.distributed.launcher.api.LocalElasticAgent`, so a subclass is
     put there for the duration."""
-    import signal
-
     from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from ptrun.oom_watch import OomWatch
+
+    watch = OomWatch()
 
     def make(base):
         class Agent(_TidyAgent, base):  # type: ignore[misc, valid-type]
@@ -172,10 +197,13 @@ def ptrun_agent(errors: Path, stop_timeout: float):
                 agent_shutdown(self, super()._shutdown, base, death_sig, timeout)
 
             def _monitor_workers(self, worker_group):
+                watch.sample(w.id for w in worker_group.workers if w.id is not None)
                 result = super()._monitor_workers(worker_group)
                 if result.is_failed() and (
                     config_reports(errors)
                     or diverged_reports(errors)
+                    or fault_reports(errors)
+                    or oom_killed(errors, result.failures, watch)
                     or same_start_failure(errors, worker_group.spec.local_world_size)
                 ):
                     self._remaining_restarts = 0
@@ -184,7 +212,8 @@ def ptrun_agent(errors: Path, stop_timeout: float):
         return Agent
 
     def quiet(record: logging.LogRecord) -> bool:
-        return not any(errors.iterdir())
+        # once a worker reported, or the kernel killed one for want of memory, the launcher's line says it
+        return not any(errors.iterdir()) and not watch.seen()
 
     for name in ELASTIC_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
@@ -192,5 +221,6 @@ def ptrun_agent(errors: Path, stop_timeout: float):
         with _elastic_agent(make):
             yield errors
     finally:
+        watch.close()
         for name in ELASTIC_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from ptrun.compat import launch_config_kwargs
 from ptrun.config import ConfigError, PtrunConfig, parse_nnodes, workers_per_node
-from ptrun.elastic_agent import config_reports, diverged_reports, ptrun_agent, quiet_agent_on_signals, start_reports
+from ptrun.elastic_agent import (
+    config_reports,
+    diverged_reports,
+    fault_reports,
+    ptrun_agent,
+    quiet_agent_on_signals,
+    start_reports,
+)
 from ptrun.worker_server import start_worker_server, worker_environment
 
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
@@ -33,6 +40,16 @@ class LaunchFailed(RuntimeError):
 class Diverged(RuntimeError):
     """Training diverged: the workers stopped at the step they agreed on and reported it (`report`: where, and
     the learning rate the schedule gave it; `ptrun.train.divergence`)."""
+
+    def __init__(self, report: dict):
+        super().__init__(report)
+        self.report = report
+
+
+class MachineFault(RuntimeError):
+    """The workers stopped on a fault of the machine that a restart would not cure: no space left for a file
+    of the run, out of memory, or a worker the kernel killed for want of memory (`report`: what, where, and
+    the numbers; `ptrun.train.machine`, `ptrun.elastic_agent.oom_killed`)."""
 
     def __init__(self, report: dict):
         super().__init__(report)
@@ -105,8 +122,9 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     """Run `ptrun.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
 
     Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Diverged
-    when training diverged (nothing is restarted either), Stopped when a signal reached this process, and
-    LaunchFailed when the workers failed otherwise more often than `launcher.max_restarts` allows."""
+    when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Stopped
+    when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
+    `launcher.max_restarts` allows."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -142,6 +160,9 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
             diverged = diverged_reports(errors)
             if diverged:
                 raise Diverged(json.loads(diverged[0].read_text())) from None
+            faults = [json.loads(p.read_text()) for p in fault_reports(errors)]
+            if faults:  # the rank that found the fault says where (a peer of a full disk's writer only that it was)
+                raise MachineFault(next((f for f in faults if f.get("path") or f["kind"] != "no_space"), faults[0]))
             starts = start_reports(errors)
             if starts:
                 raise LaunchFailed(

@@ -30,6 +30,9 @@ from ptrun.errors import EXIT_BAD_INPUT, ConfigError
 
 EXIT_DIVERGED = 1
 """A worker's exit after training diverged (its report written for the launcher, which restarts nothing)."""
+EXIT_FAULT = 1
+"""A worker's exit after a fault of the machine (no space, out of memory; its report written for the launcher,
+which restarts nothing)."""
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or
@@ -72,6 +75,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with EXIT_DIVERGED."""
     adopt_environment(launcher_env)
+    from ptrun.train import machine
     from ptrun.train.divergence import Diverged
     from ptrun.train.stats import StartClock
     from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
@@ -96,7 +100,16 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     resume = agree_to_resume(cfg.train.resume or restarted, device)
     trainer, stopped = None, 0
     try:
-        trainer = Trainer(cfg, rank, world, device, resume=resume, stops=stops, start_clock=start_clock)
+        trainer = Trainer(
+            cfg,
+            rank,
+            world,
+            device,
+            resume=resume,
+            stops=stops,
+            start_clock=start_clock,
+            unit_memory=planner_memory(cfg),
+        )
         if rank == 0:
             _publish(Path(config_path), Path(cfg.run_dir) / "config.yaml")
             write_class_names(trainer.data.class_names, cfg.run_dir)
@@ -115,6 +128,22 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
             stops.settle()  # a stop all-reduce the step had started
         trainer.stopped({"diverged": report})
         stopped = EXIT_DIVERGED
+    except machine.OutOfSpace as e:
+        # Every worker stops here, at the step they agreed on (the partial checkpoint removed): the launcher
+        # prints one line from the report and restarts nothing; a full disk stays full.
+        machine.write_report(errors, rank, e.report())
+        with contextlib.suppress(Diverged, machine.OutOfSpace):
+            stops.settle()
+        if trainer is not None:
+            trainer.stopped({"no_space": e.what})
+        stopped = EXIT_FAULT
+    except torch.OutOfMemoryError as e:
+        # In the middle of a step or a transition: no collective can follow (the peers wait in another), so
+        # the report is written and the worker ends; the peers' collectives fail on the lost connection.
+        where = oom_place(e)
+        plan = trainer.plan if trainer is not None and trainer.layouts.layout is not None else None
+        machine.write_report(errors, rank, machine.memory_report(e, device, where, plan))
+        stopped = EXIT_FAULT
     except ConfigError as e:
         # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):
         # its one line goes to the launcher, which prints it once, and the exit code tells it not to restart.
@@ -134,13 +163,37 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
             trainer.close()
         dist.destroy_process_group()
         remove_temporary_directories()
-    if stopped == EXIT_DIVERGED:
-        raise SystemExit(EXIT_DIVERGED)
+    if stopped in (EXIT_DIVERGED, EXIT_FAULT):
+        raise SystemExit(stopped)
     # Not a return value: the elastic agent that sent the signal is shutting down and reads none (a worker
     # that returned would wait for it until killed), it waits for the workers to exit. Where the signal
     # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
     # from the checkpoint just written.
     raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
+
+
+def planner_memory(cfg):
+    """The planner's per-unit memory for the run's model (`ptrun.sim.fill.fit_memory`), which the trainer
+    checks a layout change against; None for a model the planner cannot size."""
+    from ptrun.sim.config_costs import costs_from_config
+    from ptrun.sim.fill import fit_memory
+
+    try:
+        return fit_memory(costs_from_config(cfg.model, cfg.data), cfg)
+    except Exception:  # the planner's stand-in does not know every model: no check then
+        return None
+
+
+def oom_place(error: BaseException) -> str:
+    """Where an out-of-memory error arose, from its traceback: the cache, a transition, or a step."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if any(Path(f.filename).name in ("autocache.py", "cache_store.py") for f in frames):
+        return "cache"
+    if any(f.name in ("_move_to", "switch_to") for f in frames):
+        return "transition"
+    return "evaluation" if any(f.name == "evaluate" for f in frames) else "step"
 
 
 def remove_temporary_directories() -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import time
 import tempfile
@@ -92,8 +93,10 @@ class AutoCache:
         run_dir: str | Path,
         compute_dtype: torch.dtype | None = None,
         local: bool = False,
+        speaks: bool = False,
     ):
         self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
+        self.speaks, self.said_disk_lost = speaks, False  # the worker that says a missing disk tier, once
         # A job of one worker keeps its entries on its own device when they fit (`LocalStore`): nobody else
         # reads them, and a GPU then never copies an activation through the host.
         self.local = local and not cfg.keep
@@ -151,7 +154,11 @@ class AutoCache:
             room = torch.cuda.mem_get_info(self.device)[0] // 2 if self.device.type == "cuda" else self.max_memory
             if need <= room:
                 return LocalStore(specs, self.num_slots, self.device)
-        return ActivationStore(self.mem_dir, self.disk_dir, specs, self.num_slots, self.max_memory)
+        store = ActivationStore(self.mem_dir, self.disk_dir, specs, self.num_slots, self.max_memory)
+        if store.disk_lost and self.speaks and not self.said_disk_lost:
+            logging.getLogger(__name__).warning("AutoCache: %s", store.disk_lost)
+            self.said_disk_lost = True
+        return store
 
     def set_depth(self, depth: int, probe: tuple[torch.Tensor, ...]) -> None:
         """Serve the output of units [0, depth) from now on (0 = the cache is not used). `probe` is one

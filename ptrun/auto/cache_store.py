@@ -14,7 +14,8 @@ per epoch (the replica that trains on it; padding duplicates are not written).
 
 Samples `0 .. memory_slots - 1` live in the memory file, the rest in the disk file, so the budget holds
 exactly and every process computes the same split. Both files are allocated up front (`posix_fallocate`):
-running out of /dev/shm or disk fails at once with a clear error instead of a SIGBUS mid-epoch.
+running out of /dev/shm fails at once with a clear error instead of a SIGBUS mid-epoch; a disk tier there is
+no space for is left out, its samples recomputed every time (`disk_lost` says why, once).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class ActivationStore:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"{key}: cannot create the directory {folder} ({e.strerror})") from None
+        self.disk_lost: str | None = None
+        """Why the disk tier could not be had (no space), if so: its samples are never cached."""
         lock = os.open(self.disk_path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one process allocates; the others find the files complete
@@ -119,15 +122,23 @@ class ActivationStore:
             try:
                 _allocate(self.disk_path, (num_slots - self.memory_slots) * self.slot_bytes)
             except OSError as e:
-                raise ConfigError(
-                    f"cache.dir: cannot reserve {(num_slots - self.memory_slots) * self.slot_bytes} "
-                    f"bytes in {self.disk_path.parent} ({os.strerror(e.errno)}); free space or "
-                    f"raise cache.max_memory"
-                ) from None
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):  # no disk tier: its samples are recomputed
+                    self.disk_lost = (
+                        f"no space for the cache's disk tier ({self.disk_bytes} bytes in {self.disk_path.parent}, "
+                        f"{shutil.disk_usage(self.disk_path.parent).free} free): the frozen prefix of the "
+                        f"{num_slots - self.memory_slots} samples beyond cache.max_memory is recomputed instead; "
+                        f"free space there, set cache.dir elsewhere or raise cache.max_memory to cache them"
+                    )
+                else:
+                    raise ConfigError(
+                        f"cache.dir: cannot reserve {(num_slots - self.memory_slots) * self.slot_bytes} "
+                        f"bytes in {self.disk_path.parent} ({os.strerror(e.errno)}); free space or "
+                        f"raise cache.max_memory"
+                    ) from None
         finally:
             os.close(lock)  # closing releases the lock
         self._mem = self._map(self.mem_path, self.memory_slots)
-        self._disk = self._map(self.disk_path, num_slots - self.memory_slots)
+        self._disk = None if self.disk_lost else self._map(self.disk_path, num_slots - self.memory_slots)
         self.offsets = np.cumsum([HEADER_BYTES] + [s.nbytes for s in specs]).tolist()
 
     def _map(self, path: Path, slots: int) -> np.ndarray | None:
@@ -141,18 +152,20 @@ class ActivationStore:
 
     @property
     def disk_bytes(self) -> int:
-        return (self.num_slots - self.memory_slots) * self.slot_bytes
+        return 0 if getattr(self, "disk_lost", None) else (self.num_slots - self.memory_slots) * self.slot_bytes
 
-    def _slot(self, sample: int) -> np.ndarray:
+    def _slot(self, sample: int) -> np.ndarray | None:
+        """The slot of `sample`; None where it lies in a disk tier there was no space for."""
         if not 0 <= sample < self.num_slots:
             raise IndexError(f"sample {sample} outside the cache's {self.num_slots} slots")
         if sample < self.memory_slots:
             return self._mem[sample]
-        return self._disk[sample - self.memory_slots]
+        return None if self.disk_lost else self._disk[sample - self.memory_slots]
 
     # ---- entries ------------------------------------------------------------------------------------
     def key_of(self, sample: int) -> int:
-        return int(self._slot(sample)[:8].view(np.uint64)[0])
+        slot = self._slot(sample)
+        return 0 if slot is None else int(slot[:8].view(np.uint64)[0])
 
     def read(self, samples: list[int], keys: set[int] | dict[int, object]) -> tuple[list[int], list[torch.Tensor], int]:
         """Look up `samples`. Returns (the key found per sample, 0 where the slot is empty, holds a key not
@@ -163,7 +176,7 @@ class ActivationStore:
         corrupt = 0
         for row, sample in enumerate(samples):
             slot = self._slot(sample)
-            key = int(slot[:8].view(np.uint64)[0])
+            key = 0 if slot is None else int(slot[:8].view(np.uint64)[0])
             if key == 0 or key not in keys:
                 continue
             data = np.array(slot[HEADER_BYTES : HEADER_BYTES + self.data_bytes])  # a private copy
@@ -187,6 +200,8 @@ class ActivationStore:
         if key == 0:
             raise ValueError("key 0 marks an empty slot")
         slot = self._slot(sample)
+        if slot is None:  # a disk tier there was no space for: the sample stays a miss
+            return
         slot[:8].view(np.uint64)[0] = 0  # invalid while the data changes
         parts = [
             t.detach().to("cpu", spec.stored).contiguous().reshape(-1).view(torch.uint8)

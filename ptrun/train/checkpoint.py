@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
-from ptrun.train import faults
+from ptrun.train import faults, machine
 
 # latest_valid and verify are this module's names too: the CLI and the tests call checkpoint.verify.
 from ptrun.train.checkpoint_files import (
@@ -80,49 +80,73 @@ def save(
 ) -> Path:
     """Collective over all ranks. `writer` ranks (one per stage) write their stage's tensors and every rank
     its generator states; rank 0 then writes `progress` (if any), trainer.json and the manifest, and renames
-    the directory into place."""
+    the directory into place. Where any rank's write finds no space, every rank raises OutOfSpace after the
+    same collective, with the partial directory removed and the checkpoints before it as they were."""
     root = checkpoint_root(run_dir)
     final = root / f"step_{global_step:08d}"
     tmp = root / f".tmp_step_{global_step:08d}"
-    if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
     rank = dist.get_rank()
-    if writer:
-        save_file(
-            {n: t.detach().cpu().contiguous() for n, t in named_params.items()},
-            str(tmp / f"params-stage{stage}.safetensors"),
-        )
-        torch.save(
-            {n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()},
-            tmp / f"optim-stage{stage}.pt",
-        )
-    save_file(rng_states(), str(tmp / f"rng-rank{rank}.safetensors"))
-    faults.reached("checkpoint", global_step)
-    dist.barrier()
+    tensors = {n: t.detach().cpu().contiguous() for n, t in named_params.items()} if writer else {}
+    optim = {n: {k: v.detach().cpu() for k, v in s.items()} for n, s in optim_state.items()} if writer else {}
+    rng = rng_states()
+    # what this rank writes, summed over the ranks for the line that says how much the checkpoint needs
+    written = [*tensors.values(), *rng.values(), *((progress or {}).values() if rank == 0 else [])]
+    nbytes = sum(_bytes(t) for t in written)
+    nbytes += sum(_bytes(t) for s in optim.values() for t in s.values())
+
+    def settle(error: BaseException | None) -> None:
+        """In place of a barrier: every rank learns whether any rank's write failed, and raises alike."""
+        machine.settle_write(error, "checkpoint", final, nbytes, cleanup=lambda: shutil.rmtree(tmp, True))
+
+    error = None
     if rank == 0:
-        if progress:
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in progress.items()}, str(tmp / "progress.safetensors")
-            )
-        _write_json(tmp / TRAINER, trainer_state)
-        files = sorted(p.name for p in tmp.iterdir())
-        _write_json(
-            tmp / MANIFEST,
-            {
-                "format": 1,
-                "files": {
-                    name: {"sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files
-                },
-            },
-        )
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            error = e
+    settle(error)
+    try:
+        if writer:
+            save_file(tensors, str(tmp / f"params-stage{stage}.safetensors"))
+            with open(tmp / f"optim-stage{stage}.pt", "wb") as f:  # a full disk is the OSError, not torch's own
+                torch.save(optim, f)
+        save_file(rng, str(tmp / f"rng-rank{rank}.safetensors"))
+        faults.reached("checkpoint", global_step)
+    except Exception as e:
+        error = e
+    settle(error)
+    if rank == 0:
+        try:
+            _complete(tmp, final, progress, trainer_state)
+            for old in list_checkpoints(run_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        except Exception as e:
+            error = e
+    settle(error)
     return final
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _complete(tmp: Path, final: Path, progress: dict[str, torch.Tensor] | None, trainer_state: dict) -> None:
+    """Rank 0's part of a checkpoint, once every rank's files are in `tmp`: the epoch's sums so far, the
+    trainer's state, the manifest, and `tmp` renamed to `final`."""
+    if progress:
+        save_file({k: v.detach().cpu().contiguous() for k, v in progress.items()}, str(tmp / "progress.safetensors"))
+    _write_json(tmp / TRAINER, trainer_state)
+    files = sorted(p.name for p in tmp.iterdir())
+    _write_json(
+        tmp / MANIFEST,
+        {
+            "format": 1,
+            "files": {name: {"sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size} for name in files},
+        },
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
 
 
 def load_extra(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:

@@ -6,6 +6,7 @@ trainer's part). The files themselves are `checkpoint.py`'s."""
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ptrun.config import ConfigError, PtrunConfig
 from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate
 from ptrun.parallel.plan import Plan
-from ptrun.train import checkpoint
+from ptrun.train import checkpoint, faults, machine
 from ptrun.train.state import TrainState
 
 log = logging.getLogger("ptrun.train.trainer")
@@ -47,6 +48,7 @@ def save(
     saved = {
         **state.to_dict(),
         "plan": plan.to_dict(),
+        "first_plan": controller.first.to_dict(),  # the layout the run's keys start in, for a resume to compare
         "controller": controller.state_dict(),
         "model": {"name": cfg.model.name, "num_units": len(layered.units)},
         "loss_scale": scaler.state_dict(),
@@ -124,13 +126,18 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     )
     controller.load_state_dict(saved.get("controller", {}))
     scaler.load_state_dict(saved.get("loss_scale", {}))
-    if saved_plan.world_size == world_size:
+    # The saved layout goes on where the world and the layout the run's keys start in are the same; a run resumed
+    # with other layout keys (pipe.microbatches, pipe.length after running out of memory) or in another world
+    # is planned again for its frozen prefix.
+    first = saved.get("first_plan")
+    if saved_plan.world_size == world_size and (first is None or Plan.from_dict(first) == controller.first):
         plan = saved_plan
+    else:
+        plan = controller.plan_for(controller.first, blocks_of_units(saved_plan.frozen_units), world_size)
+    if saved_plan.world_size == world_size:
         rng = checkpoint.load_extra(ckpt, f"rng-rank{rank}")
         if rng is not None:
             checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
-    else:
-        plan = controller.plan_for(controller.first, blocks_of_units(saved_plan.frozen_units), world_size)
     # Only the parameters (and optimizer state) of the units this rank holds in that plan are read.
     held = held_names(layered, plan, rank)
     params, optim_state, _ = checkpoint.load(ckpt, names=held)
@@ -140,6 +147,11 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
             if name in held:
                 p.copy_(params[name])
     if rank == 0:
+        # Beyond `checkpoint.keep`, the older checkpoints go now, not after the next one is written: a run
+        # resumed with checkpoint.keep=1 on a full disk has the room it needs for that one.
+        older = [c for c in checkpoint.list_checkpoints(cfg.run_dir) if c.name < ckpt.name]
+        for old in older[: max(0, len(older) - (cfg.checkpoint.keep - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
         log.info(
             "resumed from %s at epoch %d, step %d of the epoch (global step %d), %d units frozen",
             ckpt,
@@ -212,12 +224,19 @@ class Checkpoints:
             param_name=self.param_name,
         )
 
-    def export(self, plan: Plan, device: torch.device, class_names) -> Path | None:
+    def export(self, plan: Plan, device: torch.device, class_names, step: int) -> Path | None:
         """Collective: rank 0 gathers every unit from its owner and writes the model in the library's format;
-        returns where (None on the other ranks)."""
+        returns where (None on the other ranks). Where it finds no space, every rank raises OutOfSpace and
+        the partial export is removed (`step`: the run's global step, for the fault point)."""
         gather_to(self.layered, plan, 0, device)
-        if self.rank != 0:
-            return None
-        return export_model(
-            self.layered, Path(self.cfg.run_dir) / "model", self.cfg.data.tokenizer, class_names=class_names
-        )
+        target = Path(self.cfg.run_dir) / "model"
+        out, error, nbytes = None, None, 0
+        if self.rank == 0:
+            nbytes = sum(shape.numel() * 4 for shape in self.layered.param_shapes.values())  # float32
+            try:
+                faults.reached("export", step)
+                out = export_model(self.layered, target, self.cfg.data.tokenizer, class_names=class_names)
+            except Exception as e:
+                error = e
+        machine.settle_write(error, "export", target, nbytes, cleanup=lambda: shutil.rmtree(target, True))
+        return out

@@ -52,6 +52,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ptrun.installed import LOGGER_SPECS
+from ptrun.train import faults, machine
 
 
 class MetricsLog:
@@ -64,11 +65,22 @@ class MetricsLog:
         self.mirror = open_mirror(logger, run_dir, config)
 
     def write(self, event: str, **fields: Any) -> None:
+        """One event. A write that finds no space is noted for the workers' next step boundary, where they all
+        stop (`ptrun.train.machine.note`), and nothing more is written."""
+        if machine.noted() is not None:
+            return
         record = {"time": round(time.time(), 3), **fields}
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"event": event, **record}) + "\n")
-        if self.mirror is not None:
-            self.mirror.write(event, **record)
+        line = json.dumps({"event": event, **record}) + "\n"
+        try:
+            faults.reached("metrics", -1, event=event)
+            with open(self.path, "a") as f:
+                f.write(line)
+            if self.mirror is not None:
+                self.mirror.write(event, **record)
+        except Exception as e:
+            if not machine.no_space(e):
+                raise
+            machine.note(machine.OutOfSpace("metrics", self.path, len(line)))
 
     def close(self) -> None:
         if self.mirror is not None:
@@ -86,6 +98,17 @@ def open_mirror(logger: str, run_dir: str | Path, config: Any = None):
     return getattr(importlib.import_module(f"ptrun.report.{module}"), name)(run_dir, config)
 
 
+class RunLogHandler(logging.FileHandler):
+    """train.log: a record that finds no space is noted for the workers' next step boundary, where they all
+    stop (`ptrun.train.machine.note`), instead of logging's traceback on stderr."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not machine.no_space(sys.exc_info()[1]):
+            super().handleError(record)
+        else:
+            machine.note(machine.OutOfSpace("log", self.baseFilename, len(self.format(record)) + 1))
+
+
 def setup_logging(run_dir: str | Path, rank: int) -> None:
     """Rank 0 logs to run_dir/train.log and stderr; other ranks log warnings to stderr only."""
     root = logging.getLogger()
@@ -96,7 +119,7 @@ def setup_logging(run_dir: str | Path, rank: int) -> None:
     err.setFormatter(fmt)
     root.addHandler(err)
     if rank == 0:
-        fh = logging.FileHandler(Path(run_dir) / "train.log")
+        fh = RunLogHandler(Path(run_dir) / "train.log")
         fh.setFormatter(fmt)
         root.addHandler(fh)
     root.setLevel(logging.INFO)

@@ -268,5 +268,6 @@ def make_cache(
         run_dir=cfg.run_dir,
         compute_dtype=compute_dtype,
         local=dist.get_world_size() == 1,
+        speaks=is_main,
     )
     return cache, plain_train

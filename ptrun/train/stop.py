@@ -11,7 +11,9 @@ one consistent checkpoint.
 
 The same all-reduce carries what a worker's host knows of divergence (`divergence`, a
 `ptrun.train.divergence.DivergenceWatch`, where the host learns it a step or more late): the workers then stop
-together by raising Diverged, without a checkpoint.
+together by raising Diverged, without a checkpoint. It also carries a write one worker made alone that found no
+space (metrics.jsonl, train.log: `ptrun.train.machine.note`): the workers then stop together by raising
+OutOfSpace, without a checkpoint either (there is no room for one).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import signal
 import torch
 import torch.distributed as dist
 
+from ptrun.train import machine
 from ptrun.train.divergence import Diverged, DivergenceWatch
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -66,8 +69,8 @@ class StopRequests:
 
     def poll(self) -> int:
         """Collective over the world group, at a step boundary: the signal every worker agreed to stop on,
-        else 0 (Diverged if they agreed training diverged). Reads the all-reduce started at the previous
-        boundary and starts the next one."""
+        else 0 (Diverged if they agreed training diverged, OutOfSpace if a worker found no space). Reads the
+        all-reduce started at the previous boundary and starts the next one."""
         if self.settle():
             return self.agreed
         self._start()
@@ -76,9 +79,10 @@ class StopRequests:
     def _start(self) -> None:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.agreed = self.received
-            self._check(self.divergence.flag)
+            self._check(self.divergence.flag, int(machine.noted() is not None))
             return
-        flag = torch.tensor([self.received, self.divergence.flag], dtype=torch.int64)
+        full = int(machine.noted() is not None)
+        flag = torch.tensor([self.received, self.divergence.flag, full], dtype=torch.int64)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
 
     def settle(self) -> int:
@@ -89,7 +93,7 @@ class StopRequests:
             work.wait()
             self._pending = None
             self.agreed = self.agreed or int(flag[0])
-            self._check(int(flag[1]))
+            self._check(int(flag[1]), int(flag[2]))
         return self.agreed
 
     def now(self) -> int:
@@ -102,6 +106,8 @@ class StopRequests:
         return self.settle()
 
     @staticmethod
-    def _check(diverged: int) -> None:
+    def _check(diverged: int, full: int) -> None:
         if diverged:
             raise Diverged(diverged - 1)
+        if full:  # the rank that found no space says what and where; the others only that a peer did
+            raise machine.noted() or machine.OutOfSpace("run's files on another worker", None)

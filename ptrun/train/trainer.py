@@ -26,10 +26,11 @@ import torch.distributed as dist
 from ptrun.auto.controller import Decide, Decisions
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
+from ptrun.parallel.fit import UnitMemory, device_budget, state_copies
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.plan import Plan
 from ptrun.parallel.precision import LossScaler
-from ptrun.train import checkpointing, faults, startup, stats
+from ptrun.train import checkpointing, faults, room, startup, stats
 from ptrun.train.checkpointing import Checkpoints
 from ptrun.train.evaluation import evaluate
 from ptrun.train.layouts import LayoutInUse
@@ -53,9 +54,10 @@ class Trainer:
         stops: StopRequests | None = None,
         decide: Decide | None = None,
         start_clock: stats.StartClock | None = None,
+        unit_memory: UnitMemory | None = None,
     ):
         cfg = startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
-        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.cfg, self.rank, self.world_size, self.device, self.unit_memory = cfg, rank, world_size, device, unit_memory
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
         clock = start_clock or stats.StartClock()
@@ -310,6 +312,7 @@ class Trainer:
             self.export()
         self._release_cache()
         self.record.ended(total, self.state)
+        self.stops.now()  # a file one worker found no room for since the last step ends the run all the same
         return self.state.last_eval
 
     def _decide(self, position: int, announce: bool = True) -> dict:
@@ -327,9 +330,29 @@ class Trainer:
             return {}
         state.interval, plan = decided
         state.interval_steps = 0
+        plan = self._fitting(plan)
         cost = self._move_to(plan, position, announce) if plan != self.plan else {}
         self.decisions.interval_begins()
         return cost
+
+    def _fitting(self, plan: Plan) -> Plan:
+        """Collective where `plan` changes the layout: `plan`, or where it would not fit a worker's device by the
+        planner's memory model, its frozen prefix in the layout in use (one line says so)."""
+        if plan == self.plan or self.unit_memory is None or (plan.pp, plan.dp) == (self.plan.pp, self.plan.dp):
+            return plan
+        line = room.refusal(
+            self.unit_memory,
+            self.plan,
+            plan,
+            self.controller.global_batch(plan),
+            device_budget(self.cfg, self.device),
+            state_copies(self.cfg.optim.name),
+        )
+        if not self.all_sum([float(line is not None)]).item():  # the workers agree
+            return plan
+        if line is not None:
+            self.record.print(line)
+        return room.in_place(self.plan, plan)
 
     def _stop_caching_if_slower(self) -> dict:
         """Collective, at an epoch boundary: if the epoch served cached samples more slowly than recomputing
@@ -395,7 +418,7 @@ class Trainer:
 
     def export(self) -> None:
         """Collective: the model in its library's format, for use without ptrun (written by rank 0)."""
-        out = self.checkpoints.export(self.plan, self.device, self.data.class_names)
+        out = self.checkpoints.export(self.plan, self.device, self.data.class_names, self.state.global_step)
         if out is not None:
             library = FAMILY_SPECS[model_family(self.cfg.model)].library
             self.record.print(f"model saved for {library} without ptrun: {out}")
