@@ -1,0 +1,111 @@
+"""LoRA adapters on the layered units, through peft (`adapter=lora`).
+
+peft's `inject_adapter_in_model` wraps the chosen linear modules of the library model in place (each becomes a
+`peft.tuners.lora.Linear` holding the original module as `base_layer` beside its `lora_A` / `lora_B`), once,
+while the model's parameters are still on the meta device. The units hold the library's modules that contain
+those linears (an attention, an MLP), never a linear itself, so each unit runs its adapters through the
+library's own forward, the encoders' first-token tail included (the family's cross-attention forward reads
+`self.query` & co., which are then the wrapped modules). The adapters' parameters are the units' like any
+other: a worker gives storage and values only to its own stages' units, adapters included, and a unit's
+adapters are drawn from the unit's own seed (peft's rule: A Kaiming-uniform, B zero).
+
+The base weights never train (`LayeredModel.fixed`); the adapters and the task head (`HEAD_MODULES`, as
+peft's sequence-classification task keeps its classifier trainable) do. So the units below the lowest adapter
+that trains take no gradient, and freezing a unit whose adapters converged cuts the backward pass there.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ptrun.config.adapter import BLOCK_LINEARS, AdapterConfig, target_names
+from ptrun.errors import ConfigError
+
+ADAPTER_NAME = "default"
+"""peft's name for the one adapter (what `PeftModel.from_pretrained` loads by default)."""
+HEAD_MODULES = ("classifier", "score", "qa_outputs", "head")
+"""The task heads' modules that train beside the adapters (in the head unit): the newly initialised layer of a
+classification, regression or span head, by the library's name (timm's `head`, transformers' `classifier`,
+`score`, `qa_outputs`). A language-model head (the tied or pretrained `lm_head`) stays fixed."""
+
+
+def lora_config(adapter: AdapterConfig, family: str, targets: list[str]):
+    """peft's LoraConfig of `adapter` for the modules named `targets` (full names in the library model)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=targets,
+        fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
+    )
+
+
+def block_targets(layered, adapter: AdapterConfig) -> list[str]:
+    """The full names of the modules in the blocks' units that `adapter.targets` names; a ConfigError listing
+    the blocks' linear modules where it names none."""
+    family = layered.family
+    if family not in BLOCK_LINEARS:
+        raise ConfigError(
+            f"adapter.name={adapter.name!r} is not allowed: peft cannot wrap a {family!r} model here; "
+            f"LoRA wraps {', '.join(BLOCK_LINEARS)}"
+        )
+    wanted = set(target_names(adapter, family))
+    name_of = {id(m): n for n, m in layered.model.named_modules()}
+    found, linears = set(), set()
+    for unit in layered.units[1:-1]:
+        for module in unit.modules():
+            name = name_of.get(id(module))
+            if name is None or not _is_linear(module):
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            linears.add(leaf)
+            if leaf in wanted:
+                if any(child is module for child in unit.children()):
+                    raise RuntimeError(f"{family}: unit holds {name} itself; an adapter needs its parent")
+                found.add(name)
+    if not found:
+        raise ConfigError(
+            f"adapter.targets={list(wanted)!r} is not allowed: no module of this {family} model's blocks is "
+            f"named so; its linear modules are {', '.join(sorted(linears))}"
+        )
+    return sorted(found, key=list(name_of.values()).index)
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """A linear module peft wraps: torch's Linear or transformers' Conv1D (GPT-2)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def add_lora(layered, adapter: AdapterConfig) -> None:
+    """Wrap `layered`'s block linears named by `adapter` in LoRA adapters, in place, while its parameters are
+    on the meta device (`ptrun.models.lazy.parameters_on_meta` open); the units' parameter lists, the fixed
+    base weights and the per-unit initialisation follow."""
+    from peft import inject_adapter_in_model
+
+    config = lora_config(adapter, layered.family, block_targets(layered, adapter))
+    inject_adapter_in_model(config, layered.model, ADAPTER_NAME)
+    layered.repartition()
+    layered.adapter_config = config
+    layered.adapters = {n for n in layered.param_shapes if ".lora_" in n}
+    head = layered.unit_param_names(len(layered.units) - 1)
+    trains = layered.adapters | {n for n in head if set(HEAD_MODULES).intersection(n.split(".")[:-1])}
+    layered.fixed = set(layered.param_shapes) - trains
+    for name, p in layered.model.named_parameters():
+        p.requires_grad_(name not in layered.fixed)
+    library_init = layered._init
+
+    def init(unit: nn.Module) -> None:
+        library_init(unit)  # the library's rule also reaches the adapters' Linears: peft's own comes last
+        for module in unit.modules():
+            if hasattr(module, "reset_lora_parameters") and ADAPTER_NAME in getattr(module, "lora_A", {}):
+                module.reset_lora_parameters(ADAPTER_NAME, True)
+
+    layered._init = init
+
+
+def library_name(name: str) -> str:
+    """A parameter's name in the library model without its adapter: peft keeps a wrapped module's own weight as
+    `base_layer.weight` (what a pretrained file names `weight`)."""
+    return name.replace(".base_layer.", ".")
