@@ -7,6 +7,8 @@ timm ViT. The base weights stay fixed, and after a freeze a frozen unit's adapte
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -178,3 +180,52 @@ def test_a_unit_is_initialised_alone_adapters_included():
 def test_targets_naming_no_module_list_the_linear_modules():
     with pytest.raises(ConfigError, match=r"adapter.targets=.*no module.*its linear modules are dense, key, query"):
         lora_model("bert", "classification", AdapterConfig(name="lora", targets=["q_proj"]))
+
+
+def trained_a_little(layered) -> None:
+    """Move every trained parameter off its initial value (B starts at zero: the adapters would add nothing)."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in layered.model.named_parameters():
+            if name not in layered.fixed:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("kind,task", [("bert", "classification"), ("llama", "causal_lm"), ("vit", "classification")])
+def test_the_export_loads_with_peft_alone_and_merged_with_the_library_alone(kind, task, tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from ptrun.models.export import export_model
+
+    layered, library = lora_model(kind, task)
+    trained_a_little(layered)
+    layered.eval()
+    inputs, _ = next(batches(kind, task))
+    with torch.no_grad():
+        want = layered(*(inputs[k] for k in layered.input_names))
+    ours = dict(layered.model.named_parameters())
+    base = {library_name(n): p.detach().clone() for n, p in ours.items() if n not in layered.adapters}
+    library.load_state_dict(base)  # the base model as its own file holds it (the head untrained)
+    with torch.no_grad():
+        for name in set(ours) - layered.fixed - layered.adapters:
+            library.get_parameter(name).zero_()  # so the head must come from the adapter's files
+    adapter = export_model(layered, tmp_path / "adapter")
+    assert {p.name for p in adapter.iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    saved = load_file(adapter / "adapter_model.safetensors")
+    assert sum(t.numel() for t in saved.values()) == sum(ours[n].numel() for n in set(ours) - layered.fixed)
+    loaded = PeftModel.from_pretrained(library, adapter).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(library_out(loaded, inputs, task), want, rtol=0, atol=1e-5)
+    out = export_model(layered, tmp_path / "merged", merge=True)
+    assert any(".lora_" in n for n, _ in layered.model.named_parameters()), "the run's model keeps its adapters"
+    if kind == "vit":
+        import timm
+
+        config = json.loads((out / "config.json").read_text())
+        model = timm.create_model(config.pop("model_name"), pretrained=False, **config)
+        model.load_state_dict(load_file(out / "model.safetensors"))
+    else:
+        model = auto_class(task).from_pretrained(out)
+    with torch.no_grad():
+        torch.testing.assert_close(library_out(model.eval(), inputs, task), want, rtol=0, atol=1e-5)

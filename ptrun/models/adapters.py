@@ -16,6 +16,9 @@ that trains take no gradient, and freezing a unit whose adapters converged cuts 
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 from torch import nn
 
 from ptrun.config.adapter import BLOCK_LINEARS, AdapterConfig, target_names
@@ -109,3 +112,47 @@ def library_name(name: str) -> str:
     """A parameter's name in the library model without its adapter: peft keeps a wrapped module's own weight as
     `base_layer.weight` (what a pretrained file names `weight`)."""
     return name.replace(".base_layer.", ".")
+
+
+def peft_key(name: str) -> str:
+    """A trained parameter's key in peft's saved adapter (`get_peft_model_state_dict`'s): under the PeftModel's
+    `base_model.model.` and without the adapter's name."""
+    return "base_model.model." + name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def head_modules(layered) -> list[str]:
+    """The task head's modules that train (`HEAD_MODULES`) by their names in the model: peft's
+    `modules_to_save`, so that loading the adapter restores the head too."""
+    trained = set(layered.param_shapes) - layered.fixed - layered.adapters
+    return sorted({n.rsplit(".", 1)[0] for n in trained})
+
+
+def save_adapter(layered, out: Path, base: str | None = None) -> None:
+    """peft's files of the trained adapters and head in `out` (its host copy of them must be current):
+    `PeftModel.from_pretrained(base_model, out)` loads them without ptrun. `base`: the base model's name or
+    directory, recorded as peft's `base_model_name_or_path`."""
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(layered.adapter_config)
+    config.modules_to_save = head_modules(layered) or None
+    config.base_model_name_or_path = base
+    config.save_pretrained(str(out))
+    params = dict(layered.model.named_parameters())
+    trained = sorted(set(params) - layered.fixed)
+    save_file(
+        {peft_key(n): params[n].detach().cpu().contiguous() for n in trained}, str(out / "adapter_model.safetensors")
+    )
+
+
+def merged(layered) -> nn.Module:
+    """A copy of the library model with each adapter merged into its base weight (peft's `merge`) and the
+    wrapped modules unwrapped, as peft's `merge_and_unload` leaves it: the library's own model again."""
+    model = copy.deepcopy(layered.model)
+    for name, module in list(model.named_modules()):
+        if hasattr(module, "base_layer") and hasattr(module, "merge"):
+            module.merge()
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, module.get_base_layer())
+    if hasattr(model, "peft_config"):
+        del model.peft_config
+    return model
