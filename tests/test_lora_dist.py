@@ -1,0 +1,77 @@
+"""LoRA units in a real 2-stage 1F1B pipeline (2 gloo processes, tests/lora_cases.py), a freeze in place after
+10 of 20 steps: the losses are peft's on the library model (`get_peft_model`, the same LoraConfig, the frozen
+adapters leaving the backward pass at the same step) within 1e-4, and after the freeze no frozen adapter and
+no base weight holds a gradient on either stage. One launch covers BERT, Llama, GPT-2 and ViT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lora_cases as lc
+import pipeline_cases as pc
+from ptrun.models.adapters import library_name
+
+
+def peft_losses(kind: str) -> list[float]:
+    """The same 20 steps with peft on the library model, in this process: AdamW as ptrun configures it
+    (decay on matrices only), the global-norm clip, the first units' adapters frozen after FREEZE_AT."""
+    from peft import get_peft_model
+
+    layered = lc.lora_model(kind)
+    if kind == "vit":
+        import timm
+
+        config = dict(layered.library_config)
+        library = timm.create_model(config.pop("model_name"), pretrained=False, **config)
+    else:  # the task model's own class and configuration
+        library = type(layered.model)(layered.model.config)
+    ours = dict(layered.model.named_parameters())
+    base = {library_name(n): p.detach() for n, p in ours.items() if n not in layered.adapters}
+    missing = library.load_state_dict(base, strict=False).missing_keys
+    assert all(library.get_parameter(m) is library.get_input_embeddings().weight for m in missing)  # a tied head
+    twin = get_peft_model(library, layered.adapter_config)
+    theirs = dict(twin.base_model.model.named_parameters())
+    with torch.no_grad():
+        for name in layered.adapters:
+            theirs[name].copy_(ours[name])
+    for name, p in theirs.items():
+        p.requires_grad_(name not in layered.fixed)
+    trained = [p for p in theirs.values() if p.requires_grad]
+    o = pc.OPTIM
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in trained if p.ndim > 1], "weight_decay": o.weight_decay},
+            {"params": [p for p in trained if p.ndim <= 1], "weight_decay": 0.0},
+        ],
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+    )
+    frozen = {name for u in range(lc.FROZEN) for name in layered.unit_param_names(u)}
+    twin.train()
+    losses = []
+    for step in range(lc.STEPS):
+        if step == lc.FREEZE_AT:
+            for name in layered.adapters & frozen:
+                theirs[name].requires_grad_(False)
+        loss = pc.textbook_loss(twin, kind, pc.batch(kind, step))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in trained if p.grad is not None], pc.CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(tmp_path):
+    lc.launch(lc.KINDS, tmp_path)
+    for kind in lc.KINDS:
+        want = peft_losses(kind)
+        for rank in (0, 1):
+            got = torch.load(tmp_path / f"{kind}.rank{rank}.pt")
+            assert got["losses"] == pytest.approx(want, rel=1e-4), kind
+            assert got["stray"] == [], kind
+        assert sum(torch.load(tmp_path / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
