@@ -279,7 +279,8 @@ BAD_INPUT = [
     ),
     (
         ["recipe=nope"],
-        "unknown recipe 'nope' (available: bbc_news_bert, bbc_news_lora, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit",
+        "unknown recipe 'nope' (available: bbc_news_bert, bbc_news_lora, bert_glue, bert_squad, bert_sst2, "
+        "causal_lm, digits_vit",
     ),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed: an integer >= 1 or auto"),
