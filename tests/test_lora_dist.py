@@ -5,6 +5,8 @@ no base weight holds a gradient on either stage. One launch covers BERT, Llama, 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -75,3 +77,65 @@ def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(tmp_p
             assert got["losses"] == pytest.approx(want, rel=1e-4), kind
             assert got["stray"] == [], kind
         assert sum(torch.load(tmp_path / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
+
+
+LORA_RUN = [
+    "recipe=digits_vit",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.max_steps_per_epoch=6",
+    "train.global_batch_size=16",
+    "adapter=lora",
+    "freeze.policy=schedule",
+    "cache.min_frozen_units=1",
+    "auto.cache=true",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_another_layout(tmp_path):
+    """`ptrun train adapter=lora` as a 2-stage pipeline that freezes a block after the first epoch (AutoPipe
+    repacks it, AutoDP widens, AutoCache serves the frozen prefix): the start line says how many parameters
+    train, the checkpoints hold the adapters and the head only, a resume on one worker goes on from them, and
+    the export loads with peft alone onto the base model built from the run's own initial values."""
+    from safetensors import safe_open
+
+    from conftest import run_events, run_ptrun
+
+    run = tmp_path / "run"
+    first = [*LORA_RUN, "train.epochs=2", "freeze.blocks=[0,1]", "launcher.nproc_per_node=2", "pipe.length=2"]
+    out = run_ptrun("train", *first, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    start = run_events(run, "start")[0]
+    assert 0 < start["trainable_params"] < start["params"] / 2
+    assert f"{start['trainable_params'] / 1e6:.3f} M trained" in out.stdout
+    plans = run_events(run, "plan")
+    assert (plans[0]["pp"], plans[-1]["frozen_units"], plans[-1]["cached_units"]) == (2, 3, 3)
+    ckpt = sorted((run / "checkpoints").iterdir())[-1]
+    saved = set()
+    for f in ckpt.glob("params-stage*.safetensors"):
+        with safe_open(str(f), framework="pt") as handle:
+            saved |= set(handle.keys())
+    optim = {n for f in ckpt.glob("optim-stage*.pt") for n in torch.load(f, weights_only=True)}
+    assert saved and all(".lora_" in n or n.startswith("head.") for n in saved), sorted(saved)
+    assert optim and optim <= saved and not any(n.startswith("blocks.0.") for n in optim)  # block 0 froze
+    again = [*LORA_RUN, "train.epochs=3", "freeze.blocks=[0,1,1]", "launcher.nproc_per_node=1", "pipe.length=1"]
+    out = run_ptrun("train", *again, "train.resume=true", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len({e["epoch"] for e in run_events(run, "epoch")}) == 3  # the third epoch on from the checkpoint
+    import timm
+    from peft import PeftModel
+
+    options = json.loads((run / "model" / "config.json").read_text())  # the export says how to build the base
+    loaded = PeftModel.from_pretrained(timm.create_model(options.pop("model_name"), **options), run / "model")
+    final = sorted((run / "checkpoints").iterdir())[-1]
+    trained = {}
+    for f in final.glob("params-stage*.safetensors"):
+        with safe_open(str(f), framework="pt") as handle:
+            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    theirs = dict(loaded.base_model.model.named_parameters())
+    adapters = [n for n in trained if ".lora_" in n]
+    assert adapters and all(torch.equal(theirs[n], trained[n]) for n in adapters)
+    assert torch.equal(theirs["head.modules_to_save.default.weight"], trained["head.weight"])

@@ -17,6 +17,7 @@ that trains take no gradient, and freezing a unit whose adapters converged cuts 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from torch import nn
@@ -137,6 +138,8 @@ def save_adapter(layered, out: Path, base: str | None = None) -> None:
     config.modules_to_save = head_modules(layered) or None
     config.base_model_name_or_path = base
     config.save_pretrained(str(out))
+    if layered.library_config:  # timm: how to build the base model, as the export of the whole model says it
+        (out / "config.json").write_text(json.dumps(layered.library_config, indent=1) + "\n")
     params = dict(layered.model.named_parameters())
     trained = sorted(set(params) - layered.fixed)
     save_file(
