@@ -71,7 +71,7 @@ def block_targets(layered, adapter: AdapterConfig) -> list[str]:
                 found.add(name)
     if not found:
         raise ConfigError(
-            f"adapter.targets={list(wanted)!r} is not allowed: no module of this {family} model's blocks is "
+            f"adapter.targets={sorted(wanted)!r} is not allowed: no module of this {family} model's blocks is "
             f"named so; its linear modules are {', '.join(sorted(linears))}"
         )
     return sorted(found, key=list(name_of.values()).index)
