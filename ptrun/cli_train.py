@@ -95,7 +95,7 @@ def _check_run_dir_path(path: str) -> None:
         raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into ({problem})")
 
 
-def _check_run_dir(run_dir: Path, resume: bool) -> None:
+def _check_run_dir(run_dir: Path, resume: bool, adapter: str = "none") -> None:
     """Never start over an existing run by accident, and never resume from nothing or from broken checkpoints
     alone."""
     from ptrun.train import checkpoint_files as checkpoint  # no torch: the workers' server has not started yet
@@ -118,6 +118,10 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
             f"train.resume=true: no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}; "
             f"restore it, or start a new run in another hydra.run.dir"
         )
+    newest = checkpoint.latest_valid(run_dir) if resume else None
+    problem = checkpoint.adapter_problem(newest, adapter) if newest is not None else None
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 SWEEP_JOBS: list[tuple[Path, list[str]]] = []
@@ -157,7 +161,7 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
     try:
         if start.slurm_note is not None:
             print(start.slurm_note, flush=True)
-        _check_run_dir(run_dir, typed_cfg.train.resume)
+        _check_run_dir(run_dir, typed_cfg.train.resume, typed_cfg.adapter.name)
         # The workers' server imports their modules beside the launcher's own imports (the rendezvous check is
         # the first to import torch); a single run started it already (`checked_start`), a sweep's job here.
         start_worker_server(typed_cfg)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The oldest and the newest torch / transformers that pyproject.toml allows, each in a venv of its own: the fast
-# test tier and one short 2-worker `ptrun train` of each model family (ViT, encoder, decoder). Exits non-zero
+# test tier and one short 2-worker `ptrun train` of each model family (ViT, encoder, decoder; the decoder also
+# with LoRA through peft). Exits non-zero
 # if anything fails on either pair (every step still runs, so the log shows all failures at once).
 #
 #   bash scripts/compat.sh              # both pairs
@@ -132,6 +133,9 @@ sys.exit(f"not the pinned versions: {bad}" if bad else 0)' "$@"
     --layers 4 --vocab 2000
   step "$name: train causal_lm (decoder)" "$ptrun" train recipe=causal_lm "model.pretrained=$out/decoder/llama" \
     "data.path=$out/decoder/news.jsonl" train.epochs=1 train.max_steps_per_epoch=4 "hydra.run.dir=$out/decoder-run"
+  step "$name: train causal_lm adapter=lora (decoder, peft)" "$ptrun" train recipe=causal_lm adapter=lora \
+    "model.pretrained=$out/decoder/llama" "data.path=$out/decoder/news.jsonl" train.epochs=1 \
+    train.max_steps_per_epoch=4 "hydra.run.dir=$out/decoder-lora"
   summary+=("       $((SECONDS - t0))s  $name: all")
 }
 

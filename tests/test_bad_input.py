@@ -59,6 +59,7 @@ MESSAGES = {
     "new run in another hydra.run.dir",
     "resume_manifest_not_json": "manifest.json is unreadable (JSONDecodeError); restore it, or start a new run "
     "in another hydra.run.dir",
+    "resume_another_adapter": "is of a run with adapter=",  # either way: the test checks the rest
     "resume_without_checkpoint": "holds no checkpoint to resume from; leave train.resume off to start a new run, "
     "or set hydra.run.dir to the run to continue",
     "rdzv_port_in_use": "is not free on this machine (Address already in use); choose a free port, or "
@@ -363,6 +364,24 @@ def test_resume_with_only_broken_checkpoints(case, copy_of_run, cli):
         else:
             (ckpt / "manifest.json").write_text("{'files': truncated")
     run_case(case, copy_of_run, *BASE_RUN, "train.resume=true", cli=cli)
+
+
+@pytest.mark.parametrize("saved,asked", [("none", "lora"), ("lora", "none")])
+def test_resume_with_another_adapter(saved, asked, run_dir, cli):
+    """A checkpoint of adapters holds no base weights, one of full fine-tuning no adapters: the launcher reads
+    which the newest valid checkpoint holds (its trainer.json) and refuses the other before any worker."""
+    ckpt = run_dir / "checkpoints" / "step_00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer.json").write_text(json.dumps({"model": {"name": "m", "num_units": 6, "adapter": saved}}))
+    digest = hashlib.sha256((ckpt / "trainer.json").read_bytes()).hexdigest()
+    size = (ckpt / "trainer.json").stat().st_size
+    manifest = {"format": 1, "files": {"trainer.json": {"sha256": digest, "bytes": size}}}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    line, _ = run_case("resume_another_adapter", run_dir, *TINY, "train.resume=true", f"adapter={asked}", cli=cli)
+    assert line.endswith(
+        f"adapter={asked!r} is not allowed: checkpoint {ckpt} is of a run with adapter={saved}; resume with "
+        f"adapter={saved} or start a new run in another hydra.run.dir"
+    )
 
 
 def test_resume_without_a_checkpoint(run_dir, cli):

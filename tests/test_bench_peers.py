@@ -735,3 +735,40 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
         "recipe": "digits_vit",
     }
     assert "to the first step" not in peer_summary.table(old)
+
+
+@pytest.mark.parametrize(
+    "recipe,sizes",
+    [("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]), ("bbc_news_lora", [])],
+)
+def test_the_plain_peft_loop_wraps_the_modules_ptrun_wraps(recipe, sizes):
+    """With `adapter=lora` the plain loop is the plain peft loop: `get_peft_model` on the library model, its
+    regex wrapping exactly the block linears ptrun's units carry adapters on (not a pooler's `dense`), and the
+    same parameters train (the adapters and the classifier)."""
+    from types import SimpleNamespace
+
+    from ptrun.bench.plain_loop import build_model as plain_model
+    from ptrun.bench.plain_loop import recipe_config, with_adapter
+    from ptrun.models import build_model
+
+    cfg = recipe_config(recipe, [*sizes, "adapter=lora"])
+    facts = SimpleNamespace(num_classes=5, image_size=8, in_chans=1)  # the data's facts the models are sized by
+    peer = with_adapter(plain_model(cfg.model, facts), cfg)
+    wrapped = {n.removeprefix("base_model.model.") for n, m in peer.named_modules() if hasattr(m, "lora_A")}
+    torch.manual_seed(0)
+    ours = build_model(
+        cfg.model, num_classes=5, img_size=8, in_chans=1, vocab_size=30522, units=(), adapter=cfg.adapter
+    )
+    assert wrapped == {n.split(".lora_")[0] for n in ours.adapters}
+    trained = {n for n, p in peer.named_parameters() if p.requires_grad}
+    assert sum(peer.get_parameter(n).numel() for n in trained) == sum(
+        s.numel() for n, s in ours.param_shapes.items() if n not in ours.fixed
+    )
+
+
+def test_the_trainer_peer_is_a_plain_peer_of_its_own():
+    """`--trainer` adds the HF Trainer run (`ptrun.bench.hf_trainer`), read and compared as a plain peer."""
+    cmd = peer_runs.command(peer_runs.TRAINER, "bbc_news_lora", Path("RUN"), ["train.epochs=1"])
+    assert cmd[1:3] == ["-m", "ptrun.bench.hf_trainer"] and "--recipe=bbc_news_lora" in cmd
+    assert cmd[-1] == "train.epochs=1" and f"--out={Path('RUN') / 'plain.json'}" in cmd
+    assert peer_runs.is_peer(peer_runs.TRAINER) and not peer_runs.is_peer("ptrun default")

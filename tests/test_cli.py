@@ -242,9 +242,19 @@ def test_a_recipe_that_does_not_parse_is_named_in_one_line(tmp_path, monkeypatch
 
 BAD_INPUT = [
     (["train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
+    (["adapter=lora", "adapter.r=0"], "adapter.r=0 is not allowed: an integer >= 1"),
+    (
+        ["adapter=lora", "adapter.targets=[qkv,query]"],
+        "adapter.targets=['qkv', 'query'] is not allowed: names of a vit block's linear modules: qkv, proj, fc1, "
+        "fc2 (query wraps nothing)",
+    ),
+    (
+        ["adapter=lora", "adapter.merge=true", "train.export=false"],
+        "adapter.merge=True is not allowed: false unless train.export=true",
+    ),
     # Hydra's `+` adds a key without a word: a typo would train with the default
     (["+optim.lrr=1"], "unknown key 'optim.lrr'; did you mean 'optim.lr'?"),
-    (["+foo=1"], "unknown key 'foo' (the config has: auto, cache, checkpoint, data,"),
+    (["+foo=1"], "unknown key 'foo' (the config has: adapter, auto, cache, checkpoint, data,"),
     (["+train.epoch=3"], "unknown key 'train.epoch'; did you mean 'train.epochs'?"),
     (["++model.deph=3"], "unknown key 'model.deph'; did you mean 'model.depth'?"),
     (["+optim.lr=1"], "optim.lr is already a key: set it without '+' (optim.lr=VALUE)"),
@@ -269,7 +279,8 @@ BAD_INPUT = [
     ),
     (
         ["recipe=nope"],
-        "unknown recipe 'nope' (available: bbc_news_bert, bert_glue, bert_squad, bert_sst2, causal_lm, digits_vit",
+        "unknown recipe 'nope' (available: bbc_news_bert, bbc_news_lora, bert_glue, bert_squad, bert_sst2, "
+        "causal_lm, digits_vit",
     ),
     (["model=nope"], "unknown model 'nope'"),
     (["launcher.nproc_per_node=0"], "launcher.nproc_per_node=0 is not allowed: an integer >= 1 or auto"),

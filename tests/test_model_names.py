@@ -22,7 +22,8 @@ from ptrun.config.hub import parse_hub_id
 
 IMAGE_RECIPES = "use recipe=digits_vit (or another that fits: vit_cifar10, vit_cifar100, vit_imagenet)"
 ENCODER_RECIPES = (
-    "use recipe=text_classification (or another that fits: bbc_news_bert, bert_glue, bert_squad, bert_sst2)"
+    "use recipe=text_classification (or another that fits: bbc_news_bert, bbc_news_lora, bert_glue, bert_squad, "
+    "bert_sst2)"
 )
 
 
@@ -115,7 +116,7 @@ def test_a_decoder_on_question_answering(cli, tmp_path, models):
     )
     assert line.endswith(
         "for this model use recipe=causal_lm (or another that fits: text_classification, "
-        "bbc_news_bert, bert_glue, bert_sst2)"
+        "bbc_news_bert, bbc_news_lora, bert_glue, bert_sst2)"
     )
 
 

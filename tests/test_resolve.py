@@ -271,7 +271,7 @@ def test_a_group_chosen_on_the_command_line_is_what_trains():
 
     root = Path(__file__).resolve().parents[1]
     # what names the option (a data source's own key included: data.task is GLUE's alone)
-    identity = {"model": {"name", "family"}, "data": {"name", "task"}, "optim": {"name"}}
+    identity = {"model": {"name", "family"}, "data": {"name", "task"}, "optim": {"name"}, "adapter": {"name"}}
     for recipe in sorted((root / "recipes").glob("*.yaml")):
         values = yaml.safe_load(recipe.read_text())
         for group, names in identity.items():

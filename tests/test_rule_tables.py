@@ -1,14 +1,15 @@
 """Every rule in one table: a key's values (precision, optimizer, learning-rate schedule, logger, cache dtype,
-pipeline schedule, model family) are the keys of a table whose fields the code reads, so no module compares a
+pipeline schedule, model family, adapter) are the keys of a table whose fields the code reads, so no module compares a
 config value with one of those names. Names that also mean something else are left out of the search:
 `pipedream` (a partition method too), `bert` (a Hugging Face model type and ptrun's presets), `transformers`
-(the model group's option)."""
+(the model group's option), `none` (a freeze policy, a recompute setting and more)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+from ptrun.config.adapter import ADAPTER_SPECS
 from ptrun.config.freezing import CACHE_DTYPE_BYTES
 from ptrun.config.model import FAMILY_SPECS
 from ptrun.config.pipe import SCHEDULE_SPECS
@@ -16,7 +17,7 @@ from ptrun.config.training import LR_SCHEDULE_SPECS, OPTIMIZER_SPECS, PRECISION_
 from ptrun.installed import LOGGER_SPECS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
-AMBIGUOUS = {"pipedream", "bert", "transformers"}
+AMBIGUOUS = {"pipedream", "bert", "transformers", "none"}
 RULE_NAMES = {
     *PRECISION_SPECS,
     *OPTIMIZER_SPECS,
@@ -25,6 +26,7 @@ RULE_NAMES = {
     *CACHE_DTYPE_BYTES,
     *SCHEDULE_SPECS,
     *FAMILY_SPECS,
+    *ADAPTER_SPECS,
 } - AMBIGUOUS
 
 

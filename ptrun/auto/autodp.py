@@ -185,12 +185,14 @@ class Layout:
 
 def set_frozen(layered, frozen_units: int) -> None:
     """requires_grad off for the frozen prefix, on elsewhere; a tied weight follows its owning (first) unit,
-    so the MLM decoder stops changing the frozen word embedding."""
+    so the MLM decoder stops changing the frozen word embedding. The base weights under adapters stay off."""
     for u, unit in enumerate(layered.units):
         for p in unit.parameters():
             p.requires_grad_(u >= frozen_units)
     for name, units in layered.tied.items():
         layered.model.get_parameter(name).requires_grad_(units[0] >= frozen_units)
+    for name in layered.fixed:
+        layered.model.get_parameter(name).requires_grad_(False)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,17 @@ PTRUN = {
     "ptrun default": [],
 }
 LABELS = [*PEERS, *PTRUN]
+TRAINER = "HF Trainer"
+"""The Trainer peer (`--trainer`: `ptrun.bench.hf_trainer`, transformers' Trainer in one process with both
+threads; with a LoRA recipe the Trainer + peft run), a plain peer beside the loop and DDP, outside the
+letters a-e."""
+
+
+def is_peer(label: str) -> bool:
+    """Whether `label` (its `--compiled` suffix aside) is a run without ptrun: a plain peer or the Trainer."""
+    return base(label)[0] in (*PEERS, TRAINER)
+
+
 EAGER, COLD, WARM = ", eager", ", compiled, cold cache", ", compiled, warm cache"
 """`--compiled`: each run three times, `LABEL, eager` (`train.compile=false`) and compiled (`train.compile=true`:
 ptrun's units; the plain loop's library model through torch.compile, as a user writes it) on an empty inductor
@@ -146,6 +157,16 @@ def command(
     (this one by default)."""
     label, compiling = base(label)
     overrides = [*overrides, *compiling]
+    if label == TRAINER:
+        return [
+            sys.executable,
+            "-m",
+            "ptrun.bench.hf_trainer",
+            f"--recipe={recipe}",
+            "--threads=2",
+            f"--out={run_dir / 'plain.json'}",
+            *overrides,
+        ]
     if label in PEERS:
         nproc, threads = PEERS[label]
         # torchrun's logs to /dev/null: by default it leaves a torchelastic_* directory in /tmp per run
@@ -217,7 +238,7 @@ def execute(
         print(f"$ {shown(cmd)}", flush=True)
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
         # empty (ptrun's runs use the user's cache, as ptrun does).
-        env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if base(label)[0] in PEERS else None
+        env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if is_peer(label) else None
         cache = inductor_cache(label, run_dir)
         if cache is not None:  # compiled: cold on an empty cache of its own, warm on what the cold run left
             if label.endswith(COLD):
@@ -228,7 +249,7 @@ def execute(
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0, "spawn_time": spawned}))
     wall = json.loads(wall_file.read_text())
     run = dict(
-        read_plain(run_dir, metric) if base(label)[0] in PEERS else read_ptrun(run_dir, metric),
+        read_plain(run_dir, metric) if is_peer(label) else read_ptrun(run_dir, metric),
         label=label,
         wall_s=wall["wall_s"],
         run_dir=str(run_dir),

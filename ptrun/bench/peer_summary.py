@@ -5,7 +5,7 @@ plain peer, the medians and ranges over the rounds, the throughput checks, and t
 from __future__ import annotations
 
 from ptrun.bench.harness import cell, fmt, label_rows, median, rounds_caption, rows_table, spread
-from ptrun.bench.peer_runs import BY_KEY, COLD, EAGER, PEERS, TOP1, WARM, Metric, base
+from ptrun.bench.peer_runs import BY_KEY, COLD, EAGER, TOP1, WARM, Metric, is_peer
 
 CHECKS = {"ptrun, freezing off, 1 worker": "plain loop", "ptrun, freezing off, 2 workers": "plain DDP"}
 """ptrun run -> the plain peer on the same processes and threads, whose samples/s it should keep up with."""
@@ -30,7 +30,7 @@ def measure(runs: list[dict], metric: Metric = TOP1) -> list[dict]:
     """One round's rows: each run's measurements plus its time outside training, the round's target (the best
     plain peer's final metric: the highest top-1, the lowest perplexity) and the time to it, and speedups
     against the round's faster plain peer."""
-    peers = [r for r in runs if base(r["label"])[0] in PEERS]
+    peers = [r for r in runs if is_peer(r["label"])]
     target = metric.best([r[f"final_{metric.key}"] for r in peers])
     best_wall = min((r["wall_s"] for r in peers), default=None)
     best_train = min((r["train_time_s"] for r in peers), default=None)
@@ -72,7 +72,7 @@ def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
     """Over the rounds (each `measure`d): per label the median and range of every measure and its rows; per
     check the ratio of samples/s (ptrun over its peer, round by round), its median and range."""
     rows = [
-        {"label": row["label"], "kind": "plain" if base(row["label"])[0] in PEERS else "ptrun", **row}
+        {"label": row["label"], "kind": "plain" if is_peer(row["label"]) else "ptrun", **row}
         for row in label_rows(rounds, keys(metric))
     ]
     by_label = {row["label"]: row["runs"] for row in rows}

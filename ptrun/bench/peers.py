@@ -7,6 +7,9 @@ the same config, data split, seed and global batch:
   c  ptrun, freezing off, 1 worker   `ptrun train` without freezing or AutoCache, K = 1 on 1 worker x 2 threads
   d  ptrun, freezing off, 2 workers  the same on 2 workers (K = 1, DP = 2)
   e  ptrun default                   `ptrun train recipe=NAME`, as the recipe is
+and with `--trainer` one more peer, `HF Trainer` (`ptrun.bench.hf_trainer`: transformers' Trainer, one process
+with both threads). A recipe with adapters (`adapter=lora`, e.g. `bbc_news_lora`) makes the plain peers the plain
+peft loop (the library model wrapped by peft's `get_peft_model`) and the Trainer the Trainer + peft.
 Per run: wall time from process start to exit, training time (the epochs' training loops only), start-up
 overhead (wall - training: imports, data and model set-up, evaluation, checkpoints, shut-down), samples/s
 in training, final top-1, and the training time to the best plain peer's final top-1 (cumulative over the
@@ -19,7 +22,7 @@ processes (the "at least 0.95x" checks). Prints the tables and writes them with 
 
     python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--seeds] [--out DIR]
         [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [--variant 'LABEL: KEY=V ...']
-        [--compiled] [overrides ...]
+        [--compiled] [--trainer] [overrides ...]
 
 The causal-LM recipe needs a decoder and a text file; without a model hub, `ptrun.bench.decoder` writes a small
 random-weight Llama and BBC News text (its docstring has the sizes):
@@ -48,7 +51,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ptrun.bench.harness import command_line, dir_name, publish, rounds_parser
-from ptrun.bench.peer_runs import LABELS, PTRUN, commands, engine, execute, metric_of, pick, twins, variant
+from ptrun.bench.peer_runs import LABELS, PTRUN, TRAINER, commands, engine, execute, metric_of, pick, twins, variant
 from ptrun.bench.peer_summary import aggregate, caption, measure, table
 
 
@@ -87,6 +90,12 @@ def main() -> None:
         "a-e for the runs in order, comma-separated (--only a,b,e); default: all five",
     )
     parser.add_argument(
+        "--trainer",
+        action="store_true",
+        help="also run transformers' Trainer (with peft where the recipe has adapter=lora) as a peer: "
+        "`ptrun.bench.hf_trainer`",
+    )
+    parser.add_argument(
         "--compiled",
         action="store_true",
         help="each run three times: eager (train.compile=false), and compiled (train.compile=true; the plain "
@@ -101,7 +110,7 @@ def main() -> None:
         variants.update({label: words[1:] for label, words in engines.items()})
     except ValueError as e:
         parser.error(str(e))
-    labels += [label for label in variants if label not in LABELS]
+    labels += [label for label in variants if label not in LABELS] + ([TRAINER] if args.trainer else [])
     labels = twins(labels) if args.compiled else labels
     out = Path(args.out)
     for recipe in args.recipe or ["bbc_news_bert"]:

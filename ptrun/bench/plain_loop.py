@@ -6,7 +6,8 @@ DistributedDataParallel over gloo. One process, or several with each rank taking
 global batch (the global batch stays `train.global_batch_size`). A classifier reports top-1; a causal LM
 (`model.task=causal_lm`: `AutoModelForCausalLM.from_pretrained` on the packed blocks of ptrun's data source)
 trains on the library's own next-token loss over the real tokens (the data's `labels`, -100 on padding) and
-reports the eval loss per predicted token and its perplexity:
+reports the eval loss per predicted token and its perplexity. A recipe with adapters (`adapter=lora`) makes
+it the plain peft loop: the library model wrapped by peft's `get_peft_model` (`with_adapter`), the rest alike:
 
     python -m ptrun.bench.plain_loop --recipe digits_vit --threads 2 --out plain.json [overrides ...]
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m ptrun.bench.plain_loop --threads 1 ...
@@ -100,6 +101,34 @@ def build_model(m, data) -> torch.nn.Module:
     )
 
 
+def with_adapter(net: torch.nn.Module, cfg) -> torch.nn.Module:
+    """`net` as a LoRA user wraps it where the recipe asks for adapters (`adapter=lora`): peft's
+    `get_peft_model` with the recipe's rank, alpha and dropout on the blocks' linears it names (a regex over the
+    numbered blocks, so a pooler's or a head's `dense` stays as it is) and the classifier trained beside them;
+    else `net` itself."""
+    from ptrun.config import ADAPTER_SPECS
+
+    a = cfg.adapter
+    if ADAPTER_SPECS[a.name].trains_base:
+        return net
+    from peft import LoraConfig, get_peft_model
+
+    from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, target_names
+
+    family = adapter_family(cfg.model)
+    names = "|".join(target_names(a, family))
+    heads = [n for n in ("classifier", "score", "head") if cfg.model.task != CAUSAL_LM and hasattr(net, n)]
+    config = LoraConfig(
+        r=a.r,
+        lora_alpha=a.alpha,
+        lora_dropout=a.dropout,
+        target_modules=rf".*\.\d+\.(?:.*\.)?(?:{names})",
+        fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
+        modules_to_save=heads or None,
+    )
+    return get_peft_model(net, config)
+
+
 def model_inputs(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k != "labels"}
 
@@ -175,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         for split in (data.train, data.eval)
     )
     torch.manual_seed(cfg.train.seed)
-    net = build_model(cfg.model, data).to(device)
+    net = with_adapter(build_model(cfg.model, data), cfg).to(device)
     net.train()
     model = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
     if cfg.train.compile is True:  # as a user compiles: the whole (DDP-wrapped) library model, in ptrun's mode

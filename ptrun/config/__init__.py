@@ -10,6 +10,7 @@ is allowed. Workers never compose: they load the resolved YAML the launcher wrot
 
 from __future__ import annotations
 
+from ptrun.config.adapter import ADAPTER_SPECS, AdapterConfig, check_adapter
 from ptrun.config.cross import (
     check_compile,
     check_model_against_data,
@@ -99,6 +100,7 @@ GROUP_CHECKS = (
     check_logger,
     check_model,
     check_model_fits_recipe,
+    check_adapter,
     check_data,
     check_training,
     check_pipe,
@@ -134,6 +136,9 @@ def validate(cfg, paths: bool = True) -> None:
 
 
 __all__ = [
+    "ADAPTER_SPECS",
+    "AdapterConfig",
+    "check_adapter",
     "ATTENTIONS",
     "BACKENDS",
     "FAMILIES",

@@ -11,6 +11,7 @@ from typing import Optional
 
 from omegaconf import MISSING, OmegaConf
 
+from ptrun.config.adapter import AdapterConfig
 from ptrun.config.data import DataConfig
 from ptrun.config.freezing import AutoConfig, CacheConfig, FreezeConfig
 from ptrun.config.launcher import DeviceConfig, LauncherConfig
@@ -32,6 +33,7 @@ class PtrunConfig:
     recipe: Optional[str] = None
     """The preset applied from `recipes/` (set by choosing `recipe=NAME`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

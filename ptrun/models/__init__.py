@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ptrun.config import ConfigError, ModelConfig
+from ptrun.config import ADAPTER_SPECS, ConfigError, ModelConfig
 from ptrun.config.model import FAMILY_SPECS, is_hf_dir, model_family
 from ptrun.models.layered import LayeredModel, run_units
 from ptrun.models.lazy import empty_meta_parameters, init_units, parameters_on_meta
@@ -27,6 +27,7 @@ def build_model(
     vocab_size: int | None = None,
     units: Iterable[int] | None = None,
     library_config=None,
+    adapter=None,
 ) -> LayeredModel:
     """Build the model `cfg` names, sized by cfg where set and by the data's facts otherwise.
 
@@ -36,7 +37,8 @@ def build_model(
     before this call gives the same model. `cfg.pretrained` (a weights file, or a Hugging Face directory of a
     supported family, `ptrun.models.hf`) is checked now, from its index, and read per unit as units are
     filled (`ptrun.models.weights`). `library_config` (a transformers config of a supported `model_type`)
-    builds that model with random weights instead (tests and benchmarks).
+    builds that model with random weights instead (tests and benchmarks). `adapter` (an AdapterConfig) wraps
+    the blocks' linears in adapters, whose base weights then stay fixed (`ptrun.models.adapters`).
     """
     with parameters_on_meta():
         if library_config is None and FAMILY_SPECS[model_family(cfg)].reads_images:
@@ -60,6 +62,10 @@ def build_model(
                 from ptrun.models.bert import build_bert
 
                 layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
+        if adapter is not None and not ADAPTER_SPECS[adapter.name].trains_base:
+            from ptrun.models.adapters import add_lora
+
+            add_lora(layered, adapter)
     empty_meta_parameters(layered.model)
     layered.init_seed = int(torch.randint(2**40, ()).item())
     if cfg.pretrained is not None:

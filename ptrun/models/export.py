@@ -8,6 +8,9 @@
 - ViT: timm's state dict as `model.safetensors` plus `config.json` holding the `timm.create_model` arguments:
   `timm.create_model(**cfg, pretrained=True, pretrained_cfg_overlay={"file": "RUN_DIR/model/model.safetensors"})`
   with `cfg = json.load(open("RUN_DIR/model/config.json"))`.
+- With adapters (`adapter=lora`): peft's own files (adapter_config.json + adapter_model.safetensors, the task
+  head among them), `peft.PeftModel.from_pretrained(base_model, RUN_DIR/model)`; with `adapter.merge=true`
+  the library's model as above, the adapters merged into its weights.
 """
 
 from __future__ import annotations
@@ -33,17 +36,37 @@ def save_quietly(model, out: Path) -> None:
 
 
 def export_model(
-    layered: LayeredModel, out_dir: str | Path, tokenizer_dir: str | None = None, class_names: list[str] | None = None
+    layered: LayeredModel,
+    out_dir: str | Path,
+    tokenizer_dir: str | None = None,
+    class_names: list[str] | None = None,
+    *,
+    merge: bool = False,
+    base: str | None = None,
 ) -> Path:
-    """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory."""
+    """Write `layered.model` (its host copy must be current) into `out_dir`; returns the directory. A model
+    with adapters writes them in peft's format (`merge` false) or its library's model with the adapters merged
+    into the base weights (`merge` true)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if hasattr(layered.model, "save_pretrained"):  # a transformers model writes its own format
-        config = layered.model.config
+    model = layered.model
+    if layered.adapters:
+        from ptrun.models.adapters import merged, save_adapter
+
+        if not merge:
+            save_adapter(layered, out, base=base)
+            if tokenizer_dir is not None:
+                from transformers import AutoTokenizer
+
+                AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+            return out
+        model = merged(layered)
+    if hasattr(model, "save_pretrained"):  # a transformers model writes its own format
+        config = model.config
         if class_names and layered.task == "classification" and len(class_names) == config.num_labels:
             config.id2label = dict(enumerate(class_names))
             config.label2id = {name: i for i, name in enumerate(class_names)}
-        save_quietly(layered.model, out)
+        save_quietly(model, out)
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
@@ -52,7 +75,7 @@ def export_model(
     from safetensors.torch import save_file
 
     save_file(
-        {k: v.detach().cpu().contiguous() for k, v in layered.model.state_dict().items()},
+        {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
         str(out / "model.safetensors"),
     )
     (out / "config.json").write_text(json.dumps(layered.library_config, indent=1) + "\n")

@@ -85,17 +85,28 @@ class LayeredModel(nn.Module):
         )
         """How many leading units return every token's row. A classification head's last layer may keep the first
         token's only (ptrun.models.encoders); AutoCache caches no deeper, where an entry would change shape."""
-        self.tied: dict[str, tuple[int, ...]] = {}
-        self._param_names, self._shared_names = self._partition(tied)
+        self._tied_declared = list(tied)
+        self.repartition()
         self.library_config: dict = {}
         """How the library rebuilds `model` (timm: the `create_model` arguments), for the export."""
-        self.param_shapes = {name: p.shape for name, p in model.named_parameters()}
-        """Each parameter's shape, also while a worker that does not hold it keeps it empty (ptrun.models.lazy)."""
+        self.fixed: set[str] = set()
+        """The parameters that never train: the base weights under adapters (`ptrun.models.adapters`)."""
+        self.adapters: set[str] = set()
+        """The adapters' parameters (`adapter=lora`), empty without adapters."""
+        self.adapter_config = None
+        """peft's config of the adapters (a LoraConfig), None without adapters."""
         self._init = init
         self.init_seed = 0
         """Unit i's initial values are drawn from the generator seeded with `init_seed + i` (ptrun.models.lazy)."""
         self.weights = None
         """The pretrained weights file units read their values from as they are filled (ptrun.models.weights)."""
+
+    def repartition(self) -> None:
+        """Name each unit's parameters (again, after an adapter added some) and record their shapes."""
+        self.tied: dict[str, tuple[int, ...]] = {}
+        self._param_names, self._shared_names = self._partition(self._tied_declared)
+        self.param_shapes = {name: p.shape for name, p in self.model.named_parameters()}
+        """Each parameter's shape, also while a worker that does not hold it keeps it empty (ptrun.models.lazy)."""
 
     def _declared_tied(self, tied: Iterable[nn.Parameter | str]) -> set[int]:
         """Object ids of the declared tied parameters; each must be a parameter of `model`."""

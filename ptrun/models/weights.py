@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ptrun.config import ConfigError
+from ptrun.models.adapters import library_name
 from ptrun.models.layered import LayeredModel
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,10 @@ def open_pretrained(layered: LayeredModel, path: str) -> WeightsFile:
         names_of.setdefault(id(p), []).append(name)
     aliases = {names[0]: names for names in names_of.values()}
     for name, shape in wanted.items():
-        key = next((by_name[a] for a in aliases.get(name, [name]) if a in by_name), None)
+        if name in layered.adapters:
+            continue  # the adapters start from their own rule, never from the base model's file
+        names = [library_name(a) for a in aliases.get(name, [name])]
+        key = next((by_name[a] for a in names if a in by_name), None)
         if key is not None and shapes[key] == tuple(shape):
             keys[name] = key
         elif name in head:

@@ -57,3 +57,18 @@ def latest_valid(run_dir: str | Path) -> Path | None:
             return ckpt
         log.warning("skipping checkpoint %s: %s", ckpt.name, problem)
     return None
+
+
+def adapter_problem(ckpt: Path, adapter: str) -> str | None:
+    """Why a run with `adapter.name=adapter` cannot resume from `ckpt` (None when it can): a checkpoint of
+    adapters holds no base weights, one of full fine-tuning no adapters, so the two never resume each other."""
+    try:
+        saved = json.loads((ckpt / TRAINER).read_text())["model"].get("adapter", "none")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # the worker's own check names an unreadable trainer.json
+    if saved == adapter:
+        return None
+    return (
+        f"adapter={adapter!r} is not allowed: checkpoint {ckpt} is of a run with adapter={saved}; resume with "
+        f"adapter={saved} or start a new run in another hydra.run.dir"
+    )

@@ -17,20 +17,23 @@ from ptrun.auto.counts import blocks_of_units
 from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.models.export import export_model
-from ptrun.models.lazy import allocate
+from ptrun.models.lazy import allocate, init_units
 from ptrun.parallel.plan import Plan
 from ptrun.train import checkpoint, faults, machine
+from ptrun.train.checkpoint_files import adapter_problem
 from ptrun.train.state import TrainState
 
 log = logging.getLogger("ptrun.train.trainer")
 
 
 def stage_param_names(layered, runtime, plan: Plan) -> list[str]:
-    """The parameters this rank's stages own; the first stage also owns the cached prefix's."""
+    """The parameters this rank's stages own and a checkpoint holds; the first stage also owns the cached
+    prefix's. Not the base weights under adapters: they never change, and a resume reads them as the run
+    began, from the pretrained file or the units' seeds."""
     units = runtime.unit_indices
     if runtime.is_first:
         units = list(range(plan.cached_units)) + units
-    return [n for u in units for n in layered.unit_param_names(u)]
+    return [n for u in units for n in layered.unit_param_names(u) if n not in layered.fixed]
 
 
 def save(
@@ -50,7 +53,7 @@ def save(
         "plan": plan.to_dict(),
         "first_plan": controller.first.to_dict(),  # the layout the run's keys start in, for a resume to compare
         "controller": controller.state_dict(),
-        "model": {"name": cfg.model.name, "num_units": len(layered.units)},
+        "model": {"name": cfg.model.name, "num_units": len(layered.units), "adapter": cfg.adapter.name},
         "loss_scale": scaler.state_dict(),
     }
     replica, stage = plan.coords(rank)
@@ -88,8 +91,11 @@ def _check_model(ckpt, state: dict, cfg: PtrunConfig, layered) -> None:
             f"{len(layered.units)} units; resume with the run's model settings or choose "
             f"another hydra.run.dir"
         )
+    problem = adapter_problem(ckpt, cfg.adapter.name)
+    if problem is not None:
+        raise ConfigError(problem)
     shapes = checkpoint.param_shapes(ckpt)
-    own = layered.param_shapes
+    own = {n: shape for n, shape in layered.param_shapes.items() if n not in layered.fixed}
     missing = sorted(set(own) - set(shapes))
     if missing:
         raise ConfigError(
@@ -141,10 +147,12 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     # Only the parameters (and optimizer state) of the units this rank holds in that plan are read.
     held = held_names(layered, plan, rank)
     params, optim_state, _ = checkpoint.load(ckpt, names=held)
+    if layered.fixed:  # the base weights under adapters are not in it: the units start as the run began
+        init_units(layered, [u for u in range(len(layered.units)) if held.intersection(layered.unit_param_names(u))])
     allocate(layered, held)
     with torch.no_grad():
         for name, p in layered.model.named_parameters():
-            if name in held:
+            if name in held and name not in layered.fixed:
                 p.copy_(params[name])
     if rank == 0:
         # Beyond `checkpoint.keep`, the older checkpoints go now, not after the next one is written: a run
@@ -235,7 +243,14 @@ class Checkpoints:
             nbytes = sum(shape.numel() * 4 for shape in self.layered.param_shapes.values())  # float32
             try:
                 faults.reached("export", step)
-                out = export_model(self.layered, target, self.cfg.data.tokenizer, class_names=class_names)
+                out = export_model(
+                    self.layered,
+                    target,
+                    self.cfg.data.tokenizer,
+                    class_names=class_names,
+                    merge=self.cfg.adapter.merge,
+                    base=self.cfg.model.pretrained,
+                )
             except Exception as e:
                 error = e
         machine.settle_write(error, "export", target, nbytes, cleanup=lambda: shutil.rmtree(target, True))

@@ -81,6 +81,7 @@ class RunRecord:
             num_units=len(layered.units),
             num_blocks=layered.num_blocks,
             params=sum(s.numel() for s in layered.param_shapes.values()),
+            trainable_params=sum(s.numel() for n, s in layered.param_shapes.items() if n not in layered.fixed),
             train_samples=len(data.train),
             eval_samples=len(data.eval),
             resumed_from=self.resumed_from,

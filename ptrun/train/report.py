@@ -2,6 +2,7 @@
 
 `metrics.jsonl` holds one JSON object a line; benchmarks and reports read it, so its events are stable:
   {"event": "start", "time": ..., "world_size": W, "recipe": ..., "model": ..., "num_units": N, "params": P,
+   "trainable_params": the parameters that train (fewer than P under adapters: the adapters and the task head),
    "resumed_from": ..., "worker_start_time": ... (Unix time rank 0's worker began), "start_phases": {"process_group_s",
    "data_s", "model_s", "controller_s", "cache_s", "layout_s"} (seconds of each, in order, from then to the start)}
   {"event": "plan", "epoch": E, "step": S, "frozen_units": F, "pp": K, "dp": D, "stage_bounds": [[lo, hi], ...],
@@ -231,8 +232,10 @@ def layout_table(plan, unit_names: list[str]):
 
 def start_line(start: dict, run_dir: str) -> str:
     """The terminal's first line, from the start event's fields."""
+    params, trained = start["params"], start.get("trainable_params", start["params"])
+    shown = f"{params / 1e6:.2f} M params" + (f", {trained / 1e6:.3f} M trained" if trained != params else "")
     return (
-        f"ptrun: {start['model']} ({start['num_units']} units, {start['params'] / 1e6:.2f} M params) on "
+        f"ptrun: {start['model']} ({start['num_units']} units, {shown}) on "
         f"{start['train_samples']} train / {start['eval_samples']} eval samples; {start['world_size']} workers "
         f"on {start['device'].split(':')[0]}, precision {start['precision']}; run dir {run_dir}"
     )

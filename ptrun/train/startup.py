@@ -64,6 +64,7 @@ def build_units(cfg: PtrunConfig, data: DataSplits):
         in_chans=data.in_chans,
         vocab_size=data.vocab_size,
         units=(),
+        adapter=cfg.adapter,
     )
 
 

@@ -421,6 +421,8 @@ class Trainer:
         out = self.checkpoints.export(self.plan, self.device, self.data.class_names, self.state.global_step)
         if out is not None:
             library = FAMILY_SPECS[model_family(self.cfg.model)].library
+            if self.layered.adapters and not self.cfg.adapter.merge:
+                library = "peft"  # the adapter alone: PeftModel.from_pretrained(base, dir)
             self.record.print(f"model saved for {library} without ptrun: {out}")
 
     def close(self) -> None:

@@ -1,0 +1,161 @@
+"""LoRA adapters on the layered units, through peft (`adapter=lora`).
+
+peft's `inject_adapter_in_model` wraps the chosen linear modules of the library model in place (each becomes a
+`peft.tuners.lora.Linear` holding the original module as `base_layer` beside its `lora_A` / `lora_B`), once,
+while the model's parameters are still on the meta device. The units hold the library's modules that contain
+those linears (an attention, an MLP), never a linear itself, so each unit runs its adapters through the
+library's own forward, the encoders' first-token tail included (the family's cross-attention forward reads
+`self.query` & co., which are then the wrapped modules). The adapters' parameters are the units' like any
+other: a worker gives storage and values only to its own stages' units, adapters included, and a unit's
+adapters are drawn from the unit's own seed (peft's rule: A Kaiming-uniform, B zero).
+
+The base weights never train (`LayeredModel.fixed`); the adapters and the task head (`HEAD_MODULES`, as
+peft's sequence-classification task keeps its classifier trainable) do. So the units below the lowest adapter
+that trains take no gradient, and freezing a unit whose adapters converged cuts the backward pass there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from torch import nn
+
+from ptrun.config.adapter import BLOCK_LINEARS, AdapterConfig, target_names
+from ptrun.errors import ConfigError
+
+ADAPTER_NAME = "default"
+"""peft's name for the one adapter (what `PeftModel.from_pretrained` loads by default)."""
+HEAD_MODULES = ("classifier", "score", "qa_outputs", "head")
+"""The task heads' modules that train beside the adapters (in the head unit): the newly initialised layer of a
+classification, regression or span head, by the library's name (timm's `head`, transformers' `classifier`,
+`score`, `qa_outputs`). A language-model head (the tied or pretrained `lm_head`) stays fixed."""
+
+
+def lora_config(adapter: AdapterConfig, family: str, targets: list[str]):
+    """peft's LoraConfig of `adapter` for the modules named `targets` (full names in the library model)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=targets,
+        fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
+    )
+
+
+def block_targets(layered, adapter: AdapterConfig) -> list[str]:
+    """The full names of the modules in the blocks' units that `adapter.targets` names; a ConfigError listing
+    the blocks' linear modules where it names none."""
+    family = layered.family
+    if family not in BLOCK_LINEARS:
+        raise ConfigError(
+            f"adapter.name={adapter.name!r} is not allowed: peft cannot wrap a {family!r} model here; "
+            f"LoRA wraps {', '.join(BLOCK_LINEARS)}"
+        )
+    wanted = set(target_names(adapter, family))
+    name_of = {id(m): n for n, m in layered.model.named_modules()}
+    found, linears = set(), set()
+    for unit in layered.units[1:-1]:
+        for module in unit.modules():
+            name = name_of.get(id(module))
+            if name is None or not _is_linear(module):
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            linears.add(leaf)
+            if leaf in wanted:
+                if any(child is module for child in unit.children()):
+                    raise RuntimeError(f"{family}: unit holds {name} itself; an adapter needs its parent")
+                found.add(name)
+    if not found:
+        raise ConfigError(
+            f"adapter.targets={sorted(wanted)!r} is not allowed: no module of this {family} model's blocks is "
+            f"named so; its linear modules are {', '.join(sorted(linears))}"
+        )
+    return sorted(found, key=list(name_of.values()).index)
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """A linear module peft wraps: torch's Linear or transformers' Conv1D (GPT-2)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def add_lora(layered, adapter: AdapterConfig) -> None:
+    """Wrap `layered`'s block linears named by `adapter` in LoRA adapters, in place, while its parameters are
+    on the meta device (`ptrun.models.lazy.parameters_on_meta` open); the units' parameter lists, the fixed
+    base weights and the per-unit initialisation follow."""
+    from peft import inject_adapter_in_model
+
+    config = lora_config(adapter, layered.family, block_targets(layered, adapter))
+    inject_adapter_in_model(config, layered.model, ADAPTER_NAME)
+    layered.repartition()
+    layered.adapter_config = config
+    layered.adapters = {n for n in layered.param_shapes if ".lora_" in n}
+    head = layered.unit_param_names(len(layered.units) - 1)
+    trains = layered.adapters | {n for n in head if set(HEAD_MODULES).intersection(n.split(".")[:-1])}
+    layered.fixed = set(layered.param_shapes) - trains
+    for name, p in layered.model.named_parameters():
+        p.requires_grad_(name not in layered.fixed)
+    library_init = layered._init
+
+    def init(unit: nn.Module) -> None:
+        library_init(unit)  # the library's rule also reaches the adapters' Linears: peft's own comes last
+        for module in unit.modules():
+            if hasattr(module, "reset_lora_parameters") and ADAPTER_NAME in getattr(module, "lora_A", {}):
+                module.reset_lora_parameters(ADAPTER_NAME, True)
+
+    layered._init = init
+
+
+def library_name(name: str) -> str:
+    """A parameter's name in the library model without its adapter: peft keeps a wrapped module's own weight as
+    `base_layer.weight` (what a pretrained file names `weight`)."""
+    return name.replace(".base_layer.", ".")
+
+
+def peft_key(name: str) -> str:
+    """A trained parameter's key in peft's saved adapter (`get_peft_model_state_dict`'s): under the PeftModel's
+    `base_model.model.` and without the adapter's name."""
+    return "base_model.model." + name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def head_modules(layered) -> list[str]:
+    """The task head's modules that train (`HEAD_MODULES`) by their names in the model: peft's
+    `modules_to_save`, so that loading the adapter restores the head too."""
+    trained = set(layered.param_shapes) - layered.fixed - layered.adapters
+    return sorted({n.rsplit(".", 1)[0] for n in trained})
+
+
+def save_adapter(layered, out: Path, base: str | None = None) -> None:
+    """peft's files of the trained adapters and head in `out` (its host copy of them must be current):
+    `PeftModel.from_pretrained(base_model, out)` loads them without ptrun. `base`: the base model's name or
+    directory, recorded as peft's `base_model_name_or_path`."""
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(layered.adapter_config)
+    config.modules_to_save = head_modules(layered) or None
+    config.base_model_name_or_path = base
+    config.save_pretrained(str(out))
+    if layered.library_config:  # timm: how to build the base model, as the export of the whole model says it
+        (out / "config.json").write_text(json.dumps(layered.library_config, indent=1) + "\n")
+    params = dict(layered.model.named_parameters())
+    trained = sorted(set(params) - layered.fixed)
+    save_file(
+        {peft_key(n): params[n].detach().cpu().contiguous() for n in trained}, str(out / "adapter_model.safetensors")
+    )
+
+
+def merged(layered) -> nn.Module:
+    """A copy of the library model with each adapter merged into its base weight (peft's `merge`) and the
+    wrapped modules unwrapped, as peft's `merge_and_unload` leaves it: the library's own model again."""
+    model = copy.deepcopy(layered.model)
+    for name, module in list(model.named_modules()):
+        if hasattr(module, "base_layer") and hasattr(module, "merge"):
+            module.merge()
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, module.get_base_layer())
+    if hasattr(model, "peft_config"):
+        del model.peft_config
+    return model

@@ -1,0 +1,104 @@
+"""Worker side of tests/test_lora_dist.py: LoRA units trained as a 2-stage 1F1B pipeline in real processes
+(gloo), a freeze in place halfway; each case writes its per-step losses and, after the freeze, whether any
+frozen adapter or any base weight held a gradient, for the test to compare with peft on the library model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import pipeline_cases as pc
+from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.config import AdapterConfig, ModelConfig
+from ptrun.models import build_model
+from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.parallel.partition import even_bounds
+from ptrun.parallel.pipeline import Step
+from ptrun.parallel.plan import Plan
+
+STEPS, FREEZE_AT, FROZEN = 20, 10, 3
+LORA = AdapterConfig(name="lora", r=4, alpha=8.0)
+KINDS = ("bert", "llama_lm", "gpt2_lm", "vit")
+"""BERT under a classification head (the first-token tail), a Llama and a GPT-2 (Conv1D, its LM head tied to
+the embedding on the other stage) as language models, a timm ViT."""
+
+
+def lora_model(kind: str):
+    """pipeline_cases' tiny model of `kind` with LoRA adapters (the same seed: every process builds one model)."""
+    torch.manual_seed(0)
+    if kind in pc.FAMILIES:
+        from hf_families import tiny_config
+
+        family = kind.removesuffix("_lm")
+        return build_model(
+            ModelConfig(name=family, task=pc.FAMILIES[kind]),
+            num_classes=3,
+            library_config=tiny_config(family),
+            adapter=LORA,
+        )
+    return build_model(
+        ModelConfig(**pc.MODELS[kind]), num_classes=pc.NUM_CLASSES[kind], vocab_size=pc.VOCAB, adapter=LORA
+    )
+
+
+def steps(layered, kind: str, first: int, count: int):
+    for t in range(first, first + count):
+        full = pc.batch(kind, t)
+        target = make_target(full, pc.task(kind))
+        yield Step(t, tuple(full[k] for k in layered.input_names), target, float(loss_weight(target, pc.task(kind))))
+
+
+def run_case(kind: str, rank: int, out_dir: Path) -> None:
+    layered = lora_model(kind)
+    n = len(layered.units)
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    builder = Builder(layered, rank, torch.device("cpu"), WeightedLoss(pc.task(kind)), pc.OPTIM, name_of)
+    plan = Plan(
+        num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2), microbatches=2, schedule="1F1B"
+    ).check()
+    layout = build_layout(builder, plan)
+    params = dict(layered.model.named_parameters())
+    frozen = {name for u in range(FROZEN) for name in layered.unit_param_names(u)}
+    losses, stray = [], []
+    step = 0
+    while step < STEPS:
+        count = FREEZE_AT - step if step < FREEZE_AT else STEPS - step
+        for data in steps(layered, kind, step, count):
+            for item, share in layout.runtime.train_step(data, 1.0, data.step == step + count - 1):
+                layout.runtime.sync_and_clip(pc.CLIP)
+                if item.step >= FREEZE_AT:  # no frozen adapter and no base weight holds a gradient
+                    stray += [
+                        n
+                        for n in (layered.adapters & frozen) | layered.fixed
+                        if params[n].grad is not None and params[n].numel()
+                    ]
+                if layout.optimizer is not None:
+                    layout.optimizer.step()
+                layout.runtime.zero_grad()
+                losses.append(float(share) if share is not None else 0.0)
+        step += count
+        if step == FREEZE_AT:
+            layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))
+    summed = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(summed)  # each step's loss: the last stage's share
+    trained = sum(p.numel() for p in layout.optimizer.param_groups[0]["params"]) if layout.optimizer else 0
+    torch.save({"losses": summed.tolist(), "stray": stray, "trained": trained}, out_dir / f"{kind}.rank{rank}.pt")
+    layout.groups.destroy()
+
+
+def worker(kinds: list[str], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=10))
+    try:
+        for kind in kinds:
+            run_case(kind, dist.get_rank(), Path(out_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(kinds: list[str], out_dir: Path) -> None:
+    pc.run_elastic(worker, 2, "lora", list(kinds), str(out_dir))

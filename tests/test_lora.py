@@ -1,0 +1,238 @@
+"""LoRA through peft (`adapter=lora`): ptrun's units with adapters train as peft's `get_peft_model` does on the
+library model itself (the same LoraConfig, the same trainable head), over 20 steps, for every kind of model
+ptrun builds: a BERT-like encoder under a classification head (its last layer's first-token tail runs the
+family's cross-attention forward on the adapted weights), DistilBERT, GPT-2 (Conv1D), a Llama decoder and a
+timm ViT. The base weights stay fixed, and after a freeze a frozen unit's adapters take no gradient.
+(A 2-stage 1F1B pipeline against K = 1: tests/pipeline_cases.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_families import VOCAB, auto_class, tiny_config
+from ptrun.auto.autodp import set_frozen
+from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
+from ptrun.models import build_model
+from ptrun.models.adapters import library_name
+from ptrun.models.losses import loss_weight, make_target, per_sample_loss
+from ptrun.parallel.optim import build_optimizer
+from ptrun.parallel.stage_module import StageModule
+
+LORA = AdapterConfig(name="lora", r=4, alpha=8.0)
+CASES = [
+    ("bert", "classification"),
+    ("distilbert", "classification"),
+    ("gpt2", "classification"),
+    ("llama", "causal_lm"),
+    ("vit", "classification"),
+]
+MORE = [(k, "classification") for k in ("roberta", "xlm-roberta", "electra", "deberta-v2", "modernbert")] + [
+    (k, "causal_lm") for k in ("qwen2", "qwen3", "mistral")
+]
+"""The other families, in the slow tier (their units are the ones above's kinds)."""
+STEPS = 20
+VIT = dict(name="vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=4)
+
+
+def lora_model(kind: str, task: str, adapter: AdapterConfig = LORA, seed: int = 0):
+    """ptrun's layered model of the tiny `kind` with adapters, and the library model it wraps, built alone."""
+    torch.manual_seed(seed)
+    if kind == "vit":
+        import timm
+
+        layered = build_model(ModelConfig(**VIT), num_classes=3, img_size=16, in_chans=3, adapter=adapter)
+        config = dict(layered.library_config)
+        return layered, timm.create_model(config.pop("model_name"), pretrained=False, **config)
+    layered = build_model(
+        ModelConfig(name=kind, task=task), num_classes=3, library_config=tiny_config(kind), adapter=adapter
+    )
+    return layered, auto_class(task).from_config(tiny_config(kind))
+
+
+def peft_twin(layered, library):
+    """`library` with ptrun's values, wrapped by peft's `get_peft_model` in the same LoraConfig; its task head
+    trains as ptrun's does."""
+    from peft import get_peft_model
+
+    ours = dict(layered.model.named_parameters())
+    base = {library_name(n): p for n, p in ours.items() if n not in layered.adapters}
+    missing = library.load_state_dict(base, strict=False).missing_keys
+    assert all(library.get_parameter(m) is library.get_input_embeddings().weight for m in missing)  # a tied head
+    twin = get_peft_model(library, layered.adapter_config)
+    theirs = dict(twin.base_model.model.named_parameters())
+    with torch.no_grad():
+        for name in layered.adapters:
+            theirs[name].copy_(ours[name])
+    for name, p in theirs.items():
+        p.requires_grad_(name not in layered.fixed)
+    return twin
+
+
+def batches(kind: str, task: str, steps: int = STEPS):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        if kind == "vit":
+            inputs = {"pixel_values": torch.randn(4, 3, 16, 16, generator=g)}
+        else:
+            mask = torch.ones(4, 10, dtype=torch.long)
+            mask[1, 7:] = 0
+            ids = torch.randint(3, VOCAB, (4, 10), generator=g) * mask
+            inputs = {"input_ids": ids, "attention_mask": mask}
+            if kind in ("bert", "electra"):  # the families whose tiny configuration has token types
+                inputs["token_type_ids"] = (torch.arange(10) >= 5).long().expand(4, 10) * mask
+        if task == "causal_lm":
+            labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+        else:
+            labels = torch.randint(0, 3, (4,), generator=g)
+        yield inputs, make_target({"labels": labels, "weight": torch.ones(4)}, task)
+
+
+def loss_of(out, target, task):
+    return per_sample_loss(out, target, task).sum() / loss_weight(target, task)
+
+
+def library_out(twin, inputs, task):
+    out = twin(inputs["pixel_values"]) if "pixel_values" in inputs else twin(**inputs)  # timm: positional
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, schedule="constant", warmup_fraction=0.0)
+
+
+@pytest.mark.parametrize("kind,task", CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in MORE])
+def test_lora_units_train_as_peft_on_the_library_model(kind, task):
+    layered, library = lora_model(kind, task)
+    twin = peft_twin(layered, library)
+    stage = StageModule(layered.units).train()
+    twin.train()
+    ours = build_optimizer([(n, p) for n, p in layered.model.named_parameters()], OPTIM)
+    theirs = torch.optim.AdamW([p for p in twin.parameters() if p.requires_grad], lr=OPTIM.lr, weight_decay=0.0)
+    trained = {n for n, p in layered.model.named_parameters() if p.requires_grad}
+    assert trained and trained <= layered.adapters | set(layered.unit_param_names(len(layered.units) - 1))
+    assert (
+        sum(len(g["params"]) for g in ours.param_groups)
+        == len(trained)
+        == sum(p.requires_grad for p in twin.parameters())
+    )
+    losses = []
+    for inputs, target in batches(kind, task):
+        mine = loss_of(stage(*(inputs[k] for k in layered.input_names)), target, task)
+        want = loss_of(library_out(twin, inputs, task), target, task)
+        mine.backward()
+        want.backward()
+        for optimizer in (ours, theirs):
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append((mine.item(), want.item()))
+    for step, (mine, want) in enumerate(losses):
+        assert abs(mine - want) <= 1e-4 * abs(want), (step, mine, want)
+    built = dict(layered.model.named_parameters())
+    lora_b = [n for n in layered.adapters if ".lora_B." in n]  # zero at the start: the model began as the base
+    assert lora_b and all(built[n].abs().sum() > 0 for n in lora_b), "every adapter trained, the tail's included"
+    base = {n: p for n, p in twin.base_model.model.named_parameters() if n in layered.fixed}
+    assert all(torch.equal(built[n], p) for n, p in base.items()), "base weights stay as they were"
+
+
+@pytest.mark.parametrize("kind,task", [("bert", "classification"), ("llama", "causal_lm")])
+def test_after_a_freeze_frozen_adapters_and_base_weights_take_no_gradient(kind, task):
+    layered, _ = lora_model(kind, task)
+    set_frozen(layered, 3)  # the embedding and block 0's two halves
+    stage = StageModule(layered.units).train()
+    inputs, target = next(batches(kind, task))
+    loss_of(stage(*(inputs[k] for k in layered.input_names)), target, task).backward()
+    params = dict(layered.model.named_parameters())
+    frozen = {n for u in range(3) for n in layered.unit_param_names(u)}
+    assert not [n for n in layered.fixed if params[n].grad is not None], "no base weight takes a gradient"
+    assert not [n for n in layered.adapters & frozen if params[n].grad is not None]
+    live = (layered.adapters - frozen) | (set(params) - layered.fixed - layered.adapters)
+    assert live and all(params[n].grad is not None for n in live)
+    assert stage.frozen == 3
+
+
+def test_targets_follow_the_family_table():
+    layered, _ = lora_model("bert", "classification", AdapterConfig(name="lora", targets=["query", "value"]))
+    wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in layered.adapters}
+    assert wrapped == {"query", "value"}
+    auto, _ = lora_model("llama", "causal_lm")
+    wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in auto.adapters}
+    assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert not any(n.startswith(("lm_head", "model.embed")) for n in auto.adapters)
+    assert auto.fixed == {n for n in auto.param_shapes if ".lora_" not in n}  # causal_lm: adapters only
+
+
+def test_a_unit_is_initialised_alone_adapters_included():
+    """A worker fills only its own units: a unit's adapters draw their values from the unit's seed, the same
+    whichever other units the process holds (peft's rule: B zero, so the model starts as the base)."""
+    every, _ = lora_model("bert", "classification")
+    torch.manual_seed(0)
+    alone = build_model(
+        ModelConfig(name="bert", task="classification"),
+        num_classes=3,
+        library_config=tiny_config("bert"),
+        adapter=LORA,
+        units=[3],
+    )
+    full, one = dict(every.model.named_parameters()), dict(alone.model.named_parameters())
+    for name in every.unit_param_names(3):
+        assert torch.equal(full[name], one[name]), name
+    assert all(one[n].numel() == 0 for n in alone.unit_param_names(1))
+    lora_b = [n for n in every.unit_param_names(3) if ".lora_B." in n]
+    assert lora_b and all(full[n].abs().sum() == 0 for n in lora_b)
+
+
+def test_targets_naming_no_module_list_the_linear_modules():
+    with pytest.raises(ConfigError, match=r"adapter.targets=.*no module.*its linear modules are dense, key, query"):
+        lora_model("bert", "classification", AdapterConfig(name="lora", targets=["q_proj"]))
+
+
+def trained_a_little(layered) -> None:
+    """Move every trained parameter off its initial value (B starts at zero: the adapters would add nothing)."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in layered.model.named_parameters():
+            if name not in layered.fixed:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("kind,task", [("bert", "classification"), ("llama", "causal_lm"), ("vit", "classification")])
+def test_the_export_loads_with_peft_alone_and_merged_with_the_library_alone(kind, task, tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from ptrun.models.export import export_model
+
+    layered, library = lora_model(kind, task)
+    trained_a_little(layered)
+    layered.eval()
+    inputs, _ = next(batches(kind, task))
+    with torch.no_grad():
+        want = layered(*(inputs[k] for k in layered.input_names))
+    ours = dict(layered.model.named_parameters())
+    base = {library_name(n): p.detach().clone() for n, p in ours.items() if n not in layered.adapters}
+    library.load_state_dict(base)  # the base model as its own file holds it (the head untrained)
+    with torch.no_grad():
+        for name in set(ours) - layered.fixed - layered.adapters:
+            library.get_parameter(name).zero_()  # so the head must come from the adapter's files
+    adapter = export_model(layered, tmp_path / "adapter")
+    timm_config = {"config.json"} if kind == "vit" else set()  # how to build the base: timm.create_model(**it)
+    assert {p.name for p in adapter.iterdir()} == {"adapter_config.json", "adapter_model.safetensors", *timm_config}
+    saved = load_file(adapter / "adapter_model.safetensors")
+    assert sum(t.numel() for t in saved.values()) == sum(ours[n].numel() for n in set(ours) - layered.fixed)
+    loaded = PeftModel.from_pretrained(library, adapter).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(library_out(loaded, inputs, task), want, rtol=0, atol=1e-5)
+    out = export_model(layered, tmp_path / "merged", merge=True)
+    assert any(".lora_" in n for n, _ in layered.model.named_parameters()), "the run's model keeps its adapters"
+    if kind == "vit":
+        import timm
+
+        config = json.loads((out / "config.json").read_text())
+        model = timm.create_model(config.pop("model_name"), pretrained=False, **config)
+        model.load_state_dict(load_file(out / "model.safetensors"))
+    else:
+        model = auto_class(task).from_pretrained(out)
+    with torch.no_grad():
+        torch.testing.assert_close(library_out(model.eval(), inputs, task), want, rtol=0, atol=1e-5)

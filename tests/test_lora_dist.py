@@ -1,0 +1,141 @@
+"""LoRA units in a real 2-stage 1F1B pipeline (2 gloo processes, tests/lora_cases.py), a freeze in place after
+10 of 20 steps: the losses are peft's on the library model (`get_peft_model`, the same LoraConfig, the frozen
+adapters leaving the backward pass at the same step) within 1e-4, and after the freeze no frozen adapter and
+no base weight holds a gradient on either stage. One launch covers BERT, Llama, GPT-2 and ViT."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lora_cases as lc
+import pipeline_cases as pc
+from ptrun.models.adapters import library_name
+
+
+def peft_losses(kind: str) -> list[float]:
+    """The same 20 steps with peft on the library model, in this process: AdamW as ptrun configures it
+    (decay on matrices only), the global-norm clip, the first units' adapters frozen after FREEZE_AT."""
+    from peft import get_peft_model
+
+    layered = lc.lora_model(kind)
+    if kind == "vit":
+        import timm
+
+        config = dict(layered.library_config)
+        library = timm.create_model(config.pop("model_name"), pretrained=False, **config)
+    else:  # the task model's own class and configuration
+        library = type(layered.model)(layered.model.config)
+    ours = dict(layered.model.named_parameters())
+    base = {library_name(n): p.detach() for n, p in ours.items() if n not in layered.adapters}
+    missing = library.load_state_dict(base, strict=False).missing_keys
+    assert all(library.get_parameter(m) is library.get_input_embeddings().weight for m in missing)  # a tied head
+    twin = get_peft_model(library, layered.adapter_config)
+    theirs = dict(twin.base_model.model.named_parameters())
+    with torch.no_grad():
+        for name in layered.adapters:
+            theirs[name].copy_(ours[name])
+    for name, p in theirs.items():
+        p.requires_grad_(name not in layered.fixed)
+    trained = [p for p in theirs.values() if p.requires_grad]
+    o = pc.OPTIM
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in trained if p.ndim > 1], "weight_decay": o.weight_decay},
+            {"params": [p for p in trained if p.ndim <= 1], "weight_decay": 0.0},
+        ],
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+    )
+    frozen = {name for u in range(lc.FROZEN) for name in layered.unit_param_names(u)}
+    twin.train()
+    losses = []
+    for step in range(lc.STEPS):
+        if step == lc.FREEZE_AT:
+            for name in layered.adapters & frozen:
+                theirs[name].requires_grad_(False)
+        loss = pc.textbook_loss(twin, kind, pc.batch(kind, step))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in trained if p.grad is not None], pc.CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(tmp_path):
+    lc.launch(lc.KINDS, tmp_path)
+    for kind in lc.KINDS:
+        want = peft_losses(kind)
+        for rank in (0, 1):
+            got = torch.load(tmp_path / f"{kind}.rank{rank}.pt")
+            assert got["losses"] == pytest.approx(want, rel=1e-4), kind
+            assert got["stray"] == [], kind
+        assert sum(torch.load(tmp_path / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
+
+
+LORA_RUN = [
+    "recipe=digits_vit",
+    "model.embed_dim=32",
+    "model.depth=2",
+    "model.num_heads=2",
+    "train.max_steps_per_epoch=6",
+    "train.global_batch_size=16",
+    "adapter=lora",
+    "freeze.policy=schedule",
+    "cache.min_frozen_units=1",
+    "auto.cache=true",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_another_layout(tmp_path):
+    """`ptrun train adapter=lora` as a 2-stage pipeline that freezes a block after the first epoch (AutoPipe
+    repacks it, AutoDP widens, AutoCache serves the frozen prefix): the start line says how many parameters
+    train, the checkpoints hold the adapters and the head only, a resume on one worker goes on from them, and
+    the export loads with peft alone onto the base model built from the run's own initial values."""
+    from safetensors import safe_open
+
+    from conftest import run_events, run_ptrun
+
+    run = tmp_path / "run"
+    first = [*LORA_RUN, "train.epochs=2", "freeze.blocks=[0,1]", "launcher.nproc_per_node=2", "pipe.length=2"]
+    out = run_ptrun("train", *first, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    start = run_events(run, "start")[0]
+    assert 0 < start["trainable_params"] < start["params"] / 2
+    assert f"{start['trainable_params'] / 1e6:.3f} M trained" in out.stdout
+    plans = run_events(run, "plan")
+    assert (plans[0]["pp"], plans[-1]["frozen_units"], plans[-1]["cached_units"]) == (2, 3, 3)
+    ckpt = sorted((run / "checkpoints").iterdir())[-1]
+    saved = set()
+    for f in ckpt.glob("params-stage*.safetensors"):
+        with safe_open(str(f), framework="pt") as handle:
+            saved |= set(handle.keys())
+    optim = {n for f in ckpt.glob("optim-stage*.pt") for n in torch.load(f, weights_only=True)}
+    assert saved and all(".lora_" in n or n.startswith("head.") for n in saved), sorted(saved)
+    assert optim and optim <= saved and not any(n.startswith("blocks.0.") for n in optim)  # block 0 froze
+    again = [*LORA_RUN, "train.epochs=3", "freeze.blocks=[0,1,1]", "launcher.nproc_per_node=1", "pipe.length=1"]
+    out = run_ptrun("train", *again, "train.resume=true", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len({e["epoch"] for e in run_events(run, "epoch")}) == 3  # the third epoch on from the checkpoint
+    import timm
+    from peft import PeftModel
+
+    options = json.loads((run / "model" / "config.json").read_text())  # the export says how to build the base
+    loaded = PeftModel.from_pretrained(timm.create_model(options.pop("model_name"), **options), run / "model")
+    final = sorted((run / "checkpoints").iterdir())[-1]
+    trained = {}
+    for f in final.glob("params-stage*.safetensors"):
+        with safe_open(str(f), framework="pt") as handle:
+            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    theirs = dict(loaded.base_model.model.named_parameters())
+    adapters = [n for n in trained if ".lora_" in n]
+    assert adapters and all(torch.equal(theirs[n], trained[n]) for n in adapters)
+    assert torch.equal(theirs["head.modules_to_save.default.weight"], trained["head.weight"])
