@@ -102,3 +102,24 @@ def worker(kinds: list[str], out_dir: str) -> None:
 
 def launch(kinds: list[str], out_dir: Path) -> None:
     pc.run_elastic(worker, 2, "lora", list(kinds), str(out_dir))
+
+
+def peft_twin(layered, library):
+    """`library` with ptrun's values, wrapped by peft's `get_peft_model` in the same LoraConfig; its task head
+    trains as ptrun's does."""
+    from peft import get_peft_model
+
+    from ptrun.models.adapters import library_name
+
+    ours = dict(layered.model.named_parameters())
+    base = {library_name(n): p for n, p in ours.items() if n not in layered.adapters}
+    missing = library.load_state_dict(base, strict=False).missing_keys
+    assert all(library.get_parameter(m) is library.get_input_embeddings().weight for m in missing)  # a tied head
+    twin = get_peft_model(library, layered.adapter_config)
+    theirs = dict(twin.base_model.model.named_parameters())
+    with torch.no_grad():
+        for name in layered.adapters:
+            theirs[name].copy_(ours[name])
+    for name, p in theirs.items():
+        p.requires_grad_(name not in layered.fixed)
+    return twin

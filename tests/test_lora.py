@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hf_families import VOCAB, auto_class, tiny_config
+from lora_cases import peft_twin
 from ptrun.auto.autodp import set_frozen
 from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
 from ptrun.models import build_model
@@ -50,25 +51,6 @@ def lora_model(kind: str, task: str, adapter: AdapterConfig = LORA, seed: int = 
         ModelConfig(name=kind, task=task), num_classes=3, library_config=tiny_config(kind), adapter=adapter
     )
     return layered, auto_class(task).from_config(tiny_config(kind))
-
-
-def peft_twin(layered, library):
-    """`library` with ptrun's values, wrapped by peft's `get_peft_model` in the same LoraConfig; its task head
-    trains as ptrun's does."""
-    from peft import get_peft_model
-
-    ours = dict(layered.model.named_parameters())
-    base = {library_name(n): p for n, p in ours.items() if n not in layered.adapters}
-    missing = library.load_state_dict(base, strict=False).missing_keys
-    assert all(library.get_parameter(m) is library.get_input_embeddings().weight for m in missing)  # a tied head
-    twin = get_peft_model(library, layered.adapter_config)
-    theirs = dict(twin.base_model.model.named_parameters())
-    with torch.no_grad():
-        for name in layered.adapters:
-            theirs[name].copy_(ours[name])
-    for name, p in theirs.items():
-        p.requires_grad_(name not in layered.fixed)
-    return twin
 
 
 def batches(kind: str, task: str, steps: int = STEPS):

@@ -12,13 +12,11 @@ import torch
 
 import lora_cases as lc
 import pipeline_cases as pc
-from ptrun.models.adapters import library_name
 
 
 def peft_losses(kind: str) -> list[float]:
     """The same 20 steps with peft on the library model, in this process: AdamW as ptrun configures it
     (decay on matrices only), the global-norm clip, the first units' adapters frozen after FREEZE_AT."""
-    from peft import get_peft_model
 
     layered = lc.lora_model(kind)
     if kind == "vit":
@@ -28,17 +26,8 @@ def peft_losses(kind: str) -> list[float]:
         library = timm.create_model(config.pop("model_name"), pretrained=False, **config)
     else:  # the task model's own class and configuration
         library = type(layered.model)(layered.model.config)
-    ours = dict(layered.model.named_parameters())
-    base = {library_name(n): p.detach() for n, p in ours.items() if n not in layered.adapters}
-    missing = library.load_state_dict(base, strict=False).missing_keys
-    assert all(library.get_parameter(m) is library.get_input_embeddings().weight for m in missing)  # a tied head
-    twin = get_peft_model(library, layered.adapter_config)
+    twin = lc.peft_twin(layered, library)
     theirs = dict(twin.base_model.model.named_parameters())
-    with torch.no_grad():
-        for name in layered.adapters:
-            theirs[name].copy_(ours[name])
-    for name, p in theirs.items():
-        p.requires_grad_(name not in layered.fixed)
     trained = [p for p in theirs.values() if p.requires_grad]
     o = pc.OPTIM
     optimizer = torch.optim.AdamW(
