@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The oldest and the newest torch / transformers that pyproject.toml allows, each in a venv of its own: the fast
-# test tier and one short 2-worker `ptrun train` of each model family (ViT, encoder, decoder; the decoder also
-# with LoRA through peft). Exits non-zero
-# if anything fails on either pair (every step still runs, so the log shows all failures at once).
+# tests of the parts that call the libraries, and one short 2-worker `ptrun train` of each model family (ViT,
+# encoder, decoder; the decoder also with LoRA through peft). Exits non-zero if anything fails on either pair
+# (every step still runs, so the log shows all failures at once).
 #
 #   bash scripts/compat.sh              # both pairs
 #   bash scripts/compat.sh oldest       # one pair by name
@@ -108,6 +108,16 @@ step() {
   fi
 }
 
+# The fast tests that call torch, transformers, timm, peft and datasets themselves (models, adapters, compiled
+# units, precision, the pipeline's and PipeDream's stages, data, checkpoints, the hub): what a version changes.
+# The rest of the fast tier (config, planner, simulator, reports, docs) is pure Python over these parts, and the
+# main run covers it; the short trainings below cover the workers end to end on each pair.
+library_tests=(
+  tests/test_models.py tests/test_families.py tests/test_model_names.py tests/test_model_step.py tests/test_lora.py
+  tests/test_compiled.py tests/test_precision.py tests/test_pipedream.py tests/test_checkpoint.py tests/test_cache.py
+  tests/test_data.py tests/test_hf_data.py tests/test_text_data.py tests/test_packaged_text.py tests/test_hub.py
+)
+
 run_pair() {
   local name=$1; shift
   local t0=$SECONDS venv local
@@ -124,7 +134,8 @@ pins = dict(p.split("==") for p in sys.argv[1:])
 got = {"torch": torch.__version__, "torchvision": torchvision.__version__, "transformers": transformers.__version__}
 bad = [f"{k} {got[k]} (wanted {v})" for k, v in pins.items() if got[k].split("+")[0] != v]
 sys.exit(f"not the pinned versions: {bad}" if bad else 0)' "$@"
-  step "$name: fast tests" bash -c 'cd "$1" && exec "$2" -m pytest -q -m "not slow" -p no:cacheprovider' _ "$repo" "$py"
+  step "$name: fast tests of the libraries' parts" bash -c 'cd "$1" && shift 2 && exec "$0" -m pytest -q -m "not slow" \
+    -p no:cacheprovider "$@"' "$py" "$repo" _ "${library_tests[@]}"
   step "$name: train digits_vit (ViT)" "$ptrun" train recipe=digits_vit train.epochs=1 train.max_steps_per_epoch=8 \
     "hydra.run.dir=$out/vit"
   step "$name: train bbc_news_bert (encoder)" "$ptrun" train train.epochs=1 train.max_steps_per_epoch=4 \

@@ -122,6 +122,7 @@ def test_a_layout_needs_a_trained_variant_a_unit_shape_and_a_freeze_adds_few():
     assert set(cached) <= set(frozen)
 
 
+@pytest.mark.slow  # two whole `ptrun train` runs
 def test_a_run_says_its_decision_and_does_what_it_says(tmp_path):
     """`train.compile=auto` on the CPU, where a compiled step saves nothing by default: the run decides at its
     start, with no step time known, and says so; the `compile` event carries the same decision, no unit was
