@@ -154,7 +154,7 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
     from ptrun.launch import Diverged, LaunchFailed, MachineFault, Stopped, launch
     from ptrun.rendezvous import check_rendezvous
-    from ptrun.sim.fill import fill_layout
+    from ptrun.layout.fill import fill_layout
     from ptrun.worker_server import start_worker_server
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))

@@ -183,7 +183,7 @@ def settle(
        every value as it is used.
 
     `pipe.length=auto` and an unset `pipe.microbatches` need the devices' memory: the launcher fills them before
-    the workers start (`ptrun.sim.fill.fill_layout`)."""
+    the workers start (`ptrun.layout.fill.fill_layout`)."""
     note = None
     if env is not None:
         explicit = explicit_fields(overrides)

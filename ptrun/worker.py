@@ -173,10 +173,10 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
 
 
 def planner_memory(cfg):
-    """The planner's per-unit memory for the run's model (`ptrun.sim.fill.fit_memory`), which the trainer
+    """The planner's per-unit memory for the run's model (`ptrun.layout.fill.fit_memory`), which the trainer
     checks a layout change against; None for a model the planner cannot size."""
-    from ptrun.sim.config_costs import costs_from_config
-    from ptrun.sim.fill import fit_memory
+    from ptrun.costs.from_config import costs_from_config
+    from ptrun.layout.fill import fit_memory
 
     try:
         return fit_memory(costs_from_config(cfg.model, cfg.data), cfg)

@@ -17,9 +17,9 @@ from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.parallel.partition import even_bounds
+from ptrun.layout.partition import even_bounds
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import LossScaler, compute_dtype
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3

@@ -66,7 +66,7 @@ def with_test_recipe(overrides: list[str] | tuple[str, ...]) -> list[str]:
 def compose_config(overrides: list[str], run_dir: Path) -> PtrunConfig:
     """The config `ptrun train` would launch: composed, its layout's `auto` values filled as the launcher fills
     them."""
-    from ptrun.sim.fill import fill_layout
+    from ptrun.layout.fill import fill_layout
 
     return fill_layout(compose(with_test_recipe(overrides), run_dir=run_dir, recipe="test"))[0]
 

@@ -16,9 +16,9 @@ from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.config import AdapterConfig, ModelConfig
 from ptrun.models import build_model
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
-from ptrun.parallel.partition import even_bounds
+from ptrun.layout.partition import even_bounds
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
 LORA = AdapterConfig(name="lora", r=4, alpha=8.0)

@@ -21,7 +21,7 @@ from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.config import OptimConfig
 from ptrun.parallel.pipedream import backwards_due
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 
 CPU = torch.device("cpu")

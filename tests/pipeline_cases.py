@@ -21,7 +21,7 @@ from ptrun.config import ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
 from ptrun.parallel.flushing import flushing_runtime
-from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.optim import build_optimizer
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import pipeline_cases as pc
 from ptrun.config import OptimConfig
 from ptrun.auto.autodp import Builder, build_layout, optimizer_state_by_name
-from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.precision import LossScaler
 from ptrun.train.state import TrainState

@@ -20,7 +20,7 @@ from conftest import TINY, compose_config, final_params, run_ptrun, write_config
 from ptrun.auto.autodp import Builder, build_layout, change_layout
 from ptrun.models.losses import WeightedLoss, make_target
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3  # the embedding and the first block freeze in place at step 10
 

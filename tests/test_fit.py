@@ -9,7 +9,7 @@ import torch
 
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
 from ptrun.models import build_model
-from ptrun.parallel.fit import (
+from ptrun.layout.fit import (
     UnitMemory,
     check_fits,
     choose_length,
@@ -151,7 +151,7 @@ def test_auto_length_refuses_explicit_stages():
 
 
 def test_a_plans_stages_are_priced_and_one_that_does_not_fit_is_named():
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
 
     # K = 2 over 4 workers (DP 2): 16 samples a replica, M = 4, GPipe keeps all 4 micro-batches in flight
     plan = Plan(
@@ -189,7 +189,7 @@ def test_the_launcher_fills_the_length_and_micro_batches_from_the_stand_in():
     fits a device (K = 1, M = 1); a device of 64 KiB fits no layout, named in one error; an explicit length
     keeps its value and gets the micro-batches that follow it; nothing `auto` comes back as it was."""
     from ptrun.compose import compose
-    from ptrun.sim.fill import fill_layout
+    from ptrun.layout.fill import fill_layout
 
     digits = compose(["recipe=digits_vit", "launcher.nproc_per_node=2"])
     assert (digits.pipe.length, digits.pipe.microbatches) == ("auto", None)

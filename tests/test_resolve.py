@@ -117,7 +117,7 @@ def test_the_layout_rules_are_one_function():
 
 
 def test_resolve_length_returns_a_layout_that_obeys_the_rules():
-    from ptrun.parallel.fit import UnitMemory, resolve_length
+    from ptrun.layout.fit import UnitMemory, resolve_length
 
     cfg = PtrunConfig(run_dir="")
     cfg = replace(cfg, train=replace(cfg.train, global_batch_size=30))
@@ -174,7 +174,7 @@ def test_every_field_has_a_docstring():
 
 def test_the_layers_above_take_the_names_from_the_config():
     from ptrun.auto.freeze import POLICIES, make_policy
-    from ptrun.parallel.partition import PARTITIONERS
+    from ptrun.layout.partition import PARTITIONERS
 
     assert PARTITIONERS == PARTITIONS
     assert tuple(POLICIES) == FREEZE_POLICIES

@@ -25,7 +25,7 @@ from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.pipeline import StageRuntime
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.parallel.optim import build_optimizer
 
 OptimState = dict[str, dict[str, Any]]

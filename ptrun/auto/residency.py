@@ -9,7 +9,7 @@ parameters it receives (`allocate`, then the sender's values) and empties those 
 from __future__ import annotations
 
 from ptrun.models.lazy import is_empty, release, unit_names
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 
 def unit_holders(plan: Plan, unit: int) -> list[int]:

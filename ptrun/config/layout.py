@@ -6,7 +6,7 @@ refuses a job no length fits (`no_length_fits`).
 
 Called by the config's validation (`check_layout`, where the world size is known before the start: one
 machine), and once more only where a value becomes known later: the values the launcher fills
-(`ptrun.parallel.fit.resolve_length`, through `ptrun.sim.fill`: `check_concrete`), or on several machines in
+(`ptrun.layout.fit.resolve_length`, through `ptrun.layout.fill`: `check_concrete`), or on several machines in
 the workers, the world size the rendezvous counted (`check_concrete`, `ptrun.train.startup.check_world`); in
 `ptrun plan`, the world size of
 a cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a layout the

@@ -168,7 +168,7 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
     from ptrun.auto.autodp import Builder, build_layout, set_frozen
     from ptrun.auto.counts import frozen_units_for_blocks
     from ptrun.models.layered import run_units
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
     from ptrun.parallel.profile import profile_units
     from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
 

@@ -17,7 +17,7 @@ from ptrun.auto.residency import held_units, release_unheld, unheld_bytes
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler
 from ptrun.models.lazy import init_units
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.train import faults
 from ptrun.train.compiling import Compiling
 from ptrun.train.feed import Feed

@@ -24,12 +24,12 @@ from ptrun.data.splits import DataSplits
 from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
-from ptrun.parallel import microtune
-from ptrun.parallel.tuning import Tuning, cache_fields, tune
+from ptrun.layout import microtune
+from ptrun.layout.tuning import Tuning, cache_fields, tune
 from ptrun.parallel.compiled import make_compiler
-from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
-from ptrun.parallel.partition import partition
-from ptrun.parallel.plan import Plan
+from ptrun.layout.first import NEEDS_PROFILE, starting_micro_batch
+from ptrun.layout.partition import partition
+from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
@@ -92,13 +92,13 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
 
 def check_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
     """The one value of the layout a launch cannot know: on several machines, the world size the rendezvous
-    counted. The layout the launcher filled (`ptrun.sim.fill`) or the user wrote is checked against it here
+    counted. The layout the launcher filled (`ptrun.layout.fill`) or the user wrote is checked against it here
     (`check_concrete`; on one machine the launcher checked it already), and a per-pipeline batch the launcher
     could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of that world."""
     if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
         raise ConfigError(
             "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
-            "(ptrun.sim.fill.fill_layout, which ptrun train runs)"
+            "(ptrun.layout.fill.fill_layout, which ptrun train runs)"
         )
     cfg = fill_batch(cfg, world_size)
     if parse_nnodes(cfg.launcher.nnodes)[1] > 1:

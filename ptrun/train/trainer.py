@@ -26,9 +26,9 @@ import torch.distributed as dist
 from ptrun.auto.controller import Decide, Decisions
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
-from ptrun.parallel.fit import UnitMemory, device_budget, state_copies
+from ptrun.layout.fit import UnitMemory, device_budget, state_copies
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import LossScaler
 from ptrun.train import checkpointing, faults, room, startup, stats
 from ptrun.train.checkpointing import Checkpoints

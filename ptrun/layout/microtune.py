@@ -17,7 +17,7 @@ wins and M = K is fastest; on GPUs a larger M shrinks the bubble). So ptrun meas
 - `choose` (pure): the fastest M per K; within `TIE` of the fastest the fewer micro-batches win (fewer
   schedule actions and sends, larger and more efficient kernels; the difference is noise anyway), with a
   one-line reason.
-- `ptrun.parallel.tuning` runs them: `tune` reads the measured times from its disk cache (a model is measured
+- `ptrun.layout.tuning` runs them: `tune` reads the measured times from its disk cache (a model is measured
   once per machine) or measures them, then chooses.
 """
 
@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config import ConfigError, schedule_problem
-from ptrun.parallel.microbatches import batch_sizes, pick_microbatches
-from ptrun.parallel.plan import Plan
+from ptrun.layout.microbatches import batch_sizes, pick_microbatches
+from ptrun.layout.plan import Plan
 
 
 MULTIPLES = range(1, 7)

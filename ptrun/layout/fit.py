@@ -26,8 +26,8 @@ from ptrun.config import (
 )
 from ptrun.config.layout import auto_lengths, batch_at, fill_batch, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
-from ptrun.parallel.microbatches import pick_microbatches
-from ptrun.parallel.partition import partition, stage_sums
+from ptrun.layout.microbatches import pick_microbatches
+from ptrun.layout.partition import partition, stage_sums
 
 DEVICE_SHARE = "90%"
 """What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from ptrun.config import PARTITIONS, ConfigError
-from ptrun.parallel.plan import even_bounds
+from ptrun.layout.plan import even_bounds
 
 Bounds = tuple[tuple[int, int], ...]
 

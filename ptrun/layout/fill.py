@@ -2,7 +2,7 @@
 numbers, so the config the workers read (and the run directory's config.yaml) holds what the run trains with.
 
 As `ptrun plan` does, nothing is built or measured: the planner's stand-in gives each unit's memory from the
-model's analytic sizes (`ptrun.sim.costs`), and the devices the workers will use give the budget (a GPU's
+model's analytic sizes (`ptrun.costs.units`), and the devices the workers will use give the budget (a GPU's
 memory from NVML, or the host's memory shared by its workers). What remains for the workers is the world size a
 rendezvous of several machines counts: they check the filled layout against it
 (`ptrun.train.startup.check_world`)."""
@@ -14,25 +14,25 @@ import os
 from ptrun.config import LauncherConfig, PtrunConfig, parse_nnodes
 from ptrun.config.gpus import visible_gpu_memory_without_torch
 from ptrun.config.launcher import visible_gpus, workers_per_node
-from ptrun.sim.config_costs import costs_from_config
-from ptrun.sim.costs import ModelCosts
+from ptrun.costs.from_config import costs_from_config
+from ptrun.costs.units import ModelCosts
 
 ACTIVATION_PER_OUTPUT = 6.0
 """Bytes autograd keeps per byte of a unit's output, for the planner (which measures nothing). Measured with
-`ptrun.parallel.fit.measure_unit_memory` on the digits ViT: 4.4-7.6 for its attention and MLP halves."""
+`ptrun.layout.fit.measure_unit_memory` on the digits ViT: 4.4-7.6 for its attention and MLP halves."""
 
 
 def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
     """The planner's per-unit memory: float32 parameters, gradients and optimizer state from the analytic
     sizes; activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
-    from ptrun.parallel.fit import UnitMemory, state_copies
+    from ptrun.layout.fit import UnitMemory, state_copies
 
     copies = state_copies(cfg.optim.name)
     return UnitMemory([4.0 * copies * n for n in costs.params], [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 
 def device_bytes(lc: LauncherConfig) -> int:
-    """What one device of this machine holds, as the workers' `ptrun.parallel.fit.device_budget` counts it: the
+    """What one device of this machine holds, as the workers' `ptrun.layout.fit.device_budget` counts it: the
     smallest visible GPU's memory where the workers use CUDA, else the host's memory shared by this machine's
     workers (`launcher.nproc_per_node`)."""
     if visible_gpus(lc):
@@ -47,11 +47,11 @@ def device_bytes(lc: LauncherConfig) -> int:
 
 def fill_layout(cfg: PtrunConfig, costs: ModelCosts | None = None):
     """`cfg` with `pipe.length` and `pipe.microbatches` made numbers for the job the launcher starts
-    (`ptrun.parallel.fit.resolve_length`, on the stand-in's memory, `costs` or the config's), and the choice
+    (`ptrun.layout.fit.resolve_length`, on the stand-in's memory, `costs` or the config's), and the choice
     when K was chosen (None otherwise; `cfg` itself when nothing is `auto`). The world is the machines the
     launcher waits for at least, times the workers of each (`launcher.nproc_per_node`). ConfigError when no
     layout fits."""
-    from ptrun.parallel.fit import memory_budget, resolve_length
+    from ptrun.layout.fit import memory_budget, resolve_length
 
     from ptrun.config.layout import fill_batch
 

@@ -1,0 +1,14 @@
+"""The layout: where each unit of the model runs, and every decision of it.
+
+- `plan`: `Plan`, one layout as a small immutable value, and which ranks hold a unit (`unit_holders`);
+- `partition`: the partitioners, one table from `pipe.partition` to its function;
+- `microbatches`: M, the micro-batch count, by AutoPipe's table and the schedule's rules;
+- `fit`: K for `pipe.length=auto`, the shortest pipeline whose largest stage fits a device's memory;
+- `fill`: the layout the launcher fills before any worker starts (the model's analytic costs, this machine's
+  devices), and the one entry every caller goes through (`settle`);
+- `first`: the first plan of a run, from `pipe.*` and the model's units;
+- `microtune`, `tuning`: `pipe.microbatches=auto`, the micro-batch counts timed on the runtime the caller
+  builds, and their disk cache;
+- `autopipe`: the next plan after a freeze (AutoPipe).
+
+It imports no runtime: the timing takes a factory of runtimes, and the costs sit below it (`ptrun.costs`)."""
