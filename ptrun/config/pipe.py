@@ -48,7 +48,8 @@ SCHEDULE_SPECS: dict[str, Schedule] = {
 SCHEDULES = tuple(SCHEDULE_SPECS)
 """`pipe.schedule`."""
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
-"""`pipe.partition`; the partitioners (`ptrun.layout.partition.PARTITIONERS`) are these."""
+"""`pipe.partition`: the keys of the partitioners' table (`ptrun.layout.partition.PARTITIONERS`), a layer above the
+schema; a test holds the two equal."""
 
 
 @dataclass

@@ -13,10 +13,6 @@ from ptrun.layout.plan import Plan
 if TYPE_CHECKING:  # the profile is measured with the runtimes' tools, above the layout
     from ptrun.parallel.profile import UnitProfile
 
-NEEDS_PROFILE = ("time", "pipedream")
-"""Partitioners that balance measured time rather than parameter size."""
-
-
 def param_costs(layered: LayeredModel) -> list[float]:
     """Parameter elements per unit (a tied weight counts on every unit holding a copy: each copy costs
     memory and optimizer work where it lives), from the shapes: a worker keeps only its own units' tensors."""

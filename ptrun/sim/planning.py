@@ -13,7 +13,8 @@ from ptrun.auto.freeze import POLICIES
 from ptrun.auto.freeze_policy import SIGNALS
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
-from ptrun.layout.first import NEEDS_PROFILE, starting_micro_batch
+from ptrun.layout.first import starting_micro_batch
+from ptrun.layout.partition import NEEDS_PROFILE
 from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
 from ptrun.costs.units import ModelCosts

@@ -27,8 +27,8 @@ from ptrun.models.losses import WeightedLoss
 from ptrun.layout import microtune
 from ptrun.layout.tuning import Tuning, cache_fields, tune
 from ptrun.parallel.compiled import make_compiler
-from ptrun.layout.first import NEEDS_PROFILE, starting_micro_batch
-from ptrun.layout.partition import partition
+from ptrun.layout.first import starting_micro_batch
+from ptrun.layout.partition import NEEDS_PROFILE, partition
 from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
