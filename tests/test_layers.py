@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
 LAYERS = ("report", "models", "data", "costs", "layout", "parallel", "auto", "train", "sim", "bench")
 """Bottom first: a module in one of these packages imports from its own layer or lower ones only."""
-BASE = ("ptrun.compat", "ptrun.errors", "ptrun.installed", "ptrun.config", "ptrun.compose")
+BASE = ("ptrun.compat", "ptrun.errors", "ptrun.installed", "ptrun.config")
 """Below every layer: each (a module, or a package with its modules) imports only from itself and the ones
 before it in this list."""
 

@@ -207,7 +207,7 @@ def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
     from ptrun.sim.simulate import plan_epochs
 
     from ptrun.compose import compose
-    from ptrun.config.layout import fill_batch
+    from ptrun.layout.fill import fill_batch
 
     def plans(*extra):  # the paper's start: two machines of 8 GPUs, the first pipeline 8 long
         cfg = compose(

@@ -70,7 +70,7 @@ machine it starts on)."""
 def paper_config(recipe: str, tmp_path, *extra: str):
     """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline 8 long, the global batch
     of its two pipelines (`ptrun plan` fills it so for `cluster=paper`)."""
-    from ptrun.config.layout import fill_batch
+    from ptrun.layout.fill import fill_batch
 
     cfg = compose(
         with_test_recipe(

@@ -155,10 +155,9 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
 
 def soak_config(overrides: list[str], run_dir: Path):
     """The resolved config `ptrun train OVERRIDES` would run."""
-    from ptrun.compose import compose
-    from ptrun.layout.fill import fill_layout
+    from ptrun.compose import compose, for_launch
 
-    return fill_layout(compose(overrides, run_dir=run_dir, recipe="soak"))[0]
+    return for_launch(compose(overrides, run_dir=run_dir, recipe="soak"))[0]
 
 
 def watch(into: list, stop: threading.Event, every: float = 0.5) -> None:

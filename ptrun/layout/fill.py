@@ -1,19 +1,24 @@
-"""The layout a launch fills in before any worker starts: `pipe.length=auto` and an unset micro-batch count made
-numbers, so the config the workers read (and the run directory's config.yaml) holds what the run trains with.
+"""The layout's one entry, `resolve(cfg, world, devices)`: a config's layout made concrete for `world` workers
+(the global batch from a per-pipeline one; with `devices`, `pipe.length=auto` chosen by memory and an unset
+micro-batch count following K) and checked against the layout rules where that world is new. The launcher
+(`ptrun.compose.for_launch`), `ptrun plan` (`ptrun.sim.planning.plannable`) and the workers' world check
+(`ptrun.compose.for_world`) all call it.
 
-As `ptrun plan` does, nothing is built or measured: the planner's stand-in gives each unit's memory from the
-model's analytic sizes (`ptrun.costs.units`), and the devices the workers will use give the budget (a GPU's
-memory from NVML, or the host's memory shared by its workers). What remains for the workers is the world size a
-rendezvous of several machines counts: they check the filled layout against it
-(`ptrun.train.startup.check_world`)."""
+Before any worker starts nothing is built or measured: the planner's stand-in gives each unit's memory from the
+model's analytic sizes (`ptrun.costs`), and the devices the workers will use give the budget (a GPU's memory
+from NVML, or the host's memory shared by its workers): `this_machine`."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
+from typing import Any, Optional
 
-from ptrun.config import LauncherConfig, PtrunConfig, parse_nnodes
+from ptrun.config import LauncherConfig, PtrunConfig, check_concrete, data_parallel_width
 from ptrun.config.gpus import visible_gpu_memory_without_torch
 from ptrun.config.launcher import visible_gpus, workers_per_node
+from ptrun.config.layout_rules import batch_at, width_problem
+from ptrun.config.rules import require
 from ptrun.costs.from_config import costs_from_config
 from ptrun.costs.units import ModelCosts
 
@@ -22,10 +27,19 @@ ACTIVATION_PER_OUTPUT = 6.0
 `ptrun.layout.fit.measure_unit_memory` on the digits ViT: 4.4-7.6 for its attention and MLP halves."""
 
 
+@dataclass(frozen=True)
+class Devices:
+    """What `pipe.length=auto` and an unset micro-batch count are chosen on: the bytes one device offers a
+    stage, and the model's per-unit memory (`ptrun.layout.fit.UnitMemory`; None where K is given)."""
+
+    budget: int
+    memory: Optional[Any] = None
+
+
 def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
     """The planner's per-unit memory: float32 parameters, gradients and optimizer state from the analytic
     sizes; activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
-    from ptrun.layout.fit import UnitMemory, state_copies
+    from ptrun.layout.fit import UnitMemory, state_copies  # torch: only where K is chosen
 
     copies = state_copies(cfg.optim.name)
     return UnitMemory([4.0 * copies * n for n in costs.params], [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
@@ -45,24 +59,64 @@ def device_bytes(lc: LauncherConfig) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // workers_per_node(lc)
 
 
-def fill_layout(cfg: PtrunConfig, costs: ModelCosts | None = None):
-    """`cfg` with `pipe.length` and `pipe.microbatches` made numbers for the job the launcher starts
-    (`ptrun.layout.fit.resolve_length`, on the stand-in's memory, `costs` or the config's), and the choice
-    when K was chosen (None otherwise; `cfg` itself when nothing is `auto`). The world is the machines the
-    launcher waits for at least, times the workers of each (`launcher.nproc_per_node`). ConfigError when no
-    layout fits."""
-    from ptrun.layout.fit import memory_budget, resolve_length
+def this_machine(cfg: PtrunConfig, costs: ModelCosts | None = None) -> Devices:
+    """The devices of the machine that launches: with `pipe.length=auto`, the stand-in's memory (`costs`, else
+    the config's) and the budget one device offers it; otherwise nothing to weigh."""
+    if cfg.pipe.length != "auto":
+        return Devices(0)
+    from ptrun.layout.fit import memory_budget
 
-    from ptrun.config.layout import fill_batch
+    memory = fit_memory(costs or costs_from_config(cfg.model, cfg.data), cfg)
+    return Devices(memory_budget(cfg.device.memory, device_bytes(cfg.launcher)), memory)
 
-    pipe, lc = cfg.pipe, cfg.launcher
-    fewest, most = parse_nnodes(lc.nnodes)
-    world = fewest * workers_per_node(lc)
-    if pipe.length != "auto" and pipe.microbatches is not None:
-        # a per-pipeline batch becomes the global one where the world is known (else the workers fill it)
-        return (fill_batch(cfg, world) if fewest == most else cfg), None
-    memory = None
+
+def fill_batch(cfg: PtrunConfig, world: int) -> PtrunConfig:
+    """`cfg` with `train.global_batch_size` filled from `train.pipeline_batch_size` for its integer
+    `pipe.length` on `world` workers (whose width rule it must pass); `cfg` itself when the global batch is
+    given."""
+    t = cfg.train
+    if t.global_batch_size is not None:
+        return cfg
+    problem = width_problem(cfg.pipe, world)
+    if problem:
+        require(False, *problem)
+    return replace(cfg, train=replace(t, global_batch_size=batch_at(t, data_parallel_width(cfg.pipe, world))))
+
+
+def resolve(cfg: PtrunConfig, world: int, devices: Devices | None = None, *, check: bool = False):
+    """`cfg`'s layout for `world` workers, and the choice when K was chosen (`ptrun.layout.fit.LengthChoice`;
+    else None):
+
+    - with `devices`, `pipe.length=auto` chosen by memory (`choose_length`) and an unset `pipe.microbatches`
+      from the length (`follow_microbatches`), the global batch from `train.pipeline_batch_size` at that
+      length (`fill_batch`); the layout it fills is checked here (`check_concrete`, the rules the config's
+      validation applies to a layout the user writes), so nothing needs validating again;
+    - otherwise the global batch at the config's K (`fill_batch`), and every layout rule where `check` (a
+      world the config's validation did not see: several machines).
+
+    `pipe.microbatches=auto` stays for the trainer to measure. ConfigError naming the key when the layout
+    breaks a rule or no layout fits."""
+    pipe = cfg.pipe
+    if devices is None or (pipe.length != "auto" and pipe.microbatches is not None):
+        cfg = fill_batch(cfg, world)
+        if check:
+            check_concrete(cfg.pipe, world, cfg.train.global_batch_size)
+        return cfg, None
+    from ptrun.layout.fit import choose_length, follow_microbatches  # torch: only where K or M is chosen
+
+    choice = None
     if pipe.length == "auto":
-        memory = fit_memory(costs or costs_from_config(cfg.model, cfg.data), cfg)
-    budget = memory_budget(cfg.device.memory, device_bytes(lc)) if memory is not None else 0
-    return resolve_length(cfg, None, (), world, budget, memory=memory)
+        choice = choose_length(devices.memory, cfg, world, devices.budget)
+        pipe = replace(
+            pipe,
+            length=choice.length,
+            microbatches=choice.microbatches if pipe.microbatches is None else pipe.microbatches,
+        )
+    cfg = fill_batch(replace(cfg, pipe=pipe), world)
+    if pipe.microbatches is None:
+        dp = data_parallel_width(pipe, world)
+        pipe = replace(
+            pipe, microbatches=follow_microbatches(pipe.length, max(1, cfg.train.global_batch_size // dp), cfg)
+        )
+    check_concrete(pipe, world, cfg.train.global_batch_size)
+    return replace(cfg, pipe=pipe), choice

@@ -13,6 +13,7 @@ from ptrun.layout.plan import Plan
 if TYPE_CHECKING:  # the profile is measured with the runtimes' tools, above the layout
     from ptrun.parallel.profile import UnitProfile
 
+
 def param_costs(layered: LayeredModel) -> list[float]:
     """Parameter elements per unit (a tied weight counts on every unit holding a copy: each copy costs
     memory and optimizer work where it lives), from the shapes: a worker keeps only its own units' tensors."""
@@ -61,8 +62,8 @@ def first_plan(
     """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with
     `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`).
     `pipe` obeys the layout rules at `world_size` already: checked by the config's validation, or where the
-    launcher filled it (`ptrun.layout.fill`) or the start learnt the world size (`ptrun.train.startup.check_world`,
-    `ptrun.compose.for_cluster`)."""
+    launch filled it or the start learnt the world size (`ptrun.layout.fill.resolve`, from `ptrun.compose`'s
+    steps)."""
     microbatches = pipe.microbatches if microbatches is None else microbatches
     if not isinstance(microbatches, int):
         raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")

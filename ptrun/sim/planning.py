@@ -18,6 +18,7 @@ from ptrun.layout.partition import NEEDS_PROFILE
 from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
 from ptrun.costs.units import ModelCosts
+from ptrun.layout import fill as layout
 from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, fit_memory
 from ptrun.sim.pricing import unit_seconds
 
@@ -82,10 +83,8 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
     """`cfg` with a freeze policy that needs no gradient norms (assumption 6), and with `pipe.length=auto`
     resolved for `cluster`'s devices from `costs` (what the trainer measures, estimated: see `fit_memory`)."""
     if costs is not None and cluster is not None and (cfg.pipe.length == "auto" or cfg.pipe.microbatches is None):
-        from ptrun.layout.fit import resolve_length
-
-        cfg, _ = resolve_length(
-            cfg, None, (), cluster.world_size, device_budget(cfg, cluster), memory=fit_memory(costs, cfg)
+        cfg, _ = layout.resolve(
+            cfg, cluster.world_size, layout.Devices(device_budget(cfg, cluster), fit_memory(costs, cfg))
         )
     if cfg.freeze.policy == "pipetransformer":
         return replace(cfg, freeze=replace(cfg.freeze, policy="alpha"))

@@ -17,8 +17,7 @@ from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_layout
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.intervals import epoch_steps
-from ptrun.config import ConfigError, PtrunConfig, check_concrete, parse_nnodes
-from ptrun.config.layout import fill_batch
+from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models import build_model
@@ -88,22 +87,6 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
         cfg.pipe.vertical_sync,
         make_compiler(cfg.train, layered, device, first_sample(data, layered.input_names)) if forced else None,
     )
-
-
-def check_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
-    """The one value of the layout a launch cannot know: on several machines, the world size the rendezvous
-    counted. The layout the launcher filled (`ptrun.layout.fill`) or the user wrote is checked against it here
-    (`check_concrete`; on one machine the launcher checked it already), and a per-pipeline batch the launcher
-    could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of that world."""
-    if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
-        raise ConfigError(
-            "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
-            "(ptrun.layout.fill.fill_layout, which ptrun train runs)"
-        )
-    cfg = fill_batch(cfg, world_size)
-    if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
-        check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
-    return cfg
 
 
 def measure_profile(

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.controller import Decide, Decisions
+from ptrun.compose import for_world
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
 from ptrun.layout.fit import UnitMemory, device_budget, state_copies
@@ -56,7 +57,7 @@ class Trainer:
         start_clock: stats.StartClock | None = None,
         unit_memory: UnitMemory | None = None,
     ):
-        cfg = startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
+        cfg = for_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
         self.cfg, self.rank, self.world_size, self.device, self.unit_memory = cfg, rank, world_size, device, unit_memory
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
