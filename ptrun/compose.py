@@ -63,7 +63,6 @@ from ptrun.config.launcher import worker_threads
 from ptrun.config.training import check_compiler
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.installed import check_tracker_ready
-from ptrun.layout import fill as layout
 
 
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
@@ -228,6 +227,8 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     came to), which its workers read as they are; on one machine with an integer `pipe.length`, the global
     batch a `train.pipeline_batch_size` gives (`ptrun.layout.fill.resolve`; else the launch or the workers
     fill it once K and the world are known)."""
+    from ptrun.layout import fill as layout  # not imported by --help or a config refused before this step
+
     cfg = resolved.cfg
     lc = cfg.launcher
     check_machines(lc)
@@ -250,6 +251,8 @@ def for_launch(cfg: PtrunConfig, costs=None):
     itself when nothing is `auto`). The world is the machines the launcher waits for at least, times the
     workers of each (`launcher.nproc_per_node`); on a range of machines a per-pipeline batch waits for the
     world the workers count (`for_world`). ConfigError when no layout fits."""
+    from ptrun.layout import fill as layout
+
     pipe, lc = cfg.pipe, cfg.launcher
     fewest, most = parse_nnodes(lc.nnodes)
     if pipe.length != "auto" and pipe.microbatches is not None and fewest != most:
@@ -263,6 +266,8 @@ def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
     checked against it (on one machine the config's validation checked it already), and a per-pipeline batch
     the launch could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of
     that world (`ptrun.layout.fill.resolve`)."""
+    from ptrun.layout import fill as layout
+
     if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
         raise ConfigError(
             "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
@@ -278,6 +283,8 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     filled. The layout is checked against the cluster's world size: by the validation on one node, here on
     several (a start checks that in its workers, once the rendezvous has counted them). `pipe.length=auto` is
     chosen, and checked, by the plan itself, on the cluster's devices (`ptrun.sim.planning.plannable`)."""
+    from ptrun.layout import fill as layout
+
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
     cfg = resolve_hub_ids(cfg, full=False)

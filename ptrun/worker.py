@@ -141,7 +141,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
         # In the middle of a step or a transition: no collective can follow (the peers wait in another), so
         # the report is written and the worker ends; the peers' collectives fail on the lost connection.
         where = oom_place(e)
-        plan = trainer.plan if trainer is not None and trainer.layouts.layout is not None else None
+        plan = trainer.plan if trainer is not None and trainer.in_use.engine is not None else None
         machine.write_report(errors, rank, machine.memory_report(e, device, where, plan))
         stopped = EXIT_FAULT
     except ConfigError as e:

@@ -1,6 +1,7 @@
 """The layout: where each unit of the model runs, and every decision of it.
 
-- `plan`: `Plan`, one layout as a small immutable value, and which ranks hold a unit (`unit_holders`);
+- `plan`: `Plan`, one layout as a small immutable value;
+- `owners`: which ranks hold each unit under a plan, and what changes hands between two (AutoDP's ranks);
 - `partition`: the partitioners, one table from `pipe.partition` to its function;
 - `microbatches`: M, the micro-batch count, by AutoPipe's table and the schedule's rules;
 - `fit`: K for `pipe.length=auto`, the shortest pipeline whose largest stage fits a device's memory;

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ptrun.config import LauncherConfig, PtrunConfig, check_concrete, data_parallel_width
 from ptrun.config.gpus import visible_gpu_memory_without_torch
 from ptrun.config.launcher import visible_gpus, workers_per_node
 from ptrun.config.layout_rules import batch_at, width_problem
 from ptrun.config.rules import require
-from ptrun.costs.from_config import costs_from_config
-from ptrun.costs.units import ModelCosts
+
+if TYPE_CHECKING:
+    from ptrun.costs.units import ModelCosts
 
 ACTIVATION_PER_OUTPUT = 6.0
 """Bytes autograd keeps per byte of a unit's output, for the planner (which measures nothing). Measured with
@@ -64,6 +65,7 @@ def this_machine(cfg: PtrunConfig, costs: ModelCosts | None = None) -> Devices:
     the config's) and the budget one device offers it; otherwise nothing to weigh."""
     if cfg.pipe.length != "auto":
         return Devices(0)
+    from ptrun.costs.from_config import costs_from_config  # only where K is chosen
     from ptrun.layout.fit import memory_budget
 
     memory = fit_memory(costs or costs_from_config(cfg.model, cfg.data), cfg)

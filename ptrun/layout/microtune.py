@@ -268,7 +268,7 @@ def measure(
 ) -> dict[tuple[int, int], float]:
     """Collective over all ranks: {(K, M): seconds per step} for every K with more than one candidate.
 
-    `plan_at(K, M)` is the Plan to time (nothing frozen), `build(plan)` its Layout (groups + runtime; the
+    `plan_at(K, M)` is the Plan to time (nothing frozen), `build(plan)` its Engine (groups + runtime; the
     groups are destroyed after timing), `batches(length)` this rank's real batches at that length. Training
     state is restored afterwards: buffers, gradients (none) and the random generators
     (dropout and augmentation draw from them, so a tuned run trains exactly like an untuned one)."""
@@ -281,12 +281,12 @@ def measure(
                     continue
                 data = batches(length)
                 for m in length.microbatches:
-                    layout = build(plan_at(length.pp, m))
+                    engine = build(plan_at(length.pp, m))
                     try:
-                        costs[(length.pp, m)] = time_steps(layout.runtime, data, device)
+                        costs[(length.pp, m)] = time_steps(engine.runtime, data, device)
                     finally:
-                        layout.runtime.zero_grad()
-                        layout.groups.destroy()
+                        engine.runtime.zero_grad()
+                        engine.groups.destroy()
         finally:
             _restore(model, buffers)
     return costs

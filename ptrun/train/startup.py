@@ -1,7 +1,7 @@
-"""How a worker's trainer starts: the data, the model's units (without values), the layout checked against the
-world a rendezvous counted, what its layouts are built from, the units' profile for the time-based
-partitioners, the controller and its first layout, micro-batch tuning, and AutoCache. Each function is called
-once from `Trainer.__init__`, in this order."""
+"""How a worker's trainer starts (once `ptrun.compose.for_world` has checked the layout against the world a
+rendezvous counted): the data, the model's units (without values), what its engines are built from, the units'
+profile for the time-based partitioners, the controller and its first plan, micro-batch tuning, and AutoCache.
+Each function is called once from `Trainer.__init__`, in this order."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import AutoCache
-from ptrun.auto.autodp import Builder, build_layout
+from ptrun.auto.autodp import Builder, build_engine
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.intervals import epoch_steps
 from ptrun.config import PtrunConfig
@@ -54,7 +54,7 @@ def load_data(cfg: PtrunConfig, resume: bool) -> DataSplits:
 
 def build_units(cfg: PtrunConfig, data: DataSplits):
     """The model as layer units without values: a worker fills its own stages' units once it knows its layout
-    (`LayoutInUse.start`). The seed first: identical per-unit initial values on every rank."""
+    (`PlanInUse.start`). The seed first: identical per-unit initial values on every rank."""
     torch.manual_seed(cfg.train.seed)
     return build_model(
         cfg.model,
@@ -180,7 +180,7 @@ def tune_microbatches(
         return microtune.measure(
             lengths,
             plan_at=plan_at,
-            build=partial(build_layout, builder),
+            build=partial(build_engine, builder),
             batches=batches,
             model=layered.model,
             device=device,
