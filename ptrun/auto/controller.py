@@ -31,6 +31,7 @@ from ptrun.auto.freeze_policy import FreezePolicy
 from ptrun.auto.intervals import Positions, interval_epochs
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.layout.first import first_plan, param_costs, starting_microbatches
+from ptrun.layout.partition import REPARTITION
 from ptrun.layout.plan import Plan
 from ptrun.parallel.profile import UnitProfile
 
@@ -74,8 +75,7 @@ class Controller:
             threshold=fr.threshold,
         )
         self.param_costs = list(param_costs)
-        # An explicit layout cannot be re-derived for other stage counts: AutoPipe balances parameters then.
-        self.method = cfg.pipe.partition if cfg.pipe.partition != "explicit" else "params"
+        self.method = REPARTITION.get(cfg.pipe.partition, cfg.pipe.partition)
         self.partition_kwargs = partition_kwargs or {}
         self.start_max = starting_max(
             self.param_costs, first.pp, first.stages_per_rank, self.method, **self.partition_kwargs

@@ -365,6 +365,10 @@ PARTITIONERS: dict[str, Callable[[int, Given], Bounds]] = {
 values the config accepts (`ptrun.config.PARTITIONS`, in the schema below this layer, which a test holds equal
 to these keys)."""
 
+REPARTITION = {"explicit": "params"}
+"""The partitioner AutoPipe's later plans use where it is not `pipe.partition` itself: an explicit layout
+cannot be re-derived for other stage counts, so AutoPipe balances parameters then."""
+
 NEEDS_PROFILE = ("time", "pipedream")
 """Partitioners that balance measured time rather than parameter size: a start profiles the units for them."""
 
