@@ -22,7 +22,7 @@ def run_plan(args: list[str]) -> None:
     from ptrun.sim import costs_from_config, get_cluster, load_profile
     from ptrun.sim.report import report
     from ptrun.sim.simulate import simulate
-    from ptrun.parallel.fit import stage_bytes
+    from ptrun.layout.fit import stage_bytes
     from ptrun.sim.simulate import default_samples, device_budget, fit_memory, plan_epochs, plannable
 
     overrides, cluster_name, cluster_keys, profile, samples = [], "paper", {}, None, None

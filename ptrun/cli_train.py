@@ -21,7 +21,17 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ptrun.cli_args import fail
-from ptrun.compose import CONFIG_DIR, Resolved, entries, for_this_machine, register_schema, resolve, settle, typed
+from ptrun.compose import (
+    CONFIG_DIR,
+    Resolved,
+    entries,
+    for_launch,
+    for_this_machine,
+    register_schema,
+    resolve,
+    settle,
+    typed,
+)
 from ptrun.config import ConfigError
 from ptrun.config.launcher import visible_gpus
 from ptrun.config.paper import quick_try
@@ -154,7 +164,6 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
     from ptrun.launch import Diverged, LaunchFailed, MachineFault, Stopped, launch
     from ptrun.rendezvous import check_rendezvous
-    from ptrun.sim.fill import fill_layout
     from ptrun.worker_server import start_worker_server
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
@@ -167,7 +176,7 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
         start_worker_server(typed_cfg)
         check_rendezvous(typed_cfg.launcher)
         # The layout's `auto` values made numbers, for the workers and config.yaml (torch is imported by now).
-        typed_cfg, choice = fill_layout(typed_cfg)
+        typed_cfg, choice = for_launch(typed_cfg)
     except ConfigError as e:
         _fail_start(str(e), run_dir, created_now)
     if choice is not None:

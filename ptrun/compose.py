@@ -1,12 +1,24 @@
-"""From overrides to a config: the one place that composes `configs/train.yaml` with Hydra's compose API and
-resolves it, for `ptrun train` and `ptrun plan`, the tests and the scripts alike, and turns composition
-errors into one line.
+"""From the command line to the workers' config: every step that finishes a config, in the order they run,
+for `ptrun train` and `ptrun plan`, the tests and the scripts alike; composition errors become one line.
 
-`resolve(overrides, env)` is the part every start shares and depends on no machine: composed once, SLURM's
-layout from `env`, hub ids made local, validated, the tokenizer default filled. What depends on where the
-config runs is a named step its caller applies: `for_this_machine` (`ptrun train`: the machines, this
-machine's GPUs and tracker, `auto` filled with this machine's answers) or `for_cluster` (`ptrun plan`: the
-launcher sized to a cluster, no files read).
+1. `composed(overrides)`: Hydra composes `configs/train.yaml` with the overrides (the typed config, nothing
+   checked yet);
+2. `resolve(overrides, env)` (`settle` for a config Hydra composed for a sweep's job): SLURM's layout from
+   `env`, hub ids made local, validated, the defaults that follow other keys filled; nothing here depends on
+   the machine;
+3. where the config runs, one of:
+   - `for_this_machine` (`ptrun train`): the machines, this machine's GPUs and tracker checked, `auto` worker
+     and thread counts filled with this machine's answers, the global batch where the width is known;
+   - `for_cluster` (`ptrun plan`): the launcher sized to a cluster, no files read, the layout checked at the
+     cluster's world size (the plan chooses `pipe.length=auto` on the cluster's devices:
+     `ptrun.sim.planning.plannable`);
+4. `for_launch` (the launcher, once the rendezvous is checked): `pipe.length=auto` and an unset
+   `pipe.microbatches` made numbers on this machine's devices, from the model's analytic costs;
+5. `for_world` (each worker, once the rendezvous has counted the world): the layout checked against that world
+   on several machines, a per-pipeline batch made the global one.
+
+Every step that touches the layout goes through its one entry, `ptrun.layout.fill.resolve(cfg, world,
+devices)`; the rules it checks are the config's (`ptrun.config.layout_rules`).
 
 The yaml lives beside the package, not in it: `configs/` (the primary config and the groups `model/`, `data/`,
 `optim/`, `launcher/`) and `recipes/` (the presets chosen with `recipe=NAME`), as in torchtune. A wheel ships
@@ -14,6 +26,7 @@ both inside the package (setup.py maps them to `ptrun/configs` and `ptrun/recipe
 where no clone is.
 
     start = for_this_machine(resolve(overrides, os.environ))       # what `ptrun train` starts
+    cfg, choice = for_launch(start.cfg)                             # what its workers read
     cfg = for_cluster(overrides, nodes=2, gpus_per_node=8)          # what `ptrun plan` plans
     cfg = compose(["recipe=digits_vit", "train.epochs=5"], run_dir="runs/a")   # tests and benchmarks
     raw = compose_dict(overrides, hydra=True)                       # the DictConfig, with hydra.*
@@ -34,7 +47,6 @@ from ptrun.config import (
     PtrunConfig,
     check_devices,
     check_machines,
-    check_concrete,
     free_form_keys,
     parse_nnodes,
     schema_keys,
@@ -47,7 +59,6 @@ from ptrun.config.data import data_defaults
 from ptrun.config.freezing import cache_dtype
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.hub import resolve_hub_ids
-from ptrun.config.layout import fill_batch
 from ptrun.config.launcher import worker_threads
 from ptrun.config.training import check_compiler
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
@@ -182,8 +193,8 @@ def settle(
     4. the defaults that follow from other keys filled (`with_defaults`), so the YAML the workers read holds
        every value as it is used.
 
-    `pipe.length=auto` and an unset `pipe.microbatches` need the devices' memory: the launcher fills them before
-    the workers start (`ptrun.sim.fill.fill_layout`)."""
+    `pipe.length=auto` and an unset `pipe.microbatches` need the devices' memory: the launch fills them before
+    the workers start (`for_launch`)."""
     note = None
     if env is not None:
         explicit = explicit_fields(overrides)
@@ -214,7 +225,10 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     login or server (`check_tracker_ready`); then `launcher.nproc_per_node` and `launcher.threads_per_worker`
     filled where they are `auto`: this machine's answers (after the checks, whose messages say what `auto`
     came to), which its workers read as they are; on one machine with an integer `pipe.length`, the global
-    batch a `train.pipeline_batch_size` gives (`fill_batch`; else the workers fill it once K is known)."""
+    batch a `train.pipeline_batch_size` gives (`ptrun.layout.fill.resolve`; else the launch or the workers
+    fill it once K and the world are known)."""
+    from ptrun.layout import fill as layout  # not imported by --help or a config refused before this step
+
     cfg = resolved.cfg
     lc = cfg.launcher
     check_machines(lc)
@@ -225,8 +239,41 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     lc = replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
     cfg = replace(cfg, launcher=lc)
     if cfg.pipe.length != "auto" and parse_nnodes(lc.nnodes)[1] == 1:  # the width is known: the batch too
-        cfg = fill_batch(cfg, workers)
+        cfg, _ = layout.resolve(cfg, workers)
     return replace(resolved, cfg=cfg)
+
+
+def for_launch(cfg: PtrunConfig, costs=None):
+    """The launch's step, once the rendezvous is checked: `pipe.length=auto` and an unset micro-batch count
+    made numbers for the job the launcher starts (`ptrun.layout.fill.resolve` on this machine's devices and
+    the stand-in's memory, `costs` or the config's), so the config the workers read (and the run directory's
+    config.yaml) holds what the run trains with; and the choice when K was chosen (None otherwise; `cfg`
+    itself when nothing is `auto`). The world is the machines the launcher waits for at least, times the
+    workers of each (`launcher.nproc_per_node`); on a range of machines a per-pipeline batch waits for the
+    world the workers count (`for_world`). ConfigError when no layout fits."""
+    from ptrun.layout import fill as layout
+
+    pipe, lc = cfg.pipe, cfg.launcher
+    fewest, most = parse_nnodes(lc.nnodes)
+    if pipe.length != "auto" and pipe.microbatches is not None and fewest != most:
+        return cfg, None
+    return layout.resolve(cfg, fewest * workers_per_node(lc), layout.this_machine(cfg, costs))
+
+
+def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
+    """The workers' step, the last: the one value of the layout a launch cannot know, on several machines the
+    world size the rendezvous counted. The layout the launch filled (`for_launch`) or the user wrote is
+    checked against it (on one machine the config's validation checked it already), and a per-pipeline batch
+    the launch could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of
+    that world (`ptrun.layout.fill.resolve`)."""
+    from ptrun.layout import fill as layout
+
+    if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
+        raise ConfigError(
+            "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
+            "(ptrun.compose.for_launch, which ptrun train runs)"
+        )
+    return layout.resolve(cfg, world_size, check=parse_nnodes(cfg.launcher.nnodes)[1] > 1)[0]
 
 
 def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunConfig:
@@ -234,15 +281,16 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     launcher sized to the cluster before the checks, a hub model's config.json alone fetched (the planner
     sizes the model from it), validated without the data and weight files (a plan reads none), the defaults
     filled. The layout is checked against the cluster's world size: by the validation on one node, here on
-    several (a start checks that in its workers, once the rendezvous has counted them)."""
+    several (a start checks that in its workers, once the rendezvous has counted them). `pipe.length=auto` is
+    chosen, and checked, by the plan itself, on the cluster's devices (`ptrun.sim.planning.plannable`)."""
+    from ptrun.layout import fill as layout
+
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
-    if cfg.pipe.length != "auto":  # `auto` is chosen, and checked (its batch filled), by the plan itself
-        cfg = fill_batch(cfg, nodes * gpus_per_node)
-        if nodes > 1:
-            check_concrete(cfg.pipe, nodes * gpus_per_node, cfg.train.global_batch_size)
+    if cfg.pipe.length != "auto":
+        cfg, _ = layout.resolve(cfg, nodes * gpus_per_node, check=nodes > 1)
     return with_defaults(cfg)
 
 

@@ -141,7 +141,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
         # In the middle of a step or a transition: no collective can follow (the peers wait in another), so
         # the report is written and the worker ends; the peers' collectives fail on the lost connection.
         where = oom_place(e)
-        plan = trainer.plan if trainer is not None and trainer.layouts.layout is not None else None
+        plan = trainer.plan if trainer is not None and trainer.in_use.engine is not None else None
         machine.write_report(errors, rank, machine.memory_report(e, device, where, plan))
         stopped = EXIT_FAULT
     except ConfigError as e:
@@ -173,10 +173,10 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
 
 
 def planner_memory(cfg):
-    """The planner's per-unit memory for the run's model (`ptrun.sim.fill.fit_memory`), which the trainer
+    """The planner's per-unit memory for the run's model (`ptrun.layout.fill.fit_memory`), which the trainer
     checks a layout change against; None for a model the planner cannot size."""
-    from ptrun.sim.config_costs import costs_from_config
-    from ptrun.sim.fill import fit_memory
+    from ptrun.costs.from_config import costs_from_config
+    from ptrun.layout.fill import fit_memory
 
     try:
         return fit_memory(costs_from_config(cfg.model, cfg.data), cfg)

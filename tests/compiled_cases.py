@@ -13,13 +13,13 @@ import torch._dynamo
 import torch.distributed as dist
 
 import pipeline_cases as pc
-from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.parallel.partition import even_bounds
+from ptrun.layout.partition import even_bounds
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import LossScaler, compute_dtype
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
@@ -79,7 +79,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         schedule=case.schedule,
         stages_per_rank=per_rank,
     ).check()
-    layout = build_layout(builder, plan)
+    layout = build_engine(builder, plan)
     scaler = LossScaler(enabled=case.precision == "fp16")
     losses, frozen_grads, recompiles_after = [], [], None
     step = 0
@@ -102,7 +102,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
                 losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
         step += count
         if step == FREEZE_AT and case.freeze:
-            layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))
+            layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))
             recompiles_after = compiler.counts.snapshot() if compiler else None
     compiles_after = (
         compiler.counts.snapshot()["compiles"] - recompiles_after["compiles"] if compiler and recompiles_after else None

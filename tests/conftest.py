@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from ptrun.bench.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
-from ptrun.compose import compose
+from ptrun.compose import compose, for_launch
 from ptrun.config import PtrunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,9 +66,7 @@ def with_test_recipe(overrides: list[str] | tuple[str, ...]) -> list[str]:
 def compose_config(overrides: list[str], run_dir: Path) -> PtrunConfig:
     """The config `ptrun train` would launch: composed, its layout's `auto` values filled as the launcher fills
     them."""
-    from ptrun.sim.fill import fill_layout
-
-    return fill_layout(compose(with_test_recipe(overrides), run_dir=run_dir, recipe="test"))[0]
+    return for_launch(compose(with_test_recipe(overrides), run_dir=run_dir, recipe="test"))[0]
 
 
 def write_config(cfg: PtrunConfig) -> Path:

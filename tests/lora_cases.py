@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 
 import pipeline_cases as pc
-from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import AdapterConfig, ModelConfig
 from ptrun.models import build_model
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
-from ptrun.parallel.partition import even_bounds
+from ptrun.layout.partition import even_bounds
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
 LORA = AdapterConfig(name="lora", r=4, alpha=8.0)
@@ -60,7 +60,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     plan = Plan(
         num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2), microbatches=2, schedule="1F1B"
     ).check()
-    layout = build_layout(builder, plan)
+    layout = build_engine(builder, plan)
     params = dict(layered.model.named_parameters())
     frozen = {name for u in range(FROZEN) for name in layered.unit_param_names(u)}
     losses, stray = [], []
@@ -82,7 +82,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
                 losses.append(float(share) if share is not None else 0.0)
         step += count
         if step == FREEZE_AT:
-            layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))
+            layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))
     summed = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(summed)  # each step's loss: the last stage's share
     trained = sum(p.numel() for p in layout.optimizer.param_groups[0]["params"]) if layout.optimizer else 0

@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 import pipeline_cases as pc
-from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import OptimConfig
 from ptrun.parallel.pipedream import backwards_due
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 
 CPU = torch.device("cpu")
@@ -117,7 +117,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     options = dict(weight_stashing=case.stashing, vertical_sync=case.vertical)
     plan = plan_for(n, case.pp, case.dp, case.replicated)
     builder = Builder(layered, rank, CPU, loss, SGD, name_of, **options)
-    layout = build_layout(builder, plan)
+    layout = build_engine(builder, plan)
     traces, versions = [], []
 
     def update(step: Step, _loss) -> None:
@@ -140,7 +140,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     stash_peak = layout.runtime.stash_bytes_peak
     if case.then is not None:
         pp, dp, count = case.then
-        layout = change_layout(builder, layout, plan_for(n, pp, dp))
+        layout = change_engine(builder, layout, plan_for(n, pp, dp))
         train(case.steps, count)
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}

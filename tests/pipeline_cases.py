@@ -21,7 +21,7 @@ from ptrun.config import ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
 from ptrun.parallel.flushing import flushing_runtime
-from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.optim import build_optimizer
 
@@ -268,7 +268,7 @@ def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
 def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
     """One clipped AdamW step under each plan of TRANSITIONS, changing layout in between exactly as the
     trainer does; after each step every rank saves what it holds (parameters and optimizer state)."""
-    from ptrun.auto.autodp import Builder, build_layout, change_layout, optimizer_state_by_name
+    from ptrun.auto.autodp import Builder, build_engine, change_engine, optimizer_state_by_name
     from ptrun.auto.residency import release_unheld
 
     layered = model(kind)
@@ -279,11 +279,11 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
     layout = None
     for step, plan in enumerate(plans):
         if layout is None:
-            layout = build_layout(builder, plan)
+            layout = build_engine(builder, plan)
             release_unheld(layered, plan, rank)  # as the trainer does after its first layout
         else:
             old_groups = layout.groups
-            layout = change_layout(builder, layout, plan)
+            layout = change_engine(builder, layout, plan)
             same_groups = layout.groups is old_groups
         replica, _ = plan.coords(rank)
         per_replica = GLOBAL_BATCH // plan.dp
@@ -320,7 +320,7 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
     """Open file descriptors and threads after 2 and after `changes` layout changes (4x1 <-> 2x2)."""
     import threading
 
-    from ptrun.auto.autodp import Builder, build_layout, change_layout
+    from ptrun.auto.autodp import Builder, build_engine, change_engine
 
     layered = model("vit")
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
@@ -331,10 +331,10 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
         Plan(n, 0, 2, 2, even_bounds(n, 2), 2, "1F1B").check(),
     ]
     builder = Builder(layered, rank, torch.device("cpu"), loss, OPTIM, name_of)
-    layout = build_layout(builder, plans[0])
+    layout = build_engine(builder, plans[0])
     counts = []
     for i in range(1, changes + 1):
-        layout = change_layout(builder, layout, plans[i % 2])
+        layout = change_engine(builder, layout, plans[i % 2])
         if i in (2, changes):
             dist.barrier()
             counts.append(

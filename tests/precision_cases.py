@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 import pipeline_cases as pc
 from ptrun.config import OptimConfig
-from ptrun.auto.autodp import Builder, build_layout, optimizer_state_by_name
-from ptrun.parallel.plan import Plan, even_bounds
+from ptrun.auto.autodp import Builder, build_engine, optimizer_state_by_name
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.precision import LossScaler
 from ptrun.train.state import TrainState
@@ -41,7 +41,7 @@ def _layout(kind: str, pp: int, dp: int, rank: int, dtype: torch.dtype):
     ).check()
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss(pc.task(kind))
-    layout = build_layout(Builder(layered, rank, CPU, loss, SGD, name_of, compute_dtype=dtype), plan)
+    layout = build_engine(Builder(layered, rank, CPU, loss, SGD, name_of, compute_dtype=dtype), plan)
     return layered, layout, loss, name_of
 
 

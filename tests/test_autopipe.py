@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from ptrun.auto.autopipe import next_plan, starting_max
+from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.auto.counts import frozen_units_for_blocks
 from ptrun.auto.freeze import make_policy
 from ptrun.config import ConfigError
-from ptrun.parallel.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
-from ptrun.parallel.partition import partition, stage_sums, weighted_costs
-from ptrun.parallel.plan import initial_plan
+from ptrun.layout.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
+from ptrun.layout.partition import partition, stage_sums, weighted_costs
+from ptrun.layout.plan import initial_plan
 
 EQUAL = [1.0] * 18
 """8 blocks of equal halves: embedding, 16 halves, head, each costing 1."""

@@ -432,7 +432,7 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
     cfg = compose_config(["model.embed_dim=32", "model.depth=1", "model.num_heads=2"], tmp_path)
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     from ptrun.config import load_resolved
-    from ptrun.sim.config_costs import costs_from_config
+    from ptrun.costs.from_config import costs_from_config
 
     resolved = load_resolved(tmp_path / "config.yaml")
     flops = costs_from_config(resolved.model, resolved.data).fwd_flops

@@ -395,9 +395,7 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
     try:
         cached.train_epoch()  # nothing frozen yet: a model whose predictions depend on each sample's features
         n = len(cached.data.eval)
-        padding = (
-            -n % cached.layouts.eval_sampler.global_batch_size
-        )  # the last batch's weight-0 repeats of samples 0 ..
+        padding = -n % cached.in_use.eval_sampler.global_batch_size  # the last batch's weight-0 repeats of samples 0 ..
         zero = dict.fromkeys(STAT_NAMES, 0)
         expected = [
             (3, {**zero, "computed": n, "written": n, "hits": padding}),
@@ -406,9 +404,9 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
         ]
         metrics = []
         for depth, counts in expected:
-            cached.layouts.switch_to(replace(cached.plan, frozen_units=depth, cached_units=depth), 0)
+            cached.in_use.switch_to(replace(cached.plan, frozen_units=depth, cached_units=depth), 0)
             cached.train_epoch()  # the active units change; the frozen ones, which key the entries, do not
-            plain.layouts.switch_to(replace(plain.plan, frozen_units=depth), 0)
+            plain.in_use.switch_to(replace(plain.plan, frozen_units=depth), 0)
             plain.layered.model.load_state_dict(cached.layered.model.state_dict())
             got, want = cached.evaluate(), plain.evaluate()
             assert cached.cache.take_stats("eval") == counts, depth
@@ -435,7 +433,7 @@ def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, o
     )
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
-        trainer.layouts.switch_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0)
+        trainer.in_use.switch_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0)
         trainer.train_epoch()  # fills the entries, timing the frozen prefix on every row
         trainer.train_epoch()  # reads them
         assert trainer._stop_caching_if_slower() == {} and trainer.plan.cached_units == 3  # reading pays

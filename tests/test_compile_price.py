@@ -15,7 +15,7 @@ from conftest import run_events, run_ptrun
 from ptrun.parallel.compile_costs import KeptCosts
 from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, MARGIN, CompileFigures, decide
 from ptrun.parallel.compiled import variants
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 # A 70 ms eager step that compiling makes 20% faster; 15 graphs at 2 s cold and 0.2 s warm: 30 s cold, 3 s warm.
 STUB = CompileFigures(steps=0, step_s=0.07, graphs=15, cached=0, cold_s=2.0, warm_s=0.2, saving=0.2)
@@ -212,9 +212,9 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
         write_config(cfg)
         trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
         try:
-            compiling = trainer.layouts.compiling
+            compiling = trainer.in_use.compiling
             if setting == "auto":
-                assert compiling.pending and trainer.layouts.builder.compiler is None
+                assert compiling.pending and trainer.in_use.builder.compiler is None
                 compiling.kept.data["graph_s"] = {"cold": 1e-4, "warm": 1e-4}
                 compiling.kept.data["models"][compiling.key(trainer.plan)] = {"compiled_step_s": 1e-6}
             trainer.fit()
@@ -225,7 +225,7 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
 
     eager, _, none = run("false")
     losses, trainer, decisions = run("auto")
-    compiler = trainer.layouts.builder.compiler
+    compiler = trainer.in_use.builder.compiler
     assert none == [] and [d["compile_decision"]["compile"] for d in decisions] == [False, True]
     assert (decisions[1]["epoch"], decisions[1]["step"]) == (0, 10) and decisions[1]["compiled_s"] > 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("compile: ")]
@@ -233,12 +233,12 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
     assert lines[1].startswith("compile: on (trains ~") and "; 12 cold graphs ~0.0 s); compiled in " in lines[1]
     assert compiler is not None and compiler.kinds and not compiler.eager_kinds
     assert losses == pytest.approx(eager, rel=1e-4)
-    compiling = trainer.layouts.compiling
+    compiling = trainer.in_use.compiling
     kept = compiling.kept.model(compiling.key(trainer.plan))
     assert kept["compiled_step_s"] > 1e-6 and kept["eager_step_s"] > 0 and kept["graphs"] > 0, kept
 
     frozen = replace(trainer.plan, frozen_units=3)
-    builder, priced = compiling.at_transition(trainer.layouts.builder, frozen, 10_000, 0.05)
+    builder, priced = compiling.at_transition(trainer.in_use.builder, frozen, 10_000, 0.05)
     assert priced.compile and builder.compiler is compiler and (priced.figures.graphs, priced.figures.cached) == (2, 0)
     compiling.kept.data["graph_s"] = {"cold": 1e6, "warm": 1e6}  # the next freeze's new variant: the MLP half's
     builder, priced = compiling.at_transition(builder, replace(frozen, frozen_units=4), 10_000, 0.05)

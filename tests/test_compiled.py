@@ -17,10 +17,10 @@ import torch
 
 import pipeline_cases as pc
 from conftest import TINY, compose_config, final_params, run_ptrun, write_config
-from ptrun.auto.autodp import Builder, build_layout, change_layout
+from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.models.losses import WeightedLoss, make_target
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3  # the embedding and the first block freeze in place at step 10
 
@@ -37,12 +37,12 @@ def train(kind: str, compiled: bool, steps: int = STEPS, profile_step: int | Non
     )
     n = len(layered.units)
     plan = Plan(num_units=n, frozen_units=0, pp=1, dp=1, stage_bounds=((0, n),), microbatches=1, schedule="GPipe")
-    layout = build_layout(builder, plan)
+    layout = build_engine(builder, plan)
     losses, frozen_grads, counts, prof = [], [], [], None
     for step in range(steps):
         if step == FREEZE_AT:
             counts.append(compiler.counts.snapshot() if compiler else None)
-            layout = change_layout(builder, layout, replace(plan, frozen_units=FROZEN))
+            layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))
             counts.append(compiler.counts.snapshot() if compiler else None)
         b = pc.batch(kind, step)
         inputs = tuple(b[k] for k in layered.input_names if k in b)
@@ -146,7 +146,7 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
         trainer.record.announce(
-            trainer.layered, trainer.data, 1, trainer.device, trainer.plan, trainer.layouts.builder.compiler
+            trainer.layered, trainer.data, 1, trainer.device, trainer.plan, trainer.in_use.builder.compiler
         )
         shown = capsys.readouterr().out
         kinds = len({type(unit) for unit in trainer.layered.units})  # ViT: embedding, block half, head
@@ -155,11 +155,11 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
         trainer.evaluate()
         trainer._move_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0, announce=False)
         assert ", compiling " in capsys.readouterr().out
-        assert trainer.layouts.layout.compiled["compile_s"] > 0 and trainer.layouts.layout.compiled["recompiles"] > 0
-        trainer.layouts.builder.compiler.epoch_fields()  # the counts start again here
+        assert trainer.in_use.engine.compiled["compile_s"] > 0 and trainer.in_use.engine.compiled["recompiles"] > 0
+        trainer.in_use.builder.compiler.epoch_fields()  # the counts start again here
         trainer.train_epoch()
         trainer.evaluate()
-        assert trainer.layouts.builder.compiler.epoch_fields()["compile"]["compiles"] == 0
+        assert trainer.in_use.builder.compiler.epoch_fields()["compile"]["compiles"] == 0
         served = trainer.cache.take_stats("train")
         assert served["hits"] + served["computed"] > 0, served  # the steps read the cached prefix's output
         trainer.save_checkpoint()

@@ -17,9 +17,9 @@ from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.hf import FAMILIES
 from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_target, per_sample_loss
-from ptrun.parallel.layout import param_costs
+from ptrun.layout.first import param_costs
 from ptrun.parallel.optim import build_optimizer
-from ptrun.sim.config_costs import costs_from_config
+from ptrun.costs.from_config import costs_from_config
 from ptrun.train import recorders
 
 CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + [
@@ -355,7 +355,7 @@ PUBLISHED = {  # the sizes of published config.json files, as written there
     },
 }
 PRICED = ("deberta-v2", "deberta-v2-conv", "modernbert")
-"""The families the simulator prices from their whole config.json (`ptrun.sim.hf_costs.ENCODER_COSTS`)."""
+"""The families the simulator prices from their whole config.json (`ptrun.costs.hf_families.ENCODER_COSTS`)."""
 
 
 @pytest.mark.parametrize("task", ["classification", "qa"])

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
+from ptrun.layout.fill import Devices, resolve
 from ptrun.models import build_model
-from ptrun.parallel.fit import (
+from ptrun.layout.fit import (
     UnitMemory,
     check_fits,
     choose_length,
     measure_unit_memory,
     memory_budget,
-    resolve_length,
     stage_bytes,
     state_copies,
 )
@@ -108,7 +108,7 @@ def test_memory_picks_the_length_and_the_rules_are_named_at_it():
         match=r"^train.global_batch_size=3 is not allowed: a multiple of the "
         r"data-parallel width 2$",
     ):
-        resolve_length(with_batch(config(length="auto"), 3), None, (), world_size=2, budget=10**12, memory=MEMORY)
+        resolve(with_batch(config(length="auto"), 3), 2, Devices(10**12, MEMORY))
     # a length whose batch rule is broken still counts for memory: here no length fits
     with pytest.raises(
         ConfigError,
@@ -139,8 +139,8 @@ def test_measured_activations_scale_with_the_units_and_exclude_weights():
     assert memory.activation_bytes[2] < params[2] * 4
 
 
-def test_resolve_length_fills_in_an_unset_micro_batch_count_for_an_explicit_length():
-    cfg, choice = resolve_length(config(length=2), None, (), world_size=4, budget=0)
+def test_resolve_fills_in_an_unset_micro_batch_count_for_an_explicit_length():
+    cfg, choice = resolve(config(length=2), 4, Devices(0))
     assert choice is None and (cfg.pipe.length, cfg.pipe.microbatches) == (2, 4)
 
 
@@ -151,7 +151,7 @@ def test_auto_length_refuses_explicit_stages():
 
 
 def test_a_plans_stages_are_priced_and_one_that_does_not_fit_is_named():
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
 
     # K = 2 over 4 workers (DP 2): 16 samples a replica, M = 4, GPipe keeps all 4 micro-batches in flight
     plan = Plan(
@@ -188,16 +188,34 @@ def test_the_launcher_fills_the_length_and_micro_batches_from_the_stand_in():
     """`pipe.length=auto` and an unset micro-batch count become numbers before any worker starts: the digits ViT
     fits a device (K = 1, M = 1); a device of 64 KiB fits no layout, named in one error; an explicit length
     keeps its value and gets the micro-batches that follow it; nothing `auto` comes back as it was."""
-    from ptrun.compose import compose
-    from ptrun.sim.fill import fill_layout
+    from ptrun.compose import compose, for_launch
 
     digits = compose(["recipe=digits_vit", "launcher.nproc_per_node=2"])
     assert (digits.pipe.length, digits.pipe.microbatches) == ("auto", None)
-    filled, choice = fill_layout(digits)
+    filled, choice = for_launch(digits)
     assert (filled.pipe.length, filled.pipe.microbatches, choice.length) == (1, 1, 1)
     assert choice.summary().startswith("pipe.length=auto: the model needs ~0.0")
     with pytest.raises(ConfigError, match="pipe.length=auto: no layout fits 2 workers: K=1: the largest stage"):
-        fill_layout(replace(digits, device=replace(digits.device, memory="64KB")))
-    explicit, choice = fill_layout(compose(["recipe=digits_vit", "launcher.nproc_per_node=2", "pipe.length=2"]))
+        for_launch(replace(digits, device=replace(digits.device, memory="64KB")))
+    explicit, choice = for_launch(compose(["recipe=digits_vit", "launcher.nproc_per_node=2", "pipe.length=2"]))
     assert (explicit.pipe.length, explicit.pipe.microbatches, choice) == (2, 2, None)  # auto.microbatch_table
-    assert fill_layout(filled) == (filled, None)
+    assert for_launch(filled) == (filled, None)
+
+
+def test_the_launcher_fills_the_layout_without_the_simulator():
+    """The launch's modules and its layout step (`for_launch`, on the model's analytic costs) import no module
+    of `ptrun.sim`: the costs sit below the layout."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import ptrun.cli, ptrun.cli_train, ptrun.launch\n"
+        "from ptrun.compose import compose, for_launch\n"
+        "cfg, choice = for_launch(compose(['recipe=digits_vit', 'launcher.nproc_per_node=2']))\n"
+        "assert choice is not None and cfg.pipe.length == 1, (cfg.pipe, choice)\n"
+        "print(sorted(m for m in sys.modules if m == 'ptrun.sim' or m.startswith('ptrun.sim.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.train.report import ProgressView, epoch_line, layout_line, layout_table
 
 NAMES = ["embed"] + [f"block.{b}.{h}" for b in range(6) for h in ("attn", "mlp")] + ["head"]

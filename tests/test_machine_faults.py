@@ -15,7 +15,7 @@ import torch
 
 from conftest import TINY, compose_config
 from ptrun.oom_watch import OomWatch, peak_resident
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.sim.memory_advice import keys_that_fit
 from ptrun.train import checkpoint_files, faults, machine
 from ptrun.train.endings import no_space_line
@@ -140,7 +140,7 @@ def test_an_oom_report_says_the_device_and_its_memory():
 
 
 def test_a_widening_that_would_not_fit_is_refused_for_the_same_layout_frozen_in_place(tmp_path):
-    from ptrun.parallel.fit import UnitMemory
+    from ptrun.layout.fit import UnitMemory
     from ptrun.train import room
 
     # the planner's memory of the tiny digits ViT (embedding, two blocks' halves, head)

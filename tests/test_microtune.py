@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from conftest import TINY, compose_config
 from ptrun.config import ConfigError, load_resolved
-from ptrun.parallel import tuning
-from ptrun.parallel.microtune import Length, candidates, choose, with_table
+from ptrun.layout import tuning
+from ptrun.layout.microtune import Length, candidates, choose, with_table
 
 
 def ks_and_ms(lengths: list[Length]) -> list[tuple[int, tuple[int, ...]]]:
@@ -138,7 +138,7 @@ def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(tmp_path, 
         tuning.store(path, FIELDS, {c: s for c, s in COSTS.items() if c != (1, 4)})
     else:
         path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="ptrun.parallel.tuning"):
+    with caplog.at_level(logging.WARNING, logger="ptrun.layout.tuning"):
         got = tuning.tune(
             [K2, K1], FIELDS, measure_costs=lambda: dict(COSTS), device=torch.device("cpu"), root=tmp_path
         )
@@ -207,7 +207,7 @@ def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
     from ptrun.sim.simulate import plan_epochs
 
     from ptrun.compose import compose
-    from ptrun.config.layout import fill_batch
+    from ptrun.layout.fill import fill_batch
 
     def plans(*extra):  # the paper's start: two machines of 8 GPUs, the first pipeline 8 long
         cfg = compose(

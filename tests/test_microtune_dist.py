@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY, final_params, run_events, run_workers
-from ptrun.parallel.tuning import DIR_ENV
+from ptrun.layout.tuning import DIR_ENV
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

@@ -402,7 +402,7 @@ def test_a_unit_starts_with_the_same_values_whatever_else_is_built(kind):
 
 def test_units_without_values_are_measured_one_at_a_time():
     """measure_unit_memory runs every unit of a model that has no values, and leaves it without any."""
-    from ptrun.parallel.fit import measure_unit_memory
+    from ptrun.layout.fit import measure_unit_memory
 
     torch.manual_seed(0)
     part = build_model(ModelConfig(**VIT), num_classes=10, units=())

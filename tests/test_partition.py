@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ptrun.config import ConfigError
-from ptrun.parallel.partition import (
+from ptrun.layout.partition import (
     FROZEN_COST,
     PARTITIONERS,
     explicit,
@@ -25,7 +25,7 @@ from ptrun.parallel.partition import (
     uniform,
     weighted_costs,
 )
-from ptrun.parallel.plan import even_bounds
+from ptrun.layout.plan import even_bounds
 
 
 def assert_layout(bounds, num_units: int, num_stages: int) -> None:
@@ -416,5 +416,5 @@ def test_a_one_stage_start_measures_no_profile(tmp_path):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, ptrun.parallel.partition; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, ptrun.layout.partition; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

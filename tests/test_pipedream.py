@@ -8,7 +8,7 @@ import torch
 
 from pipedream_cases import forward_versions, order_1f1b
 from ptrun.parallel.pipedream import _header, _parse_header
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.sim.simulate import pipeline_seconds
 
 
@@ -71,7 +71,7 @@ def test_without_flushes_a_step_takes_the_slowest_stage_not_the_bubble():
 
 def test_a_replicated_first_stage_places_replicas_then_one_shared_rank_per_stage():
     from ptrun.config import ConfigError
-    from ptrun.parallel.plan import Plan, even_bounds
+    from ptrun.layout.plan import Plan, even_bounds
 
     plan = Plan(
         num_units=6,

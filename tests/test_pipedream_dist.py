@@ -23,7 +23,7 @@ from torch.func import functional_call
 import pipedream_cases as pd
 import pipeline_cases as pc
 from pipedream_cases import Case, forward_versions
-from ptrun.parallel.plan import even_bounds
+from ptrun.layout.plan import even_bounds
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

@@ -116,8 +116,9 @@ def test_the_layout_rules_are_one_function():
             check_concrete(replace(pipe, **changes), world, 32)
 
 
-def test_resolve_length_returns_a_layout_that_obeys_the_rules():
-    from ptrun.parallel.fit import UnitMemory, resolve_length
+def test_the_layouts_resolve_returns_a_layout_that_obeys_the_rules():
+    from ptrun.layout.fill import Devices, resolve
+    from ptrun.layout.fit import UnitMemory
 
     cfg = PtrunConfig(run_dir="")
     cfg = replace(cfg, train=replace(cfg.train, global_batch_size=30))
@@ -126,10 +127,8 @@ def test_resolve_length_returns_a_layout_that_obeys_the_rules():
     with pytest.raises(
         ConfigError, match="train.global_batch_size=30 is not allowed: a multiple of the data-parallel width 4"
     ):
-        resolve_length(cfg, None, (), 4, 10**9, memory=memory)
-    good, choice = resolve_length(
-        replace(cfg, train=replace(cfg.train, global_batch_size=32)), None, (), 4, 10**9, memory=memory
-    )
+        resolve(cfg, 4, Devices(10**9, memory))
+    good, choice = resolve(replace(cfg, train=replace(cfg.train, global_batch_size=32)), 4, Devices(10**9, memory))
     assert (good.pipe.length, good.pipe.microbatches, choice.length) == (1, 1, 1)
 
 
@@ -174,9 +173,9 @@ def test_every_field_has_a_docstring():
 
 def test_the_layers_above_take_the_names_from_the_config():
     from ptrun.auto.freeze import POLICIES, make_policy
-    from ptrun.parallel.partition import PARTITIONERS
+    from ptrun.layout.partition import PARTITIONERS
 
-    assert PARTITIONERS == PARTITIONS
+    assert tuple(PARTITIONERS) == PARTITIONS
     assert tuple(POLICIES) == FREEZE_POLICIES
     assert all(make_policy(name, 6, total_epochs=3, blocks=[0]).name == name for name in FREEZE_POLICIES)
 

@@ -12,12 +12,12 @@ from ptrun.compose import compose
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import make_policy
 from ptrun.cli import main
-from ptrun.parallel.layout import first_plan, param_costs
-from ptrun.parallel.plan import Plan
+from ptrun.layout.first import first_plan, param_costs
+from ptrun.layout.plan import Plan
 from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile, speedups, vit_costs
 from ptrun.sim.simulate import simulate
 from ptrun.sim.cluster import Cluster
-from ptrun.sim.costs import ModelCosts, bert_costs
+from ptrun.costs.units import ModelCosts, bert_costs
 from ptrun.sim.simulate import (
     COMBINATIONS,
     combination_config,
@@ -70,7 +70,7 @@ machine it starts on)."""
 def paper_config(recipe: str, tmp_path, *extra: str):
     """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline 8 long, the global batch
     of its two pipelines (`ptrun plan` fills it so for `cluster=paper`)."""
-    from ptrun.config.layout import fill_batch
+    from ptrun.layout.fill import fill_batch
 
     cfg = compose(
         with_test_recipe(
@@ -487,7 +487,7 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     assert out.count("== ") == 5 and "Table 1 (vit_imagenet)" in out and "2.83x" in out
     assert "freeze + AutoPipe + AutoDP" in out and "2.27x" in out and "0.95x" in out
     # memory a device, priced per stage of the first layout (K = 8 on the paper's 32 GB devices), of the 90%
-    # the trainer would leave a stage (`ptrun.parallel.fit.DEVICE_SHARE`)
+    # the trainer would leave a stage (`ptrun.layout.fit.DEVICE_SHARE`)
     line = next(printed for printed in out.splitlines() if printed.startswith("memory a device"))
     assert "(K = 8, M = 16)" in line and "stage 7 ~" in line and "of 26.8 GiB" in line
 
@@ -603,7 +603,7 @@ def test_decoder_costs_count_llama_3_8b_exactly(tmp_path):
     import json
 
     from ptrun.config import DataConfig, ModelConfig
-    from ptrun.sim.config_costs import costs_from_config
+    from ptrun.costs.from_config import costs_from_config
 
     (tmp_path / "config.json").write_text(
         json.dumps(

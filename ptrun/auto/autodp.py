@@ -1,8 +1,8 @@
-"""AutoDP's data movement and layouts: before a new Plan is applied, each unit's parameters and optimizer
+"""AutoDP's data movement and engines: before a new Plan is applied, each unit's parameters and optimizer
 state go from its current owner to the ranks that will hold it and do not yet (`move_to_new_owners`); then
-the new plan's groups, stages and optimizer are built (`build_layout`).
+the new plan's groups, stages and optimizer are built (`build_engine`).
 
-A unit is held by every replica's rank of the stage it belongs to (`residency.unit_holders`); its owner is
+A unit is held by every replica's rank of the stage it belongs to (`ptrun.layout.owners`); its owner is
 the replica-0 holder (all replicas hold identical values after each step). At a transition only the units
 that change hands move, point to point from their old owner, with the optimizer state of the parameters
 that still train; nothing goes to a rank that already holds a unit or will not hold it, and a rank empties
@@ -12,20 +12,21 @@ rank's own units, and the export first gathers every unit to rank 0 from its own
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.residency import release_unheld, unit_holders
+from ptrun.auto.residency import release_unheld
 from ptrun.models.lazy import allocate, give_back_host_memory
 from ptrun.parallel.compiled import cost_since, counts
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.pipeline import StageRuntime
-from ptrun.parallel.plan import Plan
+from ptrun.layout.owners import gathering, keeps_owners, routes
+from ptrun.layout.plan import Plan
 from ptrun.parallel.optim import build_optimizer
 
 OptimState = dict[str, dict[str, Any]]
@@ -85,16 +86,12 @@ def move_to_new_owners(
     `old` from its old owner, with its optimizer state when it still trains under `new` (a parameter follows
     its owning unit's frozen state). Returns this rank's optimizer state by name for the new layout (what it
     kept plus what it received) and the bytes it received."""
-    routes: dict[tuple[int, int], list[str]] = {}
     units_of = param_units(layered)
-    for n, units in units_of.items():
-        before = {r for u in units for r in unit_holders(old, u)}
-        after = {r for u in units for r in unit_holders(new, u)}
-        for dst in sorted(after - before):
-            routes.setdefault((unit_holders(old, units[0])[0], dst), []).append(n)
     trains = {n for n, units in units_of.items() if units[0] >= new.frozen_units}
     mine = optimizer_state_by_name(optimizer, name_of)
-    received_states, received = send_along(layered, routes, {n: s for n, s in mine.items() if n in trains}, device)
+    received_states, received = send_along(
+        layered, routes(units_of, old, new), {n: s for n, s in mine.items() if n in trains}, device
+    )
     kept = {n: s for n, s in mine.items() if n in trains}
     return {**kept, **received_states}, received
 
@@ -102,11 +99,7 @@ def move_to_new_owners(
 def gather_to(layered, plan: Plan, dst: int, device: torch.device) -> None:
     """Collective: make rank `dst`'s host copy of every parameter current, each sent by its owner under
     `plan` (parameters only; for the export)."""
-    routes: dict[tuple[int, int], list[str]] = {}
-    for n, units in param_units(layered).items():
-        if dst not in {r for u in units for r in unit_holders(plan, u)}:
-            routes.setdefault((unit_holders(plan, units[0])[0], dst), []).append(n)
-    send_along(layered, routes, {}, device)
+    send_along(layered, gathering(param_units(layered), plan, dst), {}, device)
 
 
 def send_along(
@@ -169,7 +162,7 @@ def send_along(
 
 
 @dataclass
-class Layout:
+class Engine:
     """What one rank runs under a Plan: its process groups, stages + schedule, and optimizer."""
 
     plan: Plan
@@ -217,7 +210,7 @@ class Builder:
     """The worker's compiled units (`ptrun.parallel.compiled.UnitCompiler`, `train.compile` on), else None."""
 
 
-def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> Layout:
+def build_engine(b: Builder, plan: Plan, states: OptimState | None = None) -> Engine:
     """Collective: freeze the plan's prefix, make its groups, this rank's stages and their optimizer, and give
     each trainable parameter its optimizer state by name (frozen parameters hold none). A `pipedream` plan
     gets the asynchronous runtime (with `weight_stashing` and `vertical_sync`), a one-stage plan (K = 1) runs
@@ -243,21 +236,10 @@ def build_layout(b: Builder, plan: Plan, states: OptimState | None = None) -> La
         )
     optimizer = build_optimizer([(b.name_of[id(p)], p) for p in runtime.trainable_parameters()], b.optim)
     load_optimizer_state(optimizer, states or {}, b.name_of)
-    return Layout(plan, groups, runtime, optimizer)
+    return Engine(plan, groups, runtime, optimizer)
 
 
-def keeps_owners(old: Plan, new: Plan) -> bool:
-    """Whether `new` only freezes more (or caches a longer prefix) on `old`'s layout: the same pipeline
-    length, width, stage bounds, schedule and micro-batches, so no unit changes hands and no process group
-    changes. PipeDream's asynchronous runtime drains and rebuilds as for any change."""
-    return (
-        old.flushing
-        and new.frozen_units >= old.frozen_units
-        and replace(new, frozen_units=old.frozen_units, cached_units=old.cached_units) == old
-    )
-
-
-def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
+def freeze_in_place(b: Builder, old: Engine, plan: Plan) -> Engine:
     """A transition that keeps every unit where it is (`keeps_owners`): the newly frozen parameters stop
     requiring gradients and leave the optimizer (their state with them), and the stages are wrapped again on
     the same process groups (DDP's buckets and the schedule take only what trains; a longer cached prefix
@@ -281,10 +263,10 @@ def freeze_in_place(b: Builder, old: Layout, plan: Plan) -> Layout:
             optimizer = None
     if b.device.type == "cpu":  # the frozen parameters' optimizer state and gradients were freed on the host
         give_back_host_memory()
-    return Layout(plan, old.groups, runtime, optimizer)
+    return Engine(plan, old.groups, runtime, optimizer)
 
 
-def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None] | None = None) -> Layout:
+def change_engine(b: Builder, old: Engine, plan: Plan, midway: Callable[[], None] | None = None) -> Engine:
     """Collective, between two optimizer steps: move to `plan` in place where it keeps every unit's owner
     (`freeze_in_place`); otherwise move the units that change hands to their new holders, destroy the old
     groups (undestroyed groups leak file descriptors and threads), build the new layout. `midway` runs
@@ -300,7 +282,7 @@ def change_layout(b: Builder, old: Layout, plan: Plan, midway: Callable[[], None
         old.groups.destroy()
         if midway is not None:
             midway()
-        layout = build_layout(b, plan, states)
+        layout = build_engine(b, plan, states)
         if old.optimizer is not None:  # the old layout ends here: the state of the units that left goes now
             old.optimizer.state.clear()
         release_unheld(b.layered, plan, b.rank)

@@ -24,14 +24,15 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import default_min_units
-from ptrun.auto.autopipe import next_plan, starting_max
+from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
 from ptrun.auto.freeze import make_policy
 from ptrun.auto.freeze_policy import FreezePolicy
 from ptrun.auto.intervals import Positions, interval_epochs
 from ptrun.config import ConfigError, PtrunConfig
-from ptrun.parallel.layout import first_plan, param_costs, starting_microbatches
-from ptrun.parallel.plan import Plan
+from ptrun.layout.first import first_plan, param_costs, starting_microbatches
+from ptrun.layout.partition import REPARTITION
+from ptrun.layout.plan import Plan
 from ptrun.parallel.profile import UnitProfile
 
 Decide = Callable[[int, Plan, Optional[Sequence[float]]], Plan]
@@ -74,8 +75,7 @@ class Controller:
             threshold=fr.threshold,
         )
         self.param_costs = list(param_costs)
-        # An explicit layout cannot be re-derived for other stage counts: AutoPipe balances parameters then.
-        self.method = cfg.pipe.partition if cfg.pipe.partition != "explicit" else "params"
+        self.method = REPARTITION.get(cfg.pipe.partition, cfg.pipe.partition)
         self.partition_kwargs = partition_kwargs or {}
         self.start_max = starting_max(
             self.param_costs, first.pp, first.stages_per_rank, self.method, **self.partition_kwargs

@@ -9,15 +9,8 @@ parameters it receives (`allocate`, then the sender's values) and empties those 
 from __future__ import annotations
 
 from ptrun.models.lazy import is_empty, release, unit_names
-from ptrun.parallel.plan import Plan
-
-
-def unit_holders(plan: Plan, unit: int) -> list[int]:
-    """The ranks holding `unit`'s weights under `plan`: every replica's rank of its stage (stage 0 also holds
-    the prefix AutoCache serves: its ranks compute and key the cache entries); the first is the owner
-    (replica 0)."""
-    stage = plan.stage_of_unit(unit)
-    return list(dict.fromkeys(plan.rank_of_stage(r, stage) for r in range(plan.dp)))
+from ptrun.layout.owners import unit_holders
+from ptrun.layout.plan import Plan
 
 
 def held_units(layered, plan: Plan, rank: int) -> list[int]:

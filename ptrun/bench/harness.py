@@ -109,7 +109,7 @@ def ideal_speedup(run_dir: Path) -> float:
     FLOPs while it trains: what freezing alone could save."""
     from ptrun.config import load_resolved
     from ptrun.report import load_run
-    from ptrun.sim.config_costs import costs_from_config
+    from ptrun.costs.from_config import costs_from_config
 
     cfg = load_resolved(run_dir / "config.yaml")
     flops = costs_from_config(cfg.model, cfg.data).fwd_flops

@@ -124,9 +124,9 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
     import torch
 
     from ptrun.parallel.groups import build_groups
-    from ptrun.parallel.partition import min_max
+    from ptrun.layout.partition import min_max
     from ptrun.parallel.flushing import PipelineRuntime
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
     layered = build(args)
@@ -171,7 +171,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
 
     from ptrun.parallel.groups import build_groups
     from ptrun.parallel.flushing import flushing_runtime
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
     per = args["batch"] // world

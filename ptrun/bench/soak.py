@@ -92,7 +92,7 @@ def usage() -> dict:
 
 def cycle_plans(trainer) -> list:
     """Plans A, B, C: the first plan and the controller's plans for 1 and for every frozen block."""
-    from ptrun.parallel.layout import first_plan
+    from ptrun.layout.first import first_plan
 
     first = first_plan(trainer.cfg.pipe, trainer.layered, trainer.world_size)
     blocks = trainer.layered.num_blocks
@@ -155,10 +155,9 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
 
 def soak_config(overrides: list[str], run_dir: Path):
     """The resolved config `ptrun train OVERRIDES` would run."""
-    from ptrun.compose import compose
-    from ptrun.sim.fill import fill_layout
+    from ptrun.compose import compose, for_launch
 
-    return fill_layout(compose(overrides, run_dir=run_dir, recipe="soak"))[0]
+    return for_launch(compose(overrides, run_dir=run_dir, recipe="soak"))[0]
 
 
 def watch(into: list, stop: threading.Event, every: float = 0.5) -> None:

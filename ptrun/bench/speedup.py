@@ -6,7 +6,7 @@ runs, with the command line; `readme_results.py` makes the README's table from i
 training time for the recipe's epoch budget (the Table-1 measure) and its speedup, wall time to the
 baseline's final accuracy (the stricter measure) and its speedup, final accuracy, mean samples/s, and the
 ideal speedup the run's own freeze schedule allows: the model's training cost over the
-cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.sim.costs`; a frozen unit
+cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.costs.units`; a frozen unit
 counted at nothing), and how much of that ideal the run reached.
 
     python scripts/bench_speedup.py [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse]

@@ -56,9 +56,9 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
 
     from ptrun.bench.pipeline import _timed, batches, build, optimizer_for, ptrun_step
     from ptrun.parallel.groups import build_groups
-    from ptrun.parallel.partition import min_max
+    from ptrun.layout.partition import min_max
     from ptrun.parallel.flushing import PipelineRuntime
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
     layered = build(args)

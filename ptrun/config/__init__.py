@@ -59,7 +59,7 @@ from ptrun.config.launcher import (
     split_endpoint,
     workers_per_node,
 )
-from ptrun.config.layout import (
+from ptrun.config.layout_rules import (
     check_concrete,
     check_layout,
     data_parallel_width,

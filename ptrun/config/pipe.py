@@ -12,8 +12,8 @@ from ptrun.errors import ConfigError
 @dataclass(frozen=True)
 class Schedule:
     """What ptrun knows of one `pipe.schedule`, in one place: the config's rules (`schedule_problem`), the
-    stage placement (`ptrun.parallel.plan.Plan.local_stages`), the runtime (`ptrun.parallel.pipeline`) and the
-    memory estimate (`ptrun.parallel.fit`) read it."""
+    stage placement (`ptrun.layout.plan.Plan.local_stages`), the runtime (`ptrun.parallel.pipeline`) and the
+    memory estimate (`ptrun.layout.fit`) read it."""
 
     stages_per_rank: Optional[int]
     """The stages a rank must hold (1: the schedule drives one stage; 2: a V), None: any count (looped)."""
@@ -48,7 +48,8 @@ SCHEDULE_SPECS: dict[str, Schedule] = {
 SCHEDULES = tuple(SCHEDULE_SPECS)
 """`pipe.schedule`."""
 PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
-"""`pipe.partition`; the partitioners (`ptrun.parallel.partition.PARTITIONERS`) are these."""
+"""`pipe.partition`: the keys of the partitioners' table (`ptrun.layout.partition.PARTITIONERS`), a layer above the
+schema; a test holds the two equal."""
 
 
 @dataclass

@@ -39,7 +39,7 @@ PRECISIONS = tuple(PRECISION_SPECS)
 class Optimizer:
     """What ptrun knows of one `optim.name`: the torch class (`ptrun.parallel.optim.build_optimizer`), the
     keywords it takes from the config besides the learning rate, and the state it keeps per parameter element
-    (`ptrun.parallel.fit`'s memory estimate)."""
+    (`ptrun.layout.fit`'s memory estimate)."""
 
     torch_class: str
     """Its class in torch.optim."""

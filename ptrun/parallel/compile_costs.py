@@ -1,5 +1,5 @@
 """What compiling costs and saves on this machine, measured by runs and kept on disk, as the micro-batch
-timings are (`ptrun.parallel.tuning`): one JSON file per machine (its device, torch, host, threads and
+timings are (`ptrun.layout.tuning`): one JSON file per machine (its device, torch, host, threads and
 compile mode), in ~/.cache/ptrun/compile (`PTRUN_COMPILE_COSTS_DIR` moves it), holding
 
 - the seconds one graph costs cold (inductor builds it) and warm (inductor's cache serves it), from the last
@@ -25,7 +25,7 @@ from typing import Mapping, Optional
 import torch
 
 from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
-from ptrun.parallel.tuning import device_name
+from ptrun.layout.tuning import device_name
 
 log = logging.getLogger(__name__)
 

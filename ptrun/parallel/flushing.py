@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.groups import Groups
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel.pipeline import StageRuntime, data_parallel
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 
 @dataclass

@@ -45,7 +45,7 @@ from torch.func import functional_call
 from ptrun.config import ConfigError
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.pipeline import StageRuntime, Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
 
 

@@ -1,8 +1,7 @@
 """`ptrun plan`: project ptrun's speedup to a cluster without running it.
 
-- `costs`: per-unit parameters, forward FLOPs and activation bytes of a ViT or BERT from its sizes,
-  `hf_costs` those of the other Hugging Face families from their config.json, `config_costs` the model a
-  config would build (`costs_from_config`), `profiles` measured seconds from a profile JSON;
+- the model's costs (`ptrun.costs`, below the layout, which the launcher reads too): per-unit parameters,
+  forward FLOPs and activation bytes; `profiles` measured seconds from a profile JSON;
 - `cluster`: the machines (device FLOP/s, links, host memory and disk for AutoCache), presets `paper`
   and `this_machine`;
 - `simulate`: runs the real `Controller` over the recipe's epochs for each component combination of the
@@ -23,18 +22,18 @@ _MODULE_OF = {
     "PRESETS": "cluster",
     "Cluster": "cluster",
     "get_cluster": "cluster",
-    "ModelCosts": "costs",
-    "bert_costs": "costs",
-    "costs_from_config": "config_costs",
+    "ModelCosts": "ptrun.costs.units",
+    "bert_costs": "ptrun.costs.units",
+    "costs_from_config": "ptrun.costs.from_config",
     "load_profile": "profiles",
     "save_profile": "profiles",
-    "vit_costs": "costs",
+    "vit_costs": "ptrun.costs.units",
     "COMBINATIONS": "simulate",
     "EpochRecord": "simulate",
     "speedups": "simulate",
 }
-"""Where each name of the package lives, imported when first asked for: the launcher reads the stand-in's
-costs (`ptrun.sim.fill`) without the simulator. The functions named as their modules (`simulate.simulate`,
+"""Where each name of the package lives (a module of `ptrun.sim`, or a whole module path), imported when first
+asked for. The functions named as their modules (`simulate.simulate`,
 `report.report`) are imported from them."""
 
 __all__ = sorted(_MODULE_OF)
@@ -43,4 +42,5 @@ __all__ = sorted(_MODULE_OF)
 def __getattr__(name: str):
     if name not in _MODULE_OF:
         raise AttributeError(f"module 'ptrun.sim' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"ptrun.sim.{_MODULE_OF[name]}"), name)
+    module = _MODULE_OF[name]
+    return getattr(importlib.import_module(module if "." in module else f"ptrun.sim.{module}"), name)

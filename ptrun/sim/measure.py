@@ -165,10 +165,10 @@ def solo(rank: int, measure) -> list[float]:
 
 def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root: Path) -> dict:
     from ptrun.auto.autocache import AutoCache
-    from ptrun.auto.autodp import Builder, build_layout, set_frozen
+    from ptrun.auto.autodp import Builder, build_engine, set_frozen
     from ptrun.auto.counts import frozen_units_for_blocks
     from ptrun.models.layered import run_units
-    from ptrun.parallel.plan import Plan
+    from ptrun.layout.plan import Plan
     from ptrun.parallel.profile import profile_units
     from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
 
@@ -201,7 +201,7 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
     ).check()
     loss = WeightedLoss(cfg.model.task)
     name_of = {id(p): k for k, p in layered.model.named_parameters()}
-    layout = build_layout(Builder(layered, rank, torch.device("cpu"), loss, cfg.optim, name_of), plan)
+    layout = build_engine(Builder(layered, rank, torch.device("cpu"), loss, cfg.optim, name_of), plan)
     target = make_target({**raw, "weight": torch.ones(batch)}, cfg.model.task)
     runtime = layout.runtime
     # Each worker alone: the replicas' gradient all-reduce (DDP's, in backward) would wait for the other one.

@@ -1,5 +1,5 @@
 """After a worker ran out of memory: the keys that would fit, from the planner's memory model (the stand-in
-`ptrun plan` and `pipe.length=auto` use: `ptrun.sim.fill.fit_memory`, `ptrun.parallel.fit.stage_bytes`), and
+`ptrun plan` and `pipe.length=auto` use: `ptrun.layout.fill.fit_memory`, `ptrun.layout.fit.stage_bytes`), and
 the launcher's one line.
 
 The model estimated the layout that ran out; the device measured more than it holds. Each key is changed on
@@ -14,21 +14,21 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptrun.config import SCHEDULE_SPECS, PtrunConfig
-from ptrun.parallel.fit import UnitMemory, stage_bytes
-from ptrun.parallel.partition import partition
-from ptrun.parallel.plan import Plan
-from ptrun.sim.config_costs import costs_from_config
-from ptrun.sim.fill import fit_memory
+from ptrun.layout.fit import UnitMemory, stage_bytes
+from ptrun.layout.partition import partition
+from ptrun.layout.plan import Plan
+from ptrun.costs.from_config import costs_from_config
+from ptrun.layout.fill import fit_memory
 from ptrun.train import checkpoint_files
 from ptrun.train.endings import resume_command, size
 
 HEADROOM = 0.9
-"""The share of the device a layout may fill by the scaled model (`ptrun.parallel.fit.DEVICE_SHARE`'s
+"""The share of the device a layout may fill by the scaled model (`ptrun.layout.fit.DEVICE_SHARE`'s
 reasoning: the rest is the context's, the collectives' and the allocator's)."""
 
 
 def _peak(memory: UnitMemory, plan: Plan, batch: int, recompute: bool = False) -> float:
-    """The model's largest stage for `plan` (`ptrun.parallel.fit.stage_bytes`; at K = 1 the micro-batches
+    """The model's largest stage for `plan` (`ptrun.layout.fit.stage_bytes`; at K = 1 the micro-batches
     accumulate one after another, so one is in flight; `recompute`: a stage keeps one unit's activations at a
     time)."""
     if plan.num_stages == 1:  # one micro-batch of batch / M at a time

@@ -13,11 +13,13 @@ from ptrun.auto.freeze import POLICIES
 from ptrun.auto.freeze_policy import SIGNALS
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
-from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
-from ptrun.parallel.plan import Plan
+from ptrun.layout.first import starting_micro_batch
+from ptrun.layout.partition import NEEDS_PROFILE
+from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
-from ptrun.sim.costs import ModelCosts
-from ptrun.sim.fill import ACTIVATION_PER_OUTPUT, fit_memory
+from ptrun.costs.units import ModelCosts
+from ptrun.layout import fill as layout
+from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, fit_memory
 from ptrun.sim.pricing import unit_seconds
 
 COMBINATIONS: dict[str, tuple[str, dict[str, bool]]] = {
@@ -62,10 +64,10 @@ def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
 
 
 def device_budget(cfg: PtrunConfig, cluster: Cluster) -> int:
-    """Bytes one of `cluster`'s devices offers a stage, as the trainer's `ptrun.parallel.fit.device_budget`
+    """Bytes one of `cluster`'s devices offers a stage, as the trainer's `ptrun.layout.fit.device_budget`
     counts it (`memory_budget`): of the device's memory, or of the host's memory shared by the node's devices
     when the cluster gives none."""
-    from ptrun.parallel.fit import memory_budget
+    from ptrun.layout.fit import memory_budget
 
     return memory_budget(
         cfg.device.memory,
@@ -81,10 +83,8 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
     """`cfg` with a freeze policy that needs no gradient norms (assumption 6), and with `pipe.length=auto`
     resolved for `cluster`'s devices from `costs` (what the trainer measures, estimated: see `fit_memory`)."""
     if costs is not None and cluster is not None and (cfg.pipe.length == "auto" or cfg.pipe.microbatches is None):
-        from ptrun.parallel.fit import resolve_length
-
-        cfg, _ = resolve_length(
-            cfg, None, (), cluster.world_size, device_budget(cfg, cluster), memory=fit_memory(costs, cfg)
+        cfg, _ = layout.resolve(
+            cfg, cluster.world_size, layout.Devices(device_budget(cfg, cluster), fit_memory(costs, cfg))
         )
     if cfg.freeze.policy == "pipetransformer":
         return replace(cfg, freeze=replace(cfg.freeze, policy="alpha"))
@@ -139,7 +139,7 @@ def plan_epochs(
     controller = start(
         cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth, steps_per_epoch=steps
     )
-    from ptrun.parallel.fit import check_fits
+    from ptrun.layout.fit import check_fits
 
     # The first layout must fit a device (later ones only shorten the active part: frozen units keep no
     # gradients or optimizer state).

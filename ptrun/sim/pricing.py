@@ -9,10 +9,10 @@ from typing import Optional, Sequence
 
 from ptrun.config import PtrunConfig, parse_memory
 from ptrun.config.freezing import CACHE_DTYPE_BYTES, cache_dtype
-from ptrun.parallel.partition import stage_sums
-from ptrun.parallel.plan import Plan
+from ptrun.layout.partition import stage_sums
+from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
-from ptrun.sim.costs import FP32, ModelCosts
+from ptrun.costs.units import FP32, ModelCosts
 
 
 @dataclass(frozen=True)

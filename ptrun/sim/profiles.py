@@ -1,6 +1,6 @@
 """A measured profile: per-unit forward + backward seconds (and optionally the forward alone, the unit frozen and
 the optimizer update) measured on the target device, written as JSON (`save_profile`) and read back in place of
-the FLOP model (`load_profile`; see `ptrun.sim.costs`'s docstring)."""
+the FLOP model (`load_profile`; see `ptrun.costs.units`'s docstring)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ptrun.config import ConfigError
-from ptrun.sim.costs import ModelCosts
+from ptrun.costs.units import ModelCosts
 
 
 def save_profile(

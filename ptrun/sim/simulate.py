@@ -1,6 +1,6 @@
 """Project a recipe's epochs onto a cluster: the real Controller plans, a small time model prices each plan.
 
-Planning is not re-implemented here. The starting layout comes from `ptrun.parallel.layout.first_plan`
+Planning is not re-implemented here. The starting layout comes from `ptrun.layout.first.first_plan`
 (given a stand-in model whose units hold meta-device parameters of the analytic sizes) and every later
 layout from `Controller.decide`, the call the trainer makes at each epoch boundary, with the config of
 each combination of the paper's Figure 9 (`COMBINATIONS`). Only the *time* of a plan is modelled.
@@ -75,9 +75,9 @@ from typing import Sequence
 from ptrun.auto.controller import Controller
 from ptrun.auto.intervals import epoch_steps
 from ptrun.config import ConfigError, PtrunConfig
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import Cluster
-from ptrun.sim.costs import ModelCosts
+from ptrun.costs.units import ModelCosts
 from ptrun.sim.planning import (
     COMBINATIONS,
     DATASET_SAMPLES,

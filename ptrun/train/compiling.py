@@ -27,7 +27,7 @@ from ptrun.auto.autodp import Builder
 from ptrun.parallel.compile_costs import KeptCosts, inductor_entries, model_key
 from ptrun.parallel.compile_price import CompileDecision, decide
 from ptrun.parallel.compiled import _max_over_ranks, make_compiler, ruled_out, variants
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.train.startup import first_sample
 from ptrun.train.stats import WARM_UP_STEPS
 

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from ptrun.config import PtrunConfig
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.report.savings import run_savings
 from ptrun.train import stats
 from ptrun.train.recorders import StepRecorders
@@ -38,7 +38,7 @@ class RunRecord:
         self.start_clock = start_clock
         """The start's phases, for the start event."""
         self.tuning = tuning
-        """The micro-batch tuning (`ptrun.parallel.tuning.Tuning`), or None."""
+        """The micro-batch tuning (`ptrun.layout.tuning.Tuning`), or None."""
         self.tuned = tuning.event_fields() if tuning is not None else {}
         """Its fields, for the first plan event this process writes."""
         self.resumed_from: str | None = None

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config.training import PROFILE_STEPS
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Whether a layout the controller decided fits this worker's device, by the planner's memory model (the
-per-unit memory `ptrun.sim.fill.fit_memory` gives the launcher, handed to the worker): a layout change that would
+per-unit memory `ptrun.layout.fill.fit_memory` gives the launcher, handed to the worker): a layout change that would
 not fit (AutoDP widening, which hands each rank more units) is refused before it runs, and the run freezes in
 place instead, in the layout it has."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ptrun.parallel.fit import UnitMemory, stage_bytes
-from ptrun.parallel.plan import Plan
+from ptrun.layout.fit import UnitMemory, stage_bytes
+from ptrun.layout.plan import Plan
 
 
 def largest_stage(memory: UnitMemory, plan: Plan, global_batch: int, copies: int) -> float:

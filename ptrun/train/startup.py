@@ -1,7 +1,7 @@
-"""How a worker's trainer starts: the data, the model's units (without values), the layout checked against the
-world a rendezvous counted, what its layouts are built from, the units' profile for the time-based
-partitioners, the controller and its first layout, micro-batch tuning, and AutoCache. Each function is called
-once from `Trainer.__init__`, in this order."""
+"""How a worker's trainer starts (once `ptrun.compose.for_world` has checked the layout against the world a
+rendezvous counted): the data, the model's units (without values), what its engines are built from, the units'
+profile for the time-based partitioners, the controller and its first plan, micro-batch tuning, and AutoCache.
+Each function is called once from `Trainer.__init__`, in this order."""
 
 from __future__ import annotations
 
@@ -14,22 +14,21 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import AutoCache
-from ptrun.auto.autodp import Builder, build_layout
+from ptrun.auto.autodp import Builder, build_engine
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.intervals import epoch_steps
-from ptrun.config import ConfigError, PtrunConfig, check_concrete, parse_nnodes
-from ptrun.config.layout import fill_batch
+from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
 from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
-from ptrun.parallel import microtune
-from ptrun.parallel.tuning import Tuning, cache_fields, tune
+from ptrun.layout import microtune
+from ptrun.layout.tuning import Tuning, cache_fields, tune
 from ptrun.parallel.compiled import make_compiler
-from ptrun.parallel.layout import NEEDS_PROFILE, starting_micro_batch
-from ptrun.parallel.partition import partition
-from ptrun.parallel.plan import Plan
+from ptrun.layout.first import starting_micro_batch
+from ptrun.layout.partition import NEEDS_PROFILE, partition
+from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
@@ -55,7 +54,7 @@ def load_data(cfg: PtrunConfig, resume: bool) -> DataSplits:
 
 def build_units(cfg: PtrunConfig, data: DataSplits):
     """The model as layer units without values: a worker fills its own stages' units once it knows its layout
-    (`LayoutInUse.start`). The seed first: identical per-unit initial values on every rank."""
+    (`PlanInUse.start`). The seed first: identical per-unit initial values on every rank."""
     torch.manual_seed(cfg.train.seed)
     return build_model(
         cfg.model,
@@ -88,22 +87,6 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
         cfg.pipe.vertical_sync,
         make_compiler(cfg.train, layered, device, first_sample(data, layered.input_names)) if forced else None,
     )
-
-
-def check_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
-    """The one value of the layout a launch cannot know: on several machines, the world size the rendezvous
-    counted. The layout the launcher filled (`ptrun.sim.fill`) or the user wrote is checked against it here
-    (`check_concrete`; on one machine the launcher checked it already), and a per-pipeline batch the launcher
-    could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of that world."""
-    if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
-        raise ConfigError(
-            "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
-            "(ptrun.sim.fill.fill_layout, which ptrun train runs)"
-        )
-    cfg = fill_batch(cfg, world_size)
-    if parse_nnodes(cfg.launcher.nnodes)[1] > 1:
-        check_concrete(cfg.pipe, world_size, cfg.train.global_batch_size)
-    return cfg
 
 
 def measure_profile(
@@ -197,7 +180,7 @@ def tune_microbatches(
         return microtune.measure(
             lengths,
             plan_at=plan_at,
-            build=partial(build_layout, builder),
+            build=partial(build_engine, builder),
             batches=batches,
             model=layered.model,
             device=device,

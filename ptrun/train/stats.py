@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 
 
 WARM_UP_STEPS = 5

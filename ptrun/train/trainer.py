@@ -3,7 +3,7 @@ and at the end of every freeze interval (each epoch boundary by default; any ste
 let the controller freeze, repartition and widen data parallelism, in the running job.
 
 The trainer keeps the loop and the wiring; its parts each do one job with their own state:
-- `layouts` (`ptrun.train.layouts.LayoutInUse`): the layout in use and what is made from it, `switch_to(plan)`;
+- `in_use` (`ptrun.train.in_use.PlanInUse`): the plan in use and what is made from it, `switch_to(plan)`;
 - `decisions` (`ptrun.auto.controller.Decisions`): when the controller decides and when the cache stops;
 - `checkpoints` (`ptrun.train.checkpointing.Checkpoints`): when one is due, save, resume, keep, export;
 - `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
@@ -24,16 +24,17 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.controller import Decide, Decisions
+from ptrun.compose import for_world
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
-from ptrun.parallel.fit import UnitMemory, device_budget, state_copies
+from ptrun.layout.fit import UnitMemory, device_budget, state_copies
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import LossScaler
 from ptrun.train import checkpointing, faults, room, startup, stats
 from ptrun.train.checkpointing import Checkpoints
 from ptrun.train.evaluation import evaluate
-from ptrun.train.layouts import LayoutInUse
+from ptrun.train.in_use import PlanInUse
 from ptrun.train.record import RunRecord
 from ptrun.train.signals import make_signal
 from ptrun.train.state import EpochSums, TrainState
@@ -56,7 +57,7 @@ class Trainer:
         start_clock: stats.StartClock | None = None,
         unit_memory: UnitMemory | None = None,
     ):
-        cfg = startup.check_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
+        cfg = for_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
         self.cfg, self.rank, self.world_size, self.device, self.unit_memory = cfg, rank, world_size, device, unit_memory
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
@@ -78,7 +79,7 @@ class Trainer:
         self.decisions = Decisions(controller, signal, self.all_sum, decide)
         self.record = RunRecord(cfg, rank, device, clock, self.all_sum, tuning)
         self.checkpoints = Checkpoints(cfg, self.layered, controller, self.scaler, rank, world_size, builder.name_of)
-        self.layouts = LayoutInUse(
+        self.in_use = PlanInUse(
             cfg,
             builder,
             self.data,
@@ -90,7 +91,7 @@ class Trainer:
             self.stops.divergence,
         )
         self.state, plan, optimizer_states = self._resume() if resume else (TrainState(), controller.first, {})
-        self.layouts.start(plan, optimizer_states, self._steps_left, tuning)
+        self.in_use.start(plan, optimizer_states, self._steps_left, tuning)
         clock.lap("layout")
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.decisions.interval_begins()
@@ -99,7 +100,7 @@ class Trainer:
 
     def _resume(self) -> tuple[TrainState, Plan, dict]:
         """The newest checkpoint's position, plan and this rank's optimizer state (the start's without one)."""
-        resumed = self.checkpoints.resume(self.layouts.positions.interval_at)
+        resumed = self.checkpoints.resume(self.in_use.positions.interval_at)
         if resumed is None:
             return TrainState(), self.controller.first, {}
         self.record.resumed_from = resumed.path
@@ -110,11 +111,11 @@ class Trainer:
     # ---- what the parts hold ------------------------------------------------------------------------
     @property
     def plan(self) -> Plan:
-        return self.layouts.plan
+        return self.in_use.plan
 
     @property
     def runtime(self):
-        return self.layouts.runtime
+        return self.in_use.runtime
 
     @property
     def controller(self):
@@ -122,7 +123,7 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.layouts.positions.steps_per_epoch
+        return self.in_use.positions.steps_per_epoch
 
     @property
     def has_trained(self) -> bool:
@@ -131,7 +132,7 @@ class Trainer:
 
     @property
     def _steps_left(self) -> int:
-        return max(self.layouts.total_steps - self.state.global_step, 0)
+        return max(self.in_use.total_steps - self.state.global_step, 0)
 
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
         return stats.all_sum(values, self.device)
@@ -144,7 +145,7 @@ class Trainer:
         """One epoch from where it resumes, in segments between the freeze decisions that fall inside it (one
         segment with whole-epoch intervals); returns the epoch event's statistics (`fit` adds the cache's
         counters once the epoch's evaluation has counted its own)."""
-        state, batch = self.state, self.layouts.train_sampler.global_batch_size
+        state, batch = self.state, self.in_use.train_sampler.global_batch_size
         start = checkpointing.resume_step(state.step_in_epoch, state.global_batch, batch)
         if start != state.step_in_epoch and self.rank == 0:
             log.warning(
@@ -169,8 +170,8 @@ class Trainer:
                 # the checkpoint due at the segment's last step, written after the decision: a restart resumes
                 # in the new layout, at this step
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
-            end = self.layouts.positions.segment_end(state.epoch, position)
-            end = self.layouts.compiling.segment_end(position, end, self.record.clock.steps)
+            end = self.in_use.positions.segment_end(state.epoch, position)
+            end = self.in_use.compiling.segment_end(position, end, self.record.clock.steps)
             self._train_segment(sums, position, end, epoch_base)
             position = end
         elapsed = time.perf_counter() - sums.t0
@@ -179,7 +180,7 @@ class Trainer:
         extra = {
             **stats.scaler_stats(self.scaler, skipped_before),
             **stats.stash_stats(self.runtime, self.device),
-            **stats.memory_stats(self.layered, self.layouts.layout, self.rank, self.device),
+            **stats.memory_stats(self.layered, self.in_use.engine, self.rank, self.device),
         }
         return self.record.epoch_stats(sums, elapsed, self.steps_per_epoch, start, self.all_sum, extra)
 
@@ -197,7 +198,7 @@ class Trainer:
 
     def _train_segment(self, sums: EpochSums, start: int, end: int, epoch_base: int) -> None:
         """Steps `start .. end - 1` of the epoch, in one layout (no decision falls between them)."""
-        runtime, feed, epoch = self.runtime, self.layouts.feed, self.state.epoch
+        runtime, feed, epoch = self.runtime, self.in_use.feed, self.state.epoch
         for index, batch in feed.batches("train", epoch, start, end):
             self.record.step_begins(runtime, epoch_base + index)
             step = feed.step(epoch, index, batch)
@@ -206,8 +207,8 @@ class Trainer:
             drain = index + 1 == end or self._checkpoint_due(epoch_base, index)
             for item, loss in runtime.train_step(step, self.scaler.scale, drain):
                 self.record.step_passed(runtime, self.plan, self.state.global_step)
-                progress = self.layouts.positions.progress(epoch, item.step)  # the schedule's clock
-                self.state, done = train_step(self.state, progress, self.layouts.step_parts, item.step)
+                progress = self.in_use.positions.progress(epoch, item.step)  # the schedule's clock
+                self.state, done = train_step(self.state, progress, self.in_use.step_parts, item.step)
                 self._count(sums, item, loss, done)
                 self._after_step(sums, item.step, end, epoch_base)
         runtime.pause()
@@ -242,7 +243,7 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """Collective: the eval split's metrics."""
-        feed = self.layouts.feed
+        feed = self.in_use.feed
         batches = ((batch, *feed.inputs_and_target(batch, "eval")) for _, batch in feed.batches("eval"))
         return evaluate(self.runtime, batches, self.data, self.cfg.model.task, self.device, self.rank == 0)
 
@@ -254,10 +255,10 @@ class Trainer:
         position = replace(
             self.state,
             step_in_epoch=step_in_epoch,
-            global_batch=self.layouts.train_sampler.global_batch_size,
+            global_batch=self.in_use.train_sampler.global_batch_size,
             progress={**(progress or {}), **self.decisions.signal.progress(self.all_sum)},
         )
-        self.checkpoints.save(self.layouts.layout, position)
+        self.checkpoints.save(self.in_use.engine, position)
         self.state.last_checkpoint_step = self.state.global_step
 
     # ---- the run ------------------------------------------------------------------------------------
@@ -275,12 +276,12 @@ class Trainer:
             self.world_size,
             self.device,
             self.plan,
-            self.layouts.builder.compiler,
-            self.layouts.compiling.decision,
+            self.in_use.builder.compiler,
+            self.in_use.compiling.decision,
         )
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
-        moved = stats.start_memory(self.layouts.unheld_bytes(), self.rank, self.world_size, self.device)
+        moved = stats.start_memory(self.in_use.unheld_bytes(), self.rank, self.world_size, self.device)
         while self.state.epoch < cfg.train.epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
             # epochs, or a step a stop interrupted before its decision) comes first.
@@ -293,7 +294,7 @@ class Trainer:
             epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
             self.state.remember(ev)
             epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
-            epoch_stats.update(stats.compile_stats(self.layouts.builder.compiler))
+            epoch_stats.update(stats.compile_stats(self.in_use.builder.compiler))
             self.record.epoch_ended(self.state.epoch, epoch_stats, ev, self.plan)
             self.state.epoch += 1
             stopped = {} if last else self._stop_caching_if_slower()
@@ -324,7 +325,7 @@ class Trainer:
         stays)."""
         state = self.state
         decided = self.decisions.due(
-            self.layouts.positions, state.epoch, position, state.interval, state.interval_steps, self.plan
+            self.in_use.positions, state.epoch, position, state.interval, state.interval_steps, self.plan
         )
         if decided is None:
             return {}
@@ -368,19 +369,20 @@ class Trainer:
     def _move_to(self, plan: Plan, position: int, announce: bool) -> dict:
         """Collective: the transition to a decided `plan` before step `position`, shown and (`announce`)
         recorded; returns its cost for the `plan` event."""
-        old, layouts = self.plan, self.layouts
+        old, in_use = self.plan, self.in_use
         # a compiled run of `auto` prices the new layout's variants: where they do not pay it runs eager
-        layouts.builder, priced = self.layouts.compiling.at_transition(
-            layouts.builder, plan, self._steps_left, self.record.clock.step_s
+        in_use.builder, priced = in_use.compiling.at_transition(
+            in_use.builder, plan, self._steps_left, self.record.clock.step_s
         )
-        transition_s = layouts.switch_to(plan, self.state.global_step)
+        transition_s = in_use.switch_to(plan, self.state.global_step)
         # parameter storage outside the workers' stages (none) is summed with what moved
-        moved, unheld = self.all_sum([self.layouts.layout.received_bytes, self.layouts.unheld_bytes()]).tolist()
+        engine = in_use.engine
+        moved, unheld = self.all_sum([engine.received_bytes, in_use.unheld_bytes()]).tolist()
         cost = {
             "transition_s": transition_s,
             "moved_bytes": int(moved),
             "unheld_param_bytes": int(unheld),
-            **self.layouts.layout.compiled,
+            **engine.compiled,
         }  # compiling the new layout's units, part of the transition's seconds
         self.record.transition(self.state.epoch, old, plan, cost, position, announce, self.layered.unit_names)
         if priced is not None:
@@ -391,15 +393,15 @@ class Trainer:
         """Collective between two segments: once the first steps are timed, what they measured is kept, and
         `train.compile=auto` that started eager for want of a step time decides; where compiling pays, this
         layout is built again compiled, now (its optimizer and every value kept)."""
-        layouts, clock = self.layouts, self.record.clock
-        layouts.builder, decided = self.layouts.compiling.after_first_steps(
-            layouts.builder, self.plan, self._steps_left, clock.step_s, clock.steps
+        in_use, clock = self.in_use, self.record.clock
+        in_use.builder, decided = in_use.compiling.after_first_steps(
+            in_use.builder, self.plan, self._steps_left, clock.step_s, clock.steps
         )
         if decided is None:
             return
         seconds = None
         if decided.compile:
-            seconds = layouts.switch_to(self.plan, self.state.global_step)
+            seconds = in_use.switch_to(self.plan, self.state.global_step)
             clock.recent.clear()  # the step time from here is a compiled step's
         self.record.compile_decided(decided, self.state.epoch, position, seconds)
 
@@ -427,4 +429,4 @@ class Trainer:
 
     def close(self) -> None:
         self.record.close()
-        self.layouts.layout.groups.destroy()
+        self.in_use.close()

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from ptrun.config import ConfigError
-from ptrun.parallel.microbatches import batch_sizes, pick_microbatches, schedule_accepts
-from ptrun.parallel.partition import partition, stage_sums, weighted_costs
-from ptrun.parallel.plan import Plan
+from ptrun.layout.microbatches import batch_sizes, pick_microbatches, schedule_accepts
+from ptrun.layout.partition import partition, stage_sums, weighted_costs
+from ptrun.layout.plan import Plan
 
 _TOL = 1e-9
 """Relative slack when comparing a stage sum with `start_max`: both are float sums, and a layout exactly as

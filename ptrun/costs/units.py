@@ -4,7 +4,7 @@ Units are those of `ptrun/models/layered.py`: `embed`, then `block.i.attn` and `
 the L blocks, then `head` (2L + 2 units). For each unit, per sample:
 
 - `params`: parameter elements the unit owns (a tied weight counts on every unit holding a copy, as
-  `ptrun.parallel.layout.param_costs` counts it);
+  `ptrun.layout.first.param_costs` counts it);
 - `fwd_flops`: forward FLOPs of its matrix multiplications (2 per multiply-add). Layer norms, softmax,
   GELU, biases, residual adds and embedding lookups are left out: they are memory-bound and small next to
   the GEMMs of a ViT-B or BERT-large block (a few per cent);
@@ -29,8 +29,8 @@ Formulas (N tokens, width D, MLP hidden H = mlp_ratio x D, C input channels, P p
           head the last layer computes the first token's row (`ptrun.models.encoders`): its attention
           2 N D^2 x 2 (k and v) + 2 D^2 x 2 (q and output) + 2 N D x 2 (one query's scores), DistilBERT's
           whole; its MLP one token; both halves output one row.
-    The decoders, DeBERTa-v2 / v3 and ModernBERT are priced from their whole config.json (`ptrun.sim.hf_costs`),
-    each function saying what it counts; `ptrun.sim.config_costs` picks the family a config builds.
+    The decoders, DeBERTa-v2 / v3 and ModernBERT are priced from their whole config.json (`ptrun.costs.hf_families`),
+    each function saying what it counts; `ptrun.costs.from_config` picks the family a config builds.
 
 A measured profile (`ptrun.sim.profiles`) replaces the FLOP model by per-unit forward + backward seconds per
 sample measured on the target device (e.g. `ptrun.parallel.profile.profile_units` on one micro-batch,

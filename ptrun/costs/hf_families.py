@@ -1,12 +1,12 @@
 """Per-unit costs of the Hugging Face families whose units are not BERT's, priced from their whole config.json:
 the decoders (GPT-2, the Llama family: `decoder_costs`), DeBERTa-v2 / v3 (`deberta_costs`) and ModernBERT
 (`modernbert_costs`), each function saying what it counts. The units, the fields and the FLOP conventions are
-`ptrun.sim.costs`'s."""
+`ptrun.costs.units`'s."""
 
 from __future__ import annotations
 
 from typing import Any
-from ptrun.sim.costs import FP32, ModelCosts, attention_flops, unit_names
+from ptrun.costs.units import FP32, ModelCosts, attention_flops, unit_names
 
 
 def decoder_costs(

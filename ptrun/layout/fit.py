@@ -11,7 +11,7 @@ parallelism, the layout a user would pick.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -20,14 +20,12 @@ from ptrun.config import (
     SCHEDULE_SPECS,
     ConfigError,
     PtrunConfig,
-    check_concrete,
-    data_parallel_width,
     parse_memory,
 )
-from ptrun.config.layout import auto_lengths, batch_at, fill_batch, length_problem, no_length_fits, stage_problem
+from ptrun.config.layout_rules import auto_lengths, batch_at, length_problem, no_length_fits, stage_problem
 from ptrun.models.lazy import borrowed, unit_names
-from ptrun.parallel.microbatches import pick_microbatches
-from ptrun.parallel.partition import partition, stage_sums
+from ptrun.layout.microbatches import pick_microbatches
+from ptrun.layout.partition import partition, stage_sums
 
 DEVICE_SHARE = "90%"
 """What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's
@@ -147,7 +145,7 @@ def _in_flight(schedule: str, pp: int, microbatches: int) -> int:
 def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget: int) -> LengthChoice:
     """The smallest K (a divisor of the world size) whose largest stage fits `budget`, with the micro-batch
     count that follows it (`pipe.microbatches` if set). Memory alone picks K, so a pipeline appears only when
-    memory asks for one; the layout rules at that K are checked afterwards (`resolve_length`). ConfigError
+    memory asks for one; the layout rules at that K are checked afterwards (`ptrun.layout.fill.resolve`). ConfigError
     when no K works: where every K breaks a layout rule (`length_problem`) or none fits, naming for each K
     the first rule it broke, or what its largest stage needs."""
     pipe, num_units, train = cfg.pipe, len(memory.state_bytes), cfg.train
@@ -165,7 +163,7 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
         per_replica = max(1, batch_at(train, world_size // pp) // (world_size // pp))
         if reasons[pp] is None:
             m = pipe.microbatches if isinstance(pipe.microbatches, int) else follow_microbatches(pp, per_replica, cfg)
-        else:  # an estimate: if memory picks this K, `resolve_length` names the rule it breaks
+        else:  # an estimate: if memory picks this K, `ptrun.layout.fill.resolve` names the rule it breaks
             m = pipe.microbatches if isinstance(pipe.microbatches, int) else 1
         micro = per_replica / m
         cost = [
@@ -210,36 +208,3 @@ def check_fits(memory: UnitMemory, plan, global_batch: int, budget: int) -> list
                 f"(or pipe.length=auto), a smaller batch, or pipe.recompute"
             )
     return need
-
-
-def resolve_length(
-    cfg: PtrunConfig, layered, sample: tuple, world_size: int, budget: int, memory: UnitMemory | None = None
-) -> tuple[PtrunConfig, LengthChoice | None]:
-    """`cfg` with `pipe.length` and `pipe.microbatches` made concrete: `auto` length from the memory fit
-    (`memory`, else measured on `layered` with `sample`), an unset micro-batch count from the length
-    (`pick_microbatches`), the global batch from `train.pipeline_batch_size` at that length (`fill_batch`).
-    Returns the choice when K was chosen. The layout it fills is checked here, the one
-    check of values the launcher could not see (`ptrun.config.check_concrete`, the rules the config's
-    validation applies to a layout the user writes): nothing needs validating again; ConfigError naming the
-    key otherwise. `cfg` itself when there is nothing to fill; `pipe.microbatches=auto` stays for the trainer
-    to measure."""
-    pipe = cfg.pipe
-    if pipe.length != "auto" and pipe.microbatches is not None:
-        return fill_batch(cfg, world_size), None
-    choice = None
-    if pipe.length == "auto":
-        memory = memory or measure_unit_memory(layered, sample, cfg.optim.name)
-        choice = choose_length(memory, cfg, world_size, budget)
-        pipe = replace(
-            pipe,
-            length=choice.length,
-            microbatches=choice.microbatches if pipe.microbatches is None else pipe.microbatches,
-        )
-    cfg = fill_batch(replace(cfg, pipe=pipe), world_size)
-    if pipe.microbatches is None:
-        dp = data_parallel_width(pipe, world_size)
-        pipe = replace(
-            pipe, microbatches=follow_microbatches(pipe.length, max(1, cfg.train.global_batch_size // dp), cfg)
-        )
-    check_concrete(pipe, world_size, cfg.train.global_batch_size)
-    return replace(cfg, pipe=pipe), choice

@@ -1,4 +1,4 @@
-"""The layout a worker trains in, with everything made from it: AutoDP's `Layout` (process groups, this rank's
+"""The plan a worker trains in, with everything made from it: AutoDP's `Engine` (process groups, this rank's
 stages and runtime, its optimizer), the samplers of its global batch and its epochs' positions, the feed of
 its batches (raw, or from AutoCache at the plan's cached depth), the blocks the freeze signal measures on this
 rank and what its updates are made with. `switch_to(plan)` changes all of them in one call."""
@@ -11,13 +11,13 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from ptrun.auto.autodp import Builder, Layout, build_layout, change_layout
+from ptrun.auto.autodp import Builder, Engine, build_engine, change_engine
 from ptrun.auto.intervals import Positions, epoch_steps
 from ptrun.auto.residency import held_units, release_unheld, unheld_bytes
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler
 from ptrun.models.lazy import init_units
-from ptrun.parallel.plan import Plan
+from ptrun.layout.plan import Plan
 from ptrun.train import faults
 from ptrun.train.compiling import Compiling
 from ptrun.train.feed import Feed
@@ -27,9 +27,10 @@ from ptrun.train.divergence import DivergenceWatch
 from ptrun.train.step import StepParts
 
 
-class LayoutInUse:
-    """This rank's layout and what follows from its plan. The samplers follow the plan's global batch (which
-    grows with DP under `auto.batch=fixed_per_pipeline`), the positions their epoch's steps."""
+class PlanInUse:
+    """This rank's plan in use and what follows from it: its engine, samplers, positions, feed and step parts.
+    The samplers follow the plan's global batch (which grows with DP under `auto.batch=fixed_per_pipeline`), the
+    positions their epoch's steps."""
 
     def __init__(
         self,
@@ -52,23 +53,23 @@ class LayoutInUse:
         self.eval_sampler = EpochSampler(len(data.eval), batch, seed, shuffle=False)
         base_steps = self._epoch_steps()
         self.positions = Positions(base_steps, base_steps, cfg.freeze.every, cfg.freeze.every_steps, cfg.auto.freeze)
-        """The positions of this layout's steps (`Positions.base_steps`: the first layout's, the schedule's)."""
+        """The positions of this plan's steps (`Positions.base_steps`: the first plan's, the schedule's)."""
         self.total_steps = cfg.train.epochs * base_steps
-        self.layout: Layout | None = None
+        self.engine: Engine | None = None
         self.feed: Feed | None = None
-        """Where this layout's batches come from on this rank."""
+        """Where this plan's batches come from on this rank."""
         self.step_parts: StepParts | None = None
-        """What this layout's steps are updated with (`ptrun.train.step.train_step`)."""
+        """What this plan's steps are updated with (`ptrun.train.step.train_step`)."""
         self.compiling = Compiling(cfg, builder.layered, data, builder.device, builder.rank)
         """`train.compile`'s decisions: the builder compiles or not from each on."""
 
     @property
     def plan(self) -> Plan:
-        return self.layout.plan
+        return self.engine.plan
 
     @property
     def runtime(self):
-        return self.layout.runtime
+        return self.engine.runtime
 
     def _epoch_steps(self) -> int:
         return epoch_steps(
@@ -76,15 +77,15 @@ class LayoutInUse:
         )
 
     def start(self, plan: Plan, optimizer_states: dict | None = None, steps_left: int = 0, tuning=None) -> None:
-        """Collective: build `plan`'s layout on this rank (the first one, or after a resume), compiled or eager as
+        """Collective: build `plan`'s engine on this rank (the first one, or after a resume), compiled or eager as
         `train.compile` decides, priced on the `steps_left` (and the micro-batch `tuning`'s step time of this
-        layout, where it measured one); `switch_to` changes it."""
+        plan, where it measured one); `switch_to` changes it."""
         if tuning is not None:
             self.compiling.tuned_step_s = tuning.costs.get((plan.pp, plan.microbatches))
         self.builder = self.compiling.start(self.builder, plan, steps_left)
         layered, rank = self.builder.layered, self.builder.rank
         init_units(layered, held_units(layered, plan, rank))  # those a resume did not fill
-        self._use(build_layout(self.builder, plan, optimizer_states))
+        self._use(build_engine(self.builder, plan, optimizer_states))
         release_unheld(layered, plan, rank)  # from here on a worker holds its own stages' weights
 
     def switch_to(self, plan: Plan, global_step: int) -> float:
@@ -92,18 +93,22 @@ class LayoutInUse:
         returns its wall time in seconds."""
         t0 = time.perf_counter()
         self._use(
-            change_layout(self.builder, self.layout, plan, midway=lambda: faults.reached("transition", global_step))
+            change_engine(self.builder, self.engine, plan, midway=lambda: faults.reached("transition", global_step))
         )
         dist.barrier()
         return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Destroy the engine's process groups (undestroyed groups leak file descriptors and threads)."""
+        self.engine.groups.destroy()
 
     def unheld_bytes(self) -> int:
         """This rank's bytes of parameter storage outside its stages: 0 (the plan events record the sum)."""
         return unheld_bytes(self.builder.layered, self.plan, self.builder.rank)
 
-    def _use(self, layout: Layout) -> None:
+    def _use(self, engine: Engine) -> None:
         cfg, layered, rank = self.cfg, self.builder.layered, self.builder.rank
-        self.layout, plan = layout, layout.plan
+        self.engine, plan = engine, engine.plan
         global_batch = self.global_batch(plan)
         if global_batch != self.train_sampler.global_batch_size:
             self.train_sampler = EpochSampler(len(self.data.train), global_batch, cfg.train.seed)
@@ -133,7 +138,7 @@ class LayoutInUse:
         self.signal.hold(held_blocks(layered, self.runtime.unit_indices, plan.coords(rank)[0] == 0))
         self.step_parts = StepParts(
             self.runtime,
-            layout.optimizer,
+            engine.optimizer,
             self.scaler,
             cfg.optim,
             cfg.train.grad_clip,

@@ -22,21 +22,18 @@ with one line naming the config key.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from ptrun.config import PARTITIONS, ConfigError
-from ptrun.parallel.plan import even_bounds
+from ptrun.config import ConfigError
+from ptrun.layout.plan import even_bounds
 
 Bounds = tuple[tuple[int, int], ...]
 
 FROZEN_COST = 1 / 6
 """Cost of a frozen unit relative to an active one: it keeps its weights but has no gradients, no optimizer
 state and no stored activations (the paper's lambda; the released code used 0, which overloads stage 0)."""
-
-PARTITIONERS = PARTITIONS
-"""The methods `partition` implements: the values `pipe.partition` accepts, named once in the config
-(`ptrun.config.PARTITIONS`), the layer below this one."""
 
 _TIE = 1e-9
 """Relative slack for the greedy rule's comparison: normalising costs divides by a float, so a stage whose
@@ -304,6 +301,78 @@ def explicit(stages: Any, num_units: int) -> Bounds:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Given:
+    """What a partition is asked with: the unit count, the costs the caller has (None where it has none), the
+    frozen prefix and `pipe.stages`. Each partitioner takes what it needs (`need`)."""
+
+    method: str
+    num_units: int
+    param_costs: Optional[Sequence[float]] = None
+    time_costs: Optional[Sequence[float]] = None
+    activation: Optional[Sequence[float]] = None
+    bandwidth: Optional[float] = None
+    frozen_units: int = 0
+    stages: Any = None
+
+    def need(self, name: str, label: str) -> list[float]:
+        """The costs `name` (checked here, so the message names the method asked for) or ConfigError."""
+        vec = getattr(self, name)
+        if vec is None:
+            raise ConfigError(f"pipe.partition={self.method} needs per-unit {label}, which were not given")
+        if len(vec) != self.num_units:
+            raise ConfigError(
+                f"pipe.partition={self.method}: {label} has {len(vec)} entries for {self.num_units} units"
+            )
+        return _check_costs(vec, label, self.method)
+
+    def weighted(self, name: str, label: str) -> list[float]:
+        """`need`, with the frozen prefix charged `FROZEN_COST`."""
+        return weighted_costs(self.need(name, label), self.frozen_units)
+
+
+def _by_pipedream(num_stages: int, given: Given) -> Bounds:
+    if given.bandwidth is None:
+        raise ConfigError("pipe.partition=pipedream needs the link bandwidth, which was not given")
+    return pipedream(
+        given.weighted("time_costs", "time costs"),
+        given.need("activation", "activation sizes"),
+        num_stages,
+        given.bandwidth,
+    )
+
+
+def _by_explicit(num_stages: int, given: Given) -> Bounds:
+    if given.stages is None:
+        raise ConfigError("pipe.partition=explicit needs pipe.stages, a list of [lo, hi) unit ranges")
+    out = explicit(given.stages, given.num_units)
+    if len(out) != num_stages:
+        raise ConfigError(
+            f"pipe.stages has {len(out)} ranges but the pipeline has {num_stages} stages; give exactly {num_stages}"
+        )
+    return out
+
+
+PARTITIONERS: dict[str, Callable[[int, Given], Bounds]] = {
+    "uniform": lambda k, given: uniform(given.num_units, k),
+    "params": lambda k, given: min_max(given.weighted("param_costs", "parameter costs"), k),
+    "time": lambda k, given: min_max(given.weighted("time_costs", "time costs"), k),
+    "pipetransformer": lambda k, given: pipetransformer(given.weighted("param_costs", "parameter costs"), k),
+    "pipedream": _by_pipedream,
+    "explicit": _by_explicit,
+}
+"""`pipe.partition` -> its partitioner, called with the stage count and what was given. Its names are the
+values the config accepts (`ptrun.config.PARTITIONS`, in the schema below this layer, which a test holds equal
+to these keys)."""
+
+REPARTITION = {"explicit": "params"}
+"""The partitioner AutoPipe's later plans use where it is not `pipe.partition` itself: an explicit layout
+cannot be re-derived for other stage counts, so AutoPipe balances parameters then."""
+
+NEEDS_PROFILE = ("time", "pipedream")
+"""Partitioners that balance measured time rather than parameter size: a start profiles the units for them."""
+
+
 def partition(
     method: str,
     num_stages: int,
@@ -316,7 +385,7 @@ def partition(
     frozen_units: int = 0,
     stages: Any = None,
 ) -> Bounds:
-    """Split `num_units` units into `num_stages` stages by `method` (one of `PARTITIONERS`).
+    """Split `num_units` units into `num_stages` stages by `method` (a key of `PARTITIONERS`).
 
     - uniform: equal unit counts.
     - params: `min_max` over parameter costs; time: `min_max` over per-unit times.
@@ -331,36 +400,7 @@ def partition(
     if isinstance(num_units, bool) or not isinstance(num_units, int) or num_units < 1:
         raise ConfigError(f"pipe.partition={method}: the model must have at least one unit, got {num_units!r}")
     _check_stages(num_stages, num_units, method)
-
-    def need(vec: Optional[Sequence[float]], name: str) -> list[float]:
-        if vec is None:
-            raise ConfigError(f"pipe.partition={method} needs per-unit {name}, which were not given")
-        if len(vec) != num_units:
-            raise ConfigError(f"pipe.partition={method}: {name} has {len(vec)} entries for {num_units} units")
-        return _check_costs(vec, name, method)  # checked here so the message names the method asked for
-
-    if method == "uniform" or (num_stages == 1 and method != "explicit"):
+    if num_stages == 1 and method != "explicit":
         return uniform(num_units, num_stages)  # one stage holds every unit whatever the costs: none are needed
-    if method == "params":
-        return min_max(weighted_costs(need(param_costs, "parameter costs"), frozen_units), num_stages)
-    if method == "time":
-        return min_max(weighted_costs(need(time_costs, "time costs"), frozen_units), num_stages)
-    if method == "pipetransformer":
-        return pipetransformer(weighted_costs(need(param_costs, "parameter costs"), frozen_units), num_stages)
-    if method == "pipedream":
-        if bandwidth is None:
-            raise ConfigError("pipe.partition=pipedream needs the link bandwidth, which was not given")
-        return pipedream(
-            weighted_costs(need(time_costs, "time costs"), frozen_units),
-            need(activation, "activation sizes"),
-            num_stages,
-            bandwidth,
-        )
-    if stages is None:
-        raise ConfigError("pipe.partition=explicit needs pipe.stages, a list of [lo, hi) unit ranges")
-    out = explicit(stages, num_units)
-    if len(out) != num_stages:
-        raise ConfigError(
-            f"pipe.stages has {len(out)} ranges but the pipeline has {num_stages} stages; give exactly {num_stages}"
-        )
-    return out
+    given = Given(method, num_units, param_costs, time_costs, activation, bandwidth, frozen_units, stages)
+    return PARTITIONERS[method](num_stages, given)

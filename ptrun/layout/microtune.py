@@ -17,7 +17,7 @@ wins and M = K is fastest; on GPUs a larger M shrinks the bubble). So ptrun meas
 - `choose` (pure): the fastest M per K; within `TIE` of the fastest the fewer micro-batches win (fewer
   schedule actions and sends, larger and more efficient kernels; the difference is noise anyway), with a
   one-line reason.
-- `ptrun.parallel.tuning` runs them: `tune` reads the measured times from its disk cache (a model is measured
+- `ptrun.layout.tuning` runs them: `tune` reads the measured times from its disk cache (a model is measured
   once per machine) or measures them, then chooses.
 """
 
@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config import ConfigError, schedule_problem
-from ptrun.parallel.microbatches import batch_sizes, pick_microbatches
-from ptrun.parallel.plan import Plan
+from ptrun.layout.microbatches import batch_sizes, pick_microbatches
+from ptrun.layout.plan import Plan
 
 
 MULTIPLES = range(1, 7)
@@ -268,7 +268,7 @@ def measure(
 ) -> dict[tuple[int, int], float]:
     """Collective over all ranks: {(K, M): seconds per step} for every K with more than one candidate.
 
-    `plan_at(K, M)` is the Plan to time (nothing frozen), `build(plan)` its Layout (groups + runtime; the
+    `plan_at(K, M)` is the Plan to time (nothing frozen), `build(plan)` its Engine (groups + runtime; the
     groups are destroyed after timing), `batches(length)` this rank's real batches at that length. Training
     state is restored afterwards: buffers, gradients (none) and the random generators
     (dropout and augmentation draw from them, so a tuned run trains exactly like an untuned one)."""
@@ -281,12 +281,12 @@ def measure(
                     continue
                 data = batches(length)
                 for m in length.microbatches:
-                    layout = build(plan_at(length.pp, m))
+                    engine = build(plan_at(length.pp, m))
                     try:
-                        costs[(length.pp, m)] = time_steps(layout.runtime, data, device)
+                        costs[(length.pp, m)] = time_steps(engine.runtime, data, device)
                     finally:
-                        layout.runtime.zero_grad()
-                        layout.groups.destroy()
+                        engine.runtime.zero_grad()
+                        engine.groups.destroy()
         finally:
             _restore(model, buffers)
     return costs

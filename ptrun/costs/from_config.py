@@ -1,6 +1,6 @@
 """The costs of the model a config would build (`costs_from_config`): from `model.*`, a Hugging Face
 `model.pretrained` directory's config.json, the name's defaults and the data source, priced by the family's
-formulas (`ptrun.sim.costs` for ViT and BERT, `ptrun.sim.hf_costs` for the others)."""
+formulas (`ptrun.costs.units` for ViT and BERT, `ptrun.costs.hf_families` for the others)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig
 from ptrun.config.model import DECODER_TYPES, family_spec
-from ptrun.sim.costs import BERT_SIZES, VIT_SIZES, ModelCosts, bert_costs, vit_costs
-from ptrun.sim.hf_costs import ENCODER_COSTS, decoder_costs
+from ptrun.costs.units import BERT_SIZES, VIT_SIZES, ModelCosts, bert_costs, vit_costs
+from ptrun.costs.hf_families import ENCODER_COSTS, decoder_costs
 
 
 DATA_IMAGES = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3, 100), "imagefolder": (224, 3, 1000)}

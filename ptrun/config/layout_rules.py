@@ -5,12 +5,11 @@ M divides a replica's batch), and the micro-batch count against the schedule (`s
 refuses a job no length fits (`no_length_fits`).
 
 Called by the config's validation (`check_layout`, where the world size is known before the start: one
-machine), and once more only where a value becomes known later: the values the launcher fills
-(`ptrun.parallel.fit.resolve_length`, through `ptrun.sim.fill`: `check_concrete`), or on several machines in
-the workers, the world size the rendezvous counted (`check_concrete`, `ptrun.train.startup.check_world`); in
-`ptrun plan`, the world size of
-a cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a layout the
-user writes does."""
+machine), and once more only where a value becomes known later, through the layout's one entry
+(`ptrun.layout.fill.resolve`: `check_concrete`): the values the launch fills (`ptrun.compose.for_launch`), on
+several machines the world size the rendezvous counted (`ptrun.compose.for_world`), in `ptrun plan` the world
+size of a cluster of several (`ptrun.compose.for_cluster`). So a layout the start chooses obeys the rules a
+layout the user writes does."""
 
 from __future__ import annotations
 
@@ -117,21 +116,6 @@ def batch_at(train, dp: int) -> int:
     return train.global_batch_size if train.pipeline_batch_size is None else train.pipeline_batch_size * dp
 
 
-def fill_batch(cfg, world: int):
-    """`cfg` with `train.global_batch_size` filled from `train.pipeline_batch_size` for its integer
-    `pipe.length` on `world` workers (whose width rule it must pass); `cfg` itself when the global batch is
-    given."""
-    from dataclasses import replace
-
-    t = cfg.train
-    if t.global_batch_size is not None:
-        return cfg
-    problem = width_problem(cfg.pipe, world)
-    if problem:
-        require(False, *problem)
-    return replace(cfg, train=replace(t, global_batch_size=batch_at(t, data_parallel_width(cfg.pipe, world))))
-
-
 def no_length_fits(world: int, reasons: dict[int, str], note: str = "", hint: str = "") -> ConfigError:
     """The one-line refusal of `pipe.length=auto` when every candidate length broke a rule: each length with
     the first rule it broke (`reasons`, in order), then `hint`."""
@@ -165,7 +149,7 @@ def check_concrete(pipe, world: int, global_batch: int) -> None:
 
 def check_layout(cfg) -> None:
     """The config's layout against the workers of one machine, when `launcher.nnodes` is 1 (with more machines
-    the world is known only at the start, which checks it then: `ptrun.train.startup.check_world`), and the
+    the world is known only at the start, which checks it then: `ptrun.compose.for_world`), and the
     micro-batch count against the schedule: `auto` and unset need one count that works. With
     `pipe.length=auto` on one machine, some length must obey the rules (memory picks among them later)."""
     p, t, lc = cfg.pipe, cfg.train, cfg.launcher

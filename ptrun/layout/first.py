@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ptrun.config import ConfigError, PipeConfig, data_parallel_width
 from ptrun.models.layered import LayeredModel
-from ptrun.parallel.microbatches import pick_microbatches
-from ptrun.parallel.partition import partition
-from ptrun.parallel.plan import Plan
-from ptrun.parallel.profile import UnitProfile
+from ptrun.layout.microbatches import pick_microbatches
+from ptrun.layout.partition import partition
+from ptrun.layout.plan import Plan
 
-NEEDS_PROFILE = ("time", "pipedream")
-"""Partitioners that balance measured time rather than parameter size."""
+if TYPE_CHECKING:  # the profile is measured with the runtimes' tools, above the layout
+    from ptrun.parallel.profile import UnitProfile
 
 
 def param_costs(layered: LayeredModel) -> list[float]:
@@ -34,7 +35,7 @@ def start_replica_batch(pipe: PipeConfig, world_size: int, global_batch: int) ->
 def starting_microbatches(pipe: PipeConfig, world_size: int, global_batch: int, table=None) -> int:
     """The first plan's M before anything is measured: `pipe.microbatches` when it is a number; unset or `auto`,
     what AutoPipe would pick at the starting length from `table` (`auto.microbatch_table`, else the paper's).
-    The trainer then replaces it with the measured choice (`ptrun.parallel.microtune`); `ptrun plan`, which
+    The trainer then replaces it with the measured choice (`ptrun.layout.microtune`); `ptrun plan`, which
     measures nothing, keeps it."""
     if isinstance(pipe.microbatches, int):
         return pipe.microbatches
@@ -61,8 +62,8 @@ def first_plan(
     """Everything trainable, `pipe.length x pipe.stages_per_rank` stages split by `pipe.partition`, with
     `microbatches` (None = `pipe.microbatches`, which must then be a number: see `starting_microbatches`).
     `pipe` obeys the layout rules at `world_size` already: checked by the config's validation, or where the
-    launcher filled it (`ptrun.sim.fill`) or the start learnt the world size (`ptrun.train.startup.check_world`,
-    `ptrun.compose.for_cluster`)."""
+    launch filled it or the start learnt the world size (`ptrun.layout.fill.resolve`, from `ptrun.compose`'s
+    steps)."""
     microbatches = pipe.microbatches if microbatches is None else microbatches
     if not isinstance(microbatches, int):
         raise ValueError(f"first_plan needs a micro-batch count, not pipe.microbatches={microbatches!r}")

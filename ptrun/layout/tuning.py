@@ -1,5 +1,5 @@
 """`pipe.microbatches=auto` end to end: `tune` reads the measured step times from the disk cache or measures
-them (`ptrun.parallel.microtune.measure`), then chooses the M per K (`choose`) and lays `auto.microbatch_table`
+them (`ptrun.layout.microtune.measure`), then chooses the M per K (`choose`) and lays `auto.microbatch_table`
 over the choice.
 
 The disk cache: one JSON file per key, a hash of everything that shapes the timing (model config, input
@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ptrun.parallel.microtune import (
+from ptrun.layout.microtune import (
     BATCHES,
     TIMED_BUDGET_S,
     TIMED_STEPS,
