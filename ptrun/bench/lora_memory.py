@@ -50,9 +50,8 @@ def row(label: str, runs: list[dict]) -> dict:
 def caption(result: dict) -> str:
     return (
         f"A worker's memory, BERT-base at random init with LoRA (rank 8 on query, key, value and dense) against full "
-        f"fine-tuning ({result['machine']}, {result['date']}; {result['repeats']} round(s), interleaved, medians); "
-        f"per worker by rank, in MiB: resident memory while nothing is frozen, the peak over the run, and the "
-        f"parameters and AdamW state the worker holds: `{result['command']}`"
+        f"fine-tuning; {result['repeats']} round(s), interleaved, medians; per worker by rank, in MiB: resident "
+        f"memory while nothing is frozen, the peak over the run, and the parameters and AdamW state the worker holds"
     )
 
 

@@ -139,6 +139,13 @@ TABLES = [
     Table("sweep_interval_bbc_news_bert.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: bbc_news_bert"),
     Table("sweep_interval_digits_vit.json", "ptrun.bench.sweep_interval", "Freezing inside an epoch: digits_vit"),
     Table("bench_memory.json", "ptrun.bench.memory", "Memory a worker holds"),
+    Table("bench_lora_memory.json", "ptrun.bench.lora_memory", "Memory a worker holds with LoRA"),
+    Table(
+        "check_lora_export.json",
+        "ptrun.bench.export_check",
+        "The LoRA export, loaded without ptrun",
+        optional=True,
+    ),
     Table("bench_memory_growth.json", "ptrun.bench.memory_growth", "Memory a worker holds as the model grows"),
     Table("bench_pipeline.json", "ptrun.bench.pipeline", "Pipeline bubble and data-parallel overhead"),
     Table(
