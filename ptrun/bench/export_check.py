@@ -99,7 +99,7 @@ def table(result: dict) -> str:
     header = ("run", "loaded as", "eval samples", "run's last eval top-1", "loaded top-1", "same")
     rows = [
         (
-            Path(r["run"]).name,
+            "/".join(Path(r["run"]).parts[-2:]),
             r["loaded_as"],
             str(r["samples"]),
             f"{r['run_top1']:.2f}%",
