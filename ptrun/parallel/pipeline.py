@@ -46,16 +46,25 @@ class Step:
 
 
 class Runtime(Protocol):
-    """What the trainer asks of the runtime of a rank's stages, whichever it is: a flushing schedule
-    (`ptrun.parallel.flushing`: `PipelineRuntime`, `LocalRuntime` at K = 1) or PipeDream's asynchronous 1F1B
-    (`ptrun.parallel.pipedream.AsyncPipelineRuntime`)."""
+    """What the trainer and its parts ask of the runtime of a rank's stages, whichever it is: a flushing
+    schedule (`ptrun.parallel.flushing`: `PipelineRuntime`, `LocalRuntime` at K = 1) or PipeDream's
+    asynchronous 1F1B (`ptrun.parallel.pipedream.AsyncPipelineRuntime`). Every attribute and method the step
+    (`ptrun.train.step`), the trainer and its parts use on a runtime is declared here
+    (tests/test_runtime_contract.py reads their source for it)."""
 
     asynchronous: bool
     """Whether steps overlap (later steps are in flight when one's update is due): a stop then waits for the
     epoch's end, where the pipeline drains."""
     is_first: bool
+    """Whether this rank holds the first stage (it reads the samples: the epoch's counts, the cache)."""
     is_last: bool
+    """Whether this rank holds the last stage (it computes the loss)."""
     unit_indices: list[int]
+    """The units of this rank's stages, in order."""
+    grad_sq: torch.Tensor
+    """Each counted parameter's squared gradient norm, as the last `sync_and_clip` with `per_parameter` left it."""
+    grad_sq_params: list[nn.Parameter]
+    """The parameters of `grad_sq`, in its order."""
 
     def train_step(
         self, step: Step, loss_scale: float = 1.0, drain: bool = False
@@ -70,16 +79,28 @@ class Runtime(Protocol):
         """Training stops here for a while (a decision, an evaluation, the epoch's end; nothing is in flight):
         what only running steps need goes."""
 
-    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor: ...
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor:
+        """Make every gradient the global one and clip it by `max_norm` (0: no clip); returns the pre-clip
+        norm."""
 
-    def zero_grad(self) -> None: ...
+    def zero_grad(self) -> None:
+        """Drop every gradient of this rank's parameters."""
 
-    def trainable_parameters(self) -> list[nn.Parameter]: ...
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters that train (what the optimizer steps)."""
 
-    def forward_only(self, inputs: tuple, target: torch.Tensor) -> "torch.Tensor | None": ...
+    def forward_only(self, inputs: tuple, target: torch.Tensor) -> "torch.Tensor | None":
+        """Evaluation: the output of the replica batch on the last stage, None elsewhere."""
 
     def take_stash_peak(self) -> "int | None":
         """PipeDream: the most bytes of stashed weight versions held since the last call; None elsewhere."""
+
+    def record_timeline(self) -> list[dict]:
+        """Time every pass of this rank's stages from now on, until `stop_timeline`; returns the list the
+        events go into ({stage, microbatch, kind, start_s, end_s}, wall-clock seconds)."""
+
+    def stop_timeline(self) -> None:
+        """Stop timing the passes."""
 
 
 class StageRuntime:
@@ -132,6 +153,7 @@ class StageRuntime:
         }
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
+        self.grad_sq, self.grad_sq_params = torch.zeros(0, dtype=torch.float64, device=device), []
 
     def train_step(
         self, step: Step, loss_scale: float = 1.0, drain: bool = False

@@ -19,6 +19,7 @@ import torch
 
 from ptrun.config import OptimConfig
 from ptrun.parallel.optim import set_lr
+from ptrun.parallel.pipeline import Runtime
 from ptrun.parallel.precision import LossScaler
 from ptrun.train.divergence import DivergenceWatch, StepRecord
 from ptrun.train.state import TrainState
@@ -42,8 +43,8 @@ class Update:
 class StepParts:
     """What a layout's steps are updated with."""
 
-    runtime: object
-    """The rank's `ptrun.parallel.pipeline.Runtime`."""
+    runtime: Runtime
+    """The rank's runtime."""
     optimizer: torch.optim.Optimizer | None
     scaler: LossScaler
     optim: OptimConfig
