@@ -88,7 +88,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         for data in steps(layered, loss.task, step, count):
             drain = data.step == step + count - 1  # a segment's last step drains PipeDream's pipeline
             for item, share in layout.runtime.train_step(data, scaler.scale, drain):
-                norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale)
+                norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale).total
                 if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
                     layout.optimizer.step()
                 if item.step >= FREEZE_AT and case.freeze:

@@ -189,7 +189,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         local = {k: v[rows] for k, v in full.items()}
         inputs = tuple(local[k] for k in layered.input_names)
         share = runtime.forward_backward(inputs, make_target(local, loss.task), denominator).double()
-        norms.append(runtime.sync_and_clip(CLIP).item())
+        norms.append(runtime.sync_and_clip(CLIP).total.item())
         optimizer.step()
         runtime.zero_grad()
         dist.all_reduce(share)

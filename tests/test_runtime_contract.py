@@ -92,7 +92,10 @@ def test_every_runtime_kind_has_the_protocols_members_and_trains_through_the_ste
             theirs = list(inspect.signature(getattr(runtime, name)).parameters)
             assert theirs == list(inspect.signature(declared).parameters)[1:], name
 
-    parts = StepParts(runtime, layout.optimizer, LossScaler.for_precision("fp32"), pc.OPTIM, pc.CLIP, total_steps=4)
+    # Each unit is a block of the freeze signal: the step returns each one's gradient norm before the clip.
+    block_of = {id(p): u for u in runtime.unit_indices for p in layered.units[u].parameters()}
+    scaler = LossScaler.for_precision("fp32")
+    parts = StepParts(runtime, layout.optimizer, scaler, pc.OPTIM, pc.CLIP, 4, block_of, len(layered.units))
     before = {n: p.detach().clone() for n, p in layered.model.named_parameters()}
     state, updated, losses = TrainState(), [], []
     for t in range(3):
@@ -100,10 +103,17 @@ def test_every_runtime_kind_has_the_protocols_members_and_trains_through_the_ste
         target = make_target(b, "classification")
         step = Step(t, tuple(b[k] for k in layered.input_names), target, float(loss_weight(target, "classification")))
         for item, loss in runtime.train_step(step, 1.0, drain=t == 2):
+            expected = torch.stack(
+                [
+                    torch.stack([p.grad.double().norm() for p in unit.parameters() if p.grad is not None]).norm()
+                    for unit in layered.units
+                ]
+            )
             state, done = train_step(state, t / 4, parts, item.step)
             updated.append(item.step)
             losses.append(loss.item())
             assert done.stepped
+            torch.testing.assert_close(done.block_norms, expected, rtol=1e-6, atol=0)
     runtime.pause()
     # One update per step, in order, each with its loss; the weights moved.
     assert updated == [0, 1, 2] and state.global_step == 3

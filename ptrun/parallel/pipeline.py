@@ -45,6 +45,19 @@ class Step:
     """Whatever the caller wants back after the step's update (its batch)."""
 
 
+@dataclass(frozen=True)
+class Norms:
+    """A step's gradient norms before the clip (`Runtime.sync_and_clip`), on the device."""
+
+    total: torch.Tensor
+    """The global norm (a float32 scalar), the same on every rank; non-finite where any stage's gradients
+    overflowed."""
+    squares: torch.Tensor
+    """Each counted parameter's squared norm on this rank (float64), in the order of `params`."""
+    params: list[nn.Parameter]
+    """The parameters the norm counts on this rank (a tied weight on the rank of its owner unit only)."""
+
+
 class Runtime(Protocol):
     """What the trainer and its parts ask of the runtime of a rank's stages, whichever it is: a flushing
     schedule (`ptrun.parallel.flushing`: `PipelineRuntime`, `LocalRuntime` at K = 1) or PipeDream's
@@ -61,10 +74,6 @@ class Runtime(Protocol):
     """Whether this rank holds the last stage (it computes the loss)."""
     unit_indices: list[int]
     """The units of this rank's stages, in order."""
-    grad_sq: torch.Tensor
-    """Each counted parameter's squared gradient norm, as the last `sync_and_clip` with `per_parameter` left it."""
-    grad_sq_params: list[nn.Parameter]
-    """The parameters of `grad_sq`, in its order."""
 
     def train_step(
         self, step: Step, loss_scale: float = 1.0, drain: bool = False
@@ -79,9 +88,9 @@ class Runtime(Protocol):
         """Training stops here for a while (a decision, an evaluation, the epoch's end; nothing is in flight):
         what only running steps need goes."""
 
-    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor:
-        """Make every gradient the global one and clip it by `max_norm` (0: no clip); returns the pre-clip
-        norm."""
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0) -> Norms:
+        """Make every gradient the global one and clip it by `max_norm` (0: no clip); returns its norms before
+        the clip."""
 
     def zero_grad(self) -> None:
         """Drop every gradient of this rank's parameters."""
@@ -153,7 +162,6 @@ class StageRuntime:
         }
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
-        self.grad_sq, self.grad_sq_params = torch.zeros(0, dtype=torch.float64, device=device), []
 
     def train_step(
         self, step: Step, loss_scale: float = 1.0, drain: bool = False
@@ -211,9 +219,10 @@ class StageRuntime:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
-    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor:
-        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
-        same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0) -> Norms:
+        """Make every gradient the global one, then clip by the global norm. Returns the norms before the clip:
+        the global one, the same on every rank (non-finite if any stage's gradients overflowed: fp16's
+        step-or-skip verdict), and each counted parameter's.
 
         1. All-reduce over the DP group: the replicas' partial sums (a stage shared by all replicas already
            holds their sum). DDP-wrapped stages (`syncs_in_backward`) did this during the backward pass.
@@ -221,9 +230,8 @@ class StageRuntime:
            the embedding's and the decoder's contributions add up, and both copies step identically.
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
            weight once; over this rank's stage alone when `clip_over_pipeline` is off.
-        `inv_scale` undoes fp16's loss scale before the norm. With `per_parameter`, `grad_sq` holds each
-        counted parameter's squared gradient norm before clipping (float64, in the order of `grad_sq_params`).
-        Everything stays on the device: no host synchronisation."""
+        `inv_scale` undoes fp16's loss scale before the norm. Everything stays on the device: no host
+        synchronisation."""
         for p, _ in self._tied:
             if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
                 p.grad = torch.zeros_like(p)
@@ -241,8 +249,6 @@ class StageRuntime:
         # parameter because the freeze policies read per-block norms.
         norms = torch._foreach_norm([p.grad for p in counted]) if counted else []
         sq = torch.stack(norms).double().pow(2) if norms else torch.zeros(0, dtype=torch.float64, device=self.device)
-        if per_parameter:
-            self.grad_sq, self.grad_sq_params = sq, counted
         total_sq = sq.sum()
         if self.plan.pp > 1 and self.clip_over_pipeline:
             dist.all_reduce(total_sq, group=self.groups.pp)
@@ -251,7 +257,7 @@ class StageRuntime:
             # Non-finite norms (an fp16 overflow) leave the gradients as they are: the step is skipped.
             coef = torch.where(torch.isfinite(norm), (max_norm / (norm + 1e-6)).clamp(max=1.0), 1.0)
             torch._foreach_mul_(grads, coef)
-        return norm
+        return Norms(norm, sq, counted)
 
 
 def data_parallel(module: nn.Module, groups: Groups, device: torch.device) -> DistributedDataParallel:
