@@ -98,22 +98,23 @@ def test_every_runtime_kind_has_the_protocols_members_and_trains_through_the_ste
     parts = StepParts(runtime, layout.optimizer, scaler, pc.OPTIM, pc.CLIP, 4, block_of, len(layered.units))
     before = {n: p.detach().clone() for n, p in layered.model.named_parameters()}
     state, updated, losses = TrainState(), [], []
+
+    def apply_update(item: Step, loss: torch.Tensor | None) -> None:
+        nonlocal state
+        grads = [[p.grad.double().norm() for p in unit.parameters() if p.grad is not None] for unit in layered.units]
+        state, done = train_step(state, item.step / 4, parts, item.step)
+        updated.append(item.step)
+        losses.append(loss.item())
+        assert done.stepped
+        torch.testing.assert_close(
+            done.block_norms, torch.stack([torch.stack(g).norm() for g in grads]), rtol=1e-6, atol=0
+        )
+
     for t in range(3):
         b = pc.batch("vit", t)
         target = make_target(b, "classification")
         step = Step(t, tuple(b[k] for k in layered.input_names), target, float(loss_weight(target, "classification")))
-        for item, loss in runtime.train_step(step, 1.0, drain=t == 2):
-            expected = torch.stack(
-                [
-                    torch.stack([p.grad.double().norm() for p in unit.parameters() if p.grad is not None]).norm()
-                    for unit in layered.units
-                ]
-            )
-            state, done = train_step(state, t / 4, parts, item.step)
-            updated.append(item.step)
-            losses.append(loss.item())
-            assert done.stepped
-            torch.testing.assert_close(done.block_norms, expected, rtol=1e-6, atol=0)
+        assert runtime.train_step(step, apply_update, 1.0, drain=t == 2) is None  # nothing to iterate
     runtime.pause()
     # One update per step, in order, each with its loss; the weights moved.
     assert updated == [0, 1, 2] and state.global_step == 3

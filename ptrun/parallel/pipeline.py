@@ -10,7 +10,7 @@ runtimes themselves: the flushing ones (`ptrun.parallel.flushing`: `LocalRuntime
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,12 @@ class Step:
     """Whatever the caller wants back after the step's update (its batch)."""
 
 
+ApplyUpdate = Callable[[Step, "torch.Tensor | None"], None]
+"""What a runtime's `train_step` calls for each step whose update is due: `(step, loss)`, the loss this rank's
+share of the global mean loss (None where an asynchronous stage has none), without the loss scale. The
+caller's update (`ptrun.train.step.train_step`) runs inside the call; the runtime goes on when it returns."""
+
+
 @dataclass(frozen=True)
 class Norms:
     """A step's gradient norms before the clip (`Runtime.sync_and_clip`), on the device."""
@@ -75,14 +81,11 @@ class Runtime(Protocol):
     unit_indices: list[int]
     """The units of this rank's stages, in order."""
 
-    def train_step(
-        self, step: Step, loss_scale: float = 1.0, drain: bool = False
-    ) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
+    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
         """`step`'s passes, its loss multiplied by `loss_scale` (fp16's, 1 otherwise) where backward starts;
-        yields `(step, loss)` for each step whose update is now due (the caller applies it, then resumes): a
-        flushing runtime yields `step` itself, PipeDream the oldest step in flight once its pipeline is full,
-        and with `drain` every step in flight. The loss is this rank's share of the global mean loss (None
-        where an asynchronous stage has none), without the loss scale."""
+        calls `apply_update(step, loss)` for each step whose update is now due, in order, before any later
+        pass: a flushing runtime for `step` itself, PipeDream for the oldest step in flight once its pipeline
+        is full, and with `drain` for every step in flight."""
 
     def pause(self) -> None:
         """Training stops here for a while (a decision, an evaluation, the epoch's end; nothing is in flight):
@@ -163,12 +166,10 @@ class StageRuntime:
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
-    def train_step(
-        self, step: Step, loss_scale: float = 1.0, drain: bool = False
-    ) -> Iterator[tuple[Step, torch.Tensor]]:
-        """`step`'s forward and backward passes; yields `(step, loss)` for its update (a flushing schedule
+    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
+        """`step`'s forward and backward passes, then its update, `apply_update(step, loss)` (a flushing schedule
         finishes every step: `drain` changes nothing)."""
-        yield step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale)
+        apply_update(step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale))
 
     def pause(self) -> None:
         """Nothing outlives a step."""
