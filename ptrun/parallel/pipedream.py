@@ -35,16 +35,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
 from ptrun.config import ConfigError
-from ptrun.parallel.groups import Groups
-from ptrun.parallel.pipeline import ApplyUpdate, StageRuntime, Step
-from ptrun.parallel.plan import Plan
-from ptrun.models.losses import WeightedLoss
+from ptrun.parallel.pipeline import ApplyUpdate, StageParts, StageRuntime, Step
 
 
 def backwards_due(in_flight: int, limit: int, drain: bool) -> int:
@@ -117,21 +114,10 @@ class AsyncPipelineRuntime(StageRuntime):
     clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
     asynchronous = True  # later steps are in flight when one's update is due
 
-    def __init__(
-        self,
-        layered,
-        plan: Plan,
-        rank: int,
-        groups: Groups,
-        device: torch.device,
-        loss: WeightedLoss,
-        compute_dtype: torch.dtype | None = None,
-        weight_stashing: bool = True,
-        vertical_sync: bool = False,
-        compiler=None,
-    ):
-        super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype, compiler)
-        for name, units in layered.tied.items():
+    def __init__(self, parts: StageParts, weight_stashing: bool = True, vertical_sync: bool = False):
+        super().__init__(replace(parts, recompute="none"))  # the config allows no other under pipedream
+        plan, rank = parts.plan, parts.rank
+        for name, units in parts.layered.tied.items():
             holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
             if len(holders) > 1:
                 raise ConfigError(

@@ -115,6 +115,26 @@ class Runtime(Protocol):
         """Stop timing the passes."""
 
 
+@dataclass(frozen=True)
+class StageParts:
+    """What one rank's stages of a plan are built from: every runtime takes one."""
+
+    layered: Any
+    """The model as layer units (`ptrun.models`' layered model): its units, tied and fixed weights."""
+    plan: Plan
+    rank: int
+    groups: Groups
+    """The plan's process groups, as this rank sees them."""
+    device: torch.device
+    loss: WeightedLoss
+    recompute: str = "none"
+    """`pipe.recompute`: which units recompute their activations in the backward pass."""
+    compute_dtype: torch.dtype | None = None
+    """The autocast dtype (`train.precision`; None: fp32)."""
+    compiler: UnitCompiler | None = None
+    """The worker's compiled units (`train.compile`), else None."""
+
+
 class StageRuntime:
     """What every runtime of one rank's stages shares: the stage modules, their parameters, and the
     gradient all-reduce and clip. `PipelineRuntime` runs them with a flushing schedule; the asynchronous
@@ -126,26 +146,20 @@ class StageRuntime:
     asynchronous = False
     """A flushing runtime finishes each step before the next (`Runtime.asynchronous`)."""
 
-    def __init__(
-        self,
-        layered,
-        plan: Plan,
-        rank: int,
-        groups: Groups,
-        device: torch.device,
-        loss: WeightedLoss,
-        recompute: str = "none",
-        compute_dtype: torch.dtype | None = None,
-        compiler: UnitCompiler | None = None,
-    ):
-        self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
-        self.replica, stage_rank = plan.coords(rank)
+    def __init__(self, parts: StageParts):
+        layered, plan, groups, device, compiler = parts.layered, parts.plan, parts.groups, parts.device, parts.compiler
+        self.plan, self.groups, self.loss, self.device = plan, groups, parts.loss, device
+        self.replica, stage_rank = plan.coords(parts.rank)
         self.stage_indices = plan.local_stages(stage_rank)
         self.dp_peers = len(plan.stage_ranks(stage_rank))  # ranks of this stage across replicas (self included)
-        every = parse_recompute(recompute)
+        every = parse_recompute(parts.recompute)
         self.modules = [
             StageModule(
-                layered.units[slice(*plan.active_range(s))], every, compute_dtype, compiler, plan.active_range(s)[0]
+                layered.units[slice(*plan.active_range(s))],
+                every,
+                parts.compute_dtype,
+                compiler,
+                plan.active_range(s)[0],
             ).to(device)
             for s in self.stage_indices
         ]
