@@ -82,24 +82,24 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layout = build_engine(builder, plan)
     scaler = LossScaler(enabled=case.precision == "fp16")
     losses, frozen_grads, recompiles_after = [], [], None
+
+    def update(item: Step, share: torch.Tensor | None) -> None:
+        norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale).total
+        if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
+            layout.optimizer.step()
+        if item.step >= FREEZE_AT and case.freeze:
+            frozen_grads.extend(
+                p.grad for u in layered.units[:FROZEN] for p in u.parameters() if u in layout.runtime.modules[0].units
+            )
+        layout.runtime.zero_grad()
+        losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
+
     step = 0
     while step < STEPS:
         count = FREEZE_AT - step if case.freeze and step < FREEZE_AT else STEPS - step
         for data in steps(layered, loss.task, step, count):
             drain = data.step == step + count - 1  # a segment's last step drains PipeDream's pipeline
-            for item, share in layout.runtime.train_step(data, scaler.scale, drain):
-                norm = layout.runtime.sync_and_clip(pc.CLIP, inv_scale=1.0 / scaler.scale)
-                if (not scaler.enabled or scaler.update(bool(torch.isfinite(norm)))) and layout.optimizer is not None:
-                    layout.optimizer.step()
-                if item.step >= FREEZE_AT and case.freeze:
-                    frozen_grads += [
-                        p.grad
-                        for u in layered.units[:FROZEN]
-                        for p in u.parameters()
-                        if u in layout.runtime.modules[0].units
-                    ]
-                layout.runtime.zero_grad()
-                losses.append(float(share) if share is not None else 0.0)  # summed over the ranks at the end
+            layout.runtime.train_step(data, update, scaler.scale, drain)
         step += count
         if step == FREEZE_AT and case.freeze:
             layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))

@@ -64,22 +64,25 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     params = dict(layered.model.named_parameters())
     frozen = {name for u in range(FROZEN) for name in layered.unit_param_names(u)}
     losses, stray = [], []
+
+    def update(item: Step, share: torch.Tensor | None) -> None:
+        layout.runtime.sync_and_clip(pc.CLIP)
+        if item.step >= FREEZE_AT:  # no frozen adapter and no base weight holds a gradient
+            stray.extend(
+                n
+                for n in (layered.adapters & frozen) | layered.fixed
+                if params[n].grad is not None and params[n].numel()
+            )
+        if layout.optimizer is not None:
+            layout.optimizer.step()
+        layout.runtime.zero_grad()
+        losses.append(float(share) if share is not None else 0.0)
+
     step = 0
     while step < STEPS:
         count = FREEZE_AT - step if step < FREEZE_AT else STEPS - step
         for data in steps(layered, kind, step, count):
-            for item, share in layout.runtime.train_step(data, 1.0, data.step == step + count - 1):
-                layout.runtime.sync_and_clip(pc.CLIP)
-                if item.step >= FREEZE_AT:  # no frozen adapter and no base weight holds a gradient
-                    stray += [
-                        n
-                        for n in (layered.adapters & frozen) | layered.fixed
-                        if params[n].grad is not None and params[n].numel()
-                    ]
-                if layout.optimizer is not None:
-                    layout.optimizer.step()
-                layout.runtime.zero_grad()
-                losses.append(float(share) if share is not None else 0.0)
+            layout.runtime.train_step(data, update, 1.0, data.step == step + count - 1)
         step += count
         if step == FREEZE_AT:
             layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))

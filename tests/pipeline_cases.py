@@ -21,6 +21,7 @@ from ptrun.config import ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.parallel.groups import build_groups
 from ptrun.parallel.flushing import flushing_runtime
+from ptrun.parallel.pipeline import StageParts
 from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.optim import build_optimizer
@@ -176,7 +177,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     ).check()
     groups = build_groups(plan, rank, layered.tied)
     loss = WeightedLoss(task(case.kind))
-    runtime = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), loss, recompute=case.recompute)
+    runtime = flushing_runtime(StageParts(layered, plan, rank, groups, torch.device("cpu"), loss, case.recompute))
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     optimizer = build_optimizer([(name_of[id(p)], p) for p in runtime.trainable_parameters()], OPTIM)
     replica, _ = plan.coords(rank)
@@ -189,7 +190,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         local = {k: v[rows] for k, v in full.items()}
         inputs = tuple(local[k] for k in layered.input_names)
         share = runtime.forward_backward(inputs, make_target(local, loss.task), denominator).double()
-        norms.append(runtime.sync_and_clip(CLIP).item())
+        norms.append(runtime.sync_and_clip(CLIP).total.item())
         optimizer.step()
         runtime.zero_grad()
         dist.all_reduce(share)

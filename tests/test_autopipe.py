@@ -14,14 +14,24 @@ from ptrun.auto.freeze import make_policy
 from ptrun.config import ConfigError
 from ptrun.layout.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
 from ptrun.layout.partition import partition, stage_sums, weighted_costs
-from ptrun.layout.plan import initial_plan
+from ptrun.layout.plan import Plan, even_bounds
 
 EQUAL = [1.0] * 18
 """8 blocks of equal halves: embedding, 16 halves, head, each costing 1."""
 
 
-def start_plan(schedule="GPipe", world=8, pp=4, m=4, spr=1):
-    return initial_plan(len(EQUAL), world, pp, m, schedule, stages_per_rank=spr)
+def start_plan(schedule="GPipe", world=8, pp=4, m=4, spr=1, units=len(EQUAL)):
+    """A starting layout: everything trains, the units split evenly (`pipe.partition=uniform`), DP = world / K."""
+    return Plan(
+        num_units=units,
+        frozen_units=0,
+        pp=pp,
+        dp=world // pp,
+        stage_bounds=even_bounds(units, pp * spr),
+        microbatches=m,
+        schedule=schedule,
+        stages_per_rank=spr,
+    ).check()
 
 
 def plan_after(blocks, method="params", **kw):
@@ -66,7 +76,7 @@ def test_paper_sequence_with_alpha_freezing():
     policy = make_policy("alpha", 12)
     start_max = starting_max(costs, 8, 1, "params")
     assert start_max == 4.0
-    plan, frozen, seen = initial_plan(26, 16, 8, 16, "1F1B"), 0, []
+    plan, frozen, seen = start_plan("1F1B", world=16, pp=8, m=16, units=26), 0, []
     for epoch in range(8):
         frozen = policy.decide(epoch, frozen, None)
         plan = next_plan(

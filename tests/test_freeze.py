@@ -12,7 +12,7 @@ import statistics
 import numpy as np
 import pytest
 
-from ptrun.auto.counts import ceil_tol, floor_tol, num_units_for_blocks, percentile
+from ptrun.auto.counts import ceil_tol, floor_tol, percentile
 from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
 from ptrun.auto.freeze import POLICIES, make_policy
 from ptrun.config import ConfigError
@@ -347,9 +347,9 @@ def test_make_policy_rejects_bad_parameters():
 def test_unit_helpers():
     assert [frozen_units_for_blocks(f) for f in (0, 1, 4, 12)] == [0, 3, 9, 25]
     assert [blocks_of_units(u) for u in (0, 1, 2, 3, 4, 9, 25)] == [0, 0, 0, 1, 1, 4, 12]
-    assert num_units_for_blocks(12) == 26
-    # every block frozen still leaves the head (the last unit) training
-    assert frozen_units_for_blocks(12) == num_units_for_blocks(12) - 1
+    # every block frozen still leaves the head, the last of a 12-block model's 26 units (embedding, 24 halves,
+    # head), training
+    assert frozen_units_for_blocks(12) == 26 - 1
     assert all(blocks_of_units(frozen_units_for_blocks(f)) == f for f in range(30))
 
 

@@ -1,6 +1,6 @@
 """SLURM: the host-list expander, where each launcher field comes from (SLURM's environment, the command line,
 the config), the refusals, and two `ptrun train` agents started with SLURM-style environments forming one
-two-node job (ptrun/slurm.py, docs/slurm.md)."""
+two-node job (ptrun/config/slurm.py, docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from conftest import TINY, command_args, final_params, run_workers
 from ptrun.config import ConfigError, LauncherConfig
-from ptrun.slurm import BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job, summary
+from ptrun.config.slurm import BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job, summary
 
 # What srun gives the task on node 1 of a two-node job submitted with --ntasks-per-node=1.
 SRUN = {

@@ -24,7 +24,7 @@ from ptrun.parallel.compiled import cost_since, counts
 from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.flushing import flushing_runtime
-from ptrun.parallel.pipeline import StageRuntime
+from ptrun.parallel.pipeline import StageParts, StageRuntime
 from ptrun.layout.owners import gathering, keeps_owners, routes
 from ptrun.layout.plan import Plan
 from ptrun.parallel.optim import build_optimizer
@@ -209,6 +209,20 @@ class Builder:
     compiler: Any = None
     """The worker's compiled units (`ptrun.parallel.compiled.UnitCompiler`, `train.compile` on), else None."""
 
+    def stage_parts(self, plan: Plan, groups: Groups) -> StageParts:
+        """What this rank's stages of `plan` are built from."""
+        return StageParts(
+            self.layered,
+            plan,
+            self.rank,
+            groups,
+            self.device,
+            self.loss,
+            self.recompute,
+            self.compute_dtype,
+            self.compiler,
+        )
+
 
 def build_engine(b: Builder, plan: Plan, states: OptimState | None = None) -> Engine:
     """Collective: freeze the plan's prefix, make its groups, this rank's stages and their optimizer, and give
@@ -217,23 +231,11 @@ def build_engine(b: Builder, plan: Plan, states: OptimState | None = None) -> En
     its stage directly (DDP over the replicas), any other a flushing schedule."""
     set_frozen(b.layered, plan.frozen_units)
     groups = build_groups(plan, b.rank, b.layered.tied)
+    parts = b.stage_parts(plan, groups)
     if not plan.flushing:
-        runtime = AsyncPipelineRuntime(
-            b.layered,
-            plan,
-            b.rank,
-            groups,
-            b.device,
-            b.loss,
-            compute_dtype=b.compute_dtype,
-            weight_stashing=b.weight_stashing,
-            vertical_sync=b.vertical_sync,
-            compiler=b.compiler,
-        )
+        runtime = AsyncPipelineRuntime(parts, b.weight_stashing, b.vertical_sync)
     else:
-        runtime = flushing_runtime(
-            b.layered, plan, b.rank, groups, b.device, b.loss, b.recompute, b.compute_dtype, b.compiler
-        )
+        runtime = flushing_runtime(parts)
     optimizer = build_optimizer([(b.name_of[id(p)], p) for p in runtime.trainable_parameters()], b.optim)
     load_optimizer_state(optimizer, states or {}, b.name_of)
     return Engine(plan, groups, runtime, optimizer)
@@ -246,9 +248,7 @@ def freeze_in_place(b: Builder, old: Engine, plan: Plan) -> Engine:
     leaves stage 0). No group is created (a new NCCL communicator costs up to a second), nothing is sent,
     and the optimizer keeps its other parameters' state where it is."""
     set_frozen(b.layered, plan.frozen_units)
-    runtime = flushing_runtime(
-        b.layered, plan, b.rank, old.groups, b.device, b.loss, b.recompute, b.compute_dtype, b.compiler
-    )
+    runtime = flushing_runtime(b.stage_parts(plan, old.groups))
     trains = {id(p) for p in runtime.trainable_parameters()}
     optimizer = old.optimizer
     if optimizer is not None:

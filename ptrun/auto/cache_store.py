@@ -281,7 +281,3 @@ class LocalStore:
 
     def close(self) -> None:
         self.rows = []
-
-
-def remove_tree(path: str | Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

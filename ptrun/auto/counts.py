@@ -39,11 +39,6 @@ def blocks_of_units(frozen_units: int) -> int:
     return 0 if frozen_units <= 1 else (frozen_units - 1) // 2
 
 
-def num_units_for_blocks(num_blocks: int) -> int:
-    """Units of a model with L blocks: embedding + 2L halves + head = 2L + 2."""
-    return 2 * num_blocks + 2
-
-
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0 < q <= 100) of `values`, interpolated linearly between the ranks as numpy's
     default method does. Written out because numpy's interpolation differs from `statistics.median` in the

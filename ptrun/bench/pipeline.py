@@ -126,6 +126,7 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
     from ptrun.parallel.groups import build_groups
     from ptrun.layout.partition import min_max
     from ptrun.parallel.flushing import PipelineRuntime
+    from ptrun.parallel.pipeline import StageParts
     from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
@@ -142,7 +143,7 @@ def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
     ).check()
     groups = build_groups(plan, rank)
     loss = WeightedLoss("classification")
-    rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), loss)
+    rt = PipelineRuntime(StageParts(layered, plan, rank, groups, torch.device("cpu"), loss))
     opt = optimizer_for(rt.trainable_parameters())
     data = batches(args, 1)
     x, y = data[0]
@@ -171,6 +172,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
 
     from ptrun.parallel.groups import build_groups
     from ptrun.parallel.flushing import flushing_runtime
+    from ptrun.parallel.pipeline import StageParts
     from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
@@ -189,7 +191,7 @@ def bench_dp(args, rank: int, world: int) -> dict:
         schedule="GPipe",
     ).check()
     groups = build_groups(plan, rank)
-    rt = flushing_runtime(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification"))
+    rt = flushing_runtime(StageParts(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification")))
     opt = optimizer_for(rt.trainable_parameters())
     target = make_target({"labels": y, "weight": torch.ones(len(y))}, "classification")
 

@@ -58,6 +58,7 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
     from ptrun.parallel.groups import build_groups
     from ptrun.layout.partition import min_max
     from ptrun.parallel.flushing import PipelineRuntime
+    from ptrun.parallel.pipeline import StageParts
     from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
 
@@ -75,7 +76,7 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
         schedule=args["schedule"],
     ).check()
     groups = build_groups(plan, rank)
-    rt = PipelineRuntime(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification"))
+    rt = PipelineRuntime(StageParts(layered, plan, rank, groups, torch.device("cpu"), WeightedLoss("classification")))
     opt = optimizer_for(rt.trainable_parameters())
     x, y = batches(args, 1)[0]
     per = args["batch"] // dp

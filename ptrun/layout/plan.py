@@ -13,8 +13,6 @@ from typing import Any
 
 from ptrun.config import SCHEDULE_SPECS, ConfigError, schedule_problem
 
-"""Schedules that place two stages per rank in a V (rank r holds stages r and 2K-1-r)."""
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -160,21 +158,3 @@ def even_bounds(num_units: int, pp: int) -> tuple[tuple[int, int], ...]:
         bounds.append((lo, hi))
         lo = hi
     return tuple(bounds)
-
-
-def initial_plan(
-    num_units: int, world_size: int, pp: int, microbatches: int, schedule: str, stages_per_rank: int = 1
-) -> Plan:
-    """The starting layout: everything trainable, units evenly split over the stages, dp = world / pp."""
-    if world_size % pp:
-        raise ConfigError(f"pipe.length={pp} must divide the world size {world_size}")
-    return Plan(
-        num_units=num_units,
-        frozen_units=0,
-        pp=pp,
-        dp=world_size // pp,
-        stage_bounds=even_bounds(num_units, pp * stages_per_rank),
-        microbatches=microbatches,
-        schedule=schedule,
-        stages_per_rank=stages_per_rank,
-    ).check()

@@ -20,31 +20,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ptrun.config import SCHEDULE_SPECS
-from ptrun.parallel.compiled import UnitCompiler
-from ptrun.parallel.groups import Groups
-from ptrun.layout.plan import Plan
-from ptrun.models.losses import WeightedLoss
-from ptrun.parallel.pipeline import StageRuntime, data_parallel
+from ptrun.parallel.pipeline import StageParts, StageRuntime, data_parallel
 
 
 class PipelineRuntime(StageRuntime):
     """Builds and runs this rank's stages of `plan` with a torch.distributed.pipelining schedule, which
     flushes the pipeline every step."""
 
-    def __init__(
-        self,
-        layered,
-        plan: Plan,
-        rank: int,
-        groups: Groups,
-        device: torch.device,
-        loss: WeightedLoss,
-        recompute: str = "none",
-        compute_dtype: torch.dtype | None = None,
-        compiler: UnitCompiler | None = None,
-    ):
-        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype, compiler)
+    def __init__(self, parts: StageParts):
+        super().__init__(parts)
         import torch.distributed.pipelining as pipelining
+
+        plan, groups, device = parts.plan, parts.groups, parts.device
 
         # PipelineStage drives a DDP-wrapped module itself: `no_sync` on every micro-batch but the stage's
         # last, whose backward then all-reduces bucket by bucket as gradients become ready. A weight that two
@@ -63,7 +50,7 @@ class PipelineRuntime(StageRuntime):
             pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
             for m, s in zip(runs, self.stage_indices)
         ]
-        kwargs = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
+        kwargs = dict(n_microbatches=plan.microbatches, loss_fn=parts.loss, scale_grads=False)
         # torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the
         # module brings in torch._dynamo, about 1.8 s of every worker's start-up.
         schedule = getattr(pipelining, f"Schedule{plan.schedule}")
@@ -152,24 +139,13 @@ class LocalRuntime(StageRuntime):
     all-reduce overlaps the backward pass; a module with nothing to train (never the case at K = 1 in
     practice: the head always trains) runs unwrapped."""
 
-    def __init__(
-        self,
-        layered,
-        plan: Plan,
-        rank: int,
-        groups: Groups,
-        device: torch.device,
-        loss: WeightedLoss,
-        recompute: str = "none",
-        compute_dtype: torch.dtype | None = None,
-        compiler: UnitCompiler | None = None,
-    ):
-        super().__init__(layered, plan, rank, groups, device, loss, recompute, compute_dtype, compiler)
-        assert plan.pp == 1 and len(self.modules) == 1, "LocalRuntime runs one stage per replica"
+    def __init__(self, parts: StageParts):
+        super().__init__(parts)
+        assert self.plan.pp == 1 and len(self.modules) == 1, "LocalRuntime runs one stage per replica"
         self.module = self.modules[0]
         self.run = self.module
         if self.dp_peers > 1 and self.trainable_parameters():
-            self.run = data_parallel(self.module, groups, device)
+            self.run = data_parallel(self.module, parts.groups, parts.device)
             self.syncs_in_backward = True
         self._events: list[dict] | None = None
 
@@ -226,20 +202,7 @@ class LocalRuntime(StageRuntime):
         self._events = None
 
 
-def flushing_runtime(
-    layered,
-    plan: Plan,
-    rank: int,
-    groups: Groups,
-    device: torch.device,
-    loss: WeightedLoss,
-    recompute: str = "none",
-    compute_dtype: torch.dtype | None = None,
-    compiler: UnitCompiler | None = None,
-) -> StageRuntime:
+def flushing_runtime(parts: StageParts) -> StageRuntime:
     """The runtime of a flushing plan: a single stage runs directly (`LocalRuntime`), more stages run a
-    pipelining schedule (`PipelineRuntime`); `compiler` compiles their units (`train.compile`)."""
-    kind = LocalRuntime if plan.num_stages == 1 else PipelineRuntime
-    return kind(
-        layered, plan, rank, groups, device, loss, recompute=recompute, compute_dtype=compute_dtype, compiler=compiler
-    )
+    pipelining schedule (`PipelineRuntime`)."""
+    return (LocalRuntime if parts.plan.num_stages == 1 else PipelineRuntime)(parts)

@@ -35,18 +35,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Iterator
-
+from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
 from ptrun.config import ConfigError
-from ptrun.parallel.groups import Groups
-from ptrun.parallel.pipeline import StageRuntime, Step
-from ptrun.layout.plan import Plan
-from ptrun.models.losses import WeightedLoss
+from ptrun.parallel.pipeline import ApplyUpdate, StageParts, StageRuntime, Step
 
 
 def backwards_due(in_flight: int, limit: int, drain: bool) -> int:
@@ -112,28 +107,17 @@ def _parse_header(head: torch.Tensor) -> tuple[int, list[tuple[torch.dtype, tupl
 class AsyncPipelineRuntime(StageRuntime):
     """This rank's stage of `plan`, run with PipeDream's asynchronous 1F1B (`pipe.schedule=pipedream`).
 
-    `train_step` takes one mini-batch at a time and yields each for its update when it is due; `forward_only`
-    evaluates (synchronously: evaluation changes no weights). The optimizer belongs to the caller, which steps
-    it after each yield; the version counter here counts those updates."""
+    `train_step` takes one mini-batch at a time and calls the caller's update for each when it is due;
+    `forward_only` evaluates (synchronously: evaluation changes no weights). The optimizer belongs to the
+    caller, which steps it in that call; the version counter here counts those updates."""
 
     clip_over_pipeline = False  # the stages are at different steps: each clips by its own norm
     asynchronous = True  # later steps are in flight when one's update is due
 
-    def __init__(
-        self,
-        layered,
-        plan: Plan,
-        rank: int,
-        groups: Groups,
-        device: torch.device,
-        loss: WeightedLoss,
-        compute_dtype: torch.dtype | None = None,
-        weight_stashing: bool = True,
-        vertical_sync: bool = False,
-        compiler=None,
-    ):
-        super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype, compiler)
-        for name, units in layered.tied.items():
+    def __init__(self, parts: StageParts, weight_stashing: bool = True, vertical_sync: bool = False):
+        super().__init__(replace(parts, recompute="none"))  # the config allows no other under pipedream
+        plan, rank = parts.plan, parts.rank
+        for name, units in parts.layered.tied.items():
             holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
             if len(holders) > 1:
                 raise ConfigError(
@@ -324,20 +308,18 @@ class AsyncPipelineRuntime(StageRuntime):
                 }
             )
 
-    def train_step(
-        self, step: Step, loss_scale: float = 1.0, drain: bool = False
-    ) -> Iterator[tuple[Step, torch.Tensor | None]]:
+    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
         """`step`'s forward pass, then the backward passes PipeDream's 1F1B runs now (`backwards_due`): after
-        each it yields `(step, loss)` for that step's update (the loss on the last stage only: this replica's
-        share of the global mean loss). The caller applies the update and resumes; the pipeline drains (every
-        step in flight finishes) with `drain`, which the caller asks for at a segment's last step and before
-        a mid-epoch checkpoint."""
+        each, `apply_update(step, loss)` for that step (the loss on the last stage only: this replica's share
+        of the global mean loss) and the new weight version, before the next backward pass, whose gradient
+        must not join this one's. The pipeline drains (every step in flight finishes) with `drain`, which the
+        caller asks for at a segment's last step and before a mid-epoch checkpoint."""
         self.train(True)
         self._in_flight.append(self._forward(step, loss_scale))
         for _ in range(backwards_due(len(self._in_flight), self.limit, drain)):
             record = self._in_flight.popleft()
             self._backward(record)
-            yield record.step, record.loss.detach() if record.loss is not None else None
+            apply_update(record.step, record.loss.detach() if record.loss is not None else None)
             self._after_update(self._in_flight)
             if not self._in_flight:
                 self._wait_sends()  # drained: nothing of this segment is left on the wire

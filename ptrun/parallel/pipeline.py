@@ -10,7 +10,7 @@ runtimes themselves: the flushing ones (`ptrun.parallel.flushing`: `LocalRuntime
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -45,41 +45,94 @@ class Step:
     """Whatever the caller wants back after the step's update (its batch)."""
 
 
+ApplyUpdate = Callable[[Step, "torch.Tensor | None"], None]
+"""What a runtime's `train_step` calls for each step whose update is due: `(step, loss)`, the loss this rank's
+share of the global mean loss (None where an asynchronous stage has none), without the loss scale. The
+caller's update (`ptrun.train.step.train_step`) runs inside the call; the runtime goes on when it returns."""
+
+
+@dataclass(frozen=True)
+class Norms:
+    """A step's gradient norms before the clip (`Runtime.sync_and_clip`), on the device."""
+
+    total: torch.Tensor
+    """The global norm (a float32 scalar), the same on every rank; non-finite where any stage's gradients
+    overflowed."""
+    squares: torch.Tensor
+    """Each counted parameter's squared norm on this rank (float64), in the order of `params`."""
+    params: list[nn.Parameter]
+    """The parameters the norm counts on this rank (a tied weight on the rank of its owner unit only)."""
+
+
 class Runtime(Protocol):
-    """What the trainer asks of the runtime of a rank's stages, whichever it is: a flushing schedule
-    (`ptrun.parallel.flushing`: `PipelineRuntime`, `LocalRuntime` at K = 1) or PipeDream's asynchronous 1F1B
-    (`ptrun.parallel.pipedream.AsyncPipelineRuntime`)."""
+    """What the trainer and its parts ask of the runtime of a rank's stages, whichever it is: a flushing
+    schedule (`ptrun.parallel.flushing`: `PipelineRuntime`, `LocalRuntime` at K = 1) or PipeDream's
+    asynchronous 1F1B (`ptrun.parallel.pipedream.AsyncPipelineRuntime`). Every attribute and method the step
+    (`ptrun.train.step`), the trainer and its parts use on a runtime is declared here
+    (tests/test_runtime_contract.py reads their source for it)."""
 
     asynchronous: bool
     """Whether steps overlap (later steps are in flight when one's update is due): a stop then waits for the
     epoch's end, where the pipeline drains."""
     is_first: bool
+    """Whether this rank holds the first stage (it reads the samples: the epoch's counts, the cache)."""
     is_last: bool
+    """Whether this rank holds the last stage (it computes the loss)."""
     unit_indices: list[int]
+    """The units of this rank's stages, in order."""
 
-    def train_step(
-        self, step: Step, loss_scale: float = 1.0, drain: bool = False
-    ) -> Iterator[tuple[Step, "torch.Tensor | None"]]:
+    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
         """`step`'s passes, its loss multiplied by `loss_scale` (fp16's, 1 otherwise) where backward starts;
-        yields `(step, loss)` for each step whose update is now due (the caller applies it, then resumes): a
-        flushing runtime yields `step` itself, PipeDream the oldest step in flight once its pipeline is full,
-        and with `drain` every step in flight. The loss is this rank's share of the global mean loss (None
-        where an asynchronous stage has none), without the loss scale."""
+        calls `apply_update(step, loss)` for each step whose update is now due, in order, before any later
+        pass: a flushing runtime for `step` itself, PipeDream for the oldest step in flight once its pipeline
+        is full, and with `drain` for every step in flight."""
 
     def pause(self) -> None:
         """Training stops here for a while (a decision, an evaluation, the epoch's end; nothing is in flight):
         what only running steps need goes."""
 
-    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor: ...
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0) -> Norms:
+        """Make every gradient the global one and clip it by `max_norm` (0: no clip); returns its norms before
+        the clip."""
 
-    def zero_grad(self) -> None: ...
+    def zero_grad(self) -> None:
+        """Drop every gradient of this rank's parameters."""
 
-    def trainable_parameters(self) -> list[nn.Parameter]: ...
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters that train (what the optimizer steps)."""
 
-    def forward_only(self, inputs: tuple, target: torch.Tensor) -> "torch.Tensor | None": ...
+    def forward_only(self, inputs: tuple, target: torch.Tensor) -> "torch.Tensor | None":
+        """Evaluation: the output of the replica batch on the last stage, None elsewhere."""
 
     def take_stash_peak(self) -> "int | None":
         """PipeDream: the most bytes of stashed weight versions held since the last call; None elsewhere."""
+
+    def record_timeline(self) -> list[dict]:
+        """Time every pass of this rank's stages from now on, until `stop_timeline`; returns the list the
+        events go into ({stage, microbatch, kind, start_s, end_s}, wall-clock seconds)."""
+
+    def stop_timeline(self) -> None:
+        """Stop timing the passes."""
+
+
+@dataclass(frozen=True)
+class StageParts:
+    """What one rank's stages of a plan are built from: every runtime takes one."""
+
+    layered: Any
+    """The model as layer units (`ptrun.models`' layered model): its units, tied and fixed weights."""
+    plan: Plan
+    rank: int
+    groups: Groups
+    """The plan's process groups, as this rank sees them."""
+    device: torch.device
+    loss: WeightedLoss
+    recompute: str = "none"
+    """`pipe.recompute`: which units recompute their activations in the backward pass."""
+    compute_dtype: torch.dtype | None = None
+    """The autocast dtype (`train.precision`; None: fp32)."""
+    compiler: UnitCompiler | None = None
+    """The worker's compiled units (`train.compile`), else None."""
 
 
 class StageRuntime:
@@ -93,26 +146,20 @@ class StageRuntime:
     asynchronous = False
     """A flushing runtime finishes each step before the next (`Runtime.asynchronous`)."""
 
-    def __init__(
-        self,
-        layered,
-        plan: Plan,
-        rank: int,
-        groups: Groups,
-        device: torch.device,
-        loss: WeightedLoss,
-        recompute: str = "none",
-        compute_dtype: torch.dtype | None = None,
-        compiler: UnitCompiler | None = None,
-    ):
-        self.plan, self.groups, self.loss, self.device = plan, groups, loss, device
-        self.replica, stage_rank = plan.coords(rank)
+    def __init__(self, parts: StageParts):
+        layered, plan, groups, device, compiler = parts.layered, parts.plan, parts.groups, parts.device, parts.compiler
+        self.plan, self.groups, self.loss, self.device = plan, groups, parts.loss, device
+        self.replica, stage_rank = plan.coords(parts.rank)
         self.stage_indices = plan.local_stages(stage_rank)
         self.dp_peers = len(plan.stage_ranks(stage_rank))  # ranks of this stage across replicas (self included)
-        every = parse_recompute(recompute)
+        every = parse_recompute(parts.recompute)
         self.modules = [
             StageModule(
-                layered.units[slice(*plan.active_range(s))], every, compute_dtype, compiler, plan.active_range(s)[0]
+                layered.units[slice(*plan.active_range(s))],
+                every,
+                parts.compute_dtype,
+                compiler,
+                plan.active_range(s)[0],
             ).to(device)
             for s in self.stage_indices
         ]
@@ -133,12 +180,10 @@ class StageRuntime:
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
-    def train_step(
-        self, step: Step, loss_scale: float = 1.0, drain: bool = False
-    ) -> Iterator[tuple[Step, torch.Tensor]]:
-        """`step`'s forward and backward passes; yields `(step, loss)` for its update (a flushing schedule
+    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
+        """`step`'s forward and backward passes, then its update, `apply_update(step, loss)` (a flushing schedule
         finishes every step: `drain` changes nothing)."""
-        yield step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale)
+        apply_update(step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale))
 
     def pause(self) -> None:
         """Nothing outlives a step."""
@@ -189,9 +234,10 @@ class StageRuntime:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
-    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0, per_parameter: bool = False) -> torch.Tensor:
-        """Make every gradient the global one, then clip by the global norm. Returns the pre-clip norm, the
-        same on every rank (non-finite if any stage's gradients overflowed: fp16's step-or-skip verdict).
+    def sync_and_clip(self, max_norm: float, inv_scale: float = 1.0) -> Norms:
+        """Make every gradient the global one, then clip by the global norm. Returns the norms before the clip:
+        the global one, the same on every rank (non-finite if any stage's gradients overflowed: fp16's
+        step-or-skip verdict), and each counted parameter's.
 
         1. All-reduce over the DP group: the replicas' partial sums (a stage shared by all replicas already
            holds their sum). DDP-wrapped stages (`syncs_in_backward`) did this during the backward pass.
@@ -199,9 +245,8 @@ class StageRuntime:
            the embedding's and the decoder's contributions add up, and both copies step identically.
         3. The norm over all stages (the PP group; replicas are identical after step 1), counting a tied
            weight once; over this rank's stage alone when `clip_over_pipeline` is off.
-        `inv_scale` undoes fp16's loss scale before the norm. With `per_parameter`, `grad_sq` holds each
-        counted parameter's squared gradient norm before clipping (float64, in the order of `grad_sq_params`).
-        Everything stays on the device: no host synchronisation."""
+        `inv_scale` undoes fp16's loss scale before the norm. Everything stays on the device: no host
+        synchronisation."""
         for p, _ in self._tied:
             if p.requires_grad and p.grad is None:  # every holder takes part in the tied all-reduce
                 p.grad = torch.zeros_like(p)
@@ -219,8 +264,6 @@ class StageRuntime:
         # parameter because the freeze policies read per-block norms.
         norms = torch._foreach_norm([p.grad for p in counted]) if counted else []
         sq = torch.stack(norms).double().pow(2) if norms else torch.zeros(0, dtype=torch.float64, device=self.device)
-        if per_parameter:
-            self.grad_sq, self.grad_sq_params = sq, counted
         total_sq = sq.sum()
         if self.plan.pp > 1 and self.clip_over_pipeline:
             dist.all_reduce(total_sq, group=self.groups.pp)
@@ -229,7 +272,7 @@ class StageRuntime:
             # Non-finite norms (an fp16 overflow) leave the gradients as they are: the step is skipped.
             coef = torch.where(torch.isfinite(norm), (max_norm / (norm + 1e-6)).clamp(max=1.0), 1.0)
             torch._foreach_mul_(grads, coef)
-        return norm
+        return Norms(norm, sq, counted)
 
 
 def data_parallel(module: nn.Module, groups: Groups, device: torch.device) -> DistributedDataParallel:

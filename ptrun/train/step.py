@@ -1,7 +1,9 @@
-"""One training step's update, after the runtime's forward and backward passes, read top to bottom:
+"""One training step's update, which the runtime asks for once its forward and backward passes have run:
 
-    for item, loss in runtime.train_step(step, loss_scale, drain):  # forward + backward, any runtime
+    def apply_update(item, loss):  # the runtime calls it for each step whose update is due
         state, done = train_step(state, progress, StepParts(...), item.step)  # this module: the update
+
+    runtime.train_step(step, apply_update, loss_scale, drain)  # forward + backward, any runtime
 
 `train_step` sets the schedule's learning rate, makes the gradients global and clips them by the global norm,
 steps the optimizer (or skips where fp16 overflowed on any rank), clears the gradients, measures each
@@ -19,6 +21,7 @@ import torch
 
 from ptrun.config import OptimConfig
 from ptrun.parallel.optim import set_lr
+from ptrun.parallel.pipeline import Norms, Runtime
 from ptrun.parallel.precision import LossScaler
 from ptrun.train.divergence import DivergenceWatch, StepRecord
 from ptrun.train.state import TrainState
@@ -42,8 +45,8 @@ class Update:
 class StepParts:
     """What a layout's steps are updated with."""
 
-    runtime: object
-    """The rank's `ptrun.parallel.pipeline.Runtime`."""
+    runtime: Runtime
+    """The rank's runtime."""
     optimizer: torch.optim.Optimizer | None
     scaler: LossScaler
     optim: OptimConfig
@@ -67,17 +70,17 @@ def train_step(state: TrainState, progress: float, parts: StepParts, step: int =
     want_norms = parts.block_of is not None
     # The norm is the same on every rank; only fp16 reads it on the host (its verdict): fp32 and bf16 steps
     # never wait for the device.
-    norm = runtime.sync_and_clip(parts.grad_clip, inv_scale=1.0 / scaler.scale, per_parameter=want_norms)
-    stepped = not scaler.enabled or scaler.update(math.isfinite(norm.item()))
+    norms = runtime.sync_and_clip(parts.grad_clip, inv_scale=1.0 / scaler.scale)
+    stepped = not scaler.enabled or scaler.update(math.isfinite(norms.total.item()))
     if optimizer is not None and stepped:
         optimizer.step()
     runtime.zero_grad()
     t0 = time.perf_counter()
-    norms = block_norms(runtime, parts.block_of, parts.num_blocks) if want_norms and stepped else None
-    done = Update(lr, stepped, norms, time.perf_counter() - t0 if want_norms else 0.0)
+    blocks = block_norms(norms, parts.block_of, parts.num_blocks) if want_norms and stepped else None
+    done = Update(lr, stepped, blocks, time.perf_counter() - t0 if want_norms else 0.0)
     if parts.divergence is not None:
         parts.divergence.observe(
-            norm,
+            norms.total,
             stepped,
             scaler.enabled,
             not runtime.asynchronous,
@@ -86,17 +89,16 @@ def train_step(state: TrainState, progress: float, parts: StepParts, step: int =
     return replace(state, global_step=state.global_step + 1, interval_steps=state.interval_steps + 1), done
 
 
-def block_norms(runtime, block_of: dict[int, int], num_blocks: int) -> torch.Tensor:
-    """Each block's gradient norm from the squared norms the last sync measured per parameter (kept on the
+def block_norms(norms: Norms, block_of: dict[int, int], num_blocks: int) -> torch.Tensor:
+    """Each block's gradient norm from the squared norms the step's sync measured per parameter (kept on the
     device: no host sync per parameter). The gather index is made once per set of parameters: built every
     step, its copy to a GPU would wait for the step's kernels."""
-    params = runtime.grad_sq_params
-    ids = tuple(id(p) for p in params)
+    ids = tuple(id(p) for p in norms.params)
     cached = _BLOCK_INDEX.get(id(block_of))
     if cached is None or cached[0] != ids:
         blocks = [block_of.get(i) for i in ids]
         rows = [i for i, b in enumerate(blocks) if b is not None]
-        device = runtime.grad_sq.device
+        device = norms.squares.device
         cached = (
             ids,
             torch.tensor(rows, dtype=torch.long, device=device),
@@ -105,8 +107,8 @@ def block_norms(runtime, block_of: dict[int, int], num_blocks: int) -> torch.Ten
         _BLOCK_INDEX.clear()  # one layout's index at a time
         _BLOCK_INDEX[id(block_of)] = cached
     _, rows, blocks = cached
-    sq = torch.zeros(num_blocks, dtype=torch.float64, device=runtime.grad_sq.device)
-    sq.index_add_(0, blocks, runtime.grad_sq.index_select(0, rows).to(torch.float64))
+    sq = torch.zeros(num_blocks, dtype=torch.float64, device=norms.squares.device)
+    sq.index_add_(0, blocks, norms.squares.index_select(0, rows).to(torch.float64))
     return sq.sqrt()
 
 

@@ -9,8 +9,8 @@ The trainer keeps the loop and the wiring; its parts each do one job with their 
 - `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
   statistics and the savings line.
 Read `_train_segment` first: each step's bookkeeping before it, its passes in the runtime
-(`runtime.train_step`), its update (`ptrun.train.step.train_step`), its counts (`_count`) and what is due after
-it (`_after_step`). The run's position is one `TrainState`.
+(`runtime.train_step`), which calls back for each update due (`ptrun.train.step.train_step`), its counts
+(`_count`) and what is due after it (`_after_step`). The run's position is one `TrainState`.
 """
 
 from __future__ import annotations
@@ -199,18 +199,21 @@ class Trainer:
     def _train_segment(self, sums: EpochSums, start: int, end: int, epoch_base: int) -> None:
         """Steps `start .. end - 1` of the epoch, in one layout (no decision falls between them)."""
         runtime, feed, epoch = self.runtime, self.in_use.feed, self.state.epoch
+
+        def apply_update(item: Step, loss: torch.Tensor | None) -> None:  # the runtime calls it for each step due
+            self.record.step_passed(runtime, self.plan, self.state.global_step)
+            progress = self.in_use.positions.progress(epoch, item.step)  # the schedule's clock
+            self.state, done = train_step(self.state, progress, self.in_use.step_parts, item.step)
+            self._count(sums, item, loss, done)
+            self._after_step(sums, item.step, end, epoch_base)
+
         for index, batch in feed.batches("train", epoch, start, end):
             self.record.step_begins(runtime, epoch_base + index)
             step = feed.step(epoch, index, batch)
             self.record.clock.step_begins()
             # An asynchronous pipeline drains at the segment's end and before a mid-epoch checkpoint.
             drain = index + 1 == end or self._checkpoint_due(epoch_base, index)
-            for item, loss in runtime.train_step(step, self.scaler.scale, drain):
-                self.record.step_passed(runtime, self.plan, self.state.global_step)
-                progress = self.in_use.positions.progress(epoch, item.step)  # the schedule's clock
-                self.state, done = train_step(self.state, progress, self.in_use.step_parts, item.step)
-                self._count(sums, item, loss, done)
-                self._after_step(sums, item.step, end, epoch_base)
+            runtime.train_step(step, apply_update, self.scaler.scale, drain)
         runtime.pause()
         self.record.clock.pause()  # the next step's time is not a step's: a decision comes first
 
