@@ -134,6 +134,8 @@ class AsyncPipelineRuntime(StageRuntime):
     ):
         super().__init__(layered, plan, rank, groups, device, loss, "none", compute_dtype, compiler)
         for name, units in layered.tied.items():
+            if name in layered.fixed:
+                continue  # a base weight under adapters never steps: its copies stay equal
             holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
             if len(holders) > 1:
                 raise ConfigError(
