@@ -16,6 +16,7 @@ from hf_families import VOCAB, auto_class, tiny_config
 from lora_cases import peft_twin
 from ptrun.auto.autodp import set_frozen
 from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
+from ptrun.config.adapter import BLOCK_LINEARS
 from ptrun.models import build_model
 from ptrun.models.adapters import library_name
 from ptrun.models.losses import loss_weight, make_target, per_sample_loss
@@ -175,6 +176,11 @@ def test_targets_follow_the_family_table():
     wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in auto.adapters}
     assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert not any(n.startswith(("lm_head", "model.embed")) for n in auto.adapters)
+    vit, _ = lora_model("vit", "classification")
+    wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in vit.adapters}
+    assert wrapped == {"qkv", "proj", "fc1", "fc2"}  # the attention's output projection, as BERT's and Llama's
+    assert not any(n.startswith("patch_embed.") for n in vit.adapters)  # its `proj` is the embedding's conv
+    assert all(linears.auto == linears.block for linears in BLOCK_LINEARS.values())
     assert auto.fixed == {n for n in auto.param_shapes if ".lora_" not in n}  # causal_lm: adapters only
 
 
