@@ -63,6 +63,11 @@ BLOCK_LINEARS: dict[str, Linears] = {
 }
 """The families peft wraps, by ptrun's family name (`vit`) or a Hugging Face `model_type`."""
 
+HEAD_MODULES = ("classifier", "score", "qa_outputs", "head")
+"""The task heads' modules that train beside the adapters (in the head unit): the newly initialised layer of a
+classification, regression or span head, by the library's name (timm's `head`, transformers' `classifier`,
+`score`, `qa_outputs`). A language-model head (the tied or pretrained `lm_head`) stays fixed."""
+
 
 @dataclass
 class AdapterConfig:
