@@ -20,6 +20,7 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
 def run_plan(args: list[str]) -> None:
     """`ptrun plan ...` (see USAGE and ptrun/sim)."""
     from ptrun.sim import costs_from_config, get_cluster, load_profile
+    from ptrun.costs.adapters import trained_params
     from ptrun.sim.report import report
     from ptrun.sim.simulate import simulate
     from ptrun.layout.fit import stage_bytes
@@ -69,9 +70,11 @@ def run_plan(args: list[str]) -> None:
         if costs.fb_seconds is None
         else f"{sum(costs.fb_seconds) * 1e3:.2f} ms forward + backward a sample (profile {profile})"
     )
+    trained = sum(trained_params(costs, cfg))
+    trains = f" ({trained / 1e6:.2f} M trained: adapter={cfg.adapter.name})" if trained != sum(costs.params) else ""
     print(
         f"recipe {cfg.recipe}: {cfg.model.name}, {costs.num_units} units, {sum(costs.params) / 1e6:.1f} M "
-        f"parameters, {work}; {samples:,} samples x {cfg.train.epochs} epochs; freeze.policy={policy.policy} "
+        f"parameters{trains}, {work}; {samples:,} samples x {cfg.train.epochs} epochs; freeze.policy={policy.policy} "
         f"(alpha {policy.alpha:.3g}); auto.batch={cfg.auto.batch}"
     )
     print(

@@ -1,6 +1,8 @@
 """Worker side of tests/test_lora_dist.py: LoRA units trained as a 2-stage 1F1B pipeline in real processes
 (gloo), a freeze in place halfway; each case writes its per-step losses and, after the freeze, whether any
-frozen adapter or any base weight held a gradient, for the test to compare with peft on the library model."""
+frozen adapter or any base weight held a gradient, for the test to compare with peft on the library model.
+In the same launch, LoRA units as a 2-stage PipeDream pipeline (weight stashing, plain SGD) write the
+parameters they end with, the runtime's trace and the bytes of weights it stashed."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import pipedream_cases as pd
 import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import AdapterConfig, ModelConfig
@@ -93,18 +96,62 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     layout.groups.destroy()
 
 
-def worker(kinds: list[str], out_dir: str) -> None:
+PIPEDREAM_KINDS, PIPEDREAM_STEPS = ("bert", "gpt2_lm"), 6
+"""BERT, its classification head training on the last stage, and GPT-2, whose LM head is tied to the
+embedding on the other stage: a fixed weight, which never steps, so the stages stepping apart is no harm."""
+
+
+def trained_bytes(layered, names) -> int:
+    """Bytes of the parameters among `names` that train (the adapters and the task head)."""
+    params = dict(layered.model.named_parameters())
+    return sum(params[n].numel() * params[n].element_size() for n in set(names) - layered.fixed)
+
+
+def run_pipedream(kind: str, rank: int, out_dir: Path) -> None:
+    layered = lora_model(kind)
+    name_of = {id(p): name for name, p in layered.model.named_parameters()}
+    loss = WeightedLoss(pc.task(kind))
+    plan = pd.plan_for(len(layered.units), 2, 1)
+    layout = build_engine(Builder(layered, rank, torch.device("cpu"), loss, pd.SGD, name_of), plan)
+    runtime = layout.runtime
+    runtime.trace = []
+
+    def update(_step: Step, _loss) -> None:
+        runtime.sync_and_clip(0.0)
+        if layout.optimizer is not None:
+            layout.optimizer.step()
+        runtime.zero_grad()
+
+    for step in pd.steps(layered, loss.task, plan, rank, kind, 0, PIPEDREAM_STEPS):
+        runtime.train_step(step, update, drain=step.step == PIPEDREAM_STEPS - 1)
+    runtime.pause()
+    params = dict(layered.model.named_parameters())
+    held = {name for u in runtime.unit_indices for name in layered.unit_param_names(u)}
+    saved = {
+        "params": {n: params[n].detach().clone() for n in held},
+        "trace": [{k: v for k, v in r.items() if k != "grads"} for r in runtime.trace],
+        "stash_peak": runtime.stash_bytes_peak,
+        "trained_bytes": trained_bytes(layered, held),
+        "stage": runtime.stage,
+    }
+    torch.save(saved, out_dir / f"pipedream-{kind}.rank{rank}.pt")
+    layout.groups.destroy()
+
+
+def worker(kinds: list[str], pipedream_kinds: list[str], out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     try:
         for kind in kinds:
             run_case(kind, dist.get_rank(), Path(out_dir))
+        for kind in pipedream_kinds:
+            run_pipedream(kind, dist.get_rank(), Path(out_dir))
     finally:
         dist.destroy_process_group()
 
 
-def launch(kinds: list[str], out_dir: Path) -> None:
-    pc.run_elastic(worker, 2, "lora", list(kinds), str(out_dir))
+def launch(kinds: list[str], pipedream_kinds: list[str], out_dir: Path) -> None:
+    pc.run_elastic(worker, 2, "lora", list(kinds), list(pipedream_kinds), str(out_dir))
 
 
 def peft_twin(layered, library):

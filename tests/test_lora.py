@@ -16,9 +16,11 @@ from hf_families import VOCAB, auto_class, tiny_config
 from lora_cases import peft_twin
 from ptrun.auto.autodp import set_frozen
 from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
+from ptrun.config.adapter import BLOCK_LINEARS
 from ptrun.models import build_model
 from ptrun.models.adapters import library_name
 from ptrun.models.losses import loss_weight, make_target, per_sample_loss
+from ptrun.parallel.compiled import UnitCompiler, unit_shape
 from ptrun.parallel.optim import build_optimizer
 from ptrun.parallel.stage_module import StageModule
 
@@ -84,11 +86,14 @@ def library_out(twin, inputs, task):
 OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, schedule="constant", warmup_fraction=0.0)
 
 
-@pytest.mark.parametrize("kind,task", CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in MORE])
-def test_lora_units_train_as_peft_on_the_library_model(kind, task):
+def train_beside_peft(kind: str, task: str, compiled: bool = False):
+    """STEPS AdamW steps of ptrun's LoRA units of `kind` at K = 1 (one stage, its units compiled or eager) and
+    of peft on the library model, side by side. Returns the pairs of losses, the layered model, peft's twin,
+    the stage's compiler (None eager) and its counts after each step."""
     layered, library = lora_model(kind, task)
     twin = peft_twin(layered, library)
-    stage = StageModule(layered.units).train()
+    compiler = UnitCompiler("default", layered) if compiled else None
+    stage = StageModule(layered.units, compiler=compiler).train()
     twin.train()
     ours = build_optimizer([(n, p) for n, p in layered.model.named_parameters()], OPTIM)
     theirs = torch.optim.AdamW([p for p in twin.parameters() if p.requires_grad], lr=OPTIM.lr, weight_decay=0.0)
@@ -99,7 +104,7 @@ def test_lora_units_train_as_peft_on_the_library_model(kind, task):
         == len(trained)
         == sum(p.requires_grad for p in twin.parameters())
     )
-    losses = []
+    losses, counts = [], []
     for inputs, target in batches(kind, task):
         mine = loss_of(stage(*(inputs[k] for k in layered.input_names)), target, task)
         want = loss_of(library_out(twin, inputs, task), target, task)
@@ -109,6 +114,12 @@ def test_lora_units_train_as_peft_on_the_library_model(kind, task):
             optimizer.step()
             optimizer.zero_grad()
         losses.append((mine.item(), want.item()))
+        counts.append(compiler.counts.snapshot() if compiler else None)
+    return losses, layered, twin, compiler, counts
+
+
+def assert_follows_peft(losses, layered, twin) -> None:
+    """Every step's loss within 1e-4 relative of peft's; every adapter trained; the base as it was built."""
     for step, (mine, want) in enumerate(losses):
         assert abs(mine - want) <= 1e-4 * abs(want), (step, mine, want)
     built = dict(layered.model.named_parameters())
@@ -116,6 +127,29 @@ def test_lora_units_train_as_peft_on_the_library_model(kind, task):
     assert lora_b and all(built[n].abs().sum() > 0 for n in lora_b), "every adapter trained, the tail's included"
     base = {n: p for n, p in twin.base_model.model.named_parameters() if n in layered.fixed}
     assert all(torch.equal(built[n], p) for n, p in base.items()), "base weights stay as they were"
+
+
+@pytest.mark.parametrize("kind,task", CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in MORE])
+def test_lora_units_train_as_peft_on_the_library_model(kind, task):
+    assert_follows_peft(*train_beside_peft(kind, task)[:3])
+
+
+@pytest.mark.parametrize("kind,task", CASES[:1] + [pytest.param(*c, marks=pytest.mark.slow) for c in CASES[1:]])
+def test_compiled_lora_units_train_as_peft_on_the_library_model(kind, task):
+    """`train.compile=true`: each unit compiled on its own with its adapters inside (peft's LoRA layers run
+    in the unit's graph) follows peft on the library model as the eager units do. No unit kind falls back to
+    eager, no graph breaks, and nothing compiles after the first step: one variant a unit shape, and at most
+    one more, the first block's, whose input takes no gradient (nothing below it trains)."""
+    from torch._dynamo.utils import counters
+
+    breaks = sum(counters["graph_break"].values())
+    losses, layered, twin, compiler, counts = train_beside_peft(kind, task, compiled=True)
+    assert_follows_peft(losses, layered, twin)
+    assert compiler.kinds and not compiler.eager_kinds
+    assert sum(counters["graph_break"].values()) == breaks
+    assert counts[0] == counts[-1], "nothing compiled after the first step"
+    shapes = {unit_shape(layered, u) for u in range(len(layered.units))}
+    assert len(shapes) <= counts[0]["compiles"] <= len(shapes) + 1, (counts[0], shapes)
 
 
 @pytest.mark.parametrize("kind,task", [("bert", "classification"), ("llama", "causal_lm")])
@@ -142,6 +176,11 @@ def test_targets_follow_the_family_table():
     wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in auto.adapters}
     assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert not any(n.startswith(("lm_head", "model.embed")) for n in auto.adapters)
+    vit, _ = lora_model("vit", "classification")
+    wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in vit.adapters}
+    assert wrapped == {"qkv", "proj", "fc1", "fc2"}  # the attention's output projection, as BERT's and Llama's
+    assert not any(n.startswith("patch_embed.") for n in vit.adapters)  # its `proj` is the embedding's conv
+    assert all(linears.auto == linears.block for linears in BLOCK_LINEARS.values())
     assert auto.fixed == {n for n in auto.param_shapes if ".lora_" not in n}  # causal_lm: adapters only
 
 

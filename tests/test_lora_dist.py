@@ -1,7 +1,10 @@
 """LoRA units in a real 2-stage 1F1B pipeline (2 gloo processes, tests/lora_cases.py), a freeze in place after
 10 of 20 steps: the losses are peft's on the library model (`get_peft_model`, the same LoraConfig, the frozen
 adapters leaving the backward pass at the same step) within 1e-4, and after the freeze no frozen adapter and
-no base weight holds a gradient on either stage. One launch covers BERT, Llama, GPT-2 and ViT."""
+no base weight holds a gradient on either stage. One launch covers BERT, Llama, GPT-2 and ViT, and LoRA
+units as a 2-stage PipeDream pipeline (BERT, GPT-2), which must end with the parameters of PipeDream's
+semantics replayed in one process (as tests/test_pipedream_dist.py replays it) having stashed only the
+adapters' and the head's weights."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import pytest
 import torch
 
 import lora_cases as lc
+import pipedream_cases as pd
 import pipeline_cases as pc
+from ptrun.layout.plan import even_bounds
 
 
 def peft_losses(kind: str) -> list[float]:
@@ -55,17 +60,72 @@ def peft_losses(kind: str) -> list[float]:
     return losses
 
 
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """One launch for every pipeline case."""
+    out = tmp_path_factory.mktemp("lora_cases")
+    lc.launch(lc.KINDS, lc.PIPEDREAM_KINDS, out)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.dist
-def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(tmp_path):
-    lc.launch(lc.KINDS, tmp_path)
+def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(results):
     for kind in lc.KINDS:
         want = peft_losses(kind)
         for rank in (0, 1):
-            got = torch.load(tmp_path / f"{kind}.rank{rank}.pt")
+            got = torch.load(results / f"{kind}.rank{rank}.pt")
             assert got["losses"] == pytest.approx(want, rel=1e-4), kind
             assert got["stray"] == [], kind
-        assert sum(torch.load(tmp_path / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
+        assert sum(torch.load(results / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
+
+
+def pipedream_reference(kind: str) -> dict[str, torch.Tensor]:
+    """PipeDream with weight stashing on 2 stages, in one process on the library model with its adapters: for
+    each step, each stage's trained weights are the version its forward pass chose (the updates its 1F1B
+    order had applied by then), the gradient is taken through them, and plain SGD applies it to the stage's
+    newest ones; the base weights stay as built. The final parameters."""
+    from torch.func import functional_call
+
+    layered = lc.lora_model(kind)
+    net = layered.model
+    built = {n: p.detach().clone() for n, p in net.named_parameters()}
+    trained = set(built) - layered.fixed
+    bounds = even_bounds(len(layered.units), 2)
+    names = [{n for u in range(lo, hi) for n in layered.unit_param_names(u)} & trained for lo, hi in bounds]
+    used = pd.forward_versions(2, 0, lc.PIPEDREAM_STEPS, ())
+    history = [[{n: built[n] for n in names[s]}] for s in range(2)]
+    for t in range(lc.PIPEDREAM_STEPS):
+        weights = {n: w.clone().requires_grad_(True) for s in range(2) for n, w in history[s][used[s][t]].items()}
+
+        def bound(*args, **kwargs):
+            return functional_call(net, weights, args, kwargs)
+
+        bound.config = getattr(net, "config", None)  # textbook_loss reads whether it takes token types
+        pc.textbook_loss(bound, kind, pc.batch(kind, t)).backward()
+        for s in range(2):
+            newest = history[s][-1]
+            history[s].append({n: newest[n] - pd.LR * weights[n].grad for n in names[s]})
+    return {**built, **{n: w for s in range(2) for n, w in history[s][-1].items()}}
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("kind", lc.PIPEDREAM_KINDS)
+def test_lora_under_pipedream_trains_as_its_semantics_and_stashes_only_what_trains(results, kind):
+    """Each backward pass ran on its forward pass's weights, the parameters are the replayed reference's (the
+    base weights unchanged), and the input stage held at most two versions of its adapters, never the base."""
+    expected = pipedream_reference(kind)
+    ranks = [torch.load(results / f"pipedream-{kind}.rank{r}.pt") for r in (0, 1)]
+    for saved in ranks:
+        for name, value in saved["params"].items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        assert len(saved["trace"]) == lc.PIPEDREAM_STEPS
+        assert all(r["forward_fingerprint"] == r["backward_fingerprint"] for r in saved["trace"])
+    first, last = sorted(ranks, key=lambda s: s["stage"])
+    assert 0 < first["trained_bytes"] < sum(v.numel() * v.element_size() for v in first["params"].values()) / 4
+    assert first["stash_peak"] == 2 * first["trained_bytes"]  # the adapters' weights, two versions in flight
+    assert last["stash_peak"] == 0
 
 
 LORA_RUN = [

@@ -37,7 +37,9 @@ class Linears:
     block: tuple[str, ...]
     """Every linear module of a block (what `adapter.targets` may name)."""
     auto: tuple[str, ...]
-    """What `adapter.targets=auto` wraps: the attention and MLP projections."""
+    """What `adapter.targets=auto` wraps: the attention and MLP projections; in every family, all of `block`,
+    the attention's output projection included (what peft's `target_modules="all-linear"` picks within the
+    blocks; peft's per-family defaults are the query and value projections only)."""
     conv1d: bool = False
     """Whether they are transformers' `Conv1D` (GPT-2: weights stored as (in, out), peft's `fan_in_fan_out`)."""
 
@@ -45,7 +47,7 @@ class Linears:
 _BERT = ("query", "key", "value", "dense")
 _LLAMA = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BLOCK_LINEARS: dict[str, Linears] = {
-    "vit": Linears(("qkv", "proj", "fc1", "fc2"), ("qkv", "fc1", "fc2")),
+    "vit": Linears(("qkv", "proj", "fc1", "fc2"), ("qkv", "proj", "fc1", "fc2")),
     "bert": Linears(_BERT, _BERT),
     "roberta": Linears(_BERT, _BERT),
     "xlm-roberta": Linears(_BERT, _BERT),
@@ -60,6 +62,11 @@ BLOCK_LINEARS: dict[str, Linears] = {
     "mistral": Linears(_LLAMA, _LLAMA),
 }
 """The families peft wraps, by ptrun's family name (`vit`) or a Hugging Face `model_type`."""
+
+HEAD_MODULES = ("classifier", "score", "qa_outputs", "head")
+"""The task heads' modules that train beside the adapters (in the head unit): the newly initialised layer of a
+classification, regression or span head, by the library's name (timm's `head`, transformers' `classifier`,
+`score`, `qa_outputs`). A language-model head (the tied or pretrained `lm_head`) stays fixed."""
 
 
 @dataclass
@@ -76,8 +83,9 @@ class AdapterConfig:
     """Dropout on the adapter's input (peft's `lora_dropout`)."""
     targets: Any = "auto"
     """The linear modules of each block that get an adapter: `auto` (the family's attention and MLP
-    projections: BERT's query, key, value and dense; Llama's q/k/v/o/gate/up/down_proj; timm ViT's qkv, fc1 and
-    fc2) or a list of their names, e.g. `[query,value]` (peft's `target_modules`, matched within the blocks)."""
+    projections, every linear module of a block, the attention's output projection included: BERT's query,
+    key, value and dense; Llama's q/k/v/o/gate/up/down_proj; timm ViT's qkv, proj, fc1 and fc2) or a list of
+    their names, e.g. `[query,value]` (peft's `target_modules`, matched within the blocks)."""
     merge: bool = False
     """What the export writes to RUN_DIR/model/: the adapter in peft's own format (false: load it with
     `PeftModel.from_pretrained(base, dir)`) or the base model with the adapters merged into its weights (true:

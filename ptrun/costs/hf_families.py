@@ -6,7 +6,7 @@ the decoders (GPT-2, the Llama family: `decoder_costs`), DeBERTa-v2 / v3 (`deber
 from __future__ import annotations
 
 from typing import Any
-from ptrun.costs.units import FP32, ModelCosts, attention_flops, unit_names
+from ptrun.costs.units import BERT_NAMES, FP32, ModelCosts, attention_flops, block_linears, head_linears, unit_names
 
 
 def decoder_costs(
@@ -44,11 +44,18 @@ def decoder_costs(
         head = (d + vocab_size * d, 2.0 * t * d * vocab_size, t * vocab_size * FP32)
     else:
         head = (d + d * num_labels, 2.0 * d * num_labels, num_labels * FP32)
+    q, kv, i = heads * head_dim, kv_heads * head_dim, intermediate
+    if gated:
+        attn = (("q_proj", d, q), ("k_proj", d, kv), ("v_proj", d, kv), ("o_proj", q, d))
+        mlp = (("gate_proj", d, i), ("up_proj", d, i), ("down_proj", i, d))
+    else:  # GPT-2's fused c_attn
+        attn, mlp = (("c_attn", d, q + 2 * kv), ("c_proj", q, d)), (("c_fc", d, i), ("c_proj", i, d))
     return ModelCosts(
         unit_names(depth),
         tuple(map(float, [embed_p, *blocks_p, head[0]])),
         tuple(map(float, [act, *[act] * (2 * depth), head[2]])),
         tuple([0.0, *blocks_f, head[1]]),
+        linears=block_linears(depth, attn, mlp, head_linears(task, d, num_labels, classifier="score")),
     )
 
 
@@ -103,11 +110,14 @@ def deberta_costs(hf: dict[str, Any], *, seq_len: int, task: str = "classificati
         head = (2 * d + 2, 2.0 * t * d * 2, t * 2 * FP32)
     else:  # ContextPooler (first token, dense) and the classifier
         head = (d * d + d + d * num_labels + num_labels, 2.0 * (d * d + d * num_labels), num_labels * FP32)
+    q, k, v, o, up, down = ("query_proj", "key_proj", "value_proj", *BERT_NAMES[3:])
+    attn, mlp = ((q, d, a), (k, d, a), (v, d, a), (o, d, d)), ((up, d, i), (down, i, d))
     return ModelCosts(
         unit_names(hf["num_hidden_layers"]),
         tuple(map(float, params + [head[0]])),
         tuple(map(float, acts + [head[2]])),
         tuple(flops + [head[1]]),
+        linears=block_linears(hf["num_hidden_layers"], attn, mlp, head_linears(task, d, num_labels)),
     )
 
 
@@ -144,6 +154,9 @@ def modernbert_costs(
         tuple(map(float, acts + [head[2]])),
         tuple(flops + [head[1]]),
         sequence_units=2 * depth - 1 if first_token else None,
+        linears=block_linears(
+            depth, (("Wqkv", d, 3 * d), ("Wo", d, d)), (("Wi", d, 2 * i), ("Wo", i, d)), head_linears(task, d, labels)
+        ),
     )
 
 

@@ -72,6 +72,16 @@ BERT_SIZES = {
 """BERT name -> (layers L, hidden D), as `ptrun.models.bert.PRESETS`."""
 
 
+Linear = tuple[str, int, int]
+"""A linear module of a unit: its name in the library (the last part: `query`, `fc1`), fan-in, fan-out."""
+
+
+def block_linears(num_blocks: int, attn: tuple[Linear, ...], mlp: tuple[Linear, ...], head=()) -> tuple:
+    """`ModelCosts.linears` of a model whose blocks' halves all hold `attn` and `mlp`: none in the embedding,
+    `head` in the head unit."""
+    return ((), *(half for _ in range(num_blocks) for half in (attn, mlp)), tuple(head))
+
+
 @dataclass(frozen=True)
 class ModelCosts:
     """Per-unit costs of one model, per sample (see the module docstring)."""
@@ -92,6 +102,10 @@ class ModelCosts:
     """Measured seconds per optimizer step of each unit's parameters (clip work + optimizer); None: 0."""
     sequence_units: Optional[int] = None
     """How many leading units return every token's row (`LayeredModel.sequence_units`); None: all of them."""
+    linears: Optional[tuple[tuple[Linear, ...], ...]] = None
+    """Per unit, the linear modules an adapter may wrap or that train beside adapters (a block's projections,
+    the task head's new layer), by their names in the library; None where not known (what an adapter trains
+    is then priced as full fine-tuning)."""
 
     @property
     def num_units(self) -> int:
@@ -150,7 +164,14 @@ def vit_costs(
     params = [patch + d + d + n * d, *bp, 2 * d + d * num_classes + num_classes]
     flops = [2.0 * (n - 1) * patch, *bf, 2.0 * d * num_classes]
     acts = [n * d * FP32, *ba, num_classes * FP32]
-    return ModelCosts(unit_names(depth), tuple(map(float, params)), tuple(map(float, acts)), tuple(flops))
+    attn, mlp = (("qkv", d, 3 * d), ("proj", d, d)), (("fc1", d, h), ("fc2", h, d))
+    return ModelCosts(
+        unit_names(depth),
+        tuple(map(float, params)),
+        tuple(map(float, acts)),
+        tuple(flops),
+        linears=block_linears(depth, attn, mlp, [("head", d, num_classes)]),
+    )
 
 
 def bert_costs(
@@ -190,19 +211,40 @@ def bert_costs(
     params = [embed_p, *bp, head[0]]
     flops = [0.0, *bf, head[1]]
     acts = [t * d * FP32 + mask, *ba, head[2]]
+    q, k, v, o, up, down = ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2") if whole_attention else BERT_NAMES
+    attn = tuple((name, d, d) for name in (q, k, v, o))
     return ModelCosts(
         unit_names(depth),
         tuple(map(float, params)),
         tuple(map(float, acts)),
         tuple(flops),
         sequence_units=2 * depth - 1 if tail else None,
+        linears=block_linears(
+            depth, attn, ((up, d, intermediate), (down, intermediate, d)), head_linears(task, d, num_labels)
+        ),
     )
 
 
+BERT_NAMES = ("query", "key", "value", "dense", "dense", "dense")
+"""A BERT-like block's linear modules (q, k, v, attention output; MLP in, out) by their library names."""
+
+
+def head_linears(task: str, width: int, num_labels: int, classifier: str = "classifier") -> tuple[Linear, ...]:
+    """The task head's new layer of a transformers model: the span head's `qa_outputs`, a classifier (a
+    language-model head, pretrained, has none)."""
+    if task == "qa":
+        return (("qa_outputs", width, 2),)
+    return ((classifier, width, num_labels),) if task in POOLED_TASKS else ()
+
+
 __all__ = [
+    "BERT_NAMES",
+    "Linear",
     "ModelCosts",
     "attention_flops",
     "bert_costs",
+    "block_linears",
+    "head_linears",
     "mlp_flops",
     "unit_names",
     "vit_costs",

@@ -38,12 +38,16 @@ class Devices:
 
 
 def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
-    """The planner's per-unit memory: float32 parameters, gradients and optimizer state from the analytic
-    sizes; activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
+    """The planner's per-unit memory: float32 parameters from the analytic sizes (with any adapters'), gradients
+    and optimizer state for those that train (all of them, or the adapters and the head's:
+    `ptrun.costs.adapters`); activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
+    from ptrun.costs.adapters import adapter_params, trained_params
     from ptrun.layout.fit import UnitMemory, state_copies  # torch: only where K is chosen
 
     copies = state_copies(cfg.optim.name)
-    return UnitMemory([4.0 * copies * n for n in costs.params], [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
+    added, trained = adapter_params(costs, cfg), trained_params(costs, cfg)
+    state = [4.0 * (n + a + (copies - 1) * t) for n, a, t in zip(costs.params, added, trained)]
+    return UnitMemory(state, [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 
 def device_bytes(lc: LauncherConfig) -> int:

@@ -22,15 +22,11 @@ from pathlib import Path
 
 from torch import nn
 
-from ptrun.config.adapter import BLOCK_LINEARS, AdapterConfig, target_names
+from ptrun.config.adapter import BLOCK_LINEARS, HEAD_MODULES, AdapterConfig, target_names
 from ptrun.errors import ConfigError
 
 ADAPTER_NAME = "default"
 """peft's name for the one adapter (what `PeftModel.from_pretrained` loads by default)."""
-HEAD_MODULES = ("classifier", "score", "qa_outputs", "head")
-"""The task heads' modules that train beside the adapters (in the head unit): the newly initialised layer of a
-classification, regression or span head, by the library's name (timm's `head`, transformers' `classifier`,
-`score`, `qa_outputs`). A language-model head (the tied or pretrained `lm_head`) stays fixed."""
 
 
 def lora_config(adapter: AdapterConfig, family: str, targets: list[str]):

@@ -118,6 +118,8 @@ class AsyncPipelineRuntime(StageRuntime):
         super().__init__(replace(parts, recompute="none"))  # the config allows no other under pipedream
         plan, rank = parts.plan, parts.rank
         for name, units in parts.layered.tied.items():
+            if name in parts.layered.fixed:
+                continue  # a base weight under adapters never steps: its copies stay equal
             holders = {plan.stage_of_unit(u) for u in units if u >= plan.cached_units}
             if len(holders) > 1:
                 raise ConfigError(

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ptrun.config import PtrunConfig, parse_memory
 from ptrun.config.freezing import CACHE_DTYPE_BYTES, cache_dtype
 from ptrun.layout.partition import stage_sums
 from ptrun.layout.plan import Plan
+from ptrun.costs.adapters import trained_params, trained_share
 from ptrun.sim.cluster import GB, Cluster
 from ptrun.costs.units import FP32, ModelCosts
 
@@ -72,6 +73,16 @@ def unit_work(
         0.0 if u < plan.cached_units else frozen(u) if u < plan.frozen_units else fb[u] + recompute * fwd[u]
         for u in range(plan.num_units)
     ]
+
+
+def adapter_seconds(fb: Sequence[float], frozen_grad: Sequence[float], share: Sequence[float]) -> tuple[list, int]:
+    """Forward + backward seconds per sample of each unit when only the `share` of its weights trains (an
+    adapter's: `ptrun.costs.adapters`), and how many leading units train nothing. A backward pass is the
+    input gradient (`frozen_grad` less the forward) and the weight gradient, which is a matmul's second product
+    and scales with the weights that take one: a LoRA unit costs about two forwards against full
+    fine-tuning's three. A unit whose weights all train keeps `fb`."""
+    out = [t if s == 1 else g + (t - g) * s for t, g, s in zip(fb, frozen_grad, share)]
+    return out, next((u for u, s in enumerate(share) if s > 0), len(share))
 
 
 def update_seconds(plan: Plan, costs: ModelCosts) -> list[float]:
@@ -185,12 +196,14 @@ def step_time(
     """One optimizer step under `plan` with `per_replica` samples a replica; `filled` is the cache depth
     the entries hold when the epoch starts (0: nothing cached yet)."""
     fb, fwd = unit_seconds(costs, cluster)
-    work = unit_work(
-        plan, fb, fwd, recompute=cfg.pipe.recompute != "none", frozen_grad=frozen_grad_seconds(costs, cluster)
-    )
+    frozen_grad = frozen_grad_seconds(costs, cluster)
+    fb, untrained = adapter_seconds(fb, frozen_grad, trained_share(costs, cfg))
+    # Units below the lowest that trains run as a frozen prefix does (forward only on the first stage).
+    priced = replace(plan, frozen_units=untrained) if untrained > plan.frozen_units else plan
+    work = unit_work(priced, fb, fwd, recompute=cfg.pipe.recompute != "none", frozen_grad=frozen_grad)
     stages = stage_seconds(plan, work, costs.act_bytes, per_replica / plan.microbatches, cluster)
     pipe = pipeline_seconds(plan, stages)
-    allreduce = allreduce_seconds(plan, costs.params, cluster)
+    allreduce = allreduce_seconds(plan, trained_params(costs, cfg), cluster)
     # Every rank's loading thread loads its replica batch's raw samples, except a first stage the cache
     # serves: it reads the entries instead (and loads raw samples only for the misses of a fill from scratch).
     raw = cluster.loader_batch_s + (per_replica / cluster.loader_samples_s if cluster.loader_samples_s else 0.0)
@@ -236,6 +249,7 @@ def step_time(
 
 __all__ = [
     "StepTime",
+    "adapter_seconds",
     "allreduce_seconds",
     "boundary_bandwidth",
     "cache_io_seconds",

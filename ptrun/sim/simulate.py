@@ -19,7 +19,10 @@ The time model and its assumptions
    AutoCache costs nothing in the pipeline. Compute is linear in the micro-batch size: no efficiency loss for
    small GEMMs (the only fixed cost is assumption 2's per micro-batch overhead). With a measured profile each
    trainable unit also costs its optimizer update once per step (`update_s`: the clip's per-parameter work and
-   the optimizer step); the slowest rank's update follows the pipeline.
+   the optimizer step); the slowest rank's update follows the pipeline. Under adapters (`adapter=lora`,
+   `ptrun.costs.adapters`) a unit's backward is its input gradient plus the weight gradient of the share of
+   its weights that trains (about 2 x forward), the units below the lowest adapter cost their forward only,
+   and only the trained elements carry gradients, optimizer state (memory) and the all-reduce (assumption 3).
 2. Pipeline. A stage's micro-batch time is the cluster's fixed `microbatch_overhead_s`, plus its units'
    compute for one micro-batch, plus sending its output to the next stage and receiving the gradient back
    (always: the next stage's input requires one), each a message of `link_latency_s` plus its bytes at the
