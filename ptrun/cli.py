@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         # The reader left early (`ptrun recipes | head -3`): stop quietly, as Unix tools do. stdout goes to
         # /dev/null so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(128 + signal.SIGPIPE)
+        raise SystemExit(128 + signal.SIGPIPE) from None
     finally:
         if argv is None:
             # The process ends next: its last garbage collections would walk every object torch and elastic

@@ -82,7 +82,7 @@ def same_start_failure(errors: Path, local_workers: int) -> bool:
     reports = [json.loads(p.read_text()) for p in start_reports(errors)]
     if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
         return True
-    for path, report in zip(start_reports(errors), reports):
+    for path, report in zip(start_reports(errors), reports, strict=True):
         logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-") :], report["traceback"])
         path.unlink(missing_ok=True)
     return False

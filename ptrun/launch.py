@@ -162,24 +162,26 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
                 raise Diverged(json.loads(diverged[0].read_text())) from None
             faults = [json.loads(p.read_text()) for p in fault_reports(errors)]
             if faults:  # the rank that found the fault says where (a peer of a full disk's writer only that it was)
-                raise MachineFault(next((f for f in faults if f.get("path") or f["kind"] != "no_space"), faults[0]))
+                raise MachineFault(
+                    next((f for f in faults if f.get("path") or f["kind"] != "no_space"), faults[0])
+                ) from None
             starts = start_reports(errors)
             if starts:
                 raise LaunchFailed(
                     f"every worker failed at start-up with the same error, so no restart: "
                     f"{json.loads(starts[0].read_text())['line']}"
-                )
+                ) from None
             rank, failure = next(iter(e.failures.items()))
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
             raise LaunchFailed(
                 f"worker rank {rank} failed (exit code {failure.exitcode}): "
                 f"{message.strip().splitlines()[-1] if message.strip() else 'see the log above'}"
-            )
+            ) from None
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
             raise LaunchFailed(
                 f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            )
+            ) from None
     if signum:
         # Raised outside the handler, with the agent's frames collected: they hold its worker queues, whose
         # semaphores the resource tracker would otherwise report as leaked at exit.

@@ -150,14 +150,14 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
         if held is not None:
             held.setTarget(None)  # a start that failed logs nothing (logging.shutdown would flush the records)
         Path(errors, f"rank{rank:05d}").write_text(str(e))
-        raise SystemExit(EXIT_BAD_INPUT)
+        raise SystemExit(EXIT_BAD_INPUT) from None
     except Exception as e:
         # A failure before this attempt's first step is done that a restart would repeat (the launcher's agent
         # restarts nothing if every worker reports the same one): reported for the launcher's one line.
         if (trainer is not None and trainer.has_trained) or transient(e):
             raise
         report_start_failure(errors, rank, e)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         if trainer is not None:
             trainer.close()

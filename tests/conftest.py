@@ -353,7 +353,7 @@ def cli(capsys, monkeypatch):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             os.chdir(here)
-            for signum, handler in zip(SIGNALS, handlers):
+            for signum, handler in zip(SIGNALS, handlers, strict=True):
                 signal.signal(signum, handler)
             for key in set(os.environ) - set(environ):
                 del os.environ[key]

@@ -18,9 +18,10 @@ from ptrun.layout.plan import Plan, even_bounds
 
 EQUAL = [1.0] * 18
 """8 blocks of equal halves: embedding, 16 halves, head, each costing 1."""
+EQUAL_UNITS = len(EQUAL)
 
 
-def start_plan(schedule="GPipe", world=8, pp=4, m=4, spr=1, units=len(EQUAL)):
+def start_plan(schedule="GPipe", world=8, pp=4, m=4, spr=1, units=EQUAL_UNITS):
     """A starting layout: everything trains, the units split evenly (`pipe.partition=uniform`), DP = world / K."""
     return Plan(
         num_units=units,
@@ -120,7 +121,7 @@ def test_frozen_prefix_lands_on_stage_zero():
         for method in ("params", "pipetransformer"):
             b = plan_after(blocks, method).stage_bounds
             assert b[0][0] == 0 and b[-1][1] == 18
-            assert all(hi == lo for (_, hi), (lo, _) in zip(b, b[1:]))
+            assert all(hi == lo for (_, hi), (lo, _) in zip(b, b[1:], strict=False))
             # the frozen units fill stages 0..s in order: only stage s may mix frozen and active units
             frozen = frozen_units_for_blocks(blocks)
             mixed = [s for s, (lo, hi) in enumerate(b) if lo < frozen < hi]

@@ -82,7 +82,7 @@ def test_the_oracles_units_are_ptruns(kind):
     ours = oracle_loop.unit_params(model)
     theirs = split_encoder(model, "classification")
     assert len(ours) == len(theirs) == 2 * 2 + 2
-    for i, (mine, unit) in enumerate(zip(ours, theirs)):
+    for i, (mine, unit) in enumerate(zip(ours, theirs, strict=True)):
         assert {id(p) for p in mine} == {id(p) for p in unit.parameters()}, f"unit {i}"
 
 

@@ -94,7 +94,7 @@ def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind, local):
     again = inputs(cache, batch, raw)
     assert cache.take_stats("train")["hits"] == B
     assert len(first) == len(again) == len(want)  # every tensor the next unit takes (a decoder's mask too)
-    for a, b, w in zip(first, again, want):
+    for a, b, w in zip(first, again, want, strict=True):
         assert torch.equal(a, w) and torch.equal(b, w)
 
 
@@ -112,7 +112,7 @@ def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind, local):
     advanced = inputs(cache, batch, raw)
     assert cache.take_stats("train")["advanced"] == B  # units 3 and 4 only, on the cached depth-3 tensors
     assert len(advanced) == len(prefix(layered, 5, raw))
-    for got, want in zip(advanced, prefix(layered, 5, raw)):
+    for got, want in zip(advanced, prefix(layered, 5, raw), strict=True):
         assert torch.equal(got, want)
     inputs(cache, batch, raw)
     assert cache.take_stats("train")["hits"] == B  # the advanced entries were written back at depth 5

@@ -152,7 +152,7 @@ def assert_same_params(got: dict, want: dict, **tolerance) -> None:
     assert got.keys() == want.keys()
     for name in want:
         if tolerance:
-            torch.testing.assert_close(got[name], want[name], **tolerance, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got[name], want[name], **tolerance, msg=lambda m, name=name: f"{name}: {m}")
         else:
             assert torch.equal(got[name], want[name]), name
 

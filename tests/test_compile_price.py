@@ -168,7 +168,7 @@ def test_the_auto_benchmark_sets_auto_against_the_better_of_false_and_true_on_it
     walls = {
         (s, x): w
         for s, ws in (("cold", (40.0, 80.0, 41.0)), ("warm", (40.0, 36.0, 37.0)))
-        for x, w in zip(bench.SETTINGS, ws)
+        for x, w in zip(bench.SETTINGS, ws, strict=True)
     }
     first = rnd(walls, "off")
     assert first[2]["auto_vs_best"] == pytest.approx(41.0 / 40.0)  # cold: eager was the better one

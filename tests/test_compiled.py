@@ -201,7 +201,7 @@ def test_the_compile_benchmark_tables_medians_and_ratios_against_eager():
     def rnd(eager: float, cold: float, warm: float) -> list[dict]:
         rows = [
             {"label": label, "wall_s": wall, "train_time_s": wall - 10, "compile_s": wall - eager, "final_top1": 95.0}
-            for label, wall in zip(bench.RUNS, (eager, cold, warm))
+            for label, wall in zip(bench.RUNS, (eager, cold, warm), strict=True)
         ]
         for row in rows:
             row["wall_ratio"] = rows[0]["wall_s"] / row["wall_s"]

@@ -79,7 +79,11 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
             held = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
             for name, value in held["params"].items():
                 torch.testing.assert_close(
-                    value, want_params[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"step {step} {name}: {m}"
+                    value,
+                    want_params[name],
+                    rtol=1e-5,
+                    atol=4e-5,
+                    msg=lambda m, step=step, name=name: f"step {step} {name}: {m}",
                 )
                 if name in frozen_names and before is not None:
                     assert torch.equal(value, before[name]), f"frozen {name} changed at step {step}"
@@ -93,7 +97,7 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
                         torch.as_tensor(want_optim[name][key]).float(),
                         rtol=1e-5,
                         atol=4e-5,
-                        msg=lambda m: f"step {step} {name}.{key}: {m}",
+                        msg=lambda m, step=step, name=name, key=key: f"step {step} {name}.{key}: {m}",
                     )
         assert covered == set(want_params)
         before = now
@@ -168,7 +172,7 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=[0, 1, 2])
     got = final_params(tmp_path)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path, tiny):
@@ -218,7 +222,7 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     assert all(e["cache"]["eval_computed"] >= evals for e in uncached[1:])
     assert [e["cache"]["eval_hits"] + e["cache"]["eval_written"] for e in uncached[1:]] == [0] * 3
     assert [e["cache"]["hits"] for e in uncached] == [e["cache"]["hits"] for e in epochs]  # training alike
-    for cached_epoch, uncached_epoch in zip(epochs, uncached):
+    for cached_epoch, uncached_epoch in zip(epochs, uncached, strict=True):
         assert cached_epoch["eval"].keys() == uncached_epoch["eval"].keys() == {"loss", "top1"}
         assert cached_epoch["eval"] == pytest.approx(uncached_epoch["eval"], rel=0, abs=1e-6)
 
@@ -229,7 +233,7 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=[0, 1, 2, 2])
     got = final_params(tmp_path)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m, name=name: f"{name}: {m}")
 
     # The exported model is a plain timm model holding the same final weights.
     import timm

@@ -173,8 +173,8 @@ def test_units_read_the_device_no_more_often_than_the_library_model(tmp_path, ki
                 "input_ids": b["input_ids"] * b["attention_mask"],
                 "token_type_ids": b["token_type_ids"] * b["attention_mask"],
             }
-        ours = host_reads(lambda: layered(*(b[k] for k in layered.input_names)).sum().backward())
-        theirs = host_reads(lambda: library_logits(library, b, task).sum().backward())
+        ours = host_reads(lambda b=b: layered(*(b[k] for k in layered.input_names)).sum().backward())
+        theirs = host_reads(lambda b=b: library_logits(library, b, task).sum().backward())
         assert ours <= theirs, (ours, theirs)
         with torch.no_grad():
             torch.testing.assert_close(

@@ -505,7 +505,7 @@ def test_every_token_is_in_exactly_one_block_per_epoch(tmp_path, tokenizer_dir, 
             int(i)
             for step in range(sampler.steps_per_epoch)
             for replica in (0, 1)
-            for i, w in zip(*sampler.replica_batch(epoch, step, replica, dp=2))
+            for i, w in zip(*sampler.replica_batch(epoch, step, replica, dp=2), strict=True)
             if w > 0
         ]
         assert sorted(seen) == list(range(len(data.train)))

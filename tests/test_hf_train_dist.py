@@ -98,5 +98,5 @@ def test_a_classification_bert_caches_up_to_its_last_layer_and_trains_as_without
     assert [(p["frozen_units"], p["cached_units"]) for p in plans] == [(0, 0)] + [(5, 3)] * (len(plans) - 1)
     cached, uncached = run_events(tmp_path / "cached", "epoch"), run_events(tmp_path / "uncached", "epoch")
     assert cached[2]["cache"]["computed"] == 0 and cached[2]["cache"]["hits"] >= cached[2]["samples"]
-    for mine, reference in zip(cached, uncached):
+    for mine, reference in zip(cached, uncached, strict=True):
         assert mine["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], rel=1e-4)

@@ -190,5 +190,5 @@ def test_the_gpu_switches_reach_torch_on_a_gpu_and_nothing_else_on_the_cpu():
         use_gpu_switches(DeviceConfig(tf32=False, cudnn_benchmark=True), gpu)
         assert [getattr(owner, name) for owner, name in flags] == [False, False, True]
     finally:
-        for (owner, name), value in zip(flags, before):
+        for (owner, name), value in zip(flags, before, strict=True):
             setattr(owner, name, value)

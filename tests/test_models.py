@@ -43,7 +43,7 @@ def library_logits(layered: LayeredModel, xs: tuple[torch.Tensor, ...]) -> torch
     """The library model's own forward, as the logits the units return."""
     if layered.family == "vit":
         return layered.model(*xs)
-    out = layered.model(**dict(zip(layered.input_names, xs)))
+    out = layered.model(**dict(zip(layered.input_names, xs, strict=True)))
     return torch.stack([out.start_logits, out.end_logits], -1) if layered.task == "qa" else out.logits
 
 

@@ -258,7 +258,7 @@ def test_imagenet_and_squad_read_from_their_hub_parquet(hub, tmp_path):
                                 "context": rows["context"][0],
                                 "qas": [
                                     {"id": i, "question": q, "answers": [{"text": "sport", "answer_start": 15}]}
-                                    for i, q in zip(rows["id"], rows["question"])
+                                    for i, q in zip(rows["id"], rows["question"], strict=True)
                                 ],
                             }
                         ],

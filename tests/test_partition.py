@@ -34,7 +34,7 @@ def assert_layout(bounds, num_units: int, num_stages: int) -> None:
     assert bounds[0][0] == 0 and bounds[-1][1] == num_units
     for lo, hi in bounds:
         assert type(lo) is int and type(hi) is int and lo < hi
-    for (_, hi), (lo, _) in zip(bounds, bounds[1:]):
+    for (_, hi), (lo, _) in zip(bounds, bounds[1:], strict=False):
         assert hi == lo
 
 
@@ -42,7 +42,7 @@ def all_layouts(n: int, s: int):
     """Every way to put s - 1 cuts between n units."""
     for cuts in itertools.combinations(range(1, n), s - 1):
         edges = (0, *cuts, n)
-        yield tuple(zip(edges, edges[1:]))
+        yield tuple(zip(edges, edges[1:], strict=False))
 
 
 def brute_best(n: int, s: int, stage_cost):
@@ -110,7 +110,7 @@ def test_min_max_matches_brute_force():
         costs = random_costs(rng, n)
         got = min_max(costs, s)
         assert_layout(got, n, s)
-        want = brute_best(n, s, lambda b: stage_sums(b, costs))
+        want = brute_best(n, s, lambda b, costs=costs: stage_sums(b, costs))
         best = min(max(stage_sums(b, costs)) for b in all_layouts(n, s))
         assert max(stage_sums(got, costs)) == pytest.approx(best, rel=1e-12, abs=1e-12), (costs, s)
         assert got == want, (costs, s)  # the documented tie-break, not just the bottleneck
@@ -126,7 +126,10 @@ def test_pipedream_matches_brute_force():
         bandwidth = rng.choice([0.5, 1.0, 4.0, math.inf])
         got = pipedream(compute, activation, s, bandwidth)
         assert_layout(got, n, s)
-        times = lambda b: stage_times(b, compute, activation, bandwidth)  # noqa: E731
+
+        def times(b, compute=compute, activation=activation, bandwidth=bandwidth):
+            return stage_times(b, compute, activation, bandwidth)
+
         best = min(max(times(b)) for b in all_layouts(n, s))
         assert max(times(got)) == pytest.approx(best, rel=1e-12, abs=1e-12), (compute, activation, s, bandwidth)
         assert got == brute_best(n, s, times), (compute, activation, s, bandwidth)
@@ -260,7 +263,7 @@ def test_every_method_returns_a_valid_layout(method):
         stages = None
         if method == "explicit":
             cuts = sorted(rng.sample(range(1, n), s - 1))
-            stages = [[lo, hi] for lo, hi in zip([0, *cuts], [*cuts, n])]
+            stages = [[lo, hi] for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)]
         got = partition(
             method,
             s,

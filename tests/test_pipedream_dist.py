@@ -83,7 +83,7 @@ def reference(case: Case, vertical: bool | None = None) -> tuple[dict[str, torch
                 name: w.clone().requires_grad_(True) for s in range(pp) for name, w in history[s][used[s][t]].items()
             }
 
-            def bound(*args, **kwargs):
+            def bound(*args, weights=weights, **kwargs):
                 return functional_call(net, weights, args, kwargs)
 
             bound.config = getattr(
@@ -107,7 +107,7 @@ def assert_params(ranks: list[dict], expected: dict[str, torch.Tensor], rtol=1e-
         assert saved["params"], f"rank {r} holds no parameters"
         for name, value in saved["params"].items():
             torch.testing.assert_close(
-                value, expected[name], rtol=rtol, atol=atol, msg=lambda m: f"rank {r} {name}: {m}"
+                value, expected[name], rtol=rtol, atol=atol, msg=lambda m, r=r, name=name: f"rank {r} {name}: {m}"
             )
 
 
@@ -363,4 +363,4 @@ def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp
     want, got = final_params(tmp_path / "grid"), final_params(tmp_path / "replicated")
     assert want.keys() == got.keys()
     for name, value in want.items():
-        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")

@@ -102,7 +102,9 @@ def test_pipeline_equals_single_process(results, world, case):
     covered = set()
     for held in ranks:
         for name, value in held["params"].items():
-            torch.testing.assert_close(value, want_params[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                value, want_params[name], rtol=1e-5, atol=4e-5, msg=lambda m, name=name: f"{name}: {m}"
+            )
             covered.add(name)
     assert covered == set(want_params), "every parameter is held by some rank"
 

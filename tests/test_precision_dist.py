@@ -84,7 +84,7 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(fp16_results):
         assert any(not torch.equal(skipped[n], after[n]) for n in after), f"rank {r} did not step afterwards"
     # Replicas of a stage hold identical weights throughout (ranks 0/2 and 1/3 share stages 0 and 1).
     for a, b in ((0, 2), (1, 3)):
-        for row_a, row_b in zip(fp16_results[a]["rows"], fp16_results[b]["rows"]):
+        for row_a, row_b in zip(fp16_results[a]["rows"], fp16_results[b]["rows"], strict=True):
             for name in row_a["params"]:
                 assert torch.equal(row_a["params"][name], row_b["params"][name])
 

@@ -252,10 +252,10 @@ def test_page_comes_from_the_json(tree):
     assert "| 6 (13) | 2.21 | 1.04 | 0.74 | 2.97x | 7.6 |" in text
     assert "| 1F1B | 2 | 4 | 332 | 0.38 | 0.20 |\n\n| K = 1, DP = 2 | samples/s | vs DDP |" in text
     # Each table with its command, its date (recorded in the generator) and its machine.
-    for name, make in SYNTHETIC.items():
+    for _name, make in SYNTHETIC.items():
         assert f"- command: `{make()['command']}`" in text
     assert "- command: `python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`" in text
-    for filename, date in readme_entries.MEASURED.items():
+    for filename, _date in readme_entries.MEASURED.items():
         assert filename in text
     assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + readme_entries.MACHINE in text
     # The current results first, the older ones under their own heading, then the simulator's files.

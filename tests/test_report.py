@@ -338,7 +338,7 @@ def test_time_to_accuracy_figure_plots_eval_against_wall_time(two_runs, tmp_path
 def test_write_report_writes_valid_pngs_and_the_markdown(two_runs, tmp_path):
     written = write_report([tmp_path / "base", tmp_path / "fast"], tmp_path / "out")
     assert set(written) == {"report", "Training throughput", "Layout", "Loss and evaluation", "Time to accuracy"}
-    for title, path in written.items():
+    for _title, path in written.items():
         if path.suffix == ".png":
             with Image.open(path) as im:
                 im.verify()
@@ -367,7 +367,7 @@ def test_timeline_figure_draws_a_bar_per_pass(tmp_path):
     fig = timeline_figure(TIMELINE, tmp_path / "timeline.png")
     bars = fig.axes[0].patches
     assert len(bars) == len(TIMELINE)
-    for bar, ev in zip(bars, TIMELINE):
+    for bar, ev in zip(bars, TIMELINE, strict=True):
         assert bar.get_x() == pytest.approx(ev["start_s"] - 100.0)
         assert bar.get_width() == pytest.approx(ev["end_s"] - ev["start_s"])
         assert bar.get_y() + bar.get_height() / 2 == ev["stage"]

@@ -321,7 +321,7 @@ def test_two_srun_tasks_form_one_job(tmp_path):
                     start_new_session=True,
                 )
             )
-        for agent, log in zip(agents, logs):
+        for agent, log in zip(agents, logs, strict=True):
             assert agent.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
         for agent in agents:

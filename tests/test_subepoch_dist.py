@@ -61,7 +61,9 @@ def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_pat
     assert held[0][0] + held[0][1] == model_bytes and held[0][:2] == held[0][2:] and max(held[0]) < model_bytes
     assert held[1] == [model_bytes] * 4
     assert all(
-        0 < e["memory"]["optim_bytes"][r] <= 2 * held_r for e, h in zip(epochs, held) for r, held_r in enumerate(h)
+        0 < e["memory"]["optim_bytes"][r] <= 2 * held_r
+        for e, h in zip(epochs, held, strict=True)
+        for r, held_r in enumerate(h)
     )
 
     # The checkpoint due at step 6 is written after the decision: it holds the new layout and the step.

@@ -66,7 +66,7 @@ def reference_params(
 def assert_params_close(got: dict, want: dict) -> None:
     assert set(got) == set(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=4e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("optim", ["adamw", "sgd"])

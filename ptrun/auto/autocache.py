@@ -249,7 +249,7 @@ class AutoCache:
             )
             with autocast(self.device, self.compute_dtype), self._timing(split, len(rows) * (self.depth - start)):
                 result = _as_tuple(run_units(self.layered.units[start : self.depth], *carry))
-            for t, r in zip(out, result):
+            for t, r in zip(out, result, strict=True):
                 t.index_copy_(0, index, r.to(t.dtype))
             stats["computed" if start == 0 else "advanced"] += len(rows)
             keep = [j for j, row in enumerate(rows) if real[row]]

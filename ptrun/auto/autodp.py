@@ -156,7 +156,7 @@ def send_along(
         if scalars:
             steps = torch.empty(len(scalars), dtype=torch.float64, device=device)
             dist.recv(steps, src)
-            for (n, k), value in zip(scalars, steps.tolist()):
+            for (n, k), value in zip(scalars, steps.tolist(), strict=True):
                 out.setdefault(n, {})[k] = torch.tensor(value, dtype=torch.float32)
     return out, received
 

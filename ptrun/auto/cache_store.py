@@ -205,7 +205,7 @@ class ActivationStore:
         slot[:8].view(np.uint64)[0] = 0  # invalid while the data changes
         parts = [
             t.detach().to("cpu", spec.stored).contiguous().reshape(-1).view(torch.uint8)
-            for t, spec in zip(tensors, self.specs)
+            for t, spec in zip(tensors, self.specs, strict=True)
         ]
         data = torch.cat(parts).numpy()
         if data.size != self.data_bytes:
@@ -261,14 +261,14 @@ class LocalStore:
         held: never read)."""
         found = [int(k) if int(k) in keys else 0 for k in self.keys[samples]]
         index = device_index(samples, self.device)
-        return found, [r.index_select(0, index).to(s.dtype) for r, s in zip(self.rows, self.specs)], 0
+        return found, [r.index_select(0, index).to(s.dtype) for r, s in zip(self.rows, self.specs, strict=True)], 0
 
     def write_rows(self, samples: list[int], rows: list[torch.Tensor], key: int) -> None:
         """Store `rows` (batched) as the entries of `samples` under `key`: one scatter per tensor."""
         if key == 0:
             raise ValueError("key 0 marks an empty slot")
         index = device_index(samples, self.device)
-        for store, row in zip(self.rows, rows):
+        for store, row in zip(self.rows, rows, strict=True):
             store.index_copy_(0, index, row.detach().to(store.device, store.dtype))
         self.keys[samples] = key
 

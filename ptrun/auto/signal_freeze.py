@@ -192,7 +192,7 @@ class PlasticityFreeze(FreezePolicy):
 
     def _observe(self, interval, plasticity):
         if plasticity is not None:  # (a frozen block's entry is 0: its peak, never read again, stays)
-            self.peaks = [self._peak(peak, p) for peak, p in zip(self.peaks, plasticity)]
+            self.peaks = [self._peak(peak, p) for peak, p in zip(self.peaks, plasticity, strict=True)]
 
     def _state(self):
         return {"peaks": list(self.peaks)}

@@ -116,8 +116,8 @@ def ideal_speedup(run_dir: Path) -> float:
     run = load_run(run_dir)
     steps = {e["epoch"]: e["steps"] for e in run.epochs}
     at = [p["epoch"] + p.get("step", 0) / steps[p["epoch"]] for p in run.plans]
-    spans = [end - start for start, end in zip(at, at[1:] + [len(run.epochs)])]
-    cost = sum(span * sum(flops[p["frozen_units"] :]) for span, p in zip(spans, run.plans))
+    spans = [end - start for start, end in zip(at, at[1:] + [len(run.epochs)], strict=True)]
+    cost = sum(span * sum(flops[p["frozen_units"] :]) for span, p in zip(spans, run.plans, strict=True))
     return sum(spans) * sum(flops) / cost
 
 
@@ -128,14 +128,14 @@ def measure(dirs: dict[str, Path], paper: dict[str, float] = PAPER) -> list[dict
     from ptrun.report.summary import summarize, time_to_accuracy
 
     runs = [load_run(d) for d in dirs.values()]
-    for run, name in zip(runs, dirs):
+    for run, name in zip(runs, dirs, strict=True):
         run.label = name
     sums = [summarize(r) for r in runs]
     target = time_to_accuracy(runs)
     tta = {row["label"]: row for row in target["runs"]}
     base = sums[0]["train_time_s"]
     rows = []
-    for name, summary, run_dir in zip(dirs, sums, dirs.values()):
+    for name, summary, run_dir in zip(dirs, sums, dirs.values(), strict=True):
         ideal = ideal_speedup(run_dir)
         speedup = base / summary["train_time_s"]
         rows.append(

@@ -62,7 +62,7 @@ def table(result: dict) -> str:
     ]
     for r in result["rows"]:
 
-        def cells(key: str) -> str:
+        def cells(key: str, r: dict = r) -> str:
             return " / ".join(mib(v) for v in r[key]) if r[key] else "-"
 
         lines.append(

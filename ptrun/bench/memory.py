@@ -111,7 +111,7 @@ def summarize(label: str, samples: list, events: list[dict]) -> dict:
     epochs = {e["epoch"]: e for e in events if e["event"] == "epoch"}
     end = max(e["time"] for e in events)
     phases = []
-    for plan, nxt in zip(plans, plans[1:] + [None]):
+    for plan, nxt in zip(plans, plans[1:] + [None], strict=True):
         window = [sizes for t, sizes in samples if plan["time"] <= t < (nxt["time"] if nxt else end)]
         workers = max((len(s) for s in window), default=0)
         rss = [statistics.median(s[w] for s in window if w < len(s) and s[w] is not None) for w in range(workers)]
@@ -178,7 +178,9 @@ def table(result: dict) -> str:
         lines.append(f"| {row['label']} | resident | {' | '.join(cells)} | {tail} |")
         if all(p.get("memory") for p in phases):
             held = [
-                " / ".join(mib(a + b) for a, b in zip(p["memory"]["param_bytes"], p["memory"]["optim_bytes"]))
+                " / ".join(
+                    mib(a + b) for a, b in zip(p["memory"]["param_bytes"], p["memory"]["optim_bytes"], strict=True)
+                )
                 for p in phases
             ]
             lines.append(f"| {row['label']} | parameters + optimizer state | {' | '.join(held)} | - | - | - |")

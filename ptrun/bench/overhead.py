@@ -161,7 +161,7 @@ def merged(default: list[dict], nocache: list[dict] | None) -> list[dict]:
             f"{NO_CACHE}_overhead": c["overhead"],
             **({f"{NO_CACHE}_final_train_loss": c["ptrun_final_train_loss"]} if "ptrun_final_train_loss" in c else {}),
         }
-        for d, c in zip(default, nocache)
+        for d, c in zip(default, nocache, strict=True)
     ]
 
 

@@ -115,7 +115,7 @@ def metric_of(recipe: str, overrides: list[str]) -> Metric:
 
 def pick(only: list[str]) -> list[str]:
     """The runs `--only` names (labels, or letters a-e comma-separated), in the benchmark's order."""
-    letters = dict(zip("abcde", LABELS))
+    letters = dict(zip("abcde", LABELS, strict=True))
     wanted = set()
     for value in only:
         for item in [value] if value in LABELS else [w.strip() for w in value.split(",")]:

@@ -79,7 +79,9 @@ def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
     checks = []
     for mine, peer in check_pairs():
         if mine in by_label and peer in by_label:
-            ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(by_label[mine], by_label[peer])]
+            ratios = [
+                a["samples_per_s"] / b["samples_per_s"] for a, b in zip(by_label[mine], by_label[peer], strict=True)
+            ]
             ratio = median(ratios)
             checks.append(
                 {

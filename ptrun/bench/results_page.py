@@ -194,7 +194,7 @@ def readme_text(text: str, results: Path, readme: Path) -> str:
             )
         body = headline(results, readme)
         # A function, not a template: the command line might hold backslashes.
-        text = pattern.sub(lambda m: m.group(1) + body + m.group(3), text, count=1)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(3), text, count=1)
     return text
 
 

@@ -69,7 +69,7 @@ def sweep_rows(rounds: list[list[dict]], alphas: list[str]) -> list[dict]:
     """bench_speedup's aggregated rows plus, per run, its alpha, schedule, accuracy difference to the
     baseline (the median over rounds of each round's own difference) and the paper's numbers."""
     rows = aggregate(rounds, paper={})
-    for i, (row, alpha) in enumerate(zip(rows, [None, *alphas])):
+    for i, (row, alpha) in enumerate(zip(rows, [None, *alphas], strict=True)):
         row["alpha"] = alpha
         row["frozen_blocks"] = frozen_blocks(Path(row["runs"][0]["run_dir"]))
         row["final_vs_baseline"] = median(

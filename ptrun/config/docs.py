@@ -35,7 +35,7 @@ def field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     return {
         node.target.id: inspect.cleandoc(after.value.value)
-        for node, after in zip(body, body[1:])
+        for node, after in zip(body, body[1:], strict=False)
         if isinstance(node, ast.AnnAssign)
         and isinstance(node.target, ast.Name)
         and isinstance(after, ast.Expr)

@@ -272,7 +272,7 @@ def _fetch(
             else f"the repo on the hub has none of them as ptrun fetches them ({', '.join(patterns)})"
         )
         what = "lacks" if hub_id.repo_type == "dataset" else "holds none of"
-        lacking = [n for n, f in zip(needed, found) if not f] if hub_id.repo_type == "dataset" else needed
+        lacking = [n for n, f in zip(needed, found, strict=True) if not f] if hub_id.repo_type == "dataset" else needed
         raise ConfigError(
             f"{key}={str(hub_id)!r}: its snapshot {snapshot} {what} {', '.join(lacking)}; {where}"
             + (f"; {extra}" if extra else "")

@@ -183,7 +183,7 @@ def check_pipe(cfg) -> None:
         require(
             all(len(r) == 2 and r[0] < r[1] for r in ranges)
             and edges[0] == 0
-            and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
             and (num_units is None or edges[-1] == num_units),
             "pipe.stages",
             f"contiguous non-empty [lo, hi) unit ranges from 0 to the model's "

@@ -71,7 +71,7 @@ def news_rows(per_class: int, bbc: str | None = None) -> list[tuple[str, str]]:
             raise
         return [(t, topic) for topic in TOPICS for t in FALLBACK_NEWS[topic][:per_class]]
     rows, taken = [], {topic: 0 for topic in TOPICS}
-    for text, label in zip(texts, labels.tolist()):
+    for text, label in zip(texts, labels.tolist(), strict=True):
         topic = TOPICS[label]
         if taken[topic] < per_class:
             rows.append((text, topic))

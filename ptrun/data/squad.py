@@ -52,7 +52,7 @@ class QAEvalData:
 
     def references(self) -> list[dict]:
         """The gold answers in the format `ptrun.data.metrics.squad_metrics` takes."""
-        return [{"id": i, "answers": a} for i, a in zip(self.ids, self.answers)]
+        return [{"id": i, "answers": a} for i, a in zip(self.ids, self.answers, strict=True)]
 
 
 def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
@@ -276,7 +276,7 @@ def postprocess_qa(
         ]:
             if best[ex] is None or score > best[ex][0]:
                 best[ex] = (score, data.contexts[ex][lo:hi])
-    return [{"id": i, "prediction_text": b[1] if b else ""} for i, b in zip(data.ids, best)]
+    return [{"id": i, "prediction_text": b[1] if b else ""} for i, b in zip(data.ids, best, strict=True)]
 
 
 def nbest_spans(

@@ -74,7 +74,7 @@ def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
         with borrowed(layered, [i]):
             weights = {p.untyped_storage().data_ptr() for p in unit.parameters()}
 
-            def pack(t: torch.Tensor):
+            def pack(t: torch.Tensor, weights=weights, seen=seen, kept=kept):
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in weights and ptr not in seen:
                     seen.add(ptr)
@@ -168,7 +168,7 @@ def choose_length(memory: UnitMemory, cfg: PtrunConfig, world_size: int, budget:
         micro = per_replica / m
         cost = [
             s + a * micro * _in_flight(pipe.schedule, pp, m)
-            for s, a in zip(memory.state_bytes, memory.activation_bytes)
+            for s, a in zip(memory.state_bytes, memory.activation_bytes, strict=True)
         ]
         bounds = partition("params", pp * pipe.stages_per_rank, num_units=num_units, param_costs=cost)
         stages = stage_sums(bounds, cost)
@@ -200,7 +200,7 @@ def check_fits(memory: UnitMemory, plan, global_batch: int, budget: int) -> list
     """`stage_bytes`, or ConfigError naming the first stage that does not fit `budget`."""
     need = stage_bytes(memory, plan, global_batch)
     gib = 2**30
-    for stage, (bytes_, (lo, hi)) in enumerate(zip(need, plan.stage_bounds)):
+    for stage, (bytes_, (lo, hi)) in enumerate(zip(need, plan.stage_bounds, strict=True)):
         if bytes_ > budget:
             raise ConfigError(
                 f"pipe.length={plan.pp}: stage {stage} (units {lo}-{hi - 1}) needs ~{bytes_ / gib:.2f} "

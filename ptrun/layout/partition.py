@@ -76,7 +76,7 @@ def _check_stages(num_stages: int, num_units: int, method: str) -> None:
 def _bounds_from_ends(ends: Sequence[int]) -> Bounds:
     """Stage end indices (last one = N) -> the half-open range form."""
     starts = (0, *ends[:-1])
-    return tuple((lo, hi) for lo, hi in zip(starts, ends))
+    return tuple((lo, hi) for lo, hi in zip(starts, ends, strict=True))
 
 
 def _exact_partition(n: int, num_stages: int, cost: Callable[[int, int], float]) -> Bounds:

@@ -123,7 +123,7 @@ class Plan:
         if (
             edges[0] != 0
             or edges[-1] != self.num_units
-            or any(hi != lo2 for (_, hi), (lo2, _) in zip(self.stage_bounds, self.stage_bounds[1:]))
+            or any(hi != lo2 for (_, hi), (lo2, _) in zip(self.stage_bounds, self.stage_bounds[1:], strict=False))
             or any(lo >= hi for lo, hi in self.stage_bounds)
         ):
             raise ConfigError(

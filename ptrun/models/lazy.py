@@ -139,7 +139,7 @@ def init_units(layered, units: Iterable[int]) -> None:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(layered.init_seed + u)
             layered.init_unit(u)
-            for p, value in zip(shared, kept):  # a unit's own rule must not redraw its owner's values
+            for p, value in zip(shared, kept, strict=True):  # a unit's own rule must not redraw its owner's values
                 p.copy_(value)
     if layered.weights is not None:  # pretrained values, read for these units only
         from ptrun.models.weights import load_pretrained

@@ -90,7 +90,7 @@ def _max_over_ranks(values: dict) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     t = torch.tensor([float(v) for v in values.values()], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return {k: (v if isinstance(values[k], float) else int(v)) for k, v in zip(values, t.tolist())}
+    return {k: (v if isinstance(values[k], float) else int(v)) for k, v in zip(values, t.tolist(), strict=True)}
 
 
 def cost_since(compiler: "UnitCompiler | None", before: dict | None) -> dict:
@@ -241,7 +241,7 @@ class UnitCompiler:
         start = max(seen)
         carry, grads = self._inputs[start]
         if start == first:
-            return tuple(t.detach().requires_grad_(g) for t, g in zip(carry, grads))
+            return tuple(t.detach().requires_grad_(g) for t, g in zip(carry, grads, strict=True))
         from ptrun.models.layered import run_units
         from ptrun.parallel.precision import autocast
 

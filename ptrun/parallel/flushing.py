@@ -48,7 +48,7 @@ class PipelineRuntime(StageRuntime):
         self.syncs_in_backward = bool(self._ddp)
         self.stages = [
             pipelining.PipelineStage(m, s, plan.num_stages, device, group=groups.pp)
-            for m, s in zip(runs, self.stage_indices)
+            for m, s in zip(runs, self.stage_indices, strict=True)
         ]
         kwargs = dict(n_microbatches=plan.microbatches, loss_fn=parts.loss, scale_grads=False)
         # torch.distributed.pipelining's `Schedule<name>` classes, imported only where a pipeline runs: the
@@ -104,7 +104,7 @@ class PipelineRuntime(StageRuntime):
         wall-clock seconds, so the ranks of one machine share the clock)."""
         events: list[dict] = []
         self._timed = []
-        for stage, index in zip(self.stages, self.stage_indices):
+        for stage, index in zip(self.stages, self.stage_indices, strict=True):
             for method, kind in (
                 ("forward_one_chunk", "F"),
                 ("backward_one_chunk", "B"),
@@ -180,7 +180,7 @@ class LocalRuntime(StageRuntime):
             last = i == len(chunks) - 1
             sync = self.run.no_sync() if (self.syncs_in_backward and not last) else contextlib.nullcontext()
             with sync:
-                loss = self._timed("F", i, lambda: loss_fn(self.run(*x), y))
+                loss = self._timed("F", i, lambda x=x, y=y: loss_fn(self.run(*x), y))
                 self._timed("B", i, loss.backward)
             total += loss.detach().float()
         return total / loss_scale

@@ -164,7 +164,7 @@ class StageRuntime:
             for s in self.stage_indices
         ]
         if compiler is not None:  # the new variants compile now, in the transition, not in the steps after it
-            for s, m in zip(self.stage_indices, self.modules):
+            for s, m in zip(self.stage_indices, self.modules, strict=True):
                 compiler.warm_stage(m, plan.active_range(s)[0], s, plan)
         self.is_first = 0 in self.stage_indices
         self.is_last = plan.num_stages - 1 in self.stage_indices

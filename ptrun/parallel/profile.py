@@ -96,14 +96,14 @@ def profile_units(
         with borrowed(layered, [i]):  # a unit without values (a lazy model) has them while it is timed
             out: tuple = ()
 
-            def train_step(*x):
+            def train_step(*x, unit=unit):
                 nonlocal out
                 out = _as_tuple(unit(*x))
                 head = out[0]
                 if head.requires_grad:
                     head.backward(torch.ones_like(head))
 
-            def leaves():
+            def leaves(carry=carry):
                 return _leaf_inputs(carry)
 
             times.append(_median_time(train_step, device, repeats, leaves, clock))
@@ -111,7 +111,7 @@ def profile_units(
             sizes.append(float(sum(t.numel() * t.element_size() for t in out)))
             if detail:
 
-                def forward_only():
+                def forward_only(unit=unit, carry=carry):
                     with torch.no_grad():
                         unit(*carry)
 

@@ -156,7 +156,7 @@ def time_to_accuracy_figure(runs: list[Run], path: str | Path) -> Figure:
         ax.text(0.5, 0.5, "no evaluations in the baseline run", ha="center", va="center", transform=ax.transAxes)
         return _save(fig, path)
     key, target = tta["metric"], tta["target"]
-    for i, (run, row) in enumerate(zip(runs, tta["runs"])):
+    for i, (run, row) in enumerate(zip(runs, tta["runs"], strict=True)):
         evals = run.evals(key)
         if not evals:
             continue

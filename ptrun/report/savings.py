@@ -146,7 +146,7 @@ def epoch_pieces(run: Run, epoch: dict[str, Any]) -> Optional[list[Piece]]:
         return [(before[-1], epoch["epoch_time_s"], per_step * (steps - first))] if before and not plans else None
     changes = math.fsum(p.get("transition_s", 0.0) for p in plans[1:])
     pieces, spent = [], 0.0
-    for p, following in zip(plans, plans[1:]):
+    for p, following in zip(plans, plans[1:], strict=False):
         # a change's plan event is written once the change is done: its time stamp less the change's seconds
         seconds = max(0.0, following["time"] - following.get("transition_s", 0.0) - p["time"])
         pieces.append((p, seconds, per_step * (following.get("step", 0) - p.get("step", 0))))

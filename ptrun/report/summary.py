@@ -50,7 +50,7 @@ def transitions(run: Run) -> list[dict[str, Any]]:
     boundary), from -> to, its cost and share of a mean epoch."""
     mean_epoch = sum(e["epoch_time_s"] for e in run.epochs) / len(run.epochs) if run.epochs else 0.0
     out = []
-    for before, plan in zip(run.plans, run.plans[1:]):
+    for before, plan in zip(run.plans, run.plans[1:], strict=False):
         if (
             all(before.get(k, 0) == plan.get(k, 0) for k in LAYOUT_KEYS)
             and before["stage_bounds"] == plan["stage_bounds"]
@@ -240,7 +240,7 @@ def sweep_table(runs: list[Run], settings: list[str]) -> str:
     sums = [summarize(r) for r in runs]
     base = sums[0]["train_time_s"] if sums else None
     lines = ["| point | setting | final eval | training time (s) | speedup vs point 0 |", "|---|---|---|---|---|"]
-    for n, (s, setting) in enumerate(zip(sums, settings)):
+    for n, (s, setting) in enumerate(zip(sums, settings, strict=True)):
         final = f"{s['metric']} {s['final']:.2f}" if s["final"] is not None else "-"
         speedup = f"{base / s['train_time_s']:.2f}x" if base and s["train_time_s"] else "-"
         lines.append(f"| {n} | {setting} | {final} | {s['train_time_s']:.1f} | {speedup} |")

@@ -117,7 +117,7 @@ def update_seconds(unit, optim_cfg, repeats: int) -> float:
 
     t = median_s(update, repeats)
     with torch.no_grad():
-        for (_, p), s in zip(named, saved):
+        for (_, p), s in zip(named, saved, strict=True):
             p.copy_(s)
             p.grad = None
     return t

@@ -40,7 +40,7 @@ def _peak(memory: UnitMemory, plan: Plan, batch: int, recompute: bool = False) -
     flight = min(plan.pp, plan.microbatches) if SCHEDULE_SPECS[plan.schedule].bounded_in_flight else plan.microbatches
     return max(
         b + max(memory.activation_bytes[lo:hi]) * micro * flight
-        for b, (lo, hi) in zip(stage_bytes(held, plan, batch), plan.stage_bounds)
+        for b, (lo, hi) in zip(stage_bytes(held, plan, batch), plan.stage_bounds, strict=True)
     )
 
 
@@ -55,7 +55,7 @@ def _candidates(cfg: PtrunConfig, memory: UnitMemory, plan: Plan, batch: int) ->
         out.append(("pipe.recompute=stage", _peak(memory, plan, batch, recompute=True)))
     longer = 2 * plan.pp
     if plan.world_size % longer == 0 and longer * plan.stages_per_rank <= plan.num_units:
-        cost = [s + a * per_replica for s, a in zip(memory.state_bytes, memory.activation_bytes)]
+        cost = [s + a * per_replica for s, a in zip(memory.state_bytes, memory.activation_bytes, strict=True)]
         bounds = partition("params", longer * plan.stages_per_rank, num_units=plan.num_units, param_costs=cost)
         dp = plan.world_size // longer
         if batch % (dp * plan.microbatches) == 0:

@@ -51,7 +51,7 @@ def frozen_grad_seconds(costs: ModelCosts, cluster: Cluster) -> list[float]:
     if costs.frozen_seconds is not None:
         return list(costs.frozen_seconds)
     fb, fwd = unit_seconds(costs, cluster)
-    return [f + (t - f) / 2 for t, f in zip(fb, fwd)]
+    return [f + (t - f) / 2 for t, f in zip(fb, fwd, strict=True)]
 
 
 def unit_work(

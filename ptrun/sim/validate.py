@@ -240,7 +240,7 @@ def validate_combination(
         "epochs": epochs,
         "total": summary(epochs),
         "validation_epochs": summary([x for x in epochs if x["role"] == "validation"]),
-        "measured_totals_per_round_s": [sum(r) for r in zip(*(x["measured_rounds_s"] for x in epochs))],
+        "measured_totals_per_round_s": [sum(r) for r in zip(*(x["measured_rounds_s"] for x in epochs), strict=True)],
         "notes": notes,
     }
 

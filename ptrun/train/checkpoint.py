@@ -160,7 +160,9 @@ def trainer_state(ckpt: Path) -> dict[str, Any]:
     try:
         return json.loads((ckpt / TRAINER).read_text())
     except Exception as e:  # an unreadable file is a user-facing error naming it, not a traceback
-        raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+        raise ConfigError(
+            f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})"
+        ) from None
 
 
 def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
@@ -171,7 +173,9 @@ def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
             with safe_open(str(f), framework="pt") as handle:
                 shapes.update({k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()})
     except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
-        raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+        raise ConfigError(
+            f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})"
+        ) from None
     return shapes
 
 
@@ -195,5 +199,7 @@ def load(
             del saved
         state = json.loads((ckpt / TRAINER).read_text())
     except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
-        raise ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+        raise ConfigError(
+            f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})"
+        ) from None
     return params, optim, state

@@ -171,7 +171,7 @@ class WeightChange(NoSignal):
         float64 on the device (0 for blocks this rank does not hold)."""
         sq = torch.zeros(self.num_blocks, dtype=torch.float64, device=self.device)
         for b, params in self.held.params.items():
-            for p, r in zip(params, self.ref[b]):
+            for p, r in zip(params, self.ref[b], strict=True):
                 sq[b] += of(p.detach().float(), r).square().sum(dtype=torch.float64)
         return sq
 
@@ -183,7 +183,7 @@ class WeightChange(NoSignal):
         moved = self._squares(lambda p, r: p - r.float())
         moved_sq, rounding_sq, ref_sq = all_sum(torch.cat([moved[None], self.at_begin])).tolist()
         mean_lr = self.lr_sum / steps
-        return [plasticity(max(m - e, 0.0), r, mean_lr) for m, e, r in zip(moved_sq, rounding_sq, ref_sq)]
+        return [plasticity(max(m - e, 0.0), r, mean_lr) for m, e, r in zip(moved_sq, rounding_sq, ref_sq, strict=True)]
 
 
 def plasticity(change_sq: float, ref_sq: float, mean_lr: float) -> float:

@@ -126,7 +126,7 @@ def cache_stats(cache, plan: Plan, device: torch.device) -> dict:
     total = all_sum(list(own.values()), device).long().tolist()
     return {
         "cache": {
-            **dict(zip(own, total)),
+            **dict(zip(own, total, strict=True)),
             "cached_units": plan.cached_units,
             "memory_bytes": cache.memory_bytes,
             "disk_bytes": cache.disk_bytes,
