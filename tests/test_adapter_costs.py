@@ -47,7 +47,7 @@ def test_the_planner_counts_what_lora_trains_as_the_model_builds_it(recipe, data
 
     assert per_unit(layered.adapters) == adapter_params(costs, cfg)
     assert per_unit(set(shapes) - layered.fixed) == trained_params(costs, cfg)
-    assert per_unit(set(shapes)) == [p + a for p, a in zip(costs.params, adapter_params(costs, cfg))]
+    assert per_unit(set(shapes)) == [p + a for p, a in zip(costs.params, adapter_params(costs, cfg), strict=True)]
 
 
 def test_lora_keeps_gradients_and_optimizer_state_for_what_trains_only():
@@ -60,7 +60,7 @@ def test_lora_keeps_gradients_and_optimizer_state_for_what_trains_only():
     copies = state_copies("adamw")
     assert fit_memory(costs, full).state_bytes == [4.0 * copies * p for p in costs.params]
     assert fit_memory(costs, lora).state_bytes == [
-        4.0 * (p + a) + 4.0 * (copies - 1) * t for p, a, t in zip(costs.params, added, trained)
+        4.0 * (p + a) + 4.0 * (copies - 1) * t for p, a, t in zip(costs.params, added, trained, strict=True)
     ]
     assert 0 < sum(trained) < 0.02 * sum(costs.params)
     assert sum(fit_memory(costs, lora).state_bytes) < 0.3 * sum(fit_memory(costs, full).state_bytes)

@@ -98,7 +98,7 @@ def pipedream_reference(kind: str) -> dict[str, torch.Tensor]:
     for t in range(lc.PIPEDREAM_STEPS):
         weights = {n: w.clone().requires_grad_(True) for s in range(2) for n, w in history[s][used[s][t]].items()}
 
-        def bound(*args, **kwargs):
+        def bound(*args, weights=weights, **kwargs):
             return functional_call(net, weights, args, kwargs)
 
         bound.config = getattr(net, "config", None)  # textbook_loss reads whether it takes token types
@@ -119,7 +119,9 @@ def test_lora_under_pipedream_trains_as_its_semantics_and_stashes_only_what_trai
     ranks = [torch.load(results / f"pipedream-{kind}.rank{r}.pt") for r in (0, 1)]
     for saved in ranks:
         for name, value in saved["params"].items():
-            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                value, expected[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+            )
         assert len(saved["trace"]) == lc.PIPEDREAM_STEPS
         assert all(r["forward_fingerprint"] == r["backward_fingerprint"] for r in saved["trace"])
     first, last = sorted(ranks, key=lambda s: s["stage"])

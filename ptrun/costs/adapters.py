@@ -51,8 +51,8 @@ def trained_share(costs: ModelCosts, cfg: PtrunConfig) -> list[float]:
     trained elements over the unit's, adapters included (0 for a unit with nothing to train)."""
     if not _lora(costs, cfg):
         return [1.0] * costs.num_units
-    every = [p + a for p, a in zip(costs.params, adapter_params(costs, cfg))]
-    return [t / p if p else 0.0 for t, p in zip(trained_params(costs, cfg), every)]
+    every = [p + a for p, a in zip(costs.params, adapter_params(costs, cfg), strict=True)]
+    return [t / p if p else 0.0 for t, p in zip(trained_params(costs, cfg), every, strict=True)]
 
 
 __all__ = ["adapter_params", "trained_params", "trained_share"]

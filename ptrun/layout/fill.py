@@ -46,7 +46,7 @@ def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
 
     copies = state_copies(cfg.optim.name)
     added, trained = adapter_params(costs, cfg), trained_params(costs, cfg)
-    state = [4.0 * (n + a + (copies - 1) * t) for n, a, t in zip(costs.params, added, trained)]
+    state = [4.0 * (n + a + (copies - 1) * t) for n, a, t in zip(costs.params, added, trained, strict=True)]
     return UnitMemory(state, [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 

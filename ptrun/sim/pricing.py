@@ -81,7 +81,7 @@ def adapter_seconds(fb: Sequence[float], frozen_grad: Sequence[float], share: Se
     input gradient (`frozen_grad` less the forward) and the weight gradient, which is a matmul's second product
     and scales with the weights that take one: a LoRA unit costs about two forwards against full
     fine-tuning's three. A unit whose weights all train keeps `fb`."""
-    out = [t if s == 1 else g + (t - g) * s for t, g, s in zip(fb, frozen_grad, share)]
+    out = [t if s == 1 else g + (t - g) * s for t, g, s in zip(fb, frozen_grad, share, strict=True)]
     return out, next((u for u, s in enumerate(share) if s > 0), len(share))
 
 
