@@ -19,12 +19,11 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
 
 def run_plan(args: list[str]) -> None:
     """`ptrun plan ...` (see USAGE and ptrun/sim)."""
-    from ptrun.sim import costs_from_config, get_cluster, load_profile
     from ptrun.costs.adapters import trained_params
-    from ptrun.sim.report import report
-    from ptrun.sim.simulate import simulate
     from ptrun.layout.fit import stage_bytes
-    from ptrun.sim.simulate import default_samples, device_budget, fit_memory, plan_epochs, plannable
+    from ptrun.sim import costs_from_config, get_cluster, load_profile
+    from ptrun.sim.report import report
+    from ptrun.sim.simulate import default_samples, device_budget, fit_memory, plan_epochs, plannable, simulate
 
     overrides, cluster_name, cluster_keys, profile, samples = [], "paper", {}, None, None
     valued = {"--profile": "a value", "--samples": "a value"}

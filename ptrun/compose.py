@@ -56,14 +56,13 @@ from ptrun.config import (
 )
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
-from ptrun.config.freezing import cache_dtype
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
+from ptrun.config.freezing import cache_dtype
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
-from ptrun.config.training import check_compiler
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
+from ptrun.config.training import check_compiler
 from ptrun.installed import check_tracker_ready
-
 
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
 UNION_ALLOWED = {

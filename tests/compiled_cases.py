@@ -8,18 +8,18 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
+import pipeline_cases as pc
 import torch
 import torch._dynamo
 import torch.distributed as dist
 
-import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import SCHEDULE_SPECS
+from ptrun.layout.partition import even_bounds
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.layout.partition import even_bounds
 from ptrun.parallel.pipeline import Step
-from ptrun.layout.plan import Plan
 from ptrun.parallel.precision import LossScaler, compute_dtype
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3

@@ -10,18 +10,18 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import pipedream_cases as pd
+import pipeline_cases as pc
 import torch
 import torch.distributed as dist
 
-import pipedream_cases as pd
-import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import AdapterConfig, ModelConfig
+from ptrun.layout.partition import even_bounds
+from ptrun.layout.plan import Plan
 from ptrun.models import build_model
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
-from ptrun.layout.partition import even_bounds
 from ptrun.parallel.pipeline import Step
-from ptrun.layout.plan import Plan
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
 LORA = AdapterConfig(name="lora", r=4, alpha=8.0)

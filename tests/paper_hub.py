@@ -11,7 +11,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-
 from test_hub import MAIN, cache_repo, save_tiny_bert
 
 VIT_ID, CIFAR100_ID = "timm/vit_base_patch16_224.augreg_in21k", "uoft-cs/cifar100"

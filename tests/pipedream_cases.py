@@ -13,16 +13,16 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import pipeline_cases as pc
 import torch
 import torch.distributed as dist
 
-import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import OptimConfig
-from ptrun.parallel.pipedream import backwards_due
-from ptrun.parallel.pipeline import Step
 from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.parallel.pipedream import backwards_due
+from ptrun.parallel.pipeline import Step
 
 CPU = torch.device("cpu")
 LR = 0.1

@@ -18,13 +18,13 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config import ModelConfig, OptimConfig
-from ptrun.models import build_model
-from ptrun.parallel.groups import build_groups
-from ptrun.parallel.flushing import flushing_runtime
-from ptrun.parallel.pipeline import StageParts
 from ptrun.layout.plan import Plan, even_bounds
+from ptrun.models import build_model
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.parallel.flushing import flushing_runtime
+from ptrun.parallel.groups import build_groups
 from ptrun.parallel.optim import build_optimizer
+from ptrun.parallel.pipeline import StageParts
 
 GLOBAL_BATCH = 16
 STEPS = 2

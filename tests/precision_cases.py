@@ -14,12 +14,12 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import pipeline_cases as pc
 import torch
 import torch.distributed as dist
 
-import pipeline_cases as pc
-from ptrun.config import OptimConfig
 from ptrun.auto.autodp import Builder, build_engine, optimizer_state_by_name
+from ptrun.config import OptimConfig
 from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.precision import LossScaler

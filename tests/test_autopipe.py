@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.auto.counts import frozen_units_for_blocks
 from ptrun.auto.freeze import make_policy
 from ptrun.config import ConfigError
+from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.layout.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
 from ptrun.layout.partition import partition, stage_sums, weighted_costs
 from ptrun.layout.plan import Plan, even_bounds

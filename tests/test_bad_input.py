@@ -22,7 +22,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, CliResult, assert_one_error_line, closed_port, run_ptrun, start_ptrun
 from test_cli import BAD_INPUT
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_report import write_run
 
 from ptrun.bench import oracle_loop, overhead
 from ptrun.bench.harness import label_rows
-from test_report import write_run
 
 
 def plan(t: float, epoch: int, step: int, frozen: int, transition_s: float = 0.0) -> dict:
@@ -72,9 +72,8 @@ def test_the_schedule_is_the_runs_layout_changes(tmp_path):
 def test_the_oracles_units_are_ptruns(kind):
     """Unit by unit, the parameters the oracle freezes are those of ptrun's own split of the same model."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from hf_families import tiny_config
-
     import transformers
+    from hf_families import tiny_config
 
     from ptrun.models.encoders import split_encoder
 

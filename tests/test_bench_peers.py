@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptrun.bench import peer_runs, peer_summary
+from ptrun.bench import peer_runs, peer_summary, results_page
 from ptrun.bench import peers as bench_peers
 from ptrun.bench import readme as readme_entries
-from ptrun.bench import results_page
 
 PLAIN = ["-m", peer_runs.PLAIN]
 
@@ -425,9 +424,8 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
         if e["event"] == "plan":
             e.update(pp=1, dp=1, microbatches=1, stage_bounds=[[0, 4]])
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
-    from omegaconf import OmegaConf
-
     from conftest import compose_config
+    from omegaconf import OmegaConf
 
     cfg = compose_config(["model.embed_dim=32", "model.depth=1", "model.num_heads=2"], tmp_path)
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_report import write_run
+from test_report_savings import epoch, first_epoch, plan, start
 
 from ptrun.bench import savings_check
 from ptrun.report import load_run
 from ptrun.report.savings import freezing_savings
-from test_report import write_run
-from test_report_savings import epoch, first_epoch, plan, start
 
 
 def test_a_round_compares_the_estimate_with_the_measured_run(tmp_path):

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, compose_config, run_events
-from ptrun.bench import peer_runs
+
+from ptrun.bench import peer_runs, results_page
 from ptrun.bench import readme as readme_entries
-from ptrun.bench import results_page
 from ptrun.bench import startup as bench_startup
 from ptrun.bench.harness import label_rows
 

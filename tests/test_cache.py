@@ -9,11 +9,11 @@ import textwrap
 from dataclasses import replace
 from pathlib import Path
 
+import pipeline_cases as pc
 import pytest
 import torch
-
-import pipeline_cases as pc
 from conftest import TINY, compose_config
+
 from ptrun.auto.autocache import STAT_NAMES, AutoCache, default_min_units
 from ptrun.auto.cache_store import HEADER_BYTES, ActivationStore, TensorSpec, entry_specs
 from ptrun.config import CacheConfig, ConfigError, parse_memory

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import compose_config, final_params, run_events, run_workers
+
 from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers

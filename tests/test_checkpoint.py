@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import assert_one_error_line
+
 from ptrun.train import checkpoint
 
 

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import os
-
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import command_args, compose_config, with_test_recipe
+
 from ptrun.cli import recipe_summaries
-from ptrun.config import ConfigError
 from ptrun.compose import RECIPE_DIR, compose
-from ptrun.config import SOURCE_IMAGES, TEXT_MAX_LENGTH, data_parallel_width, timm_vit_problem, workers_per_node
+from ptrun.config import (
+    SOURCE_IMAGES,
+    TEXT_MAX_LENGTH,
+    ConfigError,
+    data_parallel_width,
+    timm_vit_problem,
+    workers_per_node,
+)
 
 
 def ptrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
-
 import pipeline_cases as pc
+import pytest
 from conftest import run_events, run_ptrun
+
+from ptrun.layout.plan import Plan
 from ptrun.parallel.compile_costs import KeptCosts
 from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, MARGIN, CompileFigures, decide
 from ptrun.parallel.compiled import variants
-from ptrun.layout.plan import Plan
 
 # A 70 ms eager step that compiling makes 20% faster; 15 graphs at 2 s cold and 0.2 s warm: 30 s cold, 3 s warm.
 STUB = CompileFigures(steps=0, step_s=0.07, graphs=15, cached=0, cold_s=2.0, warm_s=0.2, saving=0.2)
@@ -199,8 +199,8 @@ def test_auto_that_waited_for_its_first_steps_compiles_its_layout_in_place_where
     transition then prices only its new variant (the first trained unit's, 2 graphs) at the saving measured:
     compiled on where graphs are cheap, the next one's new layout eager where they are not."""
     import torch
-
     from conftest import TINY, compose_config, write_config
+
     from ptrun.train.trainer import Trainer
 
     monkeypatch.setitem(DEFAULT_SAVING, "cpu", DEFAULT_SAVING["cuda"])

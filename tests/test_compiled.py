@@ -12,15 +12,15 @@ import contextlib
 import logging
 from dataclasses import replace
 
+import pipeline_cases as pc
 import pytest
 import torch
-
-import pipeline_cases as pc
 from conftest import TINY, compose_config, final_params, run_ptrun, write_config
+
 from ptrun.auto.autodp import Builder, build_engine, change_engine
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss, make_target
 from ptrun.parallel.compiled import UnitCompiler
-from ptrun.layout.plan import Plan
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3  # the embedding and the first block freeze in place at step 10
 

@@ -6,10 +6,9 @@ nothing. One launch covers every case; compiled code is shared through inductor'
 
 from __future__ import annotations
 
+import compiled_cases as cc
 import pytest
 import torch
-
-import compiled_cases as cc
 
 CASES = [
     cc.Case("1F1B", c, precision, recompute)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 
+import pipeline_cases as pc
 import pytest
 import torch
-
-import pipeline_cases as pc
 from conftest import final_params, run_events, run_workers
+
 from ptrun.parallel.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
@@ -165,9 +165,8 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     assert [p["unheld_param_bytes"] for p in plans] == [0, 0, 0]
     epochs = [e for e in events if e["event"] == "epoch"]
     assert [(e["sample_uses_min"], e["sample_uses_max"]) for e in epochs] == [(1, 1)] * 3
-    from test_train_dist import reference_params
-
     from conftest import compose_config
+    from test_train_dist import reference_params
 
     want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=[0, 1, 2])
     got = final_params(tmp_path)
@@ -226,9 +225,8 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
         assert cached_epoch["eval"].keys() == uncached_epoch["eval"].keys() == {"loss", "top1"}
         assert cached_epoch["eval"] == pytest.approx(uncached_epoch["eval"], rel=0, abs=1e-6)
 
-    from test_train_dist import reference_params
-
     from conftest import compose_config
+    from test_train_dist import reference_params
 
     want = reference_params(compose_config(overrides, tmp_path / "ref"), freeze_blocks=[0, 1, 2, 2])
     got = final_params(tmp_path)

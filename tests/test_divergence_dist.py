@@ -7,9 +7,10 @@ are trained through until the documented count."""
 from __future__ import annotations
 
 import shlex
-import pytest
 
+import pytest
 from conftest import TINY, run_events, run_ptrun
+
 from ptrun.train import checkpoint_files
 from ptrun.train.divergence import SKIPS_DIVERGED
 

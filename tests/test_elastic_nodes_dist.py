@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import (
     TINY,
     final_params,
@@ -37,6 +36,7 @@ from conftest import (
     start_ptrun,
     worker_pids,
 )
+
 from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes: ~100 s a test, and one uninterrupted run

@@ -10,16 +10,16 @@ import json
 
 import pytest
 import torch
-
 from hf_families import DECODERS, ENCODERS, VARIANTS, VOCAB, auto_class, tiny_config
+
 from ptrun.config import ConfigError, DataConfig, ModelConfig, OptimConfig
+from ptrun.costs.from_config import costs_from_config
+from ptrun.layout.first import param_costs
 from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.hf import FAMILIES
 from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_target, per_sample_loss
-from ptrun.layout.first import param_costs
 from ptrun.parallel.optim import build_optimizer
-from ptrun.costs.from_config import costs_from_config
 from ptrun.train import recorders
 
 CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + [

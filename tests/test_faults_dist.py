@@ -15,8 +15,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import TINY, run_events, run_workers
+
 from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # ten kills and restarts: ~40 s

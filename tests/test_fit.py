@@ -9,7 +9,6 @@ import torch
 
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
 from ptrun.layout.fill import Devices, resolve
-from ptrun.models import build_model
 from ptrun.layout.fit import (
     UnitMemory,
     check_fits,
@@ -19,6 +18,7 @@ from ptrun.layout.fit import (
     stage_bytes,
     state_copies,
 )
+from ptrun.models import build_model
 
 MIB = 2**20
 

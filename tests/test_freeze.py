@@ -12,8 +12,7 @@ import statistics
 import numpy as np
 import pytest
 
-from ptrun.auto.counts import ceil_tol, floor_tol, percentile
-from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
+from ptrun.auto.counts import blocks_of_units, ceil_tol, floor_tol, frozen_units_for_blocks, percentile
 from ptrun.auto.freeze import POLICIES, make_policy
 from ptrun.config import ConfigError
 

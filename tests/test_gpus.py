@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import cli_env
 
 from ptrun.config.gpus import torch_has_cuda, visible_of

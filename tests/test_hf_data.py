@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from conftest import assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
 from ptrun.data.hf_tokens import IGNORE_INDEX

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import assert_one_error_line, run_events, run_workers, wordpiece_tokenizer
 from test_hf_data import NAMES, TOY_EVAL, TOY_TRAIN, write_source
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, final_params, run_events, start_ptrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # five runs in a chain: ~60 s

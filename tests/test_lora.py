@@ -11,9 +11,9 @@ import json
 
 import pytest
 import torch
-
 from hf_families import VOCAB, auto_class, tiny_config
 from lora_cases import peft_twin
+
 from ptrun.auto.autodp import set_frozen
 from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
 from ptrun.config.adapter import BLOCK_LINEARS

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-import torch
-
 import lora_cases as lc
 import pipedream_cases as pd
 import pipeline_cases as pc
+import pytest
+import torch
+
 from ptrun.layout.plan import even_bounds
 
 
@@ -151,9 +151,8 @@ def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_ano
     repacks it, AutoDP widens, AutoCache serves the frozen prefix): the start line says how many parameters
     train, the checkpoints hold the adapters and the head only, a resume on one worker goes on from them, and
     the export loads with peft alone onto the base model built from the run's own initial values."""
-    from safetensors import safe_open
-
     from conftest import run_events, run_ptrun
+    from safetensors import safe_open
 
     run = tmp_path / "run"
     first = [*LORA_RUN, "train.epochs=2", "freeze.blocks=[0,1]", "launcher.nproc_per_node=2", "pipe.length=2"]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, compose_config
-from ptrun.oom_watch import OomWatch, peak_resident
+
 from ptrun.layout.plan import Plan
+from ptrun.oom_watch import OomWatch, peak_resident
 from ptrun.sim.memory_advice import keys_that_fit
 from ptrun.train import checkpoint_files, faults, machine
 from ptrun.train.endings import no_space_line

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, final_params, run_events, run_ptrun, start_ptrun, worker_pids
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

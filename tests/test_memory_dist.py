@@ -14,8 +14,8 @@ outside their stages: none.
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_events, run_workers
+
 from ptrun.bench.memory_growth import RUN as MEASURED
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 import torch
+from conftest import TINY, compose_config
 from omegaconf import OmegaConf
 
-from conftest import TINY, compose_config
 from ptrun.config import ConfigError, load_resolved
 from ptrun.layout import tuning
 from ptrun.layout.microtune import Length, candidates, choose, with_table
@@ -203,11 +203,10 @@ def test_bad_microbatches_is_one_line_naming_the_key(tmp_path, overrides, messag
 
 def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
     """`ptrun plan` measures nothing: auto plans like the M AutoPipe's (the paper's) table gives at K0."""
-    from ptrun.sim import costs_from_config, get_cluster
-    from ptrun.sim.simulate import plan_epochs
-
     from ptrun.compose import compose
     from ptrun.layout.fill import fill_batch
+    from ptrun.sim import costs_from_config, get_cluster
+    from ptrun.sim.simulate import plan_epochs
 
     def plans(*extra):  # the paper's start: two machines of 8 GPUs, the first pipeline 8 long
         cfg = compose(

@@ -8,8 +8,8 @@ import re
 
 import pytest
 import torch
-
 from conftest import TINY, final_params, run_events, run_workers
+
 from ptrun.layout.tuning import DIR_ENV
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers

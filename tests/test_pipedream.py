@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from pipedream_cases import forward_versions, order_1f1b
-from ptrun.parallel.pipedream import _header, _parse_header
+
 from ptrun.layout.plan import Plan
+from ptrun.parallel.pipedream import _header, _parse_header
 from ptrun.sim.simulate import pipeline_seconds
 
 

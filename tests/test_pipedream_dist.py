@@ -16,13 +16,13 @@ it to the stage's newest weights. The pipeline must end with exactly the referen
 
 from __future__ import annotations
 
-import pytest
-import torch
-from torch.func import functional_call
-
 import pipedream_cases as pd
 import pipeline_cases as pc
+import pytest
+import torch
 from pipedream_cases import Case, forward_versions
+from torch.func import functional_call
+
 from ptrun.layout.plan import even_bounds
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
@@ -248,6 +248,7 @@ def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kill
     import json
 
     from conftest import run_events, run_workers
+
     from ptrun.train import checkpoint
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(KILLS))

@@ -7,11 +7,11 @@ launch (start-up is ~7 s)."""
 
 from __future__ import annotations
 
+import pipeline_cases as pc
 import pytest
 import torch
-
-import pipeline_cases as pc
 from pipeline_cases import Case
+
 from ptrun.parallel.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # the full schedule matrix, two launches: ~60 s

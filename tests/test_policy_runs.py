@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY, compose_config, run_events, run_ptrun
 
 DECIDING = [

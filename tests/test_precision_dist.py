@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
+import pipeline_cases as pc
+import precision_cases as prc
 import pytest
 import torch
 
-import pipeline_cases as pc
-import precision_cases as prc
 from ptrun.parallel.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two launches of the precision matrix: ~50 s

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import run_ptrun
 from PIL import Image
 
-from conftest import run_ptrun
 from ptrun.report import ReportError, find_runs, load_run, write_report
 from ptrun.report.figures import (
     layout_figure,

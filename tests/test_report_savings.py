@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_events
-from ptrun.report import load_run, write_report
-from ptrun.report.savings import MIN_STEADY_STEPS, Savings, freezing_savings
 from test_bad_input import BASE_RUN, changed, ptrun_train
 from test_report import BASE, write_run
+
+from ptrun.report import load_run, write_report
+from ptrun.report.savings import MIN_STEADY_STEPS, Savings, freezing_savings
 
 
 def start(t: float, **kw) -> dict:

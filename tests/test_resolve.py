@@ -9,8 +9,8 @@ from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, run_ptrun
+
 from ptrun.compose import compose, for_cluster, for_this_machine, resolve
 from ptrun.config import (
     FREEZE_POLICIES,

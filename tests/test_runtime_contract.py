@@ -9,16 +9,16 @@ import ast
 import inspect
 from pathlib import Path
 
+import pipeline_cases as pc
 import pytest
 import torch
 
-import pipeline_cases as pc
 from ptrun.auto.autodp import Builder, build_engine
+from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.flushing import LocalRuntime, PipelineRuntime
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import Runtime, Step
-from ptrun.layout.plan import Plan, even_bounds
 from ptrun.parallel.precision import LossScaler
 from ptrun.train.state import TrainState
 from ptrun.train.step import StepParts, train_step

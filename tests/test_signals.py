@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-
 from pipeline_cases import model
+
 from ptrun.auto.autodp import set_frozen
 from ptrun.auto.counts import frozen_units_for_blocks
 from ptrun.auto.freeze import POLICIES

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import compose_config, write_config
+
 from ptrun.sim import costs_from_config, get_cluster, load_profile
 from ptrun.sim.simulate import simulate_one
 

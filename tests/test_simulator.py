@@ -6,18 +6,17 @@ import json
 from dataclasses import replace
 
 import pytest
-
 from conftest import compose_config, with_test_recipe
-from ptrun.compose import compose
+
 from ptrun.auto.controller import Controller
 from ptrun.auto.freeze import make_policy
 from ptrun.cli import main
+from ptrun.compose import compose
+from ptrun.costs.units import ModelCosts, bert_costs
 from ptrun.layout.first import first_plan, param_costs
 from ptrun.layout.plan import Plan
 from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile, speedups, vit_costs
-from ptrun.sim.simulate import simulate
 from ptrun.sim.cluster import Cluster
-from ptrun.costs.units import ModelCosts, bert_costs
 from ptrun.sim.simulate import (
     COMBINATIONS,
     combination_config,
@@ -26,6 +25,7 @@ from ptrun.sim.simulate import (
     plan_epochs,
     plannable,
     sharing_slowdown,
+    simulate,
     stand_in,
     step_time,
     total_seconds,
@@ -369,6 +369,7 @@ def test_profile_units_detail_times_frozen_and_forward_passes(tmp_path):
 
 def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_path):
     from conftest import write_config
+
     from ptrun.sim import validate as vs
     from ptrun.sim.simulate import simulate_one
 

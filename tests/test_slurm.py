@@ -13,8 +13,8 @@ import sys
 from dataclasses import replace
 
 import pytest
-
 from conftest import TINY, command_args, final_params, run_workers
+
 from ptrun.config import ConfigError, LauncherConfig
 from ptrun.config.slurm import BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job, summary
 

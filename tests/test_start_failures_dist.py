@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import TINY, run_events, run_ptrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,9 +24,12 @@ def test_ruff_check_and_format_pass():
 
 
 def test_ruff_reads_the_project_settings():
-    """The checks the style test relies on are on: an unused import, two statements on a line and a line of
-    121 columns each fail, from the settings in pyproject.toml."""
-    source = "import os\nx = 1; y = 2\nz = '" + "a" * 115 + "'\n"
+    """The checks the style test relies on are on, from the settings in pyproject.toml: an unused import, two
+    statements on a line, a line of 121 columns, unsorted imports and a `zip`
+    that does not say whether its lengths must match each fail."""
+    source = "import sys\nimport os\n\nx = 1; y = 2\n"
+    source += "z = '" + "a" * 115 + "'\nw = list(zip(sys.argv, sys.argv))\n"
     done = ruff("check", "--output-format", "concise", "--stdin-filename", "m.py", "-", source=source)
     assert done.returncode == 1
-    assert set(re.findall(r": ([A-Z]\d+) ", done.stdout)) == {"F401", "E702", "E501"}, done.stdout
+    found = set(re.findall(r": ([A-Z]+\d+) ", done.stdout))
+    assert found == {"F401", "E702", "E501", "I001", "B905"}, done.stdout

@@ -9,10 +9,10 @@ import json
 
 import pytest
 import torch
-
 from conftest import compose_config, final_params, run_events, run_workers
-from ptrun.train import checkpoint
 from test_train_dist import assert_params_close, reference_params
+
+from ptrun.train import checkpoint
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

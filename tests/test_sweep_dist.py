@@ -4,7 +4,6 @@ sweep directory."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import TINY, run_events, run_ptrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # a sweep of two real runs and a report

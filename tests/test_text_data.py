@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import wordpiece_tokenizer
 from transformers import AutoTokenizer
 
-from conftest import wordpiece_tokenizer
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
+from ptrun.data.metrics import squad_metrics
 from ptrun.data.splits import IMAGENET_MEAN, IMAGENET_STD
 from ptrun.data.squad import QAEvalData, postprocess_qa
-from ptrun.data.metrics import squad_metrics
 
 SST2_ROWS = [
     ("a gripping , funny and moving film", 1),

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from PIL import Image
-
 from conftest import TINY, run_workers
+from PIL import Image
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from conftest import TINY, closed_port, run_events, run_workers
+
 from ptrun.config import ConfigError
-from ptrun.report.tensorboard import event_scalars
 from ptrun.installed import check_installed
+from ptrun.report.tensorboard import event_scalars
 from ptrun.report.trackers import STATE_FILE
 
 # Two workers, two short epochs; the second freezes a block, so the layout differs between the epochs.

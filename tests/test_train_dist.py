@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import compose_config, final_params, run_events, run_workers, start_ptrun, worker_pids
+
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
 from ptrun.parallel.optim import build_optimizer, set_lr

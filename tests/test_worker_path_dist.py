@@ -5,7 +5,6 @@ uses) trains with the installed one, as the launcher itself would."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import TINY, run_ptrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # launches workers

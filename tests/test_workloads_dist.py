@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_events, run_workers
 from test_text_data import SST2_ROWS, squad_articles, train_tokenizer, write_tsv
 
@@ -81,9 +80,8 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
 
     # The exported model loads with transformers alone and holds the run's final weights.
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     from conftest import final_params
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model = AutoModelForSequenceClassification.from_pretrained(run / "model")
     exported = dict(model.named_parameters())

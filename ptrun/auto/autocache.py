@@ -32,8 +32,8 @@ import contextlib
 import hashlib
 import logging
 import os
-import time
 import tempfile
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 

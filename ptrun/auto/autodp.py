@@ -19,15 +19,15 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.residency import release_unheld
-from ptrun.models.lazy import allocate, give_back_host_memory
-from ptrun.parallel.compiled import cost_since, counts
-from ptrun.parallel.groups import Groups, build_groups
-from ptrun.parallel.pipedream import AsyncPipelineRuntime
-from ptrun.parallel.flushing import flushing_runtime
-from ptrun.parallel.pipeline import StageParts, StageRuntime
 from ptrun.layout.owners import gathering, keeps_owners, routes
 from ptrun.layout.plan import Plan
+from ptrun.models.lazy import allocate, give_back_host_memory
+from ptrun.parallel.compiled import cost_since, counts
+from ptrun.parallel.flushing import flushing_runtime
+from ptrun.parallel.groups import Groups, build_groups
 from ptrun.parallel.optim import build_optimizer
+from ptrun.parallel.pipedream import AsyncPipelineRuntime
+from ptrun.parallel.pipeline import StageParts, StageRuntime
 
 OptimState = dict[str, dict[str, Any]]
 """Parameter name -> that parameter's optimizer state (`exp_avg`, `momentum_buffer`, `step`, ...)."""

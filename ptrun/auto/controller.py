@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import default_min_units
-from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
 from ptrun.auto.freeze import make_policy
 from ptrun.auto.freeze_policy import FreezePolicy
 from ptrun.auto.intervals import Positions, interval_epochs
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.layout.first import first_plan, param_costs, starting_microbatches
 from ptrun.layout.partition import REPARTITION
 from ptrun.layout.plan import Plan

@@ -44,7 +44,6 @@ from ptrun.config import (
     FreezeConfig,
 )
 
-
 SIGNALS = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
 """The per-block signals a policy may read (`FreezePolicy.signal`), in words."""
 

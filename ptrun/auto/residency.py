@@ -8,9 +8,9 @@ parameters it receives (`allocate`, then the sender's values) and empties those 
 
 from __future__ import annotations
 
-from ptrun.models.lazy import is_empty, release, unit_names
 from ptrun.layout.owners import unit_holders
 from ptrun.layout.plan import Plan
+from ptrun.models.lazy import is_empty, release, unit_names
 
 
 def held_units(layered, plan: Plan, rank: int) -> list[int]:

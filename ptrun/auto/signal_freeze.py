@@ -8,13 +8,13 @@ import math
 from typing import Any, Optional
 
 from ptrun.auto.counts import ceil_tol, percentile
+from ptrun.auto.freeze_policy import FreezePolicy, registered
 from ptrun.config import (
     FreezeConfig,
     check_alpha,
     check_percentile,
     check_threshold,
 )
-from ptrun.auto.freeze_policy import FreezePolicy, registered
 
 
 @registered("pipetransformer")

@@ -108,8 +108,8 @@ def ideal_speedup(run_dir: Path) -> float:
     (its steps; a layout that changed inside an epoch covers part of one), with a unit's cost 3x its forward
     FLOPs while it trains: what freezing alone could save."""
     from ptrun.config import load_resolved
-    from ptrun.report import load_run
     from ptrun.costs.from_config import costs_from_config
+    from ptrun.report import load_run
 
     cfg = load_resolved(run_dir / "config.yaml")
     flops = costs_from_config(cfg.model, cfg.data).fwd_flops

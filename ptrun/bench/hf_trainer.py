@@ -16,7 +16,10 @@ import time
 
 T0 = time.time()  # before the heavy imports
 
-import argparse, json, math, tempfile  # noqa: E401,E402
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import tempfile  # noqa: E402
 
 import torch  # noqa: E402
 

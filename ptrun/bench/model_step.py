@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ptrun.bench.harness import markdown_lines
-from ptrun.bench.plain_loop import CAUSAL_LM, NO_DECAY, build_model as library_model, logits, recipe_config
+from ptrun.bench.plain_loop import CAUSAL_LM, NO_DECAY, logits, recipe_config
+from ptrun.bench.plain_loop import build_model as library_model
 from ptrun.bench.tiny import machine
 from ptrun.models.losses import IGNORE_INDEX
 

@@ -123,12 +123,12 @@ def stage_busy_time(module, inputs, target, loss_fn, is_first: bool, is_last: bo
 def bench_pipeline(args, rank: int, schedule: str, m: int) -> dict:
     import torch
 
-    from ptrun.parallel.groups import build_groups
     from ptrun.layout.partition import min_max
-    from ptrun.parallel.flushing import PipelineRuntime
-    from ptrun.parallel.pipeline import StageParts
     from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
+    from ptrun.parallel.flushing import PipelineRuntime
+    from ptrun.parallel.groups import build_groups
+    from ptrun.parallel.pipeline import StageParts
 
     layered = build(args)
     costs = [float(sum(p.numel() for p in u.parameters())) for u in layered.units]
@@ -170,11 +170,11 @@ def bench_dp(args, rank: int, world: int) -> dict:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from ptrun.parallel.groups import build_groups
-    from ptrun.parallel.flushing import flushing_runtime
-    from ptrun.parallel.pipeline import StageParts
     from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
+    from ptrun.parallel.flushing import flushing_runtime
+    from ptrun.parallel.groups import build_groups
+    from ptrun.parallel.pipeline import StageParts
 
     per = args["batch"] // world
     data = batches(args, 1)

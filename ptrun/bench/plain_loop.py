@@ -28,7 +28,11 @@ import time
 
 T0 = time.time()  # before the heavy imports; the process's real start is read from /proc where there is one
 
-import argparse, json, math, os, tempfile  # noqa: E401,E402
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

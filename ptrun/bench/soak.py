@@ -45,7 +45,6 @@ from datetime import timedelta
 from pathlib import Path
 
 # This checkout's ptrun, installed or not; the spawned workers inherit the path.
-
 import torch.distributed as dist
 
 OVERRIDES = [

@@ -53,7 +53,8 @@ from ptrun.bench.harness import (
     rounds_parser,
     rows_table,
 )
-from ptrun.bench.peer_runs import command as peer_command, shown
+from ptrun.bench.peer_runs import command as peer_command
+from ptrun.bench.peer_runs import shown
 
 PLAIN, COLD, WARM, PTRUN = "plain loop", "ptrun, cold cache", "ptrun, warm cache", "ptrun"
 TOKENIZED_DIR = "PTRUN_TOKENIZED_DIR"
@@ -75,7 +76,6 @@ def uses_token_cache(recipe: str, overrides: list[str]) -> bool:
     """Whether the recipe's data is tokenized through ptrun's tokenized-data cache: `data.name=hf` text and the
     packaged corpora."""
     from ptrun.bench.plain_loop import recipe_config
-
     from ptrun.data.packaged_text import PACKAGED_TEXT
 
     data = recipe_config(recipe, overrides).data

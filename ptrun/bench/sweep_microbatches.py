@@ -55,12 +55,12 @@ def time_layout(args: dict, rank: int, k: int, m: int) -> float:
     import torch
 
     from ptrun.bench.pipeline import _timed, batches, build, optimizer_for, ptrun_step
-    from ptrun.parallel.groups import build_groups
     from ptrun.layout.partition import min_max
-    from ptrun.parallel.flushing import PipelineRuntime
-    from ptrun.parallel.pipeline import StageParts
     from ptrun.layout.plan import Plan
     from ptrun.models.losses import WeightedLoss, make_target
+    from ptrun.parallel.flushing import PipelineRuntime
+    from ptrun.parallel.groups import build_groups
+    from ptrun.parallel.pipeline import StageParts
 
     layered = build(args)
     # Stages balanced by parameter count, as `pipe.partition=params` (the default) would split them.

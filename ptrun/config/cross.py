@@ -9,8 +9,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
-from ptrun.config.freezing import inside_epochs
 from ptrun.config.fit import Recipe, recipe_named, use_recipe
+from ptrun.config.freezing import inside_epochs
 from ptrun.config.model import (
     DECODER_TASKS,
     DECODER_TYPES,
@@ -20,8 +20,8 @@ from ptrun.config.model import (
     family_spec,
 )
 from ptrun.config.pipe import SCHEDULE_SPECS
-from ptrun.config.training import PRECISION_SPECS
 from ptrun.config.rules import require
+from ptrun.config.training import PRECISION_SPECS
 from ptrun.errors import ConfigError
 
 BERT_MAX_POSITIONS = 512

@@ -11,9 +11,8 @@ from typing import Any
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig
 from ptrun.config.model import DECODER_TYPES, family_spec
-from ptrun.costs.units import BERT_SIZES, VIT_SIZES, ModelCosts, bert_costs, vit_costs
 from ptrun.costs.hf_families import ENCODER_COSTS, decoder_costs
-
+from ptrun.costs.units import BERT_SIZES, VIT_SIZES, ModelCosts, bert_costs, vit_costs
 
 DATA_IMAGES = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3, 100), "imagefolder": (224, 3, 1000)}
 """Image source -> (native size in pixels, channels, classes); imagefolder is taken to be ImageNet-1k."""

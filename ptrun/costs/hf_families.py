@@ -6,6 +6,7 @@ the decoders (GPT-2, the Llama family: `decoder_costs`), DeBERTa-v2 / v3 (`deber
 from __future__ import annotations
 
 from typing import Any
+
 from ptrun.costs.units import BERT_NAMES, FP32, ModelCosts, attention_flops, block_linears, head_linears, unit_names
 
 

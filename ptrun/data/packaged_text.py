@@ -35,10 +35,10 @@ from typing import Callable
 import numpy as np
 
 from ptrun.config import DATA_SOURCE_SPECS, ConfigError, DataConfig
-from ptrun.installed import package_dir
-from ptrun.data.splits import DataSplits, stratified_split
 from ptrun.data import hf_tokens
+from ptrun.data.splits import DataSplits, stratified_split
 from ptrun.data.text import INPUT_NAMES, chunks, load_tokenizer, tokenize_texts
+from ptrun.installed import package_dir
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ feature and calls `postprocess_qa` -> `ptrun.data.metrics.squad_metrics`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np

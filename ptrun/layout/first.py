@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ptrun.config import ConfigError, PipeConfig, data_parallel_width
-from ptrun.models.layered import LayeredModel
 from ptrun.layout.microbatches import pick_microbatches
 from ptrun.layout.partition import partition
 from ptrun.layout.plan import Plan
+from ptrun.models.layered import LayeredModel
 
 if TYPE_CHECKING:  # the profile is measured with the runtimes' tools, above the layout
     from ptrun.parallel.profile import UnitProfile

@@ -23,9 +23,9 @@ from ptrun.config import (
     parse_memory,
 )
 from ptrun.config.layout_rules import auto_lengths, batch_at, length_problem, no_length_fits, stage_problem
-from ptrun.models.lazy import borrowed, unit_names
 from ptrun.layout.microbatches import pick_microbatches
 from ptrun.layout.partition import partition, stage_sums
+from ptrun.models.lazy import borrowed, unit_names
 
 DEVICE_SHARE = "90%"
 """What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's

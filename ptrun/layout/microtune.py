@@ -35,7 +35,6 @@ from ptrun.config import ConfigError, schedule_problem
 from ptrun.layout.microbatches import batch_sizes, pick_microbatches
 from ptrun.layout.plan import Plan
 
-
 MULTIPLES = range(1, 7)
 """M = K x 1 .. K x 6: the paper's profiling range."""
 K1_CANDIDATES = range(1, 7)

@@ -22,8 +22,8 @@ with one line naming the config key.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ptrun.config import ConfigError

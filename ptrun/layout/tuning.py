@@ -10,9 +10,9 @@ never disagree; a file that does not parse is reported, ignored and rewritten.
 
 from __future__ import annotations
 
-import logging
 import hashlib
 import json
+import logging
 import math
 import os
 import platform

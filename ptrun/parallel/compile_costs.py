@@ -24,8 +24,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
 from ptrun.layout.tuning import device_name
+from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
 
 log = logging.getLogger(__name__)
 

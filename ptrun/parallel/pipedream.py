@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+
 import torch
 import torch.distributed as dist
 from torch.func import functional_call

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 # Eval keys in the order a report prefers them; all in percent, higher is better. Else it uses "loss".
 HIGHER_IS_BETTER = ("top1", "score", "accuracy", "f1", "exact_match")
 

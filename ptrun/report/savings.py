@@ -43,7 +43,6 @@ from typing import Any, Optional, Sequence
 
 from ptrun.report.runs import ReportError, Run, load_run
 
-
 MIN_STEADY_STEPS = 10
 """The fewest steps with every unit training, warm-up left out, that the estimate prices the frozen stretches
 on. Fewer tell too little: on two shared CPU cores single steps of the same layout ranged 0.5x-2x the median,

@@ -167,10 +167,10 @@ def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root
     from ptrun.auto.autocache import AutoCache
     from ptrun.auto.autodp import Builder, build_engine, set_frozen
     from ptrun.auto.counts import frozen_units_for_blocks
-    from ptrun.models.layered import run_units
     from ptrun.layout.plan import Plan
-    from ptrun.parallel.profile import profile_units
+    from ptrun.models.layered import run_units
     from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target
+    from ptrun.parallel.profile import profile_units
 
     names = layered.input_names
     ids = torch.arange(rank * 2 * batch, (rank + 1) * 2 * batch)  # each worker its own samples

@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptrun.config import SCHEDULE_SPECS, PtrunConfig
+from ptrun.costs.from_config import costs_from_config
+from ptrun.layout.fill import fit_memory
 from ptrun.layout.fit import UnitMemory, stage_bytes
 from ptrun.layout.partition import partition
 from ptrun.layout.plan import Plan
-from ptrun.costs.from_config import costs_from_config
-from ptrun.layout.fill import fit_memory
 from ptrun.train import checkpoint_files
 from ptrun.train.endings import resume_command, size
 

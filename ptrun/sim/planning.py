@@ -13,13 +13,13 @@ from ptrun.auto.freeze import POLICIES
 from ptrun.auto.freeze_policy import SIGNALS
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.costs.units import ModelCosts
+from ptrun.layout import fill as layout
+from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, fit_memory
 from ptrun.layout.first import starting_micro_batch
 from ptrun.layout.partition import NEEDS_PROFILE
 from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import GB, Cluster
-from ptrun.costs.units import ModelCosts
-from ptrun.layout import fill as layout
-from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, fit_memory
 from ptrun.sim.pricing import unit_seconds
 
 COMBINATIONS: dict[str, tuple[str, dict[str, bool]]] = {

@@ -9,11 +9,11 @@ from typing import Optional, Sequence
 
 from ptrun.config import PtrunConfig, parse_memory
 from ptrun.config.freezing import CACHE_DTYPE_BYTES, cache_dtype
+from ptrun.costs.adapters import trained_params, trained_share
+from ptrun.costs.units import FP32, ModelCosts
 from ptrun.layout.partition import stage_sums
 from ptrun.layout.plan import Plan
-from ptrun.costs.adapters import trained_params, trained_share
 from ptrun.sim.cluster import GB, Cluster
-from ptrun.costs.units import FP32, ModelCosts
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,9 @@ from typing import Sequence
 from ptrun.auto.controller import Controller
 from ptrun.auto.intervals import epoch_steps
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.costs.units import ModelCosts
 from ptrun.layout.plan import Plan
 from ptrun.sim.cluster import Cluster
-from ptrun.costs.units import ModelCosts
 from ptrun.sim.planning import (
     COMBINATIONS,
     DATASET_SAMPLES,

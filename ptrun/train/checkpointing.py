@@ -16,9 +16,9 @@ from ptrun.auto.autodp import gather_to
 from ptrun.auto.counts import blocks_of_units
 from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.layout.plan import Plan
 from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate, init_units
-from ptrun.layout.plan import Plan
 from ptrun.train import checkpoint, faults, machine
 from ptrun.train.checkpoint_files import adapter_problem
 from ptrun.train.state import TrainState

@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autodp import Builder
+from ptrun.layout.plan import Plan
 from ptrun.parallel.compile_costs import KeptCosts, inductor_entries, model_key
 from ptrun.parallel.compile_price import CompileDecision, decide
 from ptrun.parallel.compiled import _max_over_ranks, make_compiler, ruled_out, variants
-from ptrun.layout.plan import Plan
 from ptrun.train.startup import first_sample
 from ptrun.train.stats import WARM_UP_STEPS
 

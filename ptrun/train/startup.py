@@ -20,15 +20,15 @@ from ptrun.auto.intervals import epoch_steps
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits
-from ptrun.models import build_model
-from ptrun.models.lazy import init_units
-from ptrun.models.losses import WeightedLoss
 from ptrun.layout import microtune
-from ptrun.layout.tuning import Tuning, cache_fields, tune
-from ptrun.parallel.compiled import make_compiler
 from ptrun.layout.first import starting_micro_batch
 from ptrun.layout.partition import NEEDS_PROFILE, partition
 from ptrun.layout.plan import Plan
+from ptrun.layout.tuning import Tuning, cache_fields, tune
+from ptrun.models import build_model
+from ptrun.models.lazy import init_units
+from ptrun.models.losses import WeightedLoss
+from ptrun.parallel.compiled import make_compiler
 from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train.classes import agree_on_classes, check_resumed_classes

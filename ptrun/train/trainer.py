@@ -28,8 +28,8 @@ from ptrun.compose import for_world
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
 from ptrun.layout.fit import UnitMemory, device_budget, state_copies
-from ptrun.parallel.pipeline import Step
 from ptrun.layout.plan import Plan
+from ptrun.parallel.pipeline import Step
 from ptrun.parallel.precision import LossScaler
 from ptrun.train import checkpointing, faults, room, startup, stats
 from ptrun.train.checkpointing import Checkpoints

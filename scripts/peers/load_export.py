@@ -26,9 +26,8 @@ def read_eval(path: str) -> tuple[list[str], list[int]]:
 
 def adapter_predictions(export: str, base: str, texts: list[str], max_length: int, batch: int) -> list[int]:
     from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     # The number of classes is the saved head's width (the narrowest of the saved modules' weights: a pooler,
     # if saved too, is hidden x hidden); the library builds a fresh head of that size for peft to fill.
