@@ -219,7 +219,7 @@ def fault_line(report: dict, cfg, run_dir: Path, overrides: list[str]) -> str:
     return oom_line(cfg, report, run_dir, overrides)
 
 
-def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  # noqa: F821
+def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> NoReturn:  # noqa: F821
     """After the workers stopped on a signal: one line saying where the checkpoint is and the command that
     resumes the run, and the exit code for that signal (130 after Ctrl-C; 143 after SIGTERM, which
     schedulers can requeue on)."""
@@ -230,7 +230,7 @@ def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> "NoReturn":  #
     raise SystemExit(EXIT_CODES.get(signum, 1))
 
 
-def _fail_start(message: str, run_dir: Path, created_now: bool) -> "NoReturn":  # noqa: F821
+def _fail_start(message: str, run_dir: Path, created_now: bool) -> NoReturn:  # noqa: F821
     """Bad input: the one-line error, and the run directory created for this start removed again (if nothing
     was written into it)."""
     if created_now and run_dir.is_dir() and not any(run_dir.iterdir()):

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -153,7 +153,7 @@ class Resolved:
     start's one line saying the layout came from SLURM (`slurm_note`; None outside SLURM)."""
 
     cfg: PtrunConfig
-    slurm_note: Optional[str] = None
+    slurm_note: str | None = None
 
 
 def composed(overrides: list[str]) -> PtrunConfig:
@@ -169,7 +169,7 @@ def composed(overrides: list[str]) -> PtrunConfig:
     return typed(raw)
 
 
-def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None) -> Resolved:
+def resolve(overrides: list[str], env: Mapping[str, str] | None = None) -> Resolved:
     """The config `ptrun train OVERRIDES` runs, composed once (`composed`) and resolved (`settle`); nothing
     here depends on the machine it runs on (`for_this_machine` is that step). `env`: the environment SLURM's
     layout is read from (None: none is read). ConfigError, one line naming the key, at the first problem."""
@@ -177,7 +177,7 @@ def resolve(overrides: list[str], env: Optional[Mapping[str, str]] = None) -> Re
 
 
 def settle(
-    cfg: PtrunConfig, overrides: list[str], env: Optional[Mapping[str, str]] = None, *, check: bool = True
+    cfg: PtrunConfig, overrides: list[str], env: Mapping[str, str] | None = None, *, check: bool = True
 ) -> Resolved:
     """A composed config (`composed`, or what Hydra composed for a sweep's job) resolved, in this order:
 

@@ -9,9 +9,9 @@ import contextlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from ptrun.errors import ConfigError
 
@@ -170,11 +170,11 @@ class Logger:
     (`ptrun.train.report.open_mirror`), the modules the workers import for it (`check_installed`) and what
     keeps its tracker from taking a run (`check_tracker_ready`)."""
 
-    writer: Optional[str] = None
+    writer: str | None = None
     """The class in `ptrun.report` that mirrors the events, `MODULE.CLASS` (None: metrics.jsonl alone)."""
     modules: Callable[[], list[str]] = list
     """The top-level modules the workers import for it."""
-    problem: Optional[Callable[[], Optional[str]]] = None
+    problem: Callable[[], str | None] | None = None
     """Why its tracker cannot take the run now (None: it can), asked before any worker starts."""
 
 

@@ -25,11 +25,11 @@ def test_ruff_check_and_format_pass():
 
 def test_ruff_reads_the_project_settings():
     """The checks the style test relies on are on, from the settings in pyproject.toml: an unused import, two
-    statements on a line, a line of 121 columns, unsorted imports and a `zip`
+    statements on a line, a line of 121 columns, unsorted imports, `Optional[X]` for `X | None` and a `zip`
     that does not say whether its lengths must match each fail."""
-    source = "import sys\nimport os\n\nx = 1; y = 2\n"
+    source = "import sys\nimport os\nfrom typing import Optional\n\nx: Optional[int] = 1; y = 2\n"
     source += "z = '" + "a" * 115 + "'\nw = list(zip(sys.argv, sys.argv))\n"
     done = ruff("check", "--output-format", "concise", "--stdin-filename", "m.py", "-", source=source)
     assert done.returncode == 1
     found = set(re.findall(r": ([A-Z]+\d+) ", done.stdout))
-    assert found == {"F401", "E702", "E501", "I001", "B905"}, done.stdout
+    assert found == {"F401", "E702", "E501", "I001", "UP045", "B905"}, done.stdout

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import struct
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from conftest import TINY, closed_port, run_events, run_workers

@@ -12,8 +12,9 @@ rank's own units, and the export first gathers every unit to rank 0 from its own
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -202,7 +203,7 @@ class Builder:
     name_of: dict[int, str]
     """Parameter id -> the library model's parameter name (optimizer state moves by name)."""
     recompute: str = "none"
-    compute_dtype: Optional[torch.dtype] = None
+    compute_dtype: torch.dtype | None = None
     weight_stashing: bool = True
     """`pipe.schedule=pipedream`: see PipeConfig."""
     vertical_sync: bool = False

@@ -15,10 +15,11 @@ is `Decisions`'.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from functools import partial
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from ptrun.layout.partition import REPARTITION
 from ptrun.layout.plan import Plan
 from ptrun.parallel.profile import UnitProfile
 
-Decide = Callable[[int, Plan, Optional[Sequence[float]]], Plan]
+Decide = Callable[[int, Plan, Sequence[float] | None], Plan]
 """A decision made in place of the controller's (a benchmark's or a test's), with `Controller.decide`'s
 arguments: the freeze interval about to start, the plan in force and what the policy's signal measured over
 the interval that ended (None: nothing) -> the plan to train the interval in (the same on every rank)."""
@@ -51,10 +52,10 @@ class Controller:
         num_blocks: int,
         param_costs: Sequence[float],
         first: Plan,
-        partition_kwargs: Optional[dict[str, Any]] = None,
-        microbatch_table: Optional[Mapping[int, int]] = None,
-        steps_per_epoch: Optional[int] = None,
-        max_cached_units: Optional[int] = None,
+        partition_kwargs: dict[str, Any] | None = None,
+        microbatch_table: Mapping[int, int] | None = None,
+        steps_per_epoch: int | None = None,
+        max_cached_units: int | None = None,
     ):
         self.cfg = cfg
         fr = cfg.freeze
@@ -94,7 +95,7 @@ class Controller:
         the measured table (with the explicit entries laid over it)."""
 
     @property
-    def signal(self) -> Optional[str]:
+    def signal(self) -> str | None:
         """What the trainer measures for the policy over each interval (`FreezePolicy.signal`): `grad_norms`,
         `weight_change`, or None."""
         return self.policy.signal
@@ -147,7 +148,7 @@ class Controller:
                 pass
         return plan(cached_units=0)
 
-    def decide(self, interval: int, current: Plan, measured: Optional[Sequence[float]]) -> Plan:
+    def decide(self, interval: int, current: Plan, measured: Sequence[float] | None) -> Plan:
         """Before `interval` (at the end of the one before it): the freeze decision on the finished interval's
         `signal` (None: not measured), then the next Plan; agreed by broadcast."""
         frozen_blocks = self.policy.decide(interval, blocks_of_units(current.frozen_units), measured)
@@ -177,10 +178,10 @@ def start(
     layered,
     world_size: int,
     *,
-    profile: Optional[UnitProfile] = None,
-    bandwidth: Optional[float] = None,
-    microbatch_table: Optional[Mapping[int, int]] = None,
-    steps_per_epoch: Optional[int] = None,
+    profile: UnitProfile | None = None,
+    bandwidth: float | None = None,
+    microbatch_table: Mapping[int, int] | None = None,
+    steps_per_epoch: int | None = None,
 ) -> Controller:
     """The one start, for the trainer and `ptrun plan` alike: the first Plan (`Controller.first`) from the
     config, the model's units and, for the time-based partitioners, their profile on one micro-batch and the
@@ -214,14 +215,14 @@ class Decisions:
     It holds the freeze policy's measurement (`signal`, `ptrun.train.signals`): measured over each interval,
     read at its decision, begun again once the next interval's layout is in place (`interval_begins`)."""
 
-    def __init__(self, controller: Controller, signal, all_sum: AllSum, decide: Optional[Decide] = None):
+    def __init__(self, controller: Controller, signal, all_sum: AllSum, decide: Decide | None = None):
         self.controller, self.signal, self.all_sum = controller, signal, all_sum
         self.decide = decide
         """A decision in place of the controller's (None: the controller's)."""
 
     def due(
         self, positions: Positions, epoch: int, position: int, interval: int, steps: int, current: Plan
-    ) -> Optional[tuple[int, Plan]]:
+    ) -> tuple[int, Plan] | None:
         """Collective, before step `position` of `epoch`, with freeze interval `interval` in force for `steps`
         steps and `current` the plan: if an interval has ended since, the interval now beginning and the plan
         decided for it on what the signal measured (None: no decision falls here)."""
@@ -236,7 +237,7 @@ class Decisions:
         """The next interval is measured from here, in the layout it trains in."""
         self.signal.begin()
 
-    def cache_stop(self, cache, plan: Plan) -> Optional[tuple[str, Plan]]:
+    def cache_stop(self, cache, plan: Plan) -> tuple[str, Plan] | None:
         """Collective, at an epoch boundary: when the epoch served cached samples more slowly than recomputing
         their frozen prefix would have taken, the line that says so and the same layout without a cached
         prefix (no plan caches from here on); None when the cache paid or cannot be told."""
@@ -251,7 +252,7 @@ class Decisions:
         return line, self.controller.stop_caching(plan)
 
 
-def serving_costs(cache, plan: Plan, all_sum: AllSum) -> Optional[tuple[float, float]]:
+def serving_costs(cache, plan: Plan, all_sum: AllSum) -> tuple[float, float] | None:
     """Collective: (seconds to serve one cached sample, seconds to recompute its frozen prefix), summed over
     the workers, when this epoch read hits from the cache and the run has timed the prefix; else None. A
     hit's cost is the host's reading of an entry (per entry looked up); recomputing is the measured time per

@@ -4,7 +4,7 @@ blocks and back, and a percentile (`ptrun.auto.freeze` re-exports them all)."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 EPS = 1e-9
 """Tolerance for rounding real-valued block counts: 12 * (1 - 2/3) and 10 * 0.3 evaluate to 4.0 and

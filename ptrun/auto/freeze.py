@@ -16,7 +16,8 @@ same decisions.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ptrun.auto import signal_freeze  # noqa: F401 (the policies that read a signal register as it is imported)
 from ptrun.auto.counts import ceil_tol, floor_tol
@@ -61,7 +62,7 @@ class LinearFreeze(FreezePolicy):
 
     params = ("total_epochs",)
 
-    def __init__(self, num_blocks: int, *, total_epochs: Optional[int] = None, **kw: Any):
+    def __init__(self, num_blocks: int, *, total_epochs: int | None = None, **kw: Any):
         super().__init__(num_blocks, **kw)
         if total_epochs is None or total_epochs < 1:
             raise ConfigError(f"freeze policy linear needs total_epochs >= 1, got {total_epochs}")
@@ -87,7 +88,7 @@ class ScheduledFreeze(FreezePolicy):
 
     params = ("blocks",)
 
-    def __init__(self, num_blocks: int, *, blocks: Optional[Sequence[int]] = None, **kw: Any):
+    def __init__(self, num_blocks: int, *, blocks: Sequence[int] | None = None, **kw: Any):
         super().__init__(num_blocks, **kw)
         if not blocks or any(b < 0 or b > num_blocks for b in blocks):
             raise ConfigError(f"freeze.blocks={list(blocks or [])} is not allowed: counts in 0..{num_blocks}")
@@ -113,8 +114,8 @@ def make_policy(
     every: float = FreezeConfig.every,
     max_fraction: float = FreezeConfig.max_fraction,
     start: int = FreezeConfig.start,
-    total_epochs: Optional[int] = None,
-    blocks: Optional[Sequence[int]] = None,
+    total_epochs: int | None = None,
+    blocks: Sequence[int] | None = None,
     percentile: float = FreezeConfig.percentile,
     threshold: float = FreezeConfig.threshold,
 ) -> FreezePolicy:

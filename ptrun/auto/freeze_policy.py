@@ -35,7 +35,8 @@ not checkpointed). Entries of frozen blocks are ignored.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from ptrun.auto.counts import EPS, floor_tol
 from ptrun.config import (
@@ -75,7 +76,7 @@ class FreezePolicy:
     """
 
     name: ClassVar[str] = "base"
-    signal: ClassVar[Optional[str]] = None
+    signal: ClassVar[str | None] = None
     """The per-block signal `decide` reads (`grad_norms` or `weight_change`), None for none: the trainer
     measures only what the policy declares."""
     params: ClassVar[tuple[str, ...]] = ()
@@ -120,7 +121,7 @@ class FreezePolicy:
         """The paper's freeze step T in force at `interval`: epochs since `start` (fractional), 0 up to it."""
         return max(0.0, self.epochs(interval) - self.start)
 
-    def decide(self, interval: int, frozen_blocks: int, measured: Optional[Sequence[float]] = None) -> int:
+    def decide(self, interval: int, frozen_blocks: int, measured: Sequence[float] | None = None) -> int:
         """The frozen block count for `interval`, given the current count and the finished interval's
         per-block `signal` (or None). Call it at the end of every interval; see the module docstring."""
         if interval < 0:
@@ -141,10 +142,10 @@ class FreezePolicy:
         self._observe(interval, measured)
         return max(frozen_blocks, min(proposal, self.cap))
 
-    def _propose(self, interval: int, frozen_blocks: int, measured: Optional[list[float]]) -> int:
+    def _propose(self, interval: int, frozen_blocks: int, measured: list[float] | None) -> int:
         raise NotImplementedError
 
-    def _observe(self, interval: int, measured: Optional[list[float]]) -> None:
+    def _observe(self, interval: int, measured: list[float] | None) -> None:
         """Record what later decisions need (called on every `decide`, after the proposal)."""
 
     def _state(self) -> dict[str, Any]:

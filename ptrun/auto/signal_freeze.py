@@ -5,7 +5,7 @@ is imported (`ptrun.auto.freeze` imports it)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from ptrun.auto.counts import ceil_tol, percentile
 from ptrun.auto.freeze_policy import FreezePolicy, registered
@@ -106,8 +106,8 @@ class AutoFreeze(FreezePolicy):
     def __init__(self, num_blocks: int, *, percentile: float = FreezeConfig.percentile, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.percentile = check_percentile(percentile)
-        self.prev_norms: Optional[list[float]] = None
-        self.prev_interval: Optional[int] = None
+        self.prev_norms: list[float] | None = None
+        self.prev_interval: int | None = None
         """The interval `prev_norms` were averaged over."""
 
     @staticmethod
@@ -168,11 +168,11 @@ class PlasticityFreeze(FreezePolicy):
     def __init__(self, num_blocks: int, *, threshold: float = FreezeConfig.threshold, **kw: Any):
         super().__init__(num_blocks, **kw)
         self.threshold = check_threshold(threshold)
-        self.peaks: list[Optional[float]] = [None] * num_blocks
+        self.peaks: list[float | None] = [None] * num_blocks
         """Each block's largest finite plasticity so far (None: never measured)."""
 
     @staticmethod
-    def _peak(old: Optional[float], new: float) -> Optional[float]:
+    def _peak(old: float | None, new: float) -> float | None:
         if not math.isfinite(new):
             return old
         return new if old is None else max(old, new)

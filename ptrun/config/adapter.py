@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
@@ -128,7 +128,7 @@ def check_adapter(cfg) -> None:
         )
 
 
-def adapter_family(m) -> Optional[str]:
+def adapter_family(m) -> str | None:
     """The key of `BLOCK_LINEARS` the model of `m` (ModelConfig) has: `vit`, a Hugging Face directory's
     `model_type`, `bert` for ptrun's BERT presets; None where the directory's config.json cannot be read."""
     from ptrun.config.model import is_hf_dir, model_family

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from ptrun.config.rules import check_choices, choice, either, one_of, require
 from ptrun.errors import ConfigError
@@ -21,9 +21,9 @@ class DataSource:
     """Its builder in `ptrun.data`, `MODULE.FUNCTION`."""
     inputs: Literal["images", "text", "either"]
     """What its samples are; `either` for `hf`, whose columns say."""
-    image: Optional[tuple[int, int]] = None
+    image: tuple[int, int] | None = None
     """(side in pixels, channels) of an image source's samples when `data.image_size` is unset."""
-    max_length: Optional[int] = None
+    max_length: int | None = None
     """Tokens per sample of a text source when `data.max_length` is unset."""
 
 
@@ -69,7 +69,7 @@ class DataConfig:
     data through the `datasets` library: local csv / json / jsonl / parquet files, a `save_to_disk`
     directory, or a hub dataset id from the `datasets` cache; see `text_column`). All but `digits` and the
     packaged text read `path`; nothing is downloaded except a hub id `hf` has not cached."""
-    path: Optional[str] = None
+    path: str | None = None
     """Local dataset directory. For `imagefolder`: `path/train/<class>/*.png` and `path/val/<class>/*`
     (or class folders directly under `path`, split by `eval_fraction`). For `cifar10` / `cifar100`: the
     python-pickle folder (`cifar-10-batches-py/`, `cifar-100-python/`, or its contents), a
@@ -83,37 +83,37 @@ class DataConfig:
     """Held-out fraction when the source has no evaluation split of its own (stratified, fixed by `split_seed`)."""
     split_seed: int = 0
     """Seed of the train/eval split; independent of `train.seed` so every run evaluates on the same samples."""
-    image_size: Optional[int] = None
+    image_size: int | None = None
     """Resize images to this many pixels a side; None = the source's own size."""
     augment: bool = False
     """Random crop + flip for training images (imagefolder, cifar10, cifar100); digits has no augmentation."""
-    task: Optional[str] = choice(None, GLUE_TASKS + (None,), check=False)  # checked for glue only
+    task: str | None = choice(None, GLUE_TASKS + (None,), check=False)  # checked for glue only
     """GLUE task for `name=glue`: cola, sst2, mrpc, qqp, stsb (regression), mnli (dev matched), qnli, rte
     or wnli."""
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
     """Hugging Face tokenizer for the text sources: a local directory or a hub id `org/name[@revision]`,
     found or fetched as `model.pretrained`'s; None = `model.pretrained`'s directory."""
-    max_length: Optional[int] = None
+    max_length: int | None = None
     """Tokens per text sample (padded and truncated to it); None = 128 for `glue`, 384 for `squad`."""
     doc_stride: int = 128
     """`squad`: tokens shared by consecutive windows over a context longer than `max_length`."""
-    config_name: Optional[str] = None
+    config_name: str | None = None
     """`hf`: the configuration of a hub dataset that has several (`load_dataset(path, config_name)`)."""
     train_split: str = "train"
     """`hf`: the source's split to train on."""
-    eval_split: Optional[str] = None
+    eval_split: str | None = None
     """`hf`: the source's split to evaluate on; None = its `validation` split, else its `test` split, else
     `eval_fraction` of `train_split` (stratified by label; a plain seeded split for `model.task=causal_lm` and
     `regression`)."""
-    text_column: Optional[str] = None
+    text_column: str | None = None
     """`hf`: the column of texts (tokenized with `tokenizer`). Without `label_column` it is a causal-LM corpus."""
-    text_pair_column: Optional[str] = None
+    text_pair_column: str | None = None
     """`hf`: a second text column, tokenized as the pair's second sentence (classification only)."""
-    label_column: Optional[str] = None
+    label_column: str | None = None
     """`hf`: the column of class labels, strings or integers; the class names are the source's ClassLabel
     names, else its train split's sorted distinct values. With `model.task=regression`: the column of numeric
     targets (no class names)."""
-    image_column: Optional[str] = None
+    image_column: str | None = None
     """`hf`: the column of images (an Image feature, or image file paths), transformed as `imagefolder`'s."""
     pack: bool = True
     """`hf` with `model.task=causal_lm`: concatenate the documents (each ended by the tokenizer's EOS token,

@@ -9,8 +9,9 @@ import inspect
 import sys
 import textwrap
 import typing
+from collections.abc import Iterator
 from dataclasses import MISSING, fields, is_dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from ptrun.config.rules import choices_of
 from ptrun.config.schema import PtrunConfig, free_form_keys

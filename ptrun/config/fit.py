@@ -4,10 +4,10 @@ can (`cross.check_model_fits_recipe`) without a list of recipe names kept by han
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Optional
 
 from ptrun.config.data import PACKAGED_TEXT_SOURCES, SOURCE_IMAGES, DataConfig
 from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ModelConfig
@@ -25,7 +25,7 @@ class Recipe:
     """Its `data.name`."""
     task: str
     """Its `model.task`."""
-    family: Optional[str]
+    family: str | None
     """Its `model.family` (`transformers`: a Hugging Face model of your own, any family)."""
 
     @property
@@ -98,12 +98,12 @@ def recipe_catalogue() -> tuple[Recipe, ...]:
     return tuple(sorted(recipes, key=lambda r: (r.family != "transformers", r.data not in SHIPPED_DATA, r.name)))
 
 
-def recipe_named(name: Optional[str]) -> Optional[Recipe]:
+def recipe_named(name: str | None) -> Recipe | None:
     """The catalogue's recipe `name`, or None (a config composed without one, or a test's own name)."""
     return next((r for r in recipe_catalogue() if r.name == name), None)
 
 
-def use_recipe(fits: Callable[[Recipe], bool], current: Optional[str]) -> str:
+def use_recipe(fits: Callable[[Recipe], bool], current: str | None) -> str:
     """`use recipe=A (or another that fits: B, C)`: the recipes other than `current` that `fits` accepts."""
     names = [r.name for r in recipe_catalogue() if fits(r) and r.name != current]
     if not names:

@@ -4,7 +4,6 @@ activation cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ptrun.config.rules import check_choices, choice, parse_memory, require
 from ptrun.config.training import PRECISION_SPECS
@@ -52,7 +51,7 @@ class FreezeConfig:
     decides four times an epoch, inside it (AutoFreeze); the pipeline is repacked, DP widened and the cache
     advanced at that step, in the running job. Fractions need `auto.batch=fixed_global` and a synchronous
     schedule."""
-    every_steps: Optional[int] = None
+    every_steps: int | None = None
     """Or decide every this many optimizer steps (overrides `every`, which must then stay 1)."""
     max_fraction: float = 1.0
     """At most this fraction of the blocks is ever frozen (the head and final norm always train)."""
@@ -67,7 +66,7 @@ class FreezeConfig:
     """For `policy=plasticity`: a block has settled once its plasticity (its relative weight change over the
     last interval, per unit of learning rate) falls below this fraction (0 < t < 1) of the largest it has
     shown; the longest prefix of settled active blocks freezes. Higher freezes sooner."""
-    blocks: Optional[list[int]] = None
+    blocks: list[int] | None = None
     """For `policy=schedule`: frozen block count at the start of each interval (each epoch with `every=1`),
     e.g. [0, 2, 4, 4] (held after the list ends). Useful to reproduce a run's freeze sequence exactly."""
 
@@ -100,14 +99,14 @@ class AutoConfig:
 
 @dataclass
 class CacheConfig:
-    min_frozen_units: Optional[int] = None
+    min_frozen_units: int | None = None
     """Cache only once this many units are frozen; None = the units of a quarter of the blocks, rounded up
     (the paper started at 3 of 12 blocks for ViT-B and 5 of 24 for BERT-large). Below it, recomputing a
     short prefix costs less than filling the cache."""
     max_memory: str = "50%"
     """Node-wide memory budget of the cache: a share of the machine's RAM (`50%`) or a size (`8GB`,
     `512MB`). Samples beyond it go to the disk tier under `dir`."""
-    dir: Optional[str] = None
+    dir: str | None = None
     """Disk tier directory; None = `RUN_DIR/cache`. The memory tier lives in /dev/shm."""
     dtype: str = choice("auto", CACHE_DTYPES)
     """Storage dtype of cached activations: `auto` (the compute dtype of `train.precision`: what a stage

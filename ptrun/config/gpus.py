@@ -20,14 +20,13 @@ import ctypes
 import importlib.util
 import os
 from pathlib import Path
-from typing import Optional
 
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg", "/dev/nvmap", "/dev/nvhost-ctrl-gpu")
 """What a GPU driver puts in /dev: NVIDIA's (desktop and data centre; Jetson's nvmap / nvhost), AMD's ROCm
 (kfd), WSL's (dxg). None of them: torch would see no GPU either."""
 
 
-def visible_gpus_without_torch() -> Optional[int]:
+def visible_gpus_without_torch() -> int | None:
     """The GPUs CUDA would show this process, or None where only torch can tell."""
     if not any(os.path.exists(path) for path in GPU_DEVICE_FILES) or not torch_has_cuda():
         return 0
@@ -35,7 +34,7 @@ def visible_gpus_without_torch() -> Optional[int]:
     return None if raw is None else visible_of(os.environ.get("CUDA_VISIBLE_DEVICES"), raw)
 
 
-def visible_of(spec: Optional[str], raw: int) -> Optional[int]:
+def visible_of(spec: str | None, raw: int) -> int | None:
     """The devices CUDA shows of `raw` physical ones under `CUDA_VISIBLE_DEVICES=spec` given as device numbers,
     read as torch reads it: the list ends at an empty or negative entry, a number named twice hides every
     device, and the devices shown are those before the first number with no device. None for what this does
@@ -62,7 +61,7 @@ def torch_has_cuda() -> bool:
     return spec is not None and spec.origin is not None and any(Path(spec.origin).parent.glob("lib/libtorch_cuda*"))
 
 
-def visible_gpu_memory_without_torch() -> Optional[int]:
+def visible_gpu_memory_without_torch() -> int | None:
     """The memory of the smallest GPU CUDA would show this process, in bytes (NVML's count of each device's
     total memory), or None where only torch can tell (as `visible_gpus_without_torch`)."""
     spec = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -76,7 +75,7 @@ def visible_gpu_memory_without_torch() -> Optional[int]:
     return min(totals[n] for n in numbers)
 
 
-def nvml_memory_totals() -> Optional[list[int]]:
+def nvml_memory_totals() -> list[int] | None:
     """Each NVIDIA GPU's total memory in bytes, by NVML's device number, or None where NVML cannot answer."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -106,7 +105,7 @@ def nvml_memory_totals() -> Optional[list[int]]:
         nvml.nvmlShutdown()
 
 
-def nvml_device_count() -> Optional[int]:
+def nvml_device_count() -> int | None:
     """The machine's NVIDIA GPUs as NVML counts them, or None where NVML cannot be loaded or answer."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")

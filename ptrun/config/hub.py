@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Optional
 
 from ptrun.config.model import family_spec
 from ptrun.errors import ConfigError
@@ -78,7 +78,7 @@ GATED_IMAGES = "or set data.path to an image folder (train/<class>/*, val/<class
 @dataclass(frozen=True)
 class HubId:
     repo: str
-    revision: Optional[str]
+    revision: str | None
     """A branch, tag or commit; None = the repo's default branch (`main`)."""
     repo_type: str = "model"
     """`model` or `dataset` (a built-in source's `data.path`)."""
@@ -103,7 +103,7 @@ class NotCached(ConfigError):
         self.key, self.hub_id, self.why, self.cache, self.extra = key, hub_id, why, cache, extra
 
 
-def parse_hub_id(value: Optional[str], repo_type: str = "model") -> Optional[HubId]:
+def parse_hub_id(value: str | None, repo_type: str = "model") -> HubId | None:
     """The hub id `value` names, or None when it is unset, exists on disk, or does not look like one."""
     if value is None or Path(value).expanduser().exists() or not (HUB_ID.match(value) or is_bare_hub_id(value)):
         return None
@@ -111,7 +111,7 @@ def parse_hub_id(value: Optional[str], repo_type: str = "model") -> Optional[Hub
     return HubId(repo, revision or None, repo_type)
 
 
-def data_hub_id(cfg) -> Optional[HubId]:
+def data_hub_id(cfg) -> HubId | None:
     """The hub dataset `data.path` names for a built-in source that reads the hub's parquet layout
     (`DATASET_FILES`); None for a local path, and for `data.name=hf` (read through `datasets`)."""
     d = cfg.data
@@ -138,7 +138,7 @@ def hub_offline(env: Mapping[str, str]) -> bool:
     return value.upper() in ("1", "ON", "YES", "TRUE")
 
 
-def resolve_hub_ids(cfg, *, full: bool = True, env: Optional[Mapping[str, str]] = None):
+def resolve_hub_ids(cfg, *, full: bool = True, env: Mapping[str, str] | None = None):
     """`cfg` with a hub id in `model.pretrained`, `data.tokenizer` or a built-in source's `data.path` replaced
     by its local snapshot (a timm ViT's: the weights file in it); `cfg` itself when none is one. `full=False`
     (`ptrun plan`) fetches only the config.json of a model the simulator sizes from it, no tokenizer and no
@@ -220,7 +220,7 @@ def _not_cached(missing: list[NotCached]) -> str:
     )
 
 
-def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> Optional[str]:
+def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> str | None:
     """The snapshot directory of `hub_id`, its config.json alone fetched, when that names a Hugging Face
     text model (a `model_type` ptrun splits; timm's config.json names an `architecture`); else None."""
     import json

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from ptrun.config.gpus import visible_gpus_without_torch
 from ptrun.config.rules import check_choices, choice, either, parse_memory, require
@@ -17,7 +16,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: Union[int, str] = "auto"
+    nproc_per_node: int | str = "auto"
     """Worker processes per machine (one per GPU on CUDA, one per emulated device on CPU): `auto` (the
     default) is one per visible GPU when the workers use CUDA (`backend` auto or nccl on a machine with a
     GPU), else `CPU_WORKERS` (2) emulated devices; or an integer, which on CUDA may not exceed the visible
@@ -28,7 +27,7 @@ class LauncherConfig:
     rdzv_endpoint: str = "localhost:0"
     """c10d rendezvous `host:port`; `localhost:0` binds loopback on a free port (single machine). For several
     machines: one machine's name or address and a fixed free port, e.g. `node0:29400`."""
-    rdzv_id: Optional[str] = None
+    rdzv_id: str | None = None
     """Rendezvous id shared by all machines of one job; None = the run directory's name."""
     rdzv_last_call: int = 30
     """Seconds an elastic rendezvous (`nnodes=MIN:MAX`) that has MIN machines waits for more before the job
@@ -42,7 +41,7 @@ class LauncherConfig:
     stop_timeout: int = 60
     """Seconds the workers get after Ctrl-C or SIGTERM to finish their step and write a checkpoint before
     they are killed (keep it below the scheduler's grace period, e.g. SLURM's `--signal=B:TERM@SECONDS`)."""
-    threads_per_worker: Union[int, str] = "auto"
+    threads_per_worker: int | str = "auto"
     """Intra-op threads per worker (CPU): `auto` shares the cores this process may use equally among the
     machine's workers (2 workers on 2 cores: 1 each, so they do not oversubscribe; 1 worker: both), or an
     integer >= 1."""
@@ -63,7 +62,7 @@ class DeviceConfig:
     (`torch.backends.cudnn.benchmark`); input shapes are fixed here, so it pays off."""
     pin_memory: bool = True
     """Load input batches into pinned (page-locked) host memory, so their copy to the GPU is asynchronous."""
-    memory: Optional[str] = None
+    memory: str | None = None
     """Memory one device offers a stage, for `pipe.length=auto`: a size such as `80GB`, `512MB`, or a share of
     the detected amount such as `90%`. Unset: 90% of the GPU's memory, or on the CPU of the host's memory
     divided by the node's workers (the rest is left to what no stage can use: the CUDA context, the

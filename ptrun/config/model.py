@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from ptrun.config.rules import check_choices, choice, either, require
 from ptrun.errors import ConfigError
@@ -69,7 +68,7 @@ class ModelConfig:
     `bert-medium`, `bert-base`, `bert-large`: random weights), or a label of your own when `pretrained` is a
     Hugging Face model (its architecture comes from its config.json, not from this name; a timm model's name
     there is refused, as is a text model on an image recipe: the refusal names the recipes that fit)."""
-    family: Optional[str] = choice(None, FAMILIES, wording=either)
+    family: str | None = choice(None, FAMILIES, wording=either)
     """`vit` (timm) or `transformers` (a Hugging Face model: a BERT preset, or `pretrained`'s `model_type`:
     bert, roberta, xlm-roberta, electra, distilbert, deberta-v2, modernbert, gpt2, llama, qwen2, qwen3, mistral);
     `bert` means `transformers`. None = inferred from `name` and `pretrained`."""
@@ -82,7 +81,7 @@ class ModelConfig:
     implement `mlm` (BERT masked language modelling, its decoder tied to the word embedding), which the pipeline
     tests use for tied weights across stages; no data source makes masked-LM batches, so `ptrun train` does
     not accept it."""
-    pretrained: Optional[str] = None
+    pretrained: str | None = None
     """Pretrained weights: a .safetensors file, a torch checkpoint (loaded with weights_only=True), a Hugging
     Face model directory, or a Hugging Face hub id `org/name[@revision]` or, for the hub's models without an
     org, `name[@revision]` (`gpt2`, `bert-base-uncased`); a value that exists on disk is a path, and so is a
@@ -92,25 +91,25 @@ class ModelConfig:
     timm ViT's id is its timm repo, the name with its tag:
     `model.name=vit_base_patch16_224.augreg_in21k model.pretrained=timm/vit_base_patch16_224.augreg_in21k`
     (its model.safetensors). A task head whose class count differs is re-initialised."""
-    num_classes: Optional[int] = None
+    num_classes: int | None = None
     """Classes of the task head; None = taken from the dataset."""
-    img_size: Optional[int] = None
+    img_size: int | None = None
     """ViT input resolution in pixels; None = the data's resolution."""
-    patch_size: Optional[int] = None
+    patch_size: int | None = None
     """ViT patch size in pixels; None = the timm default for `name`."""
-    in_chans: Optional[int] = None
+    in_chans: int | None = None
     """ViT input channels; None = the data's channel count."""
-    embed_dim: Optional[int] = None
+    embed_dim: int | None = None
     """Width (ViT embed_dim / BERT hidden_size); None = the default for `name`."""
-    depth: Optional[int] = None
+    depth: int | None = None
     """Number of transformer blocks L (ViT depth / BERT num_hidden_layers); None = the default for `name`."""
-    num_heads: Optional[int] = None
+    num_heads: int | None = None
     """Attention heads; None = the default for `name`."""
-    mlp_ratio: Optional[float] = None
+    mlp_ratio: float | None = None
     """MLP hidden size as a multiple of the width (BERT intermediate_size / hidden_size)."""
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     """BERT vocabulary size; None = the tokenizer's (or BERT's 30522)."""
-    max_position_embeddings: Optional[int] = None
+    max_position_embeddings: int | None = None
     """BERT maximum sequence length the position table holds; None = 512."""
     dropout: float = 0.0
     """Dropout probability: ViT head dropout (timm drop_rate); BERT hidden and attention dropout."""
@@ -138,7 +137,7 @@ def is_hf_dir(path: str | None) -> bool:
     return path is not None and (Path(path).expanduser() / "config.json").is_file()
 
 
-def named_family(cfg: ModelConfig) -> Optional[str]:
+def named_family(cfg: ModelConfig) -> str | None:
     """The family `model.family` names (an alias resolved), else the one `model.name` begins with
     (`Family.names`); None when neither says."""
     if cfg.family is not None:
@@ -146,7 +145,7 @@ def named_family(cfg: ModelConfig) -> Optional[str]:
     return next((family for family, spec in FAMILY_SPECS.items() if cfg.name.startswith(spec.names)), None)
 
 
-def family_spec(cfg: ModelConfig) -> Optional[Family]:
+def family_spec(cfg: ModelConfig) -> Family | None:
     """The family of `model_family`, or None where nothing says which (a check that needs one refuses)."""
     if is_hf_dir(cfg.pretrained):
         return FAMILY_SPECS["transformers"]

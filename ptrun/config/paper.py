@@ -5,31 +5,30 @@ reads them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ptrun.config.rules import require
 
 
 @dataclass
 class PaperConfig:
-    setup: Optional[str] = None
+    setup: str | None = None
     """What the paper ran, in words (model, data, machines): the report's heading for its numbers. Null: the
     recipe reproduces no published run."""
-    metric: Optional[str] = None
+    metric: str | None = None
     """The eval key the paper's metrics are in, as the run logs it (`top1`, `f1`, `accuracy`)."""
-    baseline: Optional[float] = None
+    baseline: float | None = None
     """The paper's baseline (GPipe with data parallelism, no freezing) metric, in percent."""
-    result: Optional[float] = None
+    result: float | None = None
     """PipeTransformer's metric in the paper, in percent."""
-    baseline_time: Optional[str] = None
+    baseline_time: str | None = None
     """The baseline's training time in the paper (`35m06s`)."""
-    time: Optional[str] = None
+    time: str | None = None
     """PipeTransformer's training time in the paper."""
-    speedup: Optional[float] = None
+    speedup: float | None = None
     """PipeTransformer's speedup over the baseline in the paper (training time)."""
-    gpus: Optional[int] = None
+    gpus: int | None = None
     """The GPUs the paper's run used (2 machines of 8: 16)."""
-    epochs: Optional[int] = None
+    epochs: int | None = None
     """The epochs the paper trained."""
 
 
@@ -45,7 +44,7 @@ def check_paper(cfg) -> None:
     require(p.epochs is None or p.epochs >= 1, "paper.epochs", "an integer >= 1 or null", p.epochs)
 
 
-def quick_try(cfg, gpus: int) -> Optional[str]:
+def quick_try(cfg, gpus: int) -> str | None:
     """The line `ptrun train` prints where a paper recipe starts at its full size on a machine without GPUs
     (`gpus`: those its workers use): hours or days of work there, so it names the keys that shrink the run to
     a quick try. None elsewhere, and for a run that already caps its epochs' steps."""

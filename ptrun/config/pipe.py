@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
@@ -15,7 +15,7 @@ class Schedule:
     stage placement (`ptrun.layout.plan.Plan.local_stages`), the runtime (`ptrun.parallel.pipeline`) and the
     memory estimate (`ptrun.layout.fit`) read it."""
 
-    stages_per_rank: Optional[int]
+    stages_per_rank: int | None
     """The stages a rank must hold (1: the schedule drives one stage; 2: a V), None: any count (looped)."""
     microbatches: Literal["any", "one", "at_least_length", "multiple_of_length", "at_least_stages"] = "any"
     """The micro-batch count M it needs: any, exactly 1, at least K, a multiple of K, or at least the K x 2
@@ -54,14 +54,14 @@ schema; a test holds the two equal."""
 
 @dataclass
 class PipeConfig:
-    length: Union[int, str] = "auto"
+    length: int | str = "auto"
     """Pipeline stages K per replica; the data-parallel width is world_size / K. `auto` (the default): the
     shortest pipeline whose largest stage fits one device's memory (`device.memory`): its parameters,
     gradients and optimizer state plus the activations of the micro-batches it holds, estimated from the
     model's units before training. A model that fits one device trains as pure data parallelism (K = 1), as a
     user would run it. The launcher chooses before any worker starts, from the model's analytic sizes (as `ptrun
     plan` does) and the devices' memory, prints the estimate and the choice, and the run's config.yaml holds it."""
-    microbatches: Union[int, str, None] = None
+    microbatches: int | str | None = None
     """Micro-batches M each replica's batch is split into (GPipe chunks): unset (the default), M follows the
     pipeline length and the per-replica batch (`auto.microbatch_table`, else the paper's table: 1 at K = 1);
     an integer that divides the per-replica batch; or `auto`: before training, time a few steps (forward + backward, no
@@ -83,7 +83,7 @@ class PipeConfig:
     size, a frozen unit counted at 1/6), `time` (balanced forward + backward time, profiled on this device),
     `pipetransformer` (the paper's greedy mean + variance rule on parameter size), `pipedream` (PipeDream's
     dynamic program on profiled time plus activation transfer), or `explicit` (`stages`)."""
-    stages: Optional[list[list[int]]] = None
+    stages: list[list[int]] | None = None
     """Explicit stage ranges `[[lo, hi], ...]` in units (half-open) for `partition=explicit`."""
     recompute: str = "none"
     """Activation recomputation: `none`, `stage` (keep only stage-boundary activations and recompute each

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import field, fields
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ptrun.errors import ConfigError
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Optional
 
 from omegaconf import MISSING, OmegaConf
 
@@ -30,7 +29,7 @@ LOGGERS = tuple(LOGGER_SPECS)
 class PtrunConfig:
     """The whole run. `recipe` names the preset that was applied (informational)."""
 
-    recipe: Optional[str] = None
+    recipe: str | None = None
     """The preset applied from `recipes/` (set by choosing `recipe=NAME`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)

@@ -24,8 +24,8 @@ between jobs) do not meet at one store; a requeued job keeps its id, hence its p
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Iterable, Iterator, Mapping, Optional
 
 from ptrun.config.launcher import LauncherConfig, parse_nnodes
 from ptrun.errors import ConfigError
@@ -161,8 +161,8 @@ def first_host(text: str, var: str = "SLURM_JOB_NODELIST") -> str:
 class SlurmJob:
     job_id: str
     nnodes: int
-    node_id: Optional[int]
-    host: Optional[str]
+    node_id: int | None
+    host: str | None
     """The rendezvous host: MASTER_ADDR, else the node list's first host; None when neither is set."""
     port: int
 
@@ -192,7 +192,7 @@ def _check_one_task_per_node(env: Mapping[str, str]) -> None:
         )
 
 
-def read_job(env: Mapping[str, str], with_host: bool = True) -> Optional[SlurmJob]:
+def read_job(env: Mapping[str, str], with_host: bool = True) -> SlurmJob | None:
     """The job's layout, or None outside a SLURM task; ConfigError (one line naming the variable) when the
     environment is malformed or the step runs more than one task on a node. `with_host=False` leaves
     MASTER_ADDR, MASTER_PORT and the node list unread (host None): the command line gave the endpoint."""
@@ -269,7 +269,7 @@ def from_slurm(launcher: LauncherConfig, env: Mapping[str, str], explicit: set[s
     return replace(launcher, **changes)
 
 
-def summary(launcher: LauncherConfig, env: Mapping[str, str], explicit: set[str]) -> Optional[str]:
+def summary(launcher: LauncherConfig, env: Mapping[str, str], explicit: set[str]) -> str | None:
     """The start's one line saying the layout came from SLURM (None when it did not)."""
     if set(LAYOUT_FIELDS) <= explicit or not in_slurm(env):
         return None

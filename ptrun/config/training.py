@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
 
 from ptrun.config.rules import check_choices, choice, require
 
@@ -16,7 +16,7 @@ class Precision:
     """What ptrun knows of one `train.precision`, in one place: the stages' autocast (`ptrun.parallel.precision`),
     the loss scale (the trainer's), PipeDream's rule (`ptrun.config.cross`) and the planner's byte counts read it."""
 
-    autocast: Optional[str]
+    autocast: str | None
     """The dtype stages compute in under torch.autocast (a torch dtype's name); None: plain float32."""
     bytes: int
     """Bytes of one activation element in that dtype."""
@@ -43,7 +43,7 @@ class Optimizer:
 
     torch_class: str
     """Its class in torch.optim."""
-    options: Callable[["OptimConfig"], dict]
+    options: Callable[[OptimConfig], dict]
     """Its keywords from `optim.*` (the learning rate and weight decay are set per group)."""
     state_copies: int
     """float32 tensors of optimizer state per parameter element."""
@@ -78,10 +78,10 @@ COMPILERS = ("CXX", "CC", "g++", "c++", "clang++", "gcc", "cc", "clang")
 class TrainConfig:
     epochs: int = 10
     """Number of passes over the training set."""
-    global_batch_size: Optional[int] = 32
+    global_batch_size: int | None = 32
     """Samples per optimizer step over all data-parallel replicas (the batch the loss is averaged over); null
     when `pipeline_batch_size` gives the batch instead."""
-    pipeline_batch_size: Optional[int] = None
+    pipeline_batch_size: int | None = None
     """The batch of one pipeline replica at the start, the paper's way of stating a batch (ViT: 320 samples a
     pipeline on CIFAR): the global batch is this times the starting data-parallel width, filled in once the
     layout is known (on one machine at the start, else in the workers), so every machine size and pipeline
@@ -91,7 +91,7 @@ class TrainConfig:
     """Seed for model initialisation and the per-epoch data order."""
     grad_clip: float = 0.0
     """Clip gradients to this global L2 norm over all parameters of all stages and replicas; 0 = off."""
-    max_steps_per_epoch: Optional[int] = None
+    max_steps_per_epoch: int | None = None
     """Stop each epoch after this many optimizer steps (quick tests); None = the whole epoch."""
     eval_every_epochs: int = 1
     """Evaluate on the held-out split every this many epochs (and always after the last)."""
@@ -99,10 +99,10 @@ class TrainConfig:
     """Continue the run in `hydra.run.dir` from its newest valid checkpoint (automatic after an elastic restart)."""
     log_every_steps: int = 10
     """Progress-bar and log refresh interval, in optimizer steps."""
-    timeline_step: Optional[int] = None
+    timeline_step: int | None = None
     """Record when each stage runs each micro-batch's forward and backward in this (0-based) step of the
     first epoch, into RUN_DIR/timeline.json; `ptrun report` draws it as a Gantt chart. None = off."""
-    profile_step: Optional[int] = None
+    profile_step: int | None = None
     """Profile `PROFILE_STEPS` (3) steps from this (0-based) step of the run on with torch.profiler: every
     operator and, on a GPU, every kernel, per rank into RUN_DIR/profile/rankR.json (a Chrome trace:
     https://ui.perfetto.dev) and rankR.txt (the operators by self time, after a line that counts the host's
@@ -112,7 +112,7 @@ class TrainConfig:
     """Compute precision: `fp32`, `bf16` (autocast to bfloat16) or `fp16` (autocast to float16 with a dynamic
     loss scale; a step whose gradients overflow on any stage is skipped on every rank). Weights, gradients and
     optimizer state stay float32; activations cross stage boundaries in the compute dtype."""
-    compile: Union[bool, str] = choice("auto", COMPILE, wording=lambda _: "auto, true or false")
+    compile: bool | str = choice("auto", COMPILE, wording=lambda _: "auto, true or false")
     """Compile each unit on its own with torch.compile (regional compilation: identical units, a model's
     blocks, share one compiled graph, so a 12-layer model compiles each kind of unit once): `true`, `false`, or
     `auto` (on where the seconds it saves over the steps left are 1.5 times what its graphs cost, cold or in

@@ -44,7 +44,6 @@ measures all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ptrun.config import ConfigError
 from ptrun.config.model import POOLED_TASKS
@@ -89,20 +88,20 @@ class ModelCosts:
     names: tuple[str, ...]
     params: tuple[float, ...]
     act_bytes: tuple[float, ...]
-    fwd_flops: Optional[tuple[float, ...]] = None
+    fwd_flops: tuple[float, ...] | None = None
     """Analytic forward FLOPs per sample; None when the costs come from a measured profile."""
-    fb_seconds: Optional[tuple[float, ...]] = None
+    fb_seconds: tuple[float, ...] | None = None
     """Measured forward + backward seconds per sample; when set it is used instead of `fwd_flops`."""
-    fwd_seconds: Optional[tuple[float, ...]] = None
+    fwd_seconds: tuple[float, ...] | None = None
     """Measured forward-only (no_grad) seconds per sample; None: forward + backward / 3."""
-    frozen_seconds: Optional[tuple[float, ...]] = None
+    frozen_seconds: tuple[float, ...] | None = None
     """Measured seconds per sample of the unit frozen with its input needing a gradient (forward + the input
     gradient's backward: a frozen unit on a later pipeline stage); None: derived (`ptrun.sim.simulate`)."""
-    update_seconds: Optional[tuple[float, ...]] = None
+    update_seconds: tuple[float, ...] | None = None
     """Measured seconds per optimizer step of each unit's parameters (clip work + optimizer); None: 0."""
-    sequence_units: Optional[int] = None
+    sequence_units: int | None = None
     """How many leading units return every token's row (`LayeredModel.sequence_units`); None: all of them."""
-    linears: Optional[tuple[tuple[Linear, ...], ...]] = None
+    linears: tuple[tuple[Linear, ...], ...] | None = None
     """Per unit, the linear modules an adapter may wrap or that train beside adapters (a block's projections,
     the task head's new layer), by their names in the library; None where not known (what an adapter trains
     is then priced as full fine-tuning)."""

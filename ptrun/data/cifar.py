@@ -12,8 +12,8 @@ mean/std normalisation, as for the other image sources and the ImageNet-pretrain
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import datasets
 import numpy as np

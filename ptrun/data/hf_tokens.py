@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -51,7 +52,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "ptrun" / "tokenized"
 
 
-def tokenizer_identity(tok: "PreTrainedTokenizerBase") -> str:
+def tokenizer_identity(tok: PreTrainedTokenizerBase) -> str:
     """A hash of the tokenizer's whole definition (vocabulary, normalizer, pre- and post-processing) and the
     settings that change its output here (special tokens, padding side)."""
     special = {k: str(v) for k, v in sorted(tok.special_tokens_map.items())}
@@ -131,7 +132,7 @@ def texts(rows: datasets.Dataset, column: str, part: slice) -> list[str]:
     return ["" if v is None else str(v) for v in values]
 
 
-def model_inputs(tok: "PreTrainedTokenizerBase") -> tuple[str, ...]:
+def model_inputs(tok: PreTrainedTokenizerBase) -> tuple[str, ...]:
     """The classification inputs this tokenizer returns, in the BERT argument order."""
     return tuple(k for k in INPUT_NAMES if k in tok.model_input_names)
 
@@ -139,7 +140,7 @@ def model_inputs(tok: "PreTrainedTokenizerBase") -> tuple[str, ...]:
 def classification_batches(
     rows: datasets.Dataset,
     labels: np.ndarray,
-    tok: "PreTrainedTokenizerBase",
+    tok: PreTrainedTokenizerBase,
     text_column: str,
     pair_column: str | None,
     max_length: int,
@@ -155,7 +156,7 @@ def classification_batches(
         yield record_batch(columns)
 
 
-def end_and_pad(tok: "PreTrainedTokenizerBase") -> tuple[int, int]:
+def end_and_pad(tok: PreTrainedTokenizerBase) -> tuple[int, int]:
     """The token that ends each document (EOS, else SEP) and the one that pads a row (the pad token, else
     that end token)."""
     token_id = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
@@ -179,7 +180,7 @@ def lm_rows(ids: np.ndarray, real: np.ndarray) -> pa.RecordBatch:
 
 
 def packed_batches(
-    rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str, block: int
+    rows: datasets.Dataset, tok: PreTrainedTokenizerBase, column: str, block: int
 ) -> Iterator[pa.RecordBatch]:
     """Documents + EOS, concatenated and cut into blocks of `block` tokens (the last one padded)."""
     eos, pad = end_and_pad(tok)
@@ -199,7 +200,7 @@ def packed_batches(
 
 
 def document_batches(
-    rows: datasets.Dataset, tok: "PreTrainedTokenizerBase", column: str, length: int
+    rows: datasets.Dataset, tok: PreTrainedTokenizerBase, column: str, length: int
 ) -> Iterator[pa.RecordBatch]:
     """One document a row: its first `length - 1` tokens and EOS, padded to `length`."""
     eos, pad = end_and_pad(tok)

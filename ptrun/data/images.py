@@ -5,8 +5,8 @@ from the sorted class names, the same for both splits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import datasets
 import numpy as np

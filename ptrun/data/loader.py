@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from torch import Tensor
 

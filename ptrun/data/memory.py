@@ -10,7 +10,7 @@ the result answers the same calls the trainer, AutoCache and the micro-batch tun
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ class InMemoryDataset:
             key = torch.as_tensor(key, dtype=torch.long)
         return {name: column[key] for name, column in self.columns.items()}
 
-    def select_columns(self, names: Sequence[str]) -> "InMemoryDataset":
+    def select_columns(self, names: Sequence[str]) -> InMemoryDataset:
         return InMemoryDataset({name: self.columns[name] for name in names})
 
 

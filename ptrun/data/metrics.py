@@ -7,7 +7,7 @@ metrics, as on the GLUE leaderboard), so one number can rank checkpoints for eve
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch

@@ -3,8 +3,9 @@ ImageNet's normalisation. The bottom of `ptrun.data`: the source modules import 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np

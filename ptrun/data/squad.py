@@ -170,7 +170,7 @@ def read_squad_parquet(path: Path) -> dict[str, list]:
     }
 
 
-def _check_window(tok: "PreTrainedTokenizerBase", questions: list[str], max_length: int, doc_stride: int) -> None:
+def _check_window(tok: PreTrainedTokenizerBase, questions: list[str], max_length: int, doc_stride: int) -> None:
     """Every window must hold more context tokens than the stride; the tokenizer otherwise aborts the
     process with a Rust panic instead of an exception, so this is checked up front."""
     longest = max(len(ids) for ids in tok(questions, add_special_tokens=False)["input_ids"])
@@ -184,7 +184,7 @@ def _check_window(tok: "PreTrainedTokenizerBase", questions: list[str], max_leng
 
 
 def qa_features(
-    tok: "PreTrainedTokenizerBase",
+    tok: PreTrainedTokenizerBase,
     examples: dict[str, list],
     max_length: int,
     doc_stride: int,

@@ -5,8 +5,9 @@ compact Arrow columns (int32 tokens, int8 masks; the torch format returns int64 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
@@ -23,7 +24,7 @@ TOKENIZE_CHUNK = 4096
 """Examples tokenized per call: bounds the Python lists the tokenizer returns on 100k+ example tasks."""
 
 
-def load_tokenizer(path: str | None, source: str) -> "PreTrainedTokenizerBase":
+def load_tokenizer(path: str | None, source: str) -> PreTrainedTokenizerBase:
     """A fast tokenizer from a local directory (`AutoTokenizer.from_pretrained`; never downloads)."""
     if path is None:
         raise ConfigError(
@@ -52,7 +53,7 @@ def chunks(n: int, size: int = TOKENIZE_CHUNK) -> Iterator[slice]:
 
 
 def tokenize_texts(
-    tok: "PreTrainedTokenizerBase", texts: Sequence[Sequence[str]], max_length: int
+    tok: PreTrainedTokenizerBase, texts: Sequence[Sequence[str]], max_length: int
 ) -> dict[str, np.ndarray]:
     """Tokenize single sentences (`texts` = [sentences]) or pairs ([firsts, seconds]), truncated and padded to
     `max_length`: the three model inputs as [N, max_length] arrays."""

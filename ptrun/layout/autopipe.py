@@ -15,7 +15,8 @@ rank computes the same Plan from the same numbers.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ptrun.config import ConfigError
 from ptrun.layout.microbatches import batch_sizes, pick_microbatches, schedule_accepts
@@ -80,12 +81,12 @@ def next_plan(
     *,
     world_size: int,
     start_max: float,
-    global_batch: Optional[int] = None,
+    global_batch: int | None = None,
     batch_policy: str = "fixed_global",
-    per_pipeline_batch: Optional[int] = None,
+    per_pipeline_batch: int | None = None,
     partition_method: str = "pipetransformer",
     compress: bool = True,
-    table: Optional[Mapping[Any, int]] = None,
+    table: Mapping[Any, int] | None = None,
     cached_units: int = 0,
     **partition_kwargs: Any,
 ) -> Plan:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ptrun.config import LauncherConfig, PtrunConfig, check_concrete, data_parallel_width
 from ptrun.config.gpus import visible_gpu_memory_without_torch
@@ -34,7 +34,7 @@ class Devices:
     stage, and the model's per-unit memory (`ptrun.layout.fit.UnitMemory`; None where K is given)."""
 
     budget: int
-    memory: Optional[Any] = None
+    memory: Any | None = None
 
 
 def fit_memory(costs: ModelCosts, cfg: PtrunConfig):

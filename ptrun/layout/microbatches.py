@@ -4,7 +4,8 @@ Pure functions, shared by the start-up layout, AutoPipe's re-plans and micro-bat
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from ptrun.config import BATCH_POLICIES, ConfigError, schedule_problem
 
@@ -24,7 +25,7 @@ def schedule_accepts(schedule: str, pp: int, stages_per_rank: int, m: int) -> bo
     return schedule_problem(schedule, pp, stages_per_rank, m) is None
 
 
-def _table_target(pp: int, table: Optional[Mapping[Any, int]]) -> int:
+def _table_target(pp: int, table: Mapping[Any, int] | None) -> int:
     """The wanted M at length pp: a profiled entry, else the paper's, else GPipe's 4K. Keys may be strings
     (a table read back from JSON)."""
     if table:
@@ -40,7 +41,7 @@ def pick_microbatches(
     pp: int,
     per_replica_batch: int,
     schedule: str,
-    table: Optional[Mapping[Any, int]] = None,
+    table: Mapping[Any, int] | None = None,
     *,
     stages_per_rank: int = 1,
 ) -> int:
@@ -77,8 +78,8 @@ def batch_sizes(
     dp: int,
     *,
     batch_policy: str = "fixed_global",
-    global_batch: Optional[int] = None,
-    per_pipeline_batch: Optional[int] = None,
+    global_batch: int | None = None,
+    per_pipeline_batch: int | None = None,
 ) -> tuple[int, int]:
     """(per-replica batch, global batch) at data-parallel width dp.
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -158,7 +159,7 @@ def choose(lengths: Sequence[Length], costs: Mapping[tuple[int, int], float], ti
     return out
 
 
-def with_table(choices: Mapping[int, Choice], table: Optional[Mapping[Any, int]]) -> tuple[dict[int, int], list[str]]:
+def with_table(choices: Mapping[int, Choice], table: Mapping[Any, int] | None) -> tuple[dict[int, int], list[str]]:
     """The table AutoPipe uses (`Controller.microbatch_table`): the measured M per K with the entries of
     `auto.microbatch_table` laid over it (an explicit entry wins at its K), and a note per entry that
     overrides a measured K."""

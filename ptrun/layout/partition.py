@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ptrun.config import ConfigError
 from ptrun.layout.plan import even_bounds
@@ -107,12 +107,12 @@ def _exact_partition(n: int, num_stages: int, cost: Callable[[int, int], float])
 
     # Pass 2: leximax over suffixes. best[i] = (stage costs sorted descending, negated stage ends) for the
     # best split of units i..n into k stages, or None when no split stays within the bottleneck.
-    best: list[Optional[tuple[tuple[float, ...], tuple[int, ...]]]] = [None] * (n + 1)
+    best: list[tuple[tuple[float, ...], tuple[int, ...]] | None] = [None] * (n + 1)
     for i in range(n):
         if table[i][n] <= bottleneck:
             best[i] = ((table[i][n],), (-n,))
     for k in range(2, num_stages + 1):
-        nxt: list[Optional[tuple[tuple[float, ...], tuple[int, ...]]]] = [None] * (n + 1)
+        nxt: list[tuple[tuple[float, ...], tuple[int, ...]] | None] = [None] * (n + 1)
         # Earlier stages need a unit each, so this suffix starts at num_stages - k or later.
         for i in range(num_stages - k, n - k + 1):
             cand = None
@@ -308,10 +308,10 @@ class Given:
 
     method: str
     num_units: int
-    param_costs: Optional[Sequence[float]] = None
-    time_costs: Optional[Sequence[float]] = None
-    activation: Optional[Sequence[float]] = None
-    bandwidth: Optional[float] = None
+    param_costs: Sequence[float] | None = None
+    time_costs: Sequence[float] | None = None
+    activation: Sequence[float] | None = None
+    bandwidth: float | None = None
     frozen_units: int = 0
     stages: Any = None
 
@@ -378,10 +378,10 @@ def partition(
     num_stages: int,
     *,
     num_units: int,
-    param_costs: Optional[Sequence[float]] = None,
-    time_costs: Optional[Sequence[float]] = None,
-    activation: Optional[Sequence[float]] = None,
-    bandwidth: Optional[float] = None,
+    param_costs: Sequence[float] | None = None,
+    time_costs: Sequence[float] | None = None,
+    activation: Sequence[float] | None = None,
+    bandwidth: float | None = None,
     frozen_units: int = 0,
     stages: Any = None,
 ) -> Bounds:

@@ -104,10 +104,10 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(**{**d, "stage_bounds": tuple(tuple(b) for b in d["stage_bounds"])})
 
-    def check(self) -> "Plan":
+    def check(self) -> Plan:
         """Raise ConfigError unless the plan is internally consistent; returns self."""
         if len(self.stage_bounds) != self.num_stages:
             raise ConfigError(

@@ -18,9 +18,10 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -100,11 +101,11 @@ def cache_key(fields: Mapping) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def cache_path(fields: Mapping, root: Optional[Path] = None) -> Path:
+def cache_path(fields: Mapping, root: Path | None = None) -> Path:
     return (root or cache_dir()) / f"{cache_key(fields)[:32]}.json"
 
 
-def load(path: Path, fields: Mapping, needed: Sequence[tuple[int, int]]) -> Optional[dict[tuple[int, int], float]]:
+def load(path: Path, fields: Mapping, needed: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float] | None:
     """The cached costs for `fields` from `path`, or None: missing (silently), or unreadable, of other fields
     or lacking a needed (K, M) (with a warning; the caller measures and rewrites it)."""
     try:
@@ -202,9 +203,9 @@ def tune(
     fields: Mapping,
     *,
     measure_costs: Callable[[], dict[tuple[int, int], float]],
-    explicit_table: Optional[Mapping[Any, int]] = None,
+    explicit_table: Mapping[Any, int] | None = None,
     device: torch.device,
-    root: Optional[Path] = None,
+    root: Path | None = None,
 ) -> Tuning:
     """Collective: the cached costs for `fields` if rank 0 has them, else `measure_costs()` on every rank
     (then rank 0 writes the cache); then the choice per K. Every rank returns the same Tuning."""

@@ -11,9 +11,9 @@ same buffers, so a key made of a tensor's identity would hand one step's masks t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator
 
 _built: ContextVar[dict | None] = ContextVar("ptrun_per_pass", default=None)
 

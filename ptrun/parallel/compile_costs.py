@@ -19,8 +19,8 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 import torch
 
@@ -72,7 +72,7 @@ def model_key(fields: Mapping) -> str:
 class KeptCosts:
     """This machine's kept compile measurements (see the module's docstring)."""
 
-    def __init__(self, device: torch.device, mode: str, root: Optional[Path] = None):
+    def __init__(self, device: torch.device, mode: str, root: Path | None = None):
         self.device_type = device.type
         self.fields = machine_fields(device, mode)
         key = model_key(self.fields)
@@ -111,7 +111,7 @@ class KeptCosts:
             return 0
         return round(graphs * sum(e in present for e in kept) / len(kept))
 
-    def figures(self, key: str, steps: int, step_s: Optional[float], graphs: int, present: set[str]):
+    def figures(self, key: str, steps: int, step_s: float | None, graphs: int, present: set[str]):
         """The `CompileFigures` for `key` (`graphs`: the estimate, replaced by the graphs a run of it took)."""
         graphs = self.model(key).get("graphs", graphs)
         cold, warm = self.graph_s()
@@ -139,7 +139,7 @@ class KeptCosts:
         elif seconds > built * cold:
             self.data["graph_s"]["warm"] = (seconds - built * cold) / cached
 
-    def learn_step(self, key: str, compiled: bool, step_s: Optional[float]) -> None:
+    def learn_step(self, key: str, compiled: bool, step_s: float | None) -> None:
         """A step time `key`'s layout ran at, compiled or eager."""
         if step_s:
             self.data["models"].setdefault(key, {})["compiled_step_s" if compiled else "eager_step_s"] = step_s

@@ -12,7 +12,6 @@ the seconds it costs by `MARGIN`; the decision's line names every figure it rest
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 MARGIN = 1.5
 """Compile only where the seconds saved are at least 1.5 times the seconds spent compiling. Each side is an
@@ -39,7 +38,7 @@ class CompileFigures:
 
     steps: int
     """Training steps still to run."""
-    step_s: Optional[float]
+    step_s: float | None
     """Seconds of an eager step on this machine; None before any is known (then the run starts eager and
     decides again after its first steps)."""
     graphs: int
@@ -74,7 +73,7 @@ class CompileDecision:
     compile: bool
     line: str
     """`compile: on|off (...)`: the decision and its figures."""
-    figures: Optional[CompileFigures] = None
+    figures: CompileFigures | None = None
     forced: bool = False
     """`train.compile` was true or false: no pricing decided it."""
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -53,7 +53,7 @@ def ruled_out(device: torch.device, schedule: str = "GPipe") -> str:
     return ""
 
 
-def make_compiler(train, layered, device: torch.device, probe: tuple = ()) -> "UnitCompiler":
+def make_compiler(train, layered, device: torch.device, probe: tuple = ()) -> UnitCompiler:
     """The worker's `UnitCompiler` for `train` (a TrainConfig: its `compile_mode` and global batch). `probe`:
     one training sample's model inputs, from which the first layout's first stage compiles at once."""
     if device.type == "cpu":  # inductor's C++ build says, on every worker, that a CPU machine has no CUDA runtime
@@ -93,7 +93,7 @@ def _max_over_ranks(values: dict) -> dict:
     return {k: (v if isinstance(values[k], float) else int(v)) for k, v in zip(values, t.tolist(), strict=True)}
 
 
-def cost_since(compiler: "UnitCompiler | None", before: dict | None) -> dict:
+def cost_since(compiler: UnitCompiler | None, before: dict | None) -> dict:
     """Collective: what compiling cost since `before` (a `counts()`), the busiest worker's: `compile_s` and
     `recompiles`; nothing without a compiler."""
     if compiler is None:
@@ -102,7 +102,7 @@ def cost_since(compiler: "UnitCompiler | None", before: dict | None) -> dict:
     return _max_over_ranks({"compile_s": c["compile_s"], "recompiles": c["recompiles"]})
 
 
-def counts(compiler: "UnitCompiler | None") -> dict | None:
+def counts(compiler: UnitCompiler | None) -> dict | None:
     """The compile counts now (for `cost_since`), None without a compiler."""
     return compiler.counts.snapshot() if compiler is not None else None
 
@@ -177,7 +177,7 @@ class CompiledUnit:
     """A unit's compiled callable: the unit's own module run through torch.compile, or eager once its kind
     has failed to compile (and on meta tensors: a pipeline stage infers its shapes with them)."""
 
-    def __init__(self, unit: nn.Module, name: str, compiler: "UnitCompiler") -> None:
+    def __init__(self, unit: nn.Module, name: str, compiler: UnitCompiler) -> None:
         self.unit, self.name, self.compiler = unit, name, compiler
         self.kind = type(unit).__name__
         self.compiled = torch.compile(unit, mode=None if compiler.mode == "default" else compiler.mode, dynamic=False)

@@ -9,8 +9,9 @@ runtimes themselves: the flushing ones (`ptrun.parallel.flushing`: `LocalRuntime
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -101,10 +102,10 @@ class Runtime(Protocol):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """This rank's parameters that train (what the optimizer steps)."""
 
-    def forward_only(self, inputs: tuple, target: torch.Tensor) -> "torch.Tensor | None":
+    def forward_only(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor | None:
         """Evaluation: the output of the replica batch on the last stage, None elsewhere."""
 
-    def take_stash_peak(self) -> "int | None":
+    def take_stash_peak(self) -> int | None:
         """PipeDream: the most bytes of stashed weight versions held since the last call; None elsewhere."""
 
     def record_timeline(self) -> list[dict]:

@@ -40,7 +40,7 @@ class LossScaler:
     ranks agree on. Disabled (fp32, bf16) it is a constant 1 that never skips a step."""
 
     @classmethod
-    def for_precision(cls, precision: str) -> "LossScaler":
+    def for_precision(cls, precision: str) -> LossScaler:
         """The scaler of `train.precision` (`Precision.loss_scale`)."""
         return cls(enabled=PRECISION_SPECS[precision].loss_scale)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -32,9 +31,9 @@ class UnitProfile:
     """Forward + backward seconds per unit for one micro-batch."""
     activation_bytes: list[float]
     """Bytes of each unit's output (what crosses a stage boundary placed after it)."""
-    forward_s: Optional[list[float]] = None
+    forward_s: list[float] | None = None
     """Forward-only seconds under no_grad per unit for one micro-batch (`detail=True`; else None)."""
-    frozen_s: Optional[list[float]] = None
+    frozen_s: list[float] | None = None
     """Forward + input-gradient backward seconds per unit with its parameters frozen (`detail=True`)."""
 
 

@@ -3,8 +3,8 @@ recomputation (activation checkpointing), compute dtype and compiled units."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -49,7 +49,7 @@ class StageModule(nn.Module):
         self.frozen = next((i for i, u in enumerate(units) if any(p.requires_grad for p in u.parameters())), len(units))
         """Leading units with nothing to train (fixed for the stage: freezing builds new stages)."""
 
-    def train(self, mode: bool = True) -> "StageModule":
+    def train(self, mode: bool = True) -> StageModule:
         """Frozen units stay in eval mode (no dropout or stochastic depth): a frozen layer is a fixed
         function, the same here as in AutoCache's prefix, so caching it changes nothing."""
         super().train(mode)

@@ -8,8 +8,9 @@ naming its run (and series), and x values are 1-based epochs as the terminal pri
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch

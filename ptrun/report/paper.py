@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ptrun.report.runs import Run
 
@@ -19,13 +19,13 @@ class RunSetup:
     """What the report compares of a run's resolved config: the paper's numbers and the run's own setup."""
 
     paper: dict[str, Any]
-    recipe: Optional[str]
+    recipe: str | None
     freezing: bool
-    epochs: Optional[int]
-    steps_cap: Optional[int]
+    epochs: int | None
+    steps_cap: int | None
 
 
-def run_setup(run: Run) -> Optional[RunSetup]:
+def run_setup(run: Run) -> RunSetup | None:
     """The setup of `run` from RUN_DIR/config.yaml; None when the run has no readable config."""
     import yaml
 
@@ -43,7 +43,7 @@ def run_setup(run: Run) -> Optional[RunSetup]:
     )
 
 
-def final_metric(run: Run, key: str) -> Optional[float]:
+def final_metric(run: Run, key: str) -> float | None:
     """The run's last evaluation of `key`, or None when it never logged one."""
     values = run.evals(key)
     return values[-1][2] if values else None

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ptrun.report.runs import ReportError, Run, load_run
 
@@ -58,23 +59,23 @@ rate to count in the estimate's range (`Savings.unfrozen_range_s`); shorter ones
 class Savings:
     train_s: float
     """Seconds the run trained: the epochs' training loops plus the layout changes between epochs."""
-    unfrozen_s: Optional[float]
+    unfrozen_s: float | None
     """Estimated seconds of the same training without freezing (equal to `train_s` when nothing froze); None
     when too few steps trained every unit after the warm-up to price the frozen ones (`MIN_STEADY_STEPS`)."""
     froze: bool
     """Whether any unit froze."""
-    steady_steps: Optional[int] = field(default=None, compare=False)
+    steady_steps: int | None = field(default=None, compare=False)
     """The steps with every unit training, warm-up left out, the estimate was priced on (None: nothing froze)."""
-    unfrozen_range_s: Optional[tuple[float, float]] = field(default=None, compare=False)
+    unfrozen_range_s: tuple[float, float] | None = field(default=None, compare=False)
     """The estimate at the slowest and at the fastest rate its steady stretches ran (`SPREAD_STEPS` steps or
     more each): how much the machine's speed moved while the rate was measured. None with fewer than two."""
 
     @property
-    def saved_s(self) -> Optional[float]:
+    def saved_s(self) -> float | None:
         return None if self.unfrozen_s is None else self.unfrozen_s - self.train_s
 
     @property
-    def speedup(self) -> Optional[float]:
+    def speedup(self) -> float | None:
         if self.unfrozen_s is None:
             return None
         return self.unfrozen_s / self.train_s if self.train_s > 0 else 1.0
@@ -130,7 +131,7 @@ Piece = tuple[dict[str, Any], float, float]
 """(the plan event a stretch of training ran in, its seconds, its samples)."""
 
 
-def epoch_pieces(run: Run, epoch: dict[str, Any]) -> Optional[list[Piece]]:
+def epoch_pieces(run: Run, epoch: dict[str, Any]) -> list[Piece] | None:
     """The layouts epoch `epoch` trained in, with the seconds of its loop (layout changes inside the epoch
     left out) and the samples each took, from the plan events' time stamps and steps. An epoch without a plan
     event at its start (a file that recorded only changes) ran in the layout before it, unless it changed
@@ -192,7 +193,7 @@ WARM_UP = "_warm_up"
 """The key `warm_up` sets on the (copied) plan event of a warm-up piece."""
 
 
-def run_pieces(run: Run) -> Optional[tuple[float, list[tuple[int, dict[str, Any], float, float, float]]]]:
+def run_pieces(run: Run) -> tuple[float, list[tuple[int, dict[str, Any], float, float, float]]] | None:
     """The run's training seconds (`Savings.train_s`) and its pieces in order, each as (its epoch, its plan
     event, seconds, samples, samples a step), warm-up cut off (`warm_up`); None when an epoch has no plan event
     to cut it by."""
@@ -223,7 +224,7 @@ def steady_pieces(run: Run, pieces: list) -> list:
     return steady
 
 
-def freezing_savings(run: Run) -> Optional[Savings]:
+def freezing_savings(run: Run) -> Savings | None:
     """What freezing saved in `run` (see the module docstring); None when it cannot be told: no epoch yet, an
     epoch without its plan event, or a run that froze before any stretch with every unit training was
     measured. Too few steady steps with every unit training give a `Savings` without an estimate."""
@@ -258,7 +259,7 @@ def freezing_savings(run: Run) -> Optional[Savings]:
     )
 
 
-def run_savings(run_dir: str | Path) -> Optional[Savings]:
+def run_savings(run_dir: str | Path) -> Savings | None:
     """What freezing saved in the run in `run_dir`, from its own metrics.jsonl (the trainer's last line); None
     when it cannot be told, or when the file cannot be read (said in a warning: training is done by then)."""
     try:

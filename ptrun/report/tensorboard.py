@@ -93,7 +93,7 @@ class TensorBoardLog:
     def close(self) -> None:
         self.writer.close()
 
-    def __enter__(self) -> "TensorBoardLog":
+    def __enter__(self) -> TensorBoardLog:
         return self
 
     def __exit__(self, *exc) -> None:

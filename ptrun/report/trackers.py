@@ -27,8 +27,9 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ptrun.report.tensorboard import TEXT_EVENTS, event_scalars
 

@@ -57,8 +57,8 @@ benchmark (load ~3) while it ran: compute is in the workers' CPU seconds, messag
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Mapping
 
 from ptrun.config import ConfigError
 

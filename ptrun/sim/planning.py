@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Optional
 
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.freeze import POLICIES
@@ -47,7 +46,7 @@ GLUE_SAMPLES = {
 }
 
 
-def default_samples(cfg: PtrunConfig) -> Optional[int]:
+def default_samples(cfg: PtrunConfig) -> int | None:
     """Training samples of the recipe's dataset, or None when unknown (`--samples` must say)."""
     if cfg.data.name == "glue":
         return GLUE_SAMPLES.get(cfg.data.task or "")

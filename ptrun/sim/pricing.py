@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
 
 from ptrun.config import PtrunConfig, parse_memory
 from ptrun.config.freezing import CACHE_DTYPE_BYTES, cache_dtype
@@ -59,7 +59,7 @@ def unit_work(
     fb: Sequence[float],
     fwd: Sequence[float],
     recompute: bool = False,
-    frozen_grad: Optional[Sequence[float]] = None,
+    frozen_grad: Sequence[float] | None = None,
 ) -> list[float]:
     """Seconds per sample each unit costs in the pipeline: trainable fb (plus another forward with
     `pipe.recompute`), cached 0, frozen fwd on the first stage (its input carries no gradient) and

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ptrun.config import ConfigError
 from ptrun.costs.units import ModelCosts
@@ -18,8 +19,8 @@ def save_profile(
     profile: Any,
     batch: int,
     path: str | Path,
-    params: Optional[Sequence[float]] = None,
-    update_s: Optional[Sequence[float]] = None,
+    params: Sequence[float] | None = None,
+    update_s: Sequence[float] | None = None,
 ) -> None:
     """Write a `UnitProfile` (`time_s` and `activation_bytes` for one micro-batch of `batch` samples, and
     `forward_s` / `frozen_s` when it has them) as the JSON `load_profile` reads; `params` (per-unit parameter
@@ -67,7 +68,7 @@ def load_profile(path: str | Path, base: ModelCosts) -> ModelCosts:
                 f"(one per unit of the recipe's model)"
             )
 
-    def per_sample(key: str) -> Optional[tuple[float, ...]]:
+    def per_sample(key: str) -> tuple[float, ...] | None:
         return tuple(t / batch for t in vectors[key]) if key in vectors else None
 
     return replace(

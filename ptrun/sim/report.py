@@ -3,7 +3,7 @@ and the speedups over the baseline, beside the paper's where it reports one."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ptrun.sim.simulate import COMBINATIONS, PAPER_FIG9, PAPER_TABLE1, EpochRecord, speedups, total_seconds
 
@@ -40,7 +40,7 @@ def epoch_table(records: Sequence[EpochRecord]) -> str:
     return "\n".join(lines)
 
 
-def summary(recipe: Optional[str], results: dict[str, list[EpochRecord]]) -> str:
+def summary(recipe: str | None, results: dict[str, list[EpochRecord]]) -> str:
     """Table 1 and Figure 9 in the paper's shape, the paper's numbers beside ours where it has them."""
     up = speedups(results)
     base, ours = total_seconds(results["baseline"]), total_seconds(results["all"])
@@ -58,7 +58,7 @@ def summary(recipe: Optional[str], results: dict[str, list[EpochRecord]]) -> str
     return "\n".join(lines)
 
 
-def report(recipe: Optional[str], results: dict[str, list[EpochRecord]]) -> str:
+def report(recipe: str | None, results: dict[str, list[EpochRecord]]) -> str:
     """The per-combination tables, then the summary."""
     parts = [LEGEND]
     for name, records in results.items():

@@ -72,8 +72,8 @@ The time model and its assumptions
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ptrun.auto.controller import Controller
 from ptrun.auto.intervals import epoch_steps

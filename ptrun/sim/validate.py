@@ -41,7 +41,6 @@ import statistics
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Optional
 
 DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_costs_digits_vit.json"
 CALIBRATED = "background_load"
@@ -180,7 +179,7 @@ def validate_combination(
     cluster,
     tolerance: float,
     calibrated: set[int] = frozenset(),
-    fit: Optional[dict] = None,
+    fit: dict | None = None,
 ) -> dict:
     """Predicted against measured seconds, epoch by epoch; `calibrated` epochs are marked (their sum was
     fitted, not predicted)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, replace
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -47,7 +46,7 @@ class Compiling:
         self.why_not = ruled_out(device, cfg.pipe.schedule)
         self.kept = KeptCosts(device, cfg.train.compile_mode) if rank == 0 else None
         """What this machine measured (rank 0's): an eager run keeps its step time too."""
-        self.tuned_step_s: Optional[float] = None
+        self.tuned_step_s: float | None = None
         """The micro-batch tuning's eager step time of the first layout, where it measured one."""
         probe = dict(data.train[[0]])
         self.model_fields = {
@@ -58,14 +57,14 @@ class Compiling:
             "recompute": cfg.pipe.recompute,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         }
-        self.decision: Optional[CompileDecision] = None
+        self.decision: CompileDecision | None = None
         self.pending = False
         """`auto` started eager without a step time: it decides again after the first steps."""
         self.compiled: set = set()
         """The variants compiled so far in this run (`ptrun.parallel.compiled.variants`)."""
         self._before = inductor_entries() if self.kept is not None and self.setting is not False else set()
         """Inductor's cache entries before this run's first compile (the ones it leaves are the model's)."""
-        self._first_key: Optional[str] = None
+        self._first_key: str | None = None
         """The layout the first compile was for."""
         self._learned: set[bool] = set()
         """Whether an eager (False) and a compiled (True) step time were kept."""
@@ -76,7 +75,7 @@ class Compiling:
         """The kept record of the model in `plan`'s layout (`ptrun.parallel.compile_costs`)."""
         return model_key({**self.model_fields, "layout": plan.to_dict()})
 
-    def _decide(self, plan: Plan, steps: int, step_s: Optional[float], new_only: bool = False) -> CompileDecision:
+    def _decide(self, plan: Plan, steps: int, step_s: float | None, new_only: bool = False) -> CompileDecision:
         """Collective: rank 0's decision on `plan` (`new_only`: pricing only the variants not compiled yet)."""
         box: list = [None]
         if self.kept is not None:
@@ -122,7 +121,7 @@ class Compiling:
         (`trained` so far) ends it after them, so it decides there and not at the next freeze interval's end."""
         return min(end, position + TIMED_STEPS - trained) if self.pending and trained < TIMED_STEPS else end
 
-    def after_first_steps(self, builder: Builder, plan: Plan, steps: int, step_s: Optional[float], trained: int):
+    def after_first_steps(self, builder: Builder, plan: Plan, steps: int, step_s: float | None, trained: int):
         """Collective at a decision point (between two segments): once the first steps are timed, what they
         measured is kept, and a start that waited for them decides now. Returns the builder (with a compiler
         where compiling pays: the caller builds the layout again) and that decision (None where none was
@@ -138,7 +137,7 @@ class Compiling:
             self._since = trained  # the compiled steps are timed from here (the caller clears the clock's)
         return self._with_compiler(builder, plan, self.decision.compile), self.decision
 
-    def at_transition(self, builder: Builder, plan: Plan, steps: int, step_s: Optional[float]):
+    def at_transition(self, builder: Builder, plan: Plan, steps: int, step_s: float | None):
         """Collective, before a transition to `plan` in a compiled run of `auto`: its new variants priced
         against what compiling still saves (the eager step time from the compiled one); where they do not pay
         the new layout runs eager. Returns the builder and the decision (None where nothing was priced)."""
@@ -152,7 +151,7 @@ class Compiling:
         self.decision = self._decide(plan, steps, eager_s, new_only=True)
         return self._with_compiler(builder, plan, self.decision.compile), self.decision
 
-    def _learn(self, builder: Builder, plan: Plan, step_s: Optional[float]) -> None:
+    def _learn(self, builder: Builder, plan: Plan, step_s: float | None) -> None:
         """Collective, the first time the units run eager and the first time they run compiled: the step time
         of this layout, and with it compiled what the first compile cost (the busiest worker's), kept for the
         next run."""

@@ -6,8 +6,8 @@ rank and what its updates are made with. `switch_to(plan)` changes all of them i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import torch.distributed as dist
 

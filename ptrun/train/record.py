@@ -6,7 +6,7 @@ part says it, in the formats of `report.py`."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -20,9 +20,9 @@ the same gradients.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Optional
 
 import torch
 
@@ -63,7 +63,7 @@ def held_blocks(layered, unit_indices, first_replica: bool) -> HeldBlocks:
 class NoSignal:
     """The policies that read nothing: nothing is measured."""
 
-    name: Optional[str] = None
+    name: str | None = None
 
     def __init__(self, num_blocks: int, device: torch.device):
         self.num_blocks, self.device = num_blocks, device
@@ -74,7 +74,7 @@ class NoSignal:
         self.held = held
 
     @property
-    def grad_norms_of(self) -> Optional[dict[int, int]]:
+    def grad_norms_of(self) -> dict[int, int] | None:
         """Parameter id -> block for the update to measure each block's gradient norm with (None: not)."""
         return None
 
@@ -84,7 +84,7 @@ class NoSignal:
     def begin(self) -> None:
         """An interval begins here, in the layout `hold` gave."""
 
-    def measure(self, all_sum: AllSum, steps: int) -> Optional[list[float]]:
+    def measure(self, all_sum: AllSum, steps: int) -> list[float] | None:
         """Collective, at a decision: the per-block signal over the interval that ended (`steps` long), or
         None when nothing was measured."""
         return None
@@ -107,7 +107,7 @@ class GradNorms(NoSignal):
         self.sums = torch.zeros(num_blocks, dtype=torch.float64, device=device)
 
     @property
-    def grad_norms_of(self) -> Optional[dict[int, int]]:
+    def grad_norms_of(self) -> dict[int, int] | None:
         return self.held.block_of or None
 
     def after_step(self, done: Update) -> None:
@@ -117,7 +117,7 @@ class GradNorms(NoSignal):
     def begin(self) -> None:
         self.sums.zero_()
 
-    def measure(self, all_sum: AllSum, steps: int) -> Optional[list[float]]:
+    def measure(self, all_sum: AllSum, steps: int) -> list[float] | None:
         return (all_sum(self.sums) / steps).tolist() if steps else None
 
     def progress(self, all_sum: AllSum) -> dict[str, torch.Tensor]:
@@ -145,7 +145,7 @@ class WeightChange(NoSignal):
 
     def __init__(self, num_blocks: int, device: torch.device):
         super().__init__(num_blocks, device)
-        self.ref: Optional[dict[int, list[torch.Tensor]]] = None
+        self.ref: dict[int, list[torch.Tensor]] | None = None
         """The bfloat16 copies of the held blocks' parameters as the interval began (None: no reference)."""
         self.at_begin = torch.zeros(2, num_blocks, dtype=torch.float64, device=device)
         """Per block: the copy's rounding error squared, and the copy's norm squared."""
@@ -175,7 +175,7 @@ class WeightChange(NoSignal):
                 sq[b] += of(p.detach().float(), r).square().sum(dtype=torch.float64)
         return sq
 
-    def measure(self, all_sum: AllSum, steps: int) -> Optional[list[float]]:
+    def measure(self, all_sum: AllSum, steps: int) -> list[float] | None:
         # Every rank agrees on these: the reference is taken and dropped at the same points everywhere, and
         # the learning rate and whether a step stepped are the same on every rank.
         if self.ref is None or not steps or self.lr_sum <= 0.0:
@@ -194,10 +194,10 @@ def plasticity(change_sq: float, ref_sq: float, mean_lr: float) -> float:
     return math.sqrt(change_sq / ref_sq) / mean_lr
 
 
-MEASUREMENTS: dict[Optional[str], type[NoSignal]] = {m.name: m for m in (NoSignal, GradNorms, WeightChange)}
+MEASUREMENTS: dict[str | None, type[NoSignal]] = {m.name: m for m in (NoSignal, GradNorms, WeightChange)}
 """The measurement of each signal a policy may read (`ptrun.auto.freeze_policy.SIGNALS`), and of none."""
 
 
-def make_signal(name: Optional[str], num_blocks: int, device: torch.device) -> NoSignal:
+def make_signal(name: str | None, num_blocks: int, device: torch.device) -> NoSignal:
     """The measurement of the signal `name` (None: nothing) for a model of `num_blocks` blocks."""
     return MEASUREMENTS[name](num_blocks, device)

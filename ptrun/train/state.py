@@ -49,7 +49,7 @@ class TrainState:
     @classmethod
     def from_dict(
         cls, saved: dict, progress: dict[str, torch.Tensor] | None = None, *, interval: int = 0, global_batch: int = 0
-    ) -> "TrainState":
+    ) -> TrainState:
         """The state a checkpoint holds (its JSON part and its tensors). `interval` and `global_batch` stand in
         for a checkpoint written before they were saved. A checkpoint's position is its last checkpoint step."""
         known = {f.name for f in fields(cls)} - {"progress"}
