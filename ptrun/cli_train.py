@@ -108,9 +108,9 @@ def _check_run_dir_path(path: str) -> None:
 def _check_run_dir(run_dir: Path, resume: bool, adapter: str = "none") -> None:
     """Never start over an existing run by accident, and never resume from nothing or from broken checkpoints
     alone."""
-    from ptrun.train import checkpoint_files as checkpoint  # no torch: the workers' server has not started yet
+    from ptrun.train.checkpoint import lookup  # no torch: the workers' server has not started yet
 
-    existing = checkpoint.list_checkpoints(run_dir)
+    existing = lookup.list_checkpoints(run_dir)
     if existing and not resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; continue it with train.resume=true "
@@ -123,13 +123,13 @@ def _check_run_dir(run_dir: Path, resume: bool, adapter: str = "none") -> None:
             f"train.resume=true: {run_dir} holds no checkpoint to resume from; leave train.resume "
             f"off to start a new run, or set hydra.run.dir to the run to continue"
         )
-    if resume and all(checkpoint.verify(c) is not None for c in existing):
+    if resume and all(lookup.verify(c) is not None for c in existing):
         raise ConfigError(
-            f"train.resume=true: no valid checkpoint to resume from: {checkpoint.verify(existing[-1])}; "
+            f"train.resume=true: no valid checkpoint to resume from: {lookup.verify(existing[-1])}; "
             f"restore it, or start a new run in another hydra.run.dir"
         )
-    newest = checkpoint.latest_valid(run_dir) if resume else None
-    problem = checkpoint.adapter_problem(newest, adapter) if newest is not None else None
+    newest = lookup.latest_valid(run_dir) if resume else None
+    problem = lookup.adapter_problem(newest, adapter) if newest is not None else None
     if problem is not None:
         raise ConfigError(problem)
 

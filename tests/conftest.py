@@ -86,11 +86,11 @@ def run_workers(overrides: list[str], run_dir: Path) -> dict:
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    from ptrun.train import checkpoint
+    from ptrun.train.checkpoint import lookup, store
 
-    ckpt = checkpoint.latest_valid(run_dir)
+    ckpt = lookup.latest_valid(run_dir)
     assert ckpt is not None, f"no checkpoint in {run_dir}"
-    return checkpoint.load(ckpt)[0]
+    return store.load(ckpt)[0]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import compose_config, final_params, run_events, run_workers
 
-from ptrun.train import checkpoint
+from ptrun.train.checkpoint import lookup, store
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
@@ -214,7 +214,7 @@ def test_a_causal_lm_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
     assert len(starts) == 2 and starts[1]["resumed_from"].endswith("step_00000011"), starts
     assert [e.get("resumed_at_step") for e in run_events(path, "epoch")] == [None, 2, None]
     assert losses(path) == frozen_run.losses
-    got, want = (checkpoint.load(checkpoint.latest_valid(p)) for p in (path, frozen_run.path))
+    got, want = (store.load(lookup.latest_valid(p)) for p in (path, frozen_run.path))
     assert got[2]["global_step"] == want[2]["global_step"] == 27
     assert_same_params(got[0], want[0])
     for name in want[1]:

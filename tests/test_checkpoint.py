@@ -7,12 +7,12 @@ import torch
 import torch.distributed as dist
 from conftest import assert_one_error_line
 
-from ptrun.train import checkpoint
+from ptrun.train.checkpoint import lookup, store
 
 
 @pytest.fixture
 def one_rank_group(tmp_path):
-    """A real (single-rank) gloo process group: checkpoint.save is a collective."""
+    """A real (single-rank) gloo process group: store.save is a collective."""
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -21,7 +21,7 @@ def one_rank_group(tmp_path):
 def _save(run_dir, step, value):
     params = {"w": torch.full((3,), float(value))}
     optim = {"w": {"exp_avg": torch.full((3,), value / 10), "step": torch.tensor(float(step))}}
-    return checkpoint.save(
+    return store.save(
         run_dir,
         global_step=step,
         named_params=params,
@@ -37,18 +37,18 @@ def test_round_trip_keep_and_corruption_fallback(tmp_path, one_rank_group):
     run_dir = tmp_path / "run"
     for step in (1, 2, 3):
         _save(run_dir, step, step)
-    assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step_00000002", "step_00000003"]
+    assert [p.name for p in lookup.list_checkpoints(run_dir)] == ["step_00000002", "step_00000003"]
     assert not list((run_dir / "checkpoints").glob(".tmp*"))
-    params, optim, state = checkpoint.load(checkpoint.latest_valid(run_dir))
+    params, optim, state = store.load(lookup.latest_valid(run_dir))
     assert torch.equal(params["w"], torch.full((3,), 3.0)) and state["global_step"] == 3
     assert torch.equal(optim["w"]["exp_avg"], torch.full((3,), 0.3))
 
-    newest = checkpoint.list_checkpoints(run_dir)[-1] / "params-stage0.safetensors"
+    newest = lookup.list_checkpoints(run_dir)[-1] / "params-stage0.safetensors"
     data = bytearray(newest.read_bytes())
     data[-1] ^= 0xFF  # flip one bit of the tensor data
     newest.write_bytes(bytes(data))
-    assert "does not match its checksum" in checkpoint.verify(newest.parent)
-    assert checkpoint.latest_valid(run_dir).name == "step_00000002"
+    assert "does not match its checksum" in lookup.verify(newest.parent)
+    assert lookup.latest_valid(run_dir).name == "step_00000002"
 
 
 def test_resume_from_only_broken_checkpoints_is_refused(tmp_path, one_rank_group, cli):

@@ -163,7 +163,7 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
         served = trainer.cache.take_stats("train")
         assert served["hits"] + served["computed"] > 0, served  # the steps read the cached prefix's output
         trainer.save_checkpoint()
-        trainer.record.recorders.close()
+        trainer.record.traces.close()
     finally:
         trainer._release_cache()
         trainer.close()

@@ -11,7 +11,7 @@ import shlex
 import pytest
 from conftest import TINY, run_events, run_ptrun
 
-from ptrun.train import checkpoint_files
+from ptrun.train.checkpoint import lookup
 from ptrun.train.divergence import SKIPS_DIVERGED
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two runs per precision: ~40 s each
@@ -34,7 +34,7 @@ def test_a_diverged_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(p
     ]
     first = run_ptrun("train", *base, "train.epochs=1", "train.export=false", cwd=tmp_path, env={"TMPDIR": str(tmpdir)})
     assert first.returncode == 0, first.stderr[-3000:]
-    good = checkpoint_files.list_checkpoints(run_dir)
+    good = lookup.list_checkpoints(run_dir)
     assert [p.name for p in good] == [f"step_{STEPS:08d}"]
 
     out = run_ptrun(
@@ -69,7 +69,7 @@ def test_a_diverged_run_stops_with_one_line_and_keeps_the_last_good_checkpoint(p
     # nothing restarted, exported or checkpointed after the last good step
     assert len(run_events(run_dir, "start")) == 2
     assert not (run_dir / "model").exists()
-    assert checkpoint_files.list_checkpoints(run_dir) == good
+    assert lookup.list_checkpoints(run_dir) == good
     assert f"newest good checkpoint {good[0]} (before epoch 2); resume from it at a lower learning rate: " in lines[0]
     command = shlex.split(lines[0].split("at a lower learning rate: ", 1)[1])
     assert command[:2] == ["ptrun", "train"] and "optim.lr=100000" in command and "optim.lr=1e6" not in command

@@ -37,7 +37,7 @@ from conftest import (
     worker_pids,
 )
 
-from ptrun.train import checkpoint
+from ptrun.train.checkpoint import lookup, store
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two nodes: ~100 s a test, and one uninterrupted run
 
@@ -212,7 +212,7 @@ def assert_matches_uninterrupted(run_dir: Path, clean: Path) -> None:
     epochs = {e["epoch"]: e for e in run_events(run_dir, "epoch")}
     assert sorted(epochs) == list(range(10))
     assert all(e["samples"] == 40 * 16 and e["sample_uses_max"] == 1 for e in epochs.values()), epochs
-    assert checkpoint.load(checkpoint.latest_valid(run_dir))[2]["global_step"] == 10 * 40
+    assert store.load(lookup.latest_valid(run_dir))[2]["global_step"] == 10 * 40
     # The same weights up to float drift: DP = 1 and DP = 2 sum each global batch's gradient in another order,
     # and 400 steps amplify those 1e-7 differences, the more the longer the job ran at DP = 1, which depends on
     # when the other node joins (measured: 1.3e-3 to 6.6e-3). Losing or repeating an epoch's steps moves weights

@@ -20,7 +20,7 @@ from ptrun.models.export import export_model
 from ptrun.models.hf import FAMILIES
 from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_target, per_sample_loss
 from ptrun.parallel.optim import build_optimizer
-from ptrun.train import recorders
+from ptrun.train import traces
 
 CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + [
     (k, t) for k in DECODERS for t in ("classification", "causal_lm")
@@ -142,7 +142,7 @@ def host_reads(forward) -> int:
 
     with profile() as prof:
         forward()
-    return recorders.host_reads(prof.key_averages())
+    return traces.host_reads(prof.key_averages())
 
 
 def four_layers(kind: str, task: str, folder):

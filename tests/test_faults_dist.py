@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import TINY, run_events, run_workers
 
-from ptrun.train import checkpoint
+from ptrun.train.checkpoint import lookup, store
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # ten kills and restarts: ~40 s
 
@@ -77,8 +77,8 @@ def test_ten_kills_at_random_points_change_nothing(tmp_path, monkeypatch):
     resumed_mid_epoch = [e for e in run_events(killed, "epoch") if e.get("resumed_at_step")]
     assert resumed_mid_epoch and all(e["resumed_at_step"] % EVERY == 0 for e in resumed_mid_epoch)
 
-    got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))
-    want_params, want_optim, want_state = checkpoint.load(checkpoint.latest_valid(clean))
+    got_params, got_optim, got_state = store.load(lookup.latest_valid(killed))
+    want_params, want_optim, want_state = store.load(lookup.latest_valid(clean))
     assert got_state["global_step"] == want_state["global_step"] == EPOCHS * STEPS_PER_EPOCH
     assert got_params.keys() == want_params.keys()
     for name in want_params:

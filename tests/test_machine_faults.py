@@ -17,7 +17,8 @@ from conftest import TINY, compose_config
 from ptrun.layout.plan import Plan
 from ptrun.oom_watch import OomWatch, peak_resident
 from ptrun.sim.memory_advice import keys_that_fit
-from ptrun.train import checkpoint_files, faults, machine
+from ptrun.train import faults, machine
+from ptrun.train.checkpoint import lookup
 from ptrun.train.endings import no_space_line
 
 
@@ -63,11 +64,11 @@ def checkpoint_dir(run_dir: Path, step: int, nbytes: int) -> Path:
     ckpt = run_dir / "checkpoints" / f"step_{step:08d}"
     ckpt.mkdir(parents=True)
     (ckpt / "params-stage0.safetensors").write_bytes(b"\0" * nbytes)
-    (ckpt / checkpoint_files.TRAINER).write_text(json.dumps({"epoch": 0, "step_in_epoch": step}))
+    (ckpt / lookup.TRAINER).write_text(json.dumps({"epoch": 0, "step_in_epoch": step}))
     files = {
-        p.name: {"sha256": checkpoint_files.sha256_of(p), "bytes": p.stat().st_size} for p in sorted(ckpt.iterdir())
+        p.name: {"sha256": lookup.sha256_of(p), "bytes": p.stat().st_size} for p in sorted(ckpt.iterdir())
     }
-    (ckpt / checkpoint_files.MANIFEST).write_text(json.dumps({"format": 1, "files": files}))
+    (ckpt / lookup.MANIFEST).write_text(json.dumps({"format": 1, "files": files}))
     return ckpt
 
 

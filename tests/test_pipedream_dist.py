@@ -249,7 +249,7 @@ def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kill
 
     from conftest import run_events, run_workers
 
-    from ptrun.train import checkpoint
+    from ptrun.train.checkpoint import lookup, store
 
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(KILLS))
     killed = tmp_path / "killed"
@@ -268,8 +268,8 @@ def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kill
     starts = run_events(killed, "start")
     assert len(starts) == 4
 
-    got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))
-    want_params, want_optim, want_state = checkpoint.load(checkpoint.latest_valid(clean))
+    got_params, got_optim, got_state = store.load(lookup.latest_valid(killed))
+    want_params, want_optim, want_state = store.load(lookup.latest_valid(clean))
     assert got_state["global_step"] == want_state["global_step"] == TRAIN_EPOCHS * TRAIN_STEPS
     # no update lost or applied twice: what trains throughout stepped once per step (frozen blocks keep no state)
     assert {name for name in want_optim if name.startswith("blocks.")} == set()

@@ -12,7 +12,7 @@ import torch
 from conftest import compose_config, final_params, run_events, run_workers
 from test_train_dist import assert_params_close, reference_params
 
-from ptrun.train import checkpoint
+from ptrun.train.checkpoint import lookup, store
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
@@ -67,8 +67,8 @@ def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_pat
     )
 
     # The checkpoint due at step 6 is written after the decision: it holds the new layout and the step.
-    mid = next(c for c in checkpoint.list_checkpoints(clean) if c.name.endswith(f"{HALF:08d}"))
-    state = checkpoint.load(mid)[2]
+    mid = next(c for c in lookup.list_checkpoints(clean) if c.name.endswith(f"{HALF:08d}"))
+    state = store.load(mid)[2]
     assert (state["epoch"], state["step_in_epoch"], state["plan"]["pp"], state["plan"]["dp"]) == (0, HALF, 2, 2)
 
     kills = [
@@ -84,8 +84,8 @@ def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_pat
     assert HALF in resumed, resumed
     last_epochs = {e["epoch"]: e for e in events(killed, "epoch")}
     assert all(e["sample_uses_min"] == e["sample_uses_max"] == 1 for e in last_epochs.values())
-    got_params, got_optim, got_state = checkpoint.load(checkpoint.latest_valid(killed))
-    want_params, want_optim, want_state = checkpoint.load(checkpoint.latest_valid(clean))
+    got_params, got_optim, got_state = store.load(lookup.latest_valid(killed))
+    want_params, want_optim, want_state = store.load(lookup.latest_valid(clean))
     assert got_state["global_step"] == want_state["global_step"] == 2 * STEPS
     for name in want_params:
         assert torch.equal(got_params[name], want_params[name]), name

@@ -123,7 +123,7 @@ def top_operators(step: Callable[[], None], device: torch.device, steps: int = 3
     first, and how often a step reads a value on the host."""
     from torch.profiler import profile
 
-    from ptrun.train.recorders import host_reads, profiler_activities, self_time_key
+    from ptrun.train.traces import host_reads, profiler_activities, self_time_key
 
     with profile(activities=profiler_activities(device)) as prof:
         for _ in range(steps):

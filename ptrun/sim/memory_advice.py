@@ -19,7 +19,7 @@ from ptrun.layout.fill import fit_memory
 from ptrun.layout.fit import UnitMemory, stage_bytes
 from ptrun.layout.partition import partition
 from ptrun.layout.plan import Plan
-from ptrun.train import checkpoint_files
+from ptrun.train.checkpoint import lookup
 from ptrun.train.endings import resume_command, size
 
 HEADROOM = 0.9
@@ -102,7 +102,7 @@ def oom_line(cfg: PtrunConfig, report: dict, run_dir: Path, overrides: list[str]
         if keys
         else "no single key fits by the planner's memory model: use more workers or devices with more memory"
     )
-    ckpt = checkpoint_files.latest_valid(run_dir)
+    ckpt = lookup.latest_valid(run_dir)
     if ckpt is None:
         return f"{head}; {advice}; no checkpoint was written before it"
     if keys:  # the first key, in place of the command line's own value of it

@@ -9,14 +9,14 @@ import shlex
 import signal
 from pathlib import Path
 
-from ptrun.train import checkpoint_files
+from ptrun.train.checkpoint import lookup
 
 
 def stopped_line(signum: int, run_dir: Path, overrides: list[str]) -> str:
     """After the workers stopped on signal `signum` and wrote a checkpoint: where it is and the command that
     resumes the run (`overrides`: the command line's)."""
     name = signal.Signals(signum).name
-    ckpt = checkpoint_files.latest_valid(run_dir)
+    ckpt = lookup.latest_valid(run_dir)
     if ckpt is None:
         return f"stopped by {name} before the first checkpoint; nothing to resume (run dir {run_dir})"
     command = resume_command(overrides, run_dir)
@@ -34,7 +34,7 @@ def diverged_line(report: dict, lr: float, run_dir: Path, overrides: list[str]) 
         f"{report['global_step'] + 1}): {report['why']}, at optim.lr={lr:g} (the schedule's {report['lr']:.3g} "
         f"there); nothing was exported, and no checkpoint written after it"
     )
-    ckpt = checkpoint_files.latest_valid(run_dir)
+    ckpt = lookup.latest_valid(run_dir)
     if ckpt is None:
         fresh = [o for o in kept if not o.startswith(("train.resume=", "hydra.run.dir="))]
         return (
@@ -49,7 +49,7 @@ def diverged_line(report: dict, lr: float, run_dir: Path, overrides: list[str]) 
 
 def _checkpoint_position(ckpt: Path) -> str:
     """Where in the run checkpoint `ckpt` was written, in words."""
-    state = json.loads((ckpt / checkpoint_files.TRAINER).read_text())
+    state = json.loads((ckpt / lookup.TRAINER).read_text())
     if state["step_in_epoch"]:
         return f"in epoch {state['epoch'] + 1} after step {state['step_in_epoch']}"
     return f"before epoch {state['epoch'] + 1}"
@@ -83,12 +83,12 @@ def no_space_line(report: dict, free: int, keep: int, run_dir: Path, overrides: 
     what = f"no space left on the disk of {where} to write the {report['what']}"
     needed = report["needed"]
     head = f"{what}: it needs {size(needed)}, {size(free)} are free there"
-    ckpt = checkpoint_files.latest_valid(run_dir)
+    ckpt = lookup.latest_valid(run_dir)
     if ckpt is None:
         return f"{head}; no checkpoint was written before it: free space there, or choose another hydra.run.dir"
     # The run goes on writing checkpoints beside the newest: room for one more is what it needs from here on.
     ahead = needed if report["what"] == "checkpoint" else needed + _bytes_of(ckpt)
-    older = [c for c in checkpoint_files.list_checkpoints(run_dir) if c.name < ckpt.name]
+    older = [c for c in lookup.list_checkpoints(run_dir) if c.name < ckpt.name]
     older_bytes = sum(_bytes_of(c) for c in older)
     kept = [o for o in overrides if not o.lstrip("+").startswith("checkpoint.keep=")]
     if free >= ahead:  # the space was found again meanwhile (another writer's files went)
@@ -116,7 +116,7 @@ def oom_kill_line(report: dict, run_dir: Path, overrides: list[str]) -> str:
         f"would run out the same way: run fewer workers on this machine (launcher.nproc_per_node), a "
         f"smaller train.global_batch_size, or free the machine's memory"
     )
-    ckpt = checkpoint_files.latest_valid(run_dir)
+    ckpt = lookup.latest_valid(run_dir)
     if ckpt is None:
         return f"{head}; no checkpoint was written before it"
     return f"{head}; newest good checkpoint {ckpt}; resume with: {resume_command(overrides, run_dir)}"

@@ -14,7 +14,7 @@ from ptrun.config import PtrunConfig
 from ptrun.layout.plan import Plan
 from ptrun.report.savings import run_savings
 from ptrun.train import stats
-from ptrun.train.recorders import StepRecorders
+from ptrun.train.traces import StepTraces
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.state import EpochSums, TrainState
 
@@ -46,7 +46,7 @@ class RunRecord:
         self.view = ProgressView(enabled=rank == 0)
         # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
         self.live = bool(all_sum([float(self.view.live)]).item())
-        self.recorders = StepRecorders(cfg.train.timeline_step, cfg.train.profile_step, cfg.run_dir, rank, device)
+        self.traces = StepTraces(cfg.train.timeline_step, cfg.train.profile_step, cfg.run_dir, rank, device)
         self.clock = stats.StepClock(device)
         self.metrics: MetricsLog | None = None
         self.announced = False
@@ -128,7 +128,7 @@ class RunRecord:
 
     def training_ended(self) -> None:
         """The last step is done: a profile still running is written."""
-        self.recorders.close()
+        self.traces.close()
 
     def ended(self, total_s: float, state: TrainState) -> None:
         """The run's end: what freezing saved, the end event and the last lines."""
@@ -160,11 +160,11 @@ class RunRecord:
     # ---- steps ------------------------------------------------------------------------------------------
     def step_begins(self, runtime, global_step: int) -> None:
         """Before step `global_step`'s batch goes to the runtime: a recording may start."""
-        self.recorders.begin(runtime, global_step)
+        self.traces.begin(runtime, global_step)
 
     def step_passed(self, runtime, plan: Plan, global_step: int) -> None:
         """After step `global_step`'s passes, before its update: a timeline may end."""
-        self.recorders.end(runtime, plan, global_step)
+        self.traces.end(runtime, plan, global_step)
 
     def live_update(self, step: int, sums: EpochSums, all_sum: AllSum) -> None:
         """Collective every `train.log_every_steps` steps when there is a live view: its running loss."""

@@ -5,7 +5,7 @@ let the controller freeze, repartition and widen data parallelism, in the runnin
 The trainer keeps the loop and the wiring; its parts each do one job with their own state:
 - `in_use` (`ptrun.train.in_use.PlanInUse`): the plan in use and what is made from it, `switch_to(plan)`;
 - `decisions` (`ptrun.auto.controller.Decisions`): when the controller decides and when the cache stops;
-- `checkpoints` (`ptrun.train.checkpointing.Checkpoints`): when one is due, save, resume, keep, export;
+- `checkpoints` (`ptrun.train.checkpoint.worker.Checkpoints`): when one is due, save, resume, keep, export;
 - `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
   statistics and the savings line.
 Read `_train_segment` first: each step's bookkeeping before it, its passes in the runtime
@@ -31,8 +31,8 @@ from ptrun.layout.fit import UnitMemory, device_budget, state_copies
 from ptrun.layout.plan import Plan
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.precision import LossScaler
-from ptrun.train import checkpointing, faults, room, startup, stats
-from ptrun.train.checkpointing import Checkpoints
+from ptrun.train import faults, room, startup, stats
+from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
 from ptrun.train.in_use import PlanInUse
 from ptrun.train.record import RunRecord
@@ -146,7 +146,7 @@ class Trainer:
         segment with whole-epoch intervals); returns the epoch event's statistics (`fit` adds the cache's
         counters once the epoch's evaluation has counted its own)."""
         state, batch = self.state, self.in_use.train_sampler.global_batch_size
-        start = checkpointing.resume_step(state.step_in_epoch, state.global_batch, batch)
+        start = resume_step(state.step_in_epoch, state.global_batch, batch)
         if start != state.step_in_epoch and self.rank == 0:
             log.warning(
                 "the global batch changed from %d to %d on resuming: epoch %d restarts at step %d "

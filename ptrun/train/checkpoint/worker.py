@@ -1,7 +1,7 @@
 """A worker's checkpoints: when one is due, what this rank writes (its stages' parameters and optimizer state,
 the run's `TrainState`, and mid-epoch the epoch's sums so far), resuming from the newest valid one into any
 layout, how many are kept, and the model exported in its library's format at the end (`Checkpoints`, the
-trainer's part). The files themselves are `checkpoint.py`'s."""
+trainer's part). The files themselves are `store.py`'s."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from ptrun.config import ConfigError, PtrunConfig
 from ptrun.layout.plan import Plan
 from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate, init_units
-from ptrun.train import checkpoint, faults, machine
-from ptrun.train.checkpoint_files import adapter_problem
+from ptrun.train import faults, machine
+from ptrun.train.checkpoint import lookup, store
 from ptrun.train.state import TrainState
 
 log = logging.getLogger("ptrun.train.trainer")
@@ -57,7 +57,7 @@ def save(
         "loss_scale": scaler.state_dict(),
     }
     replica, stage = plan.coords(rank)
-    path = checkpoint.save(
+    path = store.save(
         cfg.run_dir,
         global_step=state.global_step,
         named_params={n: params[n] for n in names},
@@ -91,10 +91,10 @@ def _check_model(ckpt, state: dict, cfg: PtrunConfig, layered) -> None:
             f"{len(layered.units)} units; resume with the run's model settings or choose "
             f"another hydra.run.dir"
         )
-    problem = adapter_problem(ckpt, cfg.adapter.name)
+    problem = lookup.adapter_problem(ckpt, cfg.adapter.name)
     if problem is not None:
         raise ConfigError(problem)
-    shapes = checkpoint.param_shapes(ckpt)
+    shapes = store.param_shapes(ckpt)
     own = {n: shape for n, shape in layered.param_shapes.items() if n not in layered.fixed}
     missing = sorted(set(own) - set(shapes))
     if missing:
@@ -116,17 +116,17 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     is none). The saved plan is reused when the world size is the same; otherwise AutoPipe re-plans the saved
     frozen prefix for this world. `interval_of(epoch, step)` is the interval of a position, for checkpoints
     written before the interval was saved. Loads the controller's and the loss scaler's state."""
-    ckpt = checkpoint.latest_valid(cfg.run_dir)
+    ckpt = lookup.latest_valid(cfg.run_dir)
     if ckpt is None:
         if rank == 0:
             log.warning("no checkpoint to resume from in %s; starting from scratch", cfg.run_dir)
         return None
-    saved = checkpoint.trainer_state(ckpt)
+    saved = store.trainer_state(ckpt)
     _check_model(ckpt, saved, cfg, layered)
     saved_plan = Plan.from_dict(saved["plan"])
     state = TrainState.from_dict(
         saved,
-        checkpoint.load_extra(ckpt, "progress"),
+        store.load_extra(ckpt, "progress"),
         interval=interval_of(saved["epoch"], saved.get("step_in_epoch", 0)),
         global_batch=controller.global_batch(saved_plan),
     )
@@ -141,12 +141,12 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     else:
         plan = controller.plan_for(controller.first, blocks_of_units(saved_plan.frozen_units), world_size)
     if saved_plan.world_size == world_size:
-        rng = checkpoint.load_extra(ckpt, f"rng-rank{rank}")
+        rng = store.load_extra(ckpt, f"rng-rank{rank}")
         if rng is not None:
-            checkpoint.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
+            store.set_rng_states(rng)  # the same ranks go on: dropout continues as it would have
     # Only the parameters (and optimizer state) of the units this rank holds in that plan are read.
     held = held_names(layered, plan, rank)
-    params, optim_state, _ = checkpoint.load(ckpt, names=held)
+    params, optim_state, _ = store.load(ckpt, names=held)
     if layered.fixed:  # the base weights under adapters are not in it: the units start as the run began
         init_units(layered, [u for u in range(len(layered.units)) if held.intersection(layered.unit_param_names(u))])
     allocate(layered, held)
@@ -157,7 +157,7 @@ def resume(cfg: PtrunConfig, layered, controller, scaler, rank: int, world_size:
     if rank == 0:
         # Beyond `checkpoint.keep`, the older checkpoints go now, not after the next one is written: a run
         # resumed with checkpoint.keep=1 on a full disk has the room it needs for that one.
-        older = [c for c in checkpoint.list_checkpoints(cfg.run_dir) if c.name < ckpt.name]
+        older = [c for c in lookup.list_checkpoints(cfg.run_dir) if c.name < ckpt.name]
         for old in older[: max(0, len(older) - (cfg.checkpoint.keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
         log.info(

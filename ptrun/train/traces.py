@@ -19,7 +19,7 @@ from ptrun.layout.plan import Plan
 log = logging.getLogger(__name__)
 
 
-class StepRecorders:
+class StepTraces:
     """Each recording starts as the run takes the step it names (`begin`, before its batch is made). The
     timeline ends after that step's passes (`end`); the profile when the step after its last begins (its
     updates included), or at the run's end (`close`). An asynchronous pipeline takes steps ahead of its

@@ -1,17 +1,6 @@
-"""Topology-free checkpoints: parameters and optimizer state keyed by the library model's own parameter
-names, so a checkpoint written under one Plan (any K, DP width, world size) loads under any other.
-
-Layout of `run_dir/checkpoints/step_NNNNNNNN/`:
-  params-stageS.safetensors   the parameters of stage S's units (written by the stage's replica 0)
-  optim-stageS.pt             {param name: {state name: tensor}} (loaded with weights_only=True)
-  rng-rankR.safetensors       rank R's random number generator states (restored when the world size is the same)
-  progress.safetensors        a mid-epoch checkpoint's partial epoch sums (sample uses, gradient norms, loss)
-  trainer.json                progress (epoch, step in epoch, global step), the plan, the model's identity
-  manifest.json               sha256 and size of every file above; written last
-The directory is assembled under a `.tmp` name and renamed into place once complete, so a crash mid-write
-leaves no half checkpoint behind; a checkpoint whose files do not match its manifest is skipped with a
-warning in favour of the previous one.
-"""
+"""Writing and reading one checkpoint's files (the directory layout is the package's docstring): the
+parameters and optimizer state of a rank's stages, the random number generators' states, a mid-epoch
+checkpoint's sums, the trainer's state and the manifest, written last."""
 
 from __future__ import annotations
 
@@ -30,17 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
 from ptrun.train import faults, machine
-
-# latest_valid and verify are this module's names too: the CLI and the tests call checkpoint.verify.
-from ptrun.train.checkpoint_files import (
-    MANIFEST,
-    TRAINER,
-    checkpoint_root,
-    latest_valid,  # noqa: F401
-    list_checkpoints,
-    sha256_of,
-    verify,  # noqa: F401
-)
+from ptrun.train.checkpoint.lookup import MANIFEST, TRAINER, checkpoint_root, list_checkpoints, sha256_of
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Finding and checking checkpoints on disk (`ptrun.train.checkpoint` writes and loads them): file work only,
+"""Finding and checking checkpoints on disk (`store.py` writes and reads them): file work only,
 without torch, so `ptrun train` checks a run directory before anything heavy is imported."""
 
 from __future__ import annotations
