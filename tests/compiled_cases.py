@@ -99,7 +99,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         count = FREEZE_AT - step if case.freeze and step < FREEZE_AT else STEPS - step
         for data in steps(layered, loss.task, step, count):
             drain = data.step == step + count - 1  # a segment's last step drains PipeDream's pipeline
-            layout.runtime.train_step(data, update, scaler.scale, drain)
+            layout.runtime.run_step(data, update, scaler.scale, drain)
         step += count
         if step == FREEZE_AT and case.freeze:
             layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))

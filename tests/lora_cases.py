@@ -85,7 +85,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     while step < STEPS:
         count = FREEZE_AT - step if step < FREEZE_AT else STEPS - step
         for data in steps(layered, kind, step, count):
-            layout.runtime.train_step(data, update, 1.0, data.step == step + count - 1)
+            layout.runtime.run_step(data, update, 1.0, data.step == step + count - 1)
         step += count
         if step == FREEZE_AT:
             layout = change_engine(builder, layout, replace(plan, frozen_units=FROZEN))
@@ -123,7 +123,7 @@ def run_pipedream(kind: str, rank: int, out_dir: Path) -> None:
         runtime.zero_grad()
 
     for step in pd.steps(layered, loss.task, plan, rank, kind, 0, PIPEDREAM_STEPS):
-        runtime.train_step(step, update, drain=step.step == PIPEDREAM_STEPS - 1)
+        runtime.run_step(step, update, drain=step.step == PIPEDREAM_STEPS - 1)
     runtime.pause()
     params = dict(layered.model.named_parameters())
     held = {name for u in runtime.unit_indices for name in layered.unit_param_names(u)}

@@ -130,7 +130,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         layout.runtime.trace = []
         for step in steps(layered, loss.task, layout.plan, rank, case.kind, first, count):
             drain = step.step in drains or step.step == first + count - 1  # a segment's last step drains
-            layout.runtime.train_step(step, update, drain=drain)
+            layout.runtime.run_step(step, update, drain=drain)
         layout.runtime.pause()
         traces.append([{k: v for k, v in r.items() if k != "grads"} for r in layout.runtime.trace])
         versions.append(layout.runtime.version)

@@ -65,9 +65,7 @@ def checkpoint_dir(run_dir: Path, step: int, nbytes: int) -> Path:
     ckpt.mkdir(parents=True)
     (ckpt / "params-stage0.safetensors").write_bytes(b"\0" * nbytes)
     (ckpt / lookup.TRAINER).write_text(json.dumps({"epoch": 0, "step_in_epoch": step}))
-    files = {
-        p.name: {"sha256": lookup.sha256_of(p), "bytes": p.stat().st_size} for p in sorted(ckpt.iterdir())
-    }
+    files = {p.name: {"sha256": lookup.sha256_of(p), "bytes": p.stat().st_size} for p in sorted(ckpt.iterdir())}
     (ckpt / lookup.MANIFEST).write_text(json.dumps({"format": 1, "files": files}))
     return ckpt
 

@@ -56,7 +56,7 @@ def test_the_protocol_declares_everything_the_trainer_and_the_step_use_on_a_runt
     used = {p.name: runtime_uses(p) for p in sorted((ROOT / "ptrun" / "train").glob("*.py"))}
     everything = set().union(*used.values())
     # The test reads what it claims to read: the step's and the loop's calls are among the uses found.
-    assert {"train_step", "sync_and_clip", "zero_grad", "asynchronous", "pause"} <= everything
+    assert {"run_step", "sync_and_clip", "zero_grad", "asynchronous", "pause"} <= everything
     assert used["step.py"] and used["trainer.py"]
     undeclared = {name: sorted(attrs - set(protocol_members())) for name, attrs in used.items()}
     assert {name: attrs for name, attrs in undeclared.items() if attrs} == {}
@@ -114,7 +114,7 @@ def test_every_runtime_kind_has_the_protocols_members_and_trains_through_the_ste
         b = pc.batch("vit", t)
         target = make_target(b, "classification")
         step = Step(t, tuple(b[k] for k in layered.input_names), target, float(loss_weight(target, "classification")))
-        assert runtime.train_step(step, apply_update, 1.0, drain=t == 2) is None  # nothing to iterate
+        assert runtime.run_step(step, apply_update, 1.0, drain=t == 2) is None  # nothing to iterate
     runtime.pause()
     # One update per step, in order, each with its loss; the weights moved.
     assert updated == [0, 1, 2] and state.global_step == 3

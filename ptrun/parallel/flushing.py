@@ -68,7 +68,7 @@ class PipelineRuntime(StageRuntime):
         self, inputs: tuple, target: torch.Tensor, denominator: float, loss_scale: float = 1.0
     ) -> torch.Tensor:
         """One pipelined forward + backward over the replica batch, the loss divided by `denominator` and
-        multiplied by `loss_scale` (`Runtime.train_step`). Returns this rank's share of the global mean loss
+        multiplied by `loss_scale` (`Runtime.run_step`). Returns this rank's share of the global mean loss
         (non-zero on last stages only; summing over all ranks gives the global loss), without the loss scale."""
         self.train(True)
         losses: list[torch.Tensor] = []
@@ -170,7 +170,7 @@ class LocalRuntime(StageRuntime):
         self, inputs: tuple, target: torch.Tensor, denominator: float, loss_scale: float = 1.0
     ) -> torch.Tensor:
         """Forward + backward over the replica batch, the loss divided by `denominator` and multiplied by
-        `loss_scale` (`Runtime.train_step`); returns this replica's share of the global mean loss (summing over the
+        `loss_scale` (`Runtime.run_step`); returns this replica's share of the global mean loss (summing over the
         replicas gives the global loss), without the loss scale."""
         self.train(True)
         loss_fn = partial(self.loss, denominator=denominator, scale=loss_scale)

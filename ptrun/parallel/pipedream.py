@@ -108,7 +108,7 @@ def _parse_header(head: torch.Tensor) -> tuple[int, list[tuple[torch.dtype, tupl
 class AsyncPipelineRuntime(StageRuntime):
     """This rank's stage of `plan`, run with PipeDream's asynchronous 1F1B (`pipe.schedule=pipedream`).
 
-    `train_step` takes one mini-batch at a time and calls the caller's update for each when it is due;
+    `run_step` takes one mini-batch at a time and calls the caller's update for each when it is due;
     `forward_only` evaluates (synchronously: evaluation changes no weights). The optimizer belongs to the
     caller, which steps it in that call; the version counter here counts those updates."""
 
@@ -311,7 +311,7 @@ class AsyncPipelineRuntime(StageRuntime):
                 }
             )
 
-    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
+    def run_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
         """`step`'s forward pass, then the backward passes PipeDream's 1F1B runs now (`backwards_due`): after
         each, `apply_update(step, loss)` for that step (the loss on the last stage only: this replica's share
         of the global mean loss) and the new weight version, before the next backward pass, whose gradient

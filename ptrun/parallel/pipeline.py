@@ -29,7 +29,7 @@ from ptrun.parallel.stage_module import StageModule
 
 @dataclass
 class Step:
-    """One mini-batch's data as the trainer hands it to a runtime's `train_step`."""
+    """One mini-batch's data as the trainer hands it to a runtime's `run_step`."""
 
     step: int
     """The step of the epoch."""
@@ -47,7 +47,7 @@ class Step:
 
 
 ApplyUpdate = Callable[[Step, "torch.Tensor | None"], None]
-"""What a runtime's `train_step` calls for each step whose update is due: `(step, loss)`, the loss this rank's
+"""What a runtime's `run_step` calls for each step whose update is due: `(step, loss)`, the loss this rank's
 share of the global mean loss (None where an asynchronous stage has none), without the loss scale. The
 caller's update (`ptrun.train.step.train_step`) runs inside the call; the runtime goes on when it returns."""
 
@@ -82,7 +82,7 @@ class Runtime(Protocol):
     unit_indices: list[int]
     """The units of this rank's stages, in order."""
 
-    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
+    def run_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
         """`step`'s passes, its loss multiplied by `loss_scale` (fp16's, 1 otherwise) where backward starts;
         calls `apply_update(step, loss)` for each step whose update is now due, in order, before any later
         pass: a flushing runtime for `step` itself, PipeDream for the oldest step in flight once its pipeline
@@ -181,7 +181,7 @@ class StageRuntime:
         # The tied weights this rank shares with other ranks of its replica, in the same order everywhere.
         self._tied = [(layered.model.get_parameter(name), groups.tied[name]) for name in sorted(groups.tied)]
 
-    def train_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
+    def run_step(self, step: Step, apply_update: ApplyUpdate, loss_scale: float = 1.0, drain: bool = False) -> None:
         """`step`'s forward and backward passes, then its update, `apply_update(step, loss)` (a flushing schedule
         finishes every step: `drain` changes nothing)."""
         apply_update(step, self.forward_backward(step.inputs, step.target, step.denominator, loss_scale))

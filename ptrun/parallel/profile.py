@@ -95,7 +95,7 @@ def profile_units(
         with borrowed(layered, [i]):  # a unit without values (a lazy model) has them while it is timed
             out: tuple = ()
 
-            def train_step(*x, unit=unit):
+            def unit_step(*x, unit=unit):
                 nonlocal out
                 out = _as_tuple(unit(*x))
                 head = out[0]
@@ -105,7 +105,7 @@ def profile_units(
             def leaves(carry=carry):
                 return _leaf_inputs(carry)
 
-            times.append(_median_time(train_step, device, repeats, leaves, clock))
+            times.append(_median_time(unit_step, device, repeats, leaves, clock))
             unit.zero_grad(set_to_none=True)
             sizes.append(float(sum(t.numel() * t.element_size() for t in out)))
             if detail:
@@ -119,7 +119,7 @@ def profile_units(
                 for p, _ in flags:
                     p.requires_grad_(False)
                 try:
-                    frozen.append(_median_time(train_step, device, repeats, leaves, clock))
+                    frozen.append(_median_time(unit_step, device, repeats, leaves, clock))
                 finally:
                     for p, flag in flags:
                         p.requires_grad_(flag)

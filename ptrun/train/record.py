@@ -14,9 +14,9 @@ from ptrun.config import PtrunConfig
 from ptrun.layout.plan import Plan
 from ptrun.report.savings import run_savings
 from ptrun.train import stats
-from ptrun.train.traces import StepTraces
 from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.state import EpochSums, TrainState
+from ptrun.train.traces import StepTraces
 
 AllSum = Callable[[list[float] | torch.Tensor], torch.Tensor]
 """The sum over every rank of the job (`ptrun.train.stats.all_sum`)."""

@@ -3,7 +3,7 @@
     def apply_update(item, loss):  # the runtime calls it for each step whose update is due
         state, done = train_step(state, progress, StepParts(...), item.step)  # this module: the update
 
-    runtime.train_step(step, apply_update, loss_scale, drain)  # forward + backward, any runtime
+    runtime.run_step(step, apply_update, loss_scale, drain)  # forward + backward, any runtime
 
 `train_step` sets the schedule's learning rate, makes the gradients global and clips them by the global norm,
 steps the optimizer (or skips where fp16 overflowed on any rank), clears the gradients, measures each

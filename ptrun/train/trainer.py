@@ -9,7 +9,7 @@ The trainer keeps the loop and the wiring; its parts each do one job with their 
 - `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
   statistics and the savings line.
 Read `_train_segment` first: each step's bookkeeping before it, its passes in the runtime
-(`runtime.train_step`), which calls back for each update due (`ptrun.train.step.train_step`), its counts
+(`runtime.run_step`), which calls back for each update due (`ptrun.train.step.train_step`), its counts
 (`_count`) and what is due after it (`_after_step`). The run's position is one `TrainState`.
 """
 
@@ -213,7 +213,7 @@ class Trainer:
             self.record.clock.step_begins()
             # An asynchronous pipeline drains at the segment's end and before a mid-epoch checkpoint.
             drain = index + 1 == end or self._checkpoint_due(epoch_base, index)
-            runtime.train_step(step, apply_update, self.scaler.scale, drain)
+            runtime.run_step(step, apply_update, self.scaler.scale, drain)
         runtime.pause()
         self.record.clock.pause()  # the next step's time is not a step's: a decision comes first
 
