@@ -81,6 +81,9 @@ class FreezePolicy:
     measures only what the policy declares."""
     params: ClassVar[tuple[str, ...]] = ()
     """The `make_policy` keywords (`freeze.*` keys) the policy's constructor takes beyond the common ones."""
+    priced_as: ClassVar[str | None] = None
+    """The policy the planner simulates in this one's place (`ptrun.sim.planning.plannable`), which cannot
+    measure a signal: None where it simulates this one, or refuses it."""
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ class PipeTransformerFreeze(FreezePolicy):
 
     params = ("alpha",)
     signal = "grad_norms"
+    priced_as = "alpha"  # its first term, the bound the gradient term can only lower
 
     def __init__(self, num_blocks: int, *, alpha: float = FreezeConfig.alpha, **kw: Any):
         super().__init__(num_blocks, **kw)

@@ -19,7 +19,7 @@ from ptrun.config.model import (
     HF_MODEL_TYPES,
     family_spec,
 )
-from ptrun.config.pipe import SCHEDULE_SPECS
+from ptrun.config.pipe import SCHEDULE_SPECS, recomputes
 from ptrun.config.rules import require
 from ptrun.config.training import PRECISION_SPECS
 from ptrun.errors import ConfigError
@@ -35,7 +35,7 @@ def check_pipedream(cfg) -> None:
     p, t, au = cfg.pipe, cfg.train, cfg.auto
     if not SCHEDULE_SPECS[p.schedule].flushing:
         require(
-            p.recompute == "none",
+            not recomputes(p.recompute),
             "pipe.recompute",
             "none with pipe.schedule=pipedream (a stashed weight version is used once per pass)",
             p.recompute,

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ptrun.config.data import PACKAGED_TEXT_SOURCES, SOURCE_IMAGES, DataConfig
-from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ModelConfig
+from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ModelConfig, generic_family
 
 SHIPPED_DATA = ("digits",) + PACKAGED_TEXT_SOURCES
 """Data sources that ship with the package: a recipe reading one runs as it is, so it is named first."""
@@ -95,7 +95,7 @@ def recipe_catalogue() -> tuple[Recipe, ...]:
     model of your own: `model=transformers`), then those whose data ship with the package, then by name."""
     base = _choices(_yaml(CONFIG_DIR / "train.yaml").get("defaults", []))
     recipes = [_read_recipe(path, CONFIG_DIR, base) for path in RECIPE_DIR.glob("*.yaml")]
-    return tuple(sorted(recipes, key=lambda r: (r.family != "transformers", r.data not in SHIPPED_DATA, r.name)))
+    return tuple(sorted(recipes, key=lambda r: (not generic_family(r.family), r.data not in SHIPPED_DATA, r.name)))
 
 
 def recipe_named(name: str | None) -> Recipe | None:

@@ -11,6 +11,13 @@ from ptrun.config.training import PRECISION_SPECS
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
 """`freeze.policy`: the policies' names, declared here once; each policy class registers under one
 (`ptrun.auto.freeze_policy.registered`), and the registry must hold them all."""
+
+
+def freezes(policy: str) -> bool:
+    """Whether `freeze.policy=policy` may ever freeze a block (`none` never does)."""
+    return policy != "none"
+
+
 BATCH_POLICIES = ("fixed_global", "fixed_per_pipeline")
 """`auto.batch`. `fixed_global`: the global batch stays, each replica's share shrinks as DP grows (the
 optimization is independent of the layout). `fixed_per_pipeline`: each replica keeps its batch, so the global

@@ -30,6 +30,9 @@ class Family:
     """The bulk of its library, imported by the workers' server. timm through ptrun.models.vit, which imports
     it with wandb hidden: `import timm` alone imports wandb when it is installed (seconds, and a temporary
     directory that a killed worker leaves behind)."""
+    generic: bool = False
+    """Whether it is the family of a model of the user's own (`model=transformers`: any Hugging Face model):
+    its recipes are suggested first."""
 
 
 FAMILY_SPECS: dict[str, Family] = {
@@ -39,9 +42,18 @@ FAMILY_SPECS: dict[str, Family] = {
         False,
         ("bert",),
         ("transformers.modeling_utils", "transformers.tokenization_utils_tokenizers"),
+        generic=True,
     ),
 }
 """Every model family, by the name `model_family` gives."""
+
+
+def generic_family(family: str | None) -> bool:
+    """Whether `model.family=family` names the family of a model of the user's own (`Family.generic`)."""
+    spec = FAMILY_SPECS.get(family) if family is not None else None
+    return spec is not None and spec.generic
+
+
 FAMILY_ALIASES = {"bert": "transformers"}
 """`model.family` values that name a family of `FAMILY_SPECS` by another name (ptrun's BERT presets)."""
 FAMILIES = (*FAMILY_SPECS, *FAMILY_ALIASES, None)

@@ -47,7 +47,16 @@ SCHEDULE_SPECS: dict[str, Schedule] = {
 """Every `pipe.schedule`, by name, with its properties."""
 SCHEDULES = tuple(SCHEDULE_SPECS)
 """`pipe.schedule`."""
-PARTITIONS = ("uniform", "params", "time", "pipetransformer", "pipedream", "explicit")
+PARTITION_STAGES = {
+    "uniform": False,
+    "params": False,
+    "time": False,
+    "pipetransformer": False,
+    "pipedream": False,
+    "explicit": True,
+}
+"""Every `pipe.partition`, and whether its stages are the user's (`pipe.stages`) rather than computed."""
+PARTITIONS = tuple(PARTITION_STAGES)
 """`pipe.partition`: the keys of the partitioners' table (`ptrun.layout.partition.PARTITIONERS`), a layer above the
 schema; a test holds the two equal."""
 
@@ -117,6 +126,11 @@ def parse_recompute(spec: str) -> int | None:
     raise ConfigError(f"pipe.recompute={spec!r} is not allowed: none, stage or every:N with N >= 1")
 
 
+def recomputes(spec: str) -> bool:
+    """Whether `pipe.recompute=spec` recomputes activations in the backward pass (anything but `none`)."""
+    return parse_recompute(spec) is not None
+
+
 def schedule_problem(schedule: str, pp: int, stages_per_rank: int, microbatches: int) -> tuple | None:
     """The first rule a (schedule, K, stages per rank, M) layout breaks, as (key, allowed, value); None if
     it is valid. Shared by config validation and `Plan.check`, so a plan the controller makes obeys the same
@@ -164,7 +178,7 @@ def check_pipe(cfg) -> None:
         )
     require(p.stages_per_rank >= 1, "pipe.stages_per_rank", "an integer >= 1", p.stages_per_rank)
     require(
-        (p.stages is not None) == (p.partition == "explicit"),
+        (p.stages is not None) == PARTITION_STAGES[p.partition],
         "pipe.stages",
         "a list of [lo, hi] unit ranges exactly when pipe.partition=explicit",
         p.stages,

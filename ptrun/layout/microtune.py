@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.config import ConfigError, schedule_problem
+from ptrun.config.freezing import freezes
 from ptrun.layout.microbatches import batch_sizes, pick_microbatches
 from ptrun.layout.plan import Plan
 
@@ -79,7 +80,7 @@ def shrinking(cfg) -> bool:
     needs freezing, AutoPipe and AutoDP on, and an epoch boundary to act at."""
     return bool(
         cfg.auto.freeze
-        and cfg.freeze.policy != "none"
+        and freezes(cfg.freeze.policy)
         and cfg.freeze.max_fraction > 0
         and cfg.auto.pipe
         and cfg.auto.dp

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptrun.config import SCHEDULE_SPECS, PtrunConfig
+from ptrun.config.pipe import recomputes
 from ptrun.costs.from_config import costs_from_config
 from ptrun.layout.fill import fit_memory
 from ptrun.layout.fit import UnitMemory, stage_bytes
@@ -51,7 +52,7 @@ def _candidates(cfg: PtrunConfig, memory: UnitMemory, plan: Plan, batch: int) ->
     if per_replica % (2 * plan.microbatches) == 0:
         more = replace(plan, microbatches=2 * plan.microbatches)
         out.append((f"pipe.microbatches={more.microbatches}", _peak(memory, more, batch)))
-    if cfg.pipe.recompute == "none":
+    if not recomputes(cfg.pipe.recompute):
         out.append(("pipe.recompute=stage", _peak(memory, plan, batch, recompute=True)))
     longer = 2 * plan.pp
     if plan.world_size % longer == 0 and longer * plan.stages_per_rank <= plan.num_units:

@@ -85,9 +85,10 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
         cfg, _ = layout.resolve(
             cfg, cluster.world_size, layout.Devices(device_budget(cfg, cluster), fit_memory(costs, cfg))
         )
-    if cfg.freeze.policy == "pipetransformer":
-        return replace(cfg, freeze=replace(cfg.freeze, policy="alpha"))
-    signal = POLICIES[cfg.freeze.policy].signal
+    policy = POLICIES[cfg.freeze.policy]
+    if policy.priced_as is not None:
+        return replace(cfg, freeze=replace(cfg.freeze, policy=policy.priced_as))
+    signal = policy.signal
     if signal is not None and cfg.auto.freeze:
         raise ConfigError(
             f"freeze.policy={cfg.freeze.policy!r} is not allowed: it needs measured "

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from ptrun.config import PtrunConfig, parse_memory
 from ptrun.config.freezing import CACHE_DTYPE_BYTES, cache_dtype
+from ptrun.config.pipe import recomputes
 from ptrun.costs.adapters import trained_params, trained_share
 from ptrun.costs.units import FP32, ModelCosts
 from ptrun.layout.partition import stage_sums
@@ -200,7 +201,7 @@ def step_time(
     fb, untrained = adapter_seconds(fb, frozen_grad, trained_share(costs, cfg))
     # Units below the lowest that trains run as a frozen prefix does (forward only on the first stage).
     priced = replace(plan, frozen_units=untrained) if untrained > plan.frozen_units else plan
-    work = unit_work(priced, fb, fwd, recompute=cfg.pipe.recompute != "none", frozen_grad=frozen_grad)
+    work = unit_work(priced, fb, fwd, recompute=recomputes(cfg.pipe.recompute), frozen_grad=frozen_grad)
     stages = stage_seconds(plan, work, costs.act_bytes, per_replica / plan.microbatches, cluster)
     pipe = pipeline_seconds(plan, stages)
     allreduce = allreduce_seconds(plan, trained_params(costs, cfg), cluster)
