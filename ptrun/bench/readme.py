@@ -27,6 +27,8 @@ MEASURED = {
     "bench_peers_bbc_news_bert_seeds.json": "2026-11-27",
     "bench_peers_bbc_news_bert_policies.json": "2026-11-25",
     "bench_peers_causal_lm.json": "2026-11-25",
+    "bench_peers_bbc_news_lora_seeds.json": "2026-11-29",
+    "bench_peers_causal_lm_lora.json": "2026-11-29",
     "bench_pipedream.json": "2026-11-22",
     "bench_pipedream_placement.json": "2026-11-22",
     "bench_pipeline.json": "2026-11-25",
@@ -63,6 +65,16 @@ TABLES = [
     ),
     Table("bench_peers_digits_vit_seeds.json", "ptrun.bench.peers", "digits_vit over five seeds: its freeze schedule"),
     Table("bench_peers_causal_lm.json", "ptrun.bench.peers", "ptrun against plain PyTorch: causal_lm", optional=True),
+    Table(
+        "bench_peers_bbc_news_lora_seeds.json",
+        "ptrun.bench.peers",
+        "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over three seeds",
+    ),
+    Table(
+        "bench_peers_causal_lm_lora.json",
+        "ptrun.bench.peers",
+        "LoRA on a decoder: causal_lm adapter=lora against the plain peft loop",
+    ),
     Table(
         "bench_startup_text_classification.json",
         "ptrun.bench.startup",
