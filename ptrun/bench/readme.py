@@ -68,7 +68,7 @@ TABLES = [
     Table(
         "bench_peers_bbc_news_lora_seeds.json",
         "ptrun.bench.peers",
-        "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over three seeds",
+        "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over two seeds",
     ),
     Table(
         "bench_peers_causal_lm_lora.json",
