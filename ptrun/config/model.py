@@ -50,8 +50,7 @@ FAMILY_SPECS: dict[str, Family] = {
 
 def generic_family(family: str | None) -> bool:
     """Whether `model.family=family` names the family of a model of the user's own (`Family.generic`)."""
-    spec = FAMILY_SPECS.get(family) if family is not None else None
-    return spec is not None and spec.generic
+    return family in FAMILY_SPECS and FAMILY_SPECS[family].generic
 
 
 FAMILY_ALIASES = {"bert": "transformers"}
