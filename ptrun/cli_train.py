@@ -214,7 +214,7 @@ def fault_line(report: dict, cfg, run_dir: Path, overrides: list[str]) -> str:
         return endings.no_space_line(report, free, cfg.checkpoint.keep, run_dir, overrides)
     if report["kind"] == "oom_kill":
         return endings.oom_kill_line(report, run_dir, overrides)
-    from ptrun.sim.memory_advice import oom_line
+    from ptrun.train.memory_advice import oom_line
 
     return oom_line(cfg, report, run_dir, overrides)
 

@@ -35,6 +35,7 @@ VARYING = {
     "epoch_time_s",
     "samples_per_s",
     "eval_time_s",
+    "measure_s",
     "signal_s",
     "worker_start_time",
     "start_phases",

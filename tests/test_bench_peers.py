@@ -683,17 +683,17 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     assert "| ptrun, freezing off, 1 worker / plain loop | 1.02x | 0.95x: yes |" in section
 
 
-def test_a_ptrun_runs_signal_share_is_read_and_tabled(tmp_path):
+def test_a_ptrun_runs_measure_share_is_read_and_tabled(tmp_path):
     """The host time a run's rank 0 spent measuring the freeze policy's signal, over its training time, from
     the epoch events: a column of its own under the runs (not for runs that do not record it)."""
     events = [
-        {"event": "epoch", "epoch": e, "epoch_time_s": 2.0, "samples": 100, "signal_s": s, "eval": {"top1": 90.0 + e}}
+        {"event": "epoch", "epoch": e, "epoch_time_s": 2.0, "samples": 100, "measure_s": s, "eval": {"top1": 90.0 + e}}
         for e, s in enumerate([0.02, 0.06])
     ]
     events.append({"event": "end", "total_time_s": 4.5})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
     run = peer_runs.read_ptrun(tmp_path)
-    assert run["signal_share"] == pytest.approx(0.08 / 4.0) and run["samples_per_s"] == pytest.approx(50.0)
+    assert run["measure_share"] == pytest.approx(0.08 / 4.0) and run["samples_per_s"] == pytest.approx(50.0)
     rows = [
         dict(run, label=E, wall_s=6.0),
         {

@@ -236,7 +236,7 @@ def test_autofreeze_at_50_is_the_median_rule_and_70_freezes_more():
 
 def test_plasticity_freezes_the_settled_prefix():
     p = make_policy("plasticity", 5, threshold=0.3)
-    assert p.signal == "weight_change"
+    assert p.measure == "weight_change"
     assert p.decide(1, 0, [10.0, 8.0, 6.0, 4.0, 2.0]) == 0  # first measurement: every block at its peak
     assert p.peaks == [10.0, 8.0, 6.0, 4.0, 2.0]
     # blocks 0, 1 and 3 fell below 0.3 x their peak; block 2 did not (0.3 x 6 = 1.8): the prefix is 0, 1

@@ -114,6 +114,23 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
 
 
+LAUNCHER = ("ptrun.cli_train", "ptrun.compose", "ptrun.launch", "ptrun.worker", "ptrun.elastic_agent")
+"""`ptrun train`'s side: the command, the config's steps, the agent and the workers."""
+
+
+def test_the_launcher_never_imports_the_simulator():
+    """Filling a config and running it need no simulation (`ptrun plan` is the simulator's command): no module
+    `ptrun train` can import, inside functions included, is one of `ptrun.sim`'s."""
+    edges = graph()
+    seen, todo = set(LAUNCHER), list(LAUNCHER)
+    while todo:
+        for dep in edges.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    assert sorted(n for n in seen if n == "ptrun.sim" or n.startswith("ptrun.sim.")) == []
+
+
 def test_the_checks_see_an_import_inside_a_function(tmp_path):
     """The reader itself: a function-level import counts, a type-checking-only one does not."""
     source = tmp_path / "m.py"

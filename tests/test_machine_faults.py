@@ -16,7 +16,7 @@ from conftest import TINY, compose_config
 
 from ptrun.layout.plan import Plan
 from ptrun.oom_watch import OomWatch, peak_resident
-from ptrun.sim.memory_advice import keys_that_fit
+from ptrun.train.memory_advice import keys_that_fit
 from ptrun.train import faults, machine
 from ptrun.train.checkpoint import lookup
 from ptrun.train.endings import no_space_line

@@ -1,8 +1,8 @@
 """The PipeTransformer controller: at the end of an interval (an epoch boundary in the paper, any step with
 `freeze.every` < 1), Freeze -> AutoPipe -> AutoDP as one decision.
 
-It reads like the paper: the freeze policy looks at the last interval's per-block signal (the gradient norms
-of the paper's rule; `FreezePolicy.signal` says which, and the trainer measures that) and says how many
+It reads like the paper: the freeze policy looks at the last interval's per-block measure (the gradient norms
+of the paper's rule; `FreezePolicy.measure` says which, and the trainer measures that) and says how many
 bottom blocks to freeze; AutoPipe packs the units into stages again (frozen units charged at 1/6) and
 halves the pipeline while the largest stage fits in the starting one; AutoDP turns the freed workers into
 more replicas (DP = world / K). With AutoCache on, a frozen prefix past the threshold is cached: it leaves
@@ -38,7 +38,7 @@ from ptrun.parallel.profile import UnitProfile
 
 Decide = Callable[[int, Plan, Sequence[float] | None], Plan]
 """A decision made in place of the controller's (a benchmark's or a test's), with `Controller.decide`'s
-arguments: the freeze interval about to start, the plan in force and what the policy's signal measured over
+arguments: the freeze interval about to start, the plan in force and what the policy's measure measured over
 the interval that ended (None: nothing) -> the plan to train the interval in (the same on every rank)."""
 
 AllSum = Callable[[torch.Tensor], torch.Tensor]
@@ -95,10 +95,10 @@ class Controller:
         the measured table (with the explicit entries laid over it)."""
 
     @property
-    def signal(self) -> str | None:
-        """What the trainer measures for the policy over each interval (`FreezePolicy.signal`): `grad_norms`,
+    def measure(self) -> str | None:
+        """What the trainer measures for the policy over each interval (`FreezePolicy.measure`): `grad_norms`,
         `weight_change`, or None."""
-        return self.policy.signal
+        return self.policy.measure
 
     def global_batch(self, plan: Plan) -> int:
         """The global batch under `plan`'s DP width (it grows with DP under `fixed_per_pipeline`)."""
@@ -150,7 +150,7 @@ class Controller:
 
     def decide(self, interval: int, current: Plan, measured: Sequence[float] | None) -> Plan:
         """Before `interval` (at the end of the one before it): the freeze decision on the finished interval's
-        `signal` (None: not measured), then the next Plan; agreed by broadcast."""
+        `measure` (None: not measured), then the next Plan; agreed by broadcast."""
         frozen_blocks = self.policy.decide(interval, blocks_of_units(current.frozen_units), measured)
         plan = self.plan_for(current, frozen_blocks, current.world_size)
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -212,11 +212,11 @@ class Decisions:
     """When the controller decides, and when the cache stops: the trainer asks before each segment of steps
     (`due`) and at each epoch's end (`cache_stop`); moving to what is decided is the trainer's.
 
-    It holds the freeze policy's measurement (`signal`, `ptrun.train.signals`): measured over each interval,
-    read at its decision, begun again once the next interval's layout is in place (`interval_begins`)."""
+    It holds the freeze policy's measurement (`ptrun.train.freeze_measures`): taken over each interval, read at
+    its decision, begun again once the next interval's layout is in place (`interval_begins`)."""
 
-    def __init__(self, controller: Controller, signal, all_sum: AllSum, decide: Decide | None = None):
-        self.controller, self.signal, self.all_sum = controller, signal, all_sum
+    def __init__(self, controller: Controller, measurement, all_sum: AllSum, decide: Decide | None = None):
+        self.controller, self.measurement, self.all_sum = controller, measurement, all_sum
         self.decide = decide
         """A decision in place of the controller's (None: the controller's)."""
 
@@ -225,17 +225,17 @@ class Decisions:
     ) -> tuple[int, Plan] | None:
         """Collective, before step `position` of `epoch`, with freeze interval `interval` in force for `steps`
         steps and `current` the plan: if an interval has ended since, the interval now beginning and the plan
-        decided for it on what the signal measured (None: no decision falls here)."""
+        decided for it on what the measurement found (None: no decision falls here)."""
         now = positions.interval_at(epoch, position)
         if now <= interval:
             return None
-        measured = self.signal.measure(self.all_sum, steps)
+        measured = self.measurement.measure(self.all_sum, steps)
         decide = self.decide or self.controller.decide
         return now, decide(now, current, measured)
 
     def interval_begins(self) -> None:
         """The next interval is measured from here, in the layout it trains in."""
-        self.signal.begin()
+        self.measurement.begin()
 
     def cache_stop(self, cache, plan: Plan) -> tuple[str, Plan] | None:
         """Collective, at an epoch boundary: when the epoch served cached samples more slowly than recomputing

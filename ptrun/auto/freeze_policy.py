@@ -1,11 +1,11 @@
-"""The freeze policies' common part: the registry of policy classes by name, the per-block signals a
+"""The freeze policies' common part: the registry of policy classes by name, the per-block measures a
 policy may read, and `FreezePolicy`, the base that gates, clamps and keeps state.
 
 When a policy decides
 ---------------------
 Training is cut into intervals of `every` epochs (1: the paper's epoch boundaries; 0.25: four decisions an
 epoch, AutoFreeze's setting). The runtime calls `policy.decide(k, frozen_blocks, measured)` at the end of
-interval k - 1, before interval k (0-based) starts, with `measured` the policy's signal over the interval
+interval k - 1, before interval k (0-based) starts, with `measured` the policy's measure over the interval
 that just finished (below). The return value is the frozen block count for interval k. A policy only
 changes the count when the interval starts after `start` (an epoch): k * every > start. Time is counted in
 epochs, t = k * every, so the curves below do not depend on the interval: the closed form's freeze step is
@@ -21,8 +21,8 @@ never thaws: its optimizer state is gone and the cache depends on it) and never 
 
 What a policy reads
 -------------------
-A policy declares the per-block signal it reads (`signal`); the trainer measures that one alone
-(`ptrun.train.signals`) and passes it as `measured`, a list of L values >= 0, or None when nothing was
+A policy declares the per-block measure it reads (`measure`); the trainer measures that one alone
+(`ptrun.train.freeze_measures`) and passes it as `measured`, a list of L values >= 0, or None when nothing was
 measured (an interval without steps; for `weight_change`, an interval a resume cut: its reference copy is
 not checkpointed). Entries of frozen blocks are ignored.
 - `grad_norms` (`pipetransformer`, `autofreeze`): each block's gradient norm, averaged over the finished
@@ -45,8 +45,8 @@ from ptrun.config import (
     FreezeConfig,
 )
 
-SIGNALS = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
-"""The per-block signals a policy may read (`FreezePolicy.signal`), in words."""
+MEASURES = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
+"""The per-block measures a policy may read (`FreezePolicy.measure`), in words."""
 
 
 REGISTRY: dict[str, type[FreezePolicy]] = {}
@@ -76,14 +76,14 @@ class FreezePolicy:
     """
 
     name: ClassVar[str] = "base"
-    signal: ClassVar[str | None] = None
-    """The per-block signal `decide` reads (`grad_norms` or `weight_change`), None for none: the trainer
+    measure: ClassVar[str | None] = None
+    """The per-block measure `decide` reads (`grad_norms` or `weight_change`), None for none: the trainer
     measures only what the policy declares."""
     params: ClassVar[tuple[str, ...]] = ()
     """The `make_policy` keywords (`freeze.*` keys) the policy's constructor takes beyond the common ones."""
     priced_as: ClassVar[str | None] = None
     """The policy the planner simulates in this one's place (`ptrun.sim.planning.plannable`), which cannot
-    measure a signal: None where it simulates this one, or refuses it."""
+    measure anything: None where it simulates this one, or refuses it."""
 
     def __init__(
         self,
@@ -126,7 +126,7 @@ class FreezePolicy:
 
     def decide(self, interval: int, frozen_blocks: int, measured: Sequence[float] | None = None) -> int:
         """The frozen block count for `interval`, given the current count and the finished interval's
-        per-block `signal` (or None). Call it at the end of every interval; see the module docstring."""
+        per-block `measure` (or None). Call it at the end of every interval; see the module docstring."""
         if interval < 0:
             raise ValueError(f"interval {interval} must be >= 0")
         if not 0 <= frozen_blocks <= self.num_blocks:
@@ -134,11 +134,11 @@ class FreezePolicy:
         if measured is not None:
             if len(measured) != self.num_blocks:
                 raise ValueError(
-                    f"{self.signal or 'measured'} has {len(measured)} entries for {self.num_blocks} blocks"
+                    f"{self.measure or 'measured'} has {len(measured)} entries for {self.num_blocks} blocks"
                 )
             measured = [float(g) for g in measured]
             if any(g < 0 for g in measured):
-                raise ValueError(f"{self.signal or 'measured'} values must be >= 0, got {measured}")
+                raise ValueError(f"{self.measure or 'measured'} values must be >= 0, got {measured}")
         proposal = frozen_blocks
         if self.is_decision(interval) and frozen_blocks < self.num_blocks:
             proposal = self._propose(interval, frozen_blocks, measured)

@@ -4,7 +4,7 @@ next-token loss), each with fused AdamW, in interleaved rounds; with `--profile`
 kernels) each spends its time in, and how often a step reads a tensor's value on the host (on a GPU, each read
 waits for the device: the units should read no more often than the library's model).
 
-What the engine adds around the step (the runtime, the feed, the cache, the freeze signal) is left out on
+What the engine adds around the step (the runtime, the feed, the cache, the freeze measure) is left out on
 purpose: a gap here is the model's (its units, its masks, the kernels they pick), a gap in `bench_peers` that
 is not here is the engine's.
 
@@ -84,17 +84,7 @@ def models(cfg, data, batch: dict, device: torch.device) -> dict[str, tuple[torc
     torch.manual_seed(cfg.train.seed)
     library = library_model(cfg.model, data).to(device).train()
     torch.manual_seed(cfg.train.seed)
-    layered = (
-        build_model(
-            cfg.model,
-            num_classes=data.num_classes,
-            img_size=data.image_size,
-            in_chans=data.in_chans,
-            vocab_size=data.vocab_size,
-        )
-        .to(device)
-        .train()
-    )
+    layered = build_model(cfg.model, **data.model_sizes).to(device).train()
     inputs = tuple(batch[k] for k in layered.input_names if k in batch)
     task = cfg.model.task
     return {

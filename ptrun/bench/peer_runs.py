@@ -304,8 +304,10 @@ def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
         if metric.key in (e.get("eval") or {}):
             curve.append([elapsed, e["eval"][metric.key]])
     final = curve[-1][1] if curve else (end.get("final_eval") or {}).get(metric.key)
-    # the host time rank 0 spent measuring what the freeze policy reads, as a share of training
-    signal = sum(e["signal_s"] for e in epochs) / train_s if all("signal_s" in e for e in epochs) else None
+    # the host time rank 0 spent taking the freeze policy's measure, as a share of training (`signal_s` in a
+    # run recorded before the measure had its name)
+    taken = [e.get("measure_s", e.get("signal_s")) for e in epochs]
+    measure = sum(taken) / train_s if None not in taken else None
     first = next((e["first_step_time"] for e in events if e["event"] == "epoch" and "first_step_time" in e), None)
     start = next((e for e in events if e["event"] == "start"), {})
     return {
@@ -314,7 +316,7 @@ def read_ptrun(run_dir: Path, metric: Metric = TOP1) -> dict:
         f"final_{metric.key}": final,
         "curve": curve,
         "ptrun_total_time_s": end.get("total_time_s"),
-        "signal_share": signal,
+        "measure_share": measure,
         "first_step_time": first,
         "eval_s": eval_seconds(epochs),
         "worker_start_time": start.get("worker_start_time"),

@@ -64,8 +64,9 @@ def keys(metric: Metric = TOP1) -> tuple[str, ...]:
 
 OUTSIDE = ("to_first_step_s", "eval_s", "rest_s")
 """The parts of a run's time outside training (`outside_training`)."""
-UNTABLED = (*OUTSIDE, "ptrun_total_time_s", "signal_share")
-"""The measures the runs' table leaves out (the parts outside training and the signal have tables of their own)."""
+UNTABLED = (*OUTSIDE, "ptrun_total_time_s", "measure_share", "signal_share")
+"""The measures the runs' table leaves out (the parts outside training and the freeze measure have tables of
+their own; `signal_share` is its older name)."""
 
 
 def aggregate(rounds: list[list[dict]], metric: Metric = TOP1) -> dict:
@@ -165,8 +166,10 @@ def table(result: dict) -> str:
             "|---|---|---|---|",
         ]
         lines += [f"| {r['label']} | " + " | ".join(cell(r, k, ".1f", "", n) for k in OUTSIDE) + " |" for r in split]
-    signal = [r for r in result["rows"] if r.get("signal_share")]
-    if signal:
-        lines += ["", "| the freeze policy's signal (host time measuring it) | share of training time |", "|---|---|"]
-        lines += [f"| {r['label']} | {cell(r, 'signal_share', '.2%', '', n)} |" for r in signal]
+    # results recorded before the freeze policy's measure had its name call it its signal
+    share = "measure_share" if any("measure_share" in r for r in result["rows"]) else "signal_share"
+    measured = [r for r in result["rows"] if r.get(share)]
+    if measured:
+        lines += ["", "| the freeze policy's measure (host time taking it) | share of training time |", "|---|---|"]
+        lines += [f"| {r['label']} | {cell(r, share, '.2%', '', n)} |" for r in measured]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ptrun.config.model import is_hf_dir, model_family
 from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
 
@@ -131,8 +132,6 @@ def check_adapter(cfg) -> None:
 def adapter_family(m) -> str | None:
     """The key of `BLOCK_LINEARS` the model of `m` (ModelConfig) has: `vit`, a Hugging Face directory's
     `model_type`, `bert` for ptrun's BERT presets; None where the directory's config.json cannot be read."""
-    from ptrun.config.model import is_hf_dir, model_family
-
     if is_hf_dir(m.pretrained):
         try:
             return json.loads((Path(m.pretrained).expanduser() / "config.json").read_text()).get("model_type")

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ptrun.config.model import family_spec
+from ptrun.config.model import HF_MODEL_TYPES, family_spec
 from ptrun.errors import ConfigError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
@@ -224,8 +224,6 @@ def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> str | No
     """The snapshot directory of `hub_id`, its config.json alone fetched, when that names a Hugging Face
     text model (a `model_type` ptrun splits; timm's config.json names an `architecture`); else None."""
     import json
-
-    from ptrun.config.model import HF_MODEL_TYPES
 
     try:
         config = Path(_fetch_file(key, hub_id, "config.json", env))

@@ -60,30 +60,26 @@ def check_logger(cfg) -> None:
         check_installed(cfg.logger)  # here, not in the workers: a missing package is one line, not a crash
 
 
-def schema_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
-    """Every dotted key of the schema, e.g. `train.epochs`."""
-    keys = []
+def _leaves(cls: type = PtrunConfig, prefix: str = ""):
+    """(dotted key, type hint) of every field of the schema that is not a group of fields."""
+    hints = typing.get_type_hints(cls)
     for f in fields(cls):
         default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
         if default is not None and hasattr(default, "__dataclass_fields__"):
-            keys += schema_keys(type(default), f"{prefix}{f.name}.")
+            yield from _leaves(type(default), f"{prefix}{f.name}.")
         else:
-            keys.append(prefix + f.name)
-    return keys
+            yield prefix + f.name, hints[f.name]
 
 
-def free_form_keys(cls: type = PtrunConfig, prefix: str = "") -> list[str]:
+def schema_keys(cls: type = PtrunConfig) -> list[str]:
+    """Every dotted key of the schema, e.g. `train.epochs`."""
+    return [key for key, _ in _leaves(cls)]
+
+
+def free_form_keys(cls: type = PtrunConfig) -> list[str]:
     """The keys whose value is a mapping of the user's own entries (`auto.microbatch_table`): any key goes
     under them, where every other key must be the schema's."""
-    hints = typing.get_type_hints(cls)
-    keys = []
-    for f in fields(cls):
-        default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
-        if default is not None and hasattr(default, "__dataclass_fields__"):
-            keys += free_form_keys(type(default), f"{prefix}{f.name}.")
-        elif typing.get_origin(hints[f.name]) is dict:
-            keys.append(prefix + f.name)
-    return keys
+    return [key for key, hint in _leaves(cls) if typing.get_origin(hint) is dict]
 
 
 def load_resolved(path: str | os.PathLike) -> PtrunConfig:

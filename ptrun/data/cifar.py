@@ -113,15 +113,7 @@ def _build(cfg: DataConfig, variant: Variant) -> DataSplits:
     size = cfg.image_size
     train.set_transform(_transform(size, cfg.augment))
     test.set_transform(_transform(size, augment=False))
-    return DataSplits(
-        train=train,
-        eval=test,
-        num_classes=variant.classes,
-        class_names=names,
-        input_names=("pixel_values",),
-        image_size=size,
-        in_chans=3,
-    )
+    return DataSplits.of_images(train, test, names, size, num_classes=variant.classes)
 
 
 # ---- the three layouts -------------------------------------------------------------------------------

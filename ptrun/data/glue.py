@@ -125,15 +125,12 @@ def build_glue(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
         columns["labels"] = rows.data.column("label").to_numpy().astype(label_type)
         return arrays_to_dataset(columns)
 
-    return DataSplits(
-        train=split(train_rows),
-        eval=split(eval_rows),
-        num_classes=len(spec.class_names),
-        class_names=list(spec.class_names),
-        input_names=INPUT_NAMES,
-        image_size=None,
-        in_chans=None,
-        vocab_size=len(tok),
+    return DataSplits.of_tokens(
+        split(train_rows),
+        split(eval_rows),
+        spec.class_names,
+        INPUT_NAMES,
+        len(tok),
         metrics=partial(_glue_eval_metrics, cfg.task),
     )
 

@@ -109,38 +109,13 @@ def text_splits(cfg: DataConfig, raw: RawSplits, task: str) -> DataSplits:
 
     train, held_out = tokenized(raw.train, raw.train_labels), tokenized(raw.eval, raw.eval_labels)
     if task == CAUSAL_LM:
-        return DataSplits(
-            train=train,
-            eval=held_out,
-            num_classes=0,
-            class_names=[],
-            input_names=hf_tokens.LM_INPUT_NAMES,
-            image_size=None,
-            in_chans=None,
-            vocab_size=len(tok),
-        )
+        return DataSplits.of_tokens(train, held_out, [], hf_tokens.LM_INPUT_NAMES, len(tok))
+    inputs = hf_tokens.model_inputs(tok)
     if task == REGRESSION:  # one output, no class names
-        return DataSplits(
-            train=train,
-            eval=held_out,
-            num_classes=1,
-            class_names=[],
-            input_names=hf_tokens.model_inputs(tok),
-            image_size=None,
-            in_chans=None,
-            vocab_size=len(tok),
-            metrics=regression_eval_metrics,
+        return DataSplits.of_tokens(
+            train, held_out, [], inputs, len(tok), num_classes=1, metrics=regression_eval_metrics
         )
-    return DataSplits(
-        train=train,
-        eval=held_out,
-        num_classes=len(raw.class_names),
-        class_names=raw.class_names,
-        input_names=hf_tokens.model_inputs(tok),
-        image_size=None,
-        in_chans=None,
-        vocab_size=len(tok),
-    )
+    return DataSplits.of_tokens(train, held_out, raw.class_names, inputs, len(tok))
 
 
 def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
@@ -158,15 +133,8 @@ def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
         out.set_transform(image_transform(size, augment))
         return out
 
-    return DataSplits(
-        train=split(raw.train, raw.train_labels, cfg.augment),
-        eval=split(raw.eval, raw.eval_labels, augment=False),
-        num_classes=len(raw.class_names),
-        class_names=raw.class_names,
-        input_names=("pixel_values",),
-        image_size=size,
-        in_chans=3,
-    )
+    train = split(raw.train, raw.train_labels, cfg.augment)
+    return DataSplits.of_images(train, split(raw.eval, raw.eval_labels, augment=False), raw.class_names, size)
 
 
 def regression_eval_metrics(outputs, eval_split: datasets.Dataset) -> dict:

@@ -51,15 +51,7 @@ def build_digits(cfg: DataConfig) -> DataSplits:
         data = {"pixel_values": images[pos], "labels": labels[pos]}
         return datasets.Dataset.from_dict(data, features=features).with_format("torch")
 
-    return DataSplits(
-        train=split(train_pos),
-        eval=split(eval_pos),
-        num_classes=len(class_names),
-        class_names=class_names,
-        input_names=("pixel_values",),
-        image_size=size,
-        in_chans=1,
-    )
+    return DataSplits.of_images(split(train_pos), split(eval_pos), class_names, size, chans=1)
 
 
 def build_imagefolder(cfg: DataConfig) -> DataSplits:
@@ -108,15 +100,8 @@ def build_imagefolder(cfg: DataConfig) -> DataSplits:
         ds.set_transform(image_transform(size, augment))
         return ds
 
-    return DataSplits(
-        train=split(train_paths, train_labels, cfg.augment),
-        eval=split(eval_paths, eval_labels, augment=False),
-        num_classes=len(class_names),
-        class_names=class_names,
-        input_names=("pixel_values",),
-        image_size=size,
-        in_chans=3,
-    )
+    train = split(train_paths, train_labels, cfg.augment)
+    return DataSplits.of_images(train, split(eval_paths, eval_labels, augment=False), class_names, size)
 
 
 def _parquet(root: Path, split: str) -> list[Path]:
@@ -155,15 +140,7 @@ def _parquet_splits(cfg: DataConfig, root: Path) -> DataSplits:
         if isinstance(feature, datasets.ClassLabel)
         else [str(i) for i in range(max(train.data.column("labels").to_numpy()) + 1)]
     )
-    return DataSplits(
-        train=train,
-        eval=held_out,
-        num_classes=len(names),
-        class_names=names,
-        input_names=("pixel_values",),
-        image_size=size,
-        in_chans=3,
-    )
+    return DataSplits.of_images(train, held_out, names, size)
 
 
 def _class_files(directory: Path) -> dict[str, list[str]]:

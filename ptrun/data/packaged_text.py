@@ -199,13 +199,4 @@ def build_packaged_text(cfg: DataConfig, tokenizer: str | None = None) -> DataSp
 
         return hf_tokens.cached_table(key, batches())
 
-    return DataSplits(
-        train=split(train_pos),
-        eval=split(eval_pos),
-        num_classes=len(spec.class_names),
-        class_names=list(spec.class_names),
-        input_names=INPUT_NAMES,
-        image_size=None,
-        in_chans=None,
-        vocab_size=len(tok),
-    )
+    return DataSplits.of_tokens(split(train_pos), split(eval_pos), spec.class_names, INPUT_NAMES, len(tok))

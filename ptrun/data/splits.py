@@ -43,6 +43,38 @@ class DataSplits:
     """The task's own eval metrics (GLUE's per task, SQuAD's exact match and F1), from every eval output in
     sample order and the eval split; None: the trainer reports the loss (and top-1) only."""
 
+    @classmethod
+    def of_tokens(
+        cls,
+        train,
+        eval,
+        class_names: Sequence[str],
+        input_names,
+        vocab_size: int,
+        num_classes: int | None = None,
+        **more,
+    ) -> DataSplits:
+        """A text source's splits: token inputs (`input_names`) of a vocabulary of `vocab_size`, and no images;
+        as many classes as names unless `num_classes` says otherwise (a regression's one output, a language
+        model's none). `more`: the optional fields (`metrics`, `qa_eval`)."""
+        classes = len(class_names) if num_classes is None else num_classes
+        return cls(train, eval, classes, list(class_names), tuple(input_names), None, None, vocab_size, **more)
+
+    @classmethod
+    def of_images(
+        cls, train, eval, class_names: Sequence[str], size: int, chans: int = 3, num_classes: int | None = None
+    ) -> DataSplits:
+        """An image source's splits: `pixel_values` of `chans` channels, `size` pixels square."""
+        classes = len(class_names) if num_classes is None else num_classes
+        return cls(train, eval, classes, list(class_names), ("pixel_values",), size, chans)
+
+    @property
+    def model_sizes(self) -> dict[str, int | None]:
+        """What `ptrun.models.build_model` reads of the data: the classes, the images' size and channels, the
+        vocabulary."""
+        sizes = (self.num_classes, self.image_size, self.in_chans, self.vocab_size)
+        return dict(zip(("num_classes", "img_size", "in_chans", "vocab_size"), sizes, strict=True))
+
 
 def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Train and eval positions into `labels`, stratified by class and fixed by `cfg.split_seed`."""

@@ -75,15 +75,12 @@ def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
         feature_example=feature_example,
         offsets=offsets,
     )
-    return DataSplits(
-        train=train,
-        eval=evals,
-        num_classes=2,
-        class_names=["start", "end"],
-        input_names=INPUT_NAMES,
-        image_size=None,
-        in_chans=None,
-        vocab_size=len(tok),
+    return DataSplits.of_tokens(
+        train,
+        evals,
+        ["start", "end"],
+        INPUT_NAMES,
+        len(tok),
         qa_eval=side,
         metrics=partial(_squad_eval_metrics, side),
     )

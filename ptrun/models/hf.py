@@ -38,11 +38,17 @@ class Family:
     attention_kernels: bool = True
     """Whether the library offers the family `model.attention`'s kernels (sdpa, eager). DeBERTa has one
     attention of its own and raises when asked for sdpa (the default), so it is not asked."""
+    extra_tasks: tuple[str, ...] = ()
+    """Tasks beyond its kind's (`ENCODER_TASKS` or `DECODER_TASKS`): BERT's masked-language-model head."""
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return (DECODER_TASKS if self.decoder else ENCODER_TASKS) + self.extra_tasks
 
 
 _BERT_LIKE = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 FAMILIES = {
-    "bert": Family(False, _BERT_LIKE),
+    "bert": Family(False, _BERT_LIKE, extra_tasks=("mlm",)),
     "roberta": Family(False, _BERT_LIKE),
     "xlm-roberta": Family(False, _BERT_LIKE),
     "electra": Family(False, _BERT_LIKE),
@@ -75,12 +81,8 @@ def model_type(path: str) -> str:
 
 def task_problem(kind: str, task: str) -> str | None:
     """Why family `kind` cannot do `task` (None when it can)."""
-    if kind == "bert" and task == "mlm":
-        return None
-    allowed = DECODER_TASKS if FAMILIES[kind].decoder else ENCODER_TASKS
-    if task not in allowed:
-        return f"a {kind} model does {', '.join(allowed)}"
-    return None
+    allowed = FAMILIES[kind].tasks
+    return None if task in allowed else f"a {kind} model does {', '.join(allowed)}"
 
 
 def build_transformers(cfg: ModelConfig, config, kind: str, *, task_class: str | None = None) -> LayeredModel:

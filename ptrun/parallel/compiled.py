@@ -38,6 +38,8 @@ from torch import nn
 from ptrun.compat import keep_inductor_headers_with_its_cache
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.config.training import c_compiler
+from ptrun.models.layered import run_units
+from ptrun.parallel.precision import autocast
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +244,6 @@ class UnitCompiler:
         carry, grads = self._inputs[start]
         if start == first:
             return tuple(t.detach().requires_grad_(g) for t, g in zip(carry, grads, strict=True))
-        from ptrun.models.layered import run_units
-        from ptrun.parallel.precision import autocast
-
         with torch.no_grad(), autocast(carry[0].device, compute_dtype):
             out = run_units(self.layered.units[start:first], *carry)
         return out if isinstance(out, tuple) else (out,)  # a cached prefix's output: no gradient

@@ -289,13 +289,7 @@ def worker(rank: int, port: int, overrides: list[str], batch: int, passes: int, 
     cfg = unchecked_config(overrides)
     data = build_datasets(cfg.data)
     torch.manual_seed(cfg.train.seed)
-    layered = build_model(
-        cfg.model,
-        num_classes=data.num_classes,
-        img_size=data.image_size,
-        in_chans=data.in_chans,
-        vocab_size=data.vocab_size,
-    )
+    layered = build_model(cfg.model, **data.model_sizes)
     with tempfile.TemporaryDirectory(prefix="ptrun-measure-") as cache_root:
         runs = [one_pass(rank, cfg, layered, data, batch, repeats, Path(cache_root)) for _ in range(passes)]
     dist.destroy_process_group()

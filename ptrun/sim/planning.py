@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.freeze import POLICIES
-from ptrun.auto.freeze_policy import SIGNALS
+from ptrun.auto.freeze_policy import MEASURES
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.costs.units import ModelCosts
@@ -88,11 +88,11 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
     policy = POLICIES[cfg.freeze.policy]
     if policy.priced_as is not None:
         return replace(cfg, freeze=replace(cfg.freeze, policy=policy.priced_as))
-    signal = policy.signal
-    if signal is not None and cfg.auto.freeze:
+    measure = policy.measure
+    if measure is not None and cfg.auto.freeze:
         raise ConfigError(
             f"freeze.policy={cfg.freeze.policy!r} is not allowed: it needs measured "
-            f"{SIGNALS[signal]}; simulate with alpha, linear, schedule or none"
+            f"{MEASURES[measure]}; simulate with alpha, linear, schedule or none"
         )
     return cfg
 

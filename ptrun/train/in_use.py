@@ -1,6 +1,6 @@
 """The plan a worker trains in, with everything made from it: AutoDP's `Engine` (process groups, this rank's
 stages and runtime, its optimizer), the samplers of its global batch and its epochs' positions, the feed of
-its batches (raw, or from AutoCache at the plan's cached depth), the blocks the freeze signal measures on this
+its batches (raw, or from AutoCache at the plan's cached depth), the blocks the freeze measurement reads on this
 rank and what its updates are made with. `switch_to(plan)` changes all of them in one call."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ptrun.train import faults
 from ptrun.train.compiling import Compiling
 from ptrun.train.divergence import DivergenceWatch
 from ptrun.train.feed import Feed
-from ptrun.train.signals import held_blocks
+from ptrun.train.freeze_measures import held_blocks
 from ptrun.train.startup import first_sample
 from ptrun.train.step import StepParts
 
@@ -39,13 +39,13 @@ class PlanInUse:
         data,
         plain_train,
         cache,
-        signal,
+        measurement,
         scaler,
         global_batch: Callable[[Plan], int],
         divergence: DivergenceWatch | None = None,
     ):
         self.cfg, self.builder, self.data, self.plain_train = cfg, builder, data, plain_train
-        self.cache, self.signal, self.scaler, self.global_batch = cache, signal, scaler, global_batch
+        self.cache, self.measurement, self.scaler, self.global_batch = cache, measurement, scaler, global_batch
         self.divergence = divergence
         """What watches each step's global gradient norm for divergence (None: nothing does)."""
         batch, seed = cfg.train.global_batch_size, cfg.train.seed
@@ -135,7 +135,7 @@ class PlanInUse:
             pin_memory,
         )
         # Replica 0 of each stage measures its blocks: the replicas agree.
-        self.signal.hold(held_blocks(layered, self.runtime.unit_indices, plan.coords(rank)[0] == 0))
+        self.measurement.hold(held_blocks(layered, self.runtime.unit_indices, plan.coords(rank)[0] == 0))
         self.step_parts = StepParts(
             self.runtime,
             engine.optimizer,
@@ -143,7 +143,7 @@ class PlanInUse:
             cfg.optim,
             cfg.train.grad_clip,
             self.total_steps,
-            self.signal.grad_norms_of,
+            self.measurement.grad_norms_of,
             layered.num_blocks,
             self.divergence,
         )

@@ -185,7 +185,7 @@ class RunRecord:
             "epoch_time_s": elapsed,
             "lr": sums.lr,
             "steps": steps,
-            "signal_s": sums.signal_s,
+            "measure_s": sums.measure_s,
             "samples": int(sums.samples_before + sums.samples),
             **resumed,
             "sample_uses_min": int(seen.min().item()),

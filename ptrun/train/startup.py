@@ -56,15 +56,7 @@ def build_units(cfg: PtrunConfig, data: DataSplits):
     """The model as layer units without values: a worker fills its own stages' units once it knows its layout
     (`PlanInUse.start`). The seed first: identical per-unit initial values on every rank."""
     torch.manual_seed(cfg.train.seed)
-    return build_model(
-        cfg.model,
-        num_classes=data.num_classes,
-        img_size=data.image_size,
-        in_chans=data.in_chans,
-        vocab_size=data.vocab_size,
-        units=(),
-        adapter=cfg.adapter,
-    )
+    return build_model(cfg.model, **data.model_sizes, units=(), adapter=cfg.adapter)
 
 
 def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device: torch.device) -> Builder:

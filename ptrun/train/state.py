@@ -40,7 +40,7 @@ class TrainState:
     maps the step to the same sample offset (`ptrun.train.checkpoint.worker.resume_step`)."""
     progress: dict[str, torch.Tensor] = field(default_factory=dict)
     """Mid-epoch: the epoch's sums so far (summed over the ranks: loss, sample uses, samples); and at any
-    position, what the freeze signal has measured of the open interval (an interval may span a boundary)."""
+    position, what the freeze measurement has taken of the open interval (an interval may span a boundary)."""
 
     def to_dict(self) -> dict:
         """The JSON part (`progress`, tensors, is written beside it)."""
@@ -76,6 +76,30 @@ class TrainState:
             self.best_eval = {**ev, "epoch": self.epoch}
 
 
+@dataclass(frozen=True)
+class Due:
+    """What falls after one step of an epoch, decided once before the step runs. The loop reads it twice: when
+    it feeds the step (an asynchronous pipeline drains first) and when the step's update is applied, which
+    PipeDream does steps later, so the loop keeps it by step until then."""
+
+    segment_ends: bool
+    """A decision point follows: a freeze decision, `train.compile=auto`'s after its first timed steps, or the
+    epoch's end (`Positions.segment_end`)."""
+    checkpoint: bool
+    """A mid-epoch checkpoint (`checkpoint.every_steps`): written after the step, or where the segment ends,
+    after the decision, so that a restart resumes in the new layout."""
+
+    @property
+    def drain(self) -> bool:
+        """Every update in flight is applied by the end of the step."""
+        return self.segment_ends or self.checkpoint
+
+    @property
+    def checkpoint_now(self) -> bool:
+        """The checkpoint is written as soon as the step's update is applied."""
+        return self.checkpoint and not self.segment_ends
+
+
 @dataclass
 class EpochSums:
     """What one rank adds up over an epoch."""
@@ -89,8 +113,8 @@ class EpochSums:
     samples: float = 0.0
     t0: float = field(default_factory=time.perf_counter)
     lr: float = 0.0
-    signal_s: float = 0.0
-    """Host seconds this rank spent measuring the freeze policy's signal (per step: its share of the update,
+    measure_s: float = 0.0
+    """Host seconds this rank spent taking the freeze policy's measure (per step: its share of the update,
     and counting it)."""
 
     def so_far(self, all_sum) -> dict[str, torch.Tensor]:

@@ -37,8 +37,8 @@ class Update:
     """False when fp16's gradients overflowed somewhere and no rank stepped."""
     block_norms: torch.Tensor | None
     """Each block's gradient norm on this rank's stages (0 elsewhere), when asked for and stepped."""
-    signal_s: float = 0.0
-    """Host seconds spent on `block_norms` (what the freeze policy's signal costs a step)."""
+    measure_s: float = 0.0
+    """Host seconds spent on `block_norms` (what the freeze policy's measure costs a step)."""
 
 
 @dataclass(frozen=True)

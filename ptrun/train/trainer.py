@@ -34,10 +34,10 @@ from ptrun.parallel.precision import LossScaler
 from ptrun.train import faults, room, startup, stats
 from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
+from ptrun.train.freeze_measures import make_measurement
 from ptrun.train.in_use import PlanInUse
 from ptrun.train.record import RunRecord
-from ptrun.train.signals import make_signal
-from ptrun.train.state import EpochSums, TrainState
+from ptrun.train.state import Due, EpochSums, TrainState
 from ptrun.train.step import Update, train_step
 from ptrun.train.stop import Interrupted, StopRequests
 
@@ -70,13 +70,13 @@ class Trainer:
         self.scaler = LossScaler.for_precision(cfg.train.precision)
         controller, tuning = startup.start_controller(cfg, self.layered, builder, self.data, world_size)
         clock.lap("controller")
-        # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.signals`).
-        signal = make_signal(controller.signal, self.layered.num_blocks, device)
+        # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.freeze_measures`).
+        measurement = make_measurement(controller.measure, self.layered.num_blocks, device)
         self.cache, plain_train = startup.make_cache(
             cfg, self.layered, self.data, device, builder.compute_dtype, rank == 0
         )
         clock.lap("cache")
-        self.decisions = Decisions(controller, signal, self.all_sum, decide)
+        self.decisions = Decisions(controller, measurement, self.all_sum, decide)
         self.record = RunRecord(cfg, rank, device, clock, self.all_sum, tuning)
         self.checkpoints = Checkpoints(cfg, self.layered, controller, self.scaler, rank, world_size, builder.name_of)
         self.in_use = PlanInUse(
@@ -85,7 +85,7 @@ class Trainer:
             self.data,
             plain_train,
             self.cache,
-            signal,
+            measurement,
             self.scaler,
             controller.global_batch,
             self.stops.divergence,
@@ -105,7 +105,7 @@ class Trainer:
             return TrainState(), self.controller.first, {}
         self.record.resumed_from = resumed.path
         if self.rank == 0:  # rank 0 alone: the all-reduce at the decision counts it once
-            self.decisions.signal.resume(resumed.state.progress)
+            self.decisions.measurement.resume(resumed.state.progress)
         return resumed.state, resumed.plan, resumed.optimizer_states
 
     # ---- what the parts hold ------------------------------------------------------------------------
@@ -137,8 +137,10 @@ class Trainer:
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
         return stats.all_sum(values, self.device)
 
-    def _checkpoint_due(self, epoch_base: int, step: int) -> bool:
-        return self.checkpoints.due(self.state, epoch_base, step, self.steps_per_epoch)
+    def _due(self, epoch_base: int, step: int, segment_end: int) -> Due:
+        """What falls after `step` of the epoch, in a segment that ends before `segment_end`."""
+        checkpoint = self.checkpoints.due(self.state, epoch_base, step, self.steps_per_epoch)
+        return Due(segment_ends=step + 1 == segment_end, checkpoint=checkpoint)
 
     # ---- train --------------------------------------------------------------------------------------
     def train_epoch(self) -> dict:
@@ -162,17 +164,17 @@ class Trainer:
         epoch_base = state.global_step - start  # the global step before this epoch's step 0
         skipped_before = self.scaler.skipped
         self.record.view.start_epoch(state.epoch, self.cfg.train.epochs, self.steps_per_epoch)
-        position = start
+        position, last_due = start, None
         while position < self.steps_per_epoch:
             self._decide(position)  # a decision inside the epoch (or one a resume has not made yet)
             self._compile_if_it_pays(position)
-            if position > start and self._checkpoint_due(epoch_base, position - 1):
+            if last_due is not None and last_due.checkpoint:
                 # the checkpoint due at the segment's last step, written after the decision: a restart resumes
                 # in the new layout, at this step
                 self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
             end = self.in_use.positions.segment_end(state.epoch, position)
             end = self.in_use.compiling.segment_end(position, end, self.record.clock.steps)
-            self._train_segment(sums, position, end, epoch_base)
+            last_due = self._train_segment(sums, position, end, epoch_base)
             position = end
         elapsed = time.perf_counter() - sums.t0
         self.stops.now()  # the stop all-reduce in flight ends before the epoch's own collectives (or Diverged)
@@ -196,33 +198,34 @@ class Trainer:
             samples_before=float(progress["samples"][0]) if "samples" in progress else 0.0,
         )
 
-    def _train_segment(self, sums: EpochSums, start: int, end: int, epoch_base: int) -> None:
-        """Steps `start .. end - 1` of the epoch, in one layout (no decision falls between them)."""
+    def _train_segment(self, sums: EpochSums, start: int, end: int, epoch_base: int) -> Due:
+        """Steps `start .. end - 1` of the epoch in one layout (no decision between them); returns the last's Due."""
         runtime, feed, epoch = self.runtime, self.in_use.feed, self.state.epoch
+        dues: dict[int, Due] = {}  # by step, until its update is applied (PipeDream applies it steps later)
 
         def apply_update(item: Step, loss: torch.Tensor | None) -> None:  # the runtime calls it for each step due
             self.record.step_passed(runtime, self.plan, self.state.global_step)
             progress = self.in_use.positions.progress(epoch, item.step)  # the schedule's clock
             self.state, done = train_step(self.state, progress, self.in_use.step_parts, item.step)
             self._count(sums, item, loss, done)
-            self._after_step(sums, item.step, end, epoch_base)
+            self._after_step(sums, item.step, dues.pop(item.step))
 
         for index, batch in feed.batches("train", epoch, start, end):
             self.record.step_begins(runtime, epoch_base + index)
             step = feed.step(epoch, index, batch)
             self.record.clock.step_begins()
-            # An asynchronous pipeline drains at the segment's end and before a mid-epoch checkpoint.
-            drain = index + 1 == end or self._checkpoint_due(epoch_base, index)
-            runtime.run_step(step, apply_update, self.scaler.scale, drain)
+            due = dues[index] = self._due(epoch_base, index, end)
+            runtime.run_step(step, apply_update, self.scaler.scale, due.drain)
         runtime.pause()
         self.record.clock.pause()  # the next step's time is not a step's: a decision comes first
+        return due
 
     def _count(self, sums: EpochSums, item: Step, loss: torch.Tensor | None, done: Update) -> None:
-        """A step's bookkeeping: the first steps' end times, the freeze signal, the epoch's sums."""
+        """A step's bookkeeping: the first steps' end times, the freeze measure, the epoch's sums."""
         self.record.clock.step_ended()
         t0 = time.perf_counter()
-        self.decisions.signal.after_step(done)
-        sums.signal_s += done.signal_s + time.perf_counter() - t0
+        self.decisions.measurement.after_step(done)
+        sums.measure_s += done.measure_s + time.perf_counter() - t0
         if loss is not None:
             sums.loss += loss.double()
         sums.lr = done.lr
@@ -230,15 +233,14 @@ class Trainer:
         if self.runtime.is_first:
             sums.seen.index_add_(0, item.extra["index"], item.extra["weight"].double())
 
-    def _after_step(self, sums: EpochSums, step: int, segment_end: int, epoch_base: int) -> None:
-        """What is due after step `step` of the epoch: a fault point, a mid-epoch checkpoint, a stop, the live
-        view."""
+    def _after_step(self, sums: EpochSums, step: int, due: Due) -> None:
+        """After step `step` of the epoch's update: a fault point, what is `due`, a stop, the live view."""
         faults.reached("step", self.state.global_step)
-        # A stop is decided between the steps of a synchronous runtime; an asynchronous one has later steps
-        # in flight, so it stops at the epoch's end (in `fit`).
+        # A stop is asked for from outside (a signal, a full disk), so it is polled here, not known in advance:
+        # between the steps of a synchronous runtime; an asynchronous one has later steps in flight, so it
+        # stops at the epoch's end (in `fit`).
         stop = not self.runtime.asynchronous and self.stops.poll() and step + 1 < self.steps_per_epoch
-        # A checkpoint due where a decision falls is written after it (`train_epoch`), in the new layout.
-        if (self._checkpoint_due(epoch_base, step) and step + 1 < segment_end) or stop:
+        if due.checkpoint_now or stop:
             self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=step + 1)
         if stop:
             raise Interrupted(self.stops.agreed)
@@ -252,14 +254,14 @@ class Trainer:
 
     def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None, step_in_epoch: int = 0) -> None:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
-        the epoch's sums so far (`progress`, already summed over the ranks). What the freeze signal has
+        the epoch's sums so far (`progress`, already summed over the ranks). What the freeze measurement has
         measured of the open interval goes with it either way (an interval may span a boundary)."""
         self.stops.now()  # never a diverged state: the workers agree on divergence first (Diverged)
         position = replace(
             self.state,
             step_in_epoch=step_in_epoch,
             global_batch=self.in_use.train_sampler.global_batch_size,
-            progress={**(progress or {}), **self.decisions.signal.progress(self.all_sum)},
+            progress={**(progress or {}), **self.decisions.measurement.progress(self.all_sum)},
         )
         self.checkpoints.save(self.in_use.engine, position)
         self.state.last_checkpoint_step = self.state.global_step
@@ -321,7 +323,7 @@ class Trainer:
 
     def _decide(self, position: int, announce: bool = True) -> dict:
         """Collective, before step `position` of the epoch: if a freeze interval has ended since the last
-        decision, the decision on what the policy's signal measured over it, moved to if it changes the layout
+        decision, the decision on what the policy's measure found over it, moved to if it changes the layout
         (`announce`: a `plan` event for a change inside an epoch; the epoch's own start writes one at a
         boundary); then the next interval's measurement begins. Returns the transition's cost for that event:
         its seconds and the bytes moved between the workers (nothing when nothing was decided or the layout

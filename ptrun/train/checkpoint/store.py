@@ -134,14 +134,18 @@ def load_extra(ckpt: Path, name: str) -> dict[str, torch.Tensor] | None:
     return load_file(str(path)) if path.is_file() else None
 
 
+def unreadable(ckpt: Path, e: Exception) -> ConfigError:
+    """The one line for a checkpoint whose files cannot be read: a user-facing error naming it, not a
+    traceback."""
+    return ConfigError(f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+
+
 def trainer_state(ckpt: Path) -> dict[str, Any]:
     """The trainer's state the checkpoint was written with (trainer.json): epoch, step, plan, controller."""
     try:
         return json.loads((ckpt / TRAINER).read_text())
     except Exception as e:  # an unreadable file is a user-facing error naming it, not a traceback
-        raise ConfigError(
-            f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})"
-        ) from None
+        raise unreadable(ckpt, e) from None
 
 
 def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
@@ -152,9 +156,7 @@ def param_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
             with safe_open(str(f), framework="pt") as handle:
                 shapes.update({k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()})
     except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
-        raise ConfigError(
-            f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})"
-        ) from None
+        raise unreadable(ckpt, e) from None
     return shapes
 
 
@@ -178,7 +180,5 @@ def load(
             del saved
         state = json.loads((ckpt / TRAINER).read_text())
     except Exception as e:  # any unreadable file is a user-facing error naming it, not a traceback
-        raise ConfigError(
-            f"checkpoint {ckpt}: cannot read ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})"
-        ) from None
+        raise unreadable(ckpt, e) from None
     return params, optim, state

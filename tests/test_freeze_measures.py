@@ -1,4 +1,4 @@
-"""What the trainer measures for a freeze policy (`ptrun.train.signals`): the blocks a rank holds, the mean
+"""What the trainer measures for a freeze policy (`ptrun.train.freeze_measures`): the blocks a rank holds, the mean
 gradient norms and the plasticity of the weights (relative change per unit of learning rate against a
 bfloat16 copy), on real tensors and a real tiny ViT."""
 
@@ -13,16 +13,16 @@ from pipeline_cases import model
 from ptrun.auto.autodp import set_frozen
 from ptrun.auto.counts import frozen_units_for_blocks
 from ptrun.auto.freeze import POLICIES
-from ptrun.auto.freeze_policy import SIGNALS
+from ptrun.auto.freeze_policy import MEASURES
 from ptrun.config import FREEZE_POLICIES
-from ptrun.train.signals import (
+from ptrun.train.freeze_measures import (
     MEASUREMENTS,
     GradNorms,
     HeldBlocks,
-    NoSignal,
+    NoMeasure,
     WeightChange,
     held_blocks,
-    make_signal,
+    make_measurement,
     plasticity,
 )
 from ptrun.train.step import Update
@@ -57,12 +57,12 @@ def moved(params, by: float, seed: int = 1) -> float:
     return math.sqrt(change_sq / before_sq)
 
 
-def test_every_policy_signal_has_a_measurement():
-    assert set(MEASUREMENTS) == {None, *SIGNALS}
+def test_every_policy_measure_has_a_measurement():
+    assert set(MEASUREMENTS) == {None, *MEASURES}
     for name in FREEZE_POLICIES:
-        signal = POLICIES[name].signal
-        assert type(make_signal(signal, 4, CPU)) is MEASUREMENTS[signal]
-    assert {n: POLICIES[n].signal for n in FREEZE_POLICIES if POLICIES[n].signal} == {
+        measure = POLICIES[name].measure
+        assert type(make_measurement(measure, 4, CPU)) is MEASUREMENTS[measure]
+    assert {n: POLICIES[n].measure for n in FREEZE_POLICIES if POLICIES[n].measure} == {
         "pipetransformer": "grad_norms",
         "autofreeze": "grad_norms",
         "plasticity": "weight_change",
@@ -85,7 +85,7 @@ def test_held_blocks_are_the_active_blocks_trainable_parameters():
 def test_gradient_norms_are_averaged_over_the_interval_and_carried_by_a_checkpoint():
     g = GradNorms(3, CPU)
     g.hold(HeldBlocks({0: weights((2,))}))
-    assert g.grad_norms_of is not None and NoSignal(3, CPU).grad_norms_of is None
+    assert g.grad_norms_of is not None and NoMeasure(3, CPU).grad_norms_of is None
     g.begin()
     g.after_step(step(0.1, norms=torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)))
     g.after_step(step(0.1, stepped=False))  # skipped: no norms

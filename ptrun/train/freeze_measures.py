@@ -1,12 +1,12 @@
-"""What the freeze policy reads at a decision (its `signal`, see `ptrun.auto.freeze`), measured over the
+"""What the freeze policy reads at a decision (its `measure`, see `ptrun.auto.freeze`), measured over the
 interval that just ended on the blocks each rank holds and summed over the stages at the decision. The
-trainer measures only the signal its policy declares:
+trainer takes only the measure its policy declares:
 
-    after each layout change    signal.hold(held_blocks(...))   # this rank's active blocks
-    after each update           signal.after_step(done)
-    at a decision (collective)  signal.measure(all_sum, steps)  # -> the policy; None: nothing measured
-    as an interval begins       signal.begin()                  # after the decision's layout change
-    in a checkpoint             signal.progress(all_sum)        # what a resume mid-interval carries on
+    after each layout change    measurement.hold(held_blocks(...))   # this rank's active blocks
+    after each update           measurement.after_step(done)
+    at a decision (collective)  measurement.measure(all_sum, steps)  # -> the policy; None: nothing measured
+    as an interval begins       measurement.begin()               # after the decision's layout change
+    in a checkpoint             measurement.progress(all_sum)     # what a resume mid-interval carries on
 
 - `grad_norms`: each block's gradient norm, averaged over the interval's steps.
 - `weight_change`: each active block's relative weight change over the interval, ||theta - ref|| / ||ref||,
@@ -60,7 +60,7 @@ def held_blocks(layered, unit_indices, first_replica: bool) -> HeldBlocks:
     return HeldBlocks({b: list(ps.values()) for b, ps in sorted(params.items())})
 
 
-class NoSignal:
+class NoMeasure:
     """The policies that read nothing: nothing is measured."""
 
     name: str | None = None
@@ -85,7 +85,7 @@ class NoSignal:
         """An interval begins here, in the layout `hold` gave."""
 
     def measure(self, all_sum: AllSum, steps: int) -> list[float] | None:
-        """Collective, at a decision: the per-block signal over the interval that ended (`steps` long), or
+        """Collective, at a decision: the per-block measure over the interval that ended (`steps` long), or
         None when nothing was measured."""
         return None
 
@@ -97,7 +97,7 @@ class NoSignal:
         """Take up a checkpoint's `progress` (on one rank: the sum at the decision counts it once)."""
 
 
-class GradNorms(NoSignal):
+class GradNorms(NoMeasure):
     """Each block's gradient norm (`ptrun.train.step.block_norms`), summed over the interval's steps."""
 
     name = "grad_norms"
@@ -128,7 +128,7 @@ class GradNorms(NoSignal):
             self.sums.copy_(progress["interval_norms"])
 
 
-class WeightChange(NoSignal):
+class WeightChange(NoMeasure):
     """Each active block's relative weight change since the interval began, per unit of learning rate.
 
     The reference is a bfloat16 copy (half the memory of float32 weights, on the ranks holding the block).
@@ -194,10 +194,10 @@ def plasticity(change_sq: float, ref_sq: float, mean_lr: float) -> float:
     return math.sqrt(change_sq / ref_sq) / mean_lr
 
 
-MEASUREMENTS: dict[str | None, type[NoSignal]] = {m.name: m for m in (NoSignal, GradNorms, WeightChange)}
-"""The measurement of each signal a policy may read (`ptrun.auto.freeze_policy.SIGNALS`), and of none."""
+MEASUREMENTS: dict[str | None, type[NoMeasure]] = {m.name: m for m in (NoMeasure, GradNorms, WeightChange)}
+"""The measurement of each measure a policy may read (`ptrun.auto.freeze_policy.MEASURES`), and of none."""
 
 
-def make_signal(name: str | None, num_blocks: int, device: torch.device) -> NoSignal:
-    """The measurement of the signal `name` (None: nothing) for a model of `num_blocks` blocks."""
+def make_measurement(name: str | None, num_blocks: int, device: torch.device) -> NoMeasure:
+    """The measurement of the measure `name` (None: nothing) for a model of `num_blocks` blocks."""
     return MEASUREMENTS[name](num_blocks, device)

@@ -1,4 +1,4 @@
-"""The freeze policies that read a per-block signal (`ptrun.auto.freeze_policy`'s `SIGNALS`): `pipetransformer`
+"""The freeze policies that read a per-block measure (`ptrun.auto.freeze_policy`'s `MEASURES`): `pipetransformer`
 and `autofreeze` read gradient norms, `plasticity` weight changes. Each registers under its name as this module
 is imported (`ptrun.auto.freeze` imports it)."""
 
@@ -43,7 +43,7 @@ class PipeTransformerFreeze(FreezePolicy):
     """
 
     params = ("alpha",)
-    signal = "grad_norms"
+    measure = "grad_norms"
     priced_as = "alpha"  # its first term, the bound the gradient term can only lower
 
     def __init__(self, num_blocks: int, *, alpha: float = FreezeConfig.alpha, **kw: Any):
@@ -102,7 +102,7 @@ class AutoFreeze(FreezePolicy):
     """
 
     params = ("percentile",)
-    signal = "grad_norms"
+    measure = "grad_norms"
 
     def __init__(self, num_blocks: int, *, percentile: float = FreezeConfig.percentile, **kw: Any):
         super().__init__(num_blocks, **kw)
@@ -153,7 +153,7 @@ class PlasticityFreeze(FreezePolicy):
     has stopped changing, judged against a cheap reference copy), in weight space so it costs no forward
     pass: a block's plasticity is its relative weight change over the finished interval, ||theta - ref|| /
     ||ref||, against a bfloat16 copy `ref` of its parameters taken when the interval began, over the
-    interval's mean learning rate (the signal `weight_change`, measured by the trainer). A block has settled
+    interval's mean learning rate (the measure `weight_change`, measured by the trainer). A block has settled
     once its plasticity falls below `threshold` times the largest it has shown so far (`peaks`, over every
     interval measured, decisions or not); the policy freezes the longest prefix of settled active blocks.
 
@@ -164,7 +164,7 @@ class PlasticityFreeze(FreezePolicy):
     """
 
     params = ("threshold",)
-    signal = "weight_change"
+    measure = "weight_change"
 
     def __init__(self, num_blocks: int, *, threshold: float = FreezeConfig.threshold, **kw: Any):
         super().__init__(num_blocks, **kw)
