@@ -684,8 +684,8 @@ def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
 
 
 def test_a_ptrun_runs_measure_share_is_read_and_tabled(tmp_path):
-    """The host time a run's rank 0 spent measuring the freeze policy's signal, over its training time, from
-    the epoch events: a column of its own under the runs (not for runs that do not record it)."""
+    """The host time a run's rank 0 spent taking the freeze policy's measure, over its training time, from
+    the epoch events: a table of its own under the runs (not for runs that do not record it)."""
     events = [
         {"event": "epoch", "epoch": e, "epoch_time_s": 2.0, "samples": 100, "measure_s": s, "eval": {"top1": 90.0 + e}}
         for e, s in enumerate([0.02, 0.06])
@@ -707,7 +707,11 @@ def test_a_ptrun_runs_measure_share_is_read_and_tabled(tmp_path):
     ]
     result = {**peer_summary.aggregate([peer_summary.measure(rows)]), "repeats": 1, "recipe": "digits_vit"}
     text = peer_summary.table(result)
-    assert f"| {E} | 2.00% |" in text and f"| {A} | " not in text.split("freeze policy's signal")[1]
+    assert f"| {E} | 2.00% |" in text and f"| {A} | " not in text.split("freeze policy's measure")[1]
+    # a result recorded before the measure had its name (`signal_share`) tables the same
+    renamed = [{("signal_share" if k == "measure_share" else k): v for k, v in r.items()} for r in rows]
+    old = {**peer_summary.aggregate([peer_summary.measure(renamed)]), "repeats": 1, "recipe": "digits_vit"}
+    assert f"| {E} | 2.00% |" in peer_summary.table(old)
 
 
 def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_rest():
