@@ -167,7 +167,7 @@ def table(result: dict) -> str:
         ]
         lines += [f"| {r['label']} | " + " | ".join(cell(r, k, ".1f", "", n) for k in OUTSIDE) + " |" for r in split]
     # results recorded before the freeze policy's measure had its name call it its signal
-    share = "measure_share" if any("measure_share" in r for r in result["rows"]) else "signal_share"
+    share = next((k for k in ("measure_share", "signal_share") if any(r.get(k) for r in result["rows"])), "")
     measured = [r for r in result["rows"] if r.get(share)]
     if measured:
         lines += ["", "| the freeze policy's measure (host time taking it) | share of training time |", "|---|---|"]
