@@ -111,6 +111,7 @@ def test_pipe_length_auto_picks_a_shorter_pipeline_for_lora():
     assert chosen == {"lora": (1, 1), "full": (2, 2)}
 
 
+@pytest.mark.slow
 def test_ptrun_plan_says_what_trains_and_prices_a_lora_device_lower(tmp_path):
     """`ptrun plan` names the trained parameters beside the total, and its first layout's device needs less
     under LoRA than under full fine-tuning of the same model."""

@@ -251,6 +251,7 @@ def test_imagefolder_with_a_corrupt_image(tmp_path, run_dir):
 
 
 @DIST
+@pytest.mark.slow
 def test_cifar10_folder_of_garbage(tmp_path, run_dir):
     folder = tmp_path / "cifar" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
@@ -413,6 +414,7 @@ def test_rendezvous_host_that_does_not_resolve(run_dir, cli):
     assert line.endswith("); use a host name or address every machine resolves, or localhost:0 for one machine")
 
 
+@pytest.mark.slow
 def test_a_job_of_two_machines_says_it_is_waiting_for_them(tmp_path):
     """Not an error: the first machine of a two-machine job says what it waits for, where and how long, instead
     of waiting silently. This machine's host name stands for the first machine's; no second one comes."""
@@ -488,6 +490,7 @@ def test_a_batch_that_no_layout_of_two_workers_can_split(run_dir, cli):
 # ---- the trackers --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wandb_online_without_a_login(no_wandb_login, run_dir, cli):
     """wandb would start the workers and fail in rank 0's `wandb.init` half a minute later."""
     line, _ = run_case("wandb_without_login", run_dir, *TINY, "logger=wandb", cli=cli)

@@ -118,6 +118,7 @@ def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind, local):
     assert cache.take_stats("train")["hits"] == B  # the advanced entries were written back at depth 5
 
 
+@pytest.mark.slow
 def test_entries_written_by_one_process_are_read_by_another(tmp_path):
     specs = (TensorSpec((5, 4), torch.float32, torch.float32),)
     mem, disk = tmp_path / "mem", tmp_path / "disk"
@@ -370,6 +371,7 @@ def test_the_loader_reads_raw_inputs_only_for_samples_the_cache_cannot_serve(tmp
 # ---- evaluation through the cache, in a real trainer on one rank ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_depth_change(tmp_path, one_rank_group):
     """A trainer with AutoCache trains an epoch and evaluates at 3 cached units (every eval entry computed and
     written), at 5 (advanced by units 3 and 4 only) and at 5 again (read); each evaluation has the loss and

@@ -227,6 +227,7 @@ def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
     assert "lr: 0.123" in out.stdout and "global_batch_size:" in out.stdout
 
 
+@pytest.mark.slow
 def test_help_lists_recipes_and_groups(tmp_path):
     out = ptrun("train", "--help", cwd=tmp_path)
     assert out.returncode == 0

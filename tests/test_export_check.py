@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ptrun.bench.export_check import LOADER, without_ptrun
 
 
+@pytest.mark.slow
 def test_the_check_runs_where_the_libraries_import_and_ptrun_does_not(tmp_path):
     python = without_ptrun(tmp_path / "venv")
     probe = "import importlib.util as u; print([u.find_spec(m) is not None for m in ('torch', 'transformers', 'peft', "

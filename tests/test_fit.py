@@ -202,6 +202,7 @@ def test_the_launcher_fills_the_length_and_micro_batches_from_the_stand_in():
     assert for_launch(filled) == (filled, None)
 
 
+@pytest.mark.slow
 def test_the_launcher_fills_the_layout_without_the_simulator():
     """The launch's modules and its layout step (`for_launch`, on the model's analytic costs) import no module
     of `ptrun.sim`: the costs sit below the layout."""

@@ -64,6 +64,7 @@ def test_a_cuda_build_of_torch_is_told_without_importing_it():
     assert torch_has_cuda() == torch.backends.cuda.is_built()
 
 
+@pytest.mark.slow
 def test_the_launcher_checks_a_start_without_importing_torch():
     """`ptrun train`'s checks on the launching machine (the default recipe, `nproc_per_node=auto`) count the
     GPUs without torch, and the count is torch's: measured in a fresh process, torch imported only after."""

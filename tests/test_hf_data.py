@@ -418,6 +418,7 @@ def train(run_dir: Path, *overrides: str) -> tuple[list[dict], list[str]]:
         ),
     ],
 )
+@pytest.mark.slow
 def test_each_source_trains_a_separable_task_to_high_accuracy(
     tmp_path, tokenizer_dir, monkeypatch, one_rank_group, kind
 ):

@@ -399,6 +399,7 @@ def test_report_cli_errors_are_one_line_exit_2(make, message, tmp_path):
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(message.format(path=path))
 
 
+@pytest.mark.slow
 def test_report_cli_writes_into_the_first_runs_report_dir(tmp_path):
     write_run(tmp_path / "base", BASE)
     write_run(tmp_path / "fast", FAST)

@@ -194,6 +194,7 @@ def test_docs_config_md_is_up_to_date():
     assert DOCS.read_text() == render(), "regenerate it: python -m ptrun.config.docs > docs/config.md"
 
 
+@pytest.mark.slow
 def test_ptrun_train_composes_once_and_makes_the_run_directory_as_hydra_did(tmp_path):
     """A single run starts from the one config `resolve` made: no state held between two compositions, the
     run directory (`hydra.run.dir`, here its default under the working directory) made by the start with
@@ -230,6 +231,7 @@ def test_ptrun_train_with_a_bad_key_exits_2_in_one_line_and_makes_no_run_directo
         assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_plus_adds_entries_to_the_free_form_mapping_and_nothing_elsewhere():
     """`auto.microbatch_table` is the schema's one free-form mapping: `+` adds an entry there, by its dotted key
     or as a mapping, an entry it holds is set without `+`, and a sweep's points do the same; anywhere else
@@ -260,6 +262,7 @@ def test_a_sweep_point_with_an_unknown_added_key_is_refused(tmp_path, cli):
     assert out.stderr.startswith("ptrun: error: unknown key 'optim.lrr'; did you mean 'optim.lr'?")
 
 
+@pytest.mark.slow
 def test_a_group_chosen_on_the_command_line_is_what_trains():
     """`ptrun train [recipe=R] data=glue` trains GLUE: a recipe picks its model, data and optimizer as config
     group options, which the command line replaces, and sets only values on top of them. A recipe that set

@@ -36,6 +36,7 @@ def fake_runs(root, slower: float) -> None:
         (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
+@pytest.mark.slow
 def test_validate_writes_every_calibration_mode(tmp_path, capsys):
     from ptrun.sim import validate
 
@@ -68,6 +69,7 @@ def test_validate_reports_a_bad_runs_directory_and_exits_0(tmp_path, capsys):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_measure_writes_a_profile_the_planner_reads(tmp_path, capsys):
     """Two gloo workers, one pass of one repeat on micro-batches of 2: the profile `ptrun plan --profile`
     reads, and the preset's constants."""

@@ -367,6 +367,7 @@ def test_profile_units_detail_times_frozen_and_forward_passes(tmp_path):
     assert profile_units(model, (torch.zeros(2, 1, 8, 8),), torch.device("cpu"), repeats=1).forward_s is None
 
 
+@pytest.mark.slow
 def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_path):
     from conftest import write_config
 

@@ -171,6 +171,7 @@ def test_wandb_offline_run_holds_every_epochs_metrics(tmp_path, offline):
 
 # ---- mlflow ----------------------------------------------------------------------------------------------
 @pytest.mark.dist
+@pytest.mark.slow
 def test_mlflow_store_in_the_run_directory_holds_every_epochs_metrics_and_a_resume_continues(tmp_path, offline):
     from mlflow.tracking import MlflowClient
 
