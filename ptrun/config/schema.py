@@ -4,6 +4,7 @@ workers load."""
 
 from __future__ import annotations
 
+import functools
 import os
 import typing
 from dataclasses import dataclass, field, fields
@@ -61,25 +62,28 @@ def check_logger(cfg) -> None:
 
 
 def _leaves(cls: type = PtrunConfig, prefix: str = ""):
-    """(dotted key, type hint) of every field of the schema that is not a group of fields."""
-    hints = typing.get_type_hints(cls)
+    """(dotted key, its group's class, field name) of every field of the schema that is not a group of fields."""
     for f in fields(cls):
         default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
         if default is not None and hasattr(default, "__dataclass_fields__"):
             yield from _leaves(type(default), f"{prefix}{f.name}.")
         else:
-            yield prefix + f.name, hints[f.name]
+            yield prefix + f.name, cls, f.name
 
 
 def schema_keys(cls: type = PtrunConfig) -> list[str]:
     """Every dotted key of the schema, e.g. `train.epochs`."""
-    return [key for key, _ in _leaves(cls)]
+    return [key for key, _, _ in _leaves(cls)]
 
 
 def free_form_keys(cls: type = PtrunConfig) -> list[str]:
     """The keys whose value is a mapping of the user's own entries (`auto.microbatch_table`): any key goes
     under them, where every other key must be the schema's."""
-    return [key for key, hint in _leaves(cls) if typing.get_origin(hint) is dict]
+    return [key for key, group, name in _leaves(cls) if typing.get_origin(_hints(group)[name]) is dict]
+
+
+_hints = functools.cache(typing.get_type_hints)
+"""A group's type hints, read once (only `free_form_keys` needs them: `schema_keys` stays cheap at start-up)."""
 
 
 def load_resolved(path: str | os.PathLike) -> PtrunConfig:

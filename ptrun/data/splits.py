@@ -58,7 +58,18 @@ class DataSplits:
         as many classes as names unless `num_classes` says otherwise (a regression's one output, a language
         model's none). `more`: the optional fields (`metrics`, `qa_eval`)."""
         classes = len(class_names) if num_classes is None else num_classes
-        return cls(train, eval, classes, list(class_names), tuple(input_names), None, None, vocab_size, **more)
+        names = list(class_names)
+        return cls(
+            train,
+            eval,
+            classes,
+            names,
+            tuple(input_names),
+            image_size=None,
+            in_chans=None,
+            vocab_size=vocab_size,
+            **more,
+        )
 
     @classmethod
     def of_images(
@@ -66,14 +77,18 @@ class DataSplits:
     ) -> DataSplits:
         """An image source's splits: `pixel_values` of `chans` channels, `size` pixels square."""
         classes = len(class_names) if num_classes is None else num_classes
-        return cls(train, eval, classes, list(class_names), ("pixel_values",), size, chans)
+        return cls(train, eval, classes, list(class_names), ("pixel_values",), image_size=size, in_chans=chans)
 
     @property
     def model_sizes(self) -> dict[str, int | None]:
         """What `ptrun.models.build_model` reads of the data: the classes, the images' size and channels, the
         vocabulary."""
-        sizes = (self.num_classes, self.image_size, self.in_chans, self.vocab_size)
-        return dict(zip(("num_classes", "img_size", "in_chans", "vocab_size"), sizes, strict=True))
+        return {
+            "num_classes": self.num_classes,
+            "img_size": self.image_size,
+            "in_chans": self.in_chans,
+            "vocab_size": self.vocab_size,
+        }
 
 
 def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:
