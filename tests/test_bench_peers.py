@@ -348,6 +348,7 @@ def test_results_page_sections(tmp_path):
         "bench_peers_causal_lm.json",
         "bench_peers_digits_vit_engine.json",
         "bench_peers_bbc_news_lora_seeds.json",
+        "bench_peers_bbc_news_lora_5_epochs.json",
         "bench_peers_causal_lm_lora.json",
         # scripts/gpu_check.sh's jobs on one GPU
         "bench_peers_bbc_news_bert_gpu.json",

@@ -28,6 +28,7 @@ MEASURED = {
     "bench_peers_bbc_news_bert_policies.json": "2026-11-25",
     "bench_peers_causal_lm.json": "2026-11-25",
     "bench_peers_bbc_news_lora_seeds.json": "2026-11-29",
+    "bench_peers_bbc_news_lora_5_epochs.json": "2026-11-29",
     "bench_peers_causal_lm_lora.json": "2026-11-29",
     "bench_pipedream.json": "2026-11-22",
     "bench_pipedream_placement.json": "2026-11-22",
@@ -69,6 +70,11 @@ TABLES = [
         "bench_peers_bbc_news_lora_seeds.json",
         "ptrun.bench.peers",
         "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over two seeds",
+    ),
+    Table(
+        "bench_peers_bbc_news_lora_5_epochs.json",
+        "ptrun.bench.peers",
+        "LoRA over 5 epochs at alpha 1/3: bbc_news_lora against the same peers, over three seeds",
     ),
     Table(
         "bench_peers_causal_lm_lora.json",
