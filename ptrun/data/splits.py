@@ -58,12 +58,11 @@ class DataSplits:
         as many classes as names unless `num_classes` says otherwise (a regression's one output, a language
         model's none). `more`: the optional fields (`metrics`, `qa_eval`)."""
         classes = len(class_names) if num_classes is None else num_classes
-        names = list(class_names)
         return cls(
             train,
             eval,
             classes,
-            names,
+            list(class_names),
             tuple(input_names),
             image_size=None,
             in_chans=None,
