@@ -7,6 +7,7 @@ timm ViT. The base weights stay fixed, and after a freeze a frozen unit's adapte
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -166,6 +167,86 @@ def test_after_a_freeze_frozen_adapters_and_base_weights_take_no_gradient(kind, 
     live = (layered.adapters - frozen) | (set(params) - layered.fixed - layered.adapters)
     assert live and all(params[n].grad is not None for n in live)
     assert stage.frozen == 3
+
+
+def peft_linear_pair(dropout: float = 0.0, dtype: torch.dtype = torch.float32):
+    """One linear wrapped by peft's LoRA twice, the same values: peft's own `lora.Linear` and ptrun's
+    `FusedLoraLinear` (B moved off zero, so that the adapter adds something)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from ptrun.models.lora_linear import FusedLoraLinear, fuse_lora_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 20))
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=["0"])
+    inject_adapter_in_model(config, model)
+    with torch.no_grad():
+        model[0].lora_B["default"].weight.normal_()
+    model = model.to(dtype)
+    fused = copy.deepcopy(model)
+    assert fuse_lora_linears(fused) == 1 and type(fused[0]) is FusedLoraLinear
+    return model[0], fused[0]
+
+
+def forward_backward(module, x, seed: int = 3):
+    """The module's output on a copy of `x` and the gradients of `x` and of each trainable parameter."""
+    x = x.detach().clone().requires_grad_()
+    torch.manual_seed(seed)  # the same dropout mask for both
+    out = module(x)
+    out.float().square().sum().backward()
+    grads = {n: p.grad for n, p in module.named_parameters() if p.requires_grad}
+    return out, x.grad, grads
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_fused_lora_linear_computes_what_peft_does(dropout):
+    """ptrun's wrapped linears add the adapter in one kernel; the output and every gradient (input, A, B) are
+    peft's to rounding, dropout included; merged (peft's own forward then) it is the same module as peft's."""
+    theirs, ours = peft_linear_pair(dropout)
+    x = torch.randn(2, 5, 12)
+    (out_t, gx_t, g_t), (out_o, gx_o, g_o) = forward_backward(theirs, x), forward_backward(ours, x)
+    torch.testing.assert_close(out_o, out_t)
+    torch.testing.assert_close(gx_o, gx_t)
+    assert set(g_o) == set(g_t) == {"lora_A.default.weight", "lora_B.default.weight"}
+    for name in g_t:
+        torch.testing.assert_close(g_o[name], g_t[name])
+    theirs.merge()
+    ours.merge()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x))
+
+
+def test_the_fused_lora_linear_follows_peft_under_autocast_and_in_half_precision():
+    """bf16 autocast over fp32 weights, and bf16 weights without autocast: the output keeps peft's dtype and
+    its values to bf16's rounding; fp32 adapters on a bf16 base without autocast take peft's own sum."""
+    theirs, ours = peft_linear_pair()
+    x = torch.randn(6, 12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = theirs(x), ours(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    theirs, ours = peft_linear_pair(dtype=torch.bfloat16)
+    want, got = theirs(x.bfloat16()), ours(x.bfloat16())
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for module in (theirs, ours):  # a bf16 base under fp32 adapters (peft's `autocast_adapter_dtype`)
+        module.lora_A.float()
+        module.lora_B.float()
+    want, got = theirs(x.bfloat16()), ours(x.bfloat16())
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_every_wrapped_linear_of_the_units_is_the_fused_one():
+    """The exactness tests above compare these units with peft's own modules: they hold the fused linear."""
+    from peft.tuners.lora import LoraLayer
+
+    from ptrun.models.lora_linear import FusedLoraLinear
+
+    for kind, task in CASES:
+        layered, _ = lora_model(kind, task)
+        wrapped = [m for m in layered.model.modules() if isinstance(m, LoraLayer)]
+        assert wrapped and all(type(m) is FusedLoraLinear for m in wrapped), kind
 
 
 def test_targets_follow_the_family_table():

@@ -148,7 +148,7 @@ def test_ddp_takes_the_buffer_keyword_this_torch_knows():
     assert key in inspect.signature(DistributedDataParallel.__init__).parameters
 
 
-@pytest.mark.parametrize("recipe", ["digits_vit", "bbc_news_bert"])
+@pytest.mark.parametrize("recipe", ["digits_vit", "bbc_news_bert", "bbc_news_lora"])
 @pytest.mark.slow
 def test_the_workers_preloaded_modules_leave_wandb_out(recipe):
     """The forkserver imports each family's library once for all workers. `import timm` alone imports wandb when

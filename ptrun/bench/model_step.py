@@ -2,7 +2,9 @@
 cost on the same batch of the recipe's data (its first global batch), a classifier's or a causal LM's (the
 next-token loss), each with fused AdamW, in interleaved rounds; with `--profile`, the operators (on a GPU: the
 kernels) each spends its time in, and how often a step reads a tensor's value on the host (on a GPU, each read
-waits for the device: the units should read no more often than the library's model).
+waits for the device: the units should read no more often than the library's model). A recipe with
+`adapter=lora` steps peft's `get_peft_model` around the library's model, as the plain peft loop has it, against
+ptrun's units with their adapters.
 
 What the engine adds around the step (the runtime, the feed, the cache, the freeze measure) is left out on
 purpose: a gap here is the model's (its units, its masks, the kernels they pick), a gap in `bench_peers` that
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ptrun.bench.harness import markdown_lines
-from ptrun.bench.plain_loop import CAUSAL_LM, NO_DECAY, logits, recipe_config
+from ptrun.bench.plain_loop import CAUSAL_LM, NO_DECAY, logits, recipe_config, with_adapter
 from ptrun.bench.plain_loop import build_model as library_model
 from ptrun.bench.tiny import machine
 from ptrun.models.losses import IGNORE_INDEX
@@ -82,9 +84,9 @@ def models(cfg, data, batch: dict, device: torch.device) -> dict[str, tuple[torc
     from ptrun.models import build_model
 
     torch.manual_seed(cfg.train.seed)
-    library = library_model(cfg.model, data).to(device).train()
+    library = with_adapter(library_model(cfg.model, data), cfg).to(device).train()
     torch.manual_seed(cfg.train.seed)
-    layered = build_model(cfg.model, **data.model_sizes).to(device).train()
+    layered = build_model(cfg.model, **data.model_sizes, adapter=cfg.adapter).to(device).train()
     inputs = tuple(batch[k] for k in layered.input_names if k in batch)
     task = cfg.model.task
     return {

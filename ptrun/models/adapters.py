@@ -5,7 +5,8 @@ peft's `inject_adapter_in_model` wraps the chosen linear modules of the library 
 while the model's parameters are still on the meta device. The units hold the library's modules that contain
 those linears (an attention, an MLP), never a linear itself, so each unit runs its adapters through the
 library's own forward, the encoders' first-token tail included (the family's cross-attention forward reads
-`self.query` & co., which are then the wrapped modules). The adapters' parameters are the units' like any
+`self.query` & co., which are then the wrapped modules). Each wrapped linear adds its adapter's output in one
+kernel (`ptrun.models.lora_linear`). The adapters' parameters are the units' like any
 other: a worker gives storage and values only to its own stages' units, adapters included, and a unit's
 adapters are drawn from the unit's own seed (peft's rule: A Kaiming-uniform, B zero).
 
@@ -84,8 +85,11 @@ def add_lora(layered, adapter: AdapterConfig) -> None:
     base weights and the per-unit initialisation follow."""
     from peft import inject_adapter_in_model
 
+    from ptrun.models.lora_linear import fuse_lora_linears
+
     config = lora_config(adapter, layered.family, block_targets(layered, adapter))
     inject_adapter_in_model(config, layered.model, ADAPTER_NAME)
+    fuse_lora_linears(layered.model)
     layered.repartition()
     layered.adapter_config = config
     layered.adapters = {n for n in layered.param_shapes if ".lora_" in n}
