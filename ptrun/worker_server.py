@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ptrun.config import PtrunConfig
+from ptrun.config.adapter import ADAPTER_SPECS
 from ptrun.config.model import FAMILY_SPECS, model_family
 
 
@@ -26,10 +27,9 @@ offline sources use; `worker_modules` adds the model's library."""
 
 
 def worker_modules(cfg: PtrunConfig) -> list[str]:
-    """`WORKER_MODULES`, the library that builds `cfg.model` (`Family.preload`) and, with `adapter=lora`, peft's
-    LoRA layer (importing peft takes seconds: 2 s more on 2 CPU cores than torch and transformers alone)."""
-    adapters = ["ptrun.models.lora_linear"] if cfg.adapter.name == "lora" else []
-    return [*WORKER_MODULES, *FAMILY_SPECS[model_family(cfg.model)].preload, *adapters]
+    """`WORKER_MODULES`, the library that builds `cfg.model` (`Family.preload`) and the adapter's
+    (`AdapterKind.preload`)."""
+    return [*WORKER_MODULES, *FAMILY_SPECS[model_family(cfg.model)].preload, *ADAPTER_SPECS[cfg.adapter.name].preload]
 
 
 def worker_environment() -> None:

@@ -347,6 +347,7 @@ def test_results_page_sections(tmp_path):
         "bench_peers_bbc_news_bert_policies.json",
         "bench_peers_causal_lm.json",
         "bench_peers_digits_vit_engine.json",
+        "bench_peers_bbc_news_lora.json",
         "bench_peers_bbc_news_lora_seeds.json",
         "bench_peers_bbc_news_lora_5_epochs.json",
         "bench_peers_causal_lm_lora.json",
@@ -777,3 +778,38 @@ def test_the_trainer_peer_is_a_plain_peer_of_its_own():
     assert cmd[1:3] == ["-m", "ptrun.bench.hf_trainer"] and "--recipe=bbc_news_lora" in cmd
     assert cmd[-1] == "train.epochs=1" and f"--out={Path('RUN') / 'plain.json'}" in cmd
     assert peer_runs.is_peer(peer_runs.TRAINER) and not peer_runs.is_peer("ptrun default")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the child's stop rides on Linux's prctl")
+def test_a_benchmark_killed_mid_run_leaves_no_run_behind(tmp_path):
+    """A benchmark's runs (`harness.run_to_end`) stop with it: SIGKILL the benchmark's process while its child
+    runs, and the child is gone too, not left training beside whatever runs next."""
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    bench = f"import sys\nfrom ptrun.bench.harness import run_to_end\nrun_to_end([sys.executable, '-c', {child!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", bench])
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the child never started"
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+        assert running(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(pid), "the child outlived the benchmark"
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie that nothing reaped has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -36,6 +36,7 @@ from ptrun.bench.harness import (
     markdown_lines,
     publish,
     rounds_parser,
+    run_to_end,
 )
 
 WORKLOADS = ("digits_vit", "small", "default")
@@ -71,7 +72,7 @@ def run(run_dir: Path, overrides: list[str], env: dict[str, str], reuse: bool) -
         shown = " ".join(f"{k}={v}" for k, v in env.items())
         print(f"$ {shown} ptrun train {' '.join(cmd[4:])}", flush=True)
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
+        run_to_end(cmd, {**os.environ, **env})
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
     loaded = load_run(run_dir)
     summary = summarize(loaded)

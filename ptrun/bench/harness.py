@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,6 +84,21 @@ def publish(result: dict, path: Path, caption, table) -> None:
     print(f"\nwritten: {path}")
 
 
+def run_to_end(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    """Run a benchmark's `cmd` to its end, its stdout discarded, as `subprocess.run(check=True)` does. On Linux
+    the child is stopped (SIGTERM) when the benchmark's process dies, however it dies: a benchmark killed
+    mid-run leaves no run going on beside the next one (ptrun's launcher stops its workers on SIGTERM)."""
+    stop_with_parent = _stop_with_parent if sys.platform == "linux" else None
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=cwd, preexec_fn=stop_with_parent)
+
+
+def _stop_with_parent() -> None:
+    """In the child, before it runs its command: SIGTERM when the parent dies (prctl's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def fresh_run_dir(marker: Path, reuse: bool) -> bool:
     """Whether to make a run: not with `reuse` when its `marker` (a file the finished run leaves in its
     directory) is there, the run being read back (`--reuse`); else the run's directory, the marker's folder,
@@ -99,7 +115,7 @@ def train(run_dir: Path, overrides: list[str], reuse: bool = False) -> Path:
     if fresh_run_dir(run_dir / "metrics.jsonl", reuse):
         cmd = [sys.executable, "-m", "ptrun.cli", "train", f"hydra.run.dir={run_dir}", *overrides]
         print("$ ptrun train " + " ".join(cmd[4:]), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        run_to_end(cmd)
     return run_dir
 
 

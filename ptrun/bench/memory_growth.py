@@ -18,7 +18,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ptrun.bench.harness import command_line, fmt, fresh_run_dir, median, publish, rounds_parser
+from ptrun.bench.harness import command_line, fmt, fresh_run_dir, median, publish, rounds_parser, run_to_end
 from ptrun.bench.memory import BERT_BASE, REPO, checkout, mib
 
 RUN = [
@@ -53,7 +53,7 @@ def peak(tree: Path, run_dir: Path, layers: int, workers: int, overrides: list[s
             *overrides,
         ]
         print(f"$ {cmd[0]} -m ptrun.cli train {' '.join(cmd[4:])}", flush=True)
-        subprocess.run(cmd, cwd=tree, check=True, stdout=subprocess.DEVNULL)
+        run_to_end(cmd, cwd=tree)
     (epoch,) = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "epoch"]
     return max(epoch["memory"]["peak_rss_bytes"])
 

@@ -32,12 +32,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from datetime import date
 from pathlib import Path
 
-from ptrun.bench.harness import cell, command_line, label_rows, markdown_lines, publish, rounds_parser, train
+from ptrun.bench.harness import (
+    cell,
+    command_line,
+    label_rows,
+    markdown_lines,
+    publish,
+    rounds_parser,
+    run_to_end,
+    train,
+)
 from ptrun.bench.oracle_loop import RECIPE, oracle, schedule
 from ptrun.bench.tiny import machine
 
@@ -94,7 +102,7 @@ def run_oracle(run_dir: Path, out_file: Path, recipe: str, overrides: list[str],
         *overrides,
     ]
     print("$ python " + " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    run_to_end(cmd, {**os.environ, "OMP_NUM_THREADS": str(threads)})
     return out_file
 
 

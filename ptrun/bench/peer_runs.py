@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptrun.bench.harness import fresh_run_dir
+from ptrun.bench.harness import fresh_run_dir, run_to_end
 
 PLAIN = "ptrun.bench.plain_loop"
 """The peers' module, run as `python -m`: a plain PyTorch loop that uses nothing of ptrun's engine."""
@@ -245,7 +244,7 @@ def execute(
                 shutil.rmtree(cache, ignore_errors=True)
             env = {**(env or os.environ), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
         spawned, t0 = time.time(), time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+        run_to_end(cmd, env)
         wall_file.write_text(json.dumps({"wall_s": time.perf_counter() - t0, "spawn_time": spawned}))
     wall = json.loads(wall_file.read_text())
     run = dict(

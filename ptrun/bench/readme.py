@@ -27,6 +27,7 @@ MEASURED = {
     "bench_peers_bbc_news_bert_seeds.json": "2026-11-27",
     "bench_peers_bbc_news_bert_policies.json": "2026-11-25",
     "bench_peers_causal_lm.json": "2026-11-25",
+    "bench_peers_bbc_news_lora.json": "2026-11-29",
     "bench_peers_bbc_news_lora_seeds.json": "2026-11-29",
     "bench_peers_bbc_news_lora_5_epochs.json": "2026-11-29",
     "bench_peers_causal_lm_lora.json": "2026-11-29",
@@ -67,9 +68,19 @@ TABLES = [
     Table("bench_peers_digits_vit_seeds.json", "ptrun.bench.peers", "digits_vit over five seeds: its freeze schedule"),
     Table("bench_peers_causal_lm.json", "ptrun.bench.peers", "ptrun against plain PyTorch: causal_lm", optional=True),
     Table(
+        "bench_peers_bbc_news_lora.json",
+        "ptrun.bench.peers",
+        "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over three seeds",
+    ),
+    Table(
+        "model_step_bbc_news_lora.json",
+        "ptrun.bench.model_step",
+        "LoRA's step: ptrun's units against peft's model, bbc_news_lora",
+    ),
+    Table(
         "bench_peers_bbc_news_lora_seeds.json",
         "ptrun.bench.peers",
-        "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over two seeds",
+        "LoRA before the one-kernel sum: two seeds, and two other freeze rules",
     ),
     Table(
         "bench_peers_bbc_news_lora_5_epochs.json",

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +51,7 @@ from ptrun.bench.harness import (
     rounds_caption,
     rounds_parser,
     rows_table,
+    run_to_end,
 )
 from ptrun.bench.peer_runs import command as peer_command
 from ptrun.bench.peer_runs import shown
@@ -111,7 +111,7 @@ def execute(cmd: list[str], run_dir: Path, tokenized: Path, empty_cache: bool, r
         print(f"$ {TOKENIZED_DIR}={tokenized} {shown(cmd)}", flush=True)
         env = {**os.environ, TOKENIZED_DIR: str(tokenized)}
         spawn, t0 = time.time(), time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+        run_to_end(cmd, env)
         spawned.write_text(json.dumps({"spawn_time": spawn, "wall_s": time.perf_counter() - t0}))
     return json.loads(spawned.read_text())
 
