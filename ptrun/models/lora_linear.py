@@ -5,9 +5,10 @@ matmul, two more passes over the full-width output (the scaling's multiply and t
 backward (the add's and the multiply's gradients). A GEMM takes both as its epilogue: `result.addmm_(h, B.T,
 alpha=scaling)` accumulates into the base layer's output in one kernel on every backend (in place: the base
 layer's backward needs its input, never its output), and its backward scales only the rank-wide gradient of
-`h`. It is the same sum, so the loss and every gradient agree with peft's to rounding; on 2 CPU cores it cut a
-MiniLM LoRA training step by a fifth (docs/results.md, "LoRA's step"). peft does everything else: the wrapping,
-the parameters and their names, merging, the saved format.
+`h`. It is the same sum, so the loss and every gradient agree with peft's to rounding. On 2 CPU cores it took
+110 ms of adds and multiplies out of a MiniLM LoRA step of 949 ms, for 21 ms of `addmm_` (docs/results.md,
+"LoRA's step"). peft does everything else: the wrapping, the parameters and their names, merging, the saved
+format.
 """
 
 from __future__ import annotations
