@@ -6,9 +6,9 @@ while the model's parameters are still on the meta device. The units hold the li
 those linears (an attention, an MLP), never a linear itself, so each unit runs its adapters through the
 library's own forward, the encoders' first-token tail included (the family's cross-attention forward reads
 `self.query` & co., which are then the wrapped modules). Each wrapped linear adds its adapter's output in one
-kernel (`ptrun.models.lora_linear`). The adapters' parameters are the units' like any
-other: a worker gives storage and values only to its own stages' units, adapters included, and a unit's
-adapters are drawn from the unit's own seed (peft's rule: A Kaiming-uniform, B zero).
+kernel (`ptrun.models.lora_linear`). The adapters' parameters are the units' like any other: a worker gives
+storage and values only to its own stages' units, adapters included, and a unit's adapters are drawn from the
+unit's own seed (peft's rule: A Kaiming-uniform, B zero).
 
 The base weights never train (`LayeredModel.fixed`); the adapters and the task head (`HEAD_MODULES`, as
 peft's sequence-classification task keeps its classifier trainable) do. So the units below the lowest adapter
