@@ -348,6 +348,8 @@ def test_results_page_sections(tmp_path):
         "bench_peers_causal_lm.json",
         "bench_peers_digits_vit_engine.json",
         "bench_peers_bbc_news_lora.json",
+        "bench_peers_bbc_news_lora_cache_depth.json",
+        "bench_peers_bbc_news_lora_cache_2_blocks.json",
         "bench_peers_bbc_news_lora_seeds.json",
         "bench_peers_bbc_news_lora_5_epochs.json",
         "bench_peers_causal_lm_lora.json",

@@ -28,6 +28,8 @@ MEASURED = {
     "bench_peers_bbc_news_bert_policies.json": "2026-11-25",
     "bench_peers_causal_lm.json": "2026-11-25",
     "bench_peers_bbc_news_lora.json": "2026-11-29",
+    "bench_peers_bbc_news_lora_cache_depth.json": "2026-11-29",
+    "bench_peers_bbc_news_lora_cache_2_blocks.json": "2026-11-29",
     "bench_peers_bbc_news_lora_seeds.json": "2026-11-29",
     "bench_peers_bbc_news_lora_5_epochs.json": "2026-11-29",
     "bench_peers_causal_lm_lora.json": "2026-11-29",
@@ -71,6 +73,16 @@ TABLES = [
         "bench_peers_bbc_news_lora.json",
         "ptrun.bench.peers",
         "LoRA: bbc_news_lora against peft with the HF Trainer and in the plain loop, over three seeds",
+    ),
+    Table(
+        "bench_peers_bbc_news_lora_cache_depth.json",
+        "ptrun.bench.peers",
+        "LoRA's cache threshold: from the first frozen block against the default, bbc_news_lora",
+    ),
+    Table(
+        "bench_peers_bbc_news_lora_cache_2_blocks.json",
+        "ptrun.bench.peers",
+        "LoRA caching from two frozen blocks: bbc_news_lora against the same peers and ptrun with freezing off",
     ),
     Table(
         "model_step_bbc_news_lora.json",
