@@ -7,6 +7,7 @@ started as `python scripts/NAME.py`."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -88,15 +89,22 @@ def run_to_end(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path 
     """Run a benchmark's `cmd` to its end, its stdout discarded, as `subprocess.run(check=True)` does. On Linux
     the child is stopped (SIGTERM) when the benchmark's process dies, however it dies: a benchmark killed
     mid-run leaves no run going on beside the next one (ptrun's launcher stops its workers on SIGTERM)."""
-    stop_with_parent = _stop_with_parent if sys.platform == "linux" else None
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=cwd, preexec_fn=stop_with_parent)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=cwd, preexec_fn=_stop_with_parent())
 
 
-def _stop_with_parent() -> None:
-    """In the child, before it runs its command: SIGTERM when the parent dies (prctl's PR_SET_PDEATHSIG)."""
+PR_SET_PDEATHSIG = 1
+"""prctl's option: the signal a process gets when its parent dies (linux/prctl.h)."""
+
+
+def _stop_with_parent():
+    """What the child runs before its command (Linux; None elsewhere): SIGTERM when the parent dies. libc's prctl
+    is looked up here, in the parent, so the forked child only calls it (no import or library load between fork
+    and exec)."""
+    if sys.platform != "linux":
+        return None
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    return functools.partial(ctypes.CDLL(None).prctl, PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def fresh_run_dir(marker: Path, reuse: bool) -> bool:
