@@ -43,6 +43,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ptrun.config import (
+    ADAPTER_SPECS,
     ConfigError,
     PtrunConfig,
     check_devices,
@@ -54,6 +55,9 @@ from ptrun.config import (
     validate_keys,
     workers_per_node,
 )
+from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, target_names
+from ptrun.config.adapter_layers import check_layers_range
+from ptrun.config.adapter_source import check_adapter_source
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
@@ -204,7 +208,26 @@ def settle(
     cfg = resolve_hub_ids(cfg, full=True)
     if check:
         validate(cfg, paths=True)
+        check_adapter_model(cfg, files=True)
     return Resolved(with_defaults(cfg), note)
+
+
+def check_adapter_model(cfg: PtrunConfig, files: bool) -> None:
+    """The adapter keys checked against the model's blocks, which its analytic sizes give
+    (`ptrun.costs.from_config`, imported only where a key needs it): `adapter.layers` names blocks the model
+    has, and with `files` `adapter.pretrained` is a readable peft adapter saved with this run's settings."""
+    a = cfg.adapter
+    if ADAPTER_SPECS[a.name].trains_base or (a.layers is None and a.pretrained is None):
+        return
+    from ptrun.costs.from_config import costs_from_config
+
+    num_blocks = costs_from_config(cfg.model, cfg.data).num_blocks
+    check_layers_range(a.layers, num_blocks)
+    if files and a.pretrained is not None:
+        family = adapter_family(cfg.model)
+        known = family in BLOCK_LINEARS
+        targets = target_names(a, family) if known else None
+        check_adapter_source(a, family, num_blocks, targets, known and BLOCK_LINEARS[family].conv1d)
 
 
 def with_defaults(cfg: PtrunConfig) -> PtrunConfig:
@@ -288,6 +311,7 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
+    check_adapter_model(cfg, files=False)
     if cfg.pipe.length != "auto":
         cfg, _ = layout.resolve(cfg, nodes * gpus_per_node, check=nodes > 1)
     return with_defaults(cfg)

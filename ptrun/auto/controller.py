@@ -29,7 +29,8 @@ from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
 from ptrun.auto.freeze import make_policy
 from ptrun.auto.freeze_policy import FreezePolicy
 from ptrun.auto.intervals import Positions, interval_epochs
-from ptrun.config import ConfigError, PtrunConfig
+from ptrun.config import ADAPTER_SPECS, ConfigError, PtrunConfig
+from ptrun.config.adapter_layers import adapted_blocks, adapted_count_below, fixed_blocks, frozen_blocks_for
 from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.layout.first import first_plan, param_costs, starting_microbatches
 from ptrun.layout.partition import REPARTITION
@@ -60,12 +61,16 @@ class Controller:
         self.cfg = cfg
         fr = cfg.freeze
         name = fr.policy if cfg.auto.freeze else "none"
+        self.num_blocks = num_blocks
+        self.adapted = trained_blocks(cfg, num_blocks)
+        """The blocks that train (every block, or those `adapter.layers` gives adapters), lowest first: the
+        blocks the policy counts. Below the lowest, the blocks are frozen from the start (`start`)."""
         self.interval_epochs: Fraction = interval_epochs(fr.every, fr.every_steps, steps_per_epoch)
         """The interval between decisions in epochs, exact (`freeze.every`, or `freeze.every_steps` over an
         epoch's steps): the same fraction the trainer and the simulator place decisions with."""
         self.policy: FreezePolicy = make_policy(
             name,
-            num_blocks,
+            len(self.adapted),
             alpha=fr.alpha,
             every=self.interval_epochs,
             max_fraction=fr.max_fraction,
@@ -150,8 +155,13 @@ class Controller:
 
     def decide(self, interval: int, current: Plan, measured: Sequence[float] | None) -> Plan:
         """Before `interval` (at the end of the one before it): the freeze decision on the finished interval's
-        `measure` (None: not measured), then the next Plan; agreed by broadcast."""
-        frozen_blocks = self.policy.decide(interval, blocks_of_units(current.frozen_units), measured)
+        `measure` (None: not measured), then the next Plan; agreed by broadcast. The policy counts the blocks
+        that train (`adapted`) and reads their measure alone; a block without adapters freezes with the
+        trained block below it."""
+        below = adapted_count_below(self.adapted, blocks_of_units(current.frozen_units))
+        ours = None if measured is None else [measured[b] for b in self.adapted]
+        count = self.policy.decide(interval, below, ours)
+        frozen_blocks = frozen_blocks_for(self.adapted, count, self.num_blocks)
         plan = self.plan_for(current, frozen_blocks, current.world_size)
         if dist.is_initialized() and dist.get_world_size() > 1:
             box = [plan.to_dict()]
@@ -196,7 +206,7 @@ def start(
         if profile is None
         else dict(time_costs=profile.time_s, activation=profile.activation_bytes, bandwidth=bandwidth)
     )
-    return Controller(
+    controller = Controller(
         cfg,
         layered.num_blocks,
         param_costs(layered),
@@ -206,6 +216,17 @@ def start(
         steps_per_epoch,
         max_cached_units=layered.sequence_units,
     )
+    fixed = fixed_blocks(controller.adapted)
+    if fixed:  # nothing below the lowest adapter trains: frozen (and cached where it pays) from the first step
+        controller.first = controller.plan_for(first, fixed, world_size)
+    return controller
+
+
+def trained_blocks(cfg: PtrunConfig, num_blocks: int) -> tuple[int, ...]:
+    """The blocks whose weights train under `cfg`, lowest first: every block, or under adapters those
+    `adapter.layers` names."""
+    lora = not ADAPTER_SPECS[cfg.adapter.name].trains_base
+    return adapted_blocks(cfg.adapter.layers if lora else None, num_blocks)
 
 
 class Decisions:

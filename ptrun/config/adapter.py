@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ptrun.config.adapter_layers import check_layers_form
 from ptrun.config.model import is_hf_dir, model_family
 from ptrun.config.rules import check_choices, choice, require
 from ptrun.errors import ConfigError
@@ -93,6 +94,16 @@ class AdapterConfig:
     projections, every linear module of a block, the attention's output projection included: BERT's query,
     key, value and dense; Llama's q/k/v/o/gate/up/down_proj; timm ViT's qkv, proj, fc1 and fc2) or a list of
     their names, e.g. `[query,value]` (peft's `target_modules`, matched within the blocks)."""
+    layers: Any = None
+    """Which blocks get adapters (peft's `layers_to_transform`): null (every block), a list of block indices
+    counted from 0 at the bottom, e.g. `[4,5]`, or `top:N`, the N highest blocks, e.g. `top:3`. The blocks
+    below the lowest adapted block are frozen from the first step (no backward pass; AutoCache serves their
+    output from the first epoch it can), and the freeze policy counts the adapted blocks only."""
+    pretrained: str | None = None
+    """A peft LoRA adapter to continue training (peft's `PeftModel.from_pretrained(..., is_trainable=True)`):
+    its directory (adapter_config.json + adapter_model.safetensors, such as a LoRA run's export) or a Hugging
+    Face hub id. Its adapters and its trained task head (`modules_to_save`) are the run's starting values; its
+    adapter_config.json must say what the run's `adapter.*` keys say (r, alpha, dropout, targets, layers)."""
     merge: bool = False
     """What the export writes to RUN_DIR/model/: the adapter in peft's own format (false: load it with
     `PeftModel.from_pretrained(base, dir)`) or the base model with the adapters merged into its weights (true:
@@ -116,6 +127,7 @@ def check_adapter(cfg) -> None:
         a.targets,
     )
     require(not a.merge or cfg.train.export, "adapter.merge", "false unless train.export=true", a.merge)
+    check_layers_form(a.layers)
     family = adapter_family(cfg.model)
     if family is None:
         return  # not known without reading the model (a weights file): the model builder checks the names

@@ -146,7 +146,7 @@ def resolve_hub_ids(cfg, *, full: bool = True, env: Mapping[str, str] | None = N
     id the cache lacks is named in it, with the commands that fetch them."""
     env = os.environ if env is None else env
     missing: list[NotCached] = []
-    resolvers = (_resolve_model, _resolve_tokenizer, _resolve_data) if full else (_resolve_model,)
+    resolvers = (_resolve_model, _resolve_tokenizer, _resolve_data, _resolve_adapter) if full else (_resolve_model,)
     for resolver in resolvers:
         try:
             cfg = resolver(cfg, full, env)
@@ -206,6 +206,17 @@ def _resolve_data(cfg, full: bool, env: Mapping[str, str]):
     local = _fetch("data.path", data_id, patterns, patterns, env, extra=extra)
     _say("data.path", data_id, local)
     return replace(cfg, data=replace(cfg.data, path=local))
+
+
+def _resolve_adapter(cfg, full: bool, env: Mapping[str, str]):
+    """A hub adapter in `adapter.pretrained`: its peft files fetched, the key made their snapshot directory."""
+    adapter_id = parse_hub_id(cfg.adapter.pretrained)
+    if adapter_id is None:
+        return cfg
+    files = ("adapter_config.json", "adapter_model.safetensors")
+    local = _fetch("adapter.pretrained", adapter_id, files, files[:1], env)
+    _say("adapter.pretrained", adapter_id, local)
+    return replace(cfg, adapter=replace(cfg.adapter, pretrained=local))
 
 
 def _not_cached(missing: list[NotCached]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ptrun.config import PtrunConfig
 from ptrun.config.adapter import ADAPTER_SPECS, BLOCK_LINEARS, HEAD_MODULES, adapter_family, target_names
+from ptrun.config.adapter_layers import adapted_blocks
 from ptrun.costs.units import ModelCosts
 
 
@@ -24,14 +25,14 @@ def _lora(costs: ModelCosts, cfg: PtrunConfig) -> bool:
 def adapter_params(costs: ModelCosts, cfg: PtrunConfig) -> list[float]:
     """Per unit, the parameter elements the adapters add beside `costs.params` (0 without adapters): r x
     (fan-in + fan-out) for each linear module of a block that `adapter.targets` names (every one, for a family
-    the table does not know)."""
+    the table does not know), in the blocks `adapter.layers` names."""
     if not _lora(costs, cfg):
         return [0.0] * costs.num_units
     a, family = cfg.adapter, adapter_family(cfg.model)
     targets = set(target_names(a, family)) if family in BLOCK_LINEARS else None
-    head = costs.num_units - 1
+    adapted = {1 + 2 * b + half for b in adapted_blocks(a.layers, costs.num_blocks) for half in (0, 1)}
     return [
-        0.0 if u == head else float(sum(a.r * (i + o) for name, i, o in unit if targets is None or name in targets))
+        float(sum(a.r * (i + o) for name, i, o in unit if targets is None or name in targets)) if u in adapted else 0.0
         for u, unit in enumerate(costs.linears)
     ]
 

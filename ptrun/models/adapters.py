@@ -24,14 +24,17 @@ from pathlib import Path
 from torch import nn
 
 from ptrun.config.adapter import BLOCK_LINEARS, HEAD_MODULES, AdapterConfig, target_names
+from ptrun.config.adapter_layers import adapted_blocks, check_layers_range, peft_layers
 from ptrun.errors import ConfigError
 
 ADAPTER_NAME = "default"
 """peft's name for the one adapter (what `PeftModel.from_pretrained` loads by default)."""
 
 
-def lora_config(adapter: AdapterConfig, family: str, targets: list[str]):
-    """peft's LoraConfig of `adapter` for the modules named `targets` (full names in the library model)."""
+def lora_config(adapter: AdapterConfig, family: str, targets: list[str], num_blocks: int):
+    """peft's LoraConfig of `adapter` for the modules named `targets` (full names in the library model, in
+    the blocks `adapter.layers` names: written as peft's `layers_to_transform` too, which peft does not apply
+    to full names)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -39,13 +42,14 @@ def lora_config(adapter: AdapterConfig, family: str, targets: list[str]):
         lora_alpha=adapter.alpha,
         lora_dropout=adapter.dropout,
         target_modules=targets,
+        layers_to_transform=peft_layers(adapter.layers, num_blocks),
         fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
     )
 
 
 def block_targets(layered, adapter: AdapterConfig) -> list[str]:
-    """The full names of the modules in the blocks' units that `adapter.targets` names; a ConfigError listing
-    the blocks' linear modules where it names none."""
+    """The full names of the modules in the blocks' units that `adapter.targets` names, in the blocks
+    `adapter.layers` names; a ConfigError listing the blocks' linear modules where it names none."""
     family = layered.family
     if family not in BLOCK_LINEARS:
         raise ConfigError(
@@ -53,16 +57,18 @@ def block_targets(layered, adapter: AdapterConfig) -> list[str]:
             f"LoRA wraps {', '.join(BLOCK_LINEARS)}"
         )
     wanted = set(target_names(adapter, family))
+    check_layers_range(adapter.layers, layered.num_blocks)
+    adapted = set(adapted_blocks(adapter.layers, layered.num_blocks))
     name_of = {id(m): n for n, m in layered.model.named_modules()}
     found, linears = set(), set()
-    for unit in layered.units[1:-1]:
+    for u, unit in enumerate(layered.units[1:-1]):
         for module in unit.modules():
             name = name_of.get(id(module))
             if name is None or not _is_linear(module):
                 continue
             leaf = name.rsplit(".", 1)[-1]
             linears.add(leaf)
-            if leaf in wanted:
+            if leaf in wanted and u // 2 in adapted:  # units 1 + 2b and 2 + 2b are block b's halves
                 if any(child is module for child in unit.children()):
                     raise RuntimeError(f"{family}: unit holds {name} itself; an adapter needs its parent")
                 found.add(name)
@@ -87,7 +93,7 @@ def add_lora(layered, adapter: AdapterConfig) -> None:
 
     from ptrun.models.lora_linear import fuse_lora_linears
 
-    config = lora_config(adapter, layered.family, block_targets(layered, adapter))
+    config = lora_config(adapter, layered.family, block_targets(layered, adapter), layered.num_blocks)
     inject_adapter_in_model(config, layered.model, ADAPTER_NAME)
     fuse_lora_linears(layered.model)
     layered.repartition()

@@ -136,8 +136,10 @@ def tune_microbatches(
                 **controller.partition_kwargs,
             )
         )
+        # measured with nothing frozen (nor cached: the batches are raw), as at the start of a full fine-tune
+        bounds = tuple(tuple(b) for b in bounds)
         return replace(
-            first, pp=pp, dp=world_size // pp, microbatches=m, stage_bounds=tuple(tuple(b) for b in bounds)
+            first, pp=pp, dp=world_size // pp, microbatches=m, stage_bounds=bounds, frozen_units=0, cached_units=0
         ).check()
 
     batches = partial(
