@@ -134,5 +134,5 @@ def check_adapter_source(adapter, family: str | None, num_blocks: int, targets, 
         theirs = theirs_of[key]() if key in theirs_of else saved.get(key, default)
         if not _same(ours, theirs):
             raise _problem(
-                path, f"its {CONFIG_FILE} has {key}={theirs!r}, this run {ptrun_key} {ours!r}; they must agree"
+                path, f"its {CONFIG_FILE} has {key}={theirs!r}, this run {ours!r} ({ptrun_key}); they must agree"
             )

@@ -38,7 +38,8 @@ def build_model(
     supported family, `ptrun.models.hf`) is checked now, from its index, and read per unit as units are
     filled (`ptrun.models.weights`). `library_config` (a transformers config of a supported `model_type`)
     builds that model with random weights instead (tests and benchmarks). `adapter` (an AdapterConfig) wraps
-    the blocks' linears in adapters, whose base weights then stay fixed (`ptrun.models.adapters`).
+    the blocks' linears in adapters, whose base weights then stay fixed (`ptrun.models.adapters`); with its
+    `pretrained` (a peft adapter) the adapters and the task head start from that adapter's values.
     """
     with parameters_on_meta():
         if library_config is None and FAMILY_SPECS[model_family(cfg)].reads_images:
@@ -72,5 +73,9 @@ def build_model(
         from ptrun.models.weights import open_pretrained
 
         layered.weights = open_pretrained(layered, cfg.pretrained)
+    if adapter is not None and adapter.pretrained is not None and layered.adapters:
+        from ptrun.models.weights import open_adapter
+
+        layered.weights = open_adapter(layered, adapter.pretrained, layered.weights)  # its values start the run
     init_units(layered, range(len(layered.units)) if units is None else units)
     return layered

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ptrun.config import ConfigError
-from ptrun.models.adapters import library_name
+from ptrun.models.adapters import library_name, peft_key
 from ptrun.models.layered import LayeredModel
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,31 @@ def open_pretrained(layered: LayeredModel, path: str) -> WeightsFile:
     if unused:
         log.warning("model.pretrained=%r: %d weights not used (%s ...)", path, len(unused), unused[0])
     return WeightsFile(path, keys, read)
+
+
+def open_adapter(layered: LayeredModel, path: str, base: WeightsFile | None) -> WeightsFile:
+    """`base` (the base model's file, or None) with the trained parameters of the peft adapter in `path`
+    (`adapter.pretrained`: its adapters and task head, under the keys `get_peft_model_state_dict` gives them)
+    laid over it, checked from the file's index: every parameter that trains is there in its shape, and the
+    file holds nothing else."""
+    file = str(Path(path).expanduser() / "adapter_model.safetensors")
+    shapes, read = _index_file(file)
+    trained = sorted(set(layered.param_shapes) - layered.fixed)
+    keys = {name: peft_key(name) for name in trained}
+    for name, key in keys.items():
+        want = tuple(layered.param_shapes[name])
+        if shapes.get(key) != want:
+            why = "lacks it" if key not in shapes else f"has shape {shapes[key]}, the model {want}"
+            raise ConfigError(f"adapter.pretrained={path!r}: {key} (the run's {name}): the adapter {why}")
+    extra = sorted(set(shapes) - set(keys.values()))
+    if extra:
+        raise ConfigError(f"adapter.pretrained={path!r}: {extra[0]} is no parameter this run trains")
+    if base is None:
+        return WeightsFile(file, keys, read)
+    ours = set(keys.values())
+    return WeightsFile(
+        f"{base.path} + {file}", base.keys | keys, lambda key: read(key) if key in ours else base.read(key)
+    )
 
 
 def load_pretrained(layered: LayeredModel, weights: WeightsFile, names: Iterable[str]) -> None:
