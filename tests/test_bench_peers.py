@@ -747,12 +747,17 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
 
 @pytest.mark.parametrize(
     "recipe,sizes",
-    [("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]), ("bbc_news_lora", [])],
+    [
+        ("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]),
+        ("digits_vit", ["model.embed_dim=32", "model.depth=3", "model.num_heads=2", "adapter.layers=[0,2]"]),
+        ("bbc_news_lora", []),
+        ("bbc_news_lora", ["adapter.layers=top:2"]),
+    ],
 )
 def test_the_plain_peft_loop_wraps_the_modules_ptrun_wraps(recipe, sizes):
     """With `adapter=lora` the plain loop is the plain peft loop: `get_peft_model` on the library model, its
-    regex wrapping exactly the block linears ptrun's units carry adapters on (not a pooler's `dense`), and the
-    same parameters train (the adapters and the classifier)."""
+    regex wrapping exactly the block linears ptrun's units carry adapters on (not a pooler's `dense`; only in
+    the blocks `adapter.layers` names), and the same parameters train (the adapters and the classifier)."""
     from types import SimpleNamespace
 
     from ptrun.bench.plain_loop import build_model as plain_model

@@ -118,19 +118,29 @@ def with_adapter(net: torch.nn.Module, cfg) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, target_names
+    from ptrun.config.adapter_layers import adapted_blocks
 
     family = adapter_family(cfg.model)
     names = "|".join(target_names(a, family))
     heads = [n for n in ("classifier", "score", "head") if cfg.model.task != CAUSAL_LM and hasattr(net, n)]
+    # peft takes no `layers_to_transform` beside a regex: the regex names the blocks of `adapter.layers` instead
+    blocks = r"\d+" if a.layers is None else "|".join(map(str, adapted_blocks(a.layers, num_blocks(cfg))))
     config = LoraConfig(
         r=a.r,
         lora_alpha=a.alpha,
         lora_dropout=a.dropout,
-        target_modules=rf".*\.\d+\.(?:.*\.)?(?:{names})",
+        target_modules=rf".*?\.(?:{blocks})\.(?:.*\.)?(?:{names})",
         fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
         modules_to_save=heads or None,
     )
     return get_peft_model(net, config)
+
+
+def num_blocks(cfg) -> int:
+    """The blocks of the model `cfg` builds, from its analytic sizes."""
+    from ptrun.costs.from_config import costs_from_config
+
+    return costs_from_config(cfg.model, cfg.data).num_blocks
 
 
 def model_inputs(batch: dict) -> dict:
