@@ -194,6 +194,48 @@ def test_a_saved_adapter_starts_the_model_with_its_values(tmp_path):
     assert all(torch.equal(ours[n], theirs[n]) for n in ours), "trained values loaded, base values the same seed's"
 
 
+def test_an_adapter_peft_saved_starts_the_model_with_its_values(tmp_path):
+    """An adapter saved by peft itself (`get_peft_model(..., layers_to_transform=[1], modules_to_save=
+    ["classifier"])`, then `save_pretrained`): its settings pass the launcher's check, and the model built with
+    `adapter.pretrained` holds its adapters and classifier, bit for bit."""
+    from peft import LoraConfig, get_peft_model
+
+    from ptrun.config.adapter import BLOCK_LINEARS
+    from ptrun.config.adapter_source import check_adapter_source
+
+    torch.manual_seed(0)
+    library = auto_class("classification").from_config(tiny_config("bert"))
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["query", "value"],
+        layers_to_transform=[1],
+        modules_to_save=["classifier"],
+    )
+    peft_model = get_peft_model(library, config)
+    with torch.no_grad():
+        for p in peft_model.parameters():
+            if p.requires_grad:
+                p.normal_()
+    peft_model.save_pretrained(tmp_path)
+    adapter = AdapterConfig(
+        name="lora", r=4, alpha=8.0, targets=["query", "value"], layers=[1], pretrained=str(tmp_path)
+    )
+    check_adapter_source(adapter, "bert", 2, ("query", "value"), BLOCK_LINEARS["bert"].conv1d)
+    layered = build_model(
+        ModelConfig(name="bert", task="classification"),
+        num_classes=3,
+        library_config=tiny_config("bert"),
+        adapter=adapter,
+    )
+    theirs = dict(peft_model.base_model.model.named_parameters())
+    trained = {n: p for n, p in layered.model.named_parameters() if n not in layered.fixed}
+    assert len(trained) == 6 and "classifier.weight" in trained
+    for name, p in trained.items():
+        want = theirs[name.replace("classifier.", "classifier.modules_to_save.default.")]
+        assert torch.equal(p, want), name
+
+
 BAD = {
     "layers_malformed": (
         ["adapter.layers=top3"],

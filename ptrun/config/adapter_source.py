@@ -136,3 +136,9 @@ def check_adapter_source(adapter, family: str | None, num_blocks: int, targets, 
             raise _problem(
                 path, f"its {CONFIG_FILE} has {key}={theirs!r}, this run {ours!r} ({ptrun_key}); they must agree"
             )
+    # peft wraps a leaf name wherever it is (BERT's `dense` in the pooler too): ptrun wraps the blocks' only
+    blocks = set(adapted_blocks(adapter.layers, num_blocks))
+    for key in safetensors_shapes(path, Path(path).expanduser() / WEIGHTS_FILE):
+        found = BLOCK_INDEX.search(key)
+        if ".lora_" in key and (found is None or int(found[1]) not in blocks):
+            raise _problem(path, f"{WEIGHTS_FILE} holds {key}, an adapter outside the blocks this run adapts")
