@@ -48,7 +48,9 @@ def test_string_labels_keep_their_indices_on_every_rank_and_across_a_resume(tmp_
     run_workers([*args, "train.epochs=1"], run)
     assert json.loads((run / "class_names.json").read_text()) == NAMES
     entries = {p.name: p.stat().st_mtime_ns for p in tokenized.iterdir()}
-    assert len(entries) == 2 and all(name.endswith(".arrow") for name in entries)  # train and eval; no locks
+    # train and eval, each beside its checksum; no locks
+    assert sorted(entries) == sorted(n + s for n in entries if n.endswith(".arrow") for s in ("", ".sum"))
+    assert len(entries) == 4
 
     run_workers([*args, "train.epochs=2", "train.resume=true"], run)
     assert [e["epoch"] for e in run_events(run, "epoch")] == [0, 1]
