@@ -351,6 +351,22 @@ def test_a_damaged_entry_is_tokenized_again_in_one_line_to_the_same_rows(tmp_pat
     assert said(caplog, train_entry) == []
 
 
+def test_an_entry_the_cache_cannot_write_is_one_line(tmp_path):
+    """Writing an entry fails (here a directory holds its name, so the rename cannot replace it; a read-only or
+    full cache directory fails the same way): one line naming the entry and the variable that moves the cache,
+    not a traceback from each worker."""
+    from ptrun.data.hf_tokens import cached_table, record_batch
+
+    (tmp_path / "tokenized" / "0123456789abcdef.arrow").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        cached_table("0123456789abcdef", iter([record_batch({"input_ids": np.arange(4).reshape(2, 2)})]))
+    assert str(e.value) == (
+        f"PTRUN_TOKENIZED_DIR: cannot write the tokenized-data cache entry "
+        f"{str(tmp_path / 'tokenized' / '0123456789abcdef.arrow')!r} (Is a directory); free space there or "
+        f"point PTRUN_TOKENIZED_DIR at a writable directory with room"
+    )
+
+
 def test_concurrent_builds_write_an_entry_once(tmp_path):
     """Eight builders of one entry at once, as a run's workers are: the batches are drawn once, every builder
     reads the same rows, and the cache holds the entry alone. Threads stand in for processes: a file lock

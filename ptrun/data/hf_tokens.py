@@ -93,7 +93,13 @@ def cached_table(key: str, write_batches: Iterator[pa.RecordBatch]) -> datasets.
             f"point {DIR_ENV} at a writable directory"
         ) from e
     path = folder / f"{key}.arrow"
-    cache_entries.ensure(path, lambda tmp: write_stream(tmp, write_batches), WHAT, "tokenizing it again")
+    try:
+        cache_entries.ensure(path, lambda tmp: write_stream(tmp, write_batches), WHAT, "tokenizing it again")
+    except OSError as e:  # a read-only or full cache directory: nothing a restart would cure
+        raise ConfigError(
+            f"{DIR_ENV}: cannot write the tokenized-data cache entry {str(path)!r} ({e.strerror}); free space "
+            f"there or point {DIR_ENV} at a writable directory with room"
+        ) from e
     return datasets.Dataset.from_file(str(path)).with_format("torch")
 
 
