@@ -196,3 +196,101 @@ def test_two_processes_building_one_entry_at_once_leave_one_good_entry(tmp_path,
     assert len(lines) == (1 if before == "flipped" else 0) and all(str(path) in line for line in lines), lines
     assert cache_entries.fault(path) is None
     assert sorted(p.name for p in path.parent.iterdir()) == ["a.bin", "a.bin.sum"]
+
+
+# ---- inductor's cache ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_compiled_graph_entry_is_removed_in_one_line_and_the_others_kept(tmp_path, caplog, how):
+    """torch names its graph entries by the hash of their bytes: one that no longer hashes to its name is
+    removed before a run compiles (torch would log a traceback for it on every run, and keep it)."""
+    from torch._inductor.codecache import sha256_hash
+
+    from ptrun.parallel import inductor_cache
+
+    def put(folder: Path, content: bytes) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / sha256_hash(content)
+        path.write_bytes(content)
+        return path
+
+    graph = put(tmp_path / "fxgraph" / "ab" / "fabkey", b"a compiled graph" * 100)
+    other = put(tmp_path / "fxgraph" / "cd" / "fcdkey", b"another graph" * 100)
+    autograd = put(tmp_path / "aotautograd" / "akey", b"an autograd entry" * 100)
+    (tmp_path / "fxgraph" / "ab" / "fabkey" / ".tmp_being_written").write_bytes(b"half")  # torch's own: skipped
+    damage(graph, how, other)
+    assert inductor_cache.check_entries(tmp_path) == [graph]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == inductor_cache.__name__]
+    assert line == (
+        f"inductor's cache {tmp_path}: removed 1 damaged compiled-graph entries (fxgraph/ab/fabkey/{graph.name}): "
+        f"their bytes no longer hash to their names; the graphs are compiled again"
+    )
+    assert not graph.exists() and other.exists() and autograd.exists()
+    caplog.clear()
+    assert inductor_cache.check_entries(tmp_path) == [] and caplog.records == []
+
+
+def test_the_file_a_failed_compile_names_is_removed(tmp_path, monkeypatch):
+    from ptrun.parallel import inductor_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    module = tmp_path / "wm" / "cwmabc.py"
+    module.parent.mkdir()
+    module.write_text("x = (")
+    try:
+        try:
+            raise UnicodeDecodeError("utf-8", b"\x8b", 0, 1, "invalid start byte")
+        except UnicodeDecodeError as inner:
+            raise RuntimeError(f"Failed to import {module}") from inner
+    except RuntimeError as exc:
+        assert inductor_cache.remove_named_file(exc) == (module, True)
+        assert not module.exists()
+        assert inductor_cache.remove_named_file(exc) == (module, False)  # another worker's, gone already
+    assert inductor_cache.remove_named_file(RuntimeError("no file named")) is None
+
+
+COMPILE_A_UNIT = textwrap.dedent(
+    """
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="LINE %(name)s: %(message)s")
+    import torch
+    from ptrun.parallel.compiled import CompiledUnit, UnitCompiler
+    torch.manual_seed(0)
+    unit = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    compiler = UnitCompiler("default", None)
+    out = CompiledUnit(unit, "u.0", compiler)(torch.arange(8.0).reshape(2, 4))
+    print("OUT", out.tolist(), sorted(compiler.eager_kinds))
+    """
+)
+
+
+@pytest.mark.slow  # two compiles in fresh processes: about 2.5 minutes cold on 2 CPU cores
+def test_a_compile_on_a_damaged_inductor_cache_heals_it_in_one_line_per_file(tmp_path):
+    """A unit compiled into a cache of its own, then its graph entry and its generated module damaged (bytes
+    flipped): the next process removes the graph entry before compiling, removes the module its compile
+    fails to import and compiles again, one line each; it computes what the first did, compiled, not eager."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+
+    def compile_once() -> tuple[str, list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILE_A_UNIT], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.startswith("LINE ptrun.")]
+        return done.stdout.strip().splitlines()[-1], lines
+
+    clean, lines = compile_once()
+    assert clean.startswith("OUT [[") and clean.endswith(" []") and lines == []
+    graphs = sorted((tmp_path / "inductor").glob("fxgraph/*/*/*"))
+    modules = sorted((tmp_path / "inductor").glob("*/c*.py"))
+    assert graphs and modules
+    for path in graphs + modules:
+        damage(path, "flipped")
+    healed, lines = compile_once()
+    assert healed == clean
+    assert len(lines) == 1 + len(modules), lines
+    assert lines[0].startswith(
+        f"LINE ptrun.parallel.inductor_cache: inductor's cache {tmp_path / 'inductor'}: removed "
+    )
+    assert all(f"inductor's cache entry {m} is unusable: it failed to load" in "".join(lines) for m in modules)
