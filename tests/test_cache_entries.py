@@ -198,6 +198,28 @@ def test_two_processes_building_one_entry_at_once_leave_one_good_entry(tmp_path,
     assert sorted(p.name for p in path.parent.iterdir()) == ["a.bin", "a.bin.sum"]
 
 
+@pytest.mark.slow  # a Python process, killed
+def test_a_build_killed_midway_leaves_nothing_that_is_read_and_the_next_build_cleans_up(tmp_path, caplog):
+    """A process killed with SIGKILL while it writes an entry (a run killed while tokenizing) leaves its
+    temporary file and the lock file; the next build writes the entry whole, says nothing (there was no
+    entry), and leaves the entry and its checksum alone in the folder."""
+    path = tmp_path / "cache" / "a.bin"
+    path.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", BUILDER, str(path), "0"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(path.parent.glob(".a.bin.*.tmp")) and time.time() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    proc.communicate()
+    left = sorted(p.name for p in path.parent.iterdir())
+    assert left[0].startswith(".a.bin.") and left[1:] == ["a.bin.lock"], left  # half an entry, never renamed
+    assert cache_entries.fault(path) == ""
+    whole = b"".join(bytes([i]) * 100_000 for i in range(50))
+    assert cache_entries.ensure(path, lambda tmp: tmp.write_bytes(whole), "test cache entry", "making it again")
+    assert said(caplog, path) == [] and path.read_bytes() == whole
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.bin", "a.bin.sum"]
+
+
 # ---- inductor's cache ------------------------------------------------------------------------------------------
 
 
