@@ -192,15 +192,29 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
 
 @contextlib.contextmanager
 def _no_cache_left(cfg: PtrunConfig):
-    """After the launch, however it ended: the node's AutoCache memory tier (in /dev/shm) goes unless
-    `cache.keep`. Workers remove it when a run ends; this covers workers that were killed or failed."""
+    """While the launch runs and after it, however it ends: the node's AutoCache memory tier (in /dev/shm) goes
+    unless `cache.keep`. Workers remove it when a run ends; the launcher covers workers that were killed or
+    failed, and its janitor (`ptrun.lifeline.Janitor`) a launcher that was killed. Before it, what earlier runs
+    killed with their janitors left is swept (`ptrun.leftovers`), in one line."""
+    from ptrun import leftovers
+    from ptrun.auto.autocache import cache_dirs, shared_memory_root
+    from ptrun.lifeline import Janitor
+
+    root = shared_memory_root()
+    line = leftovers.sweep_line(*leftovers.sweep(root), root)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    tier = cache_dirs(cfg.cache, cfg.run_dir)[1] if cfg.auto.cache and not cfg.cache.keep else None
+    janitor = Janitor() if tier is not None else None
+    if tier is not None:
+        leftovers.claim(tier)
+        janitor.remove_when_gone(tier)
     try:
         yield
     finally:
-        if cfg.auto.cache and not cfg.cache.keep:
-            from ptrun.auto.autocache import cache_dirs
-
-            shutil.rmtree(cache_dirs(cfg.cache, cfg.run_dir)[1], ignore_errors=True)
+        if tier is not None:
+            shutil.rmtree(tier, ignore_errors=True)
+            janitor.close()
 
 
 @contextlib.contextmanager

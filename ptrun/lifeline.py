@@ -1,0 +1,149 @@
+"""Nothing of a run outlives its launcher, however the launcher ends (SIGKILL included): each process ptrun starts
+for a run watches the process it depends on and ends with it.
+
+- The workers' forkserver gets SIGKILL from the kernel when the launcher ends (Linux's parent-death signal,
+  set as this module is imported there: it is the first module the server preloads, `SERVER_PARENT_ENV`
+  naming the launcher). On other systems the server ends as multiprocessing's does, when the launcher's end
+  of its pipe closes.
+- Each worker watches the pipe multiprocessing gives a child to its parent, the launcher (its forkserver's
+  client; readable once the launcher is gone, on every system), in a thread that then kills the worker
+  (`end_with_launcher`). On Linux the worker also gets the parent-death signal from its own parent (the
+  forkserver, which dies with the launcher): the kernel's, which holds even when the worker's interpreter
+  cannot run the thread.
+- multiprocessing's resource tracker ends when the last process holding its pipe (the launcher, the server,
+  the workers) has ended, and unlinks the named semaphores they left then.
+- The run's files in /dev/shm (AutoCache's memory tier) are removed by `Janitor` when the launcher ends.
+
+A parent-death signal is sent when the *thread* that started the process ends, not the process: the server's
+is set only when the launcher's main thread starts it (the interpreter's end there is the process's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+"""prctl's option: the signal a process gets when its parent dies (linux/prctl.h)."""
+SERVER_PARENT_ENV = "PTRUN_SERVER_PARENT"
+"""The launcher's pid, in the environment the workers' forkserver starts with (only when its main thread
+starts it): the server dies with that process."""
+
+
+def die_with_parent(parent: int) -> bool:
+    """Linux: this process gets SIGKILL when its parent `parent` ends; ended at once if that has happened
+    already (then its parent is another process). Elsewhere nothing (returns False)."""
+    if sys.platform != "linux":
+        return False
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # a libc without prctl
+        return False
+    if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # it ended before the signal was set: nobody would send it
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def server_dies_with_launcher() -> None:
+    """In the workers' forkserver, as it preloads this module: die with the launcher that started it."""
+    parent = os.environ.get(SERVER_PARENT_ENV)
+    if parent and parent.isdigit() and "multiprocessing.forkserver" in sys.modules:
+        die_with_parent(int(parent))
+
+
+@contextlib.contextmanager
+def server_parent():
+    """While the block starts the workers' forkserver: the environment names this process as the parent it
+    dies with, where this is the main thread (a parent-death signal follows the thread that started it)."""
+    named = threading.current_thread() is threading.main_thread() and SERVER_PARENT_ENV not in os.environ
+    if named:
+        os.environ[SERVER_PARENT_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if named:
+            del os.environ[SERVER_PARENT_ENV]
+
+
+def end_with_launcher() -> None:
+    """In a worker: end (SIGKILL) when the launcher ends, by a thread that waits on the pipe to it; on Linux the
+    kernel's parent-death signal from the worker's own parent too. Nothing in a process multiprocessing did not
+    start."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+    if os.getppid() != parent.pid:  # forked by the forkserver (single-threaded), which dies with the launcher
+        die_with_parent(os.getppid())
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        wait([sentinel])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ptrun-end-with-launcher", daemon=True).start()
+
+
+class Janitor:
+    """A small process in a session of its own (a SIGKILL to the launcher's process group leaves it) that
+    removes the paths it was given once the launcher ends, however it ends: it waits for the end of a pipe
+    only the launcher holds. Its paths are those a killed launcher cannot remove itself (AutoCache's memory
+    tier in /dev/shm); a launch that ends normally has removed them already."""
+
+    def __init__(self):
+        self._proc: subprocess.Popen | None = None
+        with contextlib.suppress(OSError):
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "ptrun.lifeline"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+            )
+
+    def remove_when_gone(self, path: Path) -> None:
+        """`path` (a directory or a file) is removed when the launcher ends."""
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.write(f"{path}\n")
+                self._proc.stdin.flush()
+
+    def close(self) -> None:
+        """The launcher is done (what it registered is removed now) and the janitor ends."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+            self._proc = None
+
+
+def _janitor_main() -> None:
+    """The janitor's process: read paths until the launcher's end of the pipe closes, then remove them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C goes to the launcher, which says
+    paths = [Path(line.rstrip("\n")) for line in sys.stdin if line.strip()]
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+if __name__ == "__main__":
+    _janitor_main()
+else:
+    server_dies_with_launcher()
