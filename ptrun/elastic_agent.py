@@ -109,6 +109,31 @@ def quiet_agent_on_signals():
             logger.removeFilter(quiet)
 
 
+@contextlib.contextmanager
+def elastic_logs_to(log_file: Path):
+    """While the block runs, what elastic logs of its workers (a failure with the worker's traceback, the others
+    being stopped) and ptrun's agent of a start-up failure goes to `log_file` (the run's train.log), not to
+    the terminal, where the launcher's one line says what happened. Installed after the filters that drop
+    records: what they drop goes nowhere (a start that failed on bad input leaves no train.log)."""
+    handler = logging.FileHandler(log_file, delay=True)  # opened by the first record: most runs write none
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def divert(record: logging.LogRecord) -> bool:
+        with contextlib.suppress(OSError):  # a run directory that cannot take it: the record is dropped
+            handler.handle(record)
+        return False
+
+    loggers = [logging.getLogger(name) for name in (*ELASTIC_LOGGERS, AGENT_LOGGER, __name__)]
+    for logger in loggers:
+        logger.addFilter(divert)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(divert)
+        handler.close()
+
+
 class _TidyAgent:
     """Mixed into elastic's agent: when it stops a worker group (a restart, or the end), it removes the files
     torch.multiprocessing pickles a raising worker's exception into (in the temp directory, never removed by
@@ -145,13 +170,15 @@ def tidy_agent():
 
 
 @contextlib.contextmanager
-def ptrun_agent(errors: Path, stop_timeout: float):
+def ptrun_agent(errors: Path, stop_timeout: float, janitor=None):
     """While elastic runs the workers, ptrun's agent:
     - once a worker has reported bad input, divergence or a fault of the machine in `errors` (or the kernel
       killed one for want of memory: `oom_killed`), or every worker of the machine the same error at start-up
       (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
+    - gives `janitor` (a `ptrun.lifeline.Janitor`) the named semaphores of each worker group's queues, which
+      it unlinks if the launcher is killed with multiprocessing's resource tracker (a process group's SIGKILL);
     - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
       a group restarted because machines joined resumes like one restarted after a failure;
     - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
@@ -180,7 +207,12 @@ def ptrun_agent(errors: Path, stop_timeout: float):
                 self.base_args = getattr(self, "base_args", spec.args)
                 spec.args = (*self.base_args, self.group_starts)
                 self.group_starts += 1
-                return super()._start_workers(worker_group)
+                started = super()._start_workers(worker_group)
+                if janitor is not None:
+                    from ptrun.lifeline import named_semaphores
+
+                    janitor.unlink_when_gone(named_semaphores(self._pcontext))
+                return started
 
             def _invoke_run(self, *args, **kwargs):
                 try:

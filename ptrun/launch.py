@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -20,6 +21,7 @@ from ptrun.config import ConfigError, PtrunConfig, parse_nnodes, workers_per_nod
 from ptrun.elastic_agent import (
     config_reports,
     diverged_reports,
+    elastic_logs_to,
     fault_reports,
     ptrun_agent,
     quiet_agent_on_signals,
@@ -139,11 +141,13 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
     with (
+        _janitor() as janitor,
         tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp,
-        ptrun_agent(Path(tmp), lc.stop_timeout) as errors,
+        ptrun_agent(Path(tmp), lc.stop_timeout, janitor) as errors,
         quiet_agent_on_signals(),
+        elastic_logs_to(Path(cfg.run_dir) / "train.log"),
         _pruned(logs),
-        _no_cache_left(cfg),
+        _no_cache_left(cfg, janitor),
     ):
         signum, results = 0, {}
         try:
@@ -171,12 +175,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
                     f"every worker failed at start-up with the same error, so no restart: "
                     f"{json.loads(starts[0].read_text())['line']}"
                 ) from None
-            rank, failure = next(iter(e.failures.items()))
-            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-            raise LaunchFailed(
-                f"worker rank {rank} failed (exit code {failure.exitcode}): "
-                f"{message.strip().splitlines()[-1] if message.strip() else 'see the log above'}"
-            ) from None
+            raise LaunchFailed(failure_line(*next(iter(e.failures.items())), Path(cfg.run_dir))) from None
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
             raise LaunchFailed(
                 f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
@@ -190,22 +189,49 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     return results.get(0, {}) if isinstance(results, dict) else {}
 
 
+def failure_line(rank: int, failure, run_dir: Path) -> str:
+    """What the launcher says of a worker that failed otherwise (`failure`, elastic's ProcessFailure): the
+    signal that killed it, from outside ptrun, or the last line of its exception (naming the file or the
+    resource where the exception does), whose traceback is in the run's train.log (`elastic_logs_to`)."""
+    if failure.exitcode < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-failure.exitcode).name
+            return f"worker rank {rank} (pid {failure.pid}) was killed by {name}, from outside ptrun"
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+    last = message.strip().splitlines()[-1] if message.strip() else ""
+    log = run_dir / "train.log"
+    return f"worker rank {rank} failed (exit code {failure.exitcode}): {last or 'no message'}" + (
+        f" (traceback in {log})" if log.is_file() and "Traceback" in message else ""
+    )
+
+
 @contextlib.contextmanager
-def _no_cache_left(cfg: PtrunConfig):
+def _janitor():
+    """A `ptrun.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
+    launcher is killed."""
+    from ptrun.lifeline import Janitor
+
+    janitor = Janitor()
+    try:
+        yield janitor
+    finally:
+        janitor.close()
+
+
+@contextlib.contextmanager
+def _no_cache_left(cfg: PtrunConfig, janitor):
     """While the launch runs and after it, however it ends: the node's AutoCache memory tier (in /dev/shm) goes
     unless `cache.keep`. Workers remove it when a run ends; the launcher covers workers that were killed or
-    failed, and its janitor (`ptrun.lifeline.Janitor`) a launcher that was killed. Before it, what earlier runs
-    killed with their janitors left is swept (`ptrun.leftovers`), in one line."""
+    failed, and `janitor` a launcher that was killed. Before it, what earlier runs killed with their janitors
+    left is swept (`ptrun.leftovers`), in one line."""
     from ptrun import leftovers
     from ptrun.auto.autocache import cache_dirs, shared_memory_root
-    from ptrun.lifeline import Janitor
 
     root = shared_memory_root()
     line = leftovers.sweep_line(*leftovers.sweep(root), root)
     if line:
         print(line, file=sys.stderr, flush=True)
     tier = cache_dirs(cfg.cache, cfg.run_dir)[1] if cfg.auto.cache and not cfg.cache.keep else None
-    janitor = Janitor() if tier is not None else None
     if tier is not None:
         leftovers.claim(tier)
         janitor.remove_when_gone(tier)
@@ -214,7 +240,6 @@ def _no_cache_left(cfg: PtrunConfig):
     finally:
         if tier is not None:
             shutil.rmtree(tier, ignore_errors=True)
-            janitor.close()
 
 
 @contextlib.contextmanager

@@ -12,7 +12,9 @@ for a run watches the process it depends on and ends with it.
   cannot run the thread.
 - multiprocessing's resource tracker ends when the last process holding its pipe (the launcher, the server,
   the workers) has ended, and unlinks the named semaphores they left then.
-- The run's files in /dev/shm (AutoCache's memory tier) are removed by `Janitor` when the launcher ends.
+- What the run holds in /dev/shm (AutoCache's memory tier, the named semaphores of the workers' queues) is
+  removed by `Janitor` when the launcher is killed; what even that leaves (the janitor killed too) by the
+  next launch's sweep (`ptrun.leftovers`).
 
 A parent-death signal is sent when the *thread* that started the process ends, not the process: the server's
 is set only when the launcher's main thread starts it (the interpreter's end there is the process's).
@@ -98,9 +100,11 @@ def end_with_launcher() -> None:
 
 class Janitor:
     """A small process in a session of its own (a SIGKILL to the launcher's process group leaves it) that
-    removes the paths it was given once the launcher ends, however it ends: it waits for the end of a pipe
-    only the launcher holds. Its paths are those a killed launcher cannot remove itself (AutoCache's memory
-    tier in /dev/shm); a launch that ends normally has removed them already."""
+    removes what it was given once the launcher ends without saying it is done, however it ends: it waits for
+    the end of a pipe only the launcher holds. What it is given is what a killed launcher cannot remove
+    itself: AutoCache's memory tier in /dev/shm, and the named semaphores of the workers' queues, which
+    multiprocessing's resource tracker would unlink unless it is killed with the launcher (it is in the
+    launcher's process group). A launch that ends normally removes them itself (`close`)."""
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
@@ -114,16 +118,25 @@ class Janitor:
                 text=True,
             )
 
-    def remove_when_gone(self, path: Path) -> None:
-        """`path` (a directory or a file) is removed when the launcher ends."""
+    def _say(self, line: str) -> None:
         if self._proc is not None and self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.write(f"{path}\n")
+            with contextlib.suppress(OSError, ValueError):
+                self._proc.stdin.write(f"{line}\n")
                 self._proc.stdin.flush()
 
+    def remove_when_gone(self, path: Path) -> None:
+        """`path` (a directory or a file) is removed if the launcher is killed."""
+        self._say(f"path {path}")
+
+    def unlink_when_gone(self, semaphores) -> None:
+        """The named semaphores `semaphores` (their names) are unlinked if the launcher is killed."""
+        for name in semaphores:
+            self._say(f"sem {name}")
+
     def close(self) -> None:
-        """The launcher is done (what it registered is removed now) and the janitor ends."""
+        """The launcher is done: it removed what it registered itself, and the janitor ends."""
         if self._proc is not None:
+            self._say("done")
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -131,16 +144,61 @@ class Janitor:
             self._proc = None
 
 
+def named_semaphores(root, depth: int = 10, limit: int = 20000) -> set[str]:
+    """The names of the named semaphores (multiprocessing's locks, events, queues) that `root` holds, looked for
+    in the objects it refers to, up to `depth` references away (at most `limit` objects: a queue or an event of
+    an object's attributes is a few away; classes, modules and functions are not followed)."""
+    import gc
+    import types
+    from multiprocessing.synchronize import SemLock
+
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes)
+    seen: set[int] = set()
+    names: set[str] = set()
+    frontier = [root]
+    for _ in range(depth):
+        found = []
+        for obj in frontier:
+            if id(obj) in seen or isinstance(obj, skip) or len(seen) >= limit:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, SemLock):
+                name = getattr(obj._semlock, "name", None)  # None: a lock of the fork start method, unlinked
+                if name:
+                    names.add(name)
+                continue
+            found.extend(gc.get_referents(obj))
+        frontier = found
+    return names
+
+
 def _janitor_main() -> None:
-    """The janitor's process: read paths until the launcher's end of the pipe closes, then remove them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C goes to the launcher, which says
-    paths = [Path(line.rstrip("\n")) for line in sys.stdin if line.strip()]
+    """The janitor's process: read what to remove until the launcher's end of the pipe closes; remove it unless
+    the launcher said it is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C goes to the launcher, which stops the run
+    paths, semaphores, done = [], [], False
+    for line in sys.stdin:
+        kind, _, value = line.rstrip("\n").partition(" ")
+        if kind == "path" and value:
+            paths.append(Path(value))
+        elif kind == "sem" and value:
+            semaphores.append(value)
+        done = kind == "done"
+    if done:
+        return
     for path in paths:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
                 path.unlink()
+    try:
+        from _multiprocessing import sem_unlink
+    except ImportError:  # a platform without named semaphores
+        return
+    for name in semaphores:
+        with contextlib.suppress(OSError):
+            sem_unlink(name)
 
 
 if __name__ == "__main__":
