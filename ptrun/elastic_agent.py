@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -72,10 +73,11 @@ def start_reports(errors: Path) -> list[Path]:
     return sorted(errors.glob("start-rank*"))
 
 
-def same_start_failure(errors: Path, local_workers: int) -> bool:
+def same_start_failure(errors: Path, local_workers: int, restarts: bool = True) -> bool:
     """Whether every worker of this machine failed at start-up with the same error: a bug that a restart
     would only repeat. Otherwise (a worker killed, a peer lost, errors that differ) the reports are logged and
-    removed, and elastic restarts the group as for any fault."""
+    removed (where elastic `restarts`, one line each on the terminal; the tracebacks in train.log), and elastic
+    restarts the group as for any fault."""
     deadline = time.monotonic() + START_REPORT_WAIT_S
     while 0 < len(start_reports(errors)) < local_workers and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -83,7 +85,10 @@ def same_start_failure(errors: Path, local_workers: int) -> bool:
     if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
         return True
     for path, report in zip(start_reports(errors), reports, strict=True):
-        logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-") :], report["traceback"])
+        worker = path.name[len("start-") :]
+        if restarts:  # one line on the terminal; the traceback goes to train.log (`elastic_logs_to`)
+            print(f"ptrun: {worker} failed at start-up, so the workers restart: {report['line']}", file=sys.stderr)
+        logging.getLogger(__name__).error("%s failed at start-up:\n%s", worker, report["traceback"])
         path.unlink(missing_ok=True)
     return False
 
@@ -236,7 +241,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None):
                     or diverged_reports(errors)
                     or fault_reports(errors)
                     or oom_killed(errors, result.failures, watch)
-                    or same_start_failure(errors, worker_group.spec.local_world_size)
+                    or same_start_failure(errors, worker_group.spec.local_world_size, self._remaining_restarts > 0)
                 ):
                     self._remaining_restarts = 0
                 return result

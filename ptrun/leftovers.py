@@ -58,7 +58,9 @@ def owner_gone(owner: dict) -> bool:
         return bool(owner.get("boot")) and bool(_boot_id())
     if owner.get("pidns") != _pid_namespace() or not isinstance(owner.get("pid"), int):
         return False  # another container's processes are not ours to see
-    return owner.get("start") is None or start_time(owner["pid"]) != owner["start"]
+    if owner.get("start") is None or start_time(os.getpid()) is None:
+        return False  # a system without /proc: no process can be told gone
+    return start_time(owner["pid"]) != owner["start"]
 
 
 def _size(tier: Path) -> int:
