@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -129,7 +130,14 @@ class Janitor:
         self._say(f"path {path}")
 
     def unlink_when_gone(self, semaphores) -> None:
-        """The named semaphores `semaphores` (their names) are unlinked if the launcher is killed."""
+        """The named semaphores `semaphores` (their names) are unlinked if the launcher is killed, once this
+        process's resource tracker has ended: it unlinks them itself unless it was killed too (and warns of
+        each one that is gone already)."""
+        from multiprocessing import resource_tracker
+
+        tracker = getattr(resource_tracker._resource_tracker, "_pid", None)  # None: none started
+        if tracker is not None:
+            self._say(f"tracker {tracker}")
         for name in semaphores:
             self._say(f"sem {name}")
 
@@ -172,17 +180,39 @@ def named_semaphores(root, depth: int = 10, limit: int = 20000) -> set[str]:
     return names
 
 
+TRACKER_WAIT_S = 5
+"""How long the janitor waits for the launcher's resource tracker to end (once the launcher's clients, the
+server and the workers, have ended) before it unlinks the semaphores itself."""
+
+
+def _runs(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # a system without /proc
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+
 def _janitor_main() -> None:
     """The janitor's process: read what to remove until the launcher's end of the pipe closes; remove it unless
     the launcher said it is done."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C goes to the launcher, which stops the run
-    paths, semaphores, done = [], [], False
+    paths, semaphores, trackers, done = [], [], set(), False
     for line in sys.stdin:
         kind, _, value = line.rstrip("\n").partition(" ")
         if kind == "path" and value:
             paths.append(Path(value))
         elif kind == "sem" and value:
             semaphores.append(value)
+        elif kind == "tracker" and value.isdigit():
+            trackers.add(int(value))
         done = kind == "done"
     if done:
         return
@@ -196,6 +226,9 @@ def _janitor_main() -> None:
         from _multiprocessing import sem_unlink
     except ImportError:  # a platform without named semaphores
         return
+    deadline = time.monotonic() + TRACKER_WAIT_S
+    while any(_runs(pid) for pid in trackers) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for name in semaphores:
         with contextlib.suppress(OSError):
             sem_unlink(name)
