@@ -114,6 +114,21 @@ def quiet_agent_on_signals():
             logger.removeFilter(quiet)
 
 
+def failure_line(rank: int, failure, log: Path) -> str:
+    """What the launcher says of a worker that failed otherwise (`failure`, elastic's ProcessFailure): the
+    signal that killed it, from outside ptrun, or the last line of its exception (naming the file or the
+    resource where the exception does), whose traceback is in the run's train.log `log` (`elastic_logs_to`)."""
+    if failure.exitcode < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-failure.exitcode).name
+            return f"worker rank {rank} (pid {failure.pid}) was killed by {name}, from outside ptrun"
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+    last = message.strip().splitlines()[-1] if message.strip() else ""
+    return f"worker rank {rank} failed (exit code {failure.exitcode}): {last or 'no message'}" + (
+        f" (traceback in {log})" if log.is_file() else ""
+    )
+
+
 @contextlib.contextmanager
 def elastic_logs_to(log_file: Path):
     """While the block runs, what elastic logs of its workers (a failure with the worker's traceback, the others
@@ -175,13 +190,15 @@ def tidy_agent():
 
 
 @contextlib.contextmanager
-def ptrun_agent(errors: Path, stop_timeout: float, janitor=None):
+def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | None = None):
     """While elastic runs the workers, ptrun's agent:
     - once a worker has reported bad input, divergence or a fault of the machine in `errors` (or the kernel
       killed one for want of memory: `oom_killed`), or every worker of the machine the same error at start-up
       (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
+    - before a restart after a failure none of these explains, says in one line which worker failed and how
+      (`failure_line`; its traceback goes to the run's train.log, `log`);
     - gives `janitor` (a `ptrun.lifeline.Janitor`) the named semaphores of each worker group's queues, which
       it unlinks if the launcher is killed with multiprocessing's resource tracker (a process group's SIGKILL);
     - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
@@ -236,7 +253,10 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None):
             def _monitor_workers(self, worker_group):
                 watch.sample(w.id for w in worker_group.workers if w.id is not None)
                 result = super()._monitor_workers(worker_group)
-                if result.is_failed() and (
+                if not result.is_failed():
+                    return result
+                said = bool(start_reports(errors))  # `same_start_failure` says those
+                if (
                     config_reports(errors)
                     or diverged_reports(errors)
                     or fault_reports(errors)
@@ -244,6 +264,14 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None):
                     or same_start_failure(errors, worker_group.spec.local_world_size, self._remaining_restarts > 0)
                 ):
                     self._remaining_restarts = 0
+                elif self._remaining_restarts > 0 and not said and log is not None:
+                    rank, failure = min(result.failures.items())
+                    print(
+                        f"ptrun: {failure_line(rank, failure, log)}; the workers restart "
+                        f"({self._remaining_restarts} restart(s) left)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return result
 
         return Agent

@@ -10,7 +10,6 @@ import gc
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import uuid
@@ -22,6 +21,7 @@ from ptrun.elastic_agent import (
     config_reports,
     diverged_reports,
     elastic_logs_to,
+    failure_line,
     fault_reports,
     ptrun_agent,
     quiet_agent_on_signals,
@@ -143,7 +143,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     with (
         _janitor() as janitor,
         tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp,
-        ptrun_agent(Path(tmp), lc.stop_timeout, janitor) as errors,
+        ptrun_agent(Path(tmp), lc.stop_timeout, janitor, Path(cfg.run_dir) / "train.log") as errors,
         quiet_agent_on_signals(),
         elastic_logs_to(Path(cfg.run_dir) / "train.log"),
         _pruned(logs),
@@ -175,7 +175,8 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
                     f"every worker failed at start-up with the same error, so no restart: "
                     f"{json.loads(starts[0].read_text())['line']}"
                 ) from None
-            raise LaunchFailed(failure_line(*next(iter(e.failures.items())), Path(cfg.run_dir))) from None
+            rank, failure = next(iter(e.failures.items()))
+            raise LaunchFailed(failure_line(rank, failure, Path(cfg.run_dir) / "train.log")) from None
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
             raise LaunchFailed(
                 f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
@@ -187,22 +188,6 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
         gc.collect()
         raise Stopped(signum)
     return results.get(0, {}) if isinstance(results, dict) else {}
-
-
-def failure_line(rank: int, failure, run_dir: Path) -> str:
-    """What the launcher says of a worker that failed otherwise (`failure`, elastic's ProcessFailure): the
-    signal that killed it, from outside ptrun, or the last line of its exception (naming the file or the
-    resource where the exception does), whose traceback is in the run's train.log (`elastic_logs_to`)."""
-    if failure.exitcode < 0:
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-failure.exitcode).name
-            return f"worker rank {rank} (pid {failure.pid}) was killed by {name}, from outside ptrun"
-    message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-    last = message.strip().splitlines()[-1] if message.strip() else ""
-    log = run_dir / "train.log"
-    return f"worker rank {rank} failed (exit code {failure.exitcode}): {last or 'no message'}" + (
-        f" (traceback in {log})" if log.is_file() and "Traceback" in message else ""
-    )
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 (which runs the elastic agent), its whole process group (as a scheduler kills a job), or one of its workers is
 SIGKILLed. Within 10 s no process the run started may be left (the process tree collected from /proc before the
 kill, whatever the command lines), and /dev/shm must hold nothing of the run: no memory tier, no semaphore one
-of its processes held. A worker killed alone ends the run in one line. And the sweep of the next launch
-removes what a run killed with its janitor left, never what a live one holds."""
+of its processes held. A worker that fails, or is killed alone, is one line on the terminal. And the sweep of
+the next launch removes what a run killed with its janitor left, never what a live one holds. (The launcher
+runs the elastic agent: a SIGKILL to the agent is one to the launcher.)"""
 
 from __future__ import annotations
 
@@ -132,10 +133,18 @@ def test_a_killed_launcher_leaves_no_process_and_nothing_in_shared_memory(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_a_killed_worker_ends_the_run_in_one_line_and_leaves_nothing(tmp_path):
-    """One worker SIGKILLed (the run allows no restart): the launcher says so in one line, and the rest of the
-    run ends as after a killed launcher."""
-    proc, tier = start_caching(CACHED, tmp_path)
+def test_failed_and_killed_workers_are_one_line_each_and_leave_nothing(tmp_path, monkeypatch):
+    """A worker whose read fails (EIO, an OSError that is no bug of ptrun's) in the cached epoch: one line says
+    so and that the workers restart, its traceback goes to train.log. Then one worker SIGKILLed from outside,
+    with no restart left: one line names it, and the rest of the run ends as after a killed launcher."""
+    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 1, "point": "step", "step": 15, "errno": 5}]))
+    proc, tier = start_caching([*CACHED, "launcher.max_restarts=1"], tmp_path)
+    run_dir = tmp_path / "run"
+    deadline = time.monotonic() + 120
+    while len(run_events(run_dir, "start", missing_ok=True)) < 2:  # restarted after the failure
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1)  # the restarted workers past their start
     tree = process_tree(proc.pid)
     held = mapped_shm_inodes(tree)
     parents = _parents()
@@ -144,11 +153,18 @@ def test_a_killed_worker_ends_the_run_in_one_line_and_leaves_nothing(tmp_path):
     os.kill(workers[1], signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and re.fullmatch(
-        rf"ptrun: error: worker rank [01] \(pid {workers[1]}\) was killed by SIGKILL, from outside ptrun", lines[0]
+    said = [line for line in err.splitlines() if line.startswith("ptrun: ")]
+    log = run_dir / "train.log"
+    assert said[0] == (
+        f"ptrun: worker rank 1 failed (exit code 1): OSError: [Errno 5] Input/output error (traceback in {log}); "
+        f"the workers restart (1 restart(s) left)"
     ), err
-    assert "Traceback" in (tmp_path / "run" / "train.log").read_text()  # elastic's report of it
+    assert len(said) == 2 and re.fullmatch(
+        rf"ptrun: error: worker rank [01] \(pid {workers[1]}\) was killed by SIGKILL, from outside ptrun", said[1]
+    ), err
+    assert "Traceback" not in err
+    text = log.read_text()
+    assert "Traceback" in text and "OSError: [Errno 5] Input/output error" in text and "SIGKILL" in text
     assert_nothing_left(proc, tree, held, tier)
 
 
