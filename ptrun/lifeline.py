@@ -109,9 +109,14 @@ class Janitor:
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
+        # It imports this module from where the launcher did, never from the directory it runs in (another
+        # checkout there, a folder named like a library): the launcher's path, in the file system's root.
+        path = os.pathsep.join(p for p in sys.path if p)
         with contextlib.suppress(OSError):
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "ptrun.lifeline"],
+                cwd=os.path.abspath(os.sep),
+                env={**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
