@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,36 @@ def test_the_sweep_removes_a_dead_owners_memory_tier_and_leaves_a_live_ones(tmp_
     line = leftovers.sweep_line(removed, freed, root)
     assert line == f"ptrun: removed 1 AutoCache memory tier that killed runs left in {root} (3.0 MiB freed)"
     assert leftovers.sweep(root) == (0, 0) and leftovers.sweep_line(0, 0, root) is None
+
+
+def test_a_launch_sweeps_what_killed_runs_left_and_claims_its_own_memory_tier(tmp_path, capsys):
+    """What a launch does before its workers start and after they end, around them (no worker here): the sweep
+    of this machine's /dev/shm in one line on stderr (a tier whose launcher ended goes, a live one's stays), its
+    own memory tier claimed for it while it runs, and removed after it."""
+    from conftest import compose_config
+
+    from ptrun.auto.autocache import shared_memory_root
+    from ptrun.launch import _janitor, _no_cache_left
+
+    root = shared_memory_root()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    owner = {**leftovers.this_process(), "pid": ended.pid, "start": leftovers.start_time(ended.pid)}
+    ended.wait()
+    left = root / f"ptrun-cache-killed-{os.getpid()}"
+    live = root / f"ptrun-cache-live-{os.getpid()}"
+    for tier in (left, live):
+        leftovers.claim(tier)
+        (tier / "entries-0.mem").write_bytes(b"\1" * 2**20)
+    (left / leftovers.OWNER_FILE).write_text(json.dumps(owner))
+    cfg = compose_config(["auto.cache=true"], tmp_path / "run")
+    own = memory_tier(tmp_path / "run")
+    try:
+        with _janitor() as janitor, _no_cache_left(cfg, janitor):
+            said = capsys.readouterr().err.splitlines()
+            assert not left.exists() and live.is_dir()
+            assert json.loads((own / leftovers.OWNER_FILE).read_text())["pid"] == os.getpid()
+        assert not own.exists()
+        assert len(said) == 1 and said[0].startswith("ptrun: removed ") and f"left in {root} (" in said[0], said
+    finally:
+        for tier in (left, live):
+            shutil.rmtree(tier, ignore_errors=True)
