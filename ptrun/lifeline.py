@@ -11,7 +11,8 @@ for a run watches the process it depends on and ends with it.
   forkserver, which dies with the launcher): the kernel's, which holds even when the worker's interpreter
   cannot run the thread.
 - multiprocessing's resource tracker ends when the last process holding its pipe (the launcher, the server,
-  the workers) has ended, and unlinks the named semaphores they left then.
+  the workers) has ended, and unlinks the named semaphores they left then (without a warning on the
+  terminal: `quiet_tracker`).
 - What the run holds in /dev/shm (AutoCache's memory tier, the named semaphores of the workers' queues) is
   removed by `Janitor` when the launcher is killed; what even that leaves (the janitor killed too) by the
   next launch's sweep (`ptrun.leftovers`).
@@ -76,6 +77,27 @@ def server_parent():
     finally:
         if named:
             del os.environ[SERVER_PARENT_ENV]
+
+
+TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+"""The warnings filter of the resource tracker ptrun starts: after a killed launcher it unlinks the semaphores of
+the workers' queues as it should, and would say `There appear to be N leaked semaphore objects to clean up at
+shutdown` on the terminal (what it cleans up after a kill is no leak)."""
+
+
+@contextlib.contextmanager
+def quiet_tracker():
+    """While the block starts multiprocessing's resource tracker (with the workers' forkserver): it starts with
+    `TRACKER_WARNING` (the environment's PYTHONWARNINGS, which it reads as it starts)."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, TRACKER_WARNING]))
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 def end_with_launcher() -> None:

@@ -129,7 +129,8 @@ def test_a_killed_launcher_leaves_no_process_and_nothing_in_shared_memory(tmp_pa
     assert len(tree) >= 5 and held  # the launcher, its janitor, the server, the tracker, the workers
     os.killpg(proc.pid, signal.SIGKILL) if to_group else os.kill(proc.pid, signal.SIGKILL)
     assert_nothing_left(proc, tree, held, tier)
-    proc.communicate()
+    _, err = proc.communicate()
+    assert "Traceback" not in err and "resource_tracker" not in err, err  # nothing of ours on the terminal after
 
 
 @pytest.mark.slow
