@@ -79,11 +79,17 @@ def write_config(cfg: PtrunConfig) -> Path:
 
 
 def run_workers(overrides: list[str], run_dir: Path) -> dict:
-    """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher."""
-    from ptrun.launch import launch
+    """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher. A signal that
+    stopped the launch (Ctrl-C or SIGTERM to the test session) goes on to the handler the session has for it,
+    which the launch restored: Ctrl-C's KeyboardInterrupt ends the session, SIGTERM's default the process."""
+    from ptrun.launch import Stopped, launch
 
     cfg = compose_config(overrides, run_dir)
-    return launch(cfg, write_config(cfg))
+    try:
+        return launch(cfg, write_config(cfg))
+    except Stopped as e:
+        signal.raise_signal(e.signum)
+        raise
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -232,10 +238,48 @@ def kept_compile_costs(tmp_path_factory):
     return os.environ["PTRUN_COMPILE_COSTS_DIR"]
 
 
+WATCHED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+"""The signals whose handlers a test must leave as it found them: Ctrl-C and SIGTERM must stop the test session
+after any test (torch elastic's agent takes over all four while it runs)."""
+
+
+def handler_name(handler) -> str:
+    """A signal handler as a person reads it: its module and name, or SIG_DFL / SIG_IGN."""
+    if isinstance(handler, signal.Handlers):
+        return handler.name
+    name = getattr(handler, "__qualname__", None)
+    return f"{getattr(handler, '__module__', None) or ''}.{name}".lstrip(".") if name else repr(handler)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Fails the test that leaves a handler of `WATCHED_SIGNALS` other than it found (then puts it back, so that
+    the next tests, and Ctrl-C, are not affected)."""
+    found = {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS}
+    yield
+    left = {signum: (signal.getsignal(signum), handler) for signum, handler in found.items()}
+    changed = {signum: pair for signum, pair in left.items() if pair[0] is not pair[1]}
+    for signum, (_, handler) in changed.items():
+        if handler is not None:  # None: not installed from Python, cannot be set again
+            signal.signal(signum, handler)
+    if changed:
+        pytest.fail(
+            "the test left signal handlers changed: "
+            + ", ".join(f"{s.name} {handler_name(now)} (was {handler_name(was)})" for s, (now, was) in changed.items())
+        )
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_litter_left(semaphore_watch):
+def no_litter_left(request, semaphore_watch):
     before, semaphores_before = _litter(), set(semaphores().values())
     yield
+    if request.session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        # Ctrl-C: the session ends at once, without the checks (seconds of reading every process's mappings,
+        # on a busy machine); its processes end with it, and multiprocessing's resource tracker then removes
+        # the semaphores they registered.
+        return
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
     stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
@@ -243,6 +287,14 @@ def no_litter_left(semaphore_watch):
     stopping.join(60)
     leaked = sorted(map(str, semaphore_watch.leaked(semaphores_before)))
     assert not leaked, f"the test session left these semaphores behind: {leaked}"
+
+
+def pytest_unconfigure(config):
+    """The test session's process ends next: as `ptrun.cli.main` does, its last garbage collections are spared
+    the objects torch and elastic made (seconds on a busy machine, after Ctrl-C too); exit handlers still run."""
+    import gc
+
+    gc.freeze()
 
 
 # ---- trackers that cannot take a run ------------------------------------------------------------------------
