@@ -189,8 +189,10 @@ def test_a_signal_to_the_test_session_stops_it_at_once(tmp_path, signum, moment)
         assert "KeyboardInterrupt" in text, text
     else:
         assert proc.returncode == -signal.SIGTERM, text  # pytest keeps SIGTERM's default: the process ends
-    launch_passed = f"{LAUNCH_TEST} PASSED" in text
-    assert launch_passed == (moment == "after_the_launch_passed"), text  # the signal came when it was meant to
+    # The signal came when it was meant to; a launch that passed did so cleanly (at its teardown no error of
+    # `signal_handlers_kept`, which would have put back the handlers it left and so hidden them from the signal).
+    assert (f"{LAUNCH_TEST} PASSED" in text) == (moment == "after_the_launch_passed"), text
+    assert f"{LAUNCH_TEST} ERROR" not in text, text
     made = shm.left() | {p for pattern in LITTER for p in tmpdir.glob(pattern)}
     assert not made, f"left behind: {sorted(map(str, made))}"
     print(f"{signum.name} {moment}: pytest ended in {ended_s:.1f} s; /dev/shm entries mapped: {len(shm.entries)}")
