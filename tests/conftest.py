@@ -34,7 +34,6 @@ from ptrun.compose import compose, for_launch
 from ptrun.config import PtrunConfig
 
 REPO = Path(__file__).resolve().parents[1]
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
@@ -378,9 +377,10 @@ def cli(capsys, monkeypatch):
     """`cli("train", *overrides, cwd=DIR)`: `ptrun.cli.main` called in this process, as the console script
     calls it, returning a CliResult. Only for starts that end before a worker would start: a launch would
     run elastic's agent inside pytest (a call that gets that far fails). What main changes globally is put
-    back after each call: sys.argv, the SIGINT and SIGTERM handlers, the working directory and the
-    environment. Hydra clears its global instance itself when its compose API or its app ends; each call
-    clears it before and after all the same, so one test's failure cannot reach the next."""
+    back after each call: sys.argv, the working directory and the environment (the signal handlers main
+    puts back itself: `signal_handlers_kept` checks it). Hydra clears its global instance itself when its
+    compose API or its app ends; each call clears it before and after all the same, so one test's failure cannot
+    reach the next."""
     from hydra.core.global_hydra import GlobalHydra
 
     import ptrun.cli
@@ -393,7 +393,7 @@ def cli(capsys, monkeypatch):
 
     def call(*argv: str, cwd: Path | None = None) -> CliResult:
         GlobalHydra.instance().clear()
-        handlers, environ, here = [signal.getsignal(s) for s in SIGNALS], dict(os.environ), os.getcwd()
+        environ, here = dict(os.environ), os.getcwd()
         argv = tuple(command_args(argv))
         monkeypatch.setattr(sys, "argv", ["ptrun", *argv])
         if cwd is not None:
@@ -406,8 +406,6 @@ def cli(capsys, monkeypatch):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             os.chdir(here)
-            for signum, handler in zip(SIGNALS, handlers, strict=True):
-                signal.signal(signum, handler)
             for key in set(os.environ) - set(environ):
                 del os.environ[key]
             os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
