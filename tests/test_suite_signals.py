@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM stop the test suite itself at once, as a contributor presses Ctrl-C in a terminal: a pytest
 of its own (its own process group and TMPDIR) runs a real in-process launch (a `run_workers` test, one launch at
-the smallest size) and then a test that sleeps; the signal goes to the whole group while the launch's workers run,
+the smallest size) and then a test that sleeps; the signal goes to the whole group while the launch's workers train,
 or once the launch has passed (elastic's agent, in pytest's process, took over the handlers meanwhile). pytest
 must end within 10 s (interrupted by Ctrl-C; ended by SIGTERM's default), and nothing it started may be left:
 no process (by the pids recorded before the signal, not by name), no /dev/shm entry its processes made."""
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LITTER, REPO, _parents, cli_env
+from conftest import LITTER, REPO, _parents, cli_env, run_events
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # one short launch per case, in a pytest of its own
 
@@ -56,11 +56,11 @@ def process_tree(root: int) -> dict[int, str]:
     return {pid: s[19] for pid, s in stats.items() if s is not None}
 
 
-def has_grandchildren(root: int) -> bool:
-    """Whether a child of `root` has children: in a test session that launches, its workers, which the workers'
-    server (a forkserver, pytest's child) forks."""
-    parents = _parents()
-    return any(parents.get(parent) == root for parent in parents.values())
+def training(tmpdir: Path) -> bool:
+    """Whether the launch's workers train: rank 0 has written the start event of the run (in the test's
+    tmp_path, under the pytest's TMPDIR)."""
+    runs = {path.parent for path in tmpdir.glob("pytest-of-*/pytest-*/*/*/metrics.jsonl")}
+    return any(run_events(run, "start", missing_ok=True) for run in runs)
 
 
 def still_running(processes: dict[int, str]) -> dict[int, str]:
@@ -163,7 +163,7 @@ def test_a_signal_to_the_test_session_stops_it_at_once(tmp_path, signum, moment)
     shm = ShmWatch(proc.pid)
     try:
         if moment == "while_its_workers_run":
-            wait_for(lambda: has_grandchildren(proc.pid), proc, output)
+            wait_for(lambda: training(tmpdir), proc, output)
         else:
             wait_for(started.exists, proc, output)
         processes = process_tree(proc.pid)
