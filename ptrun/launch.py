@@ -27,6 +27,7 @@ from ptrun.elastic_agent import (
     quiet_agent_on_signals,
     start_reports,
 )
+from ptrun.signal_scope import elastic_signals, handlers_restored
 from ptrun.worker_server import start_worker_server, worker_environment
 
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
@@ -126,7 +127,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Diverged
     when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Stopped
     when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
-    `launcher.max_restarts` allows."""
+    `launcher.max_restarts` allows. The signal handlers elastic's agent installs are restored when it ends."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -151,8 +152,11 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     ):
         signum, results = 0, {}
         try:
-            # The environment goes along: a forkserver's children inherit the one it started with.
-            results = elastic_launch(config, run_worker)(str(config_path), str(errors), dict(os.environ))
+            # The environment goes along: a forkserver's children inherit the one it started with. The handlers
+            # elastic installs are back when it returns (its SignalException is caught below either way): a
+            # program that goes on after the launch (a test session, a caller of this function) keeps its own.
+            with handlers_restored(elastic_signals()):
+                results = elastic_launch(config, run_worker)(str(config_path), str(errors), dict(os.environ))
         except SignalException as e:
             signum = int(e.sigval)
         except ChildFailedError as e:

@@ -92,14 +92,23 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)
     no_named_semaphores()
-    from ptrun.train import machine
-    from ptrun.train.divergence import Diverged
     from ptrun.train.stats import StartClock
-    from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
+    from ptrun.train.stop import StopRequests
 
     start_clock = StartClock()
     stops = StopRequests()
-    stops.install()  # first: a signal during the start is kept for the first step boundary
+    # First: a signal during the start is kept for the first step boundary. The handlers are back when the run
+    # ends (a worker ends with it; a program that calls this in its own process goes on).
+    with stops.installed():
+        return _run_worker(config_path, errors, group_start, stops, start_clock)
+
+
+def _run_worker(config_path: str, errors: str, group_start: int, stops, start_clock) -> dict:
+    """`run_worker`'s run, with Ctrl-C and SIGTERM recorded by `stops` (a `ptrun.train.stop.StopRequests`)."""
+    from ptrun.train import machine
+    from ptrun.train.divergence import Diverged
+    from ptrun.train.stop import EXIT_CODES, Interrupted
+
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
     start_clock.lap("process_group")

@@ -222,6 +222,8 @@ def run_elastic(fn, nproc: int, name: str, *args) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from ptrun.signal_scope import elastic_handlers_restored
+
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
     config = LaunchConfig(
@@ -235,7 +237,8 @@ def run_elastic(fn, nproc: int, name: str, *args) -> None:
         monitor_interval=0.2,
         logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
     )
-    elastic_launch(config, fn)(*args)
+    with elastic_handlers_restored():  # the test session's Ctrl-C and SIGTERM handlers are back afterwards
+        elastic_launch(config, fn)(*args)
 
 
 def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:

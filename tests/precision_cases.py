@@ -154,6 +154,8 @@ def launch(job: str, nproc: int, out_dir: Path) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from ptrun.signal_scope import elastic_handlers_restored
+
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
     config = LaunchConfig(
@@ -167,4 +169,5 @@ def launch(job: str, nproc: int, out_dir: Path) -> None:
         monitor_interval=0.2,
         logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
     )
-    elastic_launch(config, worker)(job, str(out_dir))
+    with elastic_handlers_restored():  # the test session's Ctrl-C and SIGTERM handlers are back afterwards
+        elastic_launch(config, worker)(job, str(out_dir))
