@@ -36,11 +36,12 @@ from ptrun.config import PtrunConfig
 REPO = Path(__file__).resolve().parents[1]
 
 
+TINY_MODEL = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
+"""The tests' model size, whichever recipe's model: 2 blocks of width 32, 2 heads."""
+
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.global_batch_size=16",
     "launcher.max_restarts=0",
     "checkpoint.keep=5",
@@ -299,13 +300,17 @@ def pytest_unconfigure(config):
 # ---- trackers that cannot take a run ------------------------------------------------------------------------
 
 
-def closed_port() -> int:
-    """A localhost port nothing listens on (bound, then released): a connection is refused at once."""
+def free_port() -> int:
+    """A port nothing listens on, on any of this machine's addresses (bound, then released): free for a
+    rendezvous store, on localhost or on the hostname, and a connection to it is refused at once."""
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
+
+
+closed_port = free_port  # the name of the tests that connect to it, to see the connection refused
 
 
 @pytest.fixture
@@ -454,6 +459,37 @@ def run_events(run_dir: Path, kind: str | None = None, missing_ok: bool = False)
         return []
     events = read_events(Path(run_dir))
     return events if kind is None else [e for e in events if e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer_dir):
+    """The tokenizer of the module's own `tokenizer_dir` fixture (each module trains one on its texts)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+# ---- tiny pretrained models and the hub cache ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny BERT with its tokenizer (`hf_families.save_tiny_bert`): a text recipe can resolve it, files and
+    all. Shared: the tests read it, none writes into it."""
+    from hf_families import save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache under a fresh HF_HOME, offline; the cache directory."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # `org/name` is looked for on disk first: here, where it is not
+    return tmp_path / "hf" / "hub"
 
 
 def wordpiece_tokenizer(path, texts: list[str], vocab_size: int) -> str:

@@ -480,7 +480,9 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
 def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, one_rank_group, capsys):
     """A trainer whose cache reads its entries more slowly than the frozen prefix computes them (the store
     made slow here) turns the cache off at the epoch's end, says so in one line, and trains on in the same
-    layout without a cached prefix; a cache that reads fast stays on."""
+    layout without a cached prefix; a cache that reads fast stays on. Both sides are slowed by known amounts
+    (each frozen unit by 20 ms a batch, ~4 ms a sample for the three; the slow store by 200 ms a batch, ~12 ms
+    a sample), so each comparison holds by a wide margin however busy the machine is."""
     import time as _time
 
     from ptrun.train.trainer import Trainer
@@ -491,11 +493,13 @@ def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, o
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
         trainer.in_use.switch_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0)
+        for unit in trainer.cache.layered.units[:3]:
+            unit.register_forward_pre_hook(lambda *_: _time.sleep(0.02))
         trainer.train_epoch()  # fills the entries, timing the frozen prefix on every row
         trainer.train_epoch()  # reads them
         assert trainer._stop_caching_if_slower() == {} and trainer.plan.cached_units == 3  # reading pays
         read = trainer.cache.store.read
-        trainer.cache.store.read = lambda *a, **k: (_time.sleep(0.05), read(*a, **k))[1]
+        trainer.cache.store.read = lambda *a, **k: (_time.sleep(0.2), read(*a, **k))[1]
         trainer.train_epoch()
         moved = trainer._stop_caching_if_slower()
         assert moved["transition_s"] >= 0 and trainer.plan.cached_units == 0 and trainer.plan.frozen_units == 3

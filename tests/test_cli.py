@@ -461,19 +461,6 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
-def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path):
-    run_dir = tmp_path / "run"
-    out = ptrun("train", *args, f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ptrun: error: "), out.stderr
-    assert message in lines[0]
-    assert "Traceback" not in out.stderr + out.stdout
-    assert not run_dir.exists()
-
-
 def test_existing_run_is_not_overwritten_without_resume(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_00000001").mkdir(parents=True)

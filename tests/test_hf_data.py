@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
+from conftest import TINY_MODEL, assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
 from test_cache_entries import DAMAGES, damage, said
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
@@ -68,9 +68,7 @@ TOY_TRAIN, TOY_EVAL = toy_rows(16, seed=0), toy_rows(6, seed=1)
 TINY = [
     "model=bert_base",
     "model.pretrained=null",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.epochs=1",
     "train.global_batch_size=4",
     "train.export=false",
@@ -94,11 +92,6 @@ def tokenizer_dir(tmp_path_factory) -> str:
     """A tiny BERT WordPiece tokenizer (no EOS token: documents end with SEP) trained on the fixture texts."""
     texts = [t for t, _ in TRAIN + EVAL + TOY_TRAIN] + DOCS + STORIES + [" ".join(LEVELS)]
     return wordpiece_tokenizer(tmp_path_factory.mktemp("tokenizer"), texts, vocab_size=400)
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_dir):
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def frame(rows, label="topic", text="text") -> pd.DataFrame:
@@ -420,9 +413,7 @@ def test_a_large_split_stays_memory_mapped(tmp_path, tokenizer_dir):
 TRAIN_TINY = [
     "model=bert_base",
     "model.pretrained=null",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "data.name=hf",
     "data.max_length=16",
     "train.epochs=40",

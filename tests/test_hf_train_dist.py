@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import assert_one_error_line, run_events, run_workers, wordpiece_tokenizer
+from conftest import TINY_MODEL, assert_one_error_line, run_events, run_workers, wordpiece_tokenizer
 from test_hf_data import NAMES, TOY_EVAL, TOY_TRAIN, write_source
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # four launches of two workers
@@ -16,9 +16,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # four launches of two worker
 TINY_BERT = [
     "model=bert_base",
     "model.pretrained=null",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "data.name=hf",
     "data.text_column=text",
     "data.label_column=topic",
