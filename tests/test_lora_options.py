@@ -245,19 +245,29 @@ def test_the_export_of_the_options_loads_with_peft_alone(kind, task, tmp_path):
         torch.testing.assert_close(library_out(model, inputs, task), want, rtol=0, atol=1e-5)
 
 
-def test_hub_targets_are_checked_against_the_models_own_family(tmp_path, monkeypatch):
-    """A hub id is not a family: before it resolves, its targets are not checked against a guess (BERT's);
-    once its config.json is in the local cache, against its own `model_type`."""
-    from ptrun.compose import composed
-    from ptrun.config import check_adapter
+def test_hub_targets_are_checked_against_the_models_own_family(tmp_path, monkeypatch, cli):
+    """A hub id is not a family: its targets are checked once its config.json resolves from the hub cache (a
+    temporary HF_HOME, offline), against its own `model_type`, never against a guessed one (BERT's)."""
+    from test_hub import MAIN, cache_repo
 
-    args = ["recipe=causal_lm", "model.pretrained=Qwen/Qwen2.5-0.5B", "adapter=lora"]
-    cfg = composed([*args, "adapter.targets=[q_proj,v_proj]"])
-    check_adapter(cfg)  # nothing is known yet: no guess refuses Llama's names
-    snapshot = tmp_path / "snapshot"
-    snapshot.mkdir()
-    tiny_config("qwen2").save_pretrained(snapshot)
-    check_adapter(replace(cfg, model=replace(cfg.model, pretrained=str(snapshot))))
-    wrong = composed([*args, "adapter.targets=[query,value]"])
-    with pytest.raises(ConfigError, match=r"adapter.targets=\['query', 'value'\].*qwen2 block"):
-        check_adapter(replace(wrong, model=replace(wrong.model, pretrained=str(snapshot))))
+    from ptrun.compose import for_cluster
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    sizes = tmp_path / "sizes"
+    tiny_config("qwen2").save_pretrained(sizes)
+    snapshot = cache_repo(tmp_path / "hf" / "hub", "Qwen/Qwen2.5-0.5B", sizes, MAIN)
+    args = ["recipe=causal_lm", "model.pretrained=Qwen/Qwen2.5-0.5B", "data.path=x.jsonl", "data.max_length=32"]
+    args.append("adapter=lora")
+    cfg = for_cluster([*args, "adapter.targets=[q_proj,v_proj]"], nodes=1, gpus_per_node=1)
+    assert cfg.model.pretrained == str(snapshot) and cfg.adapter.targets == ["q_proj", "v_proj"]
+    with pytest.raises(ConfigError, match=r"adapter.targets=\['query', 'value'\] .*a qwen2 block's linear modules"):
+        for_cluster([*args, "adapter.targets=[query,value]"], nodes=1, gpus_per_node=1)
+    out = cli("plan", *args, "adapter.targets=[query,value]", "cluster=paper")
+    resolved, refused = out.stderr.strip().splitlines()  # the id's snapshot, said as it resolves; then the line
+    assert out.returncode == 2 and resolved.startswith("model.pretrained=Qwen/Qwen2.5-0.5B -> ")
+    assert refused.startswith("ptrun: error: adapter.targets=['query', 'value'] is not allowed: names or dotted ends")
+    assert "of a qwen2 block's linear modules: self_attn.q_proj" in refused
