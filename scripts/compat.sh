@@ -35,10 +35,10 @@ export TMPDIR="$work/tmp"
 failed=()
 summary=()
 
-# The pins for one pair: requirements/constraints.txt without its torch, torchvision and nvidia-* lines (the
+# The pins for one pair: requirements/constraints.txt without its torch, torchvision, peft and nvidia-* lines (the
 # CUDA libraries are pinned by each torch release itself), then the pair's own.
 constraints() {
-  grep -vE '^(torch|torchvision|nvidia-[a-z0-9-]+)[=<>~ ]' "$repo/requirements/constraints.txt"
+  grep -vE '^(torch|torchvision|peft|nvidia-[a-z0-9-]+)[=<>~ ]' "$repo/requirements/constraints.txt"
   printf '%s\n' "$@"
 }
 
