@@ -8,7 +8,9 @@ library's own forward, the encoders' first-token tail included (the family's cro
 `self.query` & co., which are then the wrapped modules). Each wrapped linear adds its adapter's output in one
 kernel (`ptrun.models.lora_linear`). The adapters' parameters are the units' like any other: a worker gives
 storage and values only to its own stages' units, adapters included, and a unit's adapters are drawn from the
-unit's own seed (peft's rule: A Kaiming-uniform, B zero).
+unit's own seed (peft's rule for `adapter.init`: A Kaiming-uniform or gaussian, B zero). DoRA's magnitudes,
+which peft computes from the base weight as it wraps a module (here on the meta device), are computed again once
+a unit holds its real values (`dora_magnitudes`).
 
 The base weights never train (`LayeredModel.fixed`); the adapters and the task head (`HEAD_MODULES`, as
 peft's sequence-classification task keeps its classifier trainable) do. So the units below the lowest adapter
