@@ -54,6 +54,7 @@ from ptrun.config import (
     validate_keys,
     workers_per_node,
 )
+from ptrun.config.adapter import check_adapter_overrides
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
 from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
@@ -200,6 +201,7 @@ def settle(
         cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
         note = summary(cfg.launcher, env, explicit)
     if check:  # a typo is refused before a hub download, not after it
+        check_adapter_overrides(cfg, overrides)
         validate_keys(cfg)
     cfg = resolve_hub_ids(cfg, full=True)
     if check:
@@ -286,6 +288,7 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
 
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
+    check_adapter_overrides(cfg, overrides)
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
     if cfg.pipe.length != "auto":

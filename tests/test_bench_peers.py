@@ -729,7 +729,12 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
 
 @pytest.mark.parametrize(
     "recipe,sizes",
-    [("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]), ("bbc_news_lora", [])],
+    [
+        ("digits_vit", ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]),
+        ("bbc_news_lora", []),
+        ("bbc_news_lora", ["adapter.targets=[attention.output.dense,query]", "adapter.dora=true"]),
+        ("bbc_news_lora", ["adapter.targets='.*layer\\.[0-2]\\..*value'"]),
+    ],
 )
 def test_the_plain_peft_loop_wraps_the_modules_ptrun_wraps(recipe, sizes):
     """With `adapter=lora` the plain loop is the plain peft loop: `get_peft_model` on the library model, its

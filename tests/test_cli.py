@@ -251,8 +251,8 @@ BAD_INPUT = [
     (["adapter=lora", "adapter.r=0"], "adapter.r=0 is not allowed: an integer >= 1"),
     (
         ["adapter=lora", "adapter.targets=[qkv,query]"],
-        "adapter.targets=['qkv', 'query'] is not allowed: names of a vit block's linear modules: qkv, proj, fc1, "
-        "fc2 (query wraps nothing)",
+        "adapter.targets=['qkv', 'query'] is not allowed: names or dotted ends of a vit block's linear modules: "
+        "attn.qkv, attn.proj, mlp.fc1, mlp.fc2 (query names none)",
     ),
     (
         ["adapter=lora", "adapter.merge=true", "train.export=false"],
