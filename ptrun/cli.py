@@ -16,6 +16,7 @@ from ptrun.cli_plan import run_plan
 from ptrun.cli_report import run_report
 from ptrun.cli_train import run_train
 from ptrun.compose import RECIPE_DIR
+from ptrun.signal_scope import handlers_restored
 
 
 def recipe_summaries() -> dict[str, str]:
@@ -57,21 +58,22 @@ def _main(argv: list[str] | None) -> None:
     if command == "train":
         from ptrun.worker_server import stop_worker_server, user_cache_dir
 
-        # SIGTERM before the workers run (composing, waiting for other machines): exit as after a stop, with
-        # the private files cleaned up (elastic's own handler takes over once the workers start).
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-
         # before anything imports torch._dynamo, which makes its cache directory (see worker_environment)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
-        try:
-            run_train(rest)
-        except KeyboardInterrupt:
-            fail("interrupted", code=130)
-        finally:
-            # However the command ends (done, refused, interrupted), the workers' server ends with it, at once:
-            # it holds this process's stdout and stderr, and ending on its own it would first tear down the
-            # libraries it imported (1.5 s on 2 CPU cores), or finish importing them after a refused start.
-            stop_worker_server()
+        # The SIGTERM handler found is back when the command ends (a caller of `main` in a process that goes on).
+        with handlers_restored([signal.SIGTERM]):
+            # SIGTERM before the workers run (composing, waiting for other machines): exit as after a stop, with
+            # the private files cleaned up (elastic's own handler takes over while the workers run).
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+            try:
+                run_train(rest)
+            except KeyboardInterrupt:
+                fail("interrupted", code=130)
+            finally:
+                # However the command ends (done, refused, interrupted), the workers' server ends with it, at
+                # once: it holds this process's stdout and stderr, and ending on its own it would first tear down
+                # the libraries it imported (1.5 s on 2 CPU cores), or finish importing them after a refused start.
+                stop_worker_server()
     elif command == "recipes":
         for name, summary in recipe_summaries().items():
             print(f"{name:<22} {summary}")

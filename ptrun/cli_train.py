@@ -33,6 +33,7 @@ from ptrun.compose import (
     typed,
 )
 from ptrun.config import ConfigError
+from ptrun.config.adapter import adapter_settings
 from ptrun.config.launcher import visible_gpus
 from ptrun.config.paper import quick_try
 
@@ -105,7 +106,7 @@ def _check_run_dir_path(path: str) -> None:
         raise ConfigError(f"hydra.run.dir={path!r} is not allowed: a directory to create or write into ({problem})")
 
 
-def _check_run_dir(run_dir: Path, resume: bool, adapter: str = "none") -> None:
+def _check_run_dir(run_dir: Path, resume: bool, adapter: dict | None = None) -> None:
     """Never start over an existing run by accident, and never resume from nothing or from broken checkpoints
     alone."""
     from ptrun.train.checkpoint import lookup  # no torch: the workers' server has not started yet
@@ -129,7 +130,7 @@ def _check_run_dir(run_dir: Path, resume: bool, adapter: str = "none") -> None:
             f"restore it, or start a new run in another hydra.run.dir"
         )
     newest = lookup.latest_valid(run_dir) if resume else None
-    problem = lookup.adapter_problem(newest, adapter) if newest is not None else None
+    problem = lookup.adapter_problem(newest, adapter or {"name": "none"}) if newest is not None else None
     if problem is not None:
         raise ConfigError(problem)
 
@@ -170,7 +171,7 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
     try:
         if start.slurm_note is not None:
             print(start.slurm_note, flush=True)
-        _check_run_dir(run_dir, typed_cfg.train.resume, typed_cfg.adapter.name)
+        _check_run_dir(run_dir, typed_cfg.train.resume, adapter_settings(typed_cfg.adapter))
         # The workers' server imports their modules beside the launcher's own imports (the rendezvous check is
         # the first to import torch); a single run started it already (`checked_start`), a sweep's job here.
         start_worker_server(typed_cfg)

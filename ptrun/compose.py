@@ -55,7 +55,7 @@ from ptrun.config import (
     validate_keys,
     workers_per_node,
 )
-from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, target_names
+from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, check_adapter_overrides, selected_paths
 from ptrun.config.adapter_layers import check_layers_range
 from ptrun.config.adapter_source import check_adapter_source
 from ptrun.config.cross import run_inputs
@@ -204,6 +204,7 @@ def settle(
         cfg = replace(cfg, launcher=from_slurm(cfg.launcher, env, explicit))
         note = summary(cfg.launcher, env, explicit)
     if check:  # a typo is refused before a hub download, not after it
+        check_adapter_overrides(cfg, overrides)
         validate_keys(cfg)
     cfg = resolve_hub_ids(cfg, full=True)
     if check:
@@ -226,7 +227,12 @@ def check_adapter_model(cfg: PtrunConfig, files: bool) -> None:
     if files and a.pretrained is not None:
         family = adapter_family(cfg.model)
         known = family in BLOCK_LINEARS
-        targets = target_names(a, family) if known else None
+        # what the adapter's own config can say: the blocks' module names its targets wrap (peft's list)
+        targets = (
+            sorted({p.rsplit(".", 1)[-1] for b in range(num_blocks) for p in selected_paths(a, family, b)})
+            if known
+            else None
+        )
         check_adapter_source(a, family, num_blocks, targets, known and BLOCK_LINEARS[family].conv1d)
 
 
@@ -309,6 +315,7 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
 
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
+    check_adapter_overrides(cfg, overrides)
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
     check_adapter_model(cfg, files=False)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -72,10 +73,11 @@ def start_reports(errors: Path) -> list[Path]:
     return sorted(errors.glob("start-rank*"))
 
 
-def same_start_failure(errors: Path, local_workers: int) -> bool:
+def same_start_failure(errors: Path, local_workers: int, restarts: bool = True) -> bool:
     """Whether every worker of this machine failed at start-up with the same error: a bug that a restart
     would only repeat. Otherwise (a worker killed, a peer lost, errors that differ) the reports are logged and
-    removed, and elastic restarts the group as for any fault."""
+    removed (where elastic `restarts`, one line each on the terminal; the tracebacks in train.log), and elastic
+    restarts the group as for any fault."""
     deadline = time.monotonic() + START_REPORT_WAIT_S
     while 0 < len(start_reports(errors)) < local_workers and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -83,7 +85,10 @@ def same_start_failure(errors: Path, local_workers: int) -> bool:
     if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
         return True
     for path, report in zip(start_reports(errors), reports, strict=True):
-        logging.getLogger(__name__).error("%s failed at start-up:\n%s", path.name[len("start-") :], report["traceback"])
+        worker = path.name[len("start-") :]
+        if restarts:  # one line on the terminal; the traceback goes to train.log (`elastic_logs_to`)
+            print(f"ptrun: {worker} failed at start-up, so the workers restart: {report['line']}", file=sys.stderr)
+        logging.getLogger(__name__).error("%s failed at start-up:\n%s", worker, report["traceback"])
         path.unlink(missing_ok=True)
     return False
 
@@ -107,6 +112,46 @@ def quiet_agent_on_signals():
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
+
+
+def failure_line(rank: int, failure, log: Path) -> str:
+    """What the launcher says of a worker that failed otherwise (`failure`, elastic's ProcessFailure): the
+    signal that killed it, from outside ptrun, or the last line of its exception (naming the file or the
+    resource where the exception does), whose traceback is in the run's train.log `log` (`elastic_logs_to`)."""
+    if failure.exitcode < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-failure.exitcode).name
+            return f"worker rank {rank} (pid {failure.pid}) was killed by {name}, from outside ptrun"
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+    last = message.strip().splitlines()[-1] if message.strip() else ""
+    return f"worker rank {rank} failed (exit code {failure.exitcode}): {last or 'no message'}" + (
+        f" (traceback in {log})" if log.is_file() else ""
+    )
+
+
+@contextlib.contextmanager
+def elastic_logs_to(log_file: Path):
+    """While the block runs, what elastic logs of its workers (a failure with the worker's traceback, the others
+    being stopped) and ptrun's agent of a start-up failure goes to `log_file` (the run's train.log), not to
+    the terminal, where the launcher's one line says what happened. Installed after the filters that drop
+    records: what they drop goes nowhere (a start that failed on bad input leaves no train.log)."""
+    handler = logging.FileHandler(log_file, delay=True)  # opened by the first record: most runs write none
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def divert(record: logging.LogRecord) -> bool:
+        with contextlib.suppress(OSError):  # a run directory that cannot take it: the record is dropped
+            handler.handle(record)
+        return False
+
+    loggers = [logging.getLogger(name) for name in (*ELASTIC_LOGGERS, AGENT_LOGGER, __name__)]
+    for logger in loggers:
+        logger.addFilter(divert)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(divert)
+        handler.close()
 
 
 class _TidyAgent:
@@ -145,13 +190,17 @@ def tidy_agent():
 
 
 @contextlib.contextmanager
-def ptrun_agent(errors: Path, stop_timeout: float):
+def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | None = None):
     """While elastic runs the workers, ptrun's agent:
     - once a worker has reported bad input, divergence or a fault of the machine in `errors` (or the kernel
       killed one for want of memory: `oom_killed`), or every worker of the machine the same error at start-up
       (`same_start_failure`), makes no restart (elastic restarts after any failure, which would only
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
+    - before a restart after a failure none of these explains, says in one line which worker failed and how
+      (`failure_line`; its traceback goes to the run's train.log, `log`);
+    - gives `janitor` (a `ptrun.lifeline.Janitor`) the named semaphores of each worker group's queues, which
+      it unlinks if the launcher is killed with multiprocessing's resource tracker (a process group's SIGKILL);
     - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
       a group restarted because machines joined resumes like one restarted after a failure;
     - passes on to the workers the Ctrl-C / SIGTERM it received itself, which they take for "stop at a
@@ -180,7 +229,12 @@ def ptrun_agent(errors: Path, stop_timeout: float):
                 self.base_args = getattr(self, "base_args", spec.args)
                 spec.args = (*self.base_args, self.group_starts)
                 self.group_starts += 1
-                return super()._start_workers(worker_group)
+                started = super()._start_workers(worker_group)
+                if janitor is not None:
+                    from ptrun.lifeline import named_semaphores
+
+                    janitor.unlink_when_gone(named_semaphores(self._pcontext))
+                return started
 
             def _invoke_run(self, *args, **kwargs):
                 try:
@@ -199,14 +253,25 @@ def ptrun_agent(errors: Path, stop_timeout: float):
             def _monitor_workers(self, worker_group):
                 watch.sample(w.id for w in worker_group.workers if w.id is not None)
                 result = super()._monitor_workers(worker_group)
-                if result.is_failed() and (
+                if not result.is_failed():
+                    return result
+                said = bool(start_reports(errors))  # `same_start_failure` says those
+                if (
                     config_reports(errors)
                     or diverged_reports(errors)
                     or fault_reports(errors)
                     or oom_killed(errors, result.failures, watch)
-                    or same_start_failure(errors, worker_group.spec.local_world_size)
+                    or same_start_failure(errors, worker_group.spec.local_world_size, self._remaining_restarts > 0)
                 ):
                     self._remaining_restarts = 0
+                elif self._remaining_restarts > 0 and not said and log is not None:
+                    rank, failure = min(result.failures.items())
+                    print(
+                        f"ptrun: {failure_line(rank, failure, log)}; the workers restart "
+                        f"({self._remaining_restarts} restart(s) left)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return result
 
         return Agent

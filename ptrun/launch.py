@@ -20,11 +20,14 @@ from ptrun.config import ConfigError, PtrunConfig, parse_nnodes, workers_per_nod
 from ptrun.elastic_agent import (
     config_reports,
     diverged_reports,
+    elastic_logs_to,
+    failure_line,
     fault_reports,
     ptrun_agent,
     quiet_agent_on_signals,
     start_reports,
 )
+from ptrun.signal_scope import elastic_signals, handlers_restored
 from ptrun.worker_server import start_worker_server, worker_environment
 
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
@@ -124,7 +127,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Diverged
     when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Stopped
     when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
-    `launcher.max_restarts` allows."""
+    `launcher.max_restarts` allows. The signal handlers elastic's agent installs are restored when it ends."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -139,16 +142,21 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     lc = cfg.launcher
     # Workers that find bad input write its one-line message here (node-local, outside the run directory).
     with (
+        _janitor() as janitor,
         tempfile.TemporaryDirectory(prefix="ptrun-errors-") as tmp,
-        ptrun_agent(Path(tmp), lc.stop_timeout) as errors,
+        ptrun_agent(Path(tmp), lc.stop_timeout, janitor, Path(cfg.run_dir) / "train.log") as errors,
         quiet_agent_on_signals(),
+        elastic_logs_to(Path(cfg.run_dir) / "train.log"),
         _pruned(logs),
-        _no_cache_left(cfg),
+        _no_cache_left(cfg, janitor),
     ):
         signum, results = 0, {}
         try:
-            # The environment goes along: a forkserver's children inherit the one it started with.
-            results = elastic_launch(config, run_worker)(str(config_path), str(errors), dict(os.environ))
+            # The environment goes along: a forkserver's children inherit the one it started with. The handlers
+            # elastic installs are back when it returns (its SignalException is caught below either way): a
+            # program that goes on after the launch (a test session, a caller of this function) keeps its own.
+            with handlers_restored(elastic_signals()):
+                results = elastic_launch(config, run_worker)(str(config_path), str(errors), dict(os.environ))
         except SignalException as e:
             signum = int(e.sigval)
         except ChildFailedError as e:
@@ -172,11 +180,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
                     f"{json.loads(starts[0].read_text())['line']}"
                 ) from None
             rank, failure = next(iter(e.failures.items()))
-            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-            raise LaunchFailed(
-                f"worker rank {rank} failed (exit code {failure.exitcode}): "
-                f"{message.strip().splitlines()[-1] if message.strip() else 'see the log above'}"
-            ) from None
+            raise LaunchFailed(failure_line(rank, failure, Path(cfg.run_dir) / "train.log")) from None
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
             raise LaunchFailed(
                 f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
@@ -191,16 +195,40 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
 
 
 @contextlib.contextmanager
-def _no_cache_left(cfg: PtrunConfig):
-    """After the launch, however it ended: the node's AutoCache memory tier (in /dev/shm) goes unless
-    `cache.keep`. Workers remove it when a run ends; this covers workers that were killed or failed."""
+def _janitor():
+    """A `ptrun.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
+    launcher is killed."""
+    from ptrun.lifeline import Janitor
+
+    janitor = Janitor()
+    try:
+        yield janitor
+    finally:
+        janitor.close()
+
+
+@contextlib.contextmanager
+def _no_cache_left(cfg: PtrunConfig, janitor):
+    """While the launch runs and after it, however it ends: the node's AutoCache memory tier (in /dev/shm) goes
+    unless `cache.keep`. Workers remove it when a run ends; the launcher covers workers that were killed or
+    failed, and `janitor` a launcher that was killed. Before it, what earlier runs killed with their janitors
+    left is swept (`ptrun.leftovers`), in one line."""
+    from ptrun import leftovers
+    from ptrun.auto.autocache import cache_dirs, shared_memory_root
+
+    root = shared_memory_root()
+    line = leftovers.sweep_line(*leftovers.sweep(root), root)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    tier = cache_dirs(cfg.cache, cfg.run_dir)[1] if cfg.auto.cache and not cfg.cache.keep else None
+    if tier is not None:
+        leftovers.claim(tier)
+        janitor.remove_when_gone(tier)
     try:
         yield
     finally:
-        if cfg.auto.cache and not cfg.cache.keep:
-            from ptrun.auto.autocache import cache_dirs
-
-            shutil.rmtree(cache_dirs(cfg.cache, cfg.run_dir)[1], ignore_errors=True)
+        if tier is not None:
+            shutil.rmtree(tier, ignore_errors=True)
 
 
 @contextlib.contextmanager

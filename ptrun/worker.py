@@ -67,6 +67,19 @@ def adopt_environment(launcher_env: dict[str, str]) -> None:
     os.environ.update(from_elastic)
 
 
+def no_named_semaphores() -> None:
+    """tqdm's bars (`datasets` draws them) lock with a thread lock in a worker: tqdm's default adds a
+    multiprocessing lock, a named semaphore in /dev/shm that a killed worker would leave to the resource tracker
+    (which warns about it on the terminal). A worker's bars are its own: no other process shares them."""
+    import threading
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # no library of the run draws bars
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], group_start: int = 0) -> dict:
     """Returns rank 0's final eval. `group_start` counts the earlier starts of this machine's workers in this
     launch (ptrun's agent passes it): after any of them, as after a restart, the workers resume.
@@ -74,15 +87,28 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     128 + the signal's number, as a shell reports a process the signal ended.
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with EXIT_DIVERGED."""
+    from ptrun.lifeline import end_with_launcher
+
+    end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)
-    from ptrun.train import machine
-    from ptrun.train.divergence import Diverged
+    no_named_semaphores()
     from ptrun.train.stats import StartClock
-    from ptrun.train.stop import EXIT_CODES, Interrupted, StopRequests
+    from ptrun.train.stop import StopRequests
 
     start_clock = StartClock()
     stops = StopRequests()
-    stops.install()  # first: a signal during the start is kept for the first step boundary
+    # First: a signal during the start is kept for the first step boundary. The handlers are back when the run
+    # ends (a worker ends with it; a program that calls this in its own process goes on).
+    with stops.installed():
+        return _run_worker(config_path, errors, group_start, stops, start_clock)
+
+
+def _run_worker(config_path: str, errors: str, group_start: int, stops, start_clock) -> dict:
+    """`run_worker`'s run, with Ctrl-C and SIGTERM recorded by `stops` (a `ptrun.train.stop.StopRequests`)."""
+    from ptrun.train import machine
+    from ptrun.train.divergence import Diverged
+    from ptrun.train.stop import EXIT_CODES, Interrupted
+
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
     start_clock.lap("process_group")

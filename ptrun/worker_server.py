@@ -76,9 +76,12 @@ def start_worker_server(cfg: PtrunConfig) -> str:
         return "spawn"
     from multiprocessing import forkserver
 
-    multiprocessing.set_forkserver_preload(worker_modules(cfg))
+    from ptrun.lifeline import quiet_tracker, server_parent
+
+    # ptrun.lifeline first: the server dies with the launcher (a SIGKILLed one included)
+    multiprocessing.set_forkserver_preload(["ptrun.lifeline", *worker_modules(cfg)])
     try:
-        with launchers_import_path():
+        with launchers_import_path(), server_parent(), quiet_tracker():
             forkserver.ensure_running()
     except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
         return "spawn"

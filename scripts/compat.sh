@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The oldest and the newest torch / transformers that pyproject.toml allows, each in a venv of its own: the fast
+# The oldest and the newest torch / transformers / peft that pyproject.toml allows, each in a venv of its own: the fast
 # tests of the parts that call the libraries, and one short 2-worker `ptrun train` of each model family (ViT,
 # encoder, decoder; the decoder also with LoRA through peft). Exits non-zero if anything fails on either pair
 # (every step still runs, so the log shows all failures at once).
@@ -21,8 +21,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 
 # name, then the pins; the newest torchvision on PyPI, 0.29.2, declares torch>=2.14 and is the one for 2.15.
 pairs=(
-  "oldest torch==2.11.0 torchvision==0.26.0 transformers==5.17.0"
-  "newest torch==2.15.0 torchvision==0.29.2 transformers==5.24.0"
+  "oldest torch==2.11.0 torchvision==0.26.0 transformers==5.17.0 peft==0.18.1"
+  "newest torch==2.15.0 torchvision==0.29.2 transformers==5.24.0 peft==0.22.0"
 )
 keep=4  # compat venvs kept in the cache (two pairs, and the previous build of each)
 
@@ -35,10 +35,10 @@ export TMPDIR="$work/tmp"
 failed=()
 summary=()
 
-# The pins for one pair: requirements/constraints.txt without its torch, torchvision and nvidia-* lines (the
+# The pins for one pair: requirements/constraints.txt without its torch, torchvision, peft and nvidia-* lines (the
 # CUDA libraries are pinned by each torch release itself), then the pair's own.
 constraints() {
-  grep -vE '^(torch|torchvision|nvidia-[a-z0-9-]+)[=<>~ ]' "$repo/requirements/constraints.txt"
+  grep -vE '^(torch|torchvision|peft|nvidia-[a-z0-9-]+)[=<>~ ]' "$repo/requirements/constraints.txt"
   printf '%s\n' "$@"
 }
 
@@ -127,11 +127,13 @@ run_pair() {
   local py="$local/bin/python" ptrun="$local/bin/ptrun" out="$work/$name"
   mkdir -p "$out"
   # The versions actually imported, so the log names the pair that ran.
-  step "$name: versions" "$py" -c 'import sys, torch, torchvision, transformers, timm, datasets
+  step "$name: versions" "$py" -c 'import sys, torch, torchvision, transformers, timm, datasets, peft
 print(f"[pair] python {sys.version.split()[0]}, torch {torch.__version__}, torchvision {torchvision.__version__}, "
-      f"transformers {transformers.__version__}, timm {timm.__version__}, datasets {datasets.__version__}")
+      f"transformers {transformers.__version__}, peft {peft.__version__}, timm {timm.__version__}, "
+      f"datasets {datasets.__version__}")
 pins = dict(p.split("==") for p in sys.argv[1:])
-got = {"torch": torch.__version__, "torchvision": torchvision.__version__, "transformers": transformers.__version__}
+got = {"torch": torch.__version__, "torchvision": torchvision.__version__, "transformers": transformers.__version__,
+       "peft": peft.__version__}
 bad = [f"{k} {got[k]} (wanted {v})" for k, v in pins.items() if got[k].split("+")[0] != v]
 sys.exit(f"not the pinned versions: {bad}" if bad else 0)' "$@"
   step "$name: fast tests of the libraries' parts" bash -c 'cd "$1" && shift 2 && exec "$0" -m pytest -q -m "not slow" \

@@ -4,20 +4,20 @@ for the test to compare."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pipeline_cases as pc
 import torch
 import torch._dynamo
 import torch.distributed as dist
+from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.layout.partition import even_bounds
 from ptrun.layout.plan import Plan
-from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.models.losses import WeightedLoss
 from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.pipeline import Step
 from ptrun.parallel.precision import LossScaler, compute_dtype
@@ -36,17 +36,6 @@ class Case:
     @property
     def name(self) -> str:
         return f"{self.schedule}-{self.precision}-{self.recompute}-{'compiled' if self.compiled else 'eager'}"
-
-
-def steps(layered, task: str, first: int, count: int):
-    for t in range(first, first + count):
-        full = pc.batch("bert", t)
-        yield Step(
-            t,
-            tuple(full[k] for k in layered.input_names),
-            make_target(full, task),
-            float(loss_weight(make_target(full, task), task)),
-        )
 
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
@@ -97,7 +86,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     step = 0
     while step < STEPS:
         count = FREEZE_AT - step if case.freeze and step < FREEZE_AT else STEPS - step
-        for data in steps(layered, loss.task, step, count):
+        for data in pc.steps(layered, "bert", step, count):
             drain = data.step == step + count - 1  # a segment's last step drains PipeDream's pipeline
             layout.runtime.run_step(data, update, scaler.scale, drain)
         step += count
@@ -121,15 +110,5 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layout.groups.destroy()
 
 
-def worker(cases: list[dict], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=10))
-    try:
-        for c in cases:
-            run_case(Case(**c), dist.get_rank(), Path(out_dir))
-    finally:
-        dist.destroy_process_group()
-
-
 def launch(cases: list[Case], out_dir: Path) -> None:
-    pc.run_elastic(worker, 2, "compiled", [asdict(c) for c in cases], str(out_dir))
+    process_group.launch_cases(run_case, cases, 2, "compiled", out_dir)

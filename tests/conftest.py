@@ -34,14 +34,14 @@ from ptrun.compose import compose, for_launch
 from ptrun.config import PtrunConfig
 
 REPO = Path(__file__).resolve().parents[1]
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+
+TINY_MODEL = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
+"""The tests' model size, whichever recipe's model: 2 blocks of width 32, 2 heads."""
 
 # A tiny model and short epochs: multi-process tests pay ~6 s of start-up each, keep the rest small.
 TINY = [
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.global_batch_size=16",
     "launcher.max_restarts=0",
     "checkpoint.keep=5",
@@ -79,11 +79,17 @@ def write_config(cfg: PtrunConfig) -> Path:
 
 
 def run_workers(overrides: list[str], run_dir: Path) -> dict:
-    """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher."""
-    from ptrun.launch import launch
+    """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher. A signal that
+    stopped the launch (Ctrl-C or SIGTERM to the test session) goes on to the handler the session has for it,
+    which the launch restored: Ctrl-C's KeyboardInterrupt ends the session, SIGTERM's default the process."""
+    from ptrun.launch import Stopped, launch
 
     cfg = compose_config(overrides, run_dir)
-    return launch(cfg, write_config(cfg))
+    try:
+        return launch(cfg, write_config(cfg))
+    except Stopped as e:
+        signal.raise_signal(e.signum)
+        raise
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -232,10 +238,48 @@ def kept_compile_costs(tmp_path_factory):
     return os.environ["PTRUN_COMPILE_COSTS_DIR"]
 
 
+WATCHED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+"""The signals whose handlers a test must leave as it found them: Ctrl-C and SIGTERM must stop the test session
+after any test (torch elastic's agent takes over all four while it runs)."""
+
+
+def handler_name(handler) -> str:
+    """A signal handler as a person reads it: its module and name, or SIG_DFL / SIG_IGN."""
+    if isinstance(handler, signal.Handlers):
+        return handler.name
+    name = getattr(handler, "__qualname__", None)
+    return f"{getattr(handler, '__module__', None) or ''}.{name}".lstrip(".") if name else repr(handler)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Fails the test that leaves a handler of `WATCHED_SIGNALS` other than it found (then puts it back, so that
+    the next tests, and Ctrl-C, are not affected)."""
+    found = {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS}
+    yield
+    left = {signum: (signal.getsignal(signum), handler) for signum, handler in found.items()}
+    changed = {signum: pair for signum, pair in left.items() if pair[0] is not pair[1]}
+    for signum, (_, handler) in changed.items():
+        if handler is not None:  # None: not installed from Python, cannot be set again
+            signal.signal(signum, handler)
+    if changed:
+        pytest.fail(
+            "the test left signal handlers changed: "
+            + ", ".join(f"{s.name} {handler_name(now)} (was {handler_name(was)})" for s, (now, was) in changed.items())
+        )
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_litter_left(semaphore_watch):
+def no_litter_left(request, semaphore_watch):
     before, semaphores_before = _litter(), set(semaphores().values())
     yield
+    if request.session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        # Ctrl-C: the session ends at once, without the checks (seconds of reading every process's mappings,
+        # on a busy machine); its processes end with it, and multiprocessing's resource tracker then removes
+        # the semaphores they registered.
+        return
     left = sorted(str(p) for p in _litter() - before)
     assert not left, f"the test session left these behind: {left}"
     stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
@@ -245,16 +289,28 @@ def no_litter_left(semaphore_watch):
     assert not leaked, f"the test session left these semaphores behind: {leaked}"
 
 
+def pytest_unconfigure(config):
+    """The test session's process ends next: as `ptrun.cli.main` does, its last garbage collections are spared
+    the objects torch and elastic made (seconds on a busy machine, after Ctrl-C too); exit handlers still run."""
+    import gc
+
+    gc.freeze()
+
+
 # ---- trackers that cannot take a run ------------------------------------------------------------------------
 
 
-def closed_port() -> int:
-    """A localhost port nothing listens on (bound, then released): a connection is refused at once."""
+def free_port() -> int:
+    """A port nothing listens on, on any of this machine's addresses (bound, then released): free for a
+    rendezvous store, on localhost or on the hostname, and a connection to it is refused at once."""
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
+
+
+closed_port = free_port  # the name of the tests that connect to it, to see the connection refused
 
 
 @pytest.fixture
@@ -326,9 +382,10 @@ def cli(capsys, monkeypatch):
     """`cli("train", *overrides, cwd=DIR)`: `ptrun.cli.main` called in this process, as the console script
     calls it, returning a CliResult. Only for starts that end before a worker would start: a launch would
     run elastic's agent inside pytest (a call that gets that far fails). What main changes globally is put
-    back after each call: sys.argv, the SIGINT and SIGTERM handlers, the working directory and the
-    environment. Hydra clears its global instance itself when its compose API or its app ends; each call
-    clears it before and after all the same, so one test's failure cannot reach the next."""
+    back after each call: sys.argv, the working directory and the environment (the signal handlers main
+    puts back itself: `signal_handlers_kept` checks it). Hydra clears its global instance itself when its
+    compose API or its app ends; each call clears it before and after all the same, so one test's failure cannot
+    reach the next."""
     from hydra.core.global_hydra import GlobalHydra
 
     import ptrun.cli
@@ -341,7 +398,7 @@ def cli(capsys, monkeypatch):
 
     def call(*argv: str, cwd: Path | None = None) -> CliResult:
         GlobalHydra.instance().clear()
-        handlers, environ, here = [signal.getsignal(s) for s in SIGNALS], dict(os.environ), os.getcwd()
+        environ, here = dict(os.environ), os.getcwd()
         argv = tuple(command_args(argv))
         monkeypatch.setattr(sys, "argv", ["ptrun", *argv])
         if cwd is not None:
@@ -354,8 +411,6 @@ def cli(capsys, monkeypatch):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             os.chdir(here)
-            for signum, handler in zip(SIGNALS, handlers, strict=True):
-                signal.signal(signum, handler)
             for key in set(os.environ) - set(environ):
                 del os.environ[key]
             os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
@@ -404,6 +459,37 @@ def run_events(run_dir: Path, kind: str | None = None, missing_ok: bool = False)
         return []
     events = read_events(Path(run_dir))
     return events if kind is None else [e for e in events if e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer_dir):
+    """The tokenizer of the module's own `tokenizer_dir` fixture (each module trains one on its texts)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+# ---- tiny pretrained models and the hub cache ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny BERT with its tokenizer (`hf_families.save_tiny_bert`): a text recipe can resolve it, files and
+    all. Shared: the tests read it, none writes into it."""
+    from hf_families import save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache under a fresh HF_HOME, offline; the cache directory."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # `org/name` is looked for on disk first: here, where it is not
+    return tmp_path / "hf" / "hub"
 
 
 def wordpiece_tokenizer(path, texts: list[str], vocab_size: int) -> str:

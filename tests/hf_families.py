@@ -107,3 +107,47 @@ def auto_class(task: str):
         "qa": T.AutoModelForQuestionAnswering,
         "causal_lm": T.AutoModelForCausalLM,
     }[task]
+
+
+def library_logits(model, inputs: dict, task: str):
+    """A transformers model's own forward on `inputs` (its keyword tensors), as the logits ptrun's units
+    return: a QA head's start and end logits stacked last."""
+    import torch
+
+    out = model(**inputs)
+    return torch.stack([out.start_logits, out.end_logits], -1) if task == "qa" else out.logits
+
+
+def save_tiny_llama(path, vocab_size: int = VOCAB):
+    """The tiny Llama causal LM (`tiny_config`, `vocab_size` tokens) with seeded random weights, as
+    `save_pretrained` writes it; `path`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("llama")
+    config.vocab_size = vocab_size
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def save_tiny_bert(path, layers: int = 2):
+    """A BERT of width 16 with a WordPiece tokenizer over 12 tokens, saved as transformers saves them (a text
+    recipe can resolve it, files and all); `path`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "news", "sport", "film", "a", "b", "c"]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    BertForSequenceClassification(config).save_pretrained(path)
+    return path

@@ -7,20 +7,19 @@ parameters they end with, the runtime's trace and the bytes of weights it stashe
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 import pipedream_cases as pd
 import pipeline_cases as pc
 import torch
 import torch.distributed as dist
+from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
-from ptrun.config import AdapterConfig, ModelConfig
+from ptrun.config import AdapterConfig
 from ptrun.layout.partition import even_bounds
 from ptrun.layout.plan import Plan
-from ptrun.models import build_model
-from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.models.losses import WeightedLoss
 from ptrun.parallel.pipeline import Step
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
@@ -32,27 +31,7 @@ the embedding on the other stage) as language models, a timm ViT."""
 
 def lora_model(kind: str):
     """pipeline_cases' tiny model of `kind` with LoRA adapters (the same seed: every process builds one model)."""
-    torch.manual_seed(0)
-    if kind in pc.FAMILIES:
-        from hf_families import tiny_config
-
-        family = kind.removesuffix("_lm")
-        return build_model(
-            ModelConfig(name=family, task=pc.FAMILIES[kind]),
-            num_classes=3,
-            library_config=tiny_config(family),
-            adapter=LORA,
-        )
-    return build_model(
-        ModelConfig(**pc.MODELS[kind]), num_classes=pc.NUM_CLASSES[kind], vocab_size=pc.VOCAB, adapter=LORA
-    )
-
-
-def steps(layered, kind: str, first: int, count: int):
-    for t in range(first, first + count):
-        full = pc.batch(kind, t)
-        target = make_target(full, pc.task(kind))
-        yield Step(t, tuple(full[k] for k in layered.input_names), target, float(loss_weight(target, pc.task(kind))))
+    return pc.model(kind, adapter=LORA)
 
 
 def run_case(kind: str, rank: int, out_dir: Path) -> None:
@@ -84,7 +63,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     step = 0
     while step < STEPS:
         count = FREEZE_AT - step if step < FREEZE_AT else STEPS - step
-        for data in steps(layered, kind, step, count):
+        for data in pc.steps(layered, kind, step, count):
             layout.runtime.run_step(data, update, 1.0, data.step == step + count - 1)
         step += count
         if step == FREEZE_AT:
@@ -138,20 +117,15 @@ def run_pipedream(kind: str, rank: int, out_dir: Path) -> None:
     layout.groups.destroy()
 
 
-def worker(kinds: list[str], pipedream_kinds: list[str], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=10))
-    try:
-        for kind in kinds:
-            run_case(kind, dist.get_rank(), Path(out_dir))
-        for kind in pipedream_kinds:
-            run_pipedream(kind, dist.get_rank(), Path(out_dir))
-    finally:
-        dist.destroy_process_group()
+def run_cases(rank: int, kinds: list[str], pipedream_kinds: list[str], out_dir: Path) -> None:
+    for kind in kinds:
+        run_case(kind, rank, out_dir)
+    for kind in pipedream_kinds:
+        run_pipedream(kind, rank, out_dir)
 
 
 def launch(kinds: list[str], pipedream_kinds: list[str], out_dir: Path) -> None:
-    pc.run_elastic(worker, 2, "lora", list(kinds), list(pipedream_kinds), str(out_dir))
+    process_group.launch(run_cases, 2, "lora", list(kinds), list(pipedream_kinds), out_dir)
 
 
 def peft_twin(layered, library):

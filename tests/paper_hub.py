@@ -11,7 +11,8 @@ import io
 from pathlib import Path
 
 import numpy as np
-from test_hub import MAIN, cache_repo, save_tiny_bert
+from hf_families import save_tiny_bert
+from test_hub import MAIN, cache_repo
 
 VIT_ID, CIFAR100_ID = "timm/vit_base_patch16_224.augreg_in21k", "uoft-cs/cifar100"
 BERT_BASE_ID, GLUE_ID = "google-bert/bert-base-uncased", "nyu-mll/glue"

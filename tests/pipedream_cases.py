@@ -9,13 +9,12 @@ the backward pass actually ran on. The test replays the same semantics in one pr
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 
 import pipeline_cases as pc
 import torch
-import torch.distributed as dist
+from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import OptimConfig
@@ -157,19 +156,5 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layout.groups.destroy()
 
 
-def worker(cases: list[dict], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
-    try:
-        for c in cases:
-            run_case(
-                Case(**{**c, "drains": tuple(c["drains"]), "then": tuple(c["then"]) if c["then"] else None}),
-                dist.get_rank(),
-                Path(out_dir),
-            )
-    finally:
-        dist.destroy_process_group()
-
-
 def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
-    pc.run_elastic(worker, nproc, "pipedream", [asdict(c) for c in cases], str(out_dir))
+    process_group.launch_cases(run_case, cases, nproc, "pipedream", out_dir, minutes=5)

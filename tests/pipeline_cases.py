@@ -10,12 +10,13 @@ reference on the same global batches.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from helpers import process_group
+from helpers.process_group import run_elastic  # noqa: F401  (tests import it from here)
 
 from ptrun.config import ModelConfig, OptimConfig
 from ptrun.layout.plan import Plan, even_bounds
@@ -24,7 +25,7 @@ from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.groups import build_groups
 from ptrun.parallel.optim import build_optimizer
-from ptrun.parallel.pipeline import StageParts
+from ptrun.parallel.pipeline import StageParts, Step
 
 GLOBAL_BATCH = 16
 STEPS = 2
@@ -95,16 +96,20 @@ class Case:
         return self.microbatches or 2 * self.pp
 
 
-def model(kind: str):
+def model(kind: str, adapter=None):
+    """The tiny model of `kind` (with `adapter`'s adapters, if given)."""
     torch.manual_seed(0)  # every process builds the same initial weights
     if kind in FAMILIES:
         from hf_families import tiny_config
 
         family = kind.removesuffix("_lm")
         return build_model(
-            ModelConfig(name=family, task=FAMILIES[kind]), num_classes=3, library_config=tiny_config(family)
+            ModelConfig(name=family, task=FAMILIES[kind]),
+            num_classes=3,
+            library_config=tiny_config(family),
+            adapter=adapter,
         )
-    return build_model(ModelConfig(**MODELS[kind]), num_classes=NUM_CLASSES[kind], vocab_size=VOCAB)
+    return build_model(ModelConfig(**MODELS[kind]), num_classes=NUM_CLASSES[kind], vocab_size=VOCAB, adapter=adapter)
 
 
 def batch(kind: str, step: int) -> dict[str, torch.Tensor]:
@@ -162,6 +167,14 @@ def task(kind: str) -> str:
     return "mlm" if kind == "bert_mlm" else FAMILIES.get(kind, "classification")
 
 
+def steps(layered, kind: str, first: int, count: int):
+    """The pipeline `Step`s of the global batches `first` .. `first + count - 1` of `kind`."""
+    for t in range(first, first + count):
+        full = batch(kind, t)
+        target = make_target(full, task(kind))
+        yield Step(t, tuple(full[k] for k in layered.input_names), target, float(loss_weight(target, task(kind))))
+
+
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layered = model(case.kind)
     n = len(layered.units)
@@ -206,41 +219,9 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     groups.destroy()
 
 
-def worker(cases: list[dict], out_dir: str) -> None:
-    """Entry point of one spawned worker: run every case in order in the same process group."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
-    try:
-        for c in cases:
-            run_case(Case(**c), dist.get_rank(), Path(out_dir))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_elastic(fn, nproc: int, name: str, *args) -> None:
-    """Run `fn(*args)` on `nproc` real processes started by torch.distributed.elastic on localhost."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"{name}-{os.getpid()}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.2,
-        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
-    )
-    elastic_launch(config, fn)(*args)
-
-
 def launch(cases: list[Case], nproc: int, out_dir: Path) -> None:
     """Run `cases` on `nproc` real worker processes."""
-    run_elastic(worker, nproc, "cases", [asdict(c) for c in cases], str(out_dir))
+    process_group.launch_cases(run_case, cases, nproc, "cases", out_dir, minutes=5)
 
 
 # ---- AutoDP transitions inside one job ------------------------------------------------------------------
@@ -349,16 +330,11 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
     torch.save(counts, out_dir / f"leaks.rank{rank}.pt")
 
 
-def transition_worker(kinds: list[str], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
-    try:
-        for kind in kinds:
-            run_transitions(kind, dist.get_rank(), Path(out_dir))
-        count_leaks(dist.get_rank(), Path(out_dir))
-    finally:
-        dist.destroy_process_group()
+def run_all_transitions(rank: int, kinds: list[str], out_dir: Path) -> None:
+    for kind in kinds:
+        run_transitions(kind, rank, out_dir)
+    count_leaks(rank, out_dir)
 
 
 def launch_transitions(kinds: list[str], out_dir: Path) -> None:
-    run_elastic(transition_worker, 4, "transitions", kinds, str(out_dir))
+    process_group.launch(run_all_transitions, 4, "transitions", kinds, out_dir, minutes=5)

@@ -10,13 +10,12 @@ Then a scale far too large for fp16 (2^32) overflows for real, and the job must 
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import pipeline_cases as pc
 import torch
 import torch.distributed as dist
+from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, optimizer_state_by_name
 from ptrun.config import OptimConfig
@@ -137,34 +136,13 @@ def run_fp16(rank: int, out_dir: Path) -> None:
     layout.groups.destroy()
 
 
-def worker(job: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
-    try:
-        if job == "bf16":
-            for kind in ("vit", "bert"):
-                run_bf16(kind, dist.get_rank(), Path(out_dir))
-        else:
-            run_fp16(dist.get_rank(), Path(out_dir))
-    finally:
-        dist.destroy_process_group()
+def run_job(rank: int, job: str, out_dir: Path) -> None:
+    if job == "bf16":
+        for kind in ("vit", "bert"):
+            run_bf16(kind, rank, out_dir)
+    else:
+        run_fp16(rank, out_dir)
 
 
 def launch(job: str, nproc: int, out_dir: Path) -> None:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # logs to /dev/null: elastic's default is a torchelastic_* directory in /tmp, left behind
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"{job}-{os.getpid()}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.2,
-        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
-    )
-    elastic_launch(config, worker)(job, str(out_dir))
+    process_group.launch(run_job, nproc, job, job, out_dir, minutes=5)

@@ -29,8 +29,26 @@ LORA, FULL = ["recipe=bbc_news_lora"], ["recipe=bbc_news_lora", "adapter=none"]
         (["recipe=digits_vit", "adapter=lora"], dict(num_classes=10, img_size=8, in_chans=1)),
         (["recipe=bbc_news_lora", "model.num_classes=2"], dict(num_classes=2)),
         (["recipe=bbc_news_lora", "model.num_classes=2", "adapter.targets=[query,value]"], dict(num_classes=2)),
+        (
+            ["recipe=bbc_news_lora", "model.num_classes=2", "adapter.targets=[attention.output.dense]"],
+            dict(num_classes=2),
+        ),
+        (
+            [
+                "recipe=bbc_news_lora",
+                "model.num_classes=2",
+                "adapter.exclude=[intermediate.dense]",
+                "adapter.dora=true",
+            ],
+            dict(num_classes=2),
+        ),
+        (
+            ["recipe=bbc_news_lora", "model.num_classes=2", r"adapter.targets='.*layer\.[0-2]\..*(query|value)'"],
+            dict(num_classes=2),
+        ),
+        (["recipe=digits_vit", "adapter=lora", "adapter.dora=true"], dict(num_classes=10, img_size=8, in_chans=1)),
     ],
-    ids=["vit", "minilm", "minilm-query-value"],
+    ids=["vit", "minilm", "minilm-query-value", "minilm-dotted-end", "minilm-exclude-dora", "minilm-regex", "vit-dora"],
 )
 def test_the_planner_counts_what_lora_trains_as_the_model_builds_it(recipe, data):
     """Per unit, the adapters' elements and the trained ones (adapters and the head's classifier) are those of

@@ -22,13 +22,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO, CliResult, assert_one_error_line, closed_port, run_ptrun, start_ptrun
+from conftest import REPO, TINY_MODEL, CliResult, assert_one_error_line, closed_port, run_ptrun, start_ptrun
 from test_cli import BAD_INPUT
 
 TINY = [
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.epochs=1",
     "train.max_steps_per_epoch=2",
     "train.global_batch_size=16",
@@ -172,12 +170,9 @@ def test_hugging_face_directory_without_weights(tmp_path, run_dir, cli):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
-    from hf_families import tiny_config
-    from transformers import AutoModelForCausalLM
+    from hf_families import save_tiny_llama
 
-    path = tmp_path_factory.mktemp("llama")
-    AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"))
 
 
 def test_unsupported_model_type(tiny_llama, tmp_path, run_dir, cli):
@@ -551,7 +546,9 @@ def test_run_dir_that_cannot_be_created(tmp_path, cli):
 
 @pytest.mark.parametrize("args,message", BAD_INPUT, ids=[a[0] for a, _ in BAD_INPUT])
 def test_bad_config_in_process_is_one_line_exit_2_and_touches_nothing(args, message, tmp_path, cli):
-    """test_cli.BAD_INPUT through `ptrun.cli.main` in this process; test_cli runs each as a process (slow)."""
+    """test_cli.BAD_INPUT through `ptrun.cli.main` in this process, the console script's own entry point (what
+    a process of its own adds, its exit code and its stderr, is checked at each stage a start can be refused
+    at: test_the_console_script_exits_2_with_one_line)."""
     run_dir = tmp_path / "run"
     line = assert_one_error_line(cli("train", *args, f"hydra.run.dir={run_dir}", cwd=tmp_path))
     assert message in line, line

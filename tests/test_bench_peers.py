@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_families import save_tiny_llama
 
 from ptrun.bench import peer_runs, peer_summary, results_page
 from ptrun.bench import peers as bench_peers
@@ -447,25 +448,6 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
 # ---- the causal-LM path ------------------------------------------------------------------------------------
 
 
-def tiny_llama(path: Path, vocab: int = 64) -> Path:
-    """A 2-layer Llama with random weights, as `save_pretrained` writes it."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
-
-
 def lm_batch() -> dict[str, torch.Tensor]:
     """Three blocks of 12 tokens as ptrun's packer stores them (`hf_tokens.lm_rows`): the last one padded
     after 5 real tokens, its labels -100 there."""
@@ -492,7 +474,7 @@ def test_the_plain_loops_causal_lm_loss_equals_ptruns(tmp_path):
     from ptrun.models import build_model
     from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 
-    path = tiny_llama(tmp_path / "llama")
+    path = save_tiny_llama(tmp_path / "llama", vocab_size=64)
     model_cfg = ModelConfig(name="llama", pretrained=str(path), task="causal_lm")
     b = lm_batch()
     tokens = plain_loop.predicted_tokens(b["labels"])
@@ -526,7 +508,7 @@ def test_the_plain_loop_trains_a_causal_lm(tmp_path):
     tok = wordpiece_tokenizer(tmp_path / "llama", lines, vocab_size=64)
     from transformers import AutoTokenizer
 
-    tiny_llama(tmp_path / "llama", vocab=len(AutoTokenizer.from_pretrained(tok)))
+    save_tiny_llama(tmp_path / "llama", vocab_size=len(AutoTokenizer.from_pretrained(tok)))
     out = tmp_path / "plain.json"
     cmd = [
         sys.executable,
@@ -752,6 +734,9 @@ def test_the_time_outside_training_is_split_into_start_up_evaluation_and_the_res
         ("digits_vit", ["model.embed_dim=32", "model.depth=3", "model.num_heads=2", "adapter.layers=[0,2]"]),
         ("bbc_news_lora", []),
         ("bbc_news_lora", ["adapter.layers=top:2"]),
+        ("bbc_news_lora", ["adapter.targets=[attention.output.dense,query]", "adapter.dora=true"]),
+        ("bbc_news_lora", ["adapter.targets='.*layer\\.[0-2]\\..*value'"]),
+        ("bbc_news_lora", ["adapter.targets='.*layer\\.[0-2]\\..*value'", "adapter.layers=[1,2,3]"]),
     ],
 )
 def test_the_plain_peft_loop_wraps_the_modules_ptrun_wraps(recipe, sizes):

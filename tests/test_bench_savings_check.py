@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import TINY_MODEL
 from test_report import write_run
 from test_report_savings import epoch, first_epoch, plan, start
 
@@ -86,9 +87,7 @@ def test_one_round_end_to_end(tmp_path, monkeypatch):
             str(tmp_path),
             "train.epochs=4",
             "freeze.start=2",
-            "model.embed_dim=32",
-            "model.depth=2",
-            "model.num_heads=2",
+            *TINY_MODEL,
         ],
     )
     savings_check.main()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, compose_config, run_events
+from conftest import TINY, TINY_MODEL, compose_config, run_events
 
 from ptrun.bench import peer_runs, results_page
 from ptrun.bench import readme as readme_entries
@@ -68,9 +68,7 @@ def test_the_plain_loop_records_its_first_step(tmp_path):
             "--recipe=digits_vit",
             "--threads=1",
             f"--out={out}",
-            "model.embed_dim=32",
-            "model.depth=2",
-            "model.num_heads=2",
+            *TINY_MODEL,
             "train.epochs=1",
             "train.max_steps_per_epoch=2",
         ]

@@ -13,6 +13,7 @@ import pipeline_cases as pc
 import pytest
 import torch
 from conftest import TINY, compose_config
+from test_cache_entries import DAMAGES, damage
 
 from ptrun.auto.autocache import STAT_NAMES, AutoCache, default_min_units
 from ptrun.auto.cache_store import HEADER_BYTES, ActivationStore, TensorSpec, entry_specs
@@ -22,7 +23,7 @@ from ptrun.models.layered import run_units
 B = 8  # samples per test batch
 
 
-def make_cache(layered, tmp_path: Path, local: bool = False, **cfg) -> AutoCache:
+def make_cache(layered, tmp_path: Path, local: bool = False, speaks: bool = False, **cfg) -> AutoCache:
     return AutoCache(
         layered,
         CacheConfig(dir=str(tmp_path / "cache"), **cfg),
@@ -32,6 +33,7 @@ def make_cache(layered, tmp_path: Path, local: bool = False, **cfg) -> AutoCache
         device=torch.device("cpu"),
         run_dir=tmp_path,
         local=local,
+        speaks=speaks,
     )
 
 
@@ -211,6 +213,59 @@ def test_a_restart_revalidates_entries_by_the_frozen_weights(tmp_path):
     got = inputs(changed, batch, raw)
     assert changed.take_stats("train")["computed"] == B
     assert torch.equal(got[0], prefix(layered, 3, raw)[0])
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_disk_tier_is_recomputed_on_resume_in_one_line_to_the_same_inputs(
+    tmp_path, caplog, one_rank_group, how
+):
+    """A resumed run (the same weights) finds the disk tier the killed run left with a slot's bytes flipped,
+    cut short, or replaced by another store's file: one line naming it, the damaged entries computed again
+    (the others still served), the first stage's inputs those of a clean cache, and the tier whole again."""
+    from types import SimpleNamespace
+
+    from ptrun.train.stats import cache_stats
+
+    layered = pc.model("vit")
+    batch, raw = make_batch("vit")
+    probe = tuple(r[:1] for r in raw)
+    expected = prefix(layered, 3, raw)
+    first = make_cache(layered, tmp_path, max_memory="0", keep=True)  # every slot on disk
+    first.set_depth(3, probe)
+    inputs(first, batch, raw)
+    store = first.store
+    first.close(remove=False)
+    if how == "flipped":  # sample 2's data, as a bad disk would
+        with open(store.disk_path, "r+b") as f:
+            f.seek(2 * store.slot_bytes + HEADER_BYTES + 11)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x40]))
+    else:
+        other = ActivationStore(
+            tmp_path / "om", tmp_path / "od", (TensorSpec((7,), torch.float32, torch.float32),), 5, 0
+        )
+        damage(store.disk_path, how, other.disk_path)
+    caplog.clear()
+
+    resumed = make_cache(layered, tmp_path, max_memory="0", keep=True, speaks=True)
+    resumed.set_depth(3, probe)
+    got = inputs(resumed, batch, raw)
+    counts = cache_stats(resumed, SimpleNamespace(cached_units=3), torch.device("cpu"))["cache"]
+    lines = [r.getMessage() for r in caplog.records if str(store.disk_path) in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    if how == "flipped":
+        assert (counts["hits"], counts["computed"], counts["corrupt"]) == (B - 1, 1, 1)
+        assert lines[0].startswith(f"AutoCache: 1 cached entries in {store.disk_path} failed their checksum")
+    else:
+        assert (counts["hits"], counts["computed"], counts["corrupt"]) == (0, B, 0)
+        assert lines[0].startswith(f"AutoCache's disk tier {store.disk_path} is unusable: it was ")
+        assert lines[0].endswith("(truncated, or another store's file); its entries are computed again")
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    inputs(resumed, batch, raw)
+    assert resumed.take_stats("train")["hits"] == B  # whole again
+    assert not list(store.disk_path.parent.glob(".*.tmp"))
+    resumed.close(remove=True)
 
 
 @STORES
@@ -425,7 +480,9 @@ def test_evaluation_through_the_cache_equals_evaluation_without_it_across_a_dept
 def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, one_rank_group, capsys):
     """A trainer whose cache reads its entries more slowly than the frozen prefix computes them (the store
     made slow here) turns the cache off at the epoch's end, says so in one line, and trains on in the same
-    layout without a cached prefix; a cache that reads fast stays on."""
+    layout without a cached prefix; a cache that reads fast stays on. Both sides are slowed by known amounts
+    (each frozen unit by 20 ms a batch, ~4 ms a sample for the three; the slow store by 200 ms a batch, ~12 ms
+    a sample), so each comparison holds by a wide margin however busy the machine is."""
     import time as _time
 
     from ptrun.train.trainer import Trainer
@@ -436,11 +493,13 @@ def test_a_cache_slower_than_recomputing_is_switched_off_in_one_line(tmp_path, o
     trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
     try:
         trainer.in_use.switch_to(replace(trainer.plan, frozen_units=3, cached_units=3), 0)
+        for unit in trainer.cache.layered.units[:3]:
+            unit.register_forward_pre_hook(lambda *_: _time.sleep(0.02))
         trainer.train_epoch()  # fills the entries, timing the frozen prefix on every row
         trainer.train_epoch()  # reads them
         assert trainer._stop_caching_if_slower() == {} and trainer.plan.cached_units == 3  # reading pays
         read = trainer.cache.store.read
-        trainer.cache.store.read = lambda *a, **k: (_time.sleep(0.05), read(*a, **k))[1]
+        trainer.cache.store.read = lambda *a, **k: (_time.sleep(0.2), read(*a, **k))[1]
         trainer.train_epoch()
         moved = trainer._stop_caching_if_slower()
         assert moved["transition_s"] >= 0 and trainer.plan.cached_units == 0 and trainer.plan.frozen_units == 3

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pipeline_cases as pc
 import pytest
 from conftest import run_events, run_ptrun
+from test_cache_entries import DAMAGES, damage, said
 
 from ptrun.layout.plan import Plan
 from ptrun.parallel.compile_costs import KEPT_STEPS, KeptCosts
@@ -105,6 +106,40 @@ def test_kept_costs_replace_the_defaults_and_count_the_cache_entries_still_there
     assert again.graph_s() == (pytest.approx(2.0), pytest.approx(0.2))
     (tmp_path / again.path.name).write_text("{not json")
     assert KeptCosts(cpu, "default", root=tmp_path).graph_s() == DEFAULT_GRAPH_S["cpu"]  # unusable: defaults
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_costs_file_is_reported_in_one_line_and_relearned_as_from_a_clean_cache(tmp_path, caplog, how):
+    """A file with bytes flipped, cut short, or replaced by another compile mode's file: one line naming it,
+    the defaults a clean cache gives, and after the run's measurements the same file a clean cache ends with."""
+    import torch
+
+    cpu = torch.device("cpu")
+
+    def one_run(root):
+        kept = KeptCosts(cpu, "default", root=root)
+        figures = kept.figures("m", steps=100, step_s=0.1, graphs=12, present=set())
+        kept.learn_compile("m", {"graphs": 10, "graphs_from_cache": 0, "compile_s": 25.0}, {"ab/ab1"})
+        kept.learn_step("m", compiled=False, step_s=0.1)
+        kept.save()
+        return figures, json.loads(kept.path.read_text())
+
+    clean = one_run(tmp_path / "clean")
+    damaged = tmp_path / "damaged"
+    one_run(damaged)
+    other = KeptCosts(cpu, "max-autotune", root=damaged)
+    other.learn_step("m", compiled=True, step_s=0.5)
+    other.save()
+    path = KeptCosts(cpu, "default", root=damaged).path
+    damage(path, how, other.path)
+    caplog.clear()
+    assert one_run(damaged) == clean
+    (line,) = said(caplog, path)
+    assert line.startswith(f"compile costs {path} is unusable: ")
+    assert line.endswith("; starting from the defaults, measured again by this run")
+    caplog.clear()
+    assert KeptCosts(cpu, "default", root=damaged).model("m") == clean[1]["models"]["m"]  # whole again
+    assert said(caplog, path) == []
 
 
 def test_a_saving_counts_only_where_every_pair_of_kept_step_times_shows_it(tmp_path):

@@ -133,34 +133,27 @@ def sha256(path: Path) -> str:
 # ---- the workers' agreement, in real processes --------------------------------------------------------------
 
 
-def agree_worker(out_dir: str) -> None:
+def agree_worker(rank: int, out_dir: Path) -> None:
     """One of two gloo workers: rank 0's device sees step 3 diverge, rank 1's host never does (as if its copy
     had not arrived); both poll at every step boundary as the trainer does, then the same with a checkpoint's
     blocking agreement right after the step. Writes where each rank stopped."""
-    import torch.distributed as dist
-
     from ptrun.train.stop import StopRequests
 
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     stopped = {}
-    try:
-        for case in ("poll", "checkpoint"):
-            stops = StopRequests()
-            try:
-                for g in range(10):
-                    norm = NAN if rank == 0 and g >= 3 else ONE
-                    stops.divergence.observe(norm, True, False, True, record(g), on_host=False)
-                    if case == "checkpoint" and g == 3:
-                        stops.now()
-                    stops.poll()
-                stopped[case] = None
-            except Diverged as e:
-                stopped[case] = [e.global_step, g]
-            stops.settle()
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(stopped))
+    for case in ("poll", "checkpoint"):
+        stops = StopRequests()
+        try:
+            for g in range(10):
+                norm = NAN if rank == 0 and g >= 3 else ONE
+                stops.divergence.observe(norm, True, False, True, record(g), on_host=False)
+                if case == "checkpoint" and g == 3:
+                    stops.now()
+                stops.poll()
+            stopped[case] = None
+        except Diverged as e:
+            stopped[case] = [e.global_step, g]
+        stops.settle()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(stopped))
 
 
 @pytest.mark.dist
@@ -168,9 +161,9 @@ def agree_worker(out_dir: str) -> None:
 def test_the_workers_stop_together_on_what_one_of_them_saw(tmp_path):
     """The word rides in the stop all-reduce: both ranks stop after the same step, on the step that diverged;
     before a checkpoint they agree at once, on the step itself."""
-    from pipeline_cases import run_elastic
+    from helpers import process_group
 
-    run_elastic(agree_worker, 2, "diverge", str(tmp_path))
+    process_group.launch(agree_worker, 2, "diverge", tmp_path)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]
     # read at step 4 (the copy made after step 3), shared by the all-reduce started there, read at step 5

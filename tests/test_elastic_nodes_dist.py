@@ -29,6 +29,7 @@ import pytest
 from conftest import (
     TINY,
     final_params,
+    free_port,
     mapped_shm_inodes,
     run_events,
     run_workers,
@@ -49,12 +50,6 @@ JOB = TINY + [
     "launcher.nproc_per_node=2",
     "launcher.max_restarts=3",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_agent(run_dir: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from hf_families import DECODERS, ENCODERS, VARIANTS, VOCAB, auto_class, tiny_config
+from hf_families import DECODERS, ENCODERS, VARIANTS, VOCAB, auto_class, library_logits, tiny_config
 
 from ptrun.config import ConfigError, DataConfig, ModelConfig, OptimConfig
 from ptrun.costs.from_config import costs_from_config
@@ -66,10 +66,10 @@ def batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types}
 
 
-def library_logits(model, b: dict[str, torch.Tensor], task: str) -> torch.Tensor:
+def library_forward(model, b: dict[str, torch.Tensor], task: str) -> torch.Tensor:
+    """The library model's logits on `b`, with token types where its configuration has them."""
     types = {"token_type_ids": b["token_type_ids"]} if getattr(model.config, "type_vocab_size", 0) > 1 else {}
-    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **types)
-    return torch.stack([out.start_logits, out.end_logits], -1) if task == "qa" else out.logits
+    return library_logits(model, {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"], **types}, task)
 
 
 def family(kind: str) -> str:
@@ -94,7 +94,7 @@ def test_units_equal_the_library_model(saved, kind, task, attention):
     b = batch()
     with torch.no_grad():
         ours = layered(*(b[k] for k in layered.input_names))
-        want = library_logits(library, b, task)
+        want = library_forward(library, b, task)
     assert layered.family == family(kind) and len(layered.units) == 2 * 2 + 2
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
     # the head pools the first token, so the last layer computes that row only (ptrun.models.encoders)
@@ -116,7 +116,7 @@ def test_modernbert_pooling_its_first_token_computes_one_row_of_its_last_layer(t
     b = batch()
     with torch.no_grad():
         ours = layered(*(b[k] for k in layered.input_names))
-        want = library_logits(library, b, "classification")
+        want = library_forward(library, b, "classification")
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-5)
     assert layered.sequence_units == len(layered.units) - 3
 
@@ -174,11 +174,11 @@ def test_units_read_the_device_no_more_often_than_the_library_model(tmp_path, ki
                 "token_type_ids": b["token_type_ids"] * b["attention_mask"],
             }
         ours = host_reads(lambda b=b: layered(*(b[k] for k in layered.input_names)).sum().backward())
-        theirs = host_reads(lambda b=b: library_logits(library, b, task).sum().backward())
+        theirs = host_reads(lambda b=b: library_forward(library, b, task).sum().backward())
         assert ours <= theirs, (ours, theirs)
         with torch.no_grad():
             torch.testing.assert_close(
-                layered(*(b[k] for k in layered.input_names)), library_logits(library, b, task), rtol=0, atol=1e-5
+                layered(*(b[k] for k in layered.input_names)), library_forward(library, b, task), rtol=0, atol=1e-5
             )
 
 
@@ -193,8 +193,8 @@ def test_a_stage_shares_one_pass_across_its_checkpointed_chunks(tmp_path):
     b = batch()
     inputs = [b[k] for k in layered.input_names]
     ours = host_reads(lambda: stage(*inputs))
-    assert ours <= host_reads(lambda: library_logits(library, b, "causal_lm")), ours
-    torch.testing.assert_close(stage(*inputs), library_logits(library, b, "causal_lm"), rtol=0, atol=1e-5)
+    assert ours <= host_reads(lambda: library_forward(library, b, "causal_lm")), ours
+    torch.testing.assert_close(stage(*inputs), library_forward(library, b, "causal_lm"), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind,task", tiered([(k, t) for k, t in CASES if t != "qa"]))
@@ -244,7 +244,7 @@ def test_export_reloads_with_the_library(saved, kind, task, tmp_path, capfd):
     b = batch()
     with torch.no_grad():
         torch.testing.assert_close(
-            layered(*(b[k] for k in layered.input_names)), library_logits(library, b, task), rtol=0, atol=1e-5
+            layered(*(b[k] for k in layered.input_names)), library_forward(library, b, task), rtol=0, atol=1e-5
         )
     if task == "classification":
         assert library.config.id2label == dict(enumerate(names))

@@ -55,7 +55,7 @@ def kill_points(seed: int) -> list[dict]:
     return [{"rank": rng.randrange(2), "point": chosen[s], "step": s} for s in sorted(chosen)]
 
 
-def epoch_events(run_dir) -> tuple[list[dict], dict[int, dict]]:
+def starts_and_epochs(run_dir) -> tuple[list[dict], dict[int, dict]]:
     last_per_epoch = {e["epoch"]: e for e in run_events(run_dir, "epoch")}  # the attempt that got through
     return run_events(run_dir, "start"), last_per_epoch
 
@@ -69,7 +69,7 @@ def test_ten_kills_at_random_points_change_nothing(tmp_path, monkeypatch):
     clean = tmp_path / "clean"
     run_workers(OVERRIDES, clean)
 
-    starts, epochs = epoch_events(killed)
+    starts, epochs = starts_and_epochs(killed)
     assert len(starts) == 11 and all(s["resumed_from"] for s in starts[1:]), [s["resumed_from"] for s in starts]
     assert sorted(epochs) == list(range(EPOCHS))
     for epoch, event in epochs.items():

@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from conftest import TINY_MODEL, assert_one_error_line, compose_config, run_events, wordpiece_tokenizer
+from test_cache_entries import DAMAGES, damage, said
+from transformers import PreTrainedTokenizerBase
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
@@ -67,9 +68,7 @@ TOY_TRAIN, TOY_EVAL = toy_rows(16, seed=0), toy_rows(6, seed=1)
 TINY = [
     "model=bert_base",
     "model.pretrained=null",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.epochs=1",
     "train.global_batch_size=4",
     "train.export=false",
@@ -93,11 +92,6 @@ def tokenizer_dir(tmp_path_factory) -> str:
     """A tiny BERT WordPiece tokenizer (no EOS token: documents end with SEP) trained on the fixture texts."""
     texts = [t for t, _ in TRAIN + EVAL + TOY_TRAIN] + DOCS + STORIES + [" ".join(LEVELS)]
     return wordpiece_tokenizer(tmp_path_factory.mktemp("tokenizer"), texts, vocab_size=400)
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_dir):
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def frame(rows, label="topic", text="text") -> pd.DataFrame:
@@ -305,7 +299,7 @@ def test_a_second_build_reads_the_cache_and_calls_no_tokenizer(tmp_path, tokeniz
     first = classify(source, tokenizer_dir)
     assert sum(calls) == len(TRAIN) + len(EVAL)
     entries = sorted((tmp_path / "tokenized").glob("*.arrow"))
-    assert len(entries) == 2 and sorted((tmp_path / "tokenized").iterdir()) == entries  # no lock files left
+    assert len(entries) == 2 and listing(tmp_path / "tokenized") == entries  # no lock or temporary files left
     stamps = [e.stat().st_mtime_ns for e in entries]
     calls.clear()
     second = classify(source, tokenizer_dir)
@@ -316,7 +310,54 @@ def test_a_second_build_reads_the_cache_and_calls_no_tokenizer(tmp_path, tokeniz
         assert all(torch.equal(a[:][k], b[:][k]) for k in a[:])
     classify(source, tokenizer_dir, max_length=12)  # another length is another entry
     assert len(list((tmp_path / "tokenized").glob("*.arrow"))) == 4
-    assert all(p.suffix == ".arrow" for p in (tmp_path / "tokenized").iterdir())
+    assert len(listing(tmp_path / "tokenized")) == 4
+
+
+def listing(folder: Path) -> list[Path]:
+    """The entries of a tokenized-data cache, each checked to lie beside its checksum and nothing else."""
+    names = sorted(p.name for p in folder.iterdir())
+    entries = [n for n in names if n.endswith(".arrow")]
+    assert names == sorted(entries + [n + ".sum" for n in entries]), names
+    return [folder / n for n in entries]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_entry_is_tokenized_again_in_one_line_to_the_same_rows(tmp_path, tokenizer_dir, caplog, how):
+    """An entry with bytes flipped, cut short or replaced by the other split's file: the next build says so in
+    one line naming it, tokenizes that split again (only that one) and reads the rows of a clean cache."""
+    source = write_source("csv", tmp_path / "csv")
+    first = classify(source, tokenizer_dir)
+    eval_entry, train_entry = sorted(listing(tmp_path / "tokenized"), key=lambda p: p.stat().st_size)  # 2, 6 rows
+    untouched = eval_entry.stat().st_mtime_ns
+    damage(train_entry, how, eval_entry)
+    caplog.clear()
+    second = classify(source, tokenizer_dir)
+    (line,) = said(caplog, train_entry)
+    assert line.startswith(f"tokenized-data cache entry {train_entry} is unusable: ")
+    assert line.endswith("; tokenizing it again")
+    for a, b in ((first.train, second.train), (first.eval, second.eval)):
+        assert all(torch.equal(a[:][k], b[:][k]) for k in a[:])
+    assert eval_entry.stat().st_mtime_ns == untouched
+    assert listing(tmp_path / "tokenized") == sorted([train_entry, eval_entry])
+    caplog.clear()
+    classify(source, tokenizer_dir)  # healed: read, nothing said
+    assert said(caplog, train_entry) == []
+
+
+def test_an_entry_the_cache_cannot_write_is_one_line(tmp_path):
+    """Writing an entry fails (here a directory holds its name, so the rename cannot replace it; a read-only or
+    full cache directory fails the same way): one line naming the entry and the variable that moves the cache,
+    not a traceback from each worker."""
+    from ptrun.data.hf_tokens import cached_table, record_batch
+
+    (tmp_path / "tokenized" / "0123456789abcdef.arrow").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        cached_table("0123456789abcdef", iter([record_batch({"input_ids": np.arange(4).reshape(2, 2)})]))
+    assert str(e.value) == (
+        f"PTRUN_TOKENIZED_DIR: cannot write the tokenized-data cache entry "
+        f"{str(tmp_path / 'tokenized' / '0123456789abcdef.arrow')!r} (Is a directory); free space there or "
+        f"point PTRUN_TOKENIZED_DIR at a writable directory with room"
+    )
 
 
 def test_concurrent_builds_write_an_entry_once(tmp_path):
@@ -345,7 +386,7 @@ def test_concurrent_builds_write_an_entry_once(tmp_path):
     assert len(drawn) == 1
     assert all(torch.equal(t["input_ids"], tables[0]["input_ids"]) for t in tables)
     assert tables[0]["input_ids"].shape == (9, 4)
-    assert [p.name for p in (tmp_path / "tokenized").iterdir()] == ["0123456789abcdef.arrow"]
+    assert [p.name for p in listing(tmp_path / "tokenized")] == ["0123456789abcdef.arrow"]
 
 
 def test_a_large_split_stays_memory_mapped(tmp_path, tokenizer_dir):
@@ -372,9 +413,7 @@ def test_a_large_split_stays_memory_mapped(tmp_path, tokenizer_dir):
 TRAIN_TINY = [
     "model=bert_base",
     "model.pretrained=null",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "data.name=hf",
     "data.max_length=16",
     "train.epochs=40",

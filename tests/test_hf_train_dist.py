@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import assert_one_error_line, run_events, run_workers, wordpiece_tokenizer
+from conftest import TINY_MODEL, assert_one_error_line, run_events, run_workers, wordpiece_tokenizer
 from test_hf_data import NAMES, TOY_EVAL, TOY_TRAIN, write_source
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # four launches of two workers
@@ -16,9 +16,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # four launches of two worker
 TINY_BERT = [
     "model=bert_base",
     "model.pretrained=null",
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "data.name=hf",
     "data.text_column=text",
     "data.label_column=topic",
@@ -48,7 +46,9 @@ def test_string_labels_keep_their_indices_on_every_rank_and_across_a_resume(tmp_
     run_workers([*args, "train.epochs=1"], run)
     assert json.loads((run / "class_names.json").read_text()) == NAMES
     entries = {p.name: p.stat().st_mtime_ns for p in tokenized.iterdir()}
-    assert len(entries) == 2 and all(name.endswith(".arrow") for name in entries)  # train and eval; no locks
+    # train and eval, each beside its checksum; no locks
+    assert sorted(entries) == sorted(n + s for n in entries if n.endswith(".arrow") for s in ("", ".sum"))
+    assert len(entries) == 4
 
     run_workers([*args, "train.epochs=2", "train.resume=true"], run)
     assert [e["epoch"] for e in run_events(run, "epoch")] == [0, 1]

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hf_families import save_tiny_bert
 
 from ptrun.compose import for_cluster, resolve
 from ptrun.config import ConfigError
@@ -41,43 +42,6 @@ def cache_repo(
         (storage / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
         (storage / "refs" / ref).write_text(commit)
     return snapshot
-
-
-def save_tiny_bert(path: Path, layers: int = 2) -> Path:
-    """A BERT of width 16 with a WordPiece tokenizer over 12 tokens, saved as transformers saves them."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
-
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "news", "sport", "film", "a", "b", "c"]
-    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=16,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
-    BertForSequenceClassification(config).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch) -> Path:
-    """An empty hub cache under a fresh HF_HOME, offline; the cache directory."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)  # `org/name` is looked for on disk first: here, where it is not
-    return tmp_path / "hf" / "hub"
 
 
 def test_a_local_path_wins_and_only_names_can_be_ids(tmp_path, monkeypatch):

@@ -189,3 +189,45 @@ def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_ano
     adapters = [n for n in trained if ".lora_" in n]
     assert adapters and all(torch.equal(theirs[n], trained[n]) for n in adapters)
     assert torch.equal(theirs["head.modules_to_save.default.weight"], trained["head.weight"])
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_a_run_with_peft_options_checkpoints_resumes_and_exports_them(tmp_path):
+    """DoRA, rsLoRA and the gaussian init on dotted-end targets, through real workers: the checkpoints hold
+    DoRA's magnitudes (computed from the units' base weights, not the meta device), a resume goes on from them
+    with the same settings (and is refused with another), and the export loads with peft alone, its
+    adapters those the run ended with."""
+    from conftest import run_events, run_ptrun
+    from peft import PeftModel
+    from safetensors import safe_open
+
+    options = ["adapter.dora=true", "adapter.rslora=true", "adapter.init=gaussian", "adapter.targets=[attn.qkv,fc2]"]
+    run = tmp_path / "run"
+    first = [*LORA_RUN, *options, "train.epochs=1", "freeze.blocks=[0]", "launcher.nproc_per_node=1"]
+    out = run_ptrun("train", *first, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    other = run_ptrun(
+        "train", *first[:-1], "adapter.rslora=false", "train.resume=true", f"hydra.run.dir={run}", cwd=tmp_path
+    )
+    assert other.returncode == 2 and "adapter.rslora=False is not allowed: checkpoint" in other.stderr
+    again = [*LORA_RUN, *options, "train.epochs=2", "freeze.blocks=[0,0]", "launcher.nproc_per_node=1"]
+    out = run_ptrun("train", *again, "train.resume=true", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len({e["epoch"] for e in run_events(run, "epoch")}) == 2
+    import timm
+
+    final = sorted((run / "checkpoints").iterdir())[-1]
+    trained = {}
+    for f in final.glob("params-stage*.safetensors"):
+        with safe_open(str(f), framework="pt") as handle:
+            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    magnitudes = [n for n in trained if ".lora_magnitude_vector." in n]
+    assert magnitudes and all(trained[n].abs().min() > 0 for n in magnitudes)
+    assert {n.split(".lora_")[0].split(".", 2)[-1] for n in magnitudes} == {"attn.qkv", "mlp.fc2"}
+    config = json.loads((run / "model" / "config.json").read_text())
+    loaded = PeftModel.from_pretrained(timm.create_model(config.pop("model_name"), **config), run / "model")
+    assert loaded.peft_config["default"].use_dora and loaded.peft_config["default"].use_rslora
+    theirs = dict(loaded.base_model.model.named_parameters())
+    adapters = [n for n in trained if ".lora_" in n]
+    assert all(torch.equal(theirs[n], trained[n]) for n in adapters)

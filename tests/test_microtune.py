@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import TINY, compose_config
 from omegaconf import OmegaConf
+from test_cache_entries import DAMAGES, damage, said
 
 from ptrun.config import ConfigError, load_resolved
 from ptrun.layout import tuning
@@ -147,6 +148,26 @@ def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(tmp_path, 
         "is unusable" in r.getMessage() and "measuring again and rewriting it" in r.getMessage() for r in caplog.records
     )
     assert tuning.load(path, FIELDS, list(COSTS)) == COSTS  # rewritten, whole
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_cache_file_is_measured_again_in_one_line_to_the_same_choice(tmp_path, caplog, how):
+    """A file with bytes flipped, cut short, or replaced by another key's file: one line naming it, measured
+    again, the same choice as with a clean cache, and the file whole again."""
+    path = tuning.cache_path(FIELDS, tmp_path)
+    clean = tuning.tune([K2, K1], FIELDS, measure_costs=lambda: dict(COSTS), device=torch.device("cpu"), root=tmp_path)
+    other = {**FIELDS, "world_size": 4}
+    tuning.store(tuning.cache_path(other, tmp_path), other, {c: s * 2 for c, s in COSTS.items()})
+    damage(path, how, tuning.cache_path(other, tmp_path))
+    caplog.clear()
+    got = tuning.tune([K2, K1], FIELDS, measure_costs=lambda: dict(COSTS), device=torch.device("cpu"), root=tmp_path)
+    (line,) = said(caplog, path)
+    assert line.startswith(f"micro-batch cache {path} is unusable: ") and line.endswith(tuning.AGAIN)
+    assert got.source == "measured" and got.table == clean.table and got.reason == clean.reason
+    assert tuning.load(path, FIELDS, list(COSTS)) == COSTS  # rewritten, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        n + s for n in (path.name, tuning.cache_path(other, tmp_path).name) for s in ("", ".sum")
+    )
 
 
 def test_nothing_to_choose_measures_nothing_and_writes_nothing(tmp_path):

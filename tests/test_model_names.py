@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_error_line
 from hf_families import tiny_config
-from test_hub import MAIN, TEXT, cache_repo, hub, save_tiny_bert  # noqa: F401 (hub: a fixture)
+from test_hub import MAIN, TEXT, cache_repo
 
 from ptrun.compose import resolve
 from ptrun.config.cross import is_timm_image_name
@@ -39,12 +39,6 @@ def save_tiny(kind: str, path: Path) -> Path:
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     return {kind: save_tiny(kind, root / kind) for kind in ("bert", "roberta", "gpt2")}
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    """A tiny BERT with its tokenizer: a text recipe can resolve it, files and all."""
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def refusal(cli, tmp_path: Path, *overrides: str) -> str:
@@ -129,7 +123,7 @@ def test_a_text_model_on_an_image_recipe(cli, tmp_path, models, weights):
     )
 
 
-def test_a_cached_bare_hub_id_of_a_text_model_on_an_image_recipe(cli, hub, tmp_path, models):  # noqa: F811
+def test_a_cached_bare_hub_id_of_a_text_model_on_an_image_recipe(cli, hub, tmp_path, models):
     """Its config.json says what it is: refused by the id typed, before a ViT's weights would be fetched."""
     cache_repo(hub, "roberta-base", models["roberta"], MAIN)
     assert refusal(cli, tmp_path, "recipe=digits_vit", "model.pretrained=roberta-base") == (
@@ -138,7 +132,7 @@ def test_a_cached_bare_hub_id_of_a_text_model_on_an_image_recipe(cli, hub, tmp_p
     )
 
 
-def test_a_bare_hub_id_missing_offline_says_how_to_fetch_it(cli, hub, tmp_path):  # noqa: F811
+def test_a_bare_hub_id_missing_offline_says_how_to_fetch_it(cli, hub, tmp_path):
     line = refusal(
         cli,
         tmp_path,
@@ -180,7 +174,7 @@ def test_a_decoder_on_text_classification(models, tiny_bert, tmp_path):
     assert cfg.model.pretrained == str(models["gpt2"])
 
 
-def test_a_cached_bare_hub_id_resolves(hub, tiny_bert, capsys):  # noqa: F811
+def test_a_cached_bare_hub_id_resolves(hub, tiny_bert, capsys):
     snapshot = cache_repo(hub, "bert-base-uncased", tiny_bert, MAIN)
     cfg = resolve([*TEXT, "model.pretrained=bert-base-uncased"]).cfg
     assert cfg.model.pretrained == str(snapshot)

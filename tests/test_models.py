@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from hf_families import library_logits
 from torch import nn
 
 from ptrun.config import ConfigError, ModelConfig
@@ -39,12 +40,11 @@ def inputs(kind: str) -> tuple[torch.Tensor, ...]:
     return ids, mask, token_types
 
 
-def library_logits(layered: LayeredModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def library_forward(layered: LayeredModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The library model's own forward, as the logits the units return."""
     if layered.family == "vit":
         return layered.model(*xs)
-    out = layered.model(**dict(zip(layered.input_names, xs, strict=True)))
-    return torch.stack([out.start_logits, out.end_logits], -1) if layered.task == "qa" else out.logits
+    return library_logits(layered.model, dict(zip(layered.input_names, xs, strict=True)), layered.task)
 
 
 def assert_equal(kind: str, ours: torch.Tensor, library: torch.Tensor, name: str = "") -> None:
@@ -61,7 +61,7 @@ def test_units_equal_library_forward(kind):
     layered = make(kind).eval()
     xs = inputs(kind)
     with torch.no_grad():
-        assert_equal(kind, layered(*xs), library_logits(layered, xs))
+        assert_equal(kind, layered(*xs), library_forward(layered, xs))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -69,7 +69,7 @@ def test_units_equal_library_gradients(kind):
     layered = make(kind).train()  # dropout 0 by default, so train mode is deterministic
     xs = inputs(kind)
     grads = []
-    for forward in (lambda: layered(*xs), lambda: library_logits(layered, xs)):
+    for forward in (lambda: layered(*xs), lambda: library_forward(layered, xs)):
         layered.zero_grad()
         out = forward()
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()

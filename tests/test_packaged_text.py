@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import wordpiece_tokenizer
 from transformers import AutoTokenizer
 
 from ptrun.config import ConfigError, DataConfig
@@ -69,24 +70,8 @@ def write_bbc(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    """A tiny BERT WordPiece tokenizer trained offline on the fixture texts, saved as a HF directory."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertTokenizerFast
-
     texts = [clean_tweet(t.decode("latin-1")) for _, t in TWEETS] + [a for v in ARTICLES.values() for a in v]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(texts * 3, trainers.WordPieceTrainer(vocab_size=500, special_tokens=special))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    path = tmp_path_factory.mktemp("tokenizer")
-    BertTokenizerFast(tokenizer_object=tok).save_pretrained(path)
-    return str(path)
+    return wordpiece_tokenizer(tmp_path_factory.mktemp("tokenizer"), texts, vocab_size=500)
 
 
 def installed(module: str) -> Path | None:

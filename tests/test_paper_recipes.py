@@ -224,8 +224,9 @@ def test_imagenet_and_squad_read_from_their_hub_parquet(hub, tmp_path):
     """ILSVRC/imagenet-1k (`data/train-*`, `data/validation-*`, image + ClassLabel; the test split never read)
     through the image-folder source, and rajpurkar/squad (`plain_text/*`) through the SQuAD source: the rows
     the official JSON would give."""
+    from hf_families import save_tiny_bert
     from paper_hub import imagenet_files, squad_files, squad_rows
-    from test_hub import MAIN, cache_repo, save_tiny_bert
+    from test_hub import MAIN, cache_repo
 
     from ptrun.compose import resolve
     from ptrun.data.sources import build_datasets

@@ -20,6 +20,7 @@ import pipedream_cases as pd
 import pipeline_cases as pc
 import pytest
 import torch
+from conftest import TINY_MODEL
 from pipedream_cases import Case, forward_versions
 from torch.func import functional_call
 
@@ -219,9 +220,7 @@ def test_a_replicated_first_stage_trains_like_the_grid_and_routes_each_gradient_
 
 TRAIN_EPOCHS, TRAIN_STEPS, EVERY = 3, 20, 10
 TRAIN = [
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.global_batch_size=16",
     "checkpoint.keep=3",
     "launcher.nproc_per_node=2",
@@ -290,9 +289,7 @@ def test_drained_after_every_step_pipedream_trains_exactly_like_gpipe(tmp_path):
     from conftest import final_params, run_workers
 
     common = [
-        "model.embed_dim=32",
-        "model.depth=2",
-        "model.num_heads=2",
+        *TINY_MODEL,
         "train.global_batch_size=16",
         "launcher.nproc_per_node=2",
         "pipe.length=2",
@@ -315,9 +312,7 @@ def test_drained_after_every_step_pipedream_trains_exactly_like_gpipe(tmp_path):
 
 
 REPLICATED = [
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "train.global_batch_size=16",
     "pipe.length=2",
     "pipe.microbatches=1",

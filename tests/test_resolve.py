@@ -9,7 +9,7 @@ from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 
 import pytest
-from conftest import TINY, run_ptrun
+from conftest import TINY, TINY_MODEL, run_ptrun
 
 from ptrun.compose import compose, for_cluster, for_this_machine, resolve
 from ptrun.config import (
@@ -294,9 +294,7 @@ def test_a_runs_config_holds_the_layout_the_launcher_filled(tmp_path):
     out = run_ptrun(
         "train",
         "recipe=digits_vit",
-        "model.embed_dim=32",
-        "model.depth=2",
-        "model.num_heads=2",
+        *TINY_MODEL,
         "train.epochs=1",
         "train.max_steps_per_epoch=2",
         "train.export=false",

@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 
 import pytest
-from conftest import TINY, command_args, final_params, run_workers
+from conftest import TINY, command_args, final_params, free_port, run_workers
 
 from ptrun.config import ConfigError, LauncherConfig
 from ptrun.config.slurm import BASE_PORT, expand_hostlist, explicit_fields, first_host, from_slurm, read_job, summary
@@ -281,12 +281,6 @@ def test_ptrun_train_refuses_several_tasks_per_node(tmp_path):
 
 # Two nodes of one worker each, a few steps: the layout is what is tested, not training.
 JOB = TINY + ["train.epochs=1", "train.max_steps_per_epoch=3", "launcher.nproc_per_node=1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

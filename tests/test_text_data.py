@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 import torch
 from conftest import wordpiece_tokenizer
-from transformers import AutoTokenizer
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import build_datasets
@@ -118,11 +117,6 @@ def tokenizer_dir(tmp_path_factory):
 def train_tokenizer(path) -> str:
     """A tiny BERT WordPiece tokenizer trained offline on the fixture texts, saved as a HF directory."""
     return wordpiece_tokenizer(path, corpus(), vocab_size=1000)
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_dir):
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def write_tsv(path, header: list[str] | None, rows) -> None:

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_events, run_workers
+from conftest import TINY_MODEL, run_events, run_workers
 from test_text_data import SST2_ROWS, squad_articles, train_tokenizer, write_tsv
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 TINY_BERT = [
-    "model.embed_dim=32",
-    "model.depth=2",
-    "model.num_heads=2",
+    *TINY_MODEL,
     "model.pretrained=null",
     "launcher.nproc_per_node=2",
     "launcher.max_restarts=0",
@@ -30,10 +28,6 @@ TINY_BERT = [
     "train.pipeline_batch_size=null",
     "optim.lr=1e-3",
 ]
-
-
-def epoch_events(run_dir) -> list[dict]:
-    return run_events(run_dir, "epoch")
 
 
 def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
@@ -54,7 +48,7 @@ def test_the_squad_recipe_trains_two_steps_as_a_2_stage_pipeline(tmp_path):
         ],
         run,
     )
-    (epoch,) = epoch_events(run)
+    (epoch,) = run_events(run, "epoch")
     assert epoch["steps"] == 2 and epoch["samples"] == 8
     ev = epoch["eval"]
     assert set(ev) == {"loss", "exact_match", "f1"}
@@ -71,7 +65,7 @@ def test_the_sst2_recipe_trains_and_reports_glue_accuracy(tmp_path):
     run_workers(
         ["recipe=bert_sst2", *TINY_BERT, f"data.path={data}", f"data.tokenizer={tokenizer}", "data.max_length=32"], run
     )
-    (epoch,) = epoch_events(run)
+    (epoch,) = run_events(run, "epoch")
     ev = epoch["eval"]
     assert {"accuracy", "score", "top1"} <= set(ev)
     assert ev["accuracy"] == pytest.approx(ev["top1"])  # torchmetrics' accuracy = ptrun's own count
@@ -128,7 +122,7 @@ def test_the_glue_recipe_trains_stsb_as_a_regression(tmp_path):
         ],
         run,
     )
-    (epoch,) = epoch_events(run)
+    (epoch,) = run_events(run, "epoch")
     ev = epoch["eval"]
     assert {"loss", "pearson", "spearmanr", "score"} <= set(ev) and "top1" not in ev
     assert -100 <= ev["pearson"] <= 100 and ev["score"] == pytest.approx((ev["pearson"] + ev["spearmanr"]) / 2)

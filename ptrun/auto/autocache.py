@@ -96,7 +96,8 @@ class AutoCache:
         speaks: bool = False,
     ):
         self.layered, self.cfg, self.tag, self.device = layered, cfg, tag, device
-        self.speaks, self.said_disk_lost = speaks, False  # the worker that says a missing disk tier, once
+        # the worker that says a missing disk tier, and entries that failed their checksum, once each
+        self.speaks, self.said_disk_lost, self.said_corrupt = speaks, False, False
         # A job of one worker keeps its entries on its own device when they fit (`LocalStore`): nobody else
         # reads them, and a GPU then never copies an activation through the host.
         self.local = local and not cfg.keep
@@ -293,6 +294,27 @@ class AutoCache:
         read = [self.read_s, float(self.read_rows), float(self.read_hits)]
         self.read_s, self.read_rows, self.read_hits = 0.0, 0, 0
         return [*read, self.compute_s, float(self.unit_rows)]
+
+    def say_corrupt(self, count: int) -> None:
+        """Once a run, by the worker that speaks: `count` entries (an epoch's, summed over the workers) failed
+        their CRC and were computed again, naming the store's files (a disk tier's slots torn by a run killed
+        while writing them, or damaged on disk, are found so on resume)."""
+        if count and self.speaks and not self.said_corrupt and isinstance(self.store, ActivationStore):
+            files = [
+                p
+                for p, n in (
+                    (self.store.mem_path, self.store.memory_bytes),
+                    (self.store.disk_path, self.store.disk_bytes),
+                )
+                if n
+            ]
+            logging.getLogger(__name__).warning(
+                "AutoCache: %d cached entries in %s failed their checksum (torn by a run killed while writing "
+                "them, or damaged on disk); computed again and rewritten (each epoch's cache.corrupt counts them)",
+                count,
+                " or ".join(map(str, files)),
+            )
+            self.said_corrupt = True
 
     def take_stats(self, split: str) -> dict[str, int]:
         """This worker's counters of `split` since the last call (then reset)."""

@@ -15,7 +15,9 @@ per epoch (the replica that trains on it; padding duplicates are not written).
 Samples `0 .. memory_slots - 1` live in the memory file, the rest in the disk file, so the budget holds
 exactly and every process computes the same split. Both files are allocated up front (`posix_fallocate`):
 running out of /dev/shm fails at once with a clear error instead of a SIGBUS mid-epoch; a disk tier there is
-no space for is left out, its samples recomputed every time (`disk_lost` says why, once).
+no space for is left out, its samples recomputed every time (`disk_lost` says why, once). A disk tier file a
+resumed run (or one with `cache.keep`) finds at another size (truncated, another store's) is replaced by an
+empty one, in one line; one of the right size is kept, its slots checked one by one as they are read.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ptrun import cache_entries
 from ptrun.config import ConfigError
 
 HEADER_BYTES = 16
 SLOT_ALIGN = 64  # cache-line aligned slots: no two samples share a line that two processes write
+REDO = "its entries are computed again"
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,32 @@ def _allocate(path: Path, size: int) -> None:
         os.close(fd)
 
 
+def _allocate_disk(path: Path, size: int) -> str | None:
+    """The disk tier's file at exactly `size` bytes. One of that size is kept: it may hold a killed or earlier
+    run's entries, and each slot's key and CRC say what it still holds (a torn or damaged slot is a miss).
+    Any other is unusable (truncated, or another store's file copied over it): removed, and an empty one
+    reserved under a temporary name and renamed into place, so a run killed while reserving it leaves no
+    file of the wrong size. Returns why a file there was replaced, None when none was."""
+    try:
+        found = path.stat().st_size
+    except FileNotFoundError:
+        found = None
+    if found == size:
+        return None
+    path.unlink(missing_ok=True)  # useless now; its room counts for the new one
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # of a process killed reserving it (the caller
+        stale.unlink(missing_ok=True)  # holds the store's lock: nobody else reserves it now)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        _allocate(tmp, size)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if found is None:
+        return None
+    return f"it was {found} bytes where this store's layout needs {size} (truncated, or another store's file)"
+
+
 class ActivationStore:
     """`num_slots` sample slots of `specs` under `mem_dir` (the first `max_memory // slot_bytes`) and
     `disk_dir` (the rest). Any number of processes may open the same store; the first one allocates it."""
@@ -120,7 +150,9 @@ class ActivationStore:
                     f"{self.mem_path.parent} ({os.strerror(e.errno)}); lower cache.max_memory"
                 ) from None
             try:
-                _allocate(self.disk_path, (num_slots - self.memory_slots) * self.slot_bytes)
+                replaced = _allocate_disk(self.disk_path, (num_slots - self.memory_slots) * self.slot_bytes)
+                if replaced:  # said by the one process that found it (the others find the new file)
+                    cache_entries.report("AutoCache's disk tier", self.disk_path, replaced, REDO)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):  # no disk tier: its samples are recomputed
                     self.disk_lost = (

@@ -24,6 +24,7 @@ writes `--out`.
 
 from __future__ import annotations
 
+import re
 import time
 
 T0 = time.time()  # before the heavy imports; the process's real start is read from /proc where there is one
@@ -107,8 +108,9 @@ def build_model(m, data) -> torch.nn.Module:
 
 def with_adapter(net: torch.nn.Module, cfg) -> torch.nn.Module:
     """`net` as a LoRA user wraps it where the recipe asks for adapters (`adapter=lora`): peft's
-    `get_peft_model` with the recipe's rank, alpha and dropout on the blocks' linears it names (a regex over the
-    numbered blocks, so a pooler's or a head's `dense` stays as it is) and the classifier trained beside them;
+    `get_peft_model` with the recipe's LoRA settings on the blocks' linears it picks (a regex over the numbered
+    blocks' paths, so a pooler's or a head's `dense` stays as it is; the user's own regex as it is) and the
+    classifier trained beside them;
     else `net` itself."""
     from ptrun.config import ADAPTER_SPECS
 
@@ -117,20 +119,29 @@ def with_adapter(net: torch.nn.Module, cfg) -> torch.nn.Module:
         return net
     from peft import LoraConfig, get_peft_model
 
-    from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, target_names
+    from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, lora_alpha, selected_paths
     from ptrun.config.adapter_layers import adapted_blocks
 
     family = adapter_family(cfg.model)
-    names = "|".join(target_names(a, family))
-    heads = [n for n in ("classifier", "score", "head") if cfg.model.task != CAUSAL_LM and hasattr(net, n)]
     # peft takes no `layers_to_transform` beside a regex: the regex names the blocks of `adapter.layers` instead
     blocks = r"\d+" if a.layers is None else "|".join(map(str, adapted_blocks(a.layers, num_blocks(cfg))))
+    if isinstance(a.targets, str) and a.targets not in ("auto", "all-linear"):
+        # the user's own regex, as peft reads it (within the blocks of `adapter.layers`)
+        targets = a.targets if a.layers is None else rf"(?=(?:{a.targets})$).*?\.(?:{blocks})\..*"
+    else:
+        paths = "|".join(re.escape(p) for p in selected_paths(a, family))
+        targets = rf".*\.(?:{blocks})\.(?:{paths})"
+    heads = [n for n in ("classifier", "score", "head") if cfg.model.task != CAUSAL_LM and hasattr(net, n)]
     config = LoraConfig(
         r=a.r,
-        lora_alpha=a.alpha,
+        lora_alpha=lora_alpha(a),
         lora_dropout=a.dropout,
-        target_modules=rf".*?\.(?:{blocks})\.(?:.*\.)?(?:{names})",
+        target_modules=targets,
+        exclude_modules=a.exclude if isinstance(a.exclude, str) else None,
         fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
+        use_rslora=a.rslora,
+        use_dora=a.dora,
+        init_lora_weights=a.init,
         modules_to_save=heads or None,
     )
     return get_peft_model(net, config)

@@ -225,6 +225,7 @@ def soak(
 
     from ptrun.elastic_agent import tidy_agent
     from ptrun.launch import launch_config
+    from ptrun.signal_scope import elastic_handlers_restored
 
     kill_points(transitions, restarts, checkpoint_every)  # fail before starting anything
     run_dir = Path(run_dir).resolve()
@@ -257,7 +258,9 @@ def soak(
     watcher.start()
     t0 = time.perf_counter()
     try:
-        with tidy_agent():  # the killed attempts' survivors raise; their exception files go
+        # The killed attempts' survivors raise (their exception files go); the caller's signal handlers are back
+        # when the launch ends, and a signal that stopped it goes on to them.
+        with tidy_agent(), elastic_handlers_restored():
             elastic_launch(config, worker)(str(config_path), str(samples_dir), transitions, restarts, checkpoint_every)
     finally:
         stop.set()

@@ -19,6 +19,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from ptrun.config.adapter import lora_alpha
 from ptrun.config.adapter_layers import adapted_blocks
 from ptrun.errors import ConfigError
 
@@ -108,13 +109,13 @@ def settings(adapter, family: str | None, num_blocks: int, targets: tuple[str, .
     modules `adapter.targets` names in `family` (None: the family is not known, and they are not compared)."""
     rows = [
         ("r", "adapter.r", adapter.r, 8),
-        ("lora_alpha", "adapter.alpha", float(adapter.alpha), 8.0),
+        ("lora_alpha", "adapter.alpha", lora_alpha(adapter), 8.0),
         ("lora_dropout", "adapter.dropout", float(adapter.dropout), 0.0),
         ("layers_to_transform", "adapter.layers", list(adapted_blocks(adapter.layers, num_blocks)), None),
         ("fan_in_fan_out", f"the model ({family})", conv1d, False),
         ("bias", "ptrun (which trains no bias)", "none", "none"),
-        ("use_rslora", "ptrun (which scales by alpha / r)", False, False),
-        ("use_dora", "ptrun (which trains no magnitude)", False, False),
+        ("use_rslora", "adapter.rslora", adapter.rslora, False),
+        ("use_dora", "ptrun (which continues no DoRA adapter: it computes the magnitudes from the base)", False, False),
     ]
     if targets is not None:
         rows.insert(3, ("target_modules", "adapter.targets", sorted(targets), None))

@@ -12,7 +12,7 @@ module's, is left out as the FLOP model leaves out the layer norms."""
 from __future__ import annotations
 
 from ptrun.config import PtrunConfig
-from ptrun.config.adapter import ADAPTER_SPECS, BLOCK_LINEARS, HEAD_MODULES, adapter_family, target_names
+from ptrun.config.adapter import ADAPTER_SPECS, BLOCK_LINEARS, HEAD_MODULES, adapter_family, wraps
 from ptrun.config.adapter_layers import adapted_blocks
 from ptrun.costs.units import ModelCosts
 
@@ -24,17 +24,43 @@ def _lora(costs: ModelCosts, cfg: PtrunConfig) -> bool:
 
 def adapter_params(costs: ModelCosts, cfg: PtrunConfig) -> list[float]:
     """Per unit, the parameter elements the adapters add beside `costs.params` (0 without adapters): r x
-    (fan-in + fan-out) for each linear module of a block that `adapter.targets` names (every one, for a family
-    the table does not know), in the blocks `adapter.layers` names."""
+    (fan-in + fan-out) for each linear module of a block that `adapter.targets` picks (every one, for a family
+    the table does not know) in the blocks `adapter.layers` names, plus fan-out with DoRA (its magnitude
+    vector)."""
     if not _lora(costs, cfg):
         return [0.0] * costs.num_units
-    a, family = cfg.adapter, adapter_family(cfg.model)
-    targets = set(target_names(a, family)) if family in BLOCK_LINEARS else None
-    adapted = {1 + 2 * b + half for b in adapted_blocks(a.layers, costs.num_blocks) for half in (0, 1)}
+    a = cfg.adapter
+    picked = wrapped_linears(costs, cfg)
     return [
-        float(sum(a.r * (i + o) for name, i, o in unit if targets is None or name in targets)) if u in adapted else 0.0
-        for u, unit in enumerate(costs.linears)
+        float(sum(a.r * (i + o) + (o if a.dora else 0) for (_, i, o), yes in zip(unit, flags, strict=True) if yes))
+        for unit, flags in zip(costs.linears, picked, strict=True)
     ]
+
+
+def wrapped_linears(costs: ModelCosts, cfg: PtrunConfig) -> list[list[bool]]:
+    """Per unit, which of its linear modules (`costs.linears`) get an adapter: in the blocks (units 1 ..
+    n - 2, two halves a block), those whose full name the family table gives (`PREFIX.BLOCK.PATH`, the
+    block's linears in order) `adapter.targets` and `adapter.exclude` pick, as the model builder does; every
+    block linear where the family or the order is not the table's; none in the embedding and the head, nor
+    in a block `adapter.layers` leaves out."""
+    family = adapter_family(cfg.model)
+    adapted = set(adapted_blocks(cfg.adapter.layers, costs.num_blocks))
+    table = BLOCK_LINEARS.get(family)
+    head = costs.num_units - 1
+    out = [[False] * len(unit) for unit in costs.linears]
+    for first in range(1, head, 2):
+        block = (first - 1) // 2
+        halves = [u for u in (first, first + 1) if u < head]
+        linears = [lin for u in halves for lin in costs.linears[u]]
+        known = table is not None and [p.rsplit(".", 1)[-1] for p in table.block] == [n for n, _, _ in linears]
+        flags = (
+            [wraps(cfg.adapter, f"{table.prefix}.{block}.{p}") for p in table.block] if known else [True] * len(linears)
+        )
+        if block not in adapted:
+            flags = [False] * len(linears)
+        for u in halves:
+            out[u], flags = flags[: len(costs.linears[u])], flags[len(costs.linears[u]) :]
+    return out
 
 
 def trained_params(costs: ModelCosts, cfg: PtrunConfig) -> list[float]:

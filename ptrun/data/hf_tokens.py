@@ -4,9 +4,10 @@ source files and the split's selection; the tokenizer's full definition; `max_le
 task and packing; the class names). A later run with the same key memory-maps the file and calls no
 tokenizer. The directory is `$PTRUN_TOKENIZED_DIR`, else `$XDG_CACHE_HOME/ptrun/tokenized` (by default
 `~/.cache/ptrun/tokenized`); the workers of a run share it, and a file lock lets one of them write an entry
-while the others wait for it. The directory holds only entries (`KEY.arrow`): a lock file (`KEY.lock`)
-lives while its entry is being made (and after an attempt that failed, until one succeeds), and a temporary
-file while it is being written.
+while the others wait for it. The directory holds entries (`KEY.arrow`) and their checksums (`KEY.arrow.sum`),
+verified on every read: an entry found damaged, truncated, half-written or another's is tokenized again, and
+one line says so (`ptrun.cache_entries`). A lock file (`KEY.arrow.lock`) lives while its entry is being made
+(and after an attempt that failed, until one succeeds), and a temporary file while it is being written.
 
 Rows, all padded or cut to `max_length` T (the torch format returns int64 tensors):
 - classification: what the tokenizer returns of `input_ids`, `attention_mask`, `token_type_ids` (its
@@ -31,6 +32,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
+from ptrun import cache_entries
 from ptrun.config import ConfigError
 from ptrun.data.hf_read import column_values
 from ptrun.data.text import INPUT_NAMES, arrow_columns, chunks, compact
@@ -44,6 +46,7 @@ FORMAT_VERSION = 1
 IGNORE_INDEX = -100
 """`labels` of padding positions: the loss leaves them out."""
 LM_INPUT_NAMES = ("input_ids", "attention_mask")
+WHAT = "tokenized-data cache entry"
 
 
 def cache_dir() -> Path:
@@ -78,10 +81,9 @@ def entry_key(fingerprint: str, tok_id: str, **settings) -> str:
 
 
 def cached_table(key: str, write_batches: Iterator[pa.RecordBatch]) -> datasets.Dataset:
-    """The tokenized split stored under `key`: read (memory-mapped) when present, else written from
-    `write_batches` first. The batches are only drawn when the entry is missing."""
-    from filelock import FileLock
-
+    """The tokenized split stored under `key`: read (memory-mapped) when present and whole, else written from
+    `write_batches` first. The batches are only drawn when the entry is missing or unusable (damaged,
+    truncated, half-written or another entry's file: `ptrun.cache_entries`), which one line reports."""
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -91,34 +93,26 @@ def cached_table(key: str, write_batches: Iterator[pa.RecordBatch]) -> datasets.
             f"point {DIR_ENV} at a writable directory"
         ) from e
     path = folder / f"{key}.arrow"
-    if not path.is_file():
-        lock = path.with_name(f"{key}.lock")
-        with FileLock(str(lock)):
-            if not path.is_file():
-                write_entry(path, write_batches)
-            # The entry is there for good, so its lock has nothing left to guard: removed (while held), the
-            # directory lists entries only. A process still waiting on the removed file, or one that makes
-            # a new lock file, finds the entry under it and writes nothing; only while an entry is missing
-            # must every process share one lock file, and no lock file is removed before the entry exists.
-            lock.unlink(missing_ok=True)
+    try:
+        cache_entries.ensure(path, lambda tmp: write_stream(tmp, write_batches), WHAT, "tokenizing it again")
+    except OSError as e:  # a read-only or full cache directory: nothing a restart would cure
+        raise ConfigError(
+            f"{DIR_ENV}: cannot write the tokenized-data cache entry {str(path)!r} ({e.strerror}); free space "
+            f"there or point {DIR_ENV} at a writable directory with room"
+        ) from e
     return datasets.Dataset.from_file(str(path)).with_format("torch")
 
 
-def write_entry(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
-    """`batches` written to an Arrow stream file at `path`, atomically (a temporary file renamed)."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    try:
-        writer = None
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_stream(str(tmp), batch.schema)
-            writer.write_batch(batch)
+def write_stream(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
+    """`batches` written to an Arrow stream file at `path`."""
+    writer = None
+    for batch in batches:
         if writer is None:
-            raise ConfigError("data.path: the split yields no rows to train on")
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+            writer = pa.ipc.new_stream(str(path), batch.schema)
+        writer.write_batch(batch)
+    if writer is None:
+        raise ConfigError("data.path: the split yields no rows to train on")
+    writer.close()
 
 
 def record_batch(columns: dict[str, np.ndarray]) -> pa.RecordBatch:

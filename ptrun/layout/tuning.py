@@ -5,7 +5,9 @@ over the choice.
 The disk cache: one JSON file per key, a hash of everything that shapes the timing (model config, input
 shapes, batches and candidates per K, world size, schedule, precision, device, torch version, host), so a
 model is measured once per machine. Rank 0 reads it and tells the others, so ranks of several machines
-never disagree; a file that does not parse is reported, ignored and rewritten.
+never disagree. Each file is written atomically beside its checksum and verified when read
+(`ptrun.cache_entries`): one that is damaged, truncated, another key's or does not parse is reported in one
+line, ignored, measured again and rewritten.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ptrun import cache_entries
 from ptrun.layout.microtune import (
     BATCHES,
     TIMED_BUDGET_S,
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 
 
 DIR_ENV = "PTRUN_MICROTUNE_DIR"
+WHAT = "micro-batch cache"
+AGAIN = "measuring again and rewriting it"
 
 
 def cache_dir() -> Path:
@@ -106,14 +111,11 @@ def cache_path(fields: Mapping, root: Path | None = None) -> Path:
 
 
 def load(path: Path, fields: Mapping, needed: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float] | None:
-    """The cached costs for `fields` from `path`, or None: missing (silently), or unreadable, of other fields
-    or lacking a needed (K, M) (with a warning; the caller measures and rewrites it)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("micro-batch cache %s is unreadable (%s); measuring again", path, e.__class__.__name__)
+    """The cached costs for `fields` from `path`, or None: missing (silently); damaged, truncated or another
+    entry's file (`ptrun.cache_entries`), of other fields or lacking a needed (K, M) (with one line; the
+    caller measures and rewrites it)."""
+    text = cache_entries.read_bytes(path, WHAT, AGAIN)
+    if text is None:
         return None
     try:
         data = json.loads(text)
@@ -125,16 +127,19 @@ def load(path: Path, fields: Mapping, needed: Sequence[tuple[int, int]]) -> dict
         return costs
     except (ValueError, KeyError, TypeError) as e:
         log.warning(
-            "micro-batch cache %s is unusable (%s: %s); measuring again and rewriting it",
+            "%s %s is unusable (%s: %s); %s",
+            WHAT,
             path,
             e.__class__.__name__,
             str(e).splitlines()[0] if str(e) else "",
+            AGAIN,
         )
         return None
 
 
 def store(path: Path, fields: Mapping, costs: Mapping[tuple[int, int], float]) -> bool:
-    """Write the costs atomically (a reader never sees half a file); False, with a warning, if it cannot."""
+    """Write the costs atomically beside their checksum (a reader never sees half a file, two runs that measured
+    at once write one after the other); False, with a warning, if it cannot."""
     record = {
         "key": cache_key(fields),
         "fields": fields,
@@ -142,13 +147,10 @@ def store(path: Path, fields: Mapping, costs: Mapping[tuple[int, int], float]) -
         "costs": [[k, m, s] for (k, m), s in sorted(costs.items())],
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=str))
-        os.replace(tmp, path)
+        cache_entries.write_bytes(path, json.dumps(record, indent=1, default=str).encode())
         return True
     except OSError as e:
-        log.warning("micro-batch cache %s cannot be written (%s); the next run measures again", path, e)
+        log.warning("%s %s cannot be written (%s); the next run measures again", WHAT, path, e)
         return False
 
 

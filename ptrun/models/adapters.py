@@ -8,7 +8,9 @@ library's own forward, the encoders' first-token tail included (the family's cro
 `self.query` & co., which are then the wrapped modules). Each wrapped linear adds its adapter's output in one
 kernel (`ptrun.models.lora_linear`). The adapters' parameters are the units' like any other: a worker gives
 storage and values only to its own stages' units, adapters included, and a unit's adapters are drawn from the
-unit's own seed (peft's rule: A Kaiming-uniform, B zero).
+unit's own seed (peft's rule for `adapter.init`: A Kaiming-uniform or gaussian, B zero). DoRA's magnitudes,
+which peft computes from the base weight as it wraps a module (here on the meta device), are computed again once
+a unit holds its real values (`dora_magnitudes`).
 
 The base weights never train (`LayeredModel.fixed`); the adapters and the task head (`HEAD_MODULES`, as
 peft's sequence-classification task keeps its classifier trainable) do. So the units below the lowest adapter
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ptrun.config.adapter import BLOCK_LINEARS, HEAD_MODULES, AdapterConfig, target_names
+from ptrun.config.adapter import BLOCK_LINEARS, HEAD_MODULES, AdapterConfig, lora_alpha, wraps
 from ptrun.config.adapter_layers import adapted_blocks, check_layers_range, peft_layers
 from ptrun.errors import ConfigError
 
@@ -39,11 +41,14 @@ def lora_config(adapter: AdapterConfig, family: str, targets: list[str], num_blo
 
     return LoraConfig(
         r=adapter.r,
-        lora_alpha=adapter.alpha,
+        lora_alpha=lora_alpha(adapter),
         lora_dropout=adapter.dropout,
         target_modules=targets,
         layers_to_transform=peft_layers(adapter.layers, num_blocks),
         fan_in_fan_out=BLOCK_LINEARS[family].conv1d,
+        use_rslora=adapter.rslora,
+        use_dora=adapter.dora,
+        init_lora_weights=adapter.init,
     )
 
 
@@ -56,26 +61,26 @@ def block_targets(layered, adapter: AdapterConfig) -> list[str]:
             f"adapter.name={adapter.name!r} is not allowed: peft cannot wrap a {family!r} model here; "
             f"LoRA wraps {', '.join(BLOCK_LINEARS)}"
         )
-    wanted = set(target_names(adapter, family))
     check_layers_range(adapter.layers, layered.num_blocks)
     adapted = set(adapted_blocks(adapter.layers, layered.num_blocks))
     name_of = {id(m): n for n, m in layered.model.named_modules()}
-    found, linears = set(), set()
+    found, linears = [], []
     for u, unit in enumerate(layered.units[1:-1]):
         for module in unit.modules():
             name = name_of.get(id(module))
             if name is None or not _is_linear(module):
                 continue
-            leaf = name.rsplit(".", 1)[-1]
-            linears.add(leaf)
-            if leaf in wanted and u // 2 in adapted:  # units 1 + 2b and 2 + 2b are block b's halves
+            linears.append(name)
+            if wraps(adapter, name) and u // 2 in adapted:  # units 1 + 2b and 2 + 2b are block b's halves
                 if any(child is module for child in unit.children()):
                     raise RuntimeError(f"{family}: unit holds {name} itself; an adapter needs its parent")
-                found.add(name)
+                found.append(name)
     if not found:
         raise ConfigError(
-            f"adapter.targets={sorted(wanted)!r} is not allowed: no module of this {family} model's blocks is "
-            f"named so; its linear modules are {', '.join(sorted(linears))}"
+            f"adapter.targets={adapter.targets!r} is not allowed: it wraps no linear module of this {family} "
+            f"model's blocks"
+            + (f" once adapter.exclude={adapter.exclude!r} is left out" if adapter.exclude is not None else "")
+            + f"; their names are {', '.join(linears[: len(BLOCK_LINEARS[family].block)])}, ..."
         )
     return sorted(found, key=list(name_of.values()).index)
 
@@ -108,11 +113,39 @@ def add_lora(layered, adapter: AdapterConfig) -> None:
 
     def init(unit: nn.Module) -> None:
         library_init(unit)  # the library's rule also reaches the adapters' Linears: peft's own comes last
-        for module in unit.modules():
-            if hasattr(module, "reset_lora_parameters") and ADAPTER_NAME in getattr(module, "lora_A", {}):
-                module.reset_lora_parameters(ADAPTER_NAME, True)
+        for module in lora_layers(unit):
+            module.reset_lora_parameters(ADAPTER_NAME, adapter.init)
 
     layered._init = init
+    if adapter.dora:
+        layered.after_values = lambda units: dora_magnitudes(layered, units)
+
+
+def lora_layers(module: nn.Module):
+    """The peft LoRA layers in `module` that hold ptrun's adapter."""
+    return [m for m in module.modules() if hasattr(m, "reset_lora_parameters") and ADAPTER_NAME in m.lora_A]
+
+
+def dora_magnitudes(layered, units) -> None:
+    """DoRA's magnitude of each adapted linear in `units`, by peft's rule (the row norms of the base weight
+    plus the adapter's product), computed once the units hold their real values: peft computes it when it
+    wraps a module, and the model was then still on the meta device. Copied into the parameter the units
+    already hold, so its name, storage and place in the optimizer stay."""
+    import torch
+    from peft.tuners.lora.dora import DoraLinearLayer
+
+    for u in units:
+        for module in lora_layers(layered.units[u]):
+            magnitude = module.lora_magnitude_vector[ADAPTER_NAME]
+            fresh = DoraLinearLayer(fan_in_fan_out=magnitude.fan_in_fan_out)
+            with torch.no_grad():
+                fresh.update_layer(
+                    base_layer=module.get_base_layer(),
+                    lora_A=module.lora_A[ADAPTER_NAME].weight,
+                    lora_B=module.lora_B[ADAPTER_NAME].weight,
+                    scaling=module.scaling[ADAPTER_NAME],
+                )
+                magnitude.weight.copy_(fresh.weight)
 
 
 def library_name(name: str) -> str:
@@ -121,10 +154,8 @@ def library_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def peft_key(name: str) -> str:
-    """A trained parameter's key in peft's saved adapter (`get_peft_model_state_dict`'s): under the PeftModel's
-    `base_model.model.` and without the adapter's name."""
-    return "base_model.model." + name.replace(f".{ADAPTER_NAME}.", ".")
+PEFT_PREFIX = "base_model.model."
+"""What a PeftModel's state dict puts before the library model's names (the keys of peft's saved adapter)."""
 
 
 def head_modules(layered) -> list[str]:
@@ -146,11 +177,23 @@ def save_adapter(layered, out: Path, base: str | None = None) -> None:
     config.save_pretrained(str(out))
     if layered.library_config:  # timm: how to build the base model, as the export of the whole model says it
         (out / "config.json").write_text(json.dumps(layered.library_config, indent=1) + "\n")
-    params = dict(layered.model.named_parameters())
-    trained = sorted(set(params) - layered.fixed)
-    save_file(
-        {peft_key(n): params[n].detach().cpu().contiguous() for n in trained}, str(out / "adapter_model.safetensors")
+    save_file(peft_state_dict(layered), str(out / "adapter_model.safetensors"))
+
+
+def peft_state_dict(layered) -> dict:
+    """The trained tensors under the keys of peft's saved adapter: the adapters' as peft's public
+    `get_peft_model_state_dict` names them (without the adapter's name; DoRA's magnitude as peft stores it),
+    the task head's as a `modules_to_save` module's, all under `PEFT_PREFIX`."""
+    from peft import get_peft_model_state_dict
+
+    params = {n: p.detach().cpu().contiguous() for n, p in layered.model.named_parameters() if n not in layered.fixed}
+    adapters = {n: params[n] for n in layered.adapters}
+    saved = get_peft_model_state_dict(
+        layered.model, state_dict=adapters, adapter_name=ADAPTER_NAME, save_embedding_layers=False
     )
+    head = {n: t for n, t in params.items() if n not in layered.adapters}
+    assert len(saved) == len(adapters), "peft saved another set of adapter tensors than ptrun trains"
+    return {PEFT_PREFIX + n: t for n, t in (saved | head).items()}
 
 
 def merged(layered) -> nn.Module:

@@ -95,6 +95,9 @@ class LayeredModel(nn.Module):
         """The adapters' parameters (`adapter=lora`), empty without adapters."""
         self.adapter_config = None
         """peft's config of the adapters (a LoraConfig), None without adapters."""
+        self.after_values = None
+        """Called with the units `init_units` just filled, once they hold their initial and pretrained values
+        (DoRA's magnitudes are computed from the loaded base weights); None: nothing to do."""
         self._init = init
         self.init_seed = 0
         """Unit i's initial values are drawn from the generator seeded with `init_seed + i` (ptrun.models.lazy)."""

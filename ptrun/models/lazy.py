@@ -145,6 +145,8 @@ def init_units(layered, units: Iterable[int]) -> None:
         from ptrun.models.weights import load_pretrained
 
         load_pretrained(layered, layered.weights, unit_names(layered, wanted | extra))
+    if layered.after_values is not None:
+        layered.after_values(sorted(wanted | extra))
     release(layered, unit_names(layered, extra) - unit_names(layered, wanted))
 
 

@@ -9,7 +9,8 @@ compile mode), in ~/.cache/ptrun/compile (`PTRUN_COMPILE_COSTS_DIR` moves it), h
   the graphs its compiling took, and the entries it left in inductor's FX graph cache
   ($TORCHINDUCTOR_CACHE_DIR/fxgraph), so a later run counts as cached the share of them still there.
 
-Rank 0 reads and writes it; a file that does not parse is ignored and rewritten; writes are atomic.
+Rank 0 reads and writes it, atomically and beside its checksum (`ptrun.cache_entries`): a file that is
+damaged, truncated, another machine's or does not parse is reported in one line, ignored and rewritten.
 `CompileFigures` (`ptrun.parallel.compile_price`) are made from it.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ptrun import cache_entries
 from ptrun.layout.tuning import device_name
 from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
 
@@ -35,6 +37,8 @@ DIR_ENV = "PTRUN_COMPILE_COSTS_DIR"
 VERSION = 2
 """Bump when what is kept changes: older files are then ignored."""
 KEPT_STEPS = 5
+WHAT = "compile costs"
+AGAIN = "starting from the defaults, measured again by this run"
 """Step times kept per model, layout and kind (eager, compiled): the last runs' measurements."""
 
 
@@ -82,14 +86,14 @@ class KeptCosts:
         key = model_key(self.fields)
         self.path = (root or costs_dir()) / f"{key}.json"
         self.data = {"key": key, "fields": self.fields, "graph_s": {}, "models": {}}
+        text = cache_entries.read_bytes(self.path, WHAT, AGAIN)
         try:
-            kept = json.loads(self.path.read_text())
-            if kept.get("key") == key and isinstance(kept.get("models"), dict):
-                self.data = kept
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:
-            log.warning("compile costs %s are unusable (%s); measuring again", self.path, e.__class__.__name__)
+            kept = json.loads(text) if text is not None else None
+        except ValueError as e:
+            kept = None
+            cache_entries.report(WHAT, self.path, f"it does not parse ({e.__class__.__name__})", AGAIN)
+        if isinstance(kept, dict) and kept.get("key") == key and isinstance(kept.get("models"), dict):
+            self.data = kept
 
     def model(self, key: str) -> dict:
         return self.data["models"].get(key, {})
@@ -158,11 +162,8 @@ class KeptCosts:
             m[kind] = [*m.get(kind, []), step_s][-KEPT_STEPS:]
 
     def save(self) -> None:
-        """Write atomically; a warning where it cannot (the next run measures again)."""
+        """Write atomically beside its checksum; a warning where it cannot (the next run measures again)."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=1, default=str))
-            os.replace(tmp, self.path)
+            cache_entries.write_bytes(self.path, json.dumps(self.data, indent=1, default=str).encode())
         except OSError as e:
             log.warning("compile costs %s cannot be written (%s)", self.path, e)

@@ -39,6 +39,7 @@ from ptrun.compat import keep_inductor_headers_with_its_cache
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.config.training import c_compiler
 from ptrun.models.layered import run_units
+from ptrun.parallel import inductor_cache
 from ptrun.parallel.precision import autocast
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ class CompiledUnit:
         self.unit, self.name, self.compiler = unit, name, compiler
         self.kind = type(unit).__name__
         self.compiled = torch.compile(unit, mode=None if compiler.mode == "default" else compiler.mode, dynamic=False)
+        self.healed: set = set()  # the files of inductor's cache its compile failed on, removed
 
     def __call__(self, *args):
         if self.kind in self.compiler.eager_kinds or (args and args[0].device.type == "meta"):
@@ -190,6 +192,18 @@ class CompiledUnit:
         try:
             out = self.compiled(*args)
         except COMPILE_ERRORS as exc:  # this kind runs eager (anything else is the run's own error: raised)
+            named = inductor_cache.remove_named_file(exc)
+            if named is not None and named[0] not in self.healed:  # a damaged file of inductor's cache: compiled
+                self.healed.add(named[0])  # once more, which writes it again (once per file)
+                if named[1]:
+                    inductor_cache.log.warning(
+                        "inductor's cache entry %s is unusable: it failed to load (%s); removed, unit %s is "
+                        "compiled again",
+                        named[0],
+                        type(exc).__name__,
+                        self.name,
+                    )
+                return self(*args)
             self.compiler.give_up(self, exc)
             return self.unit(*args)
         self.compiler.kinds.add(self.kind)
@@ -215,6 +229,7 @@ class UnitCompiler:
         # silently, so the unit's kind is named and goes eager as a whole.
         torch._dynamo.config.fail_on_recompile_limit_hit = True
         keep_inductor_headers_with_its_cache()
+        inductor_cache.check_entries()  # before the first compile: no damaged graph entry is read
         self.counts = CompileCounts()
 
     def runners(self, units: Sequence[nn.Module], first: int) -> list[Callable]:

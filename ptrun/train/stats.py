@@ -123,9 +123,11 @@ def cache_stats(cache, plan: Plan, device: torch.device) -> dict:
         return {}
     own = {**cache.take_stats("train"), **{f"eval_{k}": v for k, v in cache.take_stats("eval").items()}}
     total = all_sum(list(own.values()), device).long().tolist()
+    summed = dict(zip(own, total, strict=True))
+    cache.say_corrupt(summed["corrupt"] + summed["eval_corrupt"])
     return {
         "cache": {
-            **dict(zip(own, total, strict=True)),
+            **summed,
             "cached_units": plan.cached_units,
             "memory_bytes": cache.memory_bytes,
             "disk_bytes": cache.disk_bytes,

@@ -18,11 +18,14 @@ OutOfSpace, without a checkpoint either (there is no room for one).
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
+from ptrun.signal_scope import handlers_restored
 from ptrun.train import machine
 from ptrun.train.divergence import Diverged, DivergenceWatch
 
@@ -42,7 +45,7 @@ class Interrupted(Exception):
 
 
 class StopRequests:
-    """Records SIGINT / SIGTERM in this worker (from `install()` on) and turns them into a decision that
+    """Records SIGINT / SIGTERM in this worker (inside `installed()`) and turns them into a decision that
     every worker of the process group shares (`poll()`)."""
 
     def __init__(self):
@@ -58,11 +61,16 @@ class StopRequests:
         if dist.is_initialized() and dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo")
 
-    def install(self) -> None:
-        """Replace Python's KeyboardInterrupt (and SIGTERM's default, which ends the process at once) by a
-        record of the signal. Main thread only, as Python requires."""
-        for signum in SIGNALS:
-            signal.signal(signum, self._record)
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequests]:
+        """While the block runs, Python's KeyboardInterrupt (and SIGTERM's default, which ends the process at
+        once) are replaced by a record of the signal; when it ends, however it ends, the handlers it found are
+        back (a program that runs the loop in its own process keeps its own). Main thread only, as Python
+        requires."""
+        with handlers_restored(SIGNALS):
+            for signum in SIGNALS:
+                signal.signal(signum, self._record)
+            yield self
 
     def _record(self, signum: int, frame) -> None:
         self.received = max(self.received, signum)

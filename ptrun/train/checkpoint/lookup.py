@@ -59,16 +59,42 @@ def latest_valid(run_dir: str | Path) -> Path | None:
     return None
 
 
-def adapter_problem(ckpt: Path, adapter: str) -> str | None:
-    """Why a run with `adapter.name=adapter` cannot resume from `ckpt` (None when it can): a checkpoint of
-    adapters holds no base weights, one of full fine-tuning no adapters, so the two never resume each other."""
+def adapter_problem(ckpt: Path, settings: dict) -> str | None:
+    """Why a run with the adapter keys `settings` (`ptrun.config.adapter.adapter_settings`) cannot resume from
+    `ckpt` (None when it can). A checkpoint of adapters holds no base weights, one of full fine-tuning no
+    adapters, so the two never resume each other; and adapters trained with other settings (a rank, a scale,
+    targets, an init) would go on as another model than the one they began as. Every key the checkpoint
+    recorded is compared, but those a resume may change (`RESUME_FREE`, what the export writes)."""
+    from ptrun.config.adapter import RESUME_FREE  # no torch there either
+
     try:
-        saved = json.loads((ckpt / TRAINER).read_text())["model"].get("adapter", "none")
+        model = json.loads((ckpt / TRAINER).read_text())["model"]
+        saved = model.get("adapter", "none")
+        recorded = model.get("adapter_settings") or {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # the worker's own check names an unreadable trainer.json
-    if saved == adapter:
-        return None
-    return (
-        f"adapter={adapter!r} is not allowed: checkpoint {ckpt} is of a run with adapter={saved}; resume with "
-        f"adapter={saved} or start a new run in another hydra.run.dir"
-    )
+    adapter = settings["name"]
+    if saved != adapter:
+        return (
+            f"adapter={adapter!r} is not allowed: checkpoint {ckpt} is of a run with adapter={saved}; resume with "
+            f"adapter={saved} or start a new run in another hydra.run.dir"
+        )
+    for key, value in settings.items():
+        if key in recorded and key not in RESUME_FREE and recorded[key] != value:
+            was = recorded[key]
+            return (
+                f"adapter.{key}={value!r} is not allowed: checkpoint {ckpt} is of a run with adapter.{key}={was!r}; "
+                f"resume with adapter.{key}={_override(was)} or start a new run in another hydra.run.dir"
+            )
+    return None
+
+
+def _override(value) -> str:
+    """`value` as a command line writes it (`null`, `true`, `[query,value]`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)

@@ -16,6 +16,7 @@ from ptrun.auto.autodp import gather_to
 from ptrun.auto.counts import blocks_of_units
 from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError, PtrunConfig
+from ptrun.config.adapter import adapter_settings
 from ptrun.layout.plan import Plan
 from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate, init_units
@@ -53,7 +54,12 @@ def save(
         "plan": plan.to_dict(),
         "first_plan": controller.first.to_dict(),  # the layout the run's keys start in, for a resume to compare
         "controller": controller.state_dict(),
-        "model": {"name": cfg.model.name, "num_units": len(layered.units), "adapter": cfg.adapter.name},
+        "model": {
+            "name": cfg.model.name,
+            "num_units": len(layered.units),
+            "adapter": cfg.adapter.name,
+            "adapter_settings": adapter_settings(cfg.adapter),
+        },
         "loss_scale": scaler.state_dict(),
     }
     replica, stage = plan.coords(rank)
@@ -91,7 +97,7 @@ def _check_model(ckpt, state: dict, cfg: PtrunConfig, layered) -> None:
             f"{len(layered.units)} units; resume with the run's model settings or choose "
             f"another hydra.run.dir"
         )
-    problem = lookup.adapter_problem(ckpt, cfg.adapter.name)
+    problem = lookup.adapter_problem(ckpt, adapter_settings(cfg.adapter))
     if problem is not None:
         raise ConfigError(problem)
     shapes = store.param_shapes(ckpt)
