@@ -158,6 +158,12 @@ PEFT_PREFIX = "base_model.model."
 """What a PeftModel's state dict puts before the library model's names (the keys of peft's saved adapter)."""
 
 
+def peft_key(name: str) -> str:
+    """A trained parameter's key in peft's saved adapter (`peft_state_dict`'s, `get_peft_model_state_dict`'s
+    naming): under `PEFT_PREFIX` and without the adapter's name."""
+    return PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", ".")
+
+
 def head_modules(layered) -> list[str]:
     """The task head's modules that train (`HEAD_MODULES`) by their names in the model: peft's
     `modules_to_save`, so that loading the adapter restores the head too."""
