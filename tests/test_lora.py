@@ -297,6 +297,16 @@ def trained_a_little(layered) -> None:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
 
 
+def trained_output(layered, kind: str, task: str) -> tuple[dict, torch.Tensor]:
+    """`layered` trained a little and put in eval mode: one batch's inputs and its output on them, which an
+    export must reproduce."""
+    trained_a_little(layered)
+    layered.eval()
+    inputs, _ = next(batches(kind, task))
+    with torch.no_grad():
+        return inputs, layered(*(inputs[k] for k in layered.input_names))
+
+
 @pytest.mark.parametrize("kind,task", [("bert", "classification"), ("llama", "causal_lm"), ("vit", "classification")])
 def test_the_export_loads_with_peft_alone_and_merged_with_the_library_alone(kind, task, tmp_path):
     from peft import PeftModel
@@ -305,11 +315,7 @@ def test_the_export_loads_with_peft_alone_and_merged_with_the_library_alone(kind
     from ptrun.models.export import export_model
 
     layered, library = lora_model(kind, task)
-    trained_a_little(layered)
-    layered.eval()
-    inputs, _ = next(batches(kind, task))
-    with torch.no_grad():
-        want = layered(*(inputs[k] for k in layered.input_names))
+    inputs, want = trained_output(layered, kind, task)
     ours = dict(layered.model.named_parameters())
     base = {library_name(n): p.detach().clone() for n, p in ours.items() if n not in layered.adapters}
     library.load_state_dict(base)  # the base model as its own file holds it (the head untrained)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import REPO
 from hf_families import auto_class, tiny_config
-from test_lora import batches, library_out, lora_model, train_beside_peft, trained_a_little
+from test_lora import library_out, lora_model, train_beside_peft, trained_output
 
 from ptrun.config import AdapterConfig
 from ptrun.config.adapter import ALPHA_PER_RANK, BLOCK_LINEARS, check_targets_of, lora_alpha
@@ -225,11 +225,7 @@ def test_the_export_of_the_options_loads_with_peft_alone(kind, task, tmp_path):
     targets = ["attention.output.dense", "query"] if kind == "bert" else ["attn.c_proj", "c_fc"]
     adapter = replace(LORA, dora=True, rslora=True, init="gaussian", targets=targets)
     layered, library = lora_model(kind, task, adapter)
-    trained_a_little(layered)
-    layered.eval()
-    inputs, _ = next(batches(kind, task))
-    with torch.no_grad():
-        want = layered(*(inputs[k] for k in layered.input_names))
+    inputs, want = trained_output(layered, kind, task)
     ours = dict(layered.model.named_parameters())
     base = {library_name(n): p.detach() for n, p in ours.items() if n not in layered.adapters}
     missing = library.load_state_dict(base, strict=False).missing_keys
