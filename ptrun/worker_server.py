@@ -21,9 +21,9 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ptrun"
 
 
-WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer", "sklearn.model_selection"]
-"""What every worker imports before it can start: torch, ptrun's trainer, and scikit-learn's split, which the
-offline sources use; `worker_modules` adds the model's library."""
+WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer"]
+"""What every worker imports before it can start: torch and ptrun's trainer; `worker_modules` adds the model's
+library. (Not scikit-learn: the split and the digits are read without it.)"""
 
 
 def worker_modules(cfg: PtrunConfig) -> list[str]:

@@ -10,7 +10,9 @@ from PIL import Image
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data import EpochSampler, build_datasets, iterate_batches
+from ptrun.data.images import read_digits
 from ptrun.data.loader import PREFETCH_THREAD_NAME
+from ptrun.data.splits import stratified_split
 
 CLASSES = ["cat", "dog", "emu"]
 
@@ -46,6 +48,50 @@ def test_digits_resize():
     assert splits.image_size == 16
     assert splits.train[0]["pixel_values"].shape == (1, 16, 16)
     assert abs(splits.train[:]["pixel_values"].mean().item()) < 1e-4
+
+
+def test_digits_are_scikit_learns_digits():
+    """The digits are read from scikit-learn's file without importing it: the same pixels and labels as
+    `load_digits`."""
+    from sklearn.datasets import load_digits
+
+    pixels, labels = read_digits()
+    digits = load_digits()
+    assert np.array_equal(pixels, digits.data) and np.array_equal(labels, digits.target)
+    assert labels.dtype == np.int64 and pixels.dtype == np.float64
+
+
+SPLIT_LABELS = {
+    "digits": lambda rng: read_digits()[1],
+    "uneven": lambda rng: rng.choice(5, size=203, p=[0.5, 0.2, 0.15, 0.1, 0.05]),
+    "tied": lambda rng: np.repeat(np.arange(7), 3),  # equal remainders: ties broken by the generator
+    "strings": lambda rng: rng.choice(["neg", "neu", "pos"], size=61),
+}
+
+
+@pytest.mark.parametrize("labels", SPLIT_LABELS)
+@pytest.mark.parametrize("fraction,seed", [(0.2, 0), (0.25, 1), (0.33, 7), (0.5, 3), (0.1, 42)])
+def test_stratified_split_is_scikit_learns_index_for_index(labels, fraction, seed):
+    """The split ptrun makes in numpy is `train_test_split(..., stratify=labels)`'s, index for index, so runs
+    split their data as they always did."""
+    from sklearn.model_selection import train_test_split
+
+    y = SPLIT_LABELS[labels](np.random.default_rng(seed))
+    positions = np.arange(len(y))
+    try:
+        want = train_test_split(positions, test_size=fraction, random_state=seed, stratify=y)
+    except ValueError:  # too few samples for scikit-learn: ptrun refuses it too
+        with pytest.raises(ConfigError, match="cannot split the labels stratified"):
+            stratified_split(y, DataConfig(eval_fraction=fraction, split_seed=seed), "the labels")
+        return
+    train, held_out = stratified_split(y, DataConfig(eval_fraction=fraction, split_seed=seed), "the labels")
+    assert np.array_equal(train, np.sort(want[0])) and np.array_equal(held_out, np.sort(want[1]))
+
+
+@pytest.mark.parametrize("labels", [[0, 0, 0, 1], [0, 1, 2, 0, 1, 2]])
+def test_a_split_too_small_to_stratify_is_refused_in_one_line(labels):
+    with pytest.raises(ConfigError, match=r"data.eval_fraction=0.2: cannot split the labels stratified \("):
+        stratified_split(labels, DataConfig(eval_fraction=0.2, split_seed=0), "the labels")
 
 
 # ---- imagefolder ----

@@ -3,6 +3,7 @@ ImageNet's normalisation. The bottom of `ptrun.data`: the source modules import 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,18 +92,51 @@ class DataSplits:
 
 
 def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """Train and eval positions into `labels`, stratified by class and fixed by `cfg.split_seed`."""
-    from sklearn.model_selection import train_test_split  # ~2 s to import: only sources that split pay it
-
-    positions = np.arange(len(labels))
-    try:
-        train, held_out = train_test_split(
-            positions, test_size=cfg.eval_fraction, random_state=cfg.split_seed, stratify=labels
-        )
-    except ValueError as e:  # too few samples per class for a stratified split
-        raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: cannot split {where} stratified ({e})") from e
+    """Train and eval positions into `labels`, stratified by class and fixed by `cfg.split_seed`: the split
+    scikit-learn's `train_test_split(..., stratify=labels, random_state=seed)` makes, index for index, in numpy
+    (importing scikit-learn costs every worker about 2 s)."""
+    classes, label_of, counts = np.unique(np.asarray(labels), return_inverse=True, return_counts=True)
+    n_eval = math.ceil(cfg.eval_fraction * len(label_of))
+    n_train = len(label_of) - n_eval
+    smaller, side = min((n_eval, "eval"), (n_train, "train"))
+    problem = (
+        f"class {classes[counts.argmin()].item()!r} has one sample; each class needs two"
+        if counts.min() < 2
+        else f"the {side} split would hold {smaller} samples, fewer than the {len(classes)} classes"
+        if smaller < len(classes)
+        else None
+    )
+    if problem is not None:
+        raise ConfigError(f"data.eval_fraction={cfg.eval_fraction!r}: cannot split {where} stratified ({problem})")
+    rng = np.random.RandomState(cfg.split_seed)  # scikit-learn's generator, drawn from in its order
+    by_class = np.split(np.argsort(label_of, kind="stable"), np.cumsum(counts)[:-1])
+    train_per_class = _approximate_mode(counts, n_train, rng)
+    eval_per_class = _approximate_mode(counts - train_per_class, n_eval, rng)
+    train, held_out = [], []
+    for members, n_t, n_e in zip(by_class, train_per_class, eval_per_class, strict=True):
+        shuffled = members[rng.permutation(len(members))]
+        train.append(shuffled[:n_t])
+        held_out.append(shuffled[n_t : n_t + n_e])
     # sorted so each split keeps the source's order; the epoch sampler does the shuffling
-    return np.sort(train), np.sort(held_out)
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(held_out))
+
+
+def _approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """How many of `n_draws` each class gets: its share rounded down, the rest to the largest remainders, ties
+    broken by `rng` (scikit-learn's `_approximate_mode`, the same arithmetic in the same order, so the same
+    draws)."""
+    continuous = class_counts / class_counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need = int(n_draws - floored.sum())
+    remainder = continuous - floored
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        add_now = min(len(tied), need)
+        floored[rng.choice(tied, size=add_now, replace=False)] += 1
+        need -= add_now
+    return floored.astype(int)
 
 
 def image_batches(pipeline: Callable, decode: Callable) -> Callable[[dict], dict[str, torch.Tensor]]:

@@ -166,14 +166,13 @@ def since(now: dict, before: dict) -> dict:
     return {k: now[k] - before.get(k, 0) for k in now}
 
 
-def _compile_errors() -> tuple[type[BaseException], ...]:
-    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """What compiling a unit may raise: dynamo's errors (inductor's come wrapped in them) and the recompile
+    limit. Asked for by a `UnitCompiler` as it starts, not at import: torch._dynamo takes seconds to import,
+    and a run that compiles nothing never needs it."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException  # start-up: compiling runs only
 
     return TorchDynamoException, FailOnRecompileLimitHit
-
-
-COMPILE_ERRORS = _compile_errors()
-"""What compiling a unit may raise: dynamo's errors (inductor's come wrapped in them) and the recompile limit."""
 
 
 class CompiledUnit:
@@ -191,7 +190,7 @@ class CompiledUnit:
             return self.unit(*args)
         try:
             out = self.compiled(*args)
-        except COMPILE_ERRORS as exc:  # this kind runs eager (anything else is the run's own error: raised)
+        except self.compiler.errors as exc:  # this kind runs eager (anything else is the run's own error: raised)
             named = inductor_cache.remove_named_file(exc)
             if named is not None and named[0] not in self.healed:  # a damaged file of inductor's cache: compiled
                 self.healed.add(named[0])  # once more, which writes it again (once per file)
@@ -228,6 +227,7 @@ class UnitCompiler:
         # Hitting the recompile limit raises (caught in CompiledUnit) instead of running that frame eager
         # silently, so the unit's kind is named and goes eager as a whole.
         torch._dynamo.config.fail_on_recompile_limit_hit = True
+        self.errors = compile_errors()
         keep_inductor_headers_with_its_cache()
         inductor_cache.check_entries()  # before the first compile: no damaged graph entry is read
         self.counts = CompileCounts()
