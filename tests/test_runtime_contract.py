@@ -20,7 +20,7 @@ from ptrun.parallel.flushing import LocalRuntime, PipelineRuntime
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import Runtime, Step
 from ptrun.parallel.precision import LossScaler
-from ptrun.train.state import TrainState
+from ptrun.train.state import Due, TrainState
 from ptrun.train.step import StepParts, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,3 +123,15 @@ def test_every_runtime_kind_has_the_protocols_members_and_trains_through_the_ste
     assert all(not torch.equal(before[n], after[n]) for n in before if after[n].requires_grad)
     assert runtime.take_stash_peak() == (0 if kind is AsyncPipelineRuntime else None)
     layout.groups.destroy()
+
+
+@pytest.mark.parametrize("segment_ends", [False, True])
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_what_falls_after_a_step_is_one_of_four_values_made_once(segment_ends, checkpoint):
+    """The loop asks for a step's `Due` before every step: it gets one of four values made at import (no step
+    allocates one), which says when the runtime drains and when the checkpoint is written."""
+    due = Due.of(segment_ends, checkpoint)
+    assert due is Due.of(segment_ends, checkpoint)
+    assert (due.segment_ends, due.checkpoint) == (segment_ends, checkpoint)
+    assert due.drain == (segment_ends or checkpoint)  # an asynchronous pipeline drains before either
+    assert due.checkpoint_now == (checkpoint and not segment_ends)  # at a segment's end: after the decision

@@ -99,6 +99,15 @@ class Due:
         """The checkpoint is written as soon as the step's update is applied."""
         return self.checkpoint and not self.segment_ends
 
+    @staticmethod
+    def of(segment_ends: bool, checkpoint: bool) -> Due:
+        """The Due of these two answers: one of four values made once, so a step allocates none."""
+        return _DUES[segment_ends][checkpoint]
+
+
+_DUES = ((Due(False, False), Due(False, True)), (Due(True, False), Due(True, True)))
+"""Every `Due`, by (segment_ends, checkpoint)."""
+
 
 @dataclass
 class EpochSums:

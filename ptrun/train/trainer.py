@@ -140,7 +140,7 @@ class Trainer:
     def _due(self, epoch_base: int, step: int, segment_end: int) -> Due:
         """What falls after `step` of the epoch, in a segment that ends before `segment_end`."""
         checkpoint = self.checkpoints.due(self.state, epoch_base, step, self.steps_per_epoch)
-        return Due(segment_ends=step + 1 == segment_end, checkpoint=checkpoint)
+        return Due.of(step + 1 == segment_end, checkpoint)
 
     # ---- train --------------------------------------------------------------------------------------
     def train_epoch(self) -> dict:
