@@ -62,7 +62,7 @@ def checked_start(overrides: list[str]) -> Resolved:
     fails before anything is created. Once the config itself is good, the workers' server starts importing
     their modules, beside the checks that read files (a refused start ends it with the command: no worker has
     started)."""
-    from ptrun.worker_server import start_worker_server
+    from ptrun.launcher.worker_server import start_worker_server
 
     try:
         start = for_this_machine(resolve(overrides, os.environ))
@@ -163,9 +163,9 @@ def hydra_job(cfg: DictConfig) -> None:
 def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
-    from ptrun.launch import Diverged, LaunchFailed, MachineFault, Stopped, launch
-    from ptrun.rendezvous import check_rendezvous
-    from ptrun.worker_server import start_worker_server
+    from ptrun.launcher.launch import Diverged, LaunchFailed, MachineFault, Stopped, launch
+    from ptrun.launcher.rendezvous import check_rendezvous
+    from ptrun.launcher.worker_server import start_worker_server
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
     try:
@@ -215,7 +215,7 @@ def fault_line(report: dict, cfg, run_dir: Path, overrides: list[str]) -> str:
         return endings.no_space_line(report, free, cfg.checkpoint.keep, run_dir, overrides)
     if report["kind"] == "oom_kill":
         return endings.oom_kill_line(report, run_dir, overrides)
-    from ptrun.train.memory_advice import oom_line
+    from ptrun.launcher.memory_advice import oom_line
 
     return oom_line(cfg, report, run_dir, overrides)
 

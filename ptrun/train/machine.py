@@ -112,7 +112,7 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 def memory_report(error: BaseException, device, where: str, plan) -> dict:
     """An out-of-memory error `error` on `device` at `where` (a step, a transition, the cache) in the layout
     `plan`: the device, its memory in use and in total, the allocation that failed (if it says), for the
-    launcher's line and the planner's advice (`ptrun.train.memory_advice`)."""
+    launcher's line and the planner's advice (`ptrun.launcher.memory_advice`)."""
     import torch
 
     if device.type == "cuda":

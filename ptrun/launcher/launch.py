@@ -1,7 +1,7 @@
 """Start the workers through torch.distributed.elastic (one machine or many, c10d rendezvous): elastic's
 LaunchConfig for a run, the launch, and what its end means (a result, bad input a worker found, divergence, a stop
-on a signal, a failure). Before it the rendezvous endpoint is checked (`ptrun.rendezvous`); the workers start from
-the server that imported their modules (`ptrun.worker_server`), under ptrun's agent (`ptrun.elastic_agent`)."""
+on a signal, a failure). Before it the rendezvous endpoint is checked (`rendezvous.py`); the workers start from the
+server that imported their modules (`worker_server.py`), under ptrun's agent (`elastic_agent.py`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ptrun.compat import launch_config_kwargs
 from ptrun.config import ConfigError, PtrunConfig, parse_nnodes, workers_per_node
-from ptrun.elastic_agent import (
+from ptrun.launcher.elastic_agent import (
     config_reports,
     diverged_reports,
     elastic_logs_to,
@@ -27,8 +27,8 @@ from ptrun.elastic_agent import (
     quiet_agent_on_signals,
     start_reports,
 )
+from ptrun.launcher.worker_server import start_worker_server, worker_environment
 from ptrun.signal_scope import elastic_signals, handlers_restored
-from ptrun.worker_server import start_worker_server, worker_environment
 
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
 ELASTIC_LOG_DIR = "elastic"
@@ -52,7 +52,7 @@ class Diverged(RuntimeError):
 class MachineFault(RuntimeError):
     """The workers stopped on a fault of the machine that a restart would not cure: no space left for a file
     of the run, out of memory, or a worker the kernel killed for want of memory (`report`: what, where, and
-    the numbers; `ptrun.train.machine`, `ptrun.elastic_agent.oom_killed`)."""
+    the numbers; `ptrun.train.machine`, `ptrun.launcher.elastic_agent.oom_killed`)."""
 
     def __init__(self, report: dict):
         super().__init__(report)
@@ -92,7 +92,7 @@ def launch_config(cfg: PtrunConfig, **overrides):
                 "max_restarts": lc.max_restarts,
                 "monitor_interval": lc.monitor_interval,
                 # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed
-                # (a torch without this field gets it from ptrun's agent: `ptrun.elastic_agent.ptrun_agent`).
+                # (a torch without this field gets it from ptrun's agent: `ptrun.launcher.elastic_agent.ptrun_agent`).
                 "shutdown_timeout": lc.stop_timeout,
                 # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
                 "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
@@ -122,7 +122,7 @@ def say_waiting(config) -> None:
 
 
 def launch(cfg: PtrunConfig, config_path: Path) -> dict:
-    """Run `ptrun.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
+    """Run `ptrun.launcher.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
 
     Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Diverged
     when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Stopped
@@ -133,7 +133,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    from ptrun.worker import run_worker  # the workers import it by name
+    from ptrun.launcher.worker import run_worker  # the workers import it by name
 
     logs = Path(cfg.run_dir) / ELASTIC_LOG_DIR
     existed = logs.exists()
@@ -196,9 +196,9 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
 
 @contextlib.contextmanager
 def _janitor():
-    """A `ptrun.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
+    """A `ptrun.launcher.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
     launcher is killed."""
-    from ptrun.lifeline import Janitor
+    from ptrun.launcher.lifeline import Janitor
 
     janitor = Janitor()
     try:
@@ -212,9 +212,9 @@ def _no_cache_left(cfg: PtrunConfig, janitor):
     """While the launch runs and after it, however it ends: the node's AutoCache memory tier (in /dev/shm) goes
     unless `cache.keep`. Workers remove it when a run ends; the launcher covers workers that were killed or
     failed, and `janitor` a launcher that was killed. Before it, what earlier runs killed with their janitors
-    left is swept (`ptrun.leftovers`), in one line."""
-    from ptrun import leftovers
+    left is swept (`ptrun.launcher.leftovers`), in one line."""
     from ptrun.auto.autocache import cache_dirs, shared_memory_root
+    from ptrun.launcher import leftovers
 
     root = shared_memory_root()
     line = leftovers.sweep_line(*leftovers.sweep(root), root)

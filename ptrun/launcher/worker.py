@@ -87,7 +87,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     128 + the signal's number, as a shell reports a process the signal ended.
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with EXIT_DIVERGED."""
-    from ptrun.lifeline import end_with_launcher
+    from ptrun.launcher.lifeline import end_with_launcher
 
     end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)

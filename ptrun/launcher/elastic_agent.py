@@ -39,12 +39,12 @@ the same way before it decides whether to restart them (they run the same code, 
 
 
 def config_reports(errors: Path) -> list[Path]:
-    """The bad-input reports workers wrote in `errors` (`ptrun.worker`), lowest rank first."""
+    """The bad-input reports workers wrote in `errors` (`ptrun.launcher.worker`), lowest rank first."""
     return sorted(errors.glob("rank*"))
 
 
 def diverged_reports(errors: Path) -> list[Path]:
-    """The reports of workers that stopped because training diverged (`ptrun.worker`), lowest rank first."""
+    """The reports of workers that stopped because training diverged (`ptrun.launcher.worker`), lowest rank first."""
     return sorted(errors.glob("diverged-rank*"))
 
 
@@ -56,7 +56,7 @@ def fault_reports(errors: Path) -> list[Path]:
 
 def oom_killed(errors: Path, failures: dict, watch) -> bool:
     """Whether a worker of `failures` (global rank -> elastic's ProcessFailure) died of SIGKILL where the machine
-    says it killed it for want of memory (`watch`, a `ptrun.oom_watch.OomWatch`); its report is written."""
+    says it killed it for want of memory (`watch`, a `ptrun.launcher.oom_watch.OomWatch`); its report is written."""
     for rank, failure in failures.items():
         if failure.exitcode != -signal.SIGKILL:
             continue
@@ -69,7 +69,7 @@ def oom_killed(errors: Path, failures: dict, watch) -> bool:
 
 
 def start_reports(errors: Path) -> list[Path]:
-    """The start-up failure reports workers wrote in `errors` (`ptrun.worker.report_start_failure`)."""
+    """The start-up failure reports workers wrote in `errors` (`ptrun.launcher.worker.report_start_failure`)."""
     return sorted(errors.glob("start-rank*"))
 
 
@@ -199,7 +199,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
       the other workers, since the one-line message says what happened;
     - before a restart after a failure none of these explains, says in one line which worker failed and how
       (`failure_line`; its traceback goes to the run's train.log, `log`);
-    - gives `janitor` (a `ptrun.lifeline.Janitor`) the named semaphores of each worker group's queues, which
+    - gives `janitor` (a `ptrun.launcher.lifeline.Janitor`) the named semaphores of each worker group's queues, which
       it unlinks if the launcher is killed with multiprocessing's resource tracker (a process group's SIGKILL);
     - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
       a group restarted because machines joined resumes like one restarted after a failure;
@@ -212,7 +212,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
     put there for the duration."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from ptrun.oom_watch import OomWatch
+    from ptrun.launcher.oom_watch import OomWatch
 
     watch = OomWatch()
 
@@ -231,7 +231,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
                 self.group_starts += 1
                 started = super()._start_workers(worker_group)
                 if janitor is not None:
-                    from ptrun.lifeline import named_semaphores
+                    from ptrun.launcher.lifeline import named_semaphores
 
                     janitor.unlink_when_gone(named_semaphores(self._pcontext))
                 return started
