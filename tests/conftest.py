@@ -82,12 +82,13 @@ def run_workers(overrides: list[str], run_dir: Path) -> dict:
     """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher. A signal that
     stopped the launch (Ctrl-C or SIGTERM to the test session) goes on to the handler the session has for it,
     which the launch restored: Ctrl-C's KeyboardInterrupt ends the session, SIGTERM's default the process."""
-    from ptrun.launcher.launch import Stopped, launch
+    from ptrun.launcher.launch import launch
+    from ptrun.train.run_end import Interrupted
 
     cfg = compose_config(overrides, run_dir)
     try:
         return launch(cfg, write_config(cfg))
-    except Stopped as e:
+    except Interrupted as e:
         signal.raise_signal(e.signum)
         raise
 

@@ -19,7 +19,7 @@ from ptrun.launcher.oom_watch import OomWatch, peak_resident
 from ptrun.layout.plan import Plan
 from ptrun.train import faults, machine
 from ptrun.train.checkpoint import lookup
-from ptrun.train.endings import no_space_line
+from ptrun.train.run_end import no_space_line
 
 
 class FullDisk(io.RawIOBase):
