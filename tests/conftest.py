@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptrun.worker_server import user_cache_dir
+from ptrun.launcher.worker_server import user_cache_dir
 
 # As `ptrun train` does, before anything imports torch._dynamo (its default cache is /tmp/torchinductor_USER).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
@@ -82,12 +82,13 @@ def run_workers(overrides: list[str], run_dir: Path) -> dict:
     """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher. A signal that
     stopped the launch (Ctrl-C or SIGTERM to the test session) goes on to the handler the session has for it,
     which the launch restored: Ctrl-C's KeyboardInterrupt ends the session, SIGTERM's default the process."""
-    from ptrun.launch import Stopped, launch
+    from ptrun.launcher.launch import launch
+    from ptrun.train.run_end import Interrupted
 
     cfg = compose_config(overrides, run_dir)
     try:
         return launch(cfg, write_config(cfg))
-    except Stopped as e:
+    except Interrupted as e:
         signal.raise_signal(e.signum)
         raise
 
@@ -389,12 +390,12 @@ def cli(capsys, monkeypatch):
     from hydra.core.global_hydra import GlobalHydra
 
     import ptrun.cli
-    import ptrun.launch
+    import ptrun.launcher.launch
 
     def no_launch(*args, **kwargs):
         raise AssertionError("an in-process `ptrun train` got as far as starting workers")
 
-    monkeypatch.setattr(ptrun.launch, "launch", no_launch)
+    monkeypatch.setattr(ptrun.launcher.launch, "launch", no_launch)
 
     def call(*argv: str, cwd: Path | None = None) -> CliResult:
         GlobalHydra.instance().clear()

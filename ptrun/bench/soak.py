@@ -2,7 +2,7 @@
 
     python scripts/soak.py [--transitions 200] [--restarts 5] [--run-dir runs/soak] [--out FILE] [overrides ...]
 
-Two gloo workers, started by torch.distributed.elastic with the settings of `ptrun.launch.launch`, each run
+Two gloo workers, started by torch.distributed.elastic with the settings of `ptrun.launcher.launch.launch`, each run
 the `Trainer` of a tiny ViT on the digits default (`fit`, short epochs: `train.max_steps_per_epoch`), whose
 decision at each epoch's end (its `decide` hook) is the next of three Plans the controller makes for this
 model, in a cycle:
@@ -112,13 +112,13 @@ def kill_points(transitions: int, restarts: int, checkpoint_every: int) -> list[
 
 
 def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, checkpoint_every: int) -> None:
-    """One spawned worker (as `ptrun.worker.run_worker` starts one): the Trainer's own `fit`, whose decisions
+    """One spawned worker (as `ptrun.launcher.worker.run_worker` starts one): the Trainer's own `fit`, whose decisions
     are the cycle's plans (its `decide` hook), which records this process's usage at each."""
     started = time.time()
     from ptrun.config import load_resolved
+    from ptrun.launcher.worker import join_job
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer
-    from ptrun.worker import join_job
 
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg, timeout=timedelta(minutes=5))
@@ -223,8 +223,8 @@ def soak(
     from omegaconf import OmegaConf
     from torch.distributed.launcher.api import elastic_launch
 
-    from ptrun.elastic_agent import tidy_agent
-    from ptrun.launch import launch_config
+    from ptrun.launcher.elastic_agent import tidy_agent
+    from ptrun.launcher.launch import launch_config
     from ptrun.signal_scope import elastic_handlers_restored
 
     kill_points(transitions, restarts, checkpoint_every)  # fail before starting anything
@@ -247,7 +247,7 @@ def soak(
     config_path = run_dir / "config.yaml"
     config_path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
-    # As `ptrun.launch.launch` does, with the soak's worker as the entry point.
+    # As `ptrun.launcher.launch.launch` does, with the soak's worker as the entry point.
     config = launch_config(cfg, run_id=f"soak-{os.getpid()}", start_method=start_method)
     if start_method == "forkserver":
         multiprocessing.set_forkserver_preload([worker.__module__, "ptrun.train.trainer"])

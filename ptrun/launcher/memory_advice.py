@@ -1,6 +1,6 @@
 """After a worker ran out of memory: the keys that would fit, from the planner's memory model (the stand-in
 `ptrun plan` and `pipe.length=auto` use: `ptrun.layout.fill.fit_memory`, `ptrun.layout.fit.stage_bytes`), and
-the launcher's one line.
+the launcher's one line says them (`ptrun.train.run_end.oom_line`).
 
 The model estimated the layout that ran out; the device measured more than it holds. Each key is changed on
 its own (more micro-batches, recomputing activations, a longer pipeline, a smaller global batch) and the
@@ -11,7 +11,6 @@ peak stays within the device. Under `where == "cache"` the cache's own budget is
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from ptrun.config import SCHEDULE_SPECS, PtrunConfig
 from ptrun.config.pipe import recomputes
@@ -20,8 +19,6 @@ from ptrun.layout.fill import fit_memory
 from ptrun.layout.fit import UnitMemory, stage_bytes
 from ptrun.layout.partition import partition
 from ptrun.layout.plan import Plan
-from ptrun.train.checkpoint import lookup
-from ptrun.train.endings import resume_command, size
 
 HEADROOM = 0.9
 """The share of the device a layout may fill by the scaled model (`ptrun.layout.fit.DEVICE_SHARE`'s
@@ -86,27 +83,3 @@ def keys_that_fit(cfg: PtrunConfig, report: dict) -> list[str]:
         (key, peak) for key, peak in _candidates(cfg, memory, plan, batch) if peak * scale <= HEADROOM * report["total"]
     ]
     return [f"{key} (~{peak * scale / 2**30:.2f} GiB)" for key, peak in fits]
-
-
-def oom_line(cfg: PtrunConfig, report: dict, run_dir: Path, overrides: list[str]) -> str:
-    """The launcher's line after a worker ran out of memory: where, the device's memory, the keys that would
-    fit and the command that resumes the run with the first of them."""
-    head = (
-        f"out of memory on {report['device']} in a {report['where']}: {size(report['used'])} of "
-        f"{size(report['total'])} in use"
-        + (f", {size(report['requested'])} more asked for" if report["requested"] else "")
-        + "; no restart, which would run out the same way"
-    )
-    keys = keys_that_fit(cfg, report)
-    advice = (
-        f"keys that would fit, by the planner's memory model: {', '.join(keys)}"
-        if keys
-        else "no single key fits by the planner's memory model: use more workers or devices with more memory"
-    )
-    ckpt = lookup.latest_valid(run_dir)
-    if ckpt is None:
-        return f"{head}; {advice}; no checkpoint was written before it"
-    if keys:  # the first key, in place of the command line's own value of it
-        first = keys[0].split(" ")[0]
-        overrides = [o for o in overrides if o.lstrip("+").split("=")[0] != first.split("=")[0]] + [first]
-    return f"{head}; {advice}; newest good checkpoint {ckpt}; resume with: {resume_command(overrides, run_dir)}"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ptrun.compat import agent_shutdown
+from ptrun.train import run_end
 
 # torch's loggers that report a failed worker (with the agent's traceback) and the shutdown of the others
 ELASTIC_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
@@ -38,39 +39,18 @@ START_REPORT_WAIT_S = 10
 the same way before it decides whether to restart them (they run the same code, seconds apart at most)."""
 
 
-def config_reports(errors: Path) -> list[Path]:
-    """The bad-input reports workers wrote in `errors` (`ptrun.worker`), lowest rank first."""
-    return sorted(errors.glob("rank*"))
-
-
-def diverged_reports(errors: Path) -> list[Path]:
-    """The reports of workers that stopped because training diverged (`ptrun.worker`), lowest rank first."""
-    return sorted(errors.glob("diverged-rank*"))
-
-
-def fault_reports(errors: Path) -> list[Path]:
-    """The reports of workers that stopped on a fault of the machine (no space, out of memory:
-    `ptrun.train.machine`) or that the kernel killed for want of memory (`oom_killed`), lowest rank first."""
-    return sorted(errors.glob("fault-*"))
-
-
 def oom_killed(errors: Path, failures: dict, watch) -> bool:
     """Whether a worker of `failures` (global rank -> elastic's ProcessFailure) died of SIGKILL where the machine
-    says it killed it for want of memory (`watch`, a `ptrun.oom_watch.OomWatch`); its report is written."""
+    says it killed it for want of memory (`watch`, a `ptrun.launcher.oom_watch.OomWatch`); its report is written."""
     for rank, failure in failures.items():
         if failure.exitcode != -signal.SIGKILL:
             continue
         source = watch.killed(failure.pid)
         if source is not None:
             report = {"kind": "oom_kill", "rank": rank, "pid": failure.pid, "peak": watch.peak.get(failure.pid, 0)}
-            Path(errors, f"fault-oom-kill-rank{rank:05d}").write_text(json.dumps({**report, "source": source}))
+            run_end.write_report(errors, "oom_kill", rank, {**report, "source": source})
             return True
     return False
-
-
-def start_reports(errors: Path) -> list[Path]:
-    """The start-up failure reports workers wrote in `errors` (`ptrun.worker.report_start_failure`)."""
-    return sorted(errors.glob("start-rank*"))
 
 
 def same_start_failure(errors: Path, local_workers: int, restarts: bool = True) -> bool:
@@ -79,12 +59,12 @@ def same_start_failure(errors: Path, local_workers: int, restarts: bool = True) 
     removed (where elastic `restarts`, one line each on the terminal; the tracebacks in train.log), and elastic
     restarts the group as for any fault."""
     deadline = time.monotonic() + START_REPORT_WAIT_S
-    while 0 < len(start_reports(errors)) < local_workers and time.monotonic() < deadline:
+    while 0 < len(run_end.reports(errors, "start")) < local_workers and time.monotonic() < deadline:
         time.sleep(0.1)
-    reports = [json.loads(p.read_text()) for p in start_reports(errors)]
+    reports = [json.loads(p.read_text()) for p in run_end.reports(errors, "start")]
     if len(reports) == local_workers and len({r["line"] for r in reports}) == 1:
         return True
-    for path, report in zip(start_reports(errors), reports, strict=True):
+    for path, report in zip(run_end.reports(errors, "start"), reports, strict=True):
         worker = path.name[len("start-") :]
         if restarts:  # one line on the terminal; the traceback goes to train.log (`elastic_logs_to`)
             print(f"ptrun: {worker} failed at start-up, so the workers restart: {report['line']}", file=sys.stderr)
@@ -112,21 +92,6 @@ def quiet_agent_on_signals():
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
-
-
-def failure_line(rank: int, failure, log: Path) -> str:
-    """What the launcher says of a worker that failed otherwise (`failure`, elastic's ProcessFailure): the
-    signal that killed it, from outside ptrun, or the last line of its exception (naming the file or the
-    resource where the exception does), whose traceback is in the run's train.log `log` (`elastic_logs_to`)."""
-    if failure.exitcode < 0:
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-failure.exitcode).name
-            return f"worker rank {rank} (pid {failure.pid}) was killed by {name}, from outside ptrun"
-    message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-    last = message.strip().splitlines()[-1] if message.strip() else ""
-    return f"worker rank {rank} failed (exit code {failure.exitcode}): {last or 'no message'}" + (
-        f" (traceback in {log})" if log.is_file() else ""
-    )
 
 
 @contextlib.contextmanager
@@ -198,8 +163,8 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
       fail the same way), and drops the agent's log of the failure (a traceback of its own) and of stopping
       the other workers, since the one-line message says what happened;
     - before a restart after a failure none of these explains, says in one line which worker failed and how
-      (`failure_line`; its traceback goes to the run's train.log, `log`);
-    - gives `janitor` (a `ptrun.lifeline.Janitor`) the named semaphores of each worker group's queues, which
+      (`ptrun.train.run_end.failure_line`; its traceback goes to the run's train.log, `log`);
+    - gives `janitor` (a `ptrun.launcher.lifeline.Janitor`) the named semaphores of each worker group's queues, which
       it unlinks if the launcher is killed with multiprocessing's resource tracker (a process group's SIGKILL);
     - tells its workers how often their group started before on this machine (`run_worker`'s `group_start`):
       a group restarted because machines joined resumes like one restarted after a failure;
@@ -212,7 +177,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
     put there for the duration."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from ptrun.oom_watch import OomWatch
+    from ptrun.launcher.oom_watch import OomWatch
 
     watch = OomWatch()
 
@@ -231,7 +196,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
                 self.group_starts += 1
                 started = super()._start_workers(worker_group)
                 if janitor is not None:
-                    from ptrun.lifeline import named_semaphores
+                    from ptrun.launcher.lifeline import named_semaphores
 
                     janitor.unlink_when_gone(named_semaphores(self._pcontext))
                 return started
@@ -255,11 +220,9 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
                 result = super()._monitor_workers(worker_group)
                 if not result.is_failed():
                     return result
-                said = bool(start_reports(errors))  # `same_start_failure` says those
+                said = bool(run_end.reports(errors, "start"))  # `same_start_failure` says those
                 if (
-                    config_reports(errors)
-                    or diverged_reports(errors)
-                    or fault_reports(errors)
+                    run_end.reports(errors, "bad_input", "diverged", "fault", "oom_kill")
                     or oom_killed(errors, result.failures, watch)
                     or same_start_failure(errors, worker_group.spec.local_world_size, self._remaining_restarts > 0)
                 ):
@@ -267,7 +230,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
                 elif self._remaining_restarts > 0 and not said and log is not None:
                     rank, failure = min(result.failures.items())
                     print(
-                        f"ptrun: {failure_line(rank, failure, log)}; the workers restart "
+                        f"ptrun: {run_end.failure_line(rank, failure, log)}; the workers restart "
                         f"({self._remaining_restarts} restart(s) left)",
                         file=sys.stderr,
                         flush=True,

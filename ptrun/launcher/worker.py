@@ -12,7 +12,6 @@ leaves an existing run directory exactly as it was.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -26,13 +25,9 @@ import torch.distributed as dist
 
 from ptrun.config import load_resolved
 from ptrun.config.launcher import DeviceConfig, worker_threads
-from ptrun.errors import EXIT_BAD_INPUT, ConfigError
-
-EXIT_DIVERGED = 1
-"""A worker's exit after training diverged (its report written for the launcher, which restarts nothing)."""
-EXIT_FAULT = 1
-"""A worker's exit after a fault of the machine (no space, out of memory; its report written for the launcher,
-which restarts nothing)."""
+from ptrun.errors import ConfigError
+from ptrun.train import run_end
+from ptrun.train.run_end import Diverged, ExitCode, Interrupted, OutOfSpace
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or
@@ -86,8 +81,8 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     On Ctrl-C or SIGTERM the workers stop at a step they agree on, write a checkpoint there and exit with
     128 + the signal's number, as a shell reports a process the signal ended.
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
-    exit with EXIT_DIVERGED."""
-    from ptrun.lifeline import end_with_launcher
+    exit with `ExitCode.FAILED` (`ptrun.train.run_end` holds every way a run ends)."""
+    from ptrun.launcher.lifeline import end_with_launcher
 
     end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)
@@ -106,8 +101,6 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
 def _run_worker(config_path: str, errors: str, group_start: int, stops, start_clock) -> dict:
     """`run_worker`'s run, with Ctrl-C and SIGTERM recorded by `stops` (a `ptrun.train.stop.StopRequests`)."""
     from ptrun.train import machine
-    from ptrun.train.divergence import Diverged
-    from ptrun.train.stop import EXIT_CODES, Interrupted
 
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
@@ -144,58 +137,56 @@ def _run_worker(config_path: str, errors: str, group_start: int, stops, start_cl
         return trainer.fit()
     except Interrupted as e:
         trainer.stopped({"signal": signal.Signals(e.signum).name})
-        stopped = e.signum
+        stopped = run_end.stop_code(e.signum)
     except Diverged as e:
         # Every worker stops here, at the step they agreed on: the launcher prints one line from the report
         # (where, and the command that resumes from the newest checkpoint) and restarts nothing.
         report = stops.divergence.report(e.global_step)
-        Path(errors, f"diverged-rank{rank:05d}").write_text(json.dumps(report))
+        run_end.write_report(errors, "diverged", rank, report)
         with contextlib.suppress(Diverged):
             stops.settle()  # a stop all-reduce the step had started
         trainer.stopped({"diverged": report})
-        stopped = EXIT_DIVERGED
-    except machine.OutOfSpace as e:
+        stopped = ExitCode.FAILED
+    except OutOfSpace as e:
         # Every worker stops here, at the step they agreed on (the partial checkpoint removed): the launcher
         # prints one line from the report and restarts nothing; a full disk stays full.
-        machine.write_report(errors, rank, e.report())
-        with contextlib.suppress(Diverged, machine.OutOfSpace):
+        run_end.write_report(errors, "fault", rank, e.report())
+        with contextlib.suppress(Diverged, OutOfSpace):
             stops.settle()
         if trainer is not None:
             trainer.stopped({"no_space": e.what})
-        stopped = EXIT_FAULT
+        stopped = ExitCode.FAILED
     except torch.OutOfMemoryError as e:
         # In the middle of a step or a transition: no collective can follow (the peers wait in another), so
         # the report is written and the worker ends; the peers' collectives fail on the lost connection.
         where = oom_place(e)
         plan = trainer.plan if trainer is not None and trainer.in_use.engine is not None else None
-        machine.write_report(errors, rank, machine.memory_report(e, device, where, plan))
-        stopped = EXIT_FAULT
+        run_end.write_report(errors, "fault", rank, machine.memory_report(e, device, where, plan))
+        stopped = ExitCode.FAILED
     except ConfigError as e:
         # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):
         # its one line goes to the launcher, which prints it once, and the exit code tells it not to restart.
         if held is not None:
             held.setTarget(None)  # a start that failed logs nothing (logging.shutdown would flush the records)
-        Path(errors, f"rank{rank:05d}").write_text(str(e))
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        run_end.write_report(errors, "bad_input", rank, str(e))
+        raise SystemExit(ExitCode.BAD_INPUT) from None
     except Exception as e:
         # A failure before this attempt's first step is done that a restart would repeat (the launcher's agent
         # restarts nothing if every worker reports the same one): reported for the launcher's one line.
         if (trainer is not None and trainer.has_trained) or transient(e):
             raise
         report_start_failure(errors, rank, e)
-        raise SystemExit(1) from None
+        raise SystemExit(ExitCode.FAILED) from None
     finally:
         if trainer is not None:
             trainer.close()
         dist.destroy_process_group()
         remove_temporary_directories()
-    if stopped in (EXIT_DIVERGED, EXIT_FAULT):
-        raise SystemExit(stopped)
-    # Not a return value: the elastic agent that sent the signal is shutting down and reads none (a worker
-    # that returned would wait for it until killed), it waits for the workers to exit. Where the signal
-    # reached the workers alone, the agent takes the exit for a failure and restarts the job, which resumes
-    # from the checkpoint just written.
-    raise SystemExit(EXIT_CODES[stopped])  # reached only after Interrupted: fit() returns above
+    # Reached only after a stop: fit() returns above. Not a return value after a signal either: the elastic agent
+    # that sent it is shutting down and reads none (a worker that returned would wait for it until killed), it
+    # waits for the workers to exit. Where the signal reached the workers alone, the agent takes the exit for a
+    # failure and restarts the job, which resumes from the checkpoint just written.
+    raise SystemExit(stopped)
 
 
 def planner_memory(cfg):
@@ -272,9 +263,7 @@ def report_start_failure(errors: str, rank: int, error: BaseException) -> None:
     where = f" ({Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
     message = " ".join(str(error).split())
     line = f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
-    Path(errors, f"start-rank{rank:05d}").write_text(
-        json.dumps({"line": line, "traceback": "".join(traceback.format_exception(error))})
-    )
+    run_end.write_report(errors, "start", rank, {"line": line, "traceback": "".join(traceback.format_exception(error))})
 
 
 def _publish(config_path: Path, target: Path) -> None:

@@ -15,7 +15,7 @@ for a run watches the process it depends on and ends with it.
   terminal: `quiet_tracker`).
 - What the run holds in /dev/shm (AutoCache's memory tier, the named semaphores of the workers' queues) is
   removed by `Janitor` when the launcher is killed; what even that leaves (the janitor killed too) by the
-  next launch's sweep (`ptrun.leftovers`).
+  next launch's sweep (`ptrun.launcher.leftovers`).
 
 A parent-death signal is sent when the *thread* that started the process ends, not the process: the server's
 is set only when the launcher's main thread starts it (the interpreter's end there is the process's).
@@ -136,7 +136,7 @@ class Janitor:
         path = os.pathsep.join(p for p in sys.path if p)
         with contextlib.suppress(OSError):
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "ptrun.lifeline"],
+                [sys.executable, "-m", "ptrun.launcher.lifeline"],
                 cwd=os.path.abspath(os.sep),
                 env={**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"},
                 stdin=subprocess.PIPE,

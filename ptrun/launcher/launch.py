@@ -1,7 +1,7 @@
 """Start the workers through torch.distributed.elastic (one machine or many, c10d rendezvous): elastic's
 LaunchConfig for a run, the launch, and what its end means (a result, bad input a worker found, divergence, a stop
-on a signal, a failure). Before it the rendezvous endpoint is checked (`ptrun.rendezvous`); the workers start from
-the server that imported their modules (`ptrun.worker_server`), under ptrun's agent (`ptrun.elastic_agent`)."""
+on a signal, a failure). Before it the rendezvous endpoint is checked (`rendezvous.py`); the workers start from the
+server that imported their modules (`worker_server.py`), under ptrun's agent (`elastic_agent.py`)."""
 
 from __future__ import annotations
 
@@ -17,55 +17,16 @@ from pathlib import Path
 
 from ptrun.compat import launch_config_kwargs
 from ptrun.config import ConfigError, PtrunConfig, parse_nnodes, workers_per_node
-from ptrun.elastic_agent import (
-    config_reports,
-    diverged_reports,
-    elastic_logs_to,
-    failure_line,
-    fault_reports,
-    ptrun_agent,
-    quiet_agent_on_signals,
-    start_reports,
-)
+from ptrun.launcher.elastic_agent import elastic_logs_to, ptrun_agent, quiet_agent_on_signals
+from ptrun.launcher.worker_server import start_worker_server, worker_environment
 from ptrun.signal_scope import elastic_signals, handlers_restored
-from ptrun.worker_server import start_worker_server, worker_environment
+from ptrun.train import run_end
+from ptrun.train.run_end import Diverged, Interrupted, LaunchFailed, MachineFault
 
 JOIN_TIMEOUT_S = 900  # c10d: how long the machines of a job may take to join its rendezvous
 ELASTIC_LOG_DIR = "elastic"
 """Under the run directory: elastic's per-attempt directories, where a failed worker's error.json lands
 (empty directories are removed after the launch, so a run without failures keeps none)."""
-
-
-class LaunchFailed(RuntimeError):
-    """The worker group failed more often than `launcher.max_restarts` allows."""
-
-
-class Diverged(RuntimeError):
-    """Training diverged: the workers stopped at the step they agreed on and reported it (`report`: where, and
-    the learning rate the schedule gave it; `ptrun.train.divergence`)."""
-
-    def __init__(self, report: dict):
-        super().__init__(report)
-        self.report = report
-
-
-class MachineFault(RuntimeError):
-    """The workers stopped on a fault of the machine that a restart would not cure: no space left for a file
-    of the run, out of memory, or a worker the kernel killed for want of memory (`report`: what, where, and
-    the numbers; `ptrun.train.machine`, `ptrun.elastic_agent.oom_killed`)."""
-
-    def __init__(self, report: dict):
-        super().__init__(report)
-        self.report = report
-
-
-class Stopped(Exception):
-    """The job stopped on a signal (Ctrl-C, SIGTERM) that reached this launcher, after its workers wrote a
-    checkpoint at the step they agreed on (given `launcher.stop_timeout` seconds to)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def launch_config(cfg: PtrunConfig, **overrides):
@@ -92,7 +53,7 @@ def launch_config(cfg: PtrunConfig, **overrides):
                 "max_restarts": lc.max_restarts,
                 "monitor_interval": lc.monitor_interval,
                 # After Ctrl-C / SIGTERM the workers finish their step and write a checkpoint; then they are killed
-                # (a torch without this field gets it from ptrun's agent: `ptrun.elastic_agent.ptrun_agent`).
+                # (a torch without this field gets it from ptrun's agent: `ptrun.launcher.elastic_agent.ptrun_agent`).
                 "shutdown_timeout": lc.stop_timeout,
                 # elastic's own files under the run directory (by default a torchelastic_* directory in /tmp, kept)
                 "logs_specs": DefaultLogsSpecs(log_dir=str(Path(cfg.run_dir) / ELASTIC_LOG_DIR)),
@@ -122,10 +83,10 @@ def say_waiting(config) -> None:
 
 
 def launch(cfg: PtrunConfig, config_path: Path) -> dict:
-    """Run `ptrun.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
+    """Run `ptrun.launcher.worker.run_worker(config_path, errors)` on every worker; returns rank 0's result.
 
     Raises ConfigError when a worker found bad input (its one-line message; nothing is restarted), Diverged
-    when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Stopped
+    when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Interrupted
     when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
     `launcher.max_restarts` allows. The signal handlers elastic's agent installs are restored when it ends."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -133,7 +94,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    from ptrun.worker import run_worker  # the workers import it by name
+    from ptrun.launcher.worker import run_worker  # the workers import it by name
 
     logs = Path(cfg.run_dir) / ELASTIC_LOG_DIR
     existed = logs.exists()
@@ -160,45 +121,40 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
         except SignalException as e:
             signum = int(e.sigval)
         except ChildFailedError as e:
-            reports = config_reports(errors)  # named by rank: the lowest rank's report
+            reports = run_end.reports(errors, "bad_input")  # named by rank: the lowest rank's report
             if reports:
                 if not existed:  # a start that failed on bad input leaves the run directory as it was
                     shutil.rmtree(logs, ignore_errors=True)
                 raise ConfigError(reports[0].read_text().strip()) from None
-            diverged = diverged_reports(errors)
+            diverged = run_end.reports(errors, "diverged")
             if diverged:
-                raise Diverged(json.loads(diverged[0].read_text())) from None
-            faults = [json.loads(p.read_text()) for p in fault_reports(errors)]
+                report = json.loads(diverged[0].read_text())
+                raise Diverged(report["global_step"], report) from None
+            faults = [json.loads(p.read_text()) for p in run_end.reports(errors, "fault", "oom_kill")]
             if faults:  # the rank that found the fault says where (a peer of a full disk's writer only that it was)
                 raise MachineFault(
                     next((f for f in faults if f.get("path") or f["kind"] != "no_space"), faults[0])
                 ) from None
-            starts = start_reports(errors)
+            starts = run_end.reports(errors, "start")
             if starts:
-                raise LaunchFailed(
-                    f"every worker failed at start-up with the same error, so no restart: "
-                    f"{json.loads(starts[0].read_text())['line']}"
-                ) from None
+                raise LaunchFailed(run_end.same_start_line(starts[0])) from None
             rank, failure = next(iter(e.failures.items()))
-            raise LaunchFailed(failure_line(rank, failure, Path(cfg.run_dir) / "train.log")) from None
+            raise LaunchFailed(run_end.failure_line(rank, failure, Path(cfg.run_dir) / "train.log")) from None
         except RendezvousError as e:  # e.g. the other machines did not join before the rendezvous timeout
-            raise LaunchFailed(
-                f"rendezvous at launcher.rdzv_endpoint={lc.rdzv_endpoint} failed: "
-                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            ) from None
+            raise LaunchFailed(run_end.rendezvous_line(lc.rdzv_endpoint, e)) from None
     if signum:
         # Raised outside the handler, with the agent's frames collected: they hold its worker queues, whose
         # semaphores the resource tracker would otherwise report as leaked at exit.
         gc.collect()
-        raise Stopped(signum)
+        raise Interrupted(signum)
     return results.get(0, {}) if isinstance(results, dict) else {}
 
 
 @contextlib.contextmanager
 def _janitor():
-    """A `ptrun.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
+    """A `ptrun.launcher.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
     launcher is killed."""
-    from ptrun.lifeline import Janitor
+    from ptrun.launcher.lifeline import Janitor
 
     janitor = Janitor()
     try:
@@ -212,9 +168,9 @@ def _no_cache_left(cfg: PtrunConfig, janitor):
     """While the launch runs and after it, however it ends: the node's AutoCache memory tier (in /dev/shm) goes
     unless `cache.keep`. Workers remove it when a run ends; the launcher covers workers that were killed or
     failed, and `janitor` a launcher that was killed. Before it, what earlier runs killed with their janitors
-    left is swept (`ptrun.leftovers`), in one line."""
-    from ptrun import leftovers
+    left is swept (`ptrun.launcher.leftovers`), in one line."""
     from ptrun.auto.autocache import cache_dirs, shared_memory_root
+    from ptrun.launcher import leftovers
 
     root = shared_memory_root()
     line = leftovers.sweep_line(*leftovers.sweep(root), root)

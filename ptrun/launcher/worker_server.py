@@ -21,7 +21,7 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ptrun"
 
 
-WORKER_MODULES = ["ptrun.worker", "ptrun.train.trainer"]
+WORKER_MODULES = ["ptrun.launcher.worker", "ptrun.train.trainer"]
 """What every worker imports before it can start: torch and ptrun's trainer; `worker_modules` adds the model's
 library. (Not scikit-learn: the split and the digits are read without it.)"""
 
@@ -76,10 +76,10 @@ def start_worker_server(cfg: PtrunConfig) -> str:
         return "spawn"
     from multiprocessing import forkserver
 
-    from ptrun.lifeline import quiet_tracker, server_parent
+    from ptrun.launcher.lifeline import quiet_tracker, server_parent
 
-    # ptrun.lifeline first: the server dies with the launcher (a SIGKILLed one included)
-    multiprocessing.set_forkserver_preload(["ptrun.lifeline", *worker_modules(cfg)])
+    # ptrun.launcher.lifeline first: the server dies with the launcher (a SIGKILLed one included)
+    multiprocessing.set_forkserver_preload(["ptrun.launcher.lifeline", *worker_modules(cfg)])
     try:
         with launchers_import_path(), server_parent(), quiet_tracker():
             forkserver.ensure_running()

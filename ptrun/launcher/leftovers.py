@@ -1,5 +1,5 @@
 """What a run leaves in /dev/shm when everything of it was killed at once (its launcher and the janitor that
-would have cleaned up, `ptrun.lifeline.Janitor`): AutoCache's memory tier. The launcher records itself as the
+would have cleaned up, `ptrun.launcher.lifeline.Janitor`): AutoCache's memory tier. The launcher records itself as the
 owner of the run's memory tier (`claim`); the next `ptrun train` on the machine removes every tier whose owner
 has ended (`sweep`) and says so in one line. A tier whose owner lives (another run, another user's) or cannot
 be told (another pid namespace, no record: `cache.keep`) is never touched."""
