@@ -1,6 +1,11 @@
-"""Runs `ptrun.bench.cache` (its docstring says what it measures and how)."""
+"""Runs `benchmarks.cache` (its docstring says what it measures and how)."""
 
-from ptrun.bench.cache import main
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
+
+from benchmarks.cache import main  # noqa: E402
 
 if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
     raise SystemExit(main())

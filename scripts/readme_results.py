@@ -1,6 +1,11 @@
-"""Writes docs/results.md and the README's measured number from docs/results/*.json (`ptrun.bench.results_page`)."""
+"""Writes docs/results.md and the README's measured number from docs/results/*.json (`benchmarks.results_page`)."""
 
-from ptrun.bench.results_page import main
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
+
+from benchmarks.results_page import main  # noqa: E402
 
 if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
     raise SystemExit(main())

@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from ptrun.bench.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
+from benchmarks.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
 from ptrun.compose import compose, for_launch
 from ptrun.config import PtrunConfig
 
@@ -331,8 +331,9 @@ def no_wandb_login(tmp_path, monkeypatch) -> Path:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a `ptrun` subprocess: this one's, with this checkout first on PYTHONPATH (so the
-    checkout's ptrun runs whichever environment pytest runs in), and `extra` on top (TMPDIR, say)."""
+    """The environment of a `ptrun` or benchmark subprocess: this one's, with this checkout first on PYTHONPATH
+    (so the checkout's ptrun and its `benchmarks` run whichever environment and directory pytest runs in), and
+    `extra` on top (TMPDIR, say)."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, **extra}
 

@@ -1,5 +1,5 @@
-"""`ptrun.bench.peers` (its runs, `peer_runs`; their summary, `peer_summary`) and its plain peer,
-`ptrun.bench.plain_loop`.
+"""`benchmarks.peers` (its runs, `peer_runs`; their summary, `peer_summary`) and its plain peer,
+`benchmarks.plain_loop`.
 
 The peer under torchrun (2 processes, DDP) trains the same model as in one process: same global batches,
 including an uneven last one. The benchmark's arithmetic (medians, ranges, speedups against the faster plain
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli_env
 from hf_families import save_tiny_llama
 
-from ptrun.bench import peer_runs, peer_summary, results_page
-from ptrun.bench import peers as bench_peers
-from ptrun.bench import readme as readme_entries
+from benchmarks import peer_runs, peer_summary, results_contents, results_page
+from benchmarks import peers as bench_peers
 
 PLAIN = ["-m", peer_runs.PLAIN]
 
@@ -52,7 +52,7 @@ def test_plain_ddp_matches_one_process(tmp_path):
         *args,
     ]
     procs = [
-        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for cmd in (one, two)
     ]  # side by side: most of each is start-up
     for p in procs:
@@ -71,9 +71,9 @@ def test_plain_ddp_matches_one_process(tmp_path):
     assert results[0]["final_top1"] == pytest.approx(results[1]["final_top1"])
 
 
-def test_the_plain_peer_runs_from_the_package(tmp_path):
-    """The peers run `python -m ptrun.bench.plain_loop` (under torchrun for DDP): the loop is a module of the
-    package, so an installed wheel has it (tests/test_wheel.py runs it there)."""
+def test_the_plain_peer_is_a_module_of_the_benchmarks(tmp_path):
+    """The peers run `python -m benchmarks.plain_loop` (under torchrun for DDP): the loop is a module of the
+    benchmarks package, beside the peers' own modules."""
     import importlib.util
 
     origin = importlib.util.find_spec(peer_runs.PLAIN).origin
@@ -83,7 +83,7 @@ def test_the_plain_peer_runs_from_the_package(tmp_path):
     ddp = peer_runs.command("plain DDP", "digits_vit", tmp_path, [])
     assert ddp[1:3] == ["-m", "torch.distributed.run"] and ddp[ddp.index("-m", 3) + 1] == peer_runs.PLAIN
     assert peer_runs.shown(loop) == (
-        f"python -m ptrun.bench.plain_loop --recipe=digits_vit --threads=2 "
+        f"python -m benchmarks.plain_loop --recipe=digits_vit --threads=2 "
         f"--out={tmp_path / 'plain.json'} train.epochs=1"
     )
 
@@ -209,7 +209,7 @@ def test_compiled_runs_each_side_eager_and_compiled_cold_and_warm_and_check_like
     cold, warm = peer_runs.COLD, peer_runs.WARM
     assert labels == [f"{A}, eager", f"{A}{cold}", f"{A}{warm}", f"{C}, eager", f"{C}{cold}", f"{C}{warm}"]
     cmds = peer_runs.commands(labels, "digits_vit", ["train.epochs=1"])
-    assert cmds[f"{A}{cold}"].startswith("python -m ptrun.bench.plain_loop --recipe=digits_vit")
+    assert cmds[f"{A}{cold}"].startswith("python -m benchmarks.plain_loop --recipe=digits_vit")
     assert cmds[f"{A}{warm}"].endswith("train.epochs=1 train.compile=true")
     assert cmds[f"{C}, eager"].startswith("ptrun train") and cmds[f"{C}, eager"].endswith("train.compile=false")
     # one cache per run and round, the cold and the warm run's the same; none for an eager run
@@ -260,7 +260,7 @@ def test_the_plain_loop_compiles_the_library_model_as_a_user_writes_it(tmp_path)
             check=True,
             capture_output=True,
             cwd=tmp_path,
-            env={**os.environ, "TMPDIR": str(tmp_path)},
+            env=cli_env(TMPDIR=str(tmp_path)),
         )  # a user's loop: torch's headers in its temp dir
         out[mode] = torch.load(tmp_path / f"{mode}.pt")
     assert out["true"]["losses"] == pytest.approx(out["false"]["losses"], rel=1e-4)
@@ -339,7 +339,7 @@ def test_results_page_sections(tmp_path):
         (results / f"bench_peers_{recipe}.json").write_text(
             json.dumps({**result_json(rounds()[:1], recipe), "date": "2026-11-25"})
         )
-    entries = {e.file: e for e in readme_entries.TABLES if e.module == "ptrun.bench.peers"}
+    entries = {e.file: e for e in results_contents.TABLES if e.module == "benchmarks.peers"}
     assert set(entries) == {
         "bench_peers_digits_vit.json",
         "bench_peers_bbc_news_bert.json",
@@ -371,7 +371,7 @@ def test_results_page_sections(tmp_path):
 def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
     """sweep_interval: speedups against the plain loop of the same round, medians and ranges over rounds,
     and the ideal weighting each layout by the share of the run it trained (changes inside epochs)."""
-    from ptrun.bench import sweep_interval
+    from benchmarks import sweep_interval
 
     def run(label, wall, train, top1, ideal=None):
         return {
@@ -401,7 +401,7 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
     json.dumps(result)
 
     # The ideal: half of epoch 0 with everything training, then 2 of 4 equal units frozen for 1.5 epochs.
-    from ptrun.bench.harness import ideal_speedup
+    from benchmarks.harness import ideal_speedup
 
     events = [
         {"event": "start", "time": 0.0},
@@ -469,7 +469,7 @@ def test_the_plain_loops_causal_lm_loss_equals_ptruns(tmp_path):
     """Same weights, same batch: the peer's loss (transformers' own, from the `labels` with -100 on padding)
     equals ptrun's (its layered decoder and WeightedLoss over the global batch's predicted tokens): the
     token mean over the real tokens, shifted. Split in two shares over DDP's two ranks, it is the same loss."""
-    from ptrun.bench import plain_loop
+    from benchmarks import plain_loop
     from ptrun.config import ModelConfig
     from ptrun.models import build_model
     from ptrun.models.losses import WeightedLoss, loss_weight, make_target
@@ -500,7 +500,7 @@ def test_the_plain_loops_causal_lm_loss_equals_ptruns(tmp_path):
 def test_the_plain_loop_trains_a_causal_lm(tmp_path):
     """The peer end to end on a tiny Llama and a JSONL of text (packed by ptrun's data layer): its result
     has the eval loss and its perplexity per epoch, and the loss falls on repeated text."""
-    from conftest import cli_env, wordpiece_tokenizer
+    from conftest import wordpiece_tokenizer
 
     lines = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine"]
     text = tmp_path / "text.jsonl"
@@ -535,13 +535,13 @@ def test_the_plain_loop_trains_a_causal_lm(tmp_path):
 
 
 def test_the_benchmarks_decoder_is_written_offline(tmp_path):
-    """`python -m ptrun.bench.decoder DIR`: BBC News text as JSONL and a Llama whose tokenizer was trained on
+    """`python -m benchmarks.tiny_decoder DIR`: BBC News text as JSONL and a Llama whose tokenizer was trained on
     it, with [SEP] as EOS (it ends the packed documents) and [PAD] as padding, the model's ids the same."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ptrun.bench import decoder
+    from benchmarks import tiny_decoder
 
-    decoder.main([str(tmp_path), "--documents=20", "--hidden=64", "--layers=1", "--vocab=500"])
+    tiny_decoder.main([str(tmp_path), "--documents=20", "--hidden=64", "--layers=1", "--vocab=500"])
     texts = [json.loads(line)["text"] for line in (tmp_path / "news.jsonl").read_text().splitlines()]
     assert len(texts) == 20 and all(len(t.split()) > 50 for t in texts)
     tok = AutoTokenizer.from_pretrained(tmp_path / "llama")
@@ -558,7 +558,7 @@ def test_causal_lm_command_lines_and_metric(tmp_path):
     assert peer_runs.pick(["a,c"]) == [A, C]
     lm = [f"model.pretrained={tmp_path}/llama", f"data.path={tmp_path}/news.jsonl"]
     assert peer_runs.shown(peer_runs.command(A, "causal_lm", Path("/r"), lm)) == (
-        f"python -m ptrun.bench.plain_loop --recipe=causal_lm --threads=2 --out=/r/plain.json {' '.join(lm)}"
+        f"python -m benchmarks.plain_loop --recipe=causal_lm --threads=2 --out=/r/plain.json {' '.join(lm)}"
     )
     assert peer_runs.shown(peer_runs.command(C, "causal_lm", Path("/r"), lm)) == (
         "ptrun train hydra.run.dir=/r recipe=causal_lm auto.freeze=false auto.cache=false "
@@ -647,7 +647,7 @@ def test_perplexity_aggregate_table_and_caption():
 def test_results_page_shows_a_causal_lm_result_once_there_is_one(tmp_path):
     """bench_peers_causal_lm.json is on the results page when docs/results/ has it, and only then."""
     results = tmp_path / "results"
-    shutil.copytree(Path(readme_entries.__file__).parents[2] / "docs" / "results", results)
+    shutil.copytree(Path(results_contents.__file__).parents[1] / "docs" / "results", results)
     title = "### ptrun against plain PyTorch: causal_lm"
     (results / "bench_peers_causal_lm.json").unlink(missing_ok=True)  # the published one, if any: absent first
     assert title not in results_page.page(results)
@@ -745,8 +745,8 @@ def test_the_plain_peft_loop_wraps_the_modules_ptrun_wraps(recipe, sizes):
     the blocks `adapter.layers` names), and the same parameters train (the adapters and the classifier)."""
     from types import SimpleNamespace
 
-    from ptrun.bench.plain_loop import build_model as plain_model
-    from ptrun.bench.plain_loop import recipe_config, with_adapter
+    from benchmarks.plain_loop import build_model as plain_model
+    from benchmarks.plain_loop import recipe_config, with_adapter
     from ptrun.models import build_model
 
     cfg = recipe_config(recipe, [*sizes, "adapter=lora"])
@@ -765,9 +765,9 @@ def test_the_plain_peft_loop_wraps_the_modules_ptrun_wraps(recipe, sizes):
 
 
 def test_the_trainer_peer_is_a_plain_peer_of_its_own():
-    """`--trainer` adds the HF Trainer run (`ptrun.bench.hf_trainer`), read and compared as a plain peer."""
+    """`--trainer` adds the HF Trainer run (`benchmarks.hf_trainer`), read and compared as a plain peer."""
     cmd = peer_runs.command(peer_runs.TRAINER, "bbc_news_lora", Path("RUN"), ["train.epochs=1"])
-    assert cmd[1:3] == ["-m", "ptrun.bench.hf_trainer"] and "--recipe=bbc_news_lora" in cmd
+    assert cmd[1:3] == ["-m", "benchmarks.hf_trainer"] and "--recipe=bbc_news_lora" in cmd
     assert cmd[-1] == "train.epochs=1" and f"--out={Path('RUN') / 'plain.json'}" in cmd
     assert peer_runs.is_peer(peer_runs.TRAINER) and not peer_runs.is_peer("ptrun default")
 
@@ -780,8 +780,8 @@ def test_a_benchmark_killed_mid_run_leaves_no_run_behind(tmp_path):
 
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
-    bench = f"import sys\nfrom ptrun.bench.harness import run_to_end\nrun_to_end([sys.executable, '-c', {child!r}])"
-    parent = subprocess.Popen([sys.executable, "-c", bench])
+    bench = f"import sys\nfrom benchmarks.harness import run_to_end\nrun_to_end([sys.executable, '-c', {child!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", bench], env=cli_env())
     try:
         deadline = time.monotonic() + 120
         while not pid_file.is_file() or not pid_file.read_text():

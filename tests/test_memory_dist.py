@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_events, run_workers
 
-from ptrun.bench.memory_growth import RUN as MEASURED
+from benchmarks.memory_growth import RUN as MEASURED
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

@@ -1,4 +1,4 @@
-"""scripts/readme_results.py: docs/results.md and the README's measured number come from the benchmark JSON,
+"""`benchmarks.results_page`: docs/results.md and the README's measured number come from the benchmark JSON,
 and a hand edit fails; every path the README and docs name exists; none of them names internal work items.
 
 No training: part of the JSON here is synthetic (small, with numbers chosen so each formatted cell can be
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ptrun.bench import readme as readme_entries
-from ptrun.bench import results_page
+from benchmarks import results_contents, results_page
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -255,9 +254,9 @@ def test_page_comes_from_the_json(tree):
     for _name, make in SYNTHETIC.items():
         assert f"- command: `{make()['command']}`" in text
     assert "- command: `python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`" in text
-    for filename, _date in readme_entries.MEASURED.items():
+    for filename, _date in results_contents.MEASURED.items():
         assert filename in text
-    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + readme_entries.MACHINE in text
+    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + results_contents.MACHINE in text
     # The current results first, the older ones under their own heading, then the simulator's files.
     current, older = text.split("## Older measurements")
     assert "### ptrun against plain PyTorch: bbc_news_bert" in current and "bench_speedup.json" not in current
@@ -321,7 +320,7 @@ def test_bad_json_is_one_line_naming_the_file(tree, capsys, content, reason):
 
 def test_a_result_without_a_date_or_a_place_is_named(tree, capsys, monkeypatch):
     readme, page, results = tree
-    monkeypatch.delitem(readme_entries.MEASURED, "bench_memory.json")
+    monkeypatch.delitem(results_contents.MEASURED, "bench_memory.json")
     assert run(tree) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_memory.json: no date" in err
@@ -356,7 +355,7 @@ def test_the_prose_comes_from_the_templates(tree, tmp_path, capsys, monkeypatch)
 def test_every_result_has_a_template_and_every_template_a_use():
     """docs/results/templates/ holds the prose of every result on the page and the page's own, nothing else."""
     names = {path.name for path in results_page.TEMPLATES.glob("*")}
-    entries = {entry.template for entry in readme_entries.TABLES}
+    entries = {entry.template for entry in results_contents.TABLES}
     assert names == entries | {"page.md", "result.md", "readme_headline.md"}
 
 
@@ -381,7 +380,7 @@ def test_recorded_dates_are_the_json_files_last_commits():
         ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no git history here")
-    for filename, date in readme_entries.MEASURED.items():
+    for filename, date in results_contents.MEASURED.items():
         path = f"docs/results/{filename}"
         if path not in tracked:
             continue
@@ -401,13 +400,14 @@ def test_recorded_dates_are_the_json_files_last_commits():
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-PATH = re.compile(r"(?<![\w./-])((?:scripts|docs|configs|recipes)/[\w./*<>-]*)")
+PATH = re.compile(r"(?<![\w./-])((?:scripts|benchmarks|docs|configs|recipes)/[\w./*<>-]*)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_path_named_exists(doc):
-    """Every scripts/, docs/, configs/ or recipes/ path the README and docs name, and every relative link, exists."""
+    """Every scripts/, benchmarks/, docs/, configs/ or recipes/ path the README and docs name, and every relative
+    link, exists."""
     text = doc.read_text()
     missing = []
     for name in PATH.findall(text):
@@ -438,7 +438,7 @@ INTERNAL = re.compile(
         *DOCS,
         *sorted((REPO / "configs").rglob("*.yaml")),
         *sorted((REPO / "recipes").glob("*.yaml")),
-        Path(readme_entries.__file__),
+        Path(results_contents.__file__),
         *sorted(results_page.TEMPLATES.glob("*.md")),
     ],
     ids=lambda p: str(p.relative_to(REPO)),
@@ -450,8 +450,8 @@ def test_no_internal_work_items(path):
 
 
 def test_the_code_names_no_internal_work_items():
-    """The package and its scripts speak of ptrun too (comments and docstrings included)."""
-    code = [*sorted((REPO / "ptrun").rglob("*.py")), *sorted((REPO / "scripts").rglob("*.py"))]
+    """The package, its benchmarks and its scripts speak of ptrun too (comments and docstrings included)."""
+    code = [p for d in ("ptrun", "benchmarks", "scripts") for p in sorted((REPO / d).rglob("*.py"))]
     # `spec` is a common word in code: only the capitalised SPEC (the project's own design notes) counts there.
     internal = re.compile(INTERNAL.pattern.replace(r"|\bSPEC\b", ""), re.IGNORECASE)
     hits = [

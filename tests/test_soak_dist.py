@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from ptrun.bench import soak
+from benchmarks import soak
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # soak
 

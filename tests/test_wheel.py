@@ -78,10 +78,10 @@ def test_the_wheel_runs_recipes_and_a_job_outside_the_repository(tmp_path):
         str(site / "ptrun" / "recipes"),
     ]
 
-    # The benchmarks' plain peer ships in the package: `ptrun.bench.peers` runs it as a module, no clone needed.
-    peer = "import importlib.util, ptrun.bench.peer_runs as p; print(importlib.util.find_spec(p.PLAIN).origin)"
+    # The benchmarks' plain peer ships in the package: `benchmarks.peers` runs it as a module, no clone needed.
+    peer = "import importlib.util, benchmarks.peer_runs as p; print(importlib.util.find_spec(p.PLAIN).origin)"
     assert run(python, "-c", peer, cwd=work).stdout.split() == [str(site / "ptrun" / "bench" / "plain_loop.py")]
-    assert "--threads" in run(python, "-m", "ptrun.bench.plain_loop", "--help", cwd=work).stdout
+    assert "--threads" in run(python, "-m", "benchmarks.plain_loop", "--help", cwd=work).stdout
 
     listed = run(venv / "bin" / "ptrun", "recipes", cwd=work).stdout
     assert listed == run(sys.executable, "-m", "ptrun.cli", "recipes", cwd=REPO).stdout  # the clone's

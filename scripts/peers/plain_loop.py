@@ -1,6 +1,11 @@
-"""Runs `ptrun.bench.plain_loop` (its docstring says what it trains and how)."""
+"""Runs `benchmarks.plain_loop` (its docstring says what it trains and how)."""
 
-from ptrun.bench.plain_loop import main
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks/
+
+from benchmarks.plain_loop import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())
