@@ -6,10 +6,10 @@ same epochs) on a fixed layout (K = 1, DP = 2 by default), so the only differenc
 frozen depth it prints the training time of an epoch without the cache, with the cache in its first epoch
 at that depth (filling it, or advancing the entries by the newly frozen units), and in the later epochs
 (reading it), the speedup of reading over no cache, and the memory the cache used. It writes the same
-numbers, with the command line, to `bench_cache.json` in `--out`; `readme_results.py` makes the README's
+numbers, with the command line, to `bench_cache.json` in `--out`; `benchmarks/results_page.py` makes the README's
 table from it.
 
-    python scripts/bench_cache.py [--hold 2] [--out runs/bench_cache] [ptrun overrides ...]
+    python -m benchmarks.cache [--hold 2] [--out runs/bench_cache] [ptrun overrides ...]
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def caption(result: dict) -> str:
 
 def table(result: dict) -> str:
     """The Markdown table of a `bench_cache.json` (printed by this script, put in the README by
-    `readme_results.py`)."""
+    `benchmarks/results_page.py`)."""
     lines = [
         "| frozen blocks (units) | epoch, no cache (s) | epoch, cache: first (s) | epoch, cache: read (s) "
         "| read vs no cache | cache memory (MiB) |",

@@ -17,7 +17,7 @@ worker's), final top-1 and, for `auto`, what it chose (`on`, `off`, or `on at st
 its first steps) and its wall time over the better of `false` and `true` in the same round and cache state
 (the check: at most 1.03).
 
-    python scripts/bench_compile_auto.py [--workload default] [--workload digits_vit] [--repeats 2]
+    python -m benchmarks.compile_auto [--workload default] [--workload digits_vit] [--repeats 2]
         [--out DIR] [--reuse] [overrides ...]
 """
 

@@ -13,7 +13,7 @@ Per run: wall time (the command, start to exit), training time (the epochs' trai
 (the busiest worker's, from the epoch events: the start's compile and every transition's), final top-1.
 Medians over the rounds, ratios against the round's eager run (> 1: faster than eager).
 
-    python scripts/bench_compile.py [--workload digits_vit] [--workload small] [--workload default]
+    python -m benchmarks.compiled [--workload digits_vit] [--workload small] [--workload default]
         [--repeats 2] [--default-repeats 1] [--out DIR] [--reuse] [overrides ...]
 """
 

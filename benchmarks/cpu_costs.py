@@ -36,7 +36,7 @@ time: a trip that met no queue). Each number is the mean over the two workers, t
     stage's batch from the cache, /dev/shm) at 1x and 2x the micro-batch: fixed + per sample; and
     `cache_write_sample_s`: one entry written (`ActivationStore.write`).
 
-    python scripts/measure_cpu_costs.py [--out docs/results/cpu_costs_digits_vit.json] [--passes 5]
+    python -m benchmarks.cpu_costs [--out docs/results/cpu_costs_digits_vit.json] [--passes 5]
                                         [--repeats 10] [--batch 8] [overrides ...]
 
 Overrides are `ptrun train`'s (default: the digits recipe). Nothing here trains.

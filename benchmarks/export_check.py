@@ -4,7 +4,7 @@ classifies the run's eval set: the adapter through `peft.PeftModel.from_pretrain
 merged model (`adapter.merge=true`) through `transformers.pipeline`. The check: its top-1 equals the run's last
 eval's, to the sample.
 
-    python scripts/check_lora_export.py RUN_DIR [RUN_DIR ...] [--out FILE.json]
+    python -m benchmarks.export_check RUN_DIR [RUN_DIR ...] [--out FILE.json]
 
 The eval set is the run's own: its packaged text source (`data.name`) split by its `data.eval_fraction` and
 `data.split_seed`, as the run split it. The ptrun-free interpreter is a venv made for the check whose only

@@ -1,4 +1,4 @@
-"""What every ptrun benchmark shares: runs of `ptrun train` in interleaved rounds (so a slow spell of the
+"""What every benchmark of ptrun shares: runs of `ptrun train` in interleaved rounds (so a slow spell of the
 shared machine hits every run alike), their rows measured against the round's baseline, medians and ranges,
 table cells, and publishing a result (printed, and written as the JSON the README's tables are generated
 from, with the command line that produced it). The benchmarks: the other modules of `benchmarks`, each
@@ -80,7 +80,7 @@ def machine_description() -> str:
 
 
 def publish(result: dict, path: Path, caption, table) -> None:
-    """Print a benchmark's caption and table (what `readme_results.py` puts in the README) and write its
+    """Print a benchmark's caption and table (what `benchmarks/results_page.py` puts in the README) and write its
     result as JSON to `path`."""
     print(f"\n{caption(result)}\n")
     print(table(result))

@@ -8,9 +8,9 @@ memory is sampled from /proc; per layout phase (between the `plan` events) the b
 resident memory, and over the run its peak, with each transition's seconds (and, where the code records them, the bytes
 it moved and each worker's parameter and optimizer-state bytes). The whole model's footprint (parameters, gradients and
 AdamW's two moments: 16 bytes a parameter) is printed beside. Prints the table and writes it with the command line to
-`bench_memory.json` in --out (`readme_results.py` makes the README's table from it).
+`bench_memory.json` in --out (`benchmarks/results_page.py` makes the README's table from it).
 
-    python scripts/bench_memory.py --before REF [--repeats 1] [--out DIR] [--reuse] [overrides ...]
+    python -m benchmarks.memory --before REF [--repeats 1] [--out DIR] [--reuse] [overrides ...]
 """
 
 from __future__ import annotations

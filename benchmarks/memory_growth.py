@@ -9,7 +9,7 @@ high-water mark of resident memory, read from the run's epoch event (`memory.pea
 interleaved over `--repeats` rounds and the table gives medians. Prints the table and writes it with the
 command line to `bench_memory_growth.json` in --out.
 
-    python scripts/bench_memory_growth.py --before REF [--repeats 1] [--out DIR] [--reuse] [overrides ...]
+    python -m benchmarks.memory_growth --before REF [--repeats 1] [--out DIR] [--reuse] [overrides ...]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ waits for the device: the units should read no more often than the library's mod
 ptrun's units with their adapters.
 
 What the engine adds around the step (the runtime, the feed, the cache, the freeze measure) is left out on
-purpose: a gap here is the model's (its units, its masks, the kernels they pick), a gap in `bench_peers` that
+purpose: a gap here is the model's (its units, its masks, the kernels they pick), a gap in `benchmarks.peers` that
 is not here is the engine's.
 
     python -m benchmarks.model_step --recipe bbc_news_bert --steps 20 --profile data.max_length=512

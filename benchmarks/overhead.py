@@ -21,7 +21,7 @@ a second on two CPU cores); `--mode small` the same recipe on a tiny random BERT
 MiniLM's tokenizer, steps of a few tens of milliseconds, as a real model's on a GPU), where ptrun's fixed
 costs (transitions, per-step work) show.
 
-    python scripts/bench_overhead.py [--mode small] [--mode normal] [--repeats 3] [--out DIR] [--reuse]
+    python -m benchmarks.overhead [--mode small] [--mode normal] [--repeats 3] [--out DIR] [--reuse]
         [overrides ...]      # e.g. train.max_steps_per_epoch=24: short epochs that still freeze
 
 The oracle alone: `python -m benchmarks.overhead oracle --recipe NAME --schedule RUN_DIR --out FILE

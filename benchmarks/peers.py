@@ -18,9 +18,9 @@ eval perplexity instead, where lower is better: the target is the plain peers' l
 Over the rounds: medians and min-max ranges, speedups against the faster plain peer of each round (by wall
 and by training time), and the throughput of ptrun without freezing against the plain peer on the same
 processes (the "at least 0.95x" checks). Prints the tables and writes them with the command line to
-`bench_peers_<recipe>.json` in --out (`readme_results.py` makes the README's tables from it).
+`bench_peers_<recipe>.json` in --out (`benchmarks/results_page.py` makes the README's tables from it).
 
-    python scripts/bench_peers.py [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--seeds] [--out DIR]
+    python -m benchmarks.peers [--recipe digits_vit] [--recipe bbc_news_bert] [--repeats 3] [--seeds] [--out DIR]
         [--reuse] [--only 'plain loop' --only 'ptrun default' | --only a,e] [--variant 'LABEL: KEY=V ...']
         [--compiled] [--trainer] [overrides ...]
 
@@ -28,7 +28,7 @@ The causal-LM recipe needs a decoder and a text file; without a model hub, `benc
 random-weight Llama and BBC News text (its docstring has the sizes):
 
     python -m benchmarks.tiny_decoder /tmp/lm
-    python scripts/bench_peers.py --recipe causal_lm \\
+    python -m benchmarks.peers --recipe causal_lm \\
         --only a,c model.pretrained=/tmp/lm/llama data.path=/tmp/lm/news.jsonl
 
 Overrides (`train.epochs=2`) apply to every run, the plain peers' included. With `--seeds`, round r runs every

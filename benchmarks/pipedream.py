@@ -12,7 +12,7 @@ on 2 workers, the first stage replicated on 2 workers plus 1 for the second stag
 `pipe.first_stage_replicas=2`, 3 workers) and K = 2 x DP = 2 (4 workers). All three train the same
 mathematics (one update per stage per 16-sample step), so the table is about speed per worker.
 
-    python scripts/bench_pipedream.py [--repeats 2] [--out DIR] [--reuse] [--placements] [overrides ...]
+    python -m benchmarks.pipedream [--repeats 2] [--out DIR] [--reuse] [--placements] [overrides ...]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def pipelined_stats(run_dir: str) -> dict:
 
 
 def table(result: dict) -> str:
-    """The benchmark's table (for the terminal and `scripts/readme_results.py`)."""
+    """The benchmark's table (for the terminal and `benchmarks/results_page.py`)."""
     if result.get("kind") == "placements":
         return placement_table(result["rows"])
     return schedule_table(result["rows"])

@@ -8,10 +8,10 @@
    DistributedDataParallel, plus the gradient norm it computes every step) next to a plain DDP step on the
    same model, batches and optimizer.
 
-It writes both tables' numbers, with the command line, to `--out`; `readme_results.py` makes the README's
+It writes both tables' numbers, with the command line, to `--out`; `benchmarks/results_page.py` makes the README's
 tables from that JSON.
 
-    python scripts/bench_pipeline.py [--steps 8] [--batch 32] [--depth 8] [--dim 128] [--out bench.json]
+    python -m benchmarks.pipeline [--steps 8] [--batch 32] [--depth 8] [--dim 128] [--out bench.json]
 
 On this 2-core machine each worker is one process with one thread: stages do run in parallel, but the
 absolute numbers say little about GPUs. The ratios are the point.
@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks.harness import command_line
 from ptrun.config import schedule_problem
 
-# torch is imported inside the functions that use it: `readme_results.py` imports this module for `caption`
+# torch is imported inside the functions that use it: `benchmarks/results_page.py` imports this module for `caption`
 # and `table` alone, and importing torch would cost it seconds.
 
 WORLD = 2  # worker processes; K = 1 runs them as DP = WORLD
@@ -278,7 +278,7 @@ def dp_table(dp: dict) -> str:
 
 def table(result: dict) -> str:
     """The Markdown tables of a `bench_pipeline.json`, bubble then data parallelism, a blank line apart
-    (printed by this script, put in the README by `readme_results.py`)."""
+    (printed by this script, put in the README by `benchmarks/results_page.py`)."""
     return f"{bubble_table(result['bubble'])}\n\n{dp_table(result['dp'])}"
 
 

@@ -14,11 +14,10 @@ it the plain peft loop: the library model wrapped by peft's `get_peft_model` (`w
 
 With `train.compile=true` among the overrides the loop compiles the library model with `torch.compile` as a
 user writes it (the whole model, DDP-wrapped where there are several processes, in `train.compile_mode`);
-otherwise it runs eager (`auto` too: a user's loop does not compile unless told to).
-(`python scripts/peers/plain_loop.py ...` in a clone is the same.) Only the loop over each epoch's batches
-counts as training time; the set-up and the evaluation after each epoch count in the wall time (`wall_s`,
-since the process started; `process_start_time`, `first_step_time` and `first_step_end_time` are Unix times:
-the process started, its first step began before the forward pass and ended after the update). Rank 0
+otherwise it runs eager (`auto` too: a user's loop does not compile unless told to). Only the loop over each
+epoch's batches counts as training time; the set-up and the evaluation after each epoch count in the wall time
+(`wall_s`, since the process started; `process_start_time`, `first_step_time` and `first_step_end_time` are Unix
+times: the process started, its first step began before the forward pass and ended after the update). Rank 0
 writes `--out`.
 """
 

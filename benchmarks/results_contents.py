@@ -46,8 +46,9 @@ MEASURED = {
     "validate_simulator_bench3_rerun.json": "2026-11-22",
 }
 """JSON file -> the date it was measured, for JSON without a `date` key: the date of the last commit that
-changed the file (`git log -1 --format=%ad --date=short -- docs/results/FILE`). A re-measured file gets its
-new date here; `tests/test_readme_results.py` compares this table with git's history."""
+changed its measurement (`git log -1 --format=%ad --date=short -- docs/results/FILE`, passing over commits that
+only rewrote the commands it records). A re-measured file gets its new date here; `tests/test_readme_results.py`
+compares this table with git's history."""
 
 TABLES = [
     Table("bench_peers_bbc_news_bert.json", "benchmarks.peers", "ptrun against plain PyTorch: bbc_news_bert"),

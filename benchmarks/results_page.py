@@ -11,7 +11,7 @@ In the README, the text between `<!-- results:NAME -->` and `<!-- /results:NAME 
 block NAME of `README_BLOCKS`; nothing outside the markers is touched. Running the generator again changes
 nothing.
 
-    python scripts/readme_results.py [--check] [--readme README.md] [--page docs/results.md]
+    python -m benchmarks.results_page [--check] [--readme README.md] [--page docs/results.md]
                                      [--results docs/results]
 
 `--check` writes nothing and exits 1 when a file differs from what the JSON gives (a table edited by hand,
@@ -213,14 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             (args.page, args.page.read_text() if args.page.is_file() else None, page(args.results)),
         ]
     except ResultsError as e:
-        print(f"readme_results: {e}", file=sys.stderr)
+        print(f"results_page: {e}", file=sys.stderr)
         return 2
     stale = [path for path, old, new in outputs if old != new]
     if args.check:
         for path in stale:
             print(
-                f"readme_results: {shown(path)} differs from {shown(args.results)}; run "
-                f"`python scripts/readme_results.py`",
+                f"results_page: {shown(path)} differs from {shown(args.results)}; run "
+                f"`python -m benchmarks.results_page`",
                 file=sys.stderr,
             )
         if stale:

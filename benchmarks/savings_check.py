@@ -10,7 +10,7 @@ steady stretch, where it measured two or more) and whether the measured run fell
 earlier estimate (the rate of every stretch with every unit training, the first steps' warm-up included, times
 every sample), for comparison. Runs with the recipe's own worker count, both of them (2 on a CPU).
 
-    python scripts/check_savings.py [--recipe digits_vit] [--recipe text_classification] [--repeats 3]
+    python -m benchmarks.savings_check [--recipe digits_vit] [--recipe text_classification] [--repeats 3]
         [--out DIR] [--reuse] [overrides ...]
 
 `text_classification` runs on a tiny random BERT (4 layers, 64 wide, MiniLM's tokenizer; steps of a few

@@ -1,6 +1,6 @@
 """Check `ptrun plan`'s cost model against measured runs on this machine, epoch by epoch.
 
-For each run directory of a `scripts/bench_speedup.py` output (`DIR/round*/COMBINATION/`: the resolved
+For each run directory of a `benchmarks/speedup.py` output (`DIR/round*/COMBINATION/`: the resolved
 config.yaml and metrics.jsonl), the simulator prices the run's own config on `--cluster` (default
 `this_machine`) with the measured per-unit profile (`--profile`), **replaying the run's freeze schedule**:
 the frozen blocks of each epoch are read from the run's `plan` events and given as `freeze.policy=schedule
@@ -13,7 +13,7 @@ Measured per epoch = `epoch_time_s` (the training loop of the epoch) + the layou
 are noisy. Predicted = the simulated epoch (steps x step time + `cluster.transition_s` on a change).
 
 Calibration and validation. Everything the model prices comes from measurements that are not these
-runs (the profile and the preset's constants: scripts/measure_cpu_costs.py), except one number: how busy
+runs (the profile and the preset's constants: benchmarks/cpu_costs.py), except one number: how busy
 the shared machine was while the benchmark ran. The runs shared the 2 cores with other jobs, and the
 model's `cluster.background_load` (runnable processes of other jobs, assumption 7 of `ptrun.sim.simulate`)
 is fitted so that the **baseline** run's total comes out as measured (`--calibrate baseline`, the default;
@@ -25,7 +25,7 @@ Prints per combination and epoch predicted vs measured seconds and the relative 
 writes all of it, and the exact command line, as JSON to `--out`. It is a report: the exit code is 0
 whatever the errors are.
 
-    python scripts/validate_simulator.py [--runs /tmp/bench3] [--profile docs/results/cpu_costs_digits_vit.json]
+    python -m benchmarks.simulator_check [--runs /tmp/bench3] [--profile docs/results/cpu_costs_digits_vit.json]
         [--cluster this_machine] [--calibrate baseline|none] [--out FILE] [--tolerance 0.15]
         [cluster.FIELD=VALUE ...]
 
@@ -334,7 +334,7 @@ MODES = ("each", "baseline", "none")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", default="/tmp/bench3", help="a bench_speedup.py --out directory")
+    ap.add_argument("--runs", default="/tmp/bench3", help="a benchmarks.speedup --out directory")
     ap.add_argument("--profile", default=str(DEFAULT_PROFILE), help="measured profile JSON, or 'none'")
     ap.add_argument("--cluster", default="this_machine")
     ap.add_argument("--out", default=None, help="write the JSON report here")
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = [args.calibrate] + [m for m in MODES if m != args.calibrate]
         reports = {m: run_mode(combos, names, m, costs_path, cluster, args.tolerance) for m in modes}
     except Exception as e:  # a report: say what went wrong and exit 0
-        print(f"validate_simulator: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"simulator_check: {type(e).__name__}: {e}", file=sys.stderr)
         return 0
     print(f"cluster {cluster.name}, profile {costs_path or 'none (FLOP model)'}, runs {root}")
     print(f"calibration: {CALIBRATION_TEXT[args.calibrate]}\n")

@@ -1,6 +1,6 @@
 """Soak: hundreds of layout transitions and several elastic restarts of the real Trainer, watching for leaks.
 
-    python scripts/soak.py [--transitions 200] [--restarts 5] [--run-dir runs/soak] [--out FILE] [overrides ...]
+    python -m benchmarks.soak [--transitions 200] [--restarts 5] [--run-dir runs/soak] [--out FILE] [overrides ...]
 
 Two gloo workers, started by torch.distributed.elastic with the settings of `ptrun.launch.launch`, each run
 the `Trainer` of a tiny ViT on the digits default (`fit`, short epochs: `train.max_steps_per_epoch`), whose

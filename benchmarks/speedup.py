@@ -2,14 +2,14 @@
 
 Runs one recipe five times with the same seed and data: the baseline (the starting layout, no freezing)
 and each component combination of the paper's Figure 9. Prints and writes (`bench_speedup.json` beside the
-runs, with the command line; `readme_results.py` makes the README's table from it) per combination:
+runs, with the command line; `benchmarks/results_page.py` makes the README's table from it) per combination:
 training time for the recipe's epoch budget (the Table-1 measure) and its speedup, wall time to the
 baseline's final accuracy (the stricter measure) and its speedup, final accuracy, mean samples/s, and the
 ideal speedup the run's own freeze schedule allows: the model's training cost over the
 cost of its active units, summed over the epochs (per-unit FLOPs from `ptrun.costs.units`; a frozen unit
 counted at nothing), and how much of that ideal the run reached.
 
-    python scripts/bench_speedup.py [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse]
+    python -m benchmarks.speedup [--recipe digits_vit] [--repeats 3] [--out DIR] [--reuse]
         [--only 'all four'] [overrides ...]
 
 `--only` runs the baseline and just the named combinations (for a recipe too slow for all five).
@@ -49,7 +49,7 @@ def caption(result: dict) -> str:
 
 def table(result: dict) -> str:
     """The Markdown table of a `bench_speedup.json` (printed by this script, put in the README by
-    `readme_results.py`)."""
+    `benchmarks/results_page.py`)."""
     header = [
         "combination",
         "training time (s)",

@@ -26,10 +26,10 @@ articles). A `data.path=` override replaces the sample. Before the rounds, one u
 fills the `datasets` library's cache of the data file (which every run then shares) and reads the libraries
 and the model from disk, so the first timed run does not pay for that alone.
 
-    python scripts/bench_startup.py [--recipe text_classification | --recipe bbc_news_bert] [--repeats 3]
+    python -m benchmarks.startup [--recipe text_classification | --recipe bbc_news_bert] [--repeats 3]
         [--steps 3] [--per-class 20] [--out DIR] [--reuse] [overrides ...]
 
-Writes `bench_startup_<recipe>.json` into --out (`readme_results.py` makes the results page's table from it).
+Writes `bench_startup_<recipe>.json` into --out (`benchmarks/results_page.py` makes the results page's table from it).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ frozen-block schedule, training time for the recipe's epoch budget and its speed
 ideal speedup that schedule allows, the final metric and its difference to the baseline's; the paper's
 Figure 10 (ViT-B/16 on CIFAR-100) beside it, for the shape only.
 
-    python scripts/sweep_alpha.py [--recipe digits_vit] [--alphas 1/5,1/4,1/3,2/5,1/2] [--repeats 1]
+    python -m benchmarks.sweep_alpha [--recipe digits_vit] [--alphas 1/5,1/4,1/3,2/5,1/2] [--repeats 1]
                                   [--out DIR] [--reuse] [overrides ...]
 
 Why `freeze.policy=alpha` and not the default `pipetransformer`: under the paper's full rule alpha is only
@@ -66,7 +66,7 @@ def schedule_text(blocks: list[int]) -> str:
 
 
 def sweep_rows(rounds: list[list[dict]], alphas: list[str]) -> list[dict]:
-    """bench_speedup's aggregated rows plus, per run, its alpha, schedule, accuracy difference to the
+    """`benchmarks.speedup`'s aggregated rows plus, per run, its alpha, schedule, accuracy difference to the
     baseline (the median over rounds of each round's own difference) and the paper's numbers."""
     rows = aggregate(rounds, paper={})
     for i, (row, alpha) in enumerate(zip(rows, [None, *alphas], strict=True)):
@@ -93,7 +93,7 @@ def caption(result: dict) -> str:
 
 def table(result: dict) -> str:
     """The Markdown table of a `sweep_alpha.json` (printed by this script, put in the README by
-    `readme_results.py`)."""
+    `benchmarks/results_page.py`)."""
     header = [
         "alpha",
         "frozen blocks (from epoch)",

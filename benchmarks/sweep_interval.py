@@ -9,9 +9,9 @@ gradient norm against the median) every quarter epoch, and the paper's rule with
 training time to the plain loop's final top-1, the speedup in wall time over the plain loop, and the
 schedule's own ideal (the full model's training FLOPs over the run's, from its plan events: what freezing
 alone could save, before any overhead). Prints the table and writes it with the command line to
-`sweep_interval_<recipe>.json` in --out (`readme_results.py` makes the README's table from it).
+`sweep_interval_<recipe>.json` in --out (`benchmarks/results_page.py` makes the README's table from it).
 
-    python scripts/sweep_interval.py [--recipe bbc_news_bert] [--repeats 1] [--out DIR] [--reuse]
+    python -m benchmarks.sweep_interval [--recipe bbc_news_bert] [--repeats 1] [--out DIR] [--reuse]
         [--only LABEL ...] [overrides ...]
 """
 

@@ -9,11 +9,11 @@ untimed ones; with `--repeats N` the layouts run in N interleaved rounds, and th
 fastest round (other work on a shared machine only ever slows a step down, so the fastest round is the
 closest to the layout's own speed, as `timeit` reasons) with the median beside it.
 
-The model and data are bench_pipeline.py's (a ViT of width 128 and depth 8 on random 32x32 inputs; one
+The model and data are `benchmarks.pipeline`'s (a ViT of width 128 and depth 8 on random 32x32 inputs; one
 thread per worker). The default batch, 120, is the smallest that every M of both ranges divides (K = 1:
 1-6 into 60 per replica; K = 2: 2-12 into 120), so no point of the paper's range is missing.
 
-    python scripts/sweep_microbatches.py [--batch 120] [--steps 8] [--warmup 2] [--repeats 1]
+    python -m benchmarks.sweep_microbatches [--batch 120] [--steps 8] [--warmup 2] [--repeats 1]
                                          [--schedule 1F1B] [--out DIR]
 """
 
@@ -141,7 +141,7 @@ def caption(result: dict) -> str:
 
 def table(result: dict) -> str:
     """The Markdown table of a `sweep_microbatches.json` (printed by this script, put in the README by
-    `readme_results.py`): every (K, M) of the range, "-" where M was not measured."""
+    `benchmarks/results_page.py`): every (K, M) of the range, "-" where M was not measured."""
     by = {(r["K"], r["M"]): r for r in result["rows"]}
     several = result["args"]["repeats"] > 1
     lines = [

@@ -14,7 +14,7 @@ causal-LM recipe runs on a machine without a model hub:
 
 Then (the plain loop and ptrun without freezing, as `--only` letters):
 
-    python scripts/bench_peers.py --recipe causal_lm --only a,c model.pretrained=DIR/llama data.path=DIR/news.jsonl
+    python -m benchmarks.peers --recipe causal_lm --only a,c model.pretrained=DIR/llama data.path=DIR/news.jsonl
 
 The recipe's learning rate is a fine-tune's (2e-5): from random weights the perplexity falls slowly, which does
 not change the throughput; add `optim.lr=1e-3` to watch it learn.

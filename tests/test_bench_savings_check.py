@@ -78,7 +78,7 @@ def test_one_round_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(
         "sys.argv",
         [
-            "check_savings.py",
+            "savings_check.py",
             "--recipe",
             "digits_vit",
             "--repeats",

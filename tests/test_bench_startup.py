@@ -109,7 +109,7 @@ def rounds() -> list[list[dict]]:
 
 def result_json(recipe: str = "text_classification", cached: bool = True) -> dict:
     return {
-        "command": f"python scripts/bench_startup.py --recipe {recipe} --out /tmp/s",
+        "command": f"python -m benchmarks.startup --recipe {recipe} --out /tmp/s",
         "date": "2026-11-26T10:00:00",
         "machine": "16 CPU cores, GPU: 1 x NVIDIA H100",
         "recipe": recipe,
@@ -175,6 +175,6 @@ def test_results_page_shows_a_startup_result_only_once_there_is_one(tmp_path):
     title = "### Start-up: process start to the first step, text_classification"
     assert page.count(title) == 1 and titles[1] not in page
     section = page.split(title)[1].split("\n### ")[0]
-    assert "- command: `python scripts/bench_startup.py --recipe text_classification --out /tmp/s`" in section
+    assert "- command: `python -m benchmarks.startup --recipe text_classification --out /tmp/s`" in section
     assert "- measured: 2026-11-26\n" in section and "- machine: 16 CPU cores, GPU: 1 x NVIDIA H100\n" in section
     assert "| ptrun, warm cache | 14.0 (13.0-15.0) |" in section

@@ -14,7 +14,7 @@ from ptrun.sim.simulate import simulate_one
 
 
 def fake_runs(root, slower: float) -> None:
-    """A `bench_speedup.py` output of one round with two combinations of a 2-epoch digits job: each run's config
+    """A `benchmarks/speedup.py` output of one round with two combinations of a 2-epoch digits job: each run's config
     and metrics, its epochs measured at `slower` x what the simulator predicts with nothing else on the machine."""
     cluster = get_cluster("this_machine")
     for name, extra in (("baseline", ["auto.freeze=false", "auto.cache=false"]), ("all_four", [])):
