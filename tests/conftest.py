@@ -2,9 +2,9 @@
 elastic_launch, run the `ptrun` command line (in a subprocess, or in this process through the same entry
 point), and read a run's events back through `ptrun.report.runs`.
 
-Tiers: `pytest -m "not slow"` is the inner loop (at most 5 minutes on 2 cores); `slow` marks set-up, wheel,
-soak and multi-node tests, every test that launches workers, and any other that takes seconds (a subprocess that
-imports torch, a real measurement), which `bash scripts/test.sh` (all tests) runs too."""
+Tiers: `pytest -m "not slow"` is the inner loop (at most 5 minutes on 2 cores); `slow` marks set-up, the
+wheel's install, soak and multi-node tests, every test that launches workers, and any other that takes seconds (a
+subprocess that imports torch, a real measurement), which `bash scripts/test.sh` (all tests) runs too."""
 
 from __future__ import annotations
 
