@@ -2,9 +2,9 @@
 elastic_launch, run the `ptrun` command line (in a subprocess, or in this process through the same entry
 point), and read a run's events back through `ptrun.report.runs`.
 
-Tiers: `pytest -m "not slow"` is the inner loop (at most 5 minutes on 2 cores); `slow` marks set-up, wheel,
-soak and multi-node tests, every test that launches workers, and any other that takes seconds (a subprocess that
-imports torch, a real measurement), which `bash scripts/test.sh` (all tests) runs too."""
+Tiers: `pytest -m "not slow"` is the inner loop (at most 5 minutes on 2 cores); `slow` marks set-up, the
+wheel's install, soak and multi-node tests, every test that launches workers, and any other that takes seconds (a
+subprocess that imports torch, a real measurement), which `bash scripts/test.sh` (all tests) runs too."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from ptrun.bench.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
+from benchmarks.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
 from ptrun.compose import compose, for_launch
 from ptrun.config import PtrunConfig
 
@@ -332,8 +332,9 @@ def no_wandb_login(tmp_path, monkeypatch) -> Path:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a `ptrun` subprocess: this one's, with this checkout first on PYTHONPATH (so the
-    checkout's ptrun runs whichever environment pytest runs in), and `extra` on top (TMPDIR, say)."""
+    """The environment of a `ptrun` or benchmark subprocess: this one's, with this checkout first on PYTHONPATH
+    (so the checkout's ptrun and its `benchmarks` run whichever environment and directory pytest runs in), and
+    `extra` on top (TMPDIR, say)."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, **extra}
 
