@@ -84,6 +84,15 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
+def restarted_workers(launcher: int) -> list[int]:
+    """The live workers of the launcher `launcher`: the processes of its tree whose parent is one of the tree's
+    but not the launcher itself."""
+    tree, parents = process_tree(launcher), _parents()
+    return sorted(
+        pid for pid in tree if alive(pid) and parents.get(pid) not in (launcher, None) and parents[pid] in tree
+    )
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie has ended: only its exit status is left to read)."""
     try:
@@ -146,12 +155,13 @@ def test_failed_and_killed_workers_are_one_line_each_and_leave_nothing(tmp_path,
     while len(run_events(run_dir, "start", missing_ok=True)) < 2:  # restarted after the failure
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
-    time.sleep(1)  # the restarted workers past their start
+    # The restarted workers: the processes whose parent is one of the run's but not the launcher (the server's
+    # children), once the failed attempt's have ended (its zombies are not waited for here).
+    while len(workers := restarted_workers(proc.pid)) != 2:
+        assert proc.poll() is None and time.monotonic() < deadline, (workers, proc.communicate())
+        time.sleep(0.1)
     tree = process_tree(proc.pid)
     held = mapped_shm_inodes(tree)
-    parents = _parents()
-    workers = sorted(pid for pid in tree if parents.get(pid) not in (proc.pid, None) and parents[pid] in tree)
-    assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, final_params, run_events, run_ptrun, start_ptrun, worker_pids
+from conftest import TINY, final_params, run_events, run_ptrun, run_workers, start_ptrun, worker_pids
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -87,9 +87,9 @@ def test_a_full_disk_stops_at_the_checkpoint_it_cannot_write_and_the_printed_com
     shutil.copytree(tmp_path / "copy", run_dir, dirs_exist_ok=True)
     resumed = run_ptrun("train", *resume_args(line), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The uninterrupted run, launched in this process: the same workers, without a second launcher's start.
     reference = tmp_path / "reference"
-    clean = run_ptrun("train", *FULL_DISK, f"hydra.run.dir={reference}", cwd=tmp_path)
-    assert clean.returncode == 0, clean.stderr[-3000:]
+    run_workers(FULL_DISK, reference)
 
     assert run_events(run_dir, "start")[-1]["resumed_from"].endswith("step_00000005")
     assert run_events(run_dir, "end")[-1]["final_eval"] == run_events(reference, "end")[-1]["final_eval"]
@@ -125,8 +125,7 @@ def test_the_cache_disk_tier_without_space_recomputes_and_says_so_once(tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     said = [line for line in (out.stdout + out.stderr).splitlines() if "no space for the cache's disk tier" in line]
     assert len(said) == 1 and "is recomputed instead" in said[0], out.stderr
-    plain = run_ptrun("train", *CACHED, "auto.cache=false", f"hydra.run.dir={tmp_path / 'plain'}", cwd=tmp_path)
-    assert plain.returncode == 0, plain.stderr[-3000:]
+    run_workers([*CACHED, "auto.cache=false"], tmp_path / "plain")  # the run without a cache, in this process
     got, want = run_events(tmp_path / "cached", "epoch"), run_events(tmp_path / "plain", "epoch")
     assert run_events(tmp_path / "cached", "plan")[-1]["cached_units"] > 0
     assert [e["train_loss"] for e in got] == pytest.approx([e["train_loss"] for e in want], rel=1e-6)
