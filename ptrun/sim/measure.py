@@ -166,7 +166,7 @@ def solo(rank: int, measure) -> list[float]:
 def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root: Path) -> dict:
     from ptrun.auto.autocache import AutoCache
     from ptrun.auto.autodp import Builder, build_engine, set_frozen
-    from ptrun.auto.counts import frozen_units_for_blocks
+    from ptrun.freezing.counts import frozen_units_for_blocks
     from ptrun.layout.plan import Plan
     from ptrun.models.layered import run_units
     from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target

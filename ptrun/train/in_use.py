@@ -16,13 +16,13 @@ from ptrun.auto.intervals import Positions, epoch_steps
 from ptrun.auto.residency import held_units, release_unheld, unheld_bytes
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler
+from ptrun.freezing.measures import held_blocks
 from ptrun.layout.plan import Plan
 from ptrun.models.lazy import init_units
 from ptrun.train import faults
 from ptrun.train.compiling import Compiling
 from ptrun.train.divergence import DivergenceWatch
 from ptrun.train.feed import Feed
-from ptrun.train.freeze_measures import held_blocks
 from ptrun.train.startup import first_sample
 from ptrun.train.step import StepParts
 
