@@ -18,9 +18,9 @@ from ptrun.config import SCHEDULE_SPECS
 from ptrun.layout.partition import even_bounds
 from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
+from ptrun.numerics.precision import LossScaler, compute_dtype
 from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.precision import LossScaler, compute_dtype
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
 

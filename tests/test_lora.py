@@ -20,8 +20,8 @@ from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.models.adapters import library_name
 from ptrun.models.losses import loss_weight, make_target, per_sample_loss
+from ptrun.numerics.optim import build_optimizer
 from ptrun.parallel.compiled import UnitCompiler, unit_shape
-from ptrun.parallel.optim import build_optimizer
 from ptrun.parallel.stage_module import StageModule
 
 LORA = AdapterConfig(name="lora", r=4, alpha=8.0)

@@ -23,10 +23,10 @@ from ptrun.auto.residency import release_unheld
 from ptrun.layout.owners import gathering, keeps_owners, routes
 from ptrun.layout.plan import Plan
 from ptrun.models.lazy import allocate, give_back_host_memory
+from ptrun.numerics.optim import build_optimizer
 from ptrun.parallel.compiled import cost_since, counts
 from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.groups import Groups, build_groups
-from ptrun.parallel.optim import build_optimizer
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageParts, StageRuntime
 

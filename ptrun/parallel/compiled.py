@@ -39,8 +39,8 @@ from ptrun.compat import keep_inductor_headers_with_its_cache
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.config.training import c_compiler
 from ptrun.models.layered import run_units
+from ptrun.numerics.precision import autocast
 from ptrun.parallel import inductor_cache
-from ptrun.parallel.precision import autocast
 
 log = logging.getLogger(__name__)
 

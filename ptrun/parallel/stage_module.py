@@ -12,8 +12,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ptrun.models.layered import run_units
 from ptrun.models.per_pass import one_pass
+from ptrun.numerics.precision import autocast
 from ptrun.parallel.compiled import UnitCompiler, as_frozen, no_grad_if
-from ptrun.parallel.precision import autocast
 
 
 class StageModule(nn.Module):

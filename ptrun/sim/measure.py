@@ -96,7 +96,7 @@ def mean_over_workers(values: list[float]) -> list[float]:
 def update_seconds(unit, optim_cfg, repeats: int) -> float:
     """One unit's share of a step's update: the clip's per-parameter work in `StageRuntime.sync_and_clip`
     (squared norm in float64, then the rescale) and the optimizer step over its parameters."""
-    from ptrun.parallel.optim import build_optimizer
+    from ptrun.numerics.optim import build_optimizer
 
     named = [(n, p) for n, p in unit.named_parameters()]
     if not named:

@@ -28,8 +28,8 @@ from ptrun.layout.tuning import Tuning, cache_fields, tune
 from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
+from ptrun.numerics.precision import compute_dtype
 from ptrun.parallel.compiled import make_compiler
-from ptrun.parallel.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
 

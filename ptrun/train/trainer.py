@@ -30,8 +30,8 @@ from ptrun.config.model import FAMILY_SPECS, model_family
 from ptrun.freezing.measures import make_measurement
 from ptrun.layout.fit import UnitMemory, device_budget, state_copies
 from ptrun.layout.plan import Plan
+from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.precision import LossScaler
 from ptrun.train import faults, room, startup, stats
 from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
