@@ -14,12 +14,12 @@ import torch.distributed as dist
 from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
+from ptrun.compiling.compiler import UnitCompiler
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.layout.partition import even_bounds
 from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
 from ptrun.numerics.precision import LossScaler, compute_dtype
-from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.pipeline import Step
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3

@@ -1,7 +1,8 @@
 """The package's layers, read from its source: `report`, `models`, `data`, `costs`, `layout`, `numerics`,
-`parallel`, `freezing`, `auto`, `train`, `sim` and `bench` from the bottom up (every package but the base's
-`config`), each importing only from layers below it (or from the base modules every layer may use), and no import
-cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they never run)."""
+`compiling`, `parallel`, `freezing`, `auto`, `train`, `sim` and `bench` from the bottom up (every package but the
+base's `config`), each importing only from layers below it (or from the base modules every layer may use), and no
+import cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they
+never run)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ LAYERS = (
     "costs",
     "layout",
     "numerics",
+    "compiling",
     "parallel",
     "freezing",
     "auto",
