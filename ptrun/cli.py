@@ -17,6 +17,7 @@ from ptrun.cli_report import run_report
 from ptrun.cli_train import run_train
 from ptrun.compose import RECIPE_DIR
 from ptrun.signal_scope import handlers_restored
+from ptrun.train.run_end import ExitCode
 
 
 def recipe_summaries() -> dict[str, str]:
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         # The reader left early (`ptrun recipes | head -3`): stop quietly, as Unix tools do. stdout goes to
         # /dev/null so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(128 + signal.SIGPIPE) from None
+        raise SystemExit(ExitCode.SIGPIPE) from None
     finally:
         if argv is None:
             # The process ends next: its last garbage collections would walk every object torch and elastic
@@ -56,7 +57,7 @@ def _main(argv: list[str] | None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from ptrun.worker_server import stop_worker_server, user_cache_dir
+        from ptrun.launcher.worker_server import stop_worker_server, user_cache_dir
 
         # before anything imports torch._dynamo, which makes its cache directory (see worker_environment)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
@@ -64,11 +65,11 @@ def _main(argv: list[str] | None) -> None:
         with handlers_restored([signal.SIGTERM]):
             # SIGTERM before the workers run (composing, waiting for other machines): exit as after a stop, with
             # the private files cleaned up (elastic's own handler takes over while the workers run).
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(ExitCode.SIGTERM))
             try:
                 run_train(rest)
             except KeyboardInterrupt:
-                fail("interrupted", code=130)
+                fail("interrupted", code=ExitCode.SIGINT)
             finally:
                 # However the command ends (done, refused, interrupted), the workers' server ends with it, at
                 # once: it holds this process's stdout and stderr, and ending on its own it would first tear down

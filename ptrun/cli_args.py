@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 
-from ptrun.errors import EXIT_BAD_INPUT
+from ptrun.train.run_end import ExitCode
 
 USAGE = """usage: ptrun SUBCOMMAND [args]
 
@@ -26,7 +26,7 @@ subcommands:
 """
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:  # noqa: F821
+def fail(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:  # noqa: F821
     # one line, whatever the message quotes (a library's multi-line exception text, say)
     print(f"ptrun: error: {' '.join(message.splitlines())}", file=sys.stderr, flush=True)
     raise SystemExit(code)

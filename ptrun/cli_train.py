@@ -36,6 +36,8 @@ from ptrun.config import ConfigError
 from ptrun.config.adapter import adapter_settings
 from ptrun.config.launcher import visible_gpus
 from ptrun.config.paper import quick_try
+from ptrun.train import run_end
+from ptrun.train.run_end import Diverged, Interrupted, LaunchFailed, MachineFault
 
 # Hydra flags that a single run does not take: a sweep, or printing instead of running. Hydra's app handles them.
 HYDRA_FLAGS = {
@@ -62,7 +64,7 @@ def checked_start(overrides: list[str]) -> Resolved:
     fails before anything is created. Once the config itself is good, the workers' server starts importing
     their modules, beside the checks that read files (a refused start ends it with the command: no worker has
     started)."""
-    from ptrun.worker_server import start_worker_server
+    from ptrun.launcher.worker_server import start_worker_server
 
     try:
         start = for_this_machine(resolve(overrides, os.environ))
@@ -163,9 +165,9 @@ def hydra_job(cfg: DictConfig) -> None:
 def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now: bool) -> None:
     """Start the workers on `start` in `run_dir` (created: `created_now` says whether by this start) once the
     run directory and the rendezvous are checked; `overrides` make the command a stopped run resumes with."""
-    from ptrun.launch import Diverged, LaunchFailed, MachineFault, Stopped, launch
-    from ptrun.rendezvous import check_rendezvous
-    from ptrun.worker_server import start_worker_server
+    from ptrun.launcher.launch import launch
+    from ptrun.launcher.rendezvous import check_rendezvous
+    from ptrun.launcher.worker_server import start_worker_server
 
     typed_cfg = replace(start.cfg, run_dir=str(run_dir))
     try:
@@ -192,43 +194,34 @@ def launch_run(start: Resolved, run_dir: Path, overrides: list[str], created_now
         except ConfigError as e:  # bad input a worker found
             _fail_start(str(e), run_dir, created_now)
         except LaunchFailed as e:
-            fail(str(e), code=1)
+            fail(str(e), code=run_end.ExitCode.FAILED)
         except Diverged as e:
-            from ptrun.train.endings import diverged_line
-
-            fail(diverged_line(e.report, typed_cfg.optim.lr, run_dir, overrides), code=1)
+            fail(run_end.diverged_line(e.report, typed_cfg.optim.lr, run_dir, overrides), code=run_end.ExitCode.FAILED)
         except MachineFault as e:  # a full disk or an exhausted memory: a restart would fail the same way
-            fail(fault_line(e.report, typed_cfg, run_dir, overrides), code=1)
-        except Stopped as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
+            fail(fault_line(e.report, typed_cfg, run_dir, overrides), code=run_end.ExitCode.FAILED)
+        except Interrupted as e:  # Ctrl-C or SIGTERM reached the launcher (and so its workers)
             _stopped(e.signum, run_dir, overrides)
 
 
 def fault_line(report: dict, cfg, run_dir: Path, overrides: list[str]) -> str:
     """The line after a fault of the machine (`report`, a worker's or the agent's): a file that found no space,
     a worker out of memory, or one the kernel killed for want of memory."""
-    from ptrun.train import endings
-
     if report["kind"] == "no_space":
-        from ptrun.train.machine import free_bytes
-
-        free = free_bytes(report.get("path") or run_dir)  # now, with the partial files removed
-        return endings.no_space_line(report, free, cfg.checkpoint.keep, run_dir, overrides)
+        free = run_end.free_bytes(report.get("path") or run_dir)  # now, with the partial files removed
+        return run_end.no_space_line(report, free, cfg.checkpoint.keep, run_dir, overrides)
     if report["kind"] == "oom_kill":
-        return endings.oom_kill_line(report, run_dir, overrides)
-    from ptrun.train.memory_advice import oom_line
+        return run_end.oom_kill_line(report, run_dir, overrides)
+    from ptrun.launcher.memory_advice import keys_that_fit  # the planner's memory model: torch
 
-    return oom_line(cfg, report, run_dir, overrides)
+    return run_end.oom_line(report, keys_that_fit(cfg, report), run_dir, overrides)
 
 
 def _stopped(signum: int, run_dir: Path, overrides: list[str]) -> NoReturn:  # noqa: F821
     """After the workers stopped on a signal: one line saying where the checkpoint is and the command that
     resumes the run, and the exit code for that signal (130 after Ctrl-C; 143 after SIGTERM, which
     schedulers can requeue on)."""
-    from ptrun.train.endings import stopped_line
-    from ptrun.train.stop import EXIT_CODES
-
-    print(f"ptrun: {stopped_line(signum, run_dir, overrides)}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_CODES.get(signum, 1))
+    print(f"ptrun: {run_end.stopped_line(signum, run_dir, overrides)}", file=sys.stderr, flush=True)
+    raise SystemExit(run_end.stop_code(signum))
 
 
 def _fail_start(message: str, run_dir: Path, created_now: bool) -> NoReturn:  # noqa: F821

@@ -1,5 +1,5 @@
 """Signal handlers in a scope: whatever ptrun (or torch elastic, for ptrun) installs in a process is put back when
-its block ends, so a caller that goes on (a Python program calling `ptrun.launch.launch`, a test session) keeps
+its block ends, so a caller that goes on (a Python program calling `ptrun.launcher.launch.launch`, a test session) keeps
 its own handlers: Ctrl-C raises its KeyboardInterrupt again, SIGTERM ends it again.
 
 torch elastic's agent takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT when it starts its workers (its handler

@@ -142,8 +142,9 @@ sys.exit(f"not the pinned versions: {bad}" if bad else 0)' "$@"
     "hydra.run.dir=$out/vit"
   step "$name: train bbc_news_bert (encoder)" "$ptrun" train train.epochs=1 train.max_steps_per_epoch=4 \
     "hydra.run.dir=$out/bert"
-  step "$name: write a tiny Llama" "$py" -m ptrun.bench.decoder "$out/decoder" --documents 40 --hidden 128 \
-    --layers 4 --vocab 2000
+  # from the clone's root, where the benchmarks are (they are not in the installed package)
+  step "$name: write a tiny Llama" bash -c 'cd "$1" && shift && exec "$@"' _ "$repo" "$py" -m benchmarks.tiny_decoder \
+    "$out/decoder" --documents 40 --hidden 128 --layers 4 --vocab 2000
   step "$name: train causal_lm (decoder)" "$ptrun" train recipe=causal_lm "model.pretrained=$out/decoder/llama" \
     "data.path=$out/decoder/news.jsonl" train.epochs=1 train.max_steps_per_epoch=4 "hydra.run.dir=$out/decoder-run"
   step "$name: train causal_lm adapter=lora (decoder, peft)" "$ptrun" train recipe=causal_lm adapter=lora \

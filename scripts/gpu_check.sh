@@ -3,7 +3,7 @@
 # (`source .gpu-kit/install.sh` first where ptrun is not installed: ../shared/gpu/README.md, or docs/gpu.md).
 #   1-2. bbc_news_bert (the embedded default) at 128 and at 512 tokens: the plain transformers loop, ptrun with
 #        freezing off, ptrun's default (freezing + AutoCache), each eager and compiled (`train.compile`; the loop
-#        compiles the library model with torch.compile: bench_peers --compiled), compiled on an empty inductor
+#        compiles the library model with torch.compile: `benchmarks.peers --compiled`), compiled on an empty inductor
 #        cache of its own (cold) and again on the cache that run filled (warm)
 #   2a.  auto128: the default as it is (`train.compile=auto`: compiles where its priced line says it pays), on an
 #        empty inductor cache with nothing kept (cold), then again on what that run left (warm): its line, wall
@@ -13,12 +13,12 @@
 #   2c.  shared_store: the default at 128 tokens on one worker with AutoCache's node-shared store (`cache.keep`,
 #        which every job of several workers uses) instead of the one-worker store in device memory (1's default)
 #   3.   steps512: the model's own step at 512 tokens, ptrun's units against the library's model on one batch,
-#        and the kernels each spends its time in (`python -m ptrun.bench.model_step --profile`)
+#        and the kernels each spends its time in (`python -m benchmarks.model_step --profile`)
 #   4.   profile512: ptrun with freezing off at 512 tokens, steps 20-22 under torch.profiler (`train.profile_step`):
 #        the kernels' time and, in the trace, the host's gaps between them
 #   5.   digits_vit: the same three as 1-2, eager and compiled
-#   6.   causal_lm on a small random-weight Llama (`python -m ptrun.bench.decoder`): the loop and ptrun, freezing off,
-#        eager and compiled
+#   6.   causal_lm on a small random-weight Llama (`python -m benchmarks.tiny_decoder`): the loop and ptrun, freezing
+#        off, eager and compiled
 #   7.   profile_lm: ptrun's steps 20-22 on that Llama under torch.profiler, as profile512
 #   8.   steps_lm: that Llama's own step, as steps512 (and how often each reads a value on the host: a sync)
 # Each job runs under `timeout` and prints one line: training seconds (the sum of epoch times) and the ratio
@@ -37,7 +37,7 @@ py=${PYTHON:-python3}
 mkdir -p "$out"
 "$py" -c "import torch, transformers; print('gpu_check:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', '| torch', torch.__version__, '| transformers', transformers.__version__)"
 
-summary() {  # one line from a bench_peers JSON
+summary() {  # one line from a benchmarks.peers JSON
   "$py" - "$1" "$2" <<'PY'
 import json, sys
 job, path = sys.argv[1], sys.argv[2]
@@ -78,7 +78,7 @@ job() {  # job NAME RECIPE ONLY [OVERRIDES...]
   local name=$1 recipe=$2 only=$3; shift 3
   local dir="$out/$name"
   [[ $jobs == *" $name "* ]] || return 0
-  if timeout "$limit" "$py" "$repo/scripts/bench_peers.py" --recipe "$recipe" --only "$only" --repeats 1 \
+  if timeout "$limit" "$py" -m benchmarks.peers --recipe "$recipe" --only "$only" --repeats 1 \
        --out "$dir" "$@" "${extra[@]}" > "$dir.log" 2>&1; then
     summary "$name" "$dir/bench_peers_$recipe.json"
   else
@@ -101,7 +101,7 @@ profile() {  # profile NAME [OVERRIDES...]: ptrun, freezing off, steps 20-22 und
 steps() {  # steps NAME RECIPE OUT_JSON [OVERRIDES...]: the model's own step, ptrun's units against the library's
   local name=$1 recipe=$2 json=$3; shift 3
   [[ $jobs == *" $name "* ]] || return 0
-  if timeout "$limit" "$py" -m ptrun.bench.model_step --recipe "$recipe" --steps 20 --profile --out "$out/$json" \
+  if timeout "$limit" "$py" -m benchmarks.model_step --recipe "$recipe" --steps 20 --profile --out "$out/$json" \
        "$@" "${extra[@]}" > "$out/$name.log" 2>&1; then
     echo "$name: $(grep -m1 'ptrun units / library model' "$out/$name.log"); host reads a step:" \
       "$(grep 'host reads' "$out/$name.log" | sed 's/ of a tensor.*//' | paste -sd ';' -)"
@@ -157,7 +157,7 @@ steps steps512 bbc_news_bert model_step_bbc_news_bert_512_gpu.json data.max_leng
 profile profile512 data.max_length=512
 job digits digits_vit a,c,e --compiled
 if [[ $jobs != *" causal_lm "* && $jobs != *" profile_lm "* && $jobs != *" steps_lm "* ]]; then :
-elif timeout 120 "$py" -m ptrun.bench.decoder "$out/lm" > "$out/lm.log" 2>&1; then
+elif timeout 120 "$py" -m benchmarks.tiny_decoder "$out/lm" > "$out/lm.log" 2>&1; then
   job causal_lm causal_lm a,c --compiled "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl" train.max_steps_per_epoch=40
   profile profile_lm recipe=causal_lm "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"
   steps steps_lm causal_lm model_step_causal_lm_gpu.json "model.pretrained=$out/lm/llama" "data.path=$out/lm/news.jsonl"

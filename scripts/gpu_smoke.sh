@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first commands to run on a GPU machine, each a short job on digits_vit (the quickest recipe):
 #   0. (1 GPU or more) the peer benchmark's pair on one GPU: the plain PyTorch loop and ptrun without freezing,
-#      interleaved (scripts/bench_peers.py), so the engine's cost on CUDA shows beside hand-written code
+#      interleaved (`python -m benchmarks.peers`), so the engine's cost on CUDA shows beside hand-written code
 #   then, with 2 GPUs or more:
 #   1. a 2-GPU pipeline (K = 2, 1F1B, fp32 with TF32), no freezing
 #   2. a freeze transition: 4 of 6 blocks (9 of 14 units) frozen after epoch 1, repacked to K = 1, DP = 2,
@@ -21,7 +21,7 @@ if [ "$gpus" -lt 1 ] && [ "${PTRUN_SMOKE_ALLOW_CPU:-0}" != 1 ]; then
 fi
 
 echo "== 0/4 one GPU, ptrun against the plain loop: expect the ratio line 'ptrun, freezing off, 1 worker / plain loop' near 1.00x"
-(cd "$repo" && "$venv/bin/python" scripts/bench_peers.py --recipe digits_vit --only a,c --repeats 2 --out "$out/peers" train.epochs=5)
+(cd "$repo" && "$venv/bin/python" -m benchmarks.peers --recipe digits_vit --only a,c --repeats 2 --out "$out/peers" train.epochs=5)
 if [ "$gpus" -lt 2 ] && [ "${PTRUN_SMOKE_ALLOW_CPU:-0}" != 1 ]; then
     echo "gpu_smoke: $gpus CUDA device: the 2-GPU jobs below are skipped; run dirs in $out"
     exit 0

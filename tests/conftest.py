@@ -2,9 +2,9 @@
 elastic_launch, run the `ptrun` command line (in a subprocess, or in this process through the same entry
 point), and read a run's events back through `ptrun.report.runs`.
 
-Tiers: `pytest -m "not slow"` is the inner loop (at most 5 minutes on 2 cores); `slow` marks set-up, wheel,
-soak and multi-node tests, every test that launches workers, and any other that takes seconds (a subprocess that
-imports torch, a real measurement), which `bash scripts/test.sh` (all tests) runs too."""
+Tiers: `pytest -m "not slow"` is the inner loop (at most 5 minutes on 2 cores); `slow` marks set-up, the
+wheel's install, soak and multi-node tests, every test that launches workers, and any other that takes seconds (a
+subprocess that imports torch, a real measurement), which `bash scripts/test.sh` (all tests) runs too."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptrun.worker_server import user_cache_dir
+from ptrun.launcher.worker_server import user_cache_dir
 
 # As `ptrun train` does, before anything imports torch._dynamo (its default cache is /tmp/torchinductor_USER).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))
@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from ptrun.bench.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
+from benchmarks.processes import worker_pids  # noqa: E402,F401  (the tests import it from here)
 from ptrun.compose import compose, for_launch
 from ptrun.config import PtrunConfig
 
@@ -82,12 +82,13 @@ def run_workers(overrides: list[str], run_dir: Path) -> dict:
     """Launch real worker processes (gloo on localhost) through ptrun's own elastic launcher. A signal that
     stopped the launch (Ctrl-C or SIGTERM to the test session) goes on to the handler the session has for it,
     which the launch restored: Ctrl-C's KeyboardInterrupt ends the session, SIGTERM's default the process."""
-    from ptrun.launch import Stopped, launch
+    from ptrun.launcher.launch import launch
+    from ptrun.train.run_end import Interrupted
 
     cfg = compose_config(overrides, run_dir)
     try:
         return launch(cfg, write_config(cfg))
-    except Stopped as e:
+    except Interrupted as e:
         signal.raise_signal(e.signum)
         raise
 
@@ -331,8 +332,9 @@ def no_wandb_login(tmp_path, monkeypatch) -> Path:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a `ptrun` subprocess: this one's, with this checkout first on PYTHONPATH (so the
-    checkout's ptrun runs whichever environment pytest runs in), and `extra` on top (TMPDIR, say)."""
+    """The environment of a `ptrun` or benchmark subprocess: this one's, with this checkout first on PYTHONPATH
+    (so the checkout's ptrun and its `benchmarks` run whichever environment and directory pytest runs in), and
+    `extra` on top (TMPDIR, say)."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, **extra}
 
@@ -389,12 +391,12 @@ def cli(capsys, monkeypatch):
     from hydra.core.global_hydra import GlobalHydra
 
     import ptrun.cli
-    import ptrun.launch
+    import ptrun.launcher.launch
 
     def no_launch(*args, **kwargs):
         raise AssertionError("an in-process `ptrun train` got as far as starting workers")
 
-    monkeypatch.setattr(ptrun.launch, "launch", no_launch)
+    monkeypatch.setattr(ptrun.launcher.launch, "launch", no_launch)
 
     def call(*argv: str, cwd: Path | None = None) -> CliResult:
         GlobalHydra.instance().clear()

@@ -1,7 +1,7 @@
 """The memory-growth benchmark's arithmetic: each round's ratio of the K = 4 worker's growth to the single
 worker's, medians over rounds, and the table the results page shows."""
 
-from ptrun.bench.memory_growth import row, table
+from benchmarks.memory_growth import row, table
 
 MIB = 2**20
 

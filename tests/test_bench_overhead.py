@@ -1,4 +1,4 @@
-"""`ptrun.bench.overhead`: the oracle loop freezes exactly ptrun's units at ptrun's steps (its schedule read
+"""`benchmarks.overhead`: the oracle loop freezes exactly ptrun's units at ptrun's steps (its schedule read
 from the run's plan events), the per-epoch comparison and its table; slow: one small round end to end, where
 the oracle's trainable and optimized parameters are those of the units after ptrun's frozen prefix."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_report import write_run
 
-from ptrun.bench import oracle_loop, overhead
-from ptrun.bench.harness import label_rows
+from benchmarks import oracle_loop, overhead
+from benchmarks.harness import label_rows
 
 
 def plan(t: float, epoch: int, step: int, frozen: int, transition_s: float = 0.0) -> dict:

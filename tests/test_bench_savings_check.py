@@ -1,4 +1,4 @@
-"""`ptrun.bench.savings_check`: the savings line's estimate against a measured run without freezing. Its
+"""`benchmarks.savings_check`: the savings line's estimate against a measured run without freezing. Its
 agreement is not asserted (on a shared machine two identical runs differ by more than the 10% it is held
 to: docs/results.md); what is: one round end to end, and the arithmetic of its rows."""
 
@@ -11,7 +11,7 @@ from conftest import TINY_MODEL
 from test_report import write_run
 from test_report_savings import epoch, first_epoch, plan, start
 
-from ptrun.bench import savings_check
+from benchmarks import savings_check
 from ptrun.report import load_run
 from ptrun.report.savings import freezing_savings
 
@@ -78,7 +78,7 @@ def test_one_round_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(
         "sys.argv",
         [
-            "check_savings.py",
+            "savings_check.py",
             "--recipe",
             "digits_vit",
             "--repeats",

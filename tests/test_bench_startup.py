@@ -1,4 +1,4 @@
-"""`ptrun.bench.startup`: the times it reads from a real run (a ptrun trainer's events, the plain loop's JSON),
+"""`benchmarks.startup`: the times it reads from a real run (a ptrun trainer's events, the plain loop's JSON),
 its rows and table on synthetic rounds, the runs it picks for a recipe, and its optional sections of the
 results page.
 """
@@ -13,10 +13,9 @@ import pytest
 import torch
 from conftest import TINY, TINY_MODEL, compose_config, run_events
 
-from ptrun.bench import peer_runs, results_page
-from ptrun.bench import readme as readme_entries
-from ptrun.bench import startup as bench_startup
-from ptrun.bench.harness import label_rows
+from benchmarks import peer_runs, results_contents, results_page
+from benchmarks import startup as bench_startup
+from benchmarks.harness import label_rows
 
 
 def test_a_real_runs_events_give_its_first_step_after_its_start(tmp_path, one_rank_group):
@@ -60,7 +59,7 @@ def test_a_real_runs_events_give_its_first_step_after_its_start(tmp_path, one_ra
 
 
 def test_the_plain_loop_records_its_first_step(tmp_path):
-    from ptrun.bench import plain_loop
+    from benchmarks import plain_loop
 
     out = tmp_path / "plain.json"
     plain_loop.main(
@@ -110,7 +109,7 @@ def rounds() -> list[list[dict]]:
 
 def result_json(recipe: str = "text_classification", cached: bool = True) -> dict:
     return {
-        "command": f"python scripts/bench_startup.py --recipe {recipe} --out /tmp/s",
+        "command": f"python -m benchmarks.startup --recipe {recipe} --out /tmp/s",
         "date": "2026-11-26T10:00:00",
         "machine": "16 CPU cores, GPU: 1 x NVIDIA H100",
         "recipe": recipe,
@@ -156,7 +155,7 @@ def test_runs_and_sample_data_per_recipe(tmp_path):
     assert bench_startup.shown(cold) == "ptrun train hydra.run.dir=/r recipe=text_classification train.epochs=1"
     plain = bench_startup.command(P, "text_classification", Path("/r"), ["train.epochs=1"])
     assert bench_startup.shown(plain) == (
-        "python -m ptrun.bench.plain_loop --recipe=text_classification --threads=2 --out=/r/plain.json train.epochs=1"
+        "python -m benchmarks.plain_loop --recipe=text_classification --threads=2 --out=/r/plain.json train.epochs=1"
     )
 
 
@@ -164,8 +163,8 @@ def test_results_page_shows_a_startup_result_only_once_there_is_one(tmp_path):
     """The start-up sections are optional: without their JSON the page leaves them out (and is generated);
     with it, the section shows its command, the date and machine the JSON records, and the table."""
     results = tmp_path / "results"
-    shutil.copytree(Path(readme_entries.__file__).parents[2] / "docs" / "results", results)
-    titles = [t.title for t in readme_entries.TABLES if t.module == "ptrun.bench.startup"]
+    shutil.copytree(Path(results_contents.__file__).parents[1] / "docs" / "results", results)
+    titles = [t.title for t in results_contents.TABLES if t.module == "benchmarks.startup"]
     assert len(titles) == 2
     for published in results.glob("bench_startup_*.json"):  # absent first
         published.unlink()
@@ -176,6 +175,6 @@ def test_results_page_shows_a_startup_result_only_once_there_is_one(tmp_path):
     title = "### Start-up: process start to the first step, text_classification"
     assert page.count(title) == 1 and titles[1] not in page
     section = page.split(title)[1].split("\n### ")[0]
-    assert "- command: `python scripts/bench_startup.py --recipe text_classification --out /tmp/s`" in section
+    assert "- command: `python -m benchmarks.startup --recipe text_classification --out /tmp/s`" in section
     assert "- measured: 2026-11-26\n" in section and "- machine: 16 CPU cores, GPU: 1 x NVIDIA H100\n" in section
     assert "| ptrun, warm cache | 14.0 (13.0-15.0) |" in section

@@ -219,10 +219,10 @@ def test_a_run_says_its_decision_and_does_what_it_says(tmp_path):
 
 
 def test_the_auto_benchmark_sets_auto_against_the_better_of_false_and_true_on_its_cache_state():
-    """`ptrun.bench.compile_auto`: per round and cache state, auto's wall time over the better of false and true;
+    """`benchmarks.compile_auto`: per round and cache state, auto's wall time over the better of false and true;
     medians over the rounds in one table per workload, with what auto chose; the verdict per cache state."""
-    from ptrun.bench import compile_auto as bench
-    from ptrun.bench.harness import label_rows
+    from benchmarks import compile_auto as bench
+    from benchmarks.harness import label_rows
 
     def rnd(walls: dict[tuple[str, str], float], chose: str) -> list[dict]:
         rows = [

@@ -196,10 +196,10 @@ def test_compile_true_without_a_c_compiler_is_one_line_before_any_worker(tmp_pat
 
 
 def test_the_compile_benchmark_tables_medians_and_ratios_against_eager():
-    """`ptrun.bench.compiled`: per workload, the eager, cold and warm runs' medians over the rounds, each
+    """`benchmarks.compiled`: per workload, the eager, cold and warm runs' medians over the rounds, each
     ratio against its own round's eager run, in one table per workload under one caption."""
-    from ptrun.bench import compiled as bench
-    from ptrun.bench.harness import label_rows
+    from benchmarks import compiled as bench
+    from benchmarks.harness import label_rows
 
     def rnd(eager: float, cold: float, warm: float) -> list[dict]:
         rows = [

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptrun.train.divergence import SKIPS_DIVERGED, Diverged, DivergenceWatch, StepRecord
-from ptrun.train.endings import diverged_line
+from ptrun.train.divergence import SKIPS_DIVERGED, DivergenceWatch, StepRecord
+from ptrun.train.run_end import Diverged, diverged_line
 
 NAN = torch.tensor(math.nan)
 ONE = torch.tensor(1.0)

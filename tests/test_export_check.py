@@ -1,5 +1,5 @@
-"""The export check's interpreter (`ptrun.bench.export_check.without_ptrun`) is what it claims: torch,
-transformers and peft import there, ptrun does not, so `scripts/peers/load_export.py` loads an export as a
+"""The export check's interpreter (`benchmarks.export_check.without_ptrun`) is what it claims: torch,
+transformers and peft import there, ptrun does not, so `benchmarks/without_ptrun/load_export.py` loads an export as a
 user without ptrun would."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ptrun.bench.export_check import LOADER, without_ptrun
+from benchmarks.export_check import LOADER, without_ptrun
 
 
 @pytest.mark.slow

@@ -211,7 +211,7 @@ def test_the_launcher_fills_the_layout_without_the_simulator():
 
     code = (
         "import sys\n"
-        "import ptrun.cli, ptrun.cli_train, ptrun.launch\n"
+        "import ptrun.cli, ptrun.cli_train, ptrun.launcher.launch\n"
         "from ptrun.compose import compose, for_launch\n"
         "cfg, choice = for_launch(compose(['recipe=digits_vit', 'launcher.nproc_per_node=2']))\n"
         "assert choice is not None and cfg.pipe.length == 1, (cfg.pipe, choice)\n"

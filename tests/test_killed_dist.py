@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY, _parents, mapped_shm_inodes, run_events, semaphores, start_ptrun
 
-from ptrun import leftovers
 from ptrun.auto.autocache import cache_dirs
 from ptrun.config import CacheConfig
+from ptrun.launcher import leftovers
 
 CACHED = [
     "recipe=digits_vit",
@@ -199,7 +199,7 @@ def test_a_launch_sweeps_what_killed_runs_left_and_claims_its_own_memory_tier(tm
     from conftest import compose_config
 
     from ptrun.auto.autocache import shared_memory_root
-    from ptrun.launch import _janitor, _no_cache_left
+    from ptrun.launcher.launch import _janitor, _no_cache_left
 
     root = shared_memory_root()
     ended = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -1,7 +1,7 @@
 """The package's layers, read from its source: `report`, `models`, `data`, `costs`, `layout`, `numerics`,
-`compiling`, `parallel`, `freezing`, `auto`, `train`, `sim` and `bench` from the bottom up (every package but the
-base's `config`), each importing only from layers below it (or from the base modules every layer may use), and no
-import cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they
+`compiling`, `parallel`, `freezing`, `auto`, `train`, `launcher` and `sim` from the bottom up (every package but
+the base's `config`), each importing only from layers below it (or from the base modules every layer may use), and
+no import cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they
 never run)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ LAYERS = (
     "freezing",
     "auto",
     "train",
+    "launcher",
     "sim",
-    "bench",
 )
 """Bottom first: a module in one of these packages imports from its own layer or lower ones only."""
 BASE = ("ptrun.compat", "ptrun.errors", "ptrun.installed", "ptrun.config")
@@ -129,7 +129,13 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
 
 
-LAUNCHER = ("ptrun.cli_train", "ptrun.compose", "ptrun.launch", "ptrun.worker", "ptrun.elastic_agent")
+LAUNCHER = (
+    "ptrun.cli_train",
+    "ptrun.compose",
+    "ptrun.launcher.launch",
+    "ptrun.launcher.worker",
+    "ptrun.launcher.elastic_agent",
+)
 """`ptrun train`'s side: the command, the config's steps, the agent and the workers."""
 
 

@@ -107,7 +107,7 @@ def test_the_continued_model_starts_from_the_exported_adapter(runs):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_the_continued_export_loads_with_peft_alone_and_scores_the_last_eval(runs, tmp_path):
-    from ptrun.bench.export_check import check, without_ptrun
+    from benchmarks.export_check import check, without_ptrun
 
     found = check(runs["continued"], without_ptrun(tmp_path / "venv"), tmp_path)
     assert found["loaded_as"] == "adapter" and found["same"], found

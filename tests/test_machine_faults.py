@@ -14,12 +14,12 @@ import pytest
 import torch
 from conftest import TINY, compose_config
 
+from ptrun.launcher.memory_advice import keys_that_fit
+from ptrun.launcher.oom_watch import OomWatch, peak_resident
 from ptrun.layout.plan import Plan
-from ptrun.oom_watch import OomWatch, peak_resident
 from ptrun.train import faults, machine
 from ptrun.train.checkpoint import lookup
-from ptrun.train.endings import no_space_line
-from ptrun.train.memory_advice import keys_that_fit
+from ptrun.train.run_end import no_space_line
 
 
 class FullDisk(io.RawIOBase):

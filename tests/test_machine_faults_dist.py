@@ -239,7 +239,7 @@ def test_a_worker_the_kernel_killed_for_memory_is_one_line_and_no_restart(tmp_pa
     events.write_text("low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\n")
     os.kill(victim, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=240)
-    # A worker makes no named semaphore of its own (`ptrun.worker.no_named_semaphores`); one a library made would
+    # A worker makes no named semaphore (`ptrun.launcher.worker.no_named_semaphores`); one a library made would
     # be left to the launcher's resource tracker, which warns as it removes it: what a kill leaves, not ptrun's line.
     tracker = ("resource_tracker: There appear to be", "warnings.warn('resource_tracker")
     stderr = "".join(line for line in stderr.splitlines(True) if not any(t in line for t in tracker))

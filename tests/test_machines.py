@@ -31,7 +31,7 @@ def gpus(monkeypatch):
 
 @pytest.mark.parametrize("count", [1, 4])
 def test_the_default_starts_one_worker_per_visible_gpu(gpus, count, tmp_path):
-    from ptrun.launch import launch_config
+    from ptrun.launcher.launch import launch_config
 
     gpus(count)
     cfg = for_this_machine(resolve([], {})).cfg
@@ -158,7 +158,7 @@ def test_the_workers_preloaded_modules_leave_wandb_out(recipe):
     import subprocess
     import sys
 
-    from ptrun.worker_server import worker_modules
+    from ptrun.launcher.worker_server import worker_modules
 
     assert importlib.util.find_spec("wandb") is not None, "wandb is installed (ptrun[trackers]): the test needs it"
     modules = worker_modules(for_this_machine(resolve([f"recipe={recipe}"], {})).cfg)
@@ -172,7 +172,7 @@ def test_the_gpu_switches_reach_torch_on_a_gpu_and_nothing_else_on_the_cpu():
     as a user's own loop on a GPU has them); a CPU worker leaves torch's switches alone. torch's switches are
     process-wide flags, settable without a GPU; they are put back after the test."""
     from ptrun.config.launcher import DeviceConfig
-    from ptrun.worker import use_gpu_switches
+    from ptrun.launcher.worker import use_gpu_switches
 
     flags = [
         (torch.backends.cuda.matmul, "allow_tf32"),

@@ -16,12 +16,12 @@ from __future__ import annotations
 import pytest
 from conftest import run_events, run_workers
 
-from ptrun.bench.memory_growth import RUN as MEASURED
+from benchmarks.memory_growth import RUN as MEASURED
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
 RUN = [*MEASURED, "launcher.max_restarts=0"]
-"""What `scripts/bench_memory_growth.py` measures, once: a failing worker fails the test."""
+"""What `benchmarks/memory_growth.py` measures, once: a failing worker fails the test."""
 MAX_GROWTH_RATIO = 0.35
 """A quarter of the model's growth per worker at K = 4, with room for what each process allocates besides: the
 peak is an allocator's high-water mark, which measured 0.22-0.33 over rounds of the same runs."""

@@ -1,4 +1,4 @@
-"""ptrun.bench.model_step: the model's own step, ptrun's units against the library's model, on the recipe's
+"""benchmarks.model_step: the model's own step, ptrun's units against the library's model, on the recipe's
 first batch (digits' ViT, the embedded default's MiniLM and a small Llama, small inputs)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ptrun.bench import model_step
+from benchmarks import model_step
 
 
 @pytest.mark.parametrize(
@@ -31,9 +31,11 @@ from ptrun.bench import model_step
 def test_both_models_step_the_same_architecture_on_the_same_batch(tmp_path, recipe, overrides, batch):
     out = tmp_path / "step.json"
     if recipe == "causal_lm":
-        from ptrun.bench import decoder
+        from benchmarks import tiny_decoder
 
-        decoder.main([str(tmp_path / "lm"), "--documents", "20", "--hidden", "64", "--layers", "2", "--vocab", "300"])
+        tiny_decoder.main(
+            [str(tmp_path / "lm"), "--documents", "20", "--hidden", "64", "--layers", "2", "--vocab", "300"]
+        )
         overrides = [
             *overrides,
             f"model.pretrained={tmp_path / 'lm' / 'llama'}",
@@ -55,7 +57,7 @@ def test_both_models_step_the_same_architecture_on_the_same_batch(tmp_path, reci
     # ptrun's units read values on the host no more often than the library's model (a GPU waits for each)
     reads = {label: p["host_reads_per_step"] for label, p in result["top_operators"].items()}
     assert reads["ptrun units"] <= reads["library model"], reads
-    # the results page's caption and table (`ptrun.bench.results_page`)
+    # the results page's caption and table (`benchmarks.results_page`)
     assert model_step.caption(result).startswith(f"{recipe} ({' '.join(overrides)}), one batch ({size} x ")
     text = model_step.table(result)
     library = result["ms_per_step"]["library model"]["median"]

@@ -1,4 +1,4 @@
-"""scripts/readme_results.py: docs/results.md and the README's measured number come from the benchmark JSON,
+"""`benchmarks.results_page`: docs/results.md and the README's measured number come from the benchmark JSON,
 and a hand edit fails; every path the README and docs name exists; none of them names internal work items.
 
 No training: part of the JSON here is synthetic (small, with numbers chosen so each formatted cell can be
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ptrun.bench import readme as readme_entries
-from ptrun.bench import results_page
+from benchmarks import results_contents, results_page
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -59,7 +58,7 @@ def speedup_json() -> dict:
         dict(frozen, speedup_range=[1.2, 1.4], paper_speedup=2.83, runs=[frozen]),
     ]
     return {
-        "command": "python scripts/bench_speedup.py --repeats 1 --out /tmp/b",
+        "command": "python -m benchmarks.speedup --repeats 1 --out /tmp/b",
         "recipe": "digits_vit",
         "overrides": [],
         "repeats": 1,
@@ -87,7 +86,7 @@ def alpha_json() -> dict:
         }
 
     return {
-        "command": "python scripts/sweep_alpha.py --out /tmp/a freeze.max_fraction=1.0",
+        "command": "python -m benchmarks.sweep_alpha --out /tmp/a freeze.max_fraction=1.0",
         "recipe": "digits_vit",
         "overrides": ["freeze.max_fraction=1.0"],
         "repeats": 1,
@@ -116,7 +115,7 @@ def microbatch_json() -> dict:
     for r in rows:
         r["vs_m_equals_k"] = r["samples_per_s"] / next(b for b in rows if b["K"] == r["K"])["samples_per_s"]
     return {
-        "command": "python scripts/sweep_microbatches.py --out /tmp/m",
+        "command": "python -m benchmarks.sweep_microbatches --out /tmp/m",
         "args": {"batch": 120, "steps": 8, "warmup": 2, "repeats": 1, "schedule": "1F1B", "depth": 8, "dim": 128},
         "skipped": [{"K": 1, "M": 5}],
         "rows": rows,
@@ -137,7 +136,7 @@ def pipedream_json() -> dict:
         )
 
     return {
-        "command": "python scripts/bench_pipedream.py --repeats 1 --out /tmp/p",
+        "command": "python -m benchmarks.pipedream --repeats 1 --out /tmp/p",
         "recipe": "digits_vit",
         "repeats": 1,
         "rows": [row("1F1B", 90.0, 45.0, 95.75, 171.6, 0), row("pipedream", 60.0, None, 93.25, 332.4, 815104)],
@@ -156,7 +155,7 @@ def placement_json() -> dict:
         )
 
     return {
-        "command": "python scripts/bench_pipedream.py --placements --repeats 1 --out /tmp/p",
+        "command": "python -m benchmarks.pipedream --placements --repeats 1 --out /tmp/p",
         "kind": "placements",
         "recipe": "digits_vit",
         "repeats": 1,
@@ -179,7 +178,7 @@ def cache_json() -> dict:
         }
 
     return {
-        "command": "python scripts/bench_cache.py --out /tmp/c",
+        "command": "python -m benchmarks.cache --out /tmp/c",
         "recipe": "digits_vit",
         "pp": 1,
         "dp": 2,
@@ -196,7 +195,7 @@ def pipeline_json() -> dict:
         return {"schedule": schedule, "K": 2, "M": m, "step_s": step, "bubble": bubble, "ideal": 1 / (m + 1)}
 
     return {
-        "command": "python scripts/bench_pipeline.py --out /tmp/pl.json",
+        "command": "python -m benchmarks.pipeline --out /tmp/pl.json",
         "args": {"steps": 8, "warmup": 2, "batch": 32, "depth": 8, "dim": 128},
         "bubble": [row("GPipe", 1, 0.4604, 0.5512), row("1F1B", 4, 0.3316, 0.3849)],
         "dp": {"ptrun": 100.4, "ddp": 105.2},
@@ -225,7 +224,7 @@ def tree(tmp_path):
     bert = dict(
         speedup_json(),
         recipe="bbc_news_bert",
-        command="python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb",
+        command="python -m benchmarks.speedup --recipe bbc_news_bert --only 'all four' --out /tmp/bb",
     )
     (results / "bench_speedup_bert.json").write_text(json.dumps(bert))
     readme = tmp_path / "README.md"
@@ -254,10 +253,10 @@ def test_page_comes_from_the_json(tree):
     # Each table with its command, its date (recorded in the generator) and its machine.
     for _name, make in SYNTHETIC.items():
         assert f"- command: `{make()['command']}`" in text
-    assert "- command: `python scripts/bench_speedup.py --recipe bbc_news_bert --only 'all four' --out /tmp/bb`" in text
-    for filename, _date in readme_entries.MEASURED.items():
+    assert "- command: `python -m benchmarks.speedup --recipe bbc_news_bert --only 'all four' --out /tmp/bb`" in text
+    for filename, _date in results_contents.MEASURED.items():
         assert filename in text
-    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + readme_entries.MACHINE in text
+    assert text.count("- measured: 2026-11-22") == 7 and "- machine: " + results_contents.MACHINE in text
     # The current results first, the older ones under their own heading, then the simulator's files.
     current, older = text.split("## Older measurements")
     assert "### ptrun against plain PyTorch: bbc_news_bert" in current and "bench_speedup.json" not in current
@@ -321,12 +320,12 @@ def test_bad_json_is_one_line_naming_the_file(tree, capsys, content, reason):
 
 def test_a_result_without_a_date_or_a_place_is_named(tree, capsys, monkeypatch):
     readme, page, results = tree
-    monkeypatch.delitem(readme_entries.MEASURED, "bench_memory.json")
+    monkeypatch.delitem(results_contents.MEASURED, "bench_memory.json")
     assert run(tree) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_memory.json: no date" in err
     monkeypatch.undo()
-    (results / "bench_new.json").write_text(json.dumps({"command": "python scripts/bench_new.py"}))
+    (results / "bench_new.json").write_text(json.dumps({"command": "python -m benchmarks.new"}))
     assert run(tree) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_new.json: not on the results page" in err
@@ -356,7 +355,7 @@ def test_the_prose_comes_from_the_templates(tree, tmp_path, capsys, monkeypatch)
 def test_every_result_has_a_template_and_every_template_a_use():
     """docs/results/templates/ holds the prose of every result on the page and the page's own, nothing else."""
     names = {path.name for path in results_page.TEMPLATES.glob("*")}
-    entries = {entry.template for entry in readme_entries.TABLES}
+    entries = {entry.template for entry in results_contents.TABLES}
     assert names == entries | {"page.md", "result.md", "readme_headline.md"}
 
 
@@ -373,15 +372,41 @@ def test_real_readme_and_page_match_docs_results():
     assert results_page.main(["--check"]) == 0
 
 
+COMMAND_LINE = re.compile(r'^[+-]\s*"[^"]+": "(python|bash) ')
+"""A line of a result's JSON that records a command (its `command`, or one of its `commands`)."""
+
+
+def last_measured(path: str) -> str:
+    """The date of the last commit that changed `path`'s measurement: a commit that only rewrote the commands it
+    records (a benchmark moved or renamed) measured nothing."""
+    log = subprocess.run(
+        ["git", "-C", str(REPO), "log", "--format=%H %ad", "--date=short", "--", path],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    for sha, _, day in (line.partition(" ") for line in log if line):
+        diff = subprocess.run(
+            ["git", "-C", str(REPO), "show", "--format=", "-U0", sha, "--", path],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        changed = [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        if not all(COMMAND_LINE.match(line) for line in changed):
+            return day
+    return ""  # a shallow clone that lacks the commit
+
+
 def test_recorded_dates_are_the_json_files_last_commits():
-    """MEASURED holds, for each JSON without a date, the date of the last commit that changed it."""
+    """MEASURED holds, for each JSON without a date, the date of the last commit that changed its measurement."""
     try:
         tracked = subprocess.run(
             ["git", "-C", str(REPO), "ls-files", "docs/results"], capture_output=True, text=True, check=True
         ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("no git history here")
-    for filename, date in readme_entries.MEASURED.items():
+    for filename, date in results_contents.MEASURED.items():
         path = f"docs/results/{filename}"
         if path not in tracked:
             continue
@@ -390,24 +415,20 @@ def test_recorded_dates_are_the_json_files_last_commits():
         changed = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--", path]).returncode
         if changed:  # re-measured and not committed yet: its date is today's commit
             continue
-        last = subprocess.run(
-            ["git", "-C", str(REPO), "log", "-1", "--format=%ad", "--date=short", "--", path],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        last = last_measured(path)
         if last:  # empty in a shallow clone that lacks the commit
             assert date == last, f"{filename}: MEASURED says {date}, git log says {last}"
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-PATH = re.compile(r"(?<![\w./-])((?:scripts|docs|configs|recipes)/[\w./*<>-]*)")
+PATH = re.compile(r"(?<![\w./-])((?:scripts|benchmarks|docs|configs|recipes)/[\w./*<>-]*)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_path_named_exists(doc):
-    """Every scripts/, docs/, configs/ or recipes/ path the README and docs name, and every relative link, exists."""
+    """Every scripts/, benchmarks/, docs/, configs/ or recipes/ path the README and docs name, and every relative
+    link, exists."""
     text = doc.read_text()
     missing = []
     for name in PATH.findall(text):
@@ -438,7 +459,7 @@ INTERNAL = re.compile(
         *DOCS,
         *sorted((REPO / "configs").rglob("*.yaml")),
         *sorted((REPO / "recipes").glob("*.yaml")),
-        Path(readme_entries.__file__),
+        Path(results_contents.__file__),
         *sorted(results_page.TEMPLATES.glob("*.md")),
     ],
     ids=lambda p: str(p.relative_to(REPO)),
@@ -450,8 +471,8 @@ def test_no_internal_work_items(path):
 
 
 def test_the_code_names_no_internal_work_items():
-    """The package and its scripts speak of ptrun too (comments and docstrings included)."""
-    code = [*sorted((REPO / "ptrun").rglob("*.py")), *sorted((REPO / "scripts").rglob("*.py"))]
+    """The package, its benchmarks and its scripts speak of ptrun too (comments and docstrings included)."""
+    code = [p for d in ("ptrun", "benchmarks", "scripts") for p in sorted((REPO / d).rglob("*.py"))]
     # `spec` is a common word in code: only the capitalised SPEC (the project's own design notes) counts there.
     internal = re.compile(INTERNAL.pattern.replace(r"|\bSPEC\b", ""), re.IGNORECASE)
     hits = [

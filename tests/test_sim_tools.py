@@ -1,5 +1,5 @@
-"""The simulator's tools as modules: `ptrun.sim.validate` (the simulator against measured runs) and
-`ptrun.sim.measure` (this machine's profile and preset constants), each run through its `main` on the smallest
+"""The simulator's tools as modules: `benchmarks.simulator_check` (the simulator against measured runs) and
+`benchmarks.cpu_costs` (this machine's profile and preset constants), each run through its `main` on the smallest
 input that exercises it, checked on the JSON it writes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ptrun.sim.simulate import simulate_one
 
 
 def fake_runs(root, slower: float) -> None:
-    """A `bench_speedup.py` output of one round with two combinations of a 2-epoch digits job: each run's config
+    """A `benchmarks/speedup.py` output of one round with two combinations of a 2-epoch digits job: each run's config
     and metrics, its epochs measured at `slower` x what the simulator predicts with nothing else on the machine."""
     cluster = get_cluster("this_machine")
     for name, extra in (("baseline", ["auto.freeze=false", "auto.cache=false"]), ("all_four", [])):
@@ -38,16 +38,16 @@ def fake_runs(root, slower: float) -> None:
 
 @pytest.mark.slow
 def test_validate_writes_every_calibration_mode(tmp_path, capsys):
-    from ptrun.sim import validate
+    from benchmarks import simulator_check
 
     fake_runs(tmp_path / "runs", slower=1.25)
     out = tmp_path / "report.json"
     args = ["--runs", str(tmp_path / "runs"), "--profile", "none", "--calibrate", "baseline", "--out", str(out)]
-    assert validate.main(args) == 0
+    assert simulator_check.main(args) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert {"command", "runs", "profile", "cluster", "tolerance", "calibrate", "modes"} <= set(doc)
-    assert doc["profile"] is None and doc["calibrate"] == "baseline" and set(doc["modes"]) == set(validate.MODES)
+    assert doc["profile"] is None and doc["calibrate"] == "baseline" and set(doc["modes"]) == set(simulator_check.MODES)
     for mode, report in doc["modes"].items():
         combos = {c["combination"]: c for c in report["combinations"]}
         assert list(combos) == ["baseline", "all_four"], mode
@@ -62,9 +62,9 @@ def test_validate_writes_every_calibration_mode(tmp_path, capsys):
 
 
 def test_validate_reports_a_bad_runs_directory_and_exits_0(tmp_path, capsys):
-    from ptrun.sim import validate
+    from benchmarks import simulator_check
 
-    assert validate.main(["--runs", str(tmp_path), "--profile", "none"]) == 0
+    assert simulator_check.main(["--runs", str(tmp_path), "--profile", "none"]) == 0
     assert "no round*/COMBINATION/metrics.jsonl" in capsys.readouterr().err
 
 
@@ -73,10 +73,10 @@ def test_validate_reports_a_bad_runs_directory_and_exits_0(tmp_path, capsys):
 def test_measure_writes_a_profile_the_planner_reads(tmp_path, capsys):
     """Two gloo workers, one pass of one repeat on micro-batches of 2: the profile `ptrun plan --profile`
     reads, and the preset's constants."""
-    from ptrun.sim import measure
+    from benchmarks import cpu_costs
 
     out = tmp_path / "costs.json"
-    measure.main(["--out", str(out), "--passes", "1", "--repeats", "1", "--batch", "2", "recipe=digits_vit"])
+    cpu_costs.main(["--out", str(out), "--passes", "1", "--repeats", "1", "--batch", "2", "recipe=digits_vit"])
     assert f"wrote {out}" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     cfg = compose_config(["recipe=digits_vit"], tmp_path / "cfg")

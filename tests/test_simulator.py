@@ -371,7 +371,7 @@ def test_profile_units_detail_times_frozen_and_forward_passes(tmp_path):
 def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_path):
     from conftest import write_config
 
-    from ptrun.sim import validate as vs
+    from benchmarks import simulator_check as vs
     from ptrun.sim.simulate import simulate_one
 
     run = tmp_path / "round0" / "all_four"

@@ -1,4 +1,4 @@
-"""The soak, short (scripts/soak.py runs the long one): 30 layout transitions of the real Trainer on 2 real
+"""The soak, short (benchmarks/soak.py runs the long one): 30 layout transitions of the real Trainer on 2 real
 worker processes, cycling K = 2 / DP = 1 -> a frozen prefix -> K = 1 / DP = 2 with a cached prefix, and one
 elastic restart (a worker SIGKILLs itself; the group resumes from the checkpoint). After warm-up no worker
 gains a file descriptor or a thread, and private memory stays within the script's bound."""
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from ptrun.bench import soak
+from benchmarks import soak
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # soak
 

@@ -87,8 +87,8 @@ machine, ptrun's default worker count."""
 
 def visible_gpus(lc: LauncherConfig) -> int:
     """The GPUs this machine's workers will use: those CUDA sees when `backend` lets them (the rule of
-    `ptrun.worker.pick_device`), else 0. Without importing torch where `ptrun.config.gpus` can tell (torch costs
-    seconds to import); called only where the answer matters."""
+    `ptrun.launcher.worker.pick_device`), else 0. Without importing torch where `ptrun.config.gpus` can tell
+    (torch costs seconds to import); called only where the answer matters."""
     if lc.backend == "gloo":
         return 0
     counted = visible_gpus_without_torch()
@@ -128,7 +128,7 @@ def check_devices(lc: LauncherConfig) -> None:
 
 def split_endpoint(endpoint: str) -> tuple[str, int | None] | None:
     """`host:port`, `[v6 address]:port` or `host` -> (host, port; None = torch's default port); None when it
-    does not parse (`ptrun.rendezvous.check_rendezvous` reports that with torch's own parser)."""
+    does not parse (`ptrun.launcher.rendezvous.check_rendezvous` reports that with torch's own parser)."""
     text = str(endpoint).strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")

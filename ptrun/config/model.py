@@ -16,7 +16,7 @@ TASKS = ("classification", "regression", "qa", "causal_lm")
 class Family:
     """What ptrun knows of one model family, in one place: the library that builds it and whose format the
     run exports (`ptrun.models`), the model names that mean it when `model.family` is unset
-    (`model_family`), and the modules a machine's workers import once before they start (`ptrun.worker_server`:
+    (`model_family`), and the modules a machine's workers import once before they start (`ptrun.launcher.worker_server`:
     seconds each)."""
 
     library: str

@@ -37,7 +37,7 @@ sample measured on the target device (e.g. `ptrun.parallel.profile.profile_units
 written with `save_profile`); the parameter counts still come from the config unless the file has them.
 Optionally it also holds, per unit: the forward alone (`forward_s`, else forward + backward / 3), the
 forward + input-gradient backward of the unit frozen (`frozen_s`), and the optimizer update of its
-parameters per step (`update_s`, seconds per step, not per sample; else 0). scripts/measure_cpu_costs.py
+parameters per step (`update_s`, seconds per step, not per sample; else 0). benchmarks/cpu_costs.py
 measures all of them.
 """
 

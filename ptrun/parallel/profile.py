@@ -4,7 +4,7 @@ The `time` and `pipedream` partitioners balance stages by these. Every rank meas
 averaged over all ranks with one all-reduce, so every rank holds bitwise the same vector and computes the
 same partition (ranks that disagreed on a boundary would deadlock in the pipeline).
 
-With `detail=True` (what `ptrun plan --profile` and scripts/measure_cpu_costs.py use) two more times per
+With `detail=True` (what `ptrun plan --profile` and benchmarks/cpu_costs.py use) two more times per
 unit are measured, the ones a frozen unit costs in a pipeline stage:
 - `forward_s`: the forward alone under no_grad (a frozen unit whose input carries no gradient: the first
   stage's frozen prefix, or AutoCache computing a prefix);

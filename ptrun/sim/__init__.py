@@ -8,9 +8,10 @@
   paper's Figure 9 and prices every epoch's Plan with a small time model (its assumptions are in that
   module's docstring); `planning` gets the plans, `pricing` prices one;
 - `report`: what `ptrun plan` prints;
-- `measure`: measures this machine's profile and the `this_machine` preset's constants
-  (`python scripts/measure_cpu_costs.py`); `validate`: checks the simulator against measured runs
-  (`python scripts/validate_simulator.py`).
+
+Measuring this machine's profile and the `this_machine` preset's constants (`python -m benchmarks.cpu_costs`)
+and checking the simulator against measured runs (`python -m benchmarks.simulator_check`) are measurement
+tooling, in the repository's `benchmarks/`, not part of the package.
 
 What the simulated numbers are, next to the paper's, and which assumption explains each difference:
 docs/simulator.md.

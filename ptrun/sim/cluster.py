@@ -26,7 +26,7 @@ Presets (`PRESETS`), and why their numbers:
   slow JPEG decoder would do.
 
 `this_machine`: this container, 1 node x 2 CPU workers of one thread each (PLATFORM.md). The fixed costs come from
-`python scripts/measure_cpu_costs.py --out docs/results/cpu_costs_digits_vit.json --passes 7 --repeats 10`
+`python -m benchmarks.cpu_costs --out docs/results/cpu_costs_digits_vit.json --passes 7 --repeats 10`
 (2026-11-22 12:20, the digits recipe's model; that file's `cluster` block), which also wrote the per-unit
 profile to pass as `--profile docs/results/cpu_costs_digits_vit.json`. The machine was shared with another
 benchmark (load ~3) while it ran: compute is in the workers' CPU seconds, messages the fastest of 10.
@@ -44,7 +44,7 @@ benchmark (load ~3) while it ran: compute is in the workers' CPU seconds, messag
   for 8, 1.61 ms for 16). Reads are not overlapped with compute: the prefetch thread competes with the
   two busy workers for two cores. The bytes go at `host_gbs` (a memcpy from /dev/shm, 5 GB/s).
 - `background_load` 0: a machine to itself. The benchmarks ran beside other people's (the digits runs of
-  /tmp/bench3 took 2.7-11.7 s for the same epoch and plan); scripts/validate_simulator.py fits it per run.
+  /tmp/bench3 took 2.7-11.7 s for the same epoch and plan); benchmarks/simulator_check.py fits it per run.
 - Not measured: `step_overhead_s` (the trainer's own Python per step) stays 0; the fit absorbs it.
 - Without a profile the FLOP model prices compute: peak 80 GFLOP/s per one-thread worker (torch fp32
   matmul: 150-190 GFLOP/s on 2 threads), achieved 60% (ViT-tiny trained at 46 samples/s x 2.1 GFLOP = 97

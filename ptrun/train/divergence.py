@@ -28,16 +28,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ptrun.train.run_end import Diverged
+
 SKIPS_DIVERGED = 20
 """Consecutive fp16 steps skipped on an overflow that count as divergence (the scale halves at each)."""
-
-
-class Diverged(Exception):
-    """The workers agreed that training diverged at `global_step` (counted from 0); nothing is checkpointed."""
-
-    def __init__(self, global_step: int):
-        super().__init__(global_step)
-        self.global_step = global_step
 
 
 @dataclass(frozen=True)

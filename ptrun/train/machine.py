@@ -1,8 +1,9 @@
 """Faults of the machine, not of the code: a full disk (ENOSPC, or a quota: EDQUOT) and an exhausted memory.
 
 A restart cannot cure either (a full disk stays full, a layout that does not fit does not fit the next time), so
-the workers end with a report in the launch's errors directory (`write_report`), which tells ptrun's agent not
-to restart and the launcher what its one line says (`ptrun.train.endings`).
+the workers end with a report in the launch's errors directory, which tells ptrun's agent not to restart and the
+launcher what its one line says (the exception, the report and the line: `ptrun.train.run_end`). This module
+finds and measures them in the workers.
 
 A write that finds no space is agreed on before anyone stops: where the write is collective (a checkpoint, the
 export) in the collectives it already has (`settle_write`), where one rank writes alone (metrics.jsonl, train.log) by
@@ -15,28 +16,15 @@ connection (or the agent ends them).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
-import shutil
 from pathlib import Path
+
+from ptrun.train.run_end import OutOfSpace
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 # What Rust's I/O errors (safetensors) say of them: "No space left on device (os error 28)".
 _OS_ERROR = re.compile(r"os error (\d+)")
-
-
-class OutOfSpace(Exception):
-    """A file of the run could not be written for want of space; every rank raises it at the same step."""
-
-    def __init__(self, what: str, path: str | Path | None, needed: int = 0, free: int | None = None):
-        super().__init__(f"no space left to write the {what}")
-        self.what, self.path, self.needed = what, str(path) if path else None, needed
-        self.free = free if free is not None or path is None else free_bytes(path)
-
-    def report(self) -> dict:
-        """What the launcher's line says (`ptrun.train.endings.no_space_line`)."""
-        return {"kind": "no_space", "what": self.what, "path": self.path, "needed": self.needed, "free": self.free}
 
 
 def no_space(error: BaseException | None) -> bool:
@@ -51,14 +39,6 @@ def no_space(error: BaseException | None) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
-
-
-def free_bytes(path: str | Path) -> int:
-    """The bytes free to this user on the file system that holds `path` (or its nearest existing parent)."""
-    path = Path(path)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return shutil.disk_usage(path).free
 
 
 # ---- a fault one rank found alone, for the next stop all-reduce -------------------------------------------
@@ -112,7 +92,7 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 def memory_report(error: BaseException, device, where: str, plan) -> dict:
     """An out-of-memory error `error` on `device` at `where` (a step, a transition, the cache) in the layout
     `plan`: the device, its memory in use and in total, the allocation that failed (if it says), for the
-    launcher's line and the planner's advice (`ptrun.train.memory_advice`)."""
+    launcher's line and the planner's advice (`ptrun.launcher.memory_advice`)."""
     import torch
 
     if device.type == "cuda":
@@ -143,9 +123,3 @@ def _resident_bytes() -> int:
     except OSError:
         pass
     return 0
-
-
-def write_report(errors: str | Path, rank: int, report: dict) -> None:
-    """`report` in the launch's errors directory, where the agent sees it before this worker exits (it then
-    restarts nothing) and the launcher reads it for its line."""
-    Path(errors, f"fault-rank{rank:05d}").write_text(json.dumps(report))

@@ -54,6 +54,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ptrun.installed import LOGGER_SPECS
 from ptrun.train import faults, machine
+from ptrun.train.run_end import OutOfSpace
 
 
 class MetricsLog:
@@ -81,7 +82,7 @@ class MetricsLog:
         except Exception as e:
             if not machine.no_space(e):
                 raise
-            machine.note(machine.OutOfSpace("metrics", self.path, len(line)))
+            machine.note(OutOfSpace("metrics", self.path, len(line)))
 
     def close(self) -> None:
         if self.mirror is not None:
@@ -107,7 +108,7 @@ class RunLogHandler(logging.FileHandler):
         if not machine.no_space(sys.exc_info()[1]):
             super().handleError(record)
         else:
-            machine.note(machine.OutOfSpace("log", self.baseFilename, len(self.format(record)) + 1))
+            machine.note(OutOfSpace("log", self.baseFilename, len(self.format(record)) + 1))
 
 
 def setup_logging(run_dir: str | Path, rank: int) -> None:

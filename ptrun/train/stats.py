@@ -44,7 +44,7 @@ class StartClock:
 class StepClock:
     """When this process's first training step began (before its forward pass) and ended (after its update),
     and when its warm-up ended, as Unix times on the clock of the events' `time`: the epoch event of the epoch
-    they fell in carries them, so a benchmark can tell how long the start-up took (`ptrun.bench.startup`)."""
+    they fell in carries them, so a benchmark can tell how long the start-up took (`benchmarks.startup`)."""
 
     def __init__(self, device: torch.device):
         self.device = device

@@ -27,21 +27,12 @@ import torch.distributed as dist
 
 from ptrun.signal_scope import handlers_restored
 from ptrun.train import machine
-from ptrun.train.divergence import Diverged, DivergenceWatch
+from ptrun.train.divergence import DivergenceWatch
+from ptrun.train.run_end import Diverged, OutOfSpace
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-"""The launcher's exit code after a stop: 128 + the signal, as a shell reports a process it ended. 143 (after
-SIGTERM) is the one to requeue on: Kubeflow's training operators treat exit codes 128-255 as retryable, and a
-SLURM site lists it in `RequeueExit` (or the job script requeues itself, as scripts/slurm/ptrun.sbatch does)."""
-
-
-class Interrupted(Exception):
-    """The workers agreed to stop after `signal`; the trainer has written a checkpoint (if it could)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+"""The signals the workers stop on at a step they agree on (`ptrun.train.run_end.Interrupted`, with the exit code
+for each: `ptrun.train.run_end.stop_code`)."""
 
 
 class StopRequests:
@@ -118,4 +109,4 @@ class StopRequests:
         if diverged:
             raise Diverged(diverged - 1)
         if full:  # the rank that found no space says what and where; the others only that a peer did
-            raise machine.noted() or machine.OutOfSpace("run's files on another worker", None)
+            raise machine.noted() or OutOfSpace("run's files on another worker", None)

@@ -37,9 +37,10 @@ from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
 from ptrun.train.in_use import PlanInUse
 from ptrun.train.record import RunRecord
+from ptrun.train.run_end import Interrupted
 from ptrun.train.state import Due, EpochSums, TrainState
 from ptrun.train.step import Update, train_step
-from ptrun.train.stop import Interrupted, StopRequests
+from ptrun.train.stop import StopRequests
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,0 @@
-"""Runs `ptrun.bench.pipedream` (its docstring says what it measures and how)."""
-
-from ptrun.bench.pipedream import main
-
-if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
-    raise SystemExit(main())

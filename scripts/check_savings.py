@@ -1,6 +1,0 @@
-"""Runs `ptrun.bench.savings_check` (its docstring says what it measures and how)."""
-
-from ptrun.bench.savings_check import main
-
-if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
-    raise SystemExit(main())

@@ -1,6 +1,0 @@
-"""Runs `ptrun.bench.sweep_microbatches` (its docstring says what it measures and how)."""
-
-from ptrun.bench.sweep_microbatches import main
-
-if __name__ == "__main__":  # spawned workers import this file again as __mp_main__
-    raise SystemExit(main())
