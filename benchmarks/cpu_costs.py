@@ -96,7 +96,7 @@ def mean_over_workers(values: list[float]) -> list[float]:
 def update_seconds(unit, optim_cfg, repeats: int) -> float:
     """One unit's share of a step's update: the clip's per-parameter work in `StageRuntime.sync_and_clip`
     (squared norm in float64, then the rescale) and the optimizer step over its parameters."""
-    from ptrun.parallel.optim import build_optimizer
+    from ptrun.numerics.optim import build_optimizer
 
     named = [(n, p) for n, p in unit.named_parameters()]
     if not named:
@@ -166,7 +166,7 @@ def solo(rank: int, measure) -> list[float]:
 def one_pass(rank: int, cfg, layered, data, batch: int, repeats: int, cache_root: Path) -> dict:
     from ptrun.auto.autocache import AutoCache
     from ptrun.auto.autodp import Builder, build_engine, set_frozen
-    from ptrun.auto.counts import frozen_units_for_blocks
+    from ptrun.freezing.counts import frozen_units_for_blocks
     from ptrun.layout.plan import Plan
     from ptrun.models.layered import run_units
     from ptrun.models.losses import LABEL_KEYS, WeightedLoss, make_target

@@ -105,7 +105,7 @@ def simulate_run(config: Path, blocks: list[int], samples: int, costs_path, clus
 def measured_epochs(runs: list[Path]) -> tuple[list[dict], list[int], int, list[str]]:
     """Per epoch: the plan event of the first round and the measured seconds of every round; the replayed
     freeze schedule; the training-set size; notes."""
-    from ptrun.auto.counts import blocks_of_units
+    from ptrun.freezing.counts import blocks_of_units
 
     data = [read_run(r) for r in runs]
     n = min(len(d["epochs"]) for d in data)

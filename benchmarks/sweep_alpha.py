@@ -53,7 +53,7 @@ def label(alpha: str) -> str:
 
 def frozen_blocks(run_dir: Path) -> list[int]:
     """Frozen blocks in each epoch of a run, from its `plan` events (the latest record of each epoch)."""
-    from ptrun.auto.freeze import blocks_of_units
+    from ptrun.freezing.counts import blocks_of_units
     from ptrun.report import load_run
 
     return [blocks_of_units(p["frozen_units"]) for p in load_run(run_dir).plans]

@@ -14,13 +14,13 @@ import torch.distributed as dist
 from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
+from ptrun.compiling.compiler import UnitCompiler
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.layout.partition import even_bounds
 from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
-from ptrun.parallel.compiled import UnitCompiler
+from ptrun.numerics.precision import LossScaler, compute_dtype
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.precision import LossScaler, compute_dtype
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3
 

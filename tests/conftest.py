@@ -232,7 +232,7 @@ def semaphore_watch():
 
 @pytest.fixture(scope="session", autouse=True)
 def kept_compile_costs(tmp_path_factory):
-    """The session's own kept compile measurements (`ptrun.parallel.compile_costs`), which every `ptrun` it
+    """The session's own kept compile measurements (`ptrun.compiling.kept_costs`), which every `ptrun` it
     starts inherits: what one test's run measured never decides another's `train.compile=auto`, nor the
     user's runs."""
     os.environ.setdefault("PTRUN_COMPILE_COSTS_DIR", str(tmp_path_factory.mktemp("compile_costs")))

@@ -22,9 +22,9 @@ from ptrun.config import ModelConfig, OptimConfig
 from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models import build_model
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.numerics.optim import build_optimizer
 from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.groups import build_groups
-from ptrun.parallel.optim import build_optimizer
 from ptrun.parallel.pipeline import StageParts, Step
 
 GLOBAL_BATCH = 16

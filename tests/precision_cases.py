@@ -21,7 +21,7 @@ from ptrun.auto.autodp import Builder, build_engine, optimizer_state_by_name
 from ptrun.config import OptimConfig
 from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
-from ptrun.parallel.precision import LossScaler
+from ptrun.numerics.precision import LossScaler
 from ptrun.train.state import TrainState
 from ptrun.train.step import StepParts, train_step
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from ptrun.auto.counts import frozen_units_for_blocks
-from ptrun.auto.freeze import make_policy
 from ptrun.config import ConfigError
+from ptrun.freezing.counts import frozen_units_for_blocks
+from ptrun.freezing.policies import make_policy
 from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.layout.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
 from ptrun.layout.partition import partition, stage_sums, weighted_costs

@@ -229,7 +229,7 @@ def test_a_damaged_compiled_graph_entry_is_removed_in_one_line_and_the_others_ke
     removed before a run compiles (torch would log a traceback for it on every run, and keep it)."""
     from torch._inductor.codecache import sha256_hash
 
-    from ptrun.parallel import inductor_cache
+    from ptrun.compiling import inductor_cache
 
     def put(folder: Path, content: bytes) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def test_a_damaged_compiled_graph_entry_is_removed_in_one_line_and_the_others_ke
 
 
 def test_the_file_a_failed_compile_names_is_removed(tmp_path, monkeypatch):
-    from ptrun.parallel import inductor_cache
+    from ptrun.compiling import inductor_cache
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     module = tmp_path / "wm" / "cwmabc.py"
@@ -277,7 +277,7 @@ COMPILE_A_UNIT = textwrap.dedent(
     import logging
     logging.basicConfig(level=logging.WARNING, format="LINE %(name)s: %(message)s")
     import torch
-    from ptrun.parallel.compiled import CompiledUnit, UnitCompiler
+    from ptrun.compiling.compiler import CompiledUnit, UnitCompiler
     torch.manual_seed(0)
     unit = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
     compiler = UnitCompiler("default", None)
@@ -313,6 +313,6 @@ def test_a_compile_on_a_damaged_inductor_cache_heals_it_in_one_line_per_file(tmp
     assert healed == clean
     assert len(lines) == 1 + len(modules), lines
     assert lines[0].startswith(
-        f"LINE ptrun.parallel.inductor_cache: inductor's cache {tmp_path / 'inductor'}: removed "
+        f"LINE ptrun.compiling.inductor_cache: inductor's cache {tmp_path / 'inductor'}: removed "
     )
     assert all(f"inductor's cache entry {m} is unusable: it failed to load" in "".join(lines) for m in modules)

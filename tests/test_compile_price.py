@@ -13,10 +13,10 @@ import pytest
 from conftest import run_events, run_ptrun
 from test_cache_entries import DAMAGES, damage, said
 
+from ptrun.compiling.compiler import variants
+from ptrun.compiling.kept_costs import KEPT_STEPS, KeptCosts
+from ptrun.compiling.price import DEFAULT_GRAPH_S, DEFAULT_SAVING, MARGIN, CompileFigures, decide
 from ptrun.layout.plan import Plan
-from ptrun.parallel.compile_costs import KEPT_STEPS, KeptCosts
-from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, MARGIN, CompileFigures, decide
-from ptrun.parallel.compiled import variants
 
 # A 70 ms eager step that compiling makes 20% faster; 15 graphs at 2 s cold and 0.2 s warm: 30 s cold, 3 s warm.
 STUB = CompileFigures(steps=0, step_s=0.07, graphs=15, cached=0, cold_s=2.0, warm_s=0.2, saving=0.2)

@@ -18,9 +18,9 @@ import torch
 from conftest import TINY, compose_config, final_params, run_ptrun, write_config
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
+from ptrun.compiling.compiler import UnitCompiler
 from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss, make_target
-from ptrun.parallel.compiled import UnitCompiler
 
 STEPS, FREEZE_AT, FROZEN = 20, 10, 3  # the embedding and the first block freeze in place at step 10
 
@@ -105,11 +105,14 @@ def test_a_unit_kind_past_the_recompile_limit_runs_eager_with_one_line(one_rank_
     eager, _, _, _, _ = train("bert", compiled=False, steps=3)
     torch._dynamo.reset()  # the other tests' variants of these units would count against the limit
     try:
-        with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level(logging.WARNING, "ptrun.parallel.compiled"):
+        with (
+            torch._dynamo.config.patch(recompile_limit=1),
+            caplog.at_level(logging.WARNING, "ptrun.compiling.compiler"),
+        ):
             losses, compiler, _, _, _ = train("bert", compiled=True, steps=3)
     finally:
         torch._dynamo.reset()
-    lines = [r.getMessage() for r in caplog.records if r.name == "ptrun.parallel.compiled"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "ptrun.compiling.compiler"]
     assert any(
         line.startswith(
             "train.compile: unit block.3.attn (AttnHalf) hit dynamo's recompile limit; "

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import final_params, run_events, run_workers
 
-from ptrun.parallel.optim import build_optimizer
+from ptrun.numerics.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

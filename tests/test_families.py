@@ -19,7 +19,7 @@ from ptrun.models import build_model
 from ptrun.models.export import export_model
 from ptrun.models.hf import FAMILIES
 from ptrun.models.losses import IGNORE_INDEX, WeightedLoss, loss_weight, make_target, per_sample_loss
-from ptrun.parallel.optim import build_optimizer
+from ptrun.numerics.optim import build_optimizer
 from ptrun.train import traces
 
 CASES = [(k, t) for k in (*ENCODERS, *VARIANTS) for t in ("classification", "qa")] + [

@@ -12,9 +12,9 @@ import statistics
 import numpy as np
 import pytest
 
-from ptrun.auto.counts import blocks_of_units, ceil_tol, floor_tol, frozen_units_for_blocks, percentile
-from ptrun.auto.freeze import POLICIES, make_policy
 from ptrun.config import ConfigError
+from ptrun.freezing.counts import blocks_of_units, ceil_tol, floor_tol, frozen_units_for_blocks, percentile
+from ptrun.freezing.policies import POLICIES, make_policy
 
 PAPER = [0, 4, 7, 9, 10, 11, 11, 12]
 """The paper's schedule: L = 12, alpha = 1/3 over epochs 0..7."""

@@ -1,4 +1,4 @@
-"""What the trainer measures for a freeze policy (`ptrun.train.freeze_measures`): the blocks a rank holds, the mean
+"""What the trainer measures for a freeze policy (`ptrun.freezing.measures`): the blocks a rank holds, the mean
 gradient norms and the plasticity of the weights (relative change per unit of learning rate against a
 bfloat16 copy), on real tensors and a real tiny ViT."""
 
@@ -11,11 +11,9 @@ import torch
 from pipeline_cases import model
 
 from ptrun.auto.autodp import set_frozen
-from ptrun.auto.counts import frozen_units_for_blocks
-from ptrun.auto.freeze import POLICIES
-from ptrun.auto.freeze_policy import MEASURES
 from ptrun.config import FREEZE_POLICIES
-from ptrun.train.freeze_measures import (
+from ptrun.freezing.counts import frozen_units_for_blocks
+from ptrun.freezing.measures import (
     MEASUREMENTS,
     GradNorms,
     HeldBlocks,
@@ -25,6 +23,8 @@ from ptrun.train.freeze_measures import (
     make_measurement,
     plasticity,
 )
+from ptrun.freezing.policies import POLICIES
+from ptrun.freezing.policy import MEASURES
 from ptrun.train.step import Update
 
 CPU = torch.device("cpu")

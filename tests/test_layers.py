@@ -1,7 +1,8 @@
-"""The package's layers, read from its source: `report`, `models`, `data`, `costs`, `layout`, `parallel`, `auto`,
-`train`, `launcher` and `sim` from the bottom up (every package but the base's `config`), each importing
-only from layers below it (or from the base modules every layer may use), and no import cycle anywhere in `ptrun`.
-Imports inside functions count; imports only for type checkers do not (they never run)."""
+"""The package's layers, read from its source: `report`, `models`, `data`, `costs`, `layout`, `numerics`,
+`compiling`, `parallel`, `freezing`, `auto`, `train`, `launcher` and `sim` from the bottom up (every package but
+the base's `config`), each importing only from layers below it (or from the base modules every layer may use), and
+no import cycle anywhere in `ptrun`. Imports inside functions count; imports only for type checkers do not (they
+never run)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,21 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
-LAYERS = ("report", "models", "data", "costs", "layout", "parallel", "auto", "train", "launcher", "sim")
+LAYERS = (
+    "report",
+    "models",
+    "data",
+    "costs",
+    "layout",
+    "numerics",
+    "compiling",
+    "parallel",
+    "freezing",
+    "auto",
+    "train",
+    "launcher",
+    "sim",
+)
 """Bottom first: a module in one of these packages imports from its own layer or lower ones only."""
 BASE = ("ptrun.compat", "ptrun.errors", "ptrun.installed", "ptrun.config")
 """Below every layer: each (a module, or a package with its modules) imports only from itself and the ones

@@ -16,12 +16,12 @@ from hf_families import VOCAB, auto_class, tiny_config
 from lora_cases import peft_twin
 
 from ptrun.auto.autodp import set_frozen
+from ptrun.compiling.compiler import UnitCompiler, unit_shape
 from ptrun.config import AdapterConfig, ConfigError, ModelConfig, OptimConfig
 from ptrun.models import build_model
 from ptrun.models.adapters import library_name
 from ptrun.models.losses import loss_weight, make_target, per_sample_loss
-from ptrun.parallel.compiled import UnitCompiler, unit_shape
-from ptrun.parallel.optim import build_optimizer
+from ptrun.numerics.optim import build_optimizer
 from ptrun.parallel.stage_module import StageModule
 
 LORA = AdapterConfig(name="lora", r=4, alpha=8.0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from pipeline_cases import Case
 
-from ptrun.parallel.optim import build_optimizer
+from ptrun.numerics.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # the full schedule matrix, two launches: ~60 s
 

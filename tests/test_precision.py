@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ptrun.parallel.precision import LossScaler, autocast, compute_dtype
+from ptrun.numerics.precision import LossScaler, autocast, compute_dtype
 
 
 def test_disabled_scaler_is_a_constant_one_that_never_skips():

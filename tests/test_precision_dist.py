@@ -16,7 +16,7 @@ import precision_cases as prc
 import pytest
 import torch
 
-from ptrun.parallel.optim import build_optimizer
+from ptrun.numerics.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # two launches of the precision matrix: ~50 s
 

@@ -172,7 +172,7 @@ def test_every_field_has_a_docstring():
 
 
 def test_the_layers_above_take_the_names_from_the_config():
-    from ptrun.auto.freeze import POLICIES, make_policy
+    from ptrun.freezing.policies import POLICIES, make_policy
     from ptrun.layout.partition import PARTITIONERS
 
     assert tuple(PARTITIONERS) == PARTITIONS

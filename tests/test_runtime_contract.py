@@ -16,10 +16,10 @@ import torch
 from ptrun.auto.autodp import Builder, build_engine
 from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
+from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.flushing import LocalRuntime, PipelineRuntime
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import Runtime, Step
-from ptrun.parallel.precision import LossScaler
 from ptrun.train.state import Due, TrainState
 from ptrun.train.step import StepParts, train_step
 

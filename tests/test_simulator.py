@@ -9,10 +9,10 @@ import pytest
 from conftest import compose_config, with_test_recipe
 
 from ptrun.auto.controller import Controller
-from ptrun.auto.freeze import make_policy
 from ptrun.cli import main
 from ptrun.compose import compose
 from ptrun.costs.units import ModelCosts, bert_costs
+from ptrun.freezing.policies import make_policy
 from ptrun.layout.first import first_plan, param_costs
 from ptrun.layout.plan import Plan
 from ptrun.sim import costs_from_config, get_cluster, load_profile, save_profile, speedups, vit_costs

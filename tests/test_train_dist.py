@@ -15,7 +15,7 @@ from conftest import compose_config, final_params, run_events, run_workers, star
 
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.models import build_model
-from ptrun.parallel.optim import build_optimizer, set_lr
+from ptrun.numerics.optim import build_optimizer, set_lr
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 

@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 
 from ptrun.auto.cache_store import ActivationStore, LocalStore, device_index, entry_specs
-from ptrun.auto.counts import frozen_units_for_blocks
 from ptrun.config import CacheConfig, parse_memory
 from ptrun.config.freezing import CACHE_DTYPE_BYTES
+from ptrun.freezing.counts import frozen_units_for_blocks
 from ptrun.models.layered import run_units
-from ptrun.parallel.precision import autocast
+from ptrun.numerics.precision import autocast
 
 STAT_NAMES = ("hits", "advanced", "computed", "corrupt", "written")
 """Per-epoch counters, kept per split: read as is, advanced from a shallower depth, computed from the raw

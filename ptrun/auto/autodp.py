@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.residency import release_unheld
+from ptrun.compiling.compiler import cost_since, counts
 from ptrun.layout.owners import gathering, keeps_owners, routes
 from ptrun.layout.plan import Plan
 from ptrun.models.lazy import allocate, give_back_host_memory
-from ptrun.parallel.compiled import cost_since, counts
+from ptrun.numerics.optim import build_optimizer
 from ptrun.parallel.flushing import flushing_runtime
 from ptrun.parallel.groups import Groups, build_groups
-from ptrun.parallel.optim import build_optimizer
 from ptrun.parallel.pipedream import AsyncPipelineRuntime
 from ptrun.parallel.pipeline import StageParts, StageRuntime
 
@@ -208,7 +208,7 @@ class Builder:
     """`pipe.schedule=pipedream`: see PipeConfig."""
     vertical_sync: bool = False
     compiler: Any = None
-    """The worker's compiled units (`ptrun.parallel.compiled.UnitCompiler`, `train.compile` on), else None."""
+    """The worker's compiled units (`ptrun.compiling.compiler.UnitCompiler`, `train.compile` on), else None."""
 
     def stage_parts(self, plan: Plan, groups: Groups) -> StageParts:
         """What this rank's stages of `plan` are built from."""

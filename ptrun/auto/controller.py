@@ -25,12 +25,12 @@ import torch
 import torch.distributed as dist
 
 from ptrun.auto.autocache import default_min_units
-from ptrun.auto.counts import blocks_of_units, frozen_units_for_blocks
-from ptrun.auto.freeze import make_policy
-from ptrun.auto.freeze_policy import FreezePolicy
 from ptrun.auto.intervals import Positions, interval_epochs
 from ptrun.config import ADAPTER_SPECS, ConfigError, PtrunConfig
 from ptrun.config.adapter_layers import adapted_blocks, adapted_count_below, fixed_blocks, frozen_blocks_for
+from ptrun.freezing.counts import blocks_of_units, frozen_units_for_blocks
+from ptrun.freezing.policies import make_policy
+from ptrun.freezing.policy import FreezePolicy
 from ptrun.layout.autopipe import next_plan, starting_max
 from ptrun.layout.first import first_plan, param_costs, starting_microbatches
 from ptrun.layout.partition import REPARTITION
@@ -233,7 +233,7 @@ class Decisions:
     """When the controller decides, and when the cache stops: the trainer asks before each segment of steps
     (`due`) and at each epoch's end (`cache_stop`); moving to what is decided is the trainer's.
 
-    It holds the freeze policy's measurement (`ptrun.train.freeze_measures`): taken over each interval, read at
+    It holds the freeze policy's measurement (`ptrun.freezing.measures`): taken over each interval, read at
     its decision, begun again once the next interval's layout is in place (`interval_begins`)."""
 
     def __init__(self, controller: Controller, measurement, all_sum: AllSum, decide: Decide | None = None):

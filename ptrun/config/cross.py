@@ -84,7 +84,7 @@ def check_pipedream(cfg) -> None:
 def check_compile(cfg) -> None:
     """Compiled units under a schedule that splits each stage's backward pass (the zero-bubble ones: the
     inputs' gradients first, the weights' later from hooks on the graph) got a weight's gradient wrong in a
-    test: refused when asked for, and `auto` runs such a schedule eager (`ptrun.parallel.compiled`)."""
+    test: refused when asked for, and `auto` runs such a schedule eager (`ptrun.compiling.compiler`)."""
     if cfg.train.compile is True:
         require(
             not SCHEDULE_SPECS[cfg.pipe.schedule].split_backward,

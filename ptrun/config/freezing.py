@@ -10,7 +10,7 @@ from ptrun.config.training import PRECISION_SPECS
 
 FREEZE_POLICIES = ("pipetransformer", "alpha", "autofreeze", "plasticity", "linear", "schedule", "none")
 """`freeze.policy`: the policies' names, declared here once; each policy class registers under one
-(`ptrun.auto.freeze_policy.registered`), and the registry must hold them all."""
+(`ptrun.freezing.policy.registered`), and the registry must hold them all."""
 
 
 def freezes(policy: str) -> bool:
@@ -135,7 +135,7 @@ class CacheConfig:
 
 def check_alpha(alpha: float) -> float:
     """`freeze.alpha`, the share of the active blocks frozen at each decision: 0 < alpha < 1. The one rule,
-    for the config and for policies built in code (`ptrun.auto.freeze`)."""
+    for the config and for policies built in code (`ptrun.freezing.policies`)."""
     require(0.0 < alpha < 1.0, "freeze.alpha", "0 < alpha < 1", alpha)
     return float(alpha)
 

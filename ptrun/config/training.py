@@ -13,7 +13,7 @@ from ptrun.config.rules import check_choices, choice, require
 
 @dataclass(frozen=True)
 class Precision:
-    """What ptrun knows of one `train.precision`, in one place: the stages' autocast (`ptrun.parallel.precision`),
+    """What ptrun knows of one `train.precision`, in one place: the stages' autocast (`ptrun.numerics.precision`),
     the loss scale (the trainer's), PipeDream's rule (`ptrun.config.cross`) and the planner's byte counts read it."""
 
     autocast: str | None
@@ -37,7 +37,7 @@ PRECISIONS = tuple(PRECISION_SPECS)
 
 @dataclass(frozen=True)
 class Optimizer:
-    """What ptrun knows of one `optim.name`: the torch class (`ptrun.parallel.optim.build_optimizer`), the
+    """What ptrun knows of one `optim.name`: the torch class (`ptrun.numerics.optim.build_optimizer`), the
     keywords it takes from the config besides the learning rate, and the state it keeps per parameter element
     (`ptrun.layout.fit`'s memory estimate)."""
 

@@ -91,6 +91,12 @@ class DataSplits:
         }
 
 
+def first_sample(data: DataSplits, input_names) -> tuple:
+    """The first training sample's model inputs, batched (shapes and dtypes for the start's estimates)."""
+    probe = dict(data.train[[0]])
+    return tuple(probe[k] for k in input_names if k in probe)
+
+
 def stratified_split(labels: Sequence[int], cfg: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Train and eval positions into `labels`, stratified by class and fixed by `cfg.split_seed`: the split
     scikit-learn's `train_test_split(..., stratify=labels, random_state=seed)` makes, index for index, in numpy

@@ -19,10 +19,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ptrun.compat import ddp_no_buffer_sync
+from ptrun.compiling.compiler import UnitCompiler
 from ptrun.config import parse_recompute
 from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
-from ptrun.parallel.compiled import UnitCompiler
 from ptrun.parallel.groups import Groups
 from ptrun.parallel.stage_module import StageModule
 

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ptrun.compiling.compiler import UnitCompiler, as_frozen, no_grad_if
 from ptrun.models.layered import run_units
 from ptrun.models.per_pass import one_pass
-from ptrun.parallel.compiled import UnitCompiler, as_frozen, no_grad_if
-from ptrun.parallel.precision import autocast
+from ptrun.numerics.precision import autocast
 
 
 class StageModule(nn.Module):
@@ -28,7 +28,7 @@ class StageModule(nn.Module):
 
     The stage's leading frozen units (a frozen prefix; freezing builds new stages) run under `no_grad` where
     the stage's input takes no gradient, as autograd would record nothing there anyway: with a `compiler`
-    (`train.compile`), that is their own compiled variant, never the trained one (`ptrun.parallel.compiled`).
+    (`train.compile`), that is their own compiled variant, never the trained one (`ptrun.compiling.compiler`).
     The stage calls each unit's compiled form (`calls`), while `units` holds the modules themselves, so the
     parameters keep their names. `first` is the stage's first unit index in the model."""
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from ptrun.auto.controller import Controller, start
-from ptrun.auto.freeze import POLICIES
-from ptrun.auto.freeze_policy import MEASURES
 from ptrun.auto.intervals import epoch_steps, interval_at
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.costs.units import ModelCosts
+from ptrun.freezing.policies import POLICIES
+from ptrun.freezing.policy import MEASURES
 from ptrun.layout import fill as layout
 from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, fit_memory
 from ptrun.layout.first import starting_micro_batch

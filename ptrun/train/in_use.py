@@ -14,16 +14,17 @@ import torch.distributed as dist
 from ptrun.auto.autodp import Builder, Engine, build_engine, change_engine
 from ptrun.auto.intervals import Positions, epoch_steps
 from ptrun.auto.residency import held_units, release_unheld, unheld_bytes
+from ptrun.compiling.in_run import Compiling
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler
+from ptrun.data.splits import first_sample
+from ptrun.freezing.measures import held_blocks
 from ptrun.layout.plan import Plan
 from ptrun.models.lazy import init_units
 from ptrun.train import faults
-from ptrun.train.compiling import Compiling
 from ptrun.train.divergence import DivergenceWatch
 from ptrun.train.feed import Feed
-from ptrun.train.freeze_measures import held_blocks
-from ptrun.train.startup import first_sample
+from ptrun.train.stats import WARM_UP_STEPS
 from ptrun.train.step import StepParts
 
 
@@ -60,7 +61,7 @@ class PlanInUse:
         """Where this plan's batches come from on this rank."""
         self.step_parts: StepParts | None = None
         """What this plan's steps are updated with (`ptrun.train.step.train_step`)."""
-        self.compiling = Compiling(cfg, builder.layered, data, builder.device, builder.rank)
+        self.compiling = Compiling(cfg, builder.layered, data, builder.device, builder.rank, 2 * WARM_UP_STEPS)
         """`train.compile`'s decisions: the builder compiles or not from each on."""
 
     @property

@@ -99,7 +99,7 @@ class RunRecord:
         self.view.show_layout(plan, layered.unit_names)
 
     def compile_decided(self, decision, epoch: int, step: int, compiled_s: float | None = None) -> None:
-        """A `train.compile` decision (`ptrun.parallel.compile_price.CompileDecision`) before step `step` of
+        """A `train.compile` decision (`ptrun.compiling.price.CompileDecision`) before step `step` of
         `epoch`: its `compile` event and its line (`compiled_s`: the seconds of a layout built again compiled)."""
         self.event("compile", epoch=epoch, step=step, **decision.event_fields(), compiled_s=compiled_s)
         self.print(decision.line + (f"; compiled in {compiled_s:.1f} s" if compiled_s is not None else ""))

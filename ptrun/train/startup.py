@@ -17,9 +17,10 @@ from ptrun.auto.autocache import AutoCache
 from ptrun.auto.autodp import Builder, build_engine
 from ptrun.auto.controller import Controller, start
 from ptrun.auto.intervals import epoch_steps
+from ptrun.compiling.compiler import make_compiler
 from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
-from ptrun.data.splits import DataSplits
+from ptrun.data.splits import DataSplits, first_sample
 from ptrun.layout import microtune
 from ptrun.layout.first import starting_micro_batch
 from ptrun.layout.partition import NEEDS_PROFILE, partition
@@ -28,18 +29,11 @@ from ptrun.layout.tuning import Tuning, cache_fields, tune
 from ptrun.models import build_model
 from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
-from ptrun.parallel.compiled import make_compiler
-from ptrun.parallel.precision import compute_dtype
+from ptrun.numerics.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
 from ptrun.train.classes import agree_on_classes, check_resumed_classes
 
 log = logging.getLogger("ptrun.train.trainer")
-
-
-def first_sample(data: DataSplits, input_names) -> tuple:
-    """The first training sample's model inputs, batched (shapes and dtypes for the start's estimates)."""
-    probe = dict(data.train[[0]])
-    return tuple(probe[k] for k in input_names if k in probe)
 
 
 def load_data(cfg: PtrunConfig, resume: bool) -> DataSplits:
@@ -63,7 +57,7 @@ def make_builder(cfg: PtrunConfig, layered, data: DataSplits, rank: int, device:
     """What this worker's layouts are built from (the same for every Plan), its compiled units with
     `train.compile=true` included (the micro-batch tuning measures compiled steps then): they compile the
     first layout's first stage at once, on the first training sample. `auto` adds them once it has priced
-    compiling (`ptrun.train.compiling`)."""
+    compiling (`ptrun.compiling.in_run`)."""
     param_name = {id(p): n for n, p in layered.model.named_parameters()}
     forced = cfg.train.compile is True
     return Builder(

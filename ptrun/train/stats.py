@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ptrun.compiling.compiler import UnitCompiler
 from ptrun.layout.plan import Plan
-from ptrun.parallel.compiled import UnitCompiler
 
 WARM_UP_STEPS = 5
 """The steps of a process's warm-up (the allocator's first blocks, kernels' first calls; 2 to 7 steps on a CPU):

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ptrun.config import OptimConfig
-from ptrun.parallel.optim import set_lr
+from ptrun.numerics.optim import set_lr
+from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.pipeline import Norms, Runtime
-from ptrun.parallel.precision import LossScaler
 from ptrun.train.divergence import DivergenceWatch, StepRecord
 from ptrun.train.state import TrainState
 

@@ -27,14 +27,14 @@ from ptrun.auto.controller import Decide, Decisions
 from ptrun.compose import for_world
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
+from ptrun.freezing.measures import make_measurement
 from ptrun.layout.fit import UnitMemory, device_budget, state_copies
 from ptrun.layout.plan import Plan
+from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.pipeline import Step
-from ptrun.parallel.precision import LossScaler
 from ptrun.train import faults, room, startup, stats
 from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
-from ptrun.train.freeze_measures import make_measurement
 from ptrun.train.in_use import PlanInUse
 from ptrun.train.record import RunRecord
 from ptrun.train.run_end import Interrupted
@@ -71,7 +71,7 @@ class Trainer:
         self.scaler = LossScaler.for_precision(cfg.train.precision)
         controller, tuning = startup.start_controller(cfg, self.layered, builder, self.data, world_size)
         clock.lap("controller")
-        # What the freeze policy reads at a decision, measured over the open interval (`ptrun.train.freeze_measures`).
+        # What the freeze policy reads at a decision, measured over the open interval (`ptrun.freezing.measures`).
         measurement = make_measurement(controller.measure, self.layered.num_blocks, device)
         self.cache, plain_train = startup.make_cache(
             cfg, self.layered, self.data, device, builder.compute_dtype, rank == 0

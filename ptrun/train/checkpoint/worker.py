@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from ptrun.auto.autodp import gather_to
-from ptrun.auto.counts import blocks_of_units
 from ptrun.auto.residency import held_names
 from ptrun.config import ConfigError, PtrunConfig
 from ptrun.config.adapter import adapter_settings
+from ptrun.freezing.counts import blocks_of_units
 from ptrun.layout.plan import Plan
 from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate, init_units

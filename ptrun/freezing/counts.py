@@ -1,5 +1,5 @@
 """The arithmetic the freeze policies share: block counts rounded with a tolerance, the frozen unit prefix of F
-blocks and back, and a percentile (`ptrun.auto.freeze` re-exports them all)."""
+blocks and back, and a percentile (`ptrun.freezing.policies` re-exports them all)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ compile mode), in ~/.cache/ptrun/compile (`PTRUN_COMPILE_COSTS_DIR` moves it), h
 
 Rank 0 reads and writes it, atomically and beside its checksum (`ptrun.cache_entries`): a file that is
 damaged, truncated, another machine's or does not parse is reported in one line, ignored and rewritten.
-`CompileFigures` (`ptrun.parallel.compile_price`) are made from it.
+`CompileFigures` (`ptrun.compiling.price`) are made from it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from ptrun import cache_entries
+from ptrun.compiling.price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
 from ptrun.layout.tuning import device_name
-from ptrun.parallel.compile_price import DEFAULT_GRAPH_S, DEFAULT_SAVING, CompileFigures
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ paper's full rule with the gradient-norm term the released code never ran), `aut
 rule on the relative change of gradient norms, at a percentile: the median by default), `plasticity`
 (Egeria's idea in weight space: the blocks whose weights have stopped moving, against a cheap reference
 copy), `linear` (a baseline ramp) and `schedule` (a list); the three that read a measure live in
-`ptrun.auto.measured_freeze`, and when a policy decides and what it reads is `ptrun.auto.freeze_policy`'s. Their
+`ptrun.freezing.measured_policies`, and when a policy decides and what it reads is `ptrun.freezing.policy`'s. Their
 state round-trips through `state_dict()` / `load_state_dict()` as JSON-able dicts, so a checkpoint resumes the
 same decisions.
 """
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ptrun.auto import measured_freeze  # noqa: F401 (the policies that read a measure register as it is imported)
-from ptrun.auto.counts import ceil_tol, floor_tol
-from ptrun.auto.freeze_policy import REGISTRY, FreezePolicy, registered
 from ptrun.config import FREEZE_POLICIES, ConfigError, FreezeConfig, check_alpha, one_of
+from ptrun.freezing import measured_policies  # noqa: F401 (the policies that read a measure register as it is imported)
+from ptrun.freezing.counts import ceil_tol, floor_tol
+from ptrun.freezing.policy import REGISTRY, FreezePolicy, registered
 
 
 @registered("none")

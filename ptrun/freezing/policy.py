@@ -22,7 +22,7 @@ never thaws: its optimizer state is gone and the cache depends on it) and never 
 What a policy reads
 -------------------
 A policy declares the per-block measure it reads (`measure`); the trainer measures that one alone
-(`ptrun.train.freeze_measures`) and passes it as `measured`, a list of L values >= 0, or None when nothing was
+(`ptrun.freezing.measures`) and passes it as `measured`, a list of L values >= 0, or None when nothing was
 measured (an interval without steps; for `weight_change`, an interval a resume cut: its reference copy is
 not checkpointed). Entries of frozen blocks are ignored.
 - `grad_norms` (`pipetransformer`, `autofreeze`): each block's gradient norm, averaged over the finished
@@ -38,12 +38,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ptrun.auto.counts import EPS, floor_tol
 from ptrun.config import (
     FREEZE_POLICIES,
     ConfigError,
     FreezeConfig,
 )
+from ptrun.freezing.counts import EPS, floor_tol
 
 MEASURES = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
 """The per-block measures a policy may read (`FreezePolicy.measure`), in words."""
@@ -51,7 +51,7 @@ MEASURES = {"grad_norms": "gradient norms", "weight_change": "weight changes"}
 
 REGISTRY: dict[str, type[FreezePolicy]] = {}
 """Policy classes by name (`registered`), in the order they registered: the config, the layer below, declares
-the names (`ptrun.config.FREEZE_POLICIES`), and each policy class registers under one; `ptrun.auto.freeze`'s
+the names (`ptrun.config.FREEZE_POLICIES`), and each policy class registers under one; `ptrun.freezing.policies`'s
 `POLICIES` holds them all in the config's order."""
 
 

@@ -1,20 +1,20 @@
-"""The freeze policies that read a per-block measure (`ptrun.auto.freeze_policy`'s `MEASURES`): `pipetransformer`
+"""The freeze policies that read a per-block measure (`ptrun.freezing.policy`'s `MEASURES`): `pipetransformer`
 and `autofreeze` read gradient norms, `plasticity` weight changes. Each registers under its name as this module
-is imported (`ptrun.auto.freeze` imports it)."""
+is imported (`ptrun.freezing.policies` imports it)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from ptrun.auto.counts import ceil_tol, percentile
-from ptrun.auto.freeze_policy import FreezePolicy, registered
 from ptrun.config import (
     FreezeConfig,
     check_alpha,
     check_percentile,
     check_threshold,
 )
+from ptrun.freezing.counts import ceil_tol, percentile
+from ptrun.freezing.policy import FreezePolicy, registered
 
 
 @registered("pipetransformer")

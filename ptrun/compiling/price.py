@@ -6,7 +6,7 @@ the graphs the layout needs, each one cold (inductor builds it) or warm (its on-
 machine's per-graph seconds. What a compiled step saves: the fraction measured on this machine for this model
 and kept, or with no measurement yet `DEFAULT_SAVING`. Compiling is chosen when the seconds it saves exceed
 the seconds it costs by `MARGIN`; the decision's line names every figure it rests on
-(`ptrun.parallel.compile_costs` keeps the measurements, the trainer gathers them).
+(`ptrun.compiling.kept_costs` keeps the measurements, the trainer gathers them).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""`train.compile` in a run: the figures `ptrun.parallel.compile_price.decide` prices, gathered where they are
+"""`train.compile` in a run: the figures `ptrun.compiling.price.decide` prices, gathered where they are
 known, and the builder that compiles (or not) from then on.
 
 - At the start: the steps the run has left, the eager step time this machine measured for the model and
   layout (kept by an earlier run, or the micro-batch tuning's), the graphs the first layout needs and how many
   of them inductor's cache holds. With no step time known yet, `auto` starts eager, ends its first segment
-  once `TIMED_STEPS` steps are timed (`segment_end`) and decides there (`after_first_steps`), compiling then if
+  once its `timed_steps` are timed (`segment_end`) and decides there (`after_first_steps`), compiling then if
   it pays.
 - At a transition of a compiled run: the new layout's variants priced the same way against what compiling
   still saves; where they do not pay, the new layout runs eager.
-- What the run measured is kept for the next (`ptrun.parallel.compile_costs`): the per-graph seconds and the
+- What the run measured is kept for the next (`ptrun.compiling.kept_costs`): the per-graph seconds and the
   graphs the first layout's compile took, and the step time, eager or compiled.
 
 Rank 0 gathers and decides; every rank takes its decision (a broadcast), so the workers compile together.
@@ -18,30 +18,32 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from ptrun.auto.autodp import Builder
+from ptrun.compiling.compiler import _max_over_ranks, make_compiler, ruled_out, variants
+from ptrun.compiling.kept_costs import KeptCosts, inductor_entries, model_key
+from ptrun.compiling.price import CompileDecision, decide
+from ptrun.data.splits import first_sample
 from ptrun.layout.plan import Plan
-from ptrun.parallel.compile_costs import KeptCosts, inductor_entries, model_key
-from ptrun.parallel.compile_price import CompileDecision, decide
-from ptrun.parallel.compiled import _max_over_ranks, make_compiler, ruled_out, variants
-from ptrun.train.startup import first_sample
-from ptrun.train.stats import WARM_UP_STEPS
+
+if TYPE_CHECKING:
+    from ptrun.auto.autodp import Builder
 
 log = logging.getLogger("ptrun.train.trainer")
-
-TIMED_STEPS = 2 * WARM_UP_STEPS
-"""Steps a process runs before its step time prices compiling: twice the warm-up's, so the median of the
-times between them (`StepClock.step_s`) is a step's after the warm-up."""
 
 
 class Compiling:
     """One worker's `train.compile`: its decisions and what it keeps of the run's measurements."""
 
-    def __init__(self, cfg, layered, data, device: torch.device, rank: int):
+    def __init__(self, cfg, layered, data, device: torch.device, rank: int, timed_steps: int):
         self.cfg, self.layered, self.data, self.device, self.rank = cfg, layered, data, device, rank
+        self.timed_steps = timed_steps
+        """Steps a process runs before its step time prices compiling: the trainer's twice its clock's warm-up
+        (`ptrun.train.stats.WARM_UP_STEPS`), so the median of the times between them (`StepClock.step_s`) is a
+        step's after the warm-up."""
         self.setting = cfg.train.compile
         self.why_not = ruled_out(device, cfg.pipe.schedule)
         self.kept = KeptCosts(device, cfg.train.compile_mode) if rank == 0 else None
@@ -61,7 +63,7 @@ class Compiling:
         self.pending = False
         """`auto` started eager without a step time: it decides again after the first steps."""
         self.compiled: set = set()
-        """The variants compiled so far in this run (`ptrun.parallel.compiled.variants`)."""
+        """The variants compiled so far in this run (`ptrun.compiling.compiler.variants`)."""
         self._before = inductor_entries() if self.kept is not None and self.setting is not False else set()
         """Inductor's cache entries before this run's first compile (the ones it leaves are the model's)."""
         self._first_key: str | None = None
@@ -72,7 +74,7 @@ class Compiling:
         """The steps this process had trained when its units began to run the way they run now."""
 
     def key(self, plan: Plan) -> str:
-        """The kept record of the model in `plan`'s layout (`ptrun.parallel.compile_costs`)."""
+        """The kept record of the model in `plan`'s layout (`ptrun.compiling.kept_costs`)."""
         return model_key({**self.model_fields, "layout": plan.to_dict()})
 
     def _decide(self, plan: Plan, steps: int, step_s: float | None, new_only: bool = False) -> CompileDecision:
@@ -119,14 +121,14 @@ class Compiling:
     def segment_end(self, position: int, end: int, trained: int) -> int:
         """Where a segment from step `position` to `end` ends: a start that waits for its first timed steps
         (`trained` so far) ends it after them, so it decides there and not at the next freeze interval's end."""
-        return min(end, position + TIMED_STEPS - trained) if self.pending and trained < TIMED_STEPS else end
+        return min(end, position + self.timed_steps - trained) if self.pending and trained < self.timed_steps else end
 
     def after_first_steps(self, builder: Builder, plan: Plan, steps: int, step_s: float | None, trained: int):
         """Collective at a decision point (between two segments): once the first steps are timed, what they
         measured is kept, and a start that waited for them decides now. Returns the builder (with a compiler
         where compiling pays: the caller builds the layout again) and that decision (None where none was
         made)."""
-        if trained - self._since < TIMED_STEPS:
+        if trained - self._since < self.timed_steps:
             return builder, None
         self._learn(builder, plan, step_s)
         if not self.pending:

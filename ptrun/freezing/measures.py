@@ -1,4 +1,4 @@
-"""What the freeze policy reads at a decision (its `measure`, see `ptrun.auto.freeze`), measured over the
+"""What the freeze policy reads at a decision (its `measure`, see `ptrun.freezing.policies`), measured over the
 interval that just ended on the blocks each rank holds and summed over the stages at the decision. The
 trainer takes only the measure its policy declares:
 
@@ -23,10 +23,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
-from ptrun.train.step import Update
+if TYPE_CHECKING:
+    from ptrun.train.step import Update
 
 AllSum = Callable[[torch.Tensor], torch.Tensor]
 """The sum over every rank of the job (`ptrun.train.stats.all_sum`)."""
@@ -195,7 +197,7 @@ def plasticity(change_sq: float, ref_sq: float, mean_lr: float) -> float:
 
 
 MEASUREMENTS: dict[str | None, type[NoMeasure]] = {m.name: m for m in (NoMeasure, GradNorms, WeightChange)}
-"""The measurement of each measure a policy may read (`ptrun.auto.freeze_policy.MEASURES`), and of none."""
+"""The measurement of each measure a policy may read (`ptrun.freezing.policy.MEASURES`), and of none."""
 
 
 def make_measurement(name: str | None, num_blocks: int, device: torch.device) -> NoMeasure:

@@ -36,11 +36,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ptrun.compat import keep_inductor_headers_with_its_cache
+from ptrun.compiling import inductor_cache
 from ptrun.config import SCHEDULE_SPECS
 from ptrun.config.training import c_compiler
 from ptrun.models.layered import run_units
-from ptrun.parallel import inductor_cache
-from ptrun.parallel.precision import autocast
+from ptrun.numerics.precision import autocast
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def variants(layered, plan) -> dict[tuple, int]:
     variant a unit shape (forward and backward), the first trained unit's after a frozen prefix (its input
     takes no gradient), and a no-grad one a shape of the frozen units and of evaluation (forward only); a
     prefix AutoCache serves runs none. An estimate (a pipeline's worker compiles its own stages' only), which
-    what a run measured replaces (`ptrun.parallel.compile_costs`)."""
+    what a run measured replaces (`ptrun.compiling.kept_costs`)."""
     n, frozen = len(layered.units), plan.frozen_units
     out = {(unit_shape(layered, u), "no grad"): 1 for u in range(min(plan.cached_units, frozen), n)}
     out.update({(unit_shape(layered, u), "trained"): 2 for u in range(frozen, n)})
