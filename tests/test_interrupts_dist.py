@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import TINY, final_params, run_events, run_workers, start_ptrun
 
-from ptrun import leftovers
+from ptrun.launcher import leftovers
 from ptrun.auto.autocache import cache_dirs
 from ptrun.config import CacheConfig
 
