@@ -18,6 +18,7 @@ schedule would make the two runs differ by their schedules, not by the continuat
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,17 +42,32 @@ FIXED_UNITS = 11
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """LoRA for 3 epochs, for 2, and the 2 continued for 1 from their export."""
+    """LoRA for 3 epochs, for 2, and the 2 continued for 1 from their export.
+
+    The runs share one AutoCache (`cache.keep` and one `cache.dir`): the frozen prefix and its base weights
+    are the same in each, so the 2-epoch run reads what the 3-epoch run computed (stored in fp32, the compute
+    dtype: what it reads is what it would compute; here its two epochs' losses and top-1 were the 3-epoch
+    run's first two, to the last digit). The continued run's entries are of another size (the cache replaces
+    them), and it keeps nothing."""
+    from types import SimpleNamespace
+
+    from ptrun.auto.autocache import cache_dirs
+
     root = tmp_path_factory.mktemp("continue")
     dirs = {name: root / name for name in ("three", "two", "continued")}
+    shared = root / "cache"
 
-    def train(name: str, *args: str) -> None:
-        out = run_ptrun("train", *LORA, *args, f"hydra.run.dir={dirs[name]}", cwd=root, timeout=900)
+    def train(name: str, *args: str, keep: bool = True) -> None:
+        cache = [f"cache.dir={shared}", f"cache.keep={str(keep).lower()}"]
+        out = run_ptrun("train", *LORA, *cache, *args, f"hydra.run.dir={dirs[name]}", cwd=root, timeout=900)
         assert out.returncode == 0, (name, out.stderr[-3000:])
 
-    train("three", "train.epochs=3")
-    train("two", "train.epochs=2")
-    train("continued", "train.epochs=1", f"adapter.pretrained={dirs['two'] / 'model'}")
+    try:
+        train("three", "train.epochs=3")
+        train("two", "train.epochs=2")
+        train("continued", "train.epochs=1", f"adapter.pretrained={dirs['two'] / 'model'}", keep=False)
+    finally:  # a run that failed kept its memory tier in /dev/shm
+        shutil.rmtree(cache_dirs(SimpleNamespace(dir=str(shared)), root)[1], ignore_errors=True)
     return dirs
 
 
@@ -68,6 +84,9 @@ def test_the_blocks_below_the_adapters_are_frozen_at_step_0_and_cached_in_the_fi
     epochs = run_events(runs["three"], "epoch")
     assert epochs[0]["cache"]["written"] > 0, epochs[0]["cache"]  # filled in the first epoch
     assert epochs[1]["cache"]["computed"] == 0 and epochs[1]["cache"]["hits"] > 0, epochs[1]["cache"]
+    # the 2-epoch run read the entries it kept (`cache.keep`, one `cache.dir`), its evaluations' included
+    later = [e["cache"] for e in run_events(runs["two"], "epoch")]
+    assert all(c["computed"] == c["eval_computed"] == 0 for c in later), later
     start = run_events(runs["three"], "start")[0]
     assert 0 < start["trainable_params"] < start["params"] / 100
 
@@ -106,8 +125,11 @@ def test_the_continued_model_starts_from_the_exported_adapter(runs):
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_the_continued_export_loads_with_peft_alone_and_scores_the_last_eval(runs, tmp_path):
+def test_the_continued_export_loads_with_peft_alone_and_scores_the_last_eval(runs, tmp_path, monkeypatch):
     from benchmarks.export_check import check, without_ptrun
 
+    # the loader classifies 890 texts on one intra-op thread, as the run's worker evaluated them: on two
+    # cores other work keeps busy, a second thread spins waiting at every kernel
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     found = check(runs["continued"], without_ptrun(tmp_path / "venv"), tmp_path)
     assert found["loaded_as"] == "adapter" and found["same"], found
