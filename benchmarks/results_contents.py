@@ -188,6 +188,11 @@ TABLES = [
         "The LoRA export, loaded without ptrun",
         optional=True,
     ),
+    Table(
+        "lora_continue.json",
+        "benchmarks.lora_continue",
+        "Continuing a LoRA adapter: bbc_news_lora 2 + 1 epochs against 3, over three seeds",
+    ),
     Table("bench_memory_growth.json", "benchmarks.memory_growth", "Memory a worker holds as the model grows"),
     Table("bench_pipeline.json", "benchmarks.pipeline", "Pipeline bubble and data-parallel overhead"),
     Table(

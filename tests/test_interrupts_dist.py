@@ -19,9 +19,9 @@ import pytest
 import torch
 from conftest import TINY, final_params, run_events, run_workers, start_ptrun
 
-from ptrun.launcher import leftovers
 from ptrun.auto.autocache import cache_dirs
 from ptrun.config import CacheConfig
+from ptrun.launcher import leftovers
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # a reference and three runs in a chain
 

@@ -14,6 +14,16 @@ from ptrun.signal_scope import elastic_handlers_restored, elastic_signals, handl
 from ptrun.train.stop import StopRequests
 
 
+@pytest.fixture
+def python_ctrl_c():
+    """Ctrl-C as Python sets it up (KeyboardInterrupt) for the test, whatever the session started with: a suite
+    started in the background by a non-interactive shell inherits SIGINT ignored."""
+    found = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, found)
+
+
 def test_the_handlers_found_are_back_however_the_block_ends():
     mine, sigint, sigterm = [], signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda signum, frame: mine.append(signum))
@@ -53,10 +63,10 @@ def test_elastic_signals_follow_its_environment_variable(monkeypatch):
     assert elastic_signals() == (signal.SIGUSR1, signal.SIGTERM)
 
 
-def test_ctrl_c_in_elastics_handler_becomes_the_callers_keyboard_interrupt():
+def test_ctrl_c_in_elastics_handler_becomes_the_callers_keyboard_interrupt(python_ctrl_c):
     """What Ctrl-C does while an agent runs in a test session: elastic's handler raises SignalException; once
     out of the block, the session's own handler raises the KeyboardInterrupt that ends the session."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's: Python's own
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt), elastic_handlers_restored():
         signal.signal(signal.SIGINT, _terminate_process_handler)  # as elastic's process context does
         signal.raise_signal(signal.SIGINT)
@@ -75,7 +85,7 @@ def test_a_caller_handler_that_returns_sees_the_signal_and_the_exception_goes_on
         signal.signal(signal.SIGTERM, sigterm)
 
 
-def test_a_worker_records_ctrl_c_and_sigterm_only_while_installed():
+def test_a_worker_records_ctrl_c_and_sigterm_only_while_installed(python_ctrl_c):
     found = [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)]
     stops = StopRequests()
     with stops.installed():
