@@ -11,7 +11,7 @@ from benchmarks.lora_continue import caption, final_top1, table
 def test_the_final_top1_is_the_end_events(tmp_path):
     events = [
         {"event": "eval", "time": 1.0, "epoch": 0, "top1": 90.0},
-        {"event": "end", "time": 2.0, "epochs": 1, "final_eval": {"loss": 0.1, "top1": 97.5}, "best_eval": {"top1": 98.0}},
+        {"event": "end", "time": 2.0, "epochs": 1, "final_eval": {"top1": 97.5}, "best_eval": {"top1": 98.0}},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert final_top1(tmp_path) == 97.5
