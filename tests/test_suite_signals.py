@@ -128,6 +128,10 @@ class ShmWatch:
         return left
 
 
+def default_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(condition, proc: subprocess.Popen, output: Path, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -159,6 +163,9 @@ def test_a_signal_to_the_test_session_stops_it_at_once(tmp_path, signum, moment)
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, as a terminal's foreground job
+            # with Ctrl-C as a terminal gives it, even where this suite was started in the background by a
+            # non-interactive shell (which ignores SIGINT, and a child inherits that)
+            preexec_fn=default_ctrl_c,
         )
     shm = ShmWatch(proc.pid)
     try:
