@@ -22,7 +22,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from benchmarks.harness import command_line, machine_description, markdown_lines, publish
+from benchmarks.harness import command_line, final_top1, machine_description, markdown_lines, publish
 
 LOADER = Path(__file__).resolve().parent / "without_ptrun" / "load_export.py"
 
@@ -57,13 +57,6 @@ def without_ptrun(where: Path) -> Path:
     return python
 
 
-def last_top1(run_dir: Path) -> float:
-    from ptrun.report.runs import read_events
-
-    end = next(e for e in read_events(run_dir) if e["event"] == "end")
-    return float(end["final_eval"]["top1"])
-
-
 def check(run_dir: Path, python: Path, scratch: Path) -> dict:
     from ptrun.config.schema import load_resolved
 
@@ -80,7 +73,7 @@ def check(run_dir: Path, python: Path, scratch: Path) -> dict:
     # From the scratch folder: a checkout's ptrun/ in the working directory would be importable.
     printed = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=scratch).stdout
     found = json.loads(printed.splitlines()[-1])
-    run_top1 = last_top1(run_dir)
+    run_top1 = final_top1(run_dir)
     return {
         "run": str(run_dir),
         "loaded_as": kind,

@@ -130,6 +130,14 @@ def train(run_dir: Path, overrides: list[str], reuse: bool = False) -> Path:
     return run_dir
 
 
+def final_top1(run_dir: Path) -> float:
+    """The top-1 of a run's last evaluation, as its `end` event records it."""
+    from ptrun.report.runs import read_events
+
+    end = next(e for e in read_events(run_dir) if e["event"] == "end")
+    return float(end["final_eval"]["top1"])
+
+
 def ideal_speedup(run_dir: Path) -> float:
     """The full model's training cost over the run's, each layout weighted by the share of the run it trained
     (its steps; a layout that changed inside an epoch covers part of one), with a unit's cost 3x its forward

@@ -17,14 +17,7 @@ from datetime import date
 from pathlib import Path
 from statistics import mean
 
-from benchmarks.harness import command_line, machine_description, markdown_lines, publish, train
-
-
-def final_top1(run_dir: Path) -> float:
-    from ptrun.report.runs import read_events
-
-    end = next(e for e in read_events(run_dir) if e["event"] == "end")
-    return float(end["final_eval"]["top1"])
+from benchmarks.harness import command_line, final_top1, machine_description, markdown_lines, publish, train
 
 
 def seed_row(recipe: str, epochs: int, seed: int, runs: Path, reuse: bool) -> dict:
@@ -34,10 +27,8 @@ def seed_row(recipe: str, epochs: int, seed: int, runs: Path, reuse: bool) -> di
     longer = train(where / "longer", base, reuse)
     shorter = train(where / "shorter", [*base, f"train.epochs={epochs - 1}"], reuse)
     continued = train(where / "continued", [*base, "train.epochs=1", f"adapter.pretrained={shorter / 'model'}"], reuse)
-    row = {"seed": seed, "longer": final_top1(longer), "shorter": final_top1(shorter)}
-    row["continued"] = final_top1(continued)
-    row["difference"] = row["continued"] - row["longer"]
-    return row
+    tops = {"longer": final_top1(longer), "shorter": final_top1(shorter), "continued": final_top1(continued)}
+    return {"seed": seed, **tops, "difference": tops["continued"] - tops["longer"]}
 
 
 def caption(result: dict) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.lora_continue import caption, final_top1, table
+from benchmarks.harness import final_top1
+from benchmarks.lora_continue import caption, table
 
 
 def test_the_final_top1_is_the_end_events(tmp_path):
