@@ -238,6 +238,10 @@ def execute(
         # A plain loop tokenizes its data on every run, as a loop written without ptrun does: a cache of its own,
         # empty (ptrun's runs use the user's cache, as ptrun does).
         env = {**os.environ, "PTRUN_TOKENIZED_DIR": str(run_dir / "tokenized")} if is_peer(label) else None
+        if label in (pythons or {}):
+            # Another checkout's interpreter imports its own ptrun, not the one in the working directory (the
+            # repository root the benchmarks run from), which `-m` would otherwise put first on its path.
+            env = {**(env or os.environ), "PYTHONSAFEPATH": "1"}
         cache = inductor_cache(label, run_dir)
         if cache is not None:  # compiled: cold on an empty cache of its own, warm on what the cold run left
             if label.endswith(COLD):
