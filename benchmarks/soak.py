@@ -117,7 +117,7 @@ def worker(config_path: str, samples_dir: str, transitions: int, restarts: int, 
     started = time.time()
     from ptrun.config import load_resolved
     from ptrun.launcher.worker import join_job
-    from ptrun.train.report import setup_logging
+    from ptrun.train.run_output import setup_logging
     from ptrun.train.trainer import Trainer
 
     cfg = load_resolved(config_path)

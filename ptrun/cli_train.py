@@ -76,7 +76,7 @@ def checked_start(overrides: list[str]) -> Resolved:
         start_worker_server(cfg)
         if cfg.data.name == "hf":  # its columns and labels, read before any worker starts
             from ptrun.data.hf_source import check_hf_source
-            from ptrun.train.classes import check_resumed_classes
+            from ptrun.train.class_names import check_resumed_classes  # inner import: start-up
 
             class_names = check_hf_source(cfg.data, cfg.model.task)
             if cfg.train.resume:

@@ -60,10 +60,10 @@ from ptrun.config.adapter_layers import check_layers_range
 from ptrun.config.adapter_source import check_adapter_source
 from ptrun.config.cross import run_inputs
 from ptrun.config.data import data_defaults
-from ptrun.config.fit import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.freezing import cache_dtype
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
+from ptrun.config.recipe_catalogue import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.config.training import check_compiler
 from ptrun.installed import check_tracker_ready

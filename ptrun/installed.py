@@ -167,7 +167,7 @@ def mlflow_server_problem() -> str | None:
 @dataclass(frozen=True)
 class Logger:
     """What ptrun knows of one `logger`, in one place: the writer that mirrors a run's events
-    (`ptrun.train.report.open_mirror`), the modules the workers import for it (`check_installed`) and what
+    (`ptrun.train.run_output.open_mirror`), the modules the workers import for it (`check_installed`) and what
     keeps its tracker from taking a run (`check_tracker_ready`)."""
 
     writer: str | None = None

@@ -224,7 +224,7 @@ def test_a_damaged_disk_tier_is_recomputed_on_resume_in_one_line_to_the_same_inp
     (the others still served), the first stage's inputs those of a clean cache, and the tier whole again."""
     from types import SimpleNamespace
 
-    from ptrun.train.stats import cache_stats
+    from ptrun.train.epoch_stats import cache_stats
 
     layered = pc.model("vit")
     batch, raw = make_batch("vit")

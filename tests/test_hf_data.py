@@ -798,7 +798,7 @@ def test_a_class_label_column_without_labels_is_one_line(tmp_path, tokenizer_dir
 
 
 def test_workers_that_read_different_classes_are_one_line():
-    from ptrun.train.classes import ranks_disagree
+    from ptrun.train.class_names import ranks_disagree
 
     assert ranks_disagree([NAMES, NAMES]) is None
     assert ranks_disagree([NAMES, NAMES, NAMES[:2]]) == (

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from ptrun.layout.plan import Plan
-from ptrun.train.report import ProgressView, epoch_line, layout_line, layout_table
+from ptrun.train.run_output import ProgressView, epoch_line, layout_line, layout_table
 
 NAMES = ["embed"] + [f"block.{b}.{h}" for b in range(6) for h in ("attn", "mlp")] + ["head"]
 PLAN = Plan(
@@ -76,7 +76,7 @@ def test_a_transition_says_its_cost_in_steps():
     the run's recent median: two significant digits below 10, whole steps above."""
     from dataclasses import replace
 
-    from ptrun.train.report import transition_line
+    from ptrun.train.run_output import transition_line
 
     new = replace(PLAN, frozen_units=7)
     assert transition_line(1, PLAN, new, 0.02).endswith("transition 0.02s")
@@ -91,7 +91,7 @@ def test_the_step_clock_times_steps_in_a_row_only(monkeypatch):
     what it says, however busy the machine)."""
     import torch
 
-    from ptrun.train import stats
+    from ptrun.train import epoch_stats
 
     class Time:
         now = 1000.0
@@ -103,8 +103,8 @@ def test_the_step_clock_times_steps_in_a_row_only(monkeypatch):
             return self.now
 
     fake = Time()
-    monkeypatch.setattr(stats, "time", fake)
-    clock = stats.StepClock(torch.device("cpu"))
+    monkeypatch.setattr(epoch_stats, "time", fake)
+    clock = epoch_stats.StepClock(torch.device("cpu"))
     assert clock.step_s is None
     for gap in (0.0, 0.25, 0.75):
         fake.now += gap

@@ -17,7 +17,7 @@ from conftest import TINY, compose_config
 from ptrun.launcher.memory_advice import keys_that_fit
 from ptrun.launcher.oom_watch import OomWatch, peak_resident
 from ptrun.layout.plan import Plan
-from ptrun.train import faults, machine
+from ptrun.train import fault_injection, machine_faults
 from ptrun.train.checkpoint import lookup
 from ptrun.train.run_end import no_space_line
 
@@ -36,27 +36,27 @@ def test_the_errors_a_full_disk_raises_are_no_space_and_others_are_not():
     # torch.save into a buffered file (what open() gives) reports the file's OSError as its own RuntimeError
     with pytest.raises(RuntimeError) as saved:
         torch.save({"a": torch.zeros(100_000)}, io.BufferedWriter(FullDisk()))
-    assert not isinstance(saved.value, OSError) and machine.no_space(saved.value)
-    assert machine.no_space(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not isinstance(saved.value, OSError) and machine_faults.no_space(saved.value)
+    assert machine_faults.no_space(OSError(errno.EDQUOT, "Disk quota exceeded"))
     rust = "Error while serializing: I/O error: No space left on device (os error 28)"  # safetensors' words
-    assert machine.no_space(Exception(rust))
-    assert not machine.no_space(OSError(errno.EACCES, "Permission denied"))
-    assert not machine.no_space(RuntimeError("Error while serializing: I/O error (os error 5)"))
-    assert not machine.no_space(None)
+    assert machine_faults.no_space(Exception(rust))
+    assert not machine_faults.no_space(OSError(errno.EACCES, "Permission denied"))
+    assert not machine_faults.no_space(RuntimeError("Error while serializing: I/O error (os error 5)"))
+    assert not machine_faults.no_space(None)
 
 
 def test_an_injected_errno_is_raised_once(monkeypatch):
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"point": "metrics", "event": "epoch", "errno": 28}]))
-    faults._planned.cache_clear()
+    fault_injection._planned.cache_clear()
     try:
-        faults.reached("metrics", -1, event="plan")  # another event: nothing
+        fault_injection.reached("metrics", -1, event="plan")  # another event: nothing
         with pytest.raises(OSError) as raised:
-            faults.reached("metrics", -1, event="epoch")
+            fault_injection.reached("metrics", -1, event="epoch")
         assert raised.value.errno == errno.ENOSPC
-        faults.reached("metrics", -1, event="epoch")  # once
+        fault_injection.reached("metrics", -1, event="epoch")  # once
     finally:
-        faults._planned.cache_clear()
-        faults._fired.clear()
+        fault_injection._planned.cache_clear()
+        fault_injection._fired.clear()
 
 
 def checkpoint_dir(run_dir: Path, step: int, nbytes: int) -> Path:
@@ -133,7 +133,7 @@ def test_an_oom_kill_is_seen_in_the_kernel_log_or_the_memory_events_from_the_sta
 
 def test_an_oom_report_says_the_device_and_its_memory():
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 1.00 GiB free")
-    report = machine.memory_report(error, torch.device("cpu"), "step", None)
+    report = machine_faults.memory_report(error, torch.device("cpu"), "step", None)
     assert report["device"] == "cpu" and report["requested"] == 2 * 2**30
     assert 0 < report["used"] < report["total"] and report["plan"] is None
 

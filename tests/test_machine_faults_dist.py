@@ -1,8 +1,9 @@
 """Faults of the machine, for real where the machine allows it (a small tmpfs as the run directory or the cache's
-directory: root only), injected where it does not (`ptrun.train.faults`): a full disk and an exhausted memory end
-the run with one line (what, where, the numbers, the newest good checkpoint and the command that resumes), exit
-1, no traceback and no restart, and the printed command finishes the run; the cache's disk tier without space
-only recomputes. (A worker killed without such evidence still restarts and resumes: test_train_dist, test_faults_dist.)
+directory: root only), injected where it does not (`ptrun.train.fault_injection`): a full disk and an exhausted
+memory end the run with one line (what, where, the numbers, the newest good checkpoint and the command that
+resumes), exit 1, no traceback and no restart, and the printed command finishes the run; the cache's disk tier
+without space only recomputes. (A worker killed without such evidence still restarts and resumes: test_train_dist,
+test_faults_dist.)
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from test_hub import MAIN, TEXT, cache_repo
 
 from ptrun.compose import resolve
 from ptrun.config.cross import is_timm_image_name
-from ptrun.config.fit import recipe_catalogue
 from ptrun.config.hub import parse_hub_id
+from ptrun.config.recipe_catalogue import recipe_catalogue
 
 IMAGE_RECIPES = "use recipe=digits_vit (or another that fits: vit_cifar10, vit_cifar100, vit_imagenet)"
 ENCODER_RECIPES = (

@@ -42,7 +42,7 @@ class Compiling:
         self.cfg, self.layered, self.data, self.device, self.rank = cfg, layered, data, device, rank
         self.timed_steps = timed_steps
         """Steps a process runs before its step time prices compiling: the trainer's twice its clock's warm-up
-        (`ptrun.train.stats.WARM_UP_STEPS`), so the median of the times between them (`StepClock.step_s`) is a
+        (`ptrun.train.epoch_stats.WARM_UP_STEPS`), so the median of the times between them (`StepClock.step_s`) is a
         step's after the warm-up."""
         self.setting = cfg.train.compile
         self.why_not = ruled_out(device, cfg.pipe.schedule)

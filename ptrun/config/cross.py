@@ -9,7 +9,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
-from ptrun.config.fit import Recipe, recipe_named, use_recipe
 from ptrun.config.freezing import inside_epochs
 from ptrun.config.model import (
     DECODER_TASKS,
@@ -20,6 +19,7 @@ from ptrun.config.model import (
     family_spec,
 )
 from ptrun.config.pipe import SCHEDULE_SPECS, recomputes
+from ptrun.config.recipe_catalogue import Recipe, recipe_named, use_recipe
 from ptrun.config.rules import require
 from ptrun.config.training import PRECISION_SPECS
 from ptrun.errors import ConfigError

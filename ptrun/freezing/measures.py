@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ptrun.train.step import Update
 
 AllSum = Callable[[torch.Tensor], torch.Tensor]
-"""The sum over every rank of the job (`ptrun.train.stats.all_sum`)."""
+"""The sum over every rank of the job (`ptrun.train.epoch_stats.all_sum`)."""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def _candidates(cfg: PtrunConfig, memory: UnitMemory, plan: Plan, batch: int) ->
 
 def keys_that_fit(cfg: PtrunConfig, report: dict) -> list[str]:
     """The keys that would fit the device of `report` (a worker's out-of-memory report,
-    `ptrun.train.machine.memory_report`), most gentle first, each with the model's bytes."""
+    `ptrun.train.machine_faults.memory_report`), most gentle first, each with the model's bytes."""
     if report["where"] == "cache":
         return ["cache.max_memory=25%", "auto.cache=false"]
     if report.get("plan") is None:

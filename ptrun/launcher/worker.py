@@ -87,7 +87,7 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)
     no_named_semaphores()
-    from ptrun.train.stats import StartClock
+    from ptrun.train.epoch_stats import StartClock
     from ptrun.train.stop import StopRequests
 
     start_clock = StartClock()
@@ -100,15 +100,15 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
 
 def _run_worker(config_path: str, errors: str, group_start: int, stops, start_clock) -> dict:
     """`run_worker`'s run, with Ctrl-C and SIGTERM recorded by `stops` (a `ptrun.train.stop.StopRequests`)."""
-    from ptrun.train import machine
+    from ptrun.train import machine_faults
 
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
     start_clock.lap("process_group")
     stops.connect()
 
-    from ptrun.train.classes import write_class_names
-    from ptrun.train.report import setup_logging
+    from ptrun.train.class_names import write_class_names
+    from ptrun.train.run_output import setup_logging
     from ptrun.train.trainer import Trainer
 
     log_file = Path(cfg.run_dir) / "train.log"
@@ -161,7 +161,7 @@ def _run_worker(config_path: str, errors: str, group_start: int, stops, start_cl
         # the report is written and the worker ends; the peers' collectives fail on the lost connection.
         where = oom_place(e)
         plan = trainer.plan if trainer is not None and trainer.in_use.engine is not None else None
-        run_end.write_report(errors, "fault", rank, machine.memory_report(e, device, where, plan))
+        run_end.write_report(errors, "fault", rank, machine_faults.memory_report(e, device, where, plan))
         stopped = ExitCode.FAILED
     except ConfigError as e:
         # A user-facing problem found only in a worker (a checkpoint of another model, a broken dataset file):

@@ -1,4 +1,4 @@
-"""Reading runs back from their `metrics.jsonl` (the event format is documented in `ptrun/train/report.py`).
+"""Reading runs back from their `metrics.jsonl` (the event format is documented in `ptrun/train/run_output.py`).
 
 A path given to the report is either a run directory (it holds `metrics.jsonl`) or a Hydra sweep directory
 (`ptrun train -m ...`) whose numbered sub-directories are runs. A run that was resumed appends a second

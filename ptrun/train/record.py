@@ -13,13 +13,13 @@ import torch
 from ptrun.config import PtrunConfig
 from ptrun.layout.plan import Plan
 from ptrun.report.savings import run_savings
-from ptrun.train import stats
-from ptrun.train.report import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
+from ptrun.train import epoch_stats
+from ptrun.train.run_output import MetricsLog, ProgressView, done_line, epoch_line, start_line, transition_line
 from ptrun.train.state import EpochSums, TrainState
 from ptrun.train.traces import StepTraces
 
 AllSum = Callable[[list[float] | torch.Tensor], torch.Tensor]
-"""The sum over every rank of the job (`ptrun.train.stats.all_sum`)."""
+"""The sum over every rank of the job (`ptrun.train.epoch_stats.all_sum`)."""
 
 
 class RunRecord:
@@ -30,7 +30,7 @@ class RunRecord:
         cfg: PtrunConfig,
         rank: int,
         device: torch.device,
-        start_clock: stats.StartClock,
+        start_clock: epoch_stats.StartClock,
         all_sum: AllSum,
         tuning=None,
     ):
@@ -47,7 +47,7 @@ class RunRecord:
         # The live view's running loss is an all-reduce, so every rank must agree that there is a view.
         self.live = bool(all_sum([float(self.view.live)]).item())
         self.traces = StepTraces(cfg.train.timeline_step, cfg.train.profile_step, cfg.run_dir, rank, device)
-        self.clock = stats.StepClock(device)
+        self.clock = epoch_stats.StepClock(device)
         self.metrics: MetricsLog | None = None
         self.announced = False
         """Whether the start event is written: from then on the run has a record to continue."""

@@ -80,7 +80,7 @@ class Diverged(Exception):
 
 class OutOfSpace(Exception):
     """A file of the run could not be written for want of space; every rank raises it at the same step
-    (`ptrun.train.machine`)."""
+    (`ptrun.train.machine_faults`)."""
 
     def __init__(self, what: str, path: str | Path | None, needed: int = 0, free: int | None = None):
         super().__init__(f"no space left to write the {what}")
@@ -95,7 +95,7 @@ class OutOfSpace(Exception):
 class MachineFault(RuntimeError):
     """The workers stopped on a fault of the machine that a restart would not cure: no space left for a file
     of the run, out of memory, or a worker the kernel killed for want of memory (`report`: what, where, and
-    the numbers; `ptrun.train.machine`, `ptrun.launcher.elastic_agent.oom_killed`)."""
+    the numbers; `ptrun.train.machine_faults`, `ptrun.launcher.elastic_agent.oom_killed`)."""
 
     def __init__(self, report: dict):
         super().__init__(report)
@@ -120,7 +120,7 @@ REPORTS = {
     "bad_input": "rank",  # the one-line message
     "start": "start-rank",  # the line and the traceback of an error at start-up
     "diverged": "diverged-rank",  # where (`ptrun.train.divergence.DivergenceWatch.report`)
-    "fault": "fault-rank",  # no space, out of memory (`OutOfSpace.report`, `ptrun.train.machine.memory_report`)
+    "fault": "fault-rank",  # no space, out of memory (`OutOfSpace.report`, `ptrun.train.machine_faults.memory_report`)
     "oom_kill": "fault-oom-kill-rank",  # the agent's, for a worker the kernel killed for want of memory
 }
 """Each report's file name before the rank: one file per rank that found it (`rank00003`), so the lowest rank's
@@ -265,7 +265,7 @@ def oom_kill_line(report: dict, run_dir: Path, overrides: list[str]) -> str:
 
 
 def oom_line(report: dict, keys: list[str], run_dir: Path, overrides: list[str]) -> str:
-    """After a worker ran out of memory (`report`, `ptrun.train.machine.memory_report`): where, the device's
+    """After a worker ran out of memory (`report`, `ptrun.train.machine_faults.memory_report`): where, the device's
     memory, the keys that would fit (`keys`, the planner's: `ptrun.launcher.memory_advice.keys_that_fit`) and
     the command that resumes the run with the first of them."""
     lookup = _checkpoints()

@@ -31,7 +31,7 @@ from ptrun.models.lazy import init_units
 from ptrun.models.losses import WeightedLoss
 from ptrun.numerics.precision import compute_dtype
 from ptrun.parallel.profile import agree, measure_bandwidth, profile_units
-from ptrun.train.classes import agree_on_classes, check_resumed_classes
+from ptrun.train.class_names import agree_on_classes, check_resumed_classes
 
 log = logging.getLogger("ptrun.train.trainer")
 

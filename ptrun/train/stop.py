@@ -12,7 +12,7 @@ one consistent checkpoint.
 The same all-reduce carries what a worker's host knows of divergence (`divergence`, a
 `ptrun.train.divergence.DivergenceWatch`, where the host learns it a step or more late): the workers then stop
 together by raising Diverged, without a checkpoint. It also carries a write one worker made alone that found no
-space (metrics.jsonl, train.log: `ptrun.train.machine.note`): the workers then stop together by raising
+space (metrics.jsonl, train.log: `ptrun.train.machine_faults.note`): the workers then stop together by raising
 OutOfSpace, without a checkpoint either (there is no room for one).
 """
 
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ptrun.signal_scope import handlers_restored
-from ptrun.train import machine
+from ptrun.train import machine_faults
 from ptrun.train.divergence import DivergenceWatch
 from ptrun.train.run_end import Diverged, OutOfSpace
 
@@ -78,9 +78,9 @@ class StopRequests:
     def _start(self) -> None:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.agreed = self.received
-            self._check(self.divergence.flag, int(machine.noted() is not None))
+            self._check(self.divergence.flag, int(machine_faults.noted() is not None))
             return
-        full = int(machine.noted() is not None)
+        full = int(machine_faults.noted() is not None)
         flag = torch.tensor([self.received, self.divergence.flag, full], dtype=torch.int64)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
 
@@ -109,4 +109,4 @@ class StopRequests:
         if diverged:
             raise Diverged(diverged - 1)
         if full:  # the rank that found no space says what and where; the others only that a peer did
-            raise machine.noted() or OutOfSpace("run's files on another worker", None)
+            raise machine_faults.noted() or OutOfSpace("run's files on another worker", None)

@@ -3,7 +3,7 @@ and at the end of every freeze interval (each epoch boundary by default; any ste
 let the controller freeze, repartition and widen data parallelism, in the running job.
 
 The trainer keeps the loop and the wiring; its parts each do one job with their own state:
-- `in_use` (`ptrun.train.in_use.PlanInUse`): the plan in use and what is made from it, `switch_to(plan)`;
+- `in_use` (`ptrun.train.plan_in_use.PlanInUse`): the plan in use and what is made from it, `switch_to(plan)`;
 - `decisions` (`ptrun.auto.controller.Decisions`): when the controller decides and when the cache stops;
 - `checkpoints` (`ptrun.train.checkpoint.worker.Checkpoints`): when one is due, save, resume, keep, export;
 - `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
@@ -32,10 +32,12 @@ from ptrun.layout.fit import UnitMemory, device_budget, state_copies
 from ptrun.layout.plan import Plan
 from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.pipeline import Step
-from ptrun.train import faults, room, startup, stats
+from ptrun.train import epoch_stats as stats
+from ptrun.train import fault_injection as faults
+from ptrun.train import room, startup
 from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
-from ptrun.train.in_use import PlanInUse
+from ptrun.train.plan_in_use import PlanInUse
 from ptrun.train.record import RunRecord
 from ptrun.train.run_end import Interrupted
 from ptrun.train.state import Due, EpochSums, TrainState

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ptrun.config import ConfigError
-from ptrun.train import faults, machine
+from ptrun.train import fault_injection, machine_faults
 from ptrun.train.checkpoint.lookup import MANIFEST, TRAINER, checkpoint_root, list_checkpoints, sha256_of
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def save(
 
     def settle(error: BaseException | None) -> None:
         """In place of a barrier: every rank learns whether any rank's write failed, and raises alike."""
-        machine.settle_write(error, "checkpoint", final, nbytes, cleanup=lambda: shutil.rmtree(tmp, True))
+        machine_faults.settle_write(error, "checkpoint", final, nbytes, cleanup=lambda: shutil.rmtree(tmp, True))
 
     error = None
     if rank == 0:
@@ -91,7 +91,7 @@ def save(
             with open(tmp / f"optim-stage{stage}.pt", "wb") as f:  # a full disk is the OSError, not torch's own
                 torch.save(optim, f)
         save_file(rng, str(tmp / f"rng-rank{rank}.safetensors"))
-        faults.reached("checkpoint", global_step)
+        fault_injection.reached("checkpoint", global_step)
     except Exception as e:
         error = e
     settle(error)

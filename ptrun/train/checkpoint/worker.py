@@ -20,7 +20,7 @@ from ptrun.freezing.counts import blocks_of_units
 from ptrun.layout.plan import Plan
 from ptrun.models.export import export_model
 from ptrun.models.lazy import allocate, init_units
-from ptrun.train import faults, machine
+from ptrun.train import fault_injection, machine_faults
 from ptrun.train.checkpoint import lookup, store
 from ptrun.train.state import TrainState
 
@@ -248,7 +248,7 @@ class Checkpoints:
         if self.rank == 0:
             nbytes = sum(shape.numel() * 4 for shape in self.layered.param_shapes.values())  # float32
             try:
-                faults.reached("export", step)
+                fault_injection.reached("export", step)
                 out = export_model(
                     self.layered,
                     target,
@@ -259,5 +259,5 @@ class Checkpoints:
                 )
             except Exception as e:
                 error = e
-        machine.settle_write(error, "export", target, nbytes, cleanup=lambda: shutil.rmtree(target, True))
+        machine_faults.settle_write(error, "export", target, nbytes, cleanup=lambda: shutil.rmtree(target, True))
         return out

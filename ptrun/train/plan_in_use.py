@@ -21,10 +21,10 @@ from ptrun.data.splits import first_sample
 from ptrun.freezing.measures import held_blocks
 from ptrun.layout.plan import Plan
 from ptrun.models.lazy import init_units
-from ptrun.train import faults
+from ptrun.train import fault_injection
 from ptrun.train.divergence import DivergenceWatch
+from ptrun.train.epoch_stats import WARM_UP_STEPS
 from ptrun.train.feed import Feed
-from ptrun.train.stats import WARM_UP_STEPS
 from ptrun.train.step import StepParts
 
 
@@ -94,7 +94,9 @@ class PlanInUse:
         returns its wall time in seconds."""
         t0 = time.perf_counter()
         self._use(
-            change_engine(self.builder, self.engine, plan, midway=lambda: faults.reached("transition", global_step))
+            change_engine(
+                self.builder, self.engine, plan, midway=lambda: fault_injection.reached("transition", global_step)
+            )
         )
         dist.barrier()
         return time.perf_counter() - t0

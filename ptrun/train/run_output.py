@@ -53,7 +53,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ptrun.installed import LOGGER_SPECS
-from ptrun.train import faults, machine
+from ptrun.train import fault_injection, machine_faults
 from ptrun.train.run_end import OutOfSpace
 
 
@@ -68,21 +68,21 @@ class MetricsLog:
 
     def write(self, event: str, **fields: Any) -> None:
         """One event. A write that finds no space is noted for the workers' next step boundary, where they all
-        stop (`ptrun.train.machine.note`), and nothing more is written."""
-        if machine.noted() is not None:
+        stop (`ptrun.train.machine_faults.note`), and nothing more is written."""
+        if machine_faults.noted() is not None:
             return
         record = {"time": round(time.time(), 3), **fields}
         line = json.dumps({"event": event, **record}) + "\n"
         try:
-            faults.reached("metrics", -1, event=event)
+            fault_injection.reached("metrics", -1, event=event)
             with open(self.path, "a") as f:
                 f.write(line)
             if self.mirror is not None:
                 self.mirror.write(event, **record)
         except Exception as e:
-            if not machine.no_space(e):
+            if not machine_faults.no_space(e):
                 raise
-            machine.note(OutOfSpace("metrics", self.path, len(line)))
+            machine_faults.note(OutOfSpace("metrics", self.path, len(line)))
 
     def close(self) -> None:
         if self.mirror is not None:
@@ -102,13 +102,13 @@ def open_mirror(logger: str, run_dir: str | Path, config: Any = None):
 
 class RunLogHandler(logging.FileHandler):
     """train.log: a record that finds no space is noted for the workers' next step boundary, where they all
-    stop (`ptrun.train.machine.note`), instead of logging's traceback on stderr."""
+    stop (`ptrun.train.machine_faults.note`), instead of logging's traceback on stderr."""
 
     def handleError(self, record: logging.LogRecord) -> None:
-        if not machine.no_space(sys.exc_info()[1]):
+        if not machine_faults.no_space(sys.exc_info()[1]):
             super().handleError(record)
         else:
-            machine.note(OutOfSpace("log", self.baseFilename, len(self.format(record)) + 1))
+            machine_faults.note(OutOfSpace("log", self.baseFilename, len(self.format(record)) + 1))
 
 
 def setup_logging(run_dir: str | Path, rank: int) -> None:
