@@ -91,6 +91,7 @@ def wandb_login_problem() -> str | None:
         return None
     host = os.environ.get("WANDB_BASE_URL")
     try:
+        # inner import: optional library
         from wandb.errors import AuthenticationError
         from wandb.sdk import wandb_setup
         from wandb.sdk.lib import wbauth
@@ -111,6 +112,7 @@ def wandb_login_problem() -> str | None:
 
 def _netrc_has_login(url: str) -> bool:
     """Whether the .netrc file ($NETRC, else ~/.netrc) holds a password for the host of `url`."""
+    # inner import: start-up (the CLI imports this module; a .netrc is read only for a W&B start)
     import netrc
     from urllib.parse import urlsplit
 
@@ -125,6 +127,7 @@ def mlflow_server_problem() -> str | None:
     """One line naming `MLFLOW_TRACKING_URI` when it is an http(s) server that does not accept a TCP connection
     within `TRACKER_TIMEOUT_S` (through the proxy the environment names for it, if any), else None. Other
     stores (a file, SQLite, Databricks) are not checked."""
+    # inner import: start-up (the CLI imports this module; the network only for an MLflow start)
     import socket
     import threading
     import urllib.request

@@ -46,7 +46,7 @@ class Recipe:
 def _yaml(path: Path) -> dict:
     """A yaml file as plain containers, interpolations left as written (`${package_dir:...}` needs a
     resolver this module does not register); {} when it is missing."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # inner import: start-up
 
     if not path.is_file():
         return {}

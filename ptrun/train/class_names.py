@@ -56,7 +56,7 @@ def ranks_disagree(names_by_rank: list[list[str]]) -> str | None:
 
 def agree_on_classes(names: list[str]) -> None:
     """Collective: every rank's data names the same classes in the same order, or each raises ConfigError."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # inner import: start-up (the launcher checks a resume's names)
 
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, list(names))

@@ -30,6 +30,8 @@ import os
 import signal
 from functools import cache
 
+import torch
+
 POINTS = ("step", "transition", "checkpoint", "export", "metrics", "start")
 _fired: list[dict] = []
 
@@ -63,8 +65,6 @@ def reached(point: str, step: int, event: str | None = None) -> None:
             _fired.append(planned)
             raise OSError(planned["errno"], os.strerror(planned["errno"]))
         if planned.get("oom"):
-            import torch
-
             _fired.append(planned)
             raise torch.OutOfMemoryError(f"planned out of memory at {point} (global step {step})")
         os.kill(os.getpid(), signal.SIGKILL)

@@ -20,6 +20,9 @@ import os
 import re
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from ptrun.train.run_end import OutOfSpace
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -63,9 +66,6 @@ def settle_write(error: BaseException | None, what: str, path: Path, nbytes: int
     Where any rank failed, `cleanup` runs on rank 0 (the partial files go) and every rank raises: OutOfSpace
     where a write found no space (needing the sum of `nbytes`), this rank's own error where it had another,
     else a RuntimeError saying a peer failed (which a restart may cure, as any fault)."""
-    import torch
-    import torch.distributed as dist
-
     full, other = no_space(error), error is not None and not no_space(error)
     flags = torch.tensor([int(full), int(other), nbytes], dtype=torch.int64)
     if dist.is_initialized():
@@ -93,8 +93,6 @@ def memory_report(error: BaseException, device, where: str, plan) -> dict:
     """An out-of-memory error `error` on `device` at `where` (a step, a transition, the cache) in the layout
     `plan`: the device, its memory in use and in total, the allocation that failed (if it says), for the
     launcher's line and the planner's advice (`ptrun.launcher.memory_advice`)."""
-    import torch
-
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         used, name = total - free, f"{device} ({torch.cuda.get_device_name(device)})"

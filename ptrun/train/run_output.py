@@ -51,6 +51,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 from ptrun.installed import LOGGER_SPECS
 from ptrun.train import fault_injection, machine_faults
@@ -212,8 +213,6 @@ def layout_line(plan) -> str:
 
 def layout_table(plan, unit_names: list[str]):
     """A rich Table: one row per stage (rank position, units by name, frozen and cached units)."""
-    from rich.table import Table
-
     table = Table(
         title=f"K={plan.pp} x DP={plan.dp}{_replication(plan)}, M={plan.microbatches} ({plan.schedule}); "
         f"{plan.frozen_units} of {plan.num_units} units frozen, {plan.cached_units} cached",
