@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
 import torch
 
 from ptrun.config import ConfigError, ModelConfig, PtrunConfig, validate
-from ptrun.layout.fill import Devices, resolve
+from ptrun.layout.fill import Devices, MachineMemory, device_budget, memory_budget, resolve
 from ptrun.layout.fit import (
     UnitMemory,
     check_fits,
     choose_length,
     measure_unit_memory,
-    memory_budget,
     stage_bytes,
     state_copies,
 )
@@ -165,9 +165,8 @@ def test_a_plans_stages_are_priced_and_one_that_does_not_fit_is_named():
         check_fits(MEMORY, plan, 32, 100 * MIB)
 
 
-def test_the_trainer_and_the_planner_give_a_stage_the_same_share_of_a_device():
+def test_the_trainer_and_the_planner_give_a_stage_the_same_share_of_a_device(monkeypatch):
     from ptrun.sim.cluster import GB, get_cluster
-    from ptrun.sim.planning import device_budget
 
     cfg = PtrunConfig(run_dir="/tmp/unused")
     assert memory_budget(None, 1000) == 900 and memory_budget("50%", 1000) == 500
@@ -175,6 +174,12 @@ def test_the_trainer_and_the_planner_give_a_stage_the_same_share_of_a_device():
     assert device_budget(cfg, get_cluster("paper")) == memory_budget(None, 32 * GB)
     assert device_budget(cfg, get_cluster("paper", {"device_memory_gb": "0"})) == memory_budget(None, 512 * GB // 8)
     assert device_budget(replace(cfg, device=replace(cfg.device, memory="2GB")), get_cluster("paper")) == 2 * 2**30
+    # one budget for a simulated cluster, the launching machine and a worker's own device
+    assert device_budget(cfg, MachineMemory(None, 512 * 10**9, 8)) == memory_budget(None, 512 * GB // 8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert device_budget(cfg, torch.device("cpu")) == device_budget(cfg, MachineMemory(None, host, 2))
+    assert device_budget(cfg, torch.device("cpu")) == memory_budget(None, host // 2)
 
 
 def test_parameter_gradient_and_optimizer_state_copies():

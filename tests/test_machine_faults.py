@@ -16,6 +16,8 @@ from conftest import TINY, compose_config
 
 from ptrun.launcher.memory_advice import keys_that_fit
 from ptrun.launcher.oom_watch import OomWatch, peak_resident
+from ptrun.layout import fit
+from ptrun.layout.fit import UnitMemory
 from ptrun.layout.plan import Plan
 from ptrun.train import fault_injection, machine_faults
 from ptrun.train.checkpoint import lookup
@@ -139,22 +141,19 @@ def test_an_oom_report_says_the_device_and_its_memory():
 
 
 def test_a_widening_that_would_not_fit_is_refused_for_the_same_layout_frozen_in_place(tmp_path):
-    from ptrun.layout.fit import UnitMemory
-    from ptrun.train import room
-
     # the planner's memory of the tiny digits ViT (embedding, two blocks' halves, head)
     memory = UnitMemory([11776.0, 68608.0, 68096.0, 68608.0, 68096.0, 6304.0], [13056.0] * 5 + [240.0])
     current = Plan(
         num_units=6, frozen_units=0, pp=2, dp=1, stage_bounds=((0, 3), (3, 6)), microbatches=2, schedule="1F1B"
     )
     wide = Plan(num_units=6, frozen_units=5, pp=1, dp=2, stage_bounds=((0, 6),), microbatches=2, schedule="1F1B")
-    kept = room.in_place(current, wide)
+    kept = fit.in_place(current, wide)
     assert (kept.pp, kept.dp, kept.frozen_units, kept.stage_bounds) == (2, 1, 5, current.stage_bounds)
     # K = 1 holds every frozen unit's parameters (a quarter of their AdamW state) and the head
-    need = room.largest_stage(memory, wide, 16, 4)
+    need = fit.largest_stage(memory, wide, 16, copies=4)
     assert need == pytest.approx(sum(memory.state_bytes[:5]) / 4 + 6304.0 + 240.0 * 16 / 2 / 2)  # one micro-batch
-    assert room.largest_stage(memory, kept, 16, 4) < need
-    assert room.refusal(memory, current, wide, 16, int(need), 4) is None  # it fits
-    line = room.refusal(memory, current, wide, 16, int(need) - 1, 4)
+    assert fit.largest_stage(memory, kept, 16, copies=4) < need
+    assert fit.refusal(memory, current, wide, 16, int(need), 4) is None  # it fits
+    line = fit.refusal(memory, current, wide, 16, int(need) - 1, 4)
     assert line.startswith("layout K=1 DP=2 refused: its largest stage would need ~0.00 GiB")
     assert line.endswith("the 5 frozen units freeze in place, in K=2 DP=1")

@@ -1,5 +1,5 @@
 """After a worker ran out of memory: the keys that would fit, from the planner's memory model (the stand-in
-`ptrun plan` and `pipe.length=auto` use: `ptrun.layout.fill.fit_memory`, `ptrun.layout.fit.stage_bytes`), and
+`ptrun plan` and `pipe.length=auto` use: `ptrun.layout.fill.fit_memory`, `ptrun.layout.fit.largest_stage`), and
 the launcher's one line says them (`ptrun.train.run_end.oom_line`).
 
 The model estimated the layout that ran out; the device measured more than it holds. Each key is changed on
@@ -12,34 +12,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ptrun.config import SCHEDULE_SPECS, PtrunConfig
+from ptrun.config import PtrunConfig
 from ptrun.config.pipe import recomputes
 from ptrun.costs.from_config import costs_from_config
 from ptrun.layout.fill import fit_memory
-from ptrun.layout.fit import UnitMemory, stage_bytes
+from ptrun.layout.fit import UnitMemory, largest_stage
 from ptrun.layout.partition import partition
 from ptrun.layout.plan import Plan
 
 HEADROOM = 0.9
-"""The share of the device a layout may fill by the scaled model (`ptrun.layout.fit.DEVICE_SHARE`'s
+"""The share of the device a layout may fill by the scaled model (`ptrun.layout.fill.DEVICE_SHARE`'s
 reasoning: the rest is the context's, the collectives' and the allocator's)."""
-
-
-def _peak(memory: UnitMemory, plan: Plan, batch: int, recompute: bool = False) -> float:
-    """The model's largest stage for `plan` (`ptrun.layout.fit.stage_bytes`; at K = 1 the micro-batches
-    accumulate one after another, so one is in flight; `recompute`: a stage keeps one unit's activations at a
-    time)."""
-    if plan.num_stages == 1:  # one micro-batch of batch / M at a time
-        batch, plan = batch / plan.microbatches, replace(plan, microbatches=1)
-    if not recompute:
-        return max(stage_bytes(memory, plan, batch))
-    held = UnitMemory(memory.state_bytes, [0.0] * len(memory.state_bytes))
-    micro = batch / plan.dp / plan.microbatches
-    flight = min(plan.pp, plan.microbatches) if SCHEDULE_SPECS[plan.schedule].bounded_in_flight else plan.microbatches
-    return max(
-        b + max(memory.activation_bytes[lo:hi]) * micro * flight
-        for b, (lo, hi) in zip(stage_bytes(held, plan, batch), plan.stage_bounds, strict=True)
-    )
 
 
 def _candidates(cfg: PtrunConfig, memory: UnitMemory, plan: Plan, batch: int) -> list[tuple[str, float]]:
@@ -48,9 +31,9 @@ def _candidates(cfg: PtrunConfig, memory: UnitMemory, plan: Plan, batch: int) ->
     per_replica = batch // plan.dp
     if per_replica % (2 * plan.microbatches) == 0:
         more = replace(plan, microbatches=2 * plan.microbatches)
-        out.append((f"pipe.microbatches={more.microbatches}", _peak(memory, more, batch)))
+        out.append((f"pipe.microbatches={more.microbatches}", largest_stage(memory, more, batch, accumulate=True)))
     if not recomputes(cfg.pipe.recompute):
-        out.append(("pipe.recompute=stage", _peak(memory, plan, batch, recompute=True)))
+        out.append(("pipe.recompute=stage", largest_stage(memory, plan, batch, recompute=True, accumulate=True)))
     longer = 2 * plan.pp
     if plan.world_size % longer == 0 and longer * plan.stages_per_rank <= plan.num_units:
         cost = [s + a * per_replica for s, a in zip(memory.state_bytes, memory.activation_bytes, strict=True)]
@@ -58,10 +41,10 @@ def _candidates(cfg: PtrunConfig, memory: UnitMemory, plan: Plan, batch: int) ->
         dp = plan.world_size // longer
         if batch % (dp * plan.microbatches) == 0:
             pipeline = replace(plan, pp=longer, dp=dp, stage_bounds=tuple(bounds), cached_units=0)
-            out.append((f"pipe.length={longer}", _peak(memory, pipeline, batch)))
+            out.append((f"pipe.length={longer}", largest_stage(memory, pipeline, batch, accumulate=True)))
     half = batch // 2
     if half and half % (plan.dp * plan.microbatches) == 0:
-        out.append((f"train.global_batch_size={half}", _peak(memory, plan, half)))
+        out.append((f"train.global_batch_size={half}", largest_stage(memory, plan, half, accumulate=True)))
     return out
 
 
@@ -75,7 +58,7 @@ def keys_that_fit(cfg: PtrunConfig, report: dict) -> list[str]:
     plan = Plan.from_dict(report["plan"])
     memory = fit_memory(costs_from_config(cfg.model, cfg.data), cfg)
     batch = cfg.train.global_batch_size
-    now = _peak(memory, plan, batch)
+    now = largest_stage(memory, plan, batch, accumulate=True)
     # The device measured the layout at `measured` bytes; the model said `now`: scale the model to it.
     measured = max(report["used"] + report["requested"], report["total"])
     scale = measured / now if now else 1.0

@@ -16,6 +16,7 @@ rank computes the same Plan from the same numbers.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ptrun.config import ConfigError
@@ -58,6 +59,34 @@ def _layout(
     out = [(lo + c, hi + c) for lo, hi in bounds]
     out[0] = (0, out[0][1])
     return tuple(out)
+
+
+def unfrozen_plan(
+    first: Plan,
+    pp: int,
+    microbatches: int,
+    *,
+    method: str,
+    param_costs: Sequence[float],
+    partition_kwargs: dict[str, Any],
+) -> Plan:
+    """The layout of `first`'s world at length `pp` with `microbatches`, nothing frozen nor cached: `first`'s own
+    stages at its length, else every unit placed over `pp` x stages_per_rank stages by `method` (the
+    controller's, with its `param_costs` and `partition_kwargs`), as AutoPipe would place them at the start of
+    a full fine-tune. Micro-batch tuning times these (`ptrun.layout.microtune.measure`'s `plan_at`)."""
+    if pp == first.pp:
+        bounds = first.stage_bounds
+    else:
+        bounds = _layout(method, pp, first.stages_per_rank, param_costs, 0, partition_kwargs)
+    return replace(
+        first,
+        pp=pp,
+        dp=first.world_size // pp,
+        microbatches=microbatches,
+        stage_bounds=tuple(tuple(b) for b in bounds),
+        frozen_units=0,
+        cached_units=0,
+    ).check()
 
 
 def starting_max(

@@ -6,15 +6,16 @@ micro-batch count following K) and checked against the layout rules where that w
 
 Before any worker starts nothing is built or measured: the planner's stand-in gives each unit's memory from the
 model's analytic sizes (`ptrun.costs`), and the devices the workers will use give the budget (a GPU's memory
-from NVML, or the host's memory shared by its workers): `this_machine`."""
+from NVML, or the host's memory shared by its workers): `this_machine`. What one device offers a stage is one
+function for the launch, `ptrun plan` and the workers alike: `device_budget`."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ptrun.config import LauncherConfig, PtrunConfig, check_concrete, data_parallel_width
+from ptrun.config import LauncherConfig, PtrunConfig, check_concrete, data_parallel_width, parse_memory
 from ptrun.config.gpus import visible_gpu_memory_without_torch
 from ptrun.config.launcher import visible_gpus, workers_per_node
 from ptrun.config.layout_rules import batch_at, width_problem
@@ -41,8 +42,9 @@ def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
     """The planner's per-unit memory: float32 parameters from the analytic sizes (with any adapters'), gradients
     and optimizer state for those that train (all of them, or the adapters and the head's:
     `ptrun.costs.adapters`); activations from the unit's output size (`ACTIVATION_PER_OUTPUT`)."""
+    # inner import: start-up (the costs and torch only where K is chosen)
     from ptrun.costs.adapters import adapter_params, trained_params
-    from ptrun.layout.fit import UnitMemory, state_copies  # torch: only where K is chosen
+    from ptrun.layout.fit import UnitMemory, state_copies
 
     copies = state_copies(cfg.optim.name)
     added, trained = adapter_params(costs, cfg), trained_params(costs, cfg)
@@ -50,18 +52,83 @@ def fit_memory(costs: ModelCosts, cfg: PtrunConfig):
     return UnitMemory(state, [ACTIVATION_PER_OUTPUT * a for a in costs.act_bytes])
 
 
-def device_bytes(lc: LauncherConfig) -> int:
-    """What one device of this machine holds, as the workers' `ptrun.layout.fit.device_budget` counts it: the
-    smallest visible GPU's memory where the workers use CUDA, else the host's memory shared by this machine's
-    workers (`launcher.nproc_per_node`)."""
-    if visible_gpus(lc):
-        total = visible_gpu_memory_without_torch()
-        if total is None:  # device UUIDs, MIG instances, ROCm: only torch can tell
-            import torch
+DEVICE_SHARE = "90%"
+"""What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's
+tensors can use (the CUDA context and the collectives' buffers, the caching allocator's fragmentation; on
+the CPU the processes' own libraries and heaps). One share for the trainer and `ptrun plan`, so the planner
+picks the pipeline length the trainer would."""
 
-            total = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-        return total
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // workers_per_node(lc)
+
+def memory_budget(setting: str | None, total: int) -> int:
+    """Bytes one device offers a stage out of its `total`: `device.memory` (a size, or a share of `total`),
+    else `DEVICE_SHARE` of it."""
+    return parse_memory(setting or DEVICE_SHARE, total=total, key="device.memory")
+
+
+@runtime_checkable
+class DeviceMemory(Protocol):
+    """What one machine's devices hold, as a stage's budget is taken from it: the launching machine
+    (`MachineMemory`, `machine_memory`) and a simulated cluster (`ptrun.sim.cluster.Cluster`) say it so."""
+
+    @property
+    def gpu_bytes(self) -> int | None:
+        """One GPU's memory; None where the workers use the CPU."""
+
+    @property
+    def host_bytes(self) -> int:
+        """The host's memory."""
+
+    @property
+    def workers_per_host(self) -> int:
+        """The workers that share the host's memory."""
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    """A `DeviceMemory` measured on this machine."""
+
+    gpu_bytes: int | None
+    host_bytes: int
+    workers_per_host: int
+
+
+def _host_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def machine_memory(lc: LauncherConfig) -> MachineMemory:
+    """What this machine's devices hold, before any worker starts: the smallest visible GPU's memory where the
+    workers use CUDA, and the host's memory shared by this machine's workers (`launcher.nproc_per_node`)."""
+    gpu = None
+    if visible_gpus(lc):
+        gpu = visible_gpu_memory_without_torch()
+        if gpu is None:  # device UUIDs, MIG instances, ROCm: only torch can tell
+            import torch  # inner import: start-up (this module stays without torch)
+
+            gpu = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+    return MachineMemory(gpu, _host_bytes(), workers_per_node(lc))
+
+
+def worker_memory(device) -> MachineMemory:
+    """What a worker's own `device` (a `torch.device`) holds: its GPU's memory, and the host's memory shared by
+    the node's workers (`LOCAL_WORLD_SIZE`)."""
+    gpu = None
+    if device.type == "cuda":
+        import torch  # inner import: start-up (this module stays without torch)
+
+        gpu = torch.cuda.get_device_properties(device).total_memory
+    return MachineMemory(gpu, _host_bytes(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def device_budget(cfg: PtrunConfig, devices) -> int:
+    """Bytes one device offers a stage (`memory_budget` of `device.memory`): of the GPU's memory, or where the
+    workers use the CPU, of the host's memory shared by them. `devices` is a `DeviceMemory` (the launching
+    machine's, a simulated cluster's) or a worker's own `torch.device` (`worker_memory`): the launch, `ptrun
+    plan` and the workers count it alike."""
+    if not isinstance(devices, DeviceMemory):
+        devices = worker_memory(devices)
+    gpu = devices.gpu_bytes
+    return memory_budget(cfg.device.memory, gpu if gpu is not None else devices.host_bytes // devices.workers_per_host)
 
 
 def this_machine(cfg: PtrunConfig, costs: ModelCosts | None = None) -> Devices:
@@ -69,11 +136,10 @@ def this_machine(cfg: PtrunConfig, costs: ModelCosts | None = None) -> Devices:
     the config's) and the budget one device offers it; otherwise nothing to weigh."""
     if cfg.pipe.length != "auto":
         return Devices(0)
-    from ptrun.costs.from_config import costs_from_config  # only where K is chosen
-    from ptrun.layout.fit import memory_budget
+    from ptrun.costs.from_config import costs_from_config  # inner import: start-up (only where K is chosen)
 
     memory = fit_memory(costs or costs_from_config(cfg.model, cfg.data), cfg)
-    return Devices(memory_budget(cfg.device.memory, device_bytes(cfg.launcher)), memory)
+    return Devices(device_budget(cfg, machine_memory(cfg.launcher)), memory)
 
 
 def fill_batch(cfg: PtrunConfig, world: int) -> PtrunConfig:
@@ -108,7 +174,7 @@ def resolve(cfg: PtrunConfig, world: int, devices: Devices | None = None, *, che
         if check:
             check_concrete(cfg.pipe, world, cfg.train.global_batch_size)
         return cfg, None
-    from ptrun.layout.fit import choose_length, follow_microbatches  # torch: only where K or M is chosen
+    from ptrun.layout.fit import choose_length, follow_microbatches  # inner import: start-up (torch: K or M chosen)
 
     choice = None
     if pipe.length == "auto":

@@ -6,12 +6,15 @@ activations are measured, not guessed: one sample goes through the units with a 
 what each unit stores for its backward pass (the weights it saves are not counted twice), scaled by the
 micro-batch size. A pipeline appears only when memory asks for one; everything else trains as data
 parallelism, the layout a user would pick.
+
+The same memory model checks every layout against a device: the planner's first layout (`check_fits`), a layout
+change the controller decides in a run (`refusal`, else `in_place`), and the layout a worker ran out of memory
+in (`largest_stage`, for the keys that would fit). What a device offers is `ptrun.layout.fill.device_budget`.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,30 +23,18 @@ from ptrun.config import (
     SCHEDULE_SPECS,
     ConfigError,
     PtrunConfig,
-    parse_memory,
 )
 from ptrun.config.layout_rules import auto_lengths, batch_at, length_problem, no_length_fits, stage_problem
 from ptrun.layout.microbatches import pick_microbatches
 from ptrun.layout.partition import partition, stage_sums
+from ptrun.layout.plan import Plan
 from ptrun.models.lazy import borrowed, unit_names
-
-DEVICE_SHARE = "90%"
-"""What a device offers a stage when `device.memory` is unset. Not all of it: the rest holds what no stage's
-tensors can use (the CUDA context and the collectives' buffers, the caching allocator's fragmentation; on
-the CPU the processes' own libraries and heaps). One share for the trainer and `ptrun plan`, so the planner
-picks the pipeline length the trainer would."""
 
 
 def state_copies(optimizer: str) -> int:
     """Tensors of a parameter's size that training keeps per parameter: the parameter, its gradient and the
     optimizer's state (`Optimizer.state_copies`)."""
     return 2 + OPTIMIZER_SPECS[optimizer].state_copies
-
-
-def memory_budget(setting: str | None, total: int) -> int:
-    """Bytes one device offers a stage out of its `total`: `device.memory` (a size, or a share of `total`),
-    else `DEVICE_SHARE` of it."""
-    return parse_memory(setting or DEVICE_SHARE, total=total, key="device.memory")
 
 
 @dataclass(frozen=True)
@@ -88,16 +79,6 @@ def measure_unit_memory(layered, sample: tuple, optimizer: str) -> UnitMemory:
         carry = tuple(x.detach() for x in out) if isinstance(out, tuple) else (out.detach(),)
         carry = tuple(x.requires_grad_(True) if x.is_floating_point() else x for x in carry)
     return UnitMemory(state, activations)
-
-
-def device_budget(cfg: PtrunConfig, device: torch.device) -> int:
-    """Bytes `device` offers a stage (`memory_budget`): of the GPU's memory, or on the CPU of the host's
-    memory shared by the node's workers."""
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return memory_budget(cfg.device.memory, total)
 
 
 @dataclass(frozen=True)
@@ -208,3 +189,64 @@ def check_fits(memory: UnitMemory, plan, global_batch: int, budget: int) -> list
                 f"(or pipe.length=auto), a smaller batch, or pipe.recompute"
             )
     return need
+
+
+def largest_stage(
+    memory: UnitMemory,
+    plan: Plan,
+    global_batch: float,
+    *,
+    copies: int | None = None,
+    recompute: bool = False,
+    accumulate: bool = False,
+) -> float:
+    """The memory model's largest stage of `plan`, in bytes (the largest of `stage_bytes`):
+
+    - with `copies` (`state_copies`), `plan`'s frozen units keep their parameters alone (1 of the `copies` their
+      state counts) and no activations (a cached one runs in no stage, its weights with the first);
+    - with `recompute` (`pipe.recompute`), a stage keeps one unit's activations at a time;
+    - with `accumulate`, one stage (K = 1) runs its micro-batches one after another: one of `global_batch / M`
+      is in flight whatever the schedule.
+
+    A layout change is checked with `copies` (`refusal`); the layout a worker ran out of memory in is read with
+    `recompute` and `accumulate` (`ptrun.launcher.memory_advice`)."""
+    if accumulate and plan.num_stages == 1:  # one micro-batch of batch / M at a time
+        global_batch, plan = global_batch / plan.microbatches, replace(plan, microbatches=1)
+    if copies is not None:
+        frozen = plan.frozen_units
+        memory = UnitMemory(
+            [s / copies if u < frozen else s for u, s in enumerate(memory.state_bytes)],
+            [0.0 if u < frozen else a for u, a in enumerate(memory.activation_bytes)],
+        )
+    if not recompute:
+        return max(stage_bytes(memory, plan, global_batch))
+    held = UnitMemory(memory.state_bytes, [0.0] * len(memory.state_bytes))
+    micro = global_batch / plan.dp / plan.microbatches
+    flight = _in_flight(plan.schedule, plan.pp, plan.microbatches)
+    return max(
+        b + max(memory.activation_bytes[lo:hi]) * micro * flight
+        for b, (lo, hi) in zip(stage_bytes(held, plan, global_batch), plan.stage_bounds, strict=True)
+    )
+
+
+def refusal(memory: UnitMemory, current: Plan, new: Plan, global_batch: int, budget: int, copies: int) -> str | None:
+    """Whether a layout change the controller decided fits the worker's device: the line refusing `new` where its
+    largest stage would not fit `budget` and needs more than `new`'s frozen prefix in `current`'s layout (which
+    runs); None where it may go ahead. A change that would not fit (AutoDP widening, which hands each rank more
+    units) is refused before it runs, and the run freezes in place instead (`in_place`)."""
+    need = largest_stage(memory, new, global_batch, copies=copies)
+    if need <= budget or need <= largest_stage(memory, in_place(current, new), global_batch, copies=copies):
+        return None
+    gib = 2**30
+    return (
+        f"layout K={new.pp} DP={new.dp} refused: its largest stage would need ~{need / gib:.2f} GiB by the "
+        f"planner's memory model, a device offers {budget / gib:.2f} GiB (device.memory); the {new.frozen_units} "
+        f"frozen units freeze in place, in K={current.pp} DP={current.dp}"
+    )
+
+
+def in_place(current: Plan, new: Plan) -> Plan:
+    """`new`'s frozen prefix in `current`'s layout (its stages stay; the cache may serve at most what leaves the
+    first stage a unit to run)."""
+    cached = min(new.cached_units, current.stage_bounds[0][1] - 1)
+    return replace(current, frozen_units=new.frozen_units, cached_units=cached).check()

@@ -126,6 +126,20 @@ class Cluster:
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    # What one device holds, as `ptrun.layout.fill.device_budget` reads it (`ptrun.layout.fill.DeviceMemory`).
+    @property
+    def gpu_bytes(self) -> int | None:
+        """One device's memory (`device_memory_gb`); None where the cluster gives none."""
+        return int(self.device_memory_gb * GB) if self.device_memory_gb else None
+
+    @property
+    def host_bytes(self) -> int:
+        return int(self.host_memory_gb * GB)
+
+    @property
+    def workers_per_host(self) -> int:
+        return self.gpus_per_node
+
 
 PRESETS: dict[str, Cluster] = {
     "paper": Cluster(

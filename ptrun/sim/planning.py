@@ -14,7 +14,7 @@ from ptrun.costs.units import ModelCosts
 from ptrun.freezing.policies import POLICIES
 from ptrun.freezing.policy import MEASURES
 from ptrun.layout import fill as layout
-from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, fit_memory
+from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, device_budget, fit_memory
 from ptrun.layout.first import starting_micro_batch
 from ptrun.layout.partition import NEEDS_PROFILE
 from ptrun.layout.plan import Plan
@@ -52,7 +52,8 @@ def default_samples(cfg: PtrunConfig) -> int | None:
         return GLUE_SAMPLES.get(cfg.data.task or "")
     if cfg.data.name in DATASET_SAMPLES:
         return DATASET_SAMPLES[cfg.data.name]
-    from ptrun.data.sources import train_samples  # reads the user's files: only when the table has no answer
+    # inner import: start-up (reads the user's files: only when the table has no answer)
+    from ptrun.data.sources import train_samples
 
     return train_samples(cfg.data, cfg.model.task)
 
@@ -60,22 +61,6 @@ def default_samples(cfg: PtrunConfig) -> int | None:
 def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
     """`cfg` with the `auto.*` switches of one Figure-9 combination."""
     return replace(cfg, auto=replace(cfg.auto, **COMBINATIONS[name][1]))
-
-
-def device_budget(cfg: PtrunConfig, cluster: Cluster) -> int:
-    """Bytes one of `cluster`'s devices offers a stage, as the trainer's `ptrun.layout.fit.device_budget`
-    counts it (`memory_budget`): of the device's memory, or of the host's memory shared by the node's devices
-    when the cluster gives none."""
-    from ptrun.layout.fit import memory_budget
-
-    return memory_budget(
-        cfg.device.memory,
-        int(
-            cluster.device_memory_gb * GB
-            if cluster.device_memory_gb
-            else cluster.host_memory_gb * GB / cluster.gpus_per_node
-        ),
-    )
 
 
 def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluster | None = None) -> PtrunConfig:
@@ -100,6 +85,7 @@ def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluste
 def stand_in(costs: ModelCosts) -> SimpleNamespace:
     """What the start reads of a LayeredModel: its blocks, and units whose parameters have the analytic sizes
     (meta-device tensors: no memory), and how many return every token (the costs say)."""
+    # inner import: start-up (a refused `ptrun plan` imports no torch)
     import torch
     from torch import nn
 
@@ -139,7 +125,7 @@ def plan_epochs(
     controller = start(
         cfg, stand_in(costs), cluster.world_size, profile=profile, bandwidth=bandwidth, steps_per_epoch=steps
     )
-    from ptrun.layout.fit import check_fits
+    from ptrun.layout.fit import check_fits  # inner import: start-up (torch)
 
     # The first layout must fit a device (later ones only shorten the active part: frozen units keep no
     # gradients or optimizer state).

@@ -22,9 +22,9 @@ from ptrun.config import PtrunConfig
 from ptrun.data import EpochSampler, build_datasets
 from ptrun.data.splits import DataSplits, first_sample
 from ptrun.layout import microtune
+from ptrun.layout.autopipe import unfrozen_plan
 from ptrun.layout.first import starting_micro_batch
-from ptrun.layout.partition import NEEDS_PROFILE, partition
-from ptrun.layout.plan import Plan
+from ptrun.layout.partition import NEEDS_PROFILE
 from ptrun.layout.tuning import Tuning, cache_fields, tune
 from ptrun.models import build_model
 from ptrun.models.lazy import init_units
@@ -118,24 +118,14 @@ def tune_microbatches(
         shrinks=microtune.shrinking(cfg),
     )
 
-    def plan_at(pp: int, m: int) -> Plan:
-        bounds = (
-            first.stage_bounds
-            if pp == first.pp
-            else partition(
-                controller.method,
-                pp * first.stages_per_rank,
-                num_units=first.num_units,
-                param_costs=controller.param_costs,
-                **controller.partition_kwargs,
-            )
-        )
-        # measured with nothing frozen (nor cached: the batches are raw), as at the start of a full fine-tune
-        bounds = tuple(tuple(b) for b in bounds)
-        return replace(
-            first, pp=pp, dp=world_size // pp, microbatches=m, stage_bounds=bounds, frozen_units=0, cached_units=0
-        ).check()
-
+    # measured with nothing frozen (nor cached: the batches are raw), as at the start of a full fine-tune
+    plan_at = partial(
+        unfrozen_plan,
+        first,
+        method=controller.method,
+        param_costs=controller.param_costs,
+        partition_kwargs=controller.partition_kwargs,
+    )
     batches = partial(
         microtune.training_batches,
         data.train,

@@ -28,13 +28,15 @@ from ptrun.compose import for_world
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
 from ptrun.freezing.measures import make_measurement
-from ptrun.layout.fit import UnitMemory, device_budget, state_copies
+from ptrun.layout import fit as room
+from ptrun.layout.fill import device_budget
+from ptrun.layout.fit import UnitMemory, state_copies
 from ptrun.layout.plan import Plan
 from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.pipeline import Step
 from ptrun.train import epoch_stats as stats
 from ptrun.train import fault_injection as faults
-from ptrun.train import room, startup
+from ptrun.train import startup
 from ptrun.train.checkpoint.worker import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
 from ptrun.train.plan_in_use import PlanInUse
