@@ -31,7 +31,7 @@ def test_the_same_error_on_every_worker_is_one_line_and_no_restart(tmp_path):
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith(
         "ptrun: error: every worker failed at start-up with the same error, so no restart: "
-        "TypeError: a planned bug (faults.py:"
+        "TypeError: a planned bug (fault_injection.py:"
     ), lines[0]
     assert not list(run_dir.glob("elastic/*/attempt_1")), "restarted"
 

@@ -1,7 +1,7 @@
 """The run's record on one worker: its events (`metrics.jsonl` and the trackers, rank 0), the terminal's lines
 and live view, the clocks of its start and of its steps, the recordings of chosen steps (the timeline and the
 profile), the statistics of each epoch and the savings line at the end. The trainer says what happened; this
-part says it, in the formats of `report.py`."""
+part says it, in the formats of `run_output.py`."""
 
 from __future__ import annotations
 
