@@ -5,13 +5,14 @@ expected layout can be checked by hand); the paper's greedy partitioner is check
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from ptrun.config import ConfigError
 from ptrun.freezing.counts import frozen_units_for_blocks
 from ptrun.freezing.policies import make_policy
-from ptrun.layout.autopipe import next_plan, starting_max
+from ptrun.layout.autopipe import next_plan, starting_max, unfrozen_plan
 from ptrun.layout.microbatches import PAPER_MICROBATCHES, batch_sizes, min_microbatches, pick_microbatches
 from ptrun.layout.partition import partition, stage_sums, weighted_costs
 from ptrun.layout.plan import Plan, even_bounds
@@ -91,6 +92,19 @@ def test_paper_sequence_with_alpha_freezing():
         )
         seen.append((frozen, plan.pp, plan.dp))
     assert seen == [(0, 8, 2), (4, 8, 2), (7, 4, 4), (9, 4, 4), (10, 4, 4), (11, 2, 8), (11, 2, 8), (12, 2, 8)]
+
+
+def test_micro_batch_tuning_times_the_unfrozen_layouts_autopipe_would_build():
+    """At the starting length its own stages; at a shorter one every unit placed anew, DP = world / K; nothing
+    frozen or cached, whatever the starting plan held."""
+    first = replace(start_plan(pp=4, m=4), frozen_units=3, cached_units=0)
+    costs = [float(c) for c in range(1, EQUAL_UNITS + 1)]
+    same = unfrozen_plan(first, 4, 8, method="params", param_costs=costs, partition_kwargs={})
+    assert (same.pp, same.dp, same.microbatches, same.stage_bounds) == (4, 2, 8, first.stage_bounds)
+    assert same.frozen_units == same.cached_units == 0
+    short = unfrozen_plan(first, 2, 2, method="params", param_costs=costs, partition_kwargs={})
+    bounds = tuple(tuple(b) for b in partition("params", 2, num_units=EQUAL_UNITS, param_costs=costs))
+    assert (short.pp, short.dp, short.microbatches, short.stage_bounds, short.frozen_units) == (2, 4, 2, bounds, 0)
 
 
 def test_dp_is_world_over_k():
