@@ -22,6 +22,8 @@ from ptrun.config.layout_rules import batch_at, width_problem
 from ptrun.config.rules import require
 
 if TYPE_CHECKING:
+    import torch
+
     from ptrun.costs.units import ModelCosts
 
 ACTIVATION_PER_OUTPUT = 6.0
@@ -109,7 +111,7 @@ def machine_memory(lc: LauncherConfig) -> MachineMemory:
     return MachineMemory(gpu, _host_bytes(), workers_per_node(lc))
 
 
-def worker_memory(device) -> MachineMemory:
+def worker_memory(device: torch.device) -> MachineMemory:
     """What a worker's own `device` (a `torch.device`) holds: its GPU's memory, and the host's memory shared by
     the node's workers (`LOCAL_WORLD_SIZE`)."""
     gpu = None
@@ -120,7 +122,7 @@ def worker_memory(device) -> MachineMemory:
     return MachineMemory(gpu, _host_bytes(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def device_budget(cfg: PtrunConfig, devices) -> int:
+def device_budget(cfg: PtrunConfig, devices: DeviceMemory | torch.device) -> int:
     """Bytes one device offers a stage (`memory_budget` of `device.memory`): of the GPU's memory, or where the
     workers use the CPU, of the host's memory shared by them. `devices` is a `DeviceMemory` (the launching
     machine's, a simulated cluster's) or a worker's own `torch.device` (`worker_memory`): the launch, `ptrun
