@@ -37,7 +37,7 @@ class TrainState:
     """The newest evaluation."""
     global_batch: int = 0
     """The global batch that `step_in_epoch` counts in (0: not known yet); a resume whose layout has another
-    maps the step to the same sample offset (`ptrun.train.checkpoint.worker.resume_step`)."""
+    maps the step to the same sample offset (`ptrun.train.checkpoint.checkpoints.resume_step`)."""
     progress: dict[str, torch.Tensor] = field(default_factory=dict)
     """Mid-epoch: the epoch's sums so far (summed over the ranks: loss, sample uses, samples); and at any
     position, what the freeze measurement has taken of the open interval (an interval may span a boundary)."""

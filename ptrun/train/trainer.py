@@ -5,7 +5,7 @@ let the controller freeze, repartition and widen data parallelism, in the runnin
 The trainer keeps the loop and the wiring; its parts each do one job with their own state:
 - `in_use` (`ptrun.train.plan_in_use.PlanInUse`): the plan in use and what is made from it, `switch_to(plan)`;
 - `decisions` (`ptrun.auto.controller.Decisions`): when the controller decides and when the cache stops;
-- `checkpoints` (`ptrun.train.checkpoint.worker.Checkpoints`): when one is due, save, resume, keep, export;
+- `checkpoints` (`ptrun.train.checkpoint.checkpoints.Checkpoints`): when one is due, save, resume, keep, export;
 - `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
   statistics and the savings line.
 Read `_train_segment` first: each step's bookkeeping before it, its passes in the runtime
@@ -37,7 +37,7 @@ from ptrun.parallel.pipeline import Step
 from ptrun.train import epoch_stats as stats
 from ptrun.train import fault_injection as faults
 from ptrun.train import startup
-from ptrun.train.checkpoint.worker import Checkpoints, resume_step
+from ptrun.train.checkpoint.checkpoints import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
 from ptrun.train.plan_in_use import PlanInUse
 from ptrun.train.record import RunRecord

@@ -13,9 +13,9 @@ leaves no half checkpoint behind; a checkpoint whose files do not match its mani
 warning in favour of the previous one.
 
 Three modules, one job each:
-  lookup.py   finding and verifying checkpoints on disk, without torch (the launcher checks a run directory
-              before anything heavy is imported)
-  store.py    writing and reading one checkpoint's files
-  worker.py   a worker's checkpoints (`Checkpoints`, the trainer's part): when one is due, what this rank
-              writes, resuming into any layout, how many are kept, and the model exported at the end
+  lookup.py        finding and verifying checkpoints on disk, without torch (the launcher checks a run
+                   directory before anything heavy is imported)
+  store.py         writing and reading one checkpoint's files
+  checkpoints.py   a worker's checkpoints (`Checkpoints`, the trainer's part): when one is due, what this rank
+                   writes, resuming into any layout, how many are kept, and the model exported at the end
 """
