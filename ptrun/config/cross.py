@@ -4,6 +4,9 @@ the data it reads; and the pass over files and directories, which `ptrun plan` (
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import re
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -156,8 +159,6 @@ def check_paths(cfg) -> None:
 
 def _hf_config(pretrained: str | None) -> dict | None:
     """The config.json of a Hugging Face model directory `pretrained`, or None when it is not one."""
-    import json
-
     path = Path(pretrained).expanduser() / "config.json" if pretrained is not None else None
     if path is None or not path.is_file():
         return None
@@ -169,8 +170,6 @@ def _hf_config(pretrained: str | None) -> dict | None:
 
 def _timm_models_dir() -> Path | None:
     """timm's installed `timm/models/` source folder, found without importing timm; None without timm."""
-    import importlib.util
-
     spec = importlib.util.find_spec("timm")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -182,8 +181,6 @@ def timm_model_names() -> frozenset[str]:
     """Every model name timm registers (`@register_model def NAME(`), read from its source as
     `timm_vit_problem` reads it (about 4 MB of text, some 20 ms; importing timm takes seconds); empty without
     timm."""
-    import re
-
     models = _timm_models_dir()
     if models is None or not models.is_dir():
         return frozenset()
@@ -206,7 +203,6 @@ def timm_vit_problem(name: str) -> str | None:
     timm's installed source without importing timm (that takes seconds, at every start): None when it is
     registered in one of TIMM_VIT_MODULES with timm's pre-norm Block (no `block_fn`) and no distillation
     token, or when timm's source cannot be read (the model builder checks again in the workers)."""
-    import re
 
     models = _timm_models_dir()
     if models is None:

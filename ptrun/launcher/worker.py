@@ -12,10 +12,14 @@ leaves an existing run directory exactly as it was.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
 import signal
+import tempfile
+import threading
+import traceback
 from datetime import timedelta
 from logging.handlers import MemoryHandler
 from pathlib import Path
@@ -25,9 +29,14 @@ import torch.distributed as dist
 
 from ptrun.config import load_resolved
 from ptrun.config.launcher import DeviceConfig, worker_threads
+from ptrun.costs.from_config import costs_from_config
 from ptrun.errors import ConfigError
-from ptrun.train import run_end
+from ptrun.launcher.lifeline import end_with_launcher
+from ptrun.layout.fill import fit_memory
+from ptrun.train import machine, run_end
+from ptrun.train.classes import write_class_names
 from ptrun.train.run_end import Diverged, ExitCode, Interrupted, OutOfSpace
+from ptrun.train.stop import StopRequests
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or
@@ -66,10 +75,8 @@ def no_named_semaphores() -> None:
     """tqdm's bars (`datasets` draws them) lock with a thread lock in a worker: tqdm's default adds a
     multiprocessing lock, a named semaphore in /dev/shm that a killed worker would leave to the resource tracker
     (which warns about it on the terminal). A worker's bars are its own: no other process shares them."""
-    import threading
-
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # inner import: optional library
     except ImportError:  # no library of the run draws bars
         return
     tqdm.set_lock(threading.RLock())
@@ -82,13 +89,10 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     128 + the signal's number, as a shell reports a process the signal ended.
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with `ExitCode.FAILED` (`ptrun.train.run_end` holds every way a run ends)."""
-    from ptrun.launcher.lifeline import end_with_launcher
-
     end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)
     no_named_semaphores()
-    from ptrun.train.stats import StartClock
-    from ptrun.train.stop import StopRequests
+    from ptrun.train.stats import StartClock  # inner import: spawned process
 
     start_clock = StartClock()
     stops = StopRequests()
@@ -100,14 +104,12 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
 
 def _run_worker(config_path: str, errors: str, group_start: int, stops, start_clock) -> dict:
     """`run_worker`'s run, with Ctrl-C and SIGTERM recorded by `stops` (a `ptrun.train.stop.StopRequests`)."""
-    from ptrun.train import machine
-
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
     start_clock.lap("process_group")
     stops.connect()
 
-    from ptrun.train.classes import write_class_names
+    # inner import: spawned process
     from ptrun.train.report import setup_logging
     from ptrun.train.trainer import Trainer
 
@@ -192,9 +194,6 @@ def _run_worker(config_path: str, errors: str, group_start: int, stops, start_cl
 def planner_memory(cfg):
     """The planner's per-unit memory for the run's model (`ptrun.layout.fill.fit_memory`), which the trainer
     checks a layout change against; None for a model the planner cannot size."""
-    from ptrun.costs.from_config import costs_from_config
-    from ptrun.layout.fill import fit_memory
-
     try:
         return fit_memory(costs_from_config(cfg.model, cfg.data), cfg)
     except Exception:  # the planner's stand-in does not know every model: no check then
@@ -203,8 +202,6 @@ def planner_memory(cfg):
 
 def oom_place(error: BaseException) -> str:
     """Where an out-of-memory error arose, from its traceback: the cache, a transition, or a step."""
-    import traceback
-
     frames = traceback.extract_tb(error.__traceback__)
     if any(Path(f.filename).name in ("autocache.py", "cache_store.py") for f in frames):
         return "cache"
@@ -217,9 +214,6 @@ def remove_temporary_directories() -> None:
     """Remove the temporary directories this process's libraries made (wandb makes two on import, for media and
     artifacts): a normal interpreter exit would, but a worker ends the way multiprocessing ends its children,
     without the exit handlers that remove them. Called as the worker ends (about 0.1 s with torch loaded)."""
-    import gc
-    import tempfile
-
     for obj in gc.get_objects():
         if type(obj) is tempfile.TemporaryDirectory:  # not isinstance: some objects warn when asked their class
             obj.cleanup()
@@ -257,7 +251,6 @@ def transient(error: BaseException) -> bool:
 def report_start_failure(errors: str, rank: int, error: BaseException) -> None:
     """Write `error` for the launcher: one line (its type, message and the innermost frame that raised it)
     and the traceback, which the agent logs if it restarts after all."""
-    import traceback
 
     frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     where = f" ({Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
