@@ -258,11 +258,10 @@ def inner_import_runs(tree: ast.AST) -> list[list[ast.Import | ast.ImportFrom]]:
                 if run:
                     runs.append(run)
                 run = []
-                if isinstance(child, ast.AST) and not (_is_type_checking(child) and field == "body"):
-                    inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-                    visit(child, inside)
-                elif _is_type_checking(child):
+                if _is_type_checking(child):  # only its `else:` runs
                     visit(ast.Module(body=child.orelse, type_ignores=[]), in_function)
+                elif isinstance(child, ast.AST):
+                    visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
             if run:
                 runs.append(run)
 
