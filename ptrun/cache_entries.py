@@ -112,7 +112,8 @@ def locked(path: Path) -> Iterator[None]:
     still held once the entry and its checksum exist; after an attempt that failed it stays, so every process
     waiting to make the entry shares one lock file until one succeeds. filelock retries a lock file removed
     under a waiting process, so a waiter never holds a lock nobody else can see."""
-    from filelock import FileLock
+    # `ptrun plan` imports this module (through the controller) and never locks: filelock costs it 10-25 ms
+    from filelock import FileLock  # inner import: start-up
 
     lock = lock_path(path)
     with FileLock(str(lock)):

@@ -57,7 +57,7 @@ def _main(argv: list[str] | None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from ptrun.launcher.worker_server import stop_worker_server, user_cache_dir
+        from ptrun.launcher.worker_server import stop_worker_server, user_cache_dir  # inner import: start-up
 
         # before anything imports torch._dynamo, which makes its cache directory (see worker_environment)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(user_cache_dir() / "torchinductor"))

@@ -10,6 +10,7 @@ from ptrun.cli_args import arguments, fail
 
 def run_report(args: list[str]) -> None:
     """`ptrun report RUN_DIR [RUN_DIR ...] [--out DIR]`: figures and report.md (see ptrun/report)."""
+    # inner import: start-up
     from ptrun.report import ReportError, find_runs, write_report
     from ptrun.report.paper import paper_lines
     from ptrun.report.savings import savings_lines

@@ -16,7 +16,7 @@ from functools import cache
 @cache
 def launch_config_fields() -> frozenset[str]:
     """The fields of this torch's `LaunchConfig` (`shutdown_timeout` arrived in torch 2.12)."""
-    from torch.distributed.launcher.api import LaunchConfig
+    from torch.distributed.launcher.api import LaunchConfig  # inner import: start-up
 
     return frozenset(f.name for f in dataclasses.fields(LaunchConfig))
 
@@ -55,7 +55,7 @@ def agent_shutdown(agent, shutdown, base_class: type, death_sig, timeout: float)
 
 @cache
 def _ddp_parameters() -> frozenset[str]:
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # inner import: start-up
 
     return frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
 
@@ -98,6 +98,7 @@ def keep_inductor_headers_with_its_cache() -> None:
     """Inductor's precompiled C++ headers (about 150 MB on the CPU) go to $TMPDIR/torchinductor_USER whatever
     TORCHINDUCTOR_CACHE_DIR says (torch 2.14 fixes that path as its codecache module loads): they go beside the
     compiled graphs instead, in the cache directory ptrun documents. A torch without that path is left alone."""
+    # inner import: optional library (inductor, for a run that compiles)
     from torch._inductor import codecache
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 

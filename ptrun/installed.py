@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import netrc
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ptrun.errors import ConfigError
 
@@ -112,10 +115,6 @@ def wandb_login_problem() -> str | None:
 
 def _netrc_has_login(url: str) -> bool:
     """Whether the .netrc file ($NETRC, else ~/.netrc) holds a password for the host of `url`."""
-    # inner import: start-up (the CLI imports this module; a .netrc is read only for a W&B start)
-    import netrc
-    from urllib.parse import urlsplit
-
     try:
         entry = netrc.netrc(os.environ.get("NETRC") or None).authenticators(urlsplit(url).netloc)
     except (OSError, netrc.NetrcParseError):
@@ -127,11 +126,9 @@ def mlflow_server_problem() -> str | None:
     """One line naming `MLFLOW_TRACKING_URI` when it is an http(s) server that does not accept a TCP connection
     within `TRACKER_TIMEOUT_S` (through the proxy the environment names for it, if any), else None. Other
     stores (a file, SQLite, Databricks) are not checked."""
-    # inner import: start-up (the CLI imports this module; the network only for an MLflow start)
+    # inner import: start-up (`ptrun --help` reads this module)
     import socket
-    import threading
     import urllib.request
-    from urllib.parse import urlsplit
 
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     parts = urlsplit(uri)

@@ -44,7 +44,7 @@ def elastic_handlers_restored() -> Iterator[None]:
     have reached without elastic (Python's KeyboardInterrupt for SIGINT, SIGTERM's default end of the process,
     a caller's own), as if elastic had never taken it. Where that handler returns, the SignalException goes
     on."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # inner import: start-up
 
     try:
         with handlers_restored(elastic_signals()):

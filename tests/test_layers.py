@@ -7,6 +7,9 @@ never run)."""
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
@@ -221,3 +224,167 @@ def test_the_trainer_keeps_the_loop_and_the_wiring():
         if any(isinstance(a, ast.Name) and a.id == "self" for a in [*call.args, *(k.value for k in call.keywords)])
     ]
     assert handed == [], f"trainer.py hands `self` to a call at lines {handed}"
+
+
+INNER_IMPORT_REASONS = ("start-up", "optional library", "spawned process")
+"""Why an import may sit inside a function, the keys docs/codebase.md states: `start-up` (a module on the
+commands' path keeps `ptrun --help` and a refused config quick), `optional library` (a heavy or optional library,
+or a heavy part of one, imported only where a run uses it), `spawned process` (what only the process started
+from the function needs)."""
+MAX_INNER_PTRUN_IMPORTS = 60
+"""Imports of ptrun modules inside functions, at most."""
+REASON = re.compile(r"#\s*inner import:\s*(.*)")
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+def inner_import_runs(tree: ast.AST) -> list[list[ast.Import | ast.ImportFrom]]:
+    """The imports inside functions (not under `if TYPE_CHECKING:`), in runs: the imports that follow each
+    other in one block, with no other statement between them."""
+    runs: list[list] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            run: list = []
+            for child in block:
+                if isinstance(child, ast.Import | ast.ImportFrom) and in_function:
+                    run.append(child)
+                    continue
+                if run:
+                    runs.append(run)
+                run = []
+                if _is_type_checking(child):  # only its `else:` runs
+                    visit(ast.Module(body=child.orelse, type_ignores=[]), in_function)
+                elif isinstance(child, ast.AST):
+                    visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+            if run:
+                runs.append(run)
+
+    visit(tree, False)
+    return runs
+
+
+def imports_ptrun(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return bool(node.level) or (node.module or "").split(".")[0] == "ptrun"
+    return any(alias.name.split(".")[0] == "ptrun" for alias in node.names)
+
+
+def unexplained_inner_imports(source: str) -> list[tuple[int, str]]:
+    """(line, why) of each import inside a function without a reason: a comment `# inner import: KEY`, KEY one
+    of INNER_IMPORT_REASONS, at the end of one of the import's lines, or on the line directly above it or above
+    an import before it in its run (the comment covers the rest of the run)."""
+    comments = {
+        token.start[0]: token.string
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+
+    def key(line: int) -> str | None:
+        found = REASON.search(comments.get(line, ""))
+        return found.group(1).strip() if found else None
+
+    def known(text: str) -> bool:
+        return any(
+            text == k or (text.startswith(k) and not re.match(r"[\w-]", text[len(k)])) for k in INNER_IMPORT_REASONS
+        )
+
+    lines = source.splitlines()
+    problems = []
+    for run in inner_import_runs(ast.parse(source)):
+        covering = None
+        for node in run:
+            own = next((k for line in range(node.lineno, node.end_lineno + 1) if (k := key(line)) is not None), None)
+            above = key(node.lineno - 1) if lines[node.lineno - 2].lstrip().startswith("#") else None
+            if above is not None:
+                covering = above
+            reason = own if own is not None else covering
+            if reason is None:
+                problems.append((node.lineno, "no `# inner import: KEY` comment"))
+            elif not known(reason):
+                problems.append((node.lineno, f"unknown reason {reason!r}"))
+    return problems
+
+
+def test_every_import_inside_a_function_says_why():
+    """Imports sit at the top of a module; one inside a function names its reason, one of the keys
+    docs/codebase.md lists, in a comment `# inner import: KEY` on its line or above its run of imports."""
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: {why}: {lines[line - 1].strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for lines, source in [(path.read_text().splitlines(), path.read_text())]
+        for line, why in unexplained_inner_imports(source)
+    ]
+    assert not problems, (
+        f"{len(problems)} imports inside functions without a reason (keys: {', '.join(INNER_IMPORT_REASONS)};"
+        f" a light or already loaded module goes to the top):\n" + "\n".join(problems)
+    )
+
+
+def test_at_most_60_imports_of_ptrun_modules_inside_functions():
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for run in inner_import_runs(ast.parse(path.read_text()))
+        for node in run
+        if imports_ptrun(node)
+    ]
+    assert len(found) <= MAX_INNER_PTRUN_IMPORTS, f"{len(found)} imports of ptrun modules inside functions:\n" + (
+        "\n".join(found)
+    )
+
+
+def test_the_document_states_the_same_reasons():
+    """docs/codebase.md lists the keys, one bullet each, right after the paragraph that names the comment."""
+    lines = (ROOT / "docs" / "codebase.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "`# inner import: KEY`" in line)
+    bullets = []
+    for line in lines[start + 1 :]:
+        if line.startswith("- "):
+            bullets.append(re.match(r"- `([^`]+)`", line).group(1))
+        elif not line.startswith("  ") and bullets:
+            break
+    assert tuple(bullets) == INNER_IMPORT_REASONS
+
+
+def test_the_reason_reader_sees_each_form():
+    """The reader itself: a reason at the end of the line, above a run (blank lines and the second import
+    covered), none, an unknown key; module-level and type-checking imports need none."""
+    source = (
+        "import os\n"
+        "from typing import TYPE_CHECKING\n"
+        "def f():\n"
+        "    if TYPE_CHECKING:\n"
+        "        import ptrun.train\n"
+        "    import json  # inner import: start-up\n"
+        "    x = 1\n"
+        "    # inner import: optional library (timm)\n"
+        "    import timm\n"
+        "\n"
+        "    from ptrun.models import vit\n"
+        "    y = 2\n"
+        "    import re\n"
+        "    from ptrun import (  # inner import: sometime\n"
+        "        errors,\n"
+        "    )\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            from ptrun import compat  # inner import: spawned process\n"
+    )
+    assert unexplained_inner_imports(source) == [
+        (13, "no `# inner import: KEY` comment"),
+        (14, "unknown reason 'sometime'"),
+    ]
+    assert [imports_ptrun(n) for run in inner_import_runs(ast.parse(source)) for n in run] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]

@@ -115,7 +115,7 @@ class CompileCounts:
     only), and inductor's cache counters: totals since this object was made."""
 
     def __init__(self) -> None:
-        from torch._dynamo.callback import callback_handler
+        from torch._dynamo.callback import callback_handler  # inner import: optional library
 
         self.seconds = 0.0
         self.compiles = 0
@@ -142,7 +142,7 @@ class CompileCounts:
 
     @staticmethod
     def _cache_counts() -> tuple[int, int]:
-        from torch._dynamo.utils import counters
+        from torch._dynamo.utils import counters  # inner import: optional library
 
         inductor = counters["inductor"]
         hits = inductor["fxgraph_cache_hit"]
@@ -170,7 +170,7 @@ def compile_errors() -> tuple[type[BaseException], ...]:
     """What compiling a unit may raise: dynamo's errors (inductor's come wrapped in them) and the recompile
     limit. Asked for by a `UnitCompiler` as it starts, not at import: torch._dynamo takes seconds to import,
     and a run that compiles nothing never needs it."""
-    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException  # start-up: compiling runs only
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException  # inner import: optional library
 
     return TorchDynamoException, FailOnRecompileLimitHit
 
@@ -215,7 +215,7 @@ class UnitCompiler:
     the compile counts."""
 
     def __init__(self, mode: str, layered, probe: tuple = (), global_batch: int = 1) -> None:
-        import torch._dynamo
+        import torch._dynamo  # inner import: optional library
 
         self.mode = mode
         self.layered = layered

@@ -19,6 +19,8 @@ import os
 import re
 from pathlib import Path
 
+from filelock import FileLock
+
 log = logging.getLogger(__name__)
 
 HASHED = ("fxgraph/*/*/*", "aotautograd/*/*")
@@ -33,7 +35,8 @@ def cache_root() -> Path | None:
 
 def damaged_entries(root: Path) -> list[Path]:
     """The graph entries under `root` whose bytes do not hash to their names."""
-    from torch._inductor.codecache import sha256_hash  # the hash torch names them by
+    # inner import: optional library (inductor; its hash names the entries)
+    from torch._inductor.codecache import sha256_hash
 
     damaged = []
     for pattern in HASHED:
@@ -51,7 +54,6 @@ def damaged_entries(root: Path) -> list[Path]:
 def check_entries(root: Path | None = None) -> list[Path]:
     """Remove the damaged graph entries of inductor's cache, saying so in one line; the ones removed. Under a
     file lock, so that of the workers of a machine one removes them and says so, and the others find none."""
-    from filelock import FileLock
 
     root = root or cache_root()
     if root is None:

@@ -20,13 +20,16 @@ its constants, fixed when it was imported.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from fnmatch import fnmatch
 from pathlib import Path
 
+from ptrun.config.cross import check_model_fits_recipe
 from ptrun.config.model import HF_MODEL_TYPES, family_spec
 from ptrun.errors import ConfigError
 
@@ -169,8 +172,6 @@ def _resolve_model(cfg, full: bool, env: Mapping[str, str]):
     if vit and full:
         text_dir = _text_model_dir("model.pretrained", model_id, env)
         if text_dir is not None:  # a text model where a ViT was expected: refused before its weights come
-            from ptrun.config.cross import check_model_fits_recipe  # here: cross is above this module
-
             check_model_fits_recipe(replace(cfg, model=replace(m, pretrained=text_dir)), shown=str(model_id))
             vit = False  # not refused (model.family=vit over a label of its own): fetched as the text model
     if not full and vit:  # plan sizes a ViT from its name: nothing to fetch
@@ -234,8 +235,6 @@ def _not_cached(missing: list[NotCached]) -> str:
 def _text_model_dir(key: str, hub_id: HubId, env: Mapping[str, str]) -> str | None:
     """The snapshot directory of `hub_id`, its config.json alone fetched, when that names a Hugging Face
     text model (a `model_type` ptrun splits; timm's config.json names an `architecture`); else None."""
-    import json
-
     try:
         config = Path(_fetch_file(key, hub_id, "config.json", env))
         kind = json.loads(config.read_text()).get("model_type")
@@ -255,6 +254,7 @@ def _fetch(
     when offline; huggingface_hub's progress bars show a download); ConfigError unless it holds one of
     `needed` (file names or globs; a dataset: every one of them). `extra`: what else the user may do, said
     after a refusal."""
+    # inner import: optional library (only a hub id fetches)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError
 
@@ -292,15 +292,13 @@ def _fetch(
 def _glob(snapshot: str, pattern: str):
     """The files of `snapshot` matching `pattern` as huggingface_hub matches `allow_patterns` (fnmatch: `*`
     crosses folders)."""
-    from fnmatch import fnmatch
-
     root = Path(snapshot)
     return (p for p in root.rglob("*") if fnmatch(p.relative_to(root).as_posix(), pattern))
 
 
 def _fetch_file(key: str, hub_id: HubId, name: str, env: Mapping[str, str]) -> str:
     """The local path of file `name` of `hub_id`'s snapshot, fetched into the cache unless offline."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download  # inner import: optional library
 
     try:
         return hf_hub_download(
@@ -319,7 +317,7 @@ def _problem(
     key: str, hub_id: HubId, error: Exception, env: Mapping[str, str], name: str = "", extra: str = ""
 ) -> ConfigError:
     """One line saying why `hub_id` could not be had, and what to do (then `extra`, what else may be done)."""
-    from huggingface_hub.errors import (
+    from huggingface_hub.errors import (  # inner import: optional library
         EntryNotFoundError,
         GatedRepoError,
         HFValidationError,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 
@@ -94,7 +95,7 @@ def visible_gpus(lc: LauncherConfig) -> int:
     counted = visible_gpus_without_torch()
     if counted is not None:
         return counted
-    import torch
+    import torch  # inner import: start-up
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -144,7 +145,6 @@ def split_endpoint(endpoint: str) -> tuple[str, int | None] | None:
 
 def only_this_machine(host: str) -> bool:
     """A rendezvous host no other machine can reach: a loopback or unspecified address, or localhost."""
-    import ipaddress
 
     name = host.strip().lower()
     if name in LOCAL_HOST_NAMES or name.endswith(".localhost"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ptrun.config.cross import run_inputs
 from ptrun.config.rules import require
 
 
@@ -48,7 +49,6 @@ def quick_try(cfg, gpus: int) -> str | None:
     """The line `ptrun train` prints where a paper recipe starts at its full size on a machine without GPUs
     (`gpus`: those its workers use): hours or days of work there, so it names the keys that shrink the run to
     a quick try. None elsewhere, and for a run that already caps its epochs' steps."""
-    from ptrun.config.cross import run_inputs  # cross sits beside this module and reads the data sources
 
     if cfg.paper.setup is None or gpus or cfg.train.max_steps_per_epoch is not None:
         return None

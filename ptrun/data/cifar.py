@@ -18,6 +18,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torchvision.transforms import v2
 
@@ -203,7 +204,6 @@ def _parquet_files(root: Path, split: str) -> list[Path]:
 
 def _from_parquet(root: Path, variant: Variant) -> tuple[datasets.Dataset, datasets.Dataset, list[str]]:
     """Parquet files written by `datasets` (`to_parquet` / the Hub); their schema carries the features."""
-    import pyarrow.parquet as pq
 
     def read(split: str) -> datasets.Dataset:
         return datasets.Dataset(pa.concat_tables([pq.read_table(f) for f in _parquet_files(root, split)]))

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data.splits import DataSplits
@@ -136,7 +138,7 @@ def build_glue(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
 
 
 def _glue_eval_metrics(task: str, outputs, eval_split: datasets.Dataset) -> dict:
-    from ptrun.data.metrics import glue_metrics  # torchmetrics: seconds to import, so only when evaluating
+    from ptrun.data.metrics import glue_metrics  # inner import: optional library (torchmetrics, for evaluating)
 
     return glue_metrics(task, outputs, eval_split[:]["labels"])
 
@@ -171,8 +173,6 @@ def _table_files(folder: Path, suffix: str, task: str) -> tuple[list[Path], list
 def _read_glue_tsv(path: Path, task: str) -> datasets.Dataset:
     """One original GLUE TSV. Quoting is off (csv.QUOTE_NONE): QQP and MNLI sentences contain bare quotes
     that a CSV reader would take as field delimiters, merging rows."""
-    import pandas as pd
-
     spec = GLUE_TASKS[task]
     try:
         frame = pd.read_csv(
@@ -211,12 +211,8 @@ def _read_glue_table(files: list[Path], task: str) -> datasets.Dataset:
     """Parquet or json(l) files with the Hugging Face `glue` columns (labels already class indices)."""
     spec = GLUE_TASKS[task]
     if files[0].suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         rows = datasets.Dataset(pa.concat_tables([pq.read_table(f) for f in files]))
     else:
-        import pandas as pd
-
         frames = []
         for f in files:
             try:  # Hugging Face writes JSON lines even as `.json`; a plain JSON list is accepted too

@@ -22,6 +22,8 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+from datasets.packaged_modules.cache.cache import Cache
+from datasets.utils import logging as datasets_logging
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.config.data import HF_FILE_SUFFIXES
@@ -119,8 +121,6 @@ def read_raw(cfg: DataConfig, task: str) -> RawSplits:
 def quiet():
     """`datasets` without its progress bars and notes (a bad-input start must print one line, and a run's
     output is ptrun's)."""
-    from datasets.utils import logging as datasets_logging
-
     bars, level = datasets.is_progress_bar_enabled(), datasets_logging.get_verbosity()
     datasets.disable_progress_bars()
     datasets_logging.set_verbosity(datasets_logging.CRITICAL)  # a file it cannot read is our one line
@@ -246,9 +246,7 @@ def load_hub(cfg: DataConfig) -> dict[str, datasets.Dataset]:
     cache = datasets_cache()
     if not offline():
         return dict(datasets.load_dataset(cfg.path, cfg.config_name, cache_dir=str(cache)))
-    from datasets.packaged_modules.cache.cache import Cache  # what load_dataset itself reads offline
-
-    try:
+    try:  # what load_dataset itself reads offline
         builder = Cache(
             cache_dir=str(cache),
             repo_id=cfg.path,

@@ -120,7 +120,7 @@ def text_splits(cfg: DataConfig, raw: RawSplits, task: str) -> DataSplits:
 
 def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
     """Images decoded and transformed on access (`set_transform`), as `imagefolder` does."""
-    from ptrun.data.images import DEFAULT_IMAGE_SIZE, image_transform  # torchvision: only for images
+    from ptrun.data.images import DEFAULT_IMAGE_SIZE, image_transform  # inner import: optional library (torchvision)
 
     size = cfg.image_size or DEFAULT_IMAGE_SIZE
 
@@ -139,6 +139,7 @@ def image_splits(cfg: DataConfig, raw: RawSplits) -> DataSplits:
 
 def regression_eval_metrics(outputs, eval_split: datasets.Dataset) -> dict:
     """The Pearson and Spearman correlations (percent) of the predictions with the eval targets."""
-    from ptrun.data.metrics import regression_metrics  # torchmetrics: seconds to import, so only when evaluating
+    # inner import: optional library (torchmetrics: seconds to import, so only when evaluating)
+    from ptrun.data.metrics import regression_metrics
 
     return regression_metrics(outputs, eval_split[:]["labels"])

@@ -62,7 +62,7 @@ STORIES = [
 
 def news_rows(per_class: int, bbc: str | None = None) -> list[tuple[str, str]]:
     """(text, topic) rows: the first `per_class` BBC News articles of each topic, else the fallback texts."""
-    from ptrun.data.packaged_text import read_packaged_text
+    from ptrun.data.packaged_text import read_packaged_text  # inner import: optional library (datasets)
 
     try:
         texts, labels = read_packaged_text("bbc_news", bbc)

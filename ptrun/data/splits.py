@@ -149,7 +149,7 @@ def image_batches(pipeline: Callable, decode: Callable) -> Callable[[dict], dict
     """A batch transform for `set_transform`: each stored image decoded (`decode`) and transformed
     (`pipeline`) into `pixel_values`, the labels as int64."""
 
-    import torch  # here, not at the top: the start's check of a user's files reads splits without torch
+    import torch  # inner import: start-up (the start's check of a user's files reads splits without torch)
 
     def transform(batch: dict) -> dict[str, torch.Tensor]:
         out = {"labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}

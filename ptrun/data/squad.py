@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
+import pyarrow.parquet as pq
 
 from ptrun.config import ConfigError, DataConfig
 from ptrun.data.splits import DataSplits
@@ -88,7 +89,7 @@ def build_squad(cfg: DataConfig, tokenizer: str | None = None) -> DataSplits:
 
 def _squad_eval_metrics(side: QAEvalData, outputs, eval_split: datasets.Dataset) -> dict:
     """Answers from the n-best spans of each example's windows, scored against the gold answers."""
-    from ptrun.data.metrics import squad_metrics  # torchmetrics: seconds to import, so only when evaluating
+    from ptrun.data.metrics import squad_metrics  # inner import: optional library (torchmetrics, for evaluating)
 
     predictions = postprocess_qa(side, outputs[..., 0].numpy(), outputs[..., 1].numpy())
     return squad_metrics(predictions, side.references())
@@ -146,8 +147,6 @@ def read_squad(path: Path) -> dict[str, list]:
 def read_squad_parquet(path: Path) -> dict[str, list]:
     """The hub's SQuAD parquet (one row per question: id, title, context, question, answers {text,
     answer_start}) as `read_squad` returns the JSON."""
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path, columns=["id", "context", "question", "answers"])
     except Exception as e:  # a missing column or a file that is not parquet

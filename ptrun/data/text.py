@@ -34,7 +34,7 @@ def load_tokenizer(path: str | None, source: str) -> PreTrainedTokenizerBase:
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise ConfigError(f"data.tokenizer={path!r}: no such directory (a saved Hugging Face tokenizer)")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # inner import: optional library
 
     try:
         tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 from ptrun.compat import agent_shutdown
+from ptrun.launcher.lifeline import named_semaphores
+from ptrun.launcher.oom_watch import OomWatch
 from ptrun.train import run_end
 
 # torch's loggers that report a failed worker (with the agent's traceback) and the shutdown of the others
@@ -138,7 +140,7 @@ class _TidyAgent:
 def _elastic_agent(make):
     """While the block runs, `elastic_launch` builds its agent from `make(LocalElasticAgent)`, a subclass (it
     takes the class from `torch.distributed.launcher.api`)."""
-    import torch.distributed.launcher.api as launcher_api
+    import torch.distributed.launcher.api as launcher_api  # inner import: start-up
 
     base = launcher_api.LocalElasticAgent
     launcher_api.LocalElasticAgent = make(base)
@@ -175,9 +177,7 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
 
     elastic_launch builds its agent from `torch.distributed.launcher.api.LocalElasticAgent`, so a subclass is
     put there for the duration."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    from ptrun.launcher.oom_watch import OomWatch
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # inner import: start-up
 
     watch = OomWatch()
 
@@ -196,8 +196,6 @@ def ptrun_agent(errors: Path, stop_timeout: float, janitor=None, log: Path | Non
                 self.group_starts += 1
                 started = super()._start_workers(worker_group)
                 if janitor is not None:
-                    from ptrun.launcher.lifeline import named_semaphores
-
                     janitor.unlink_when_gone(named_semaphores(self._pcontext))
                 return started
 

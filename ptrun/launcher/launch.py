@@ -17,7 +17,9 @@ from pathlib import Path
 
 from ptrun.compat import launch_config_kwargs
 from ptrun.config import ConfigError, PtrunConfig, parse_nnodes, workers_per_node
+from ptrun.launcher import leftovers
 from ptrun.launcher.elastic_agent import elastic_logs_to, ptrun_agent, quiet_agent_on_signals
+from ptrun.launcher.lifeline import Janitor
 from ptrun.launcher.worker_server import start_worker_server, worker_environment
 from ptrun.signal_scope import elastic_signals, handlers_restored
 from ptrun.train import run_end
@@ -32,6 +34,7 @@ ELASTIC_LOG_DIR = "elastic"
 def launch_config(cfg: PtrunConfig, **overrides):
     """torch.distributed.elastic's LaunchConfig for `cfg.launcher` (c10d rendezvous); `overrides` replace
     fields (`start_method`, say). Also sets the environment restarts need."""
+    # inner import: start-up (torch)
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -89,6 +92,7 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
     when training diverged and MachineFault on a fault of the machine (nothing is restarted either), Interrupted
     when a signal reached this process, and LaunchFailed when the workers failed otherwise more often than
     `launcher.max_restarts` allows. The signal handlers elastic's agent installs are restored when it ends."""
+    # inner import: start-up
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -154,8 +158,6 @@ def launch(cfg: PtrunConfig, config_path: Path) -> dict:
 def _janitor():
     """A `ptrun.launcher.lifeline.Janitor` for the launch: what the launcher registers with it is removed if the
     launcher is killed."""
-    from ptrun.launcher.lifeline import Janitor
-
     janitor = Janitor()
     try:
         yield janitor
@@ -169,8 +171,7 @@ def _no_cache_left(cfg: PtrunConfig, janitor):
     unless `cache.keep`. Workers remove it when a run ends; the launcher covers workers that were killed or
     failed, and `janitor` a launcher that was killed. Before it, what earlier runs killed with their janitors
     left is swept (`ptrun.launcher.leftovers`), in one line."""
-    from ptrun.auto.autocache import cache_dirs, shared_memory_root
-    from ptrun.launcher import leftovers
+    from ptrun.auto.autocache import cache_dirs, shared_memory_root  # inner import: start-up (torch)
 
     root = shared_memory_root()
     line = leftovers.sweep_line(*leftovers.sweep(root), root)

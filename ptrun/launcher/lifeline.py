@@ -24,6 +24,9 @@ is set only when the launcher's main thread starts it (the interpreter's end the
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
+import multiprocessing
 import os
 import shutil
 import signal
@@ -31,7 +34,16 @@ import subprocess
 import sys
 import threading
 import time
+import types
+from multiprocessing import resource_tracker
+from multiprocessing.connection import wait
 from pathlib import Path
+
+try:  # a platform without named semaphores has neither
+    from _multiprocessing import sem_unlink
+    from multiprocessing.synchronize import SemLock
+except ImportError:
+    sem_unlink = SemLock = None
 
 PR_SET_PDEATHSIG = 1
 """prctl's option: the signal a process gets when its parent dies (linux/prctl.h)."""
@@ -45,8 +57,6 @@ def die_with_parent(parent: int) -> bool:
     already (then its parent is another process). Elsewhere nothing (returns False)."""
     if sys.platform != "linux":
         return False
-    import ctypes
-
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # a libc without prctl
@@ -104,9 +114,6 @@ def end_with_launcher() -> None:
     """In a worker: end (SIGKILL) when the launcher ends, by a thread that waits on the pipe to it; on Linux the
     kernel's parent-death signal from the worker's own parent too. Nothing in a process multiprocessing did not
     start."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
     parent = multiprocessing.parent_process()
     if parent is None or parent.sentinel is None:
         return
@@ -160,8 +167,6 @@ class Janitor:
         """The named semaphores `semaphores` (their names) are unlinked if the launcher is killed, once this
         process's resource tracker has ended: it unlinks them itself unless it was killed too (and warns of
         each one that is gone already)."""
-        from multiprocessing import resource_tracker
-
         tracker = getattr(resource_tracker._resource_tracker, "_pid", None)  # None: none started
         if tracker is not None:
             self._say(f"tracker {tracker}")
@@ -183,10 +188,8 @@ def named_semaphores(root, depth: int = 10, limit: int = 20000) -> set[str]:
     """The names of the named semaphores (multiprocessing's locks, events, queues) that `root` holds, looked for
     in the objects it refers to, up to `depth` references away (at most `limit` objects: a queue or an event of
     an object's attributes is a few away; classes, modules and functions are not followed)."""
-    import gc
-    import types
-    from multiprocessing.synchronize import SemLock
-
+    if SemLock is None:
+        return set()
     skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes)
     seen: set[int] = set()
     names: set[str] = set()
@@ -249,9 +252,7 @@ def _janitor_main() -> None:
         else:
             with contextlib.suppress(OSError):
                 path.unlink()
-    try:
-        from _multiprocessing import sem_unlink
-    except ImportError:  # a platform without named semaphores
+    if sem_unlink is None:
         return
     deadline = time.monotonic() + TRACKER_WAIT_S
     while any(_runs(pid) for pid in trackers) and time.monotonic() < deadline:

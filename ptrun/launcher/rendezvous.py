@@ -19,6 +19,7 @@ def check_rendezvous(lc: LauncherConfig) -> None:
     torch otherwise takes a busy local port for another agent's store, connects to whatever holds it and
     waits there until the rendezvous times out (a hang, not an error). Jobs of several machines may share the
     port with an agent of the same job on this machine, so only one-machine jobs are checked."""
+    # inner import: start-up (torch)
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
     try:

@@ -31,9 +31,12 @@ from ptrun.config import load_resolved
 from ptrun.config.launcher import DeviceConfig, worker_threads
 from ptrun.costs.from_config import costs_from_config
 from ptrun.errors import ConfigError
+from ptrun.launcher.lifeline import end_with_launcher
 from ptrun.layout.fill import fit_memory
-from ptrun.train import run_end
+from ptrun.train import machine_faults, run_end
+from ptrun.train.class_names import write_class_names
 from ptrun.train.run_end import Diverged, ExitCode, Interrupted, OutOfSpace
+from ptrun.train.stop import StopRequests
 
 ENV_AT_IMPORT = dict(os.environ)
 """The environment this module was imported in: a spawned worker's before elastic added its variables, or
@@ -86,14 +89,10 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
     128 + the signal's number, as a shell reports a process the signal ended.
     When training diverges they stop at a step they agree on without a checkpoint, report it in `errors` and
     exit with `ExitCode.FAILED` (`ptrun.train.run_end` holds every way a run ends)."""
-    from ptrun.launcher.lifeline import end_with_launcher  # inner import: start-up
-
     end_with_launcher()  # first: a launcher killed meanwhile leaves no worker behind
     adopt_environment(launcher_env)
     no_named_semaphores()
-    # inner import: start-up
-    from ptrun.train.epoch_stats import StartClock
-    from ptrun.train.stop import StopRequests
+    from ptrun.train.epoch_stats import StartClock  # inner import: spawned process
 
     start_clock = StartClock()
     stops = StopRequests()
@@ -105,15 +104,12 @@ def run_worker(config_path: str, errors: str, launcher_env: dict[str, str], grou
 
 def _run_worker(config_path: str, errors: str, group_start: int, stops, start_clock) -> dict:
     """`run_worker`'s run, with Ctrl-C and SIGTERM recorded by `stops` (a `ptrun.train.stop.StopRequests`)."""
-    from ptrun.train import machine_faults  # inner import: start-up
-
     cfg = load_resolved(config_path)
     device, rank, world = join_job(cfg)
     start_clock.lap("process_group")
     stops.connect()
 
-    # inner import: start-up
-    from ptrun.train.class_names import write_class_names
+    # inner import: spawned process
     from ptrun.train.run_output import setup_logging
     from ptrun.train.trainer import Trainer
 

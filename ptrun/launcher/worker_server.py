@@ -74,6 +74,7 @@ def start_worker_server(cfg: PtrunConfig) -> str:
     worker_environment()
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
+    # inner import: start-up (a refused `ptrun train` imports this module)
     from multiprocessing import forkserver
 
     from ptrun.launcher.lifeline import quiet_tracker, server_parent
@@ -92,7 +93,7 @@ def stop_worker_server() -> None:
     """End the workers' server this process started, at once (its workers have ended, or none started), where
     closing its pipe would have it finish what it is importing, then tear its libraries down first; nothing
     without one."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver  # inner import: start-up
 
     server = forkserver._forkserver  # the module's instance, which `ensure_running` started
     if getattr(server, "_forkserver_pid", None) is None:

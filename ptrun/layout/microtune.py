@@ -34,8 +34,10 @@ import torch.distributed as dist
 
 from ptrun.config import ConfigError, schedule_problem
 from ptrun.config.freezing import freezes
+from ptrun.data.sampler import EpochSampler
 from ptrun.layout.microbatches import batch_sizes, pick_microbatches
 from ptrun.layout.plan import Plan
+from ptrun.models.losses import make_target
 
 MULTIPLES = range(1, 7)
 """M = K x 1 .. K x 6: the paper's profiling range."""
@@ -242,8 +244,6 @@ def training_batches(
 ) -> list[Batch]:
     """This rank's replica batches of the first `count` steps of epoch 0 at `length` (real training data,
     in the order training will see it)."""
-    from ptrun.data import EpochSampler
-    from ptrun.models.losses import make_target
 
     sampler = EpochSampler(len(dataset), length.global_batch, seed)
     replica = rank // length.pp

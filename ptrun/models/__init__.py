@@ -12,8 +12,12 @@ import torch
 
 from ptrun.config import ADAPTER_SPECS, ConfigError, ModelConfig
 from ptrun.config.model import FAMILY_SPECS, is_hf_dir, model_family
+from ptrun.models.adapters import add_lora
+from ptrun.models.bert import build_bert
+from ptrun.models.hf import build_transformers, from_directory
 from ptrun.models.layered import LayeredModel, run_units
 from ptrun.models.lazy import empty_meta_parameters, init_units, parameters_on_meta
+from ptrun.models.weights import open_adapter, open_pretrained
 
 __all__ = ["LayeredModel", "build_model", "model_family", "run_units"]
 
@@ -43,39 +47,26 @@ def build_model(
     """
     with parameters_on_meta():
         if library_config is None and FAMILY_SPECS[model_family(cfg)].reads_images:
-            from ptrun.models.vit import build_vit
+            from ptrun.models.vit import build_vit  # inner import: optional library (timm)
 
             if cfg.pretrained is not None and Path(cfg.pretrained).expanduser().is_dir():
                 raise ConfigError(
                     f"model.pretrained={cfg.pretrained!r} is not allowed: ViT takes a weights file, not a directory"
                 )
             layered = build_vit(cfg, num_classes=num_classes, img_size=img_size, in_chans=in_chans)
+        elif library_config is not None:
+            layered = build_transformers(cfg, library_config, library_config.model_type)
+        elif is_hf_dir(cfg.pretrained):
+            layered = from_directory(cfg, num_labels=2 if cfg.task == "qa" else (cfg.num_classes or num_classes))
         else:
-            from ptrun.models.hf import from_directory
-
-            if library_config is not None:
-                from ptrun.models.hf import build_transformers
-
-                layered = build_transformers(cfg, library_config, library_config.model_type)
-            elif is_hf_dir(cfg.pretrained):
-                layered = from_directory(cfg, num_labels=2 if cfg.task == "qa" else (cfg.num_classes or num_classes))
-            else:
-                from ptrun.models.bert import build_bert
-
-                layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
+            layered = build_bert(cfg, num_classes=num_classes, vocab_size=vocab_size)
         if adapter is not None and not ADAPTER_SPECS[adapter.name].trains_base:
-            from ptrun.models.adapters import add_lora
-
             add_lora(layered, adapter)
     empty_meta_parameters(layered.model)
     layered.init_seed = int(torch.randint(2**40, ()).item())
     if cfg.pretrained is not None:
-        from ptrun.models.weights import open_pretrained
-
         layered.weights = open_pretrained(layered, cfg.pretrained)
     if adapter is not None and adapter.pretrained is not None and layered.adapters:
-        from ptrun.models.weights import open_adapter
-
         layered.weights = open_adapter(layered, adapter.pretrained, layered.weights)  # its values start the run
     init_units(layered, range(len(layered.units)) if units is None else units)
     return layered

@@ -23,6 +23,8 @@ import copy
 import json
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from ptrun.config.adapter import BLOCK_LINEARS, HEAD_MODULES, AdapterConfig, lora_alpha, wraps
@@ -37,7 +39,7 @@ def lora_config(adapter: AdapterConfig, family: str, targets: list[str], num_blo
     """peft's LoraConfig of `adapter` for the modules named `targets` (full names in the library model, in
     the blocks `adapter.layers` names: written as peft's `layers_to_transform` too, which peft does not apply
     to full names)."""
-    from peft import LoraConfig
+    from peft import LoraConfig  # inner import: optional library
 
     return LoraConfig(
         r=adapter.r,
@@ -94,6 +96,7 @@ def add_lora(layered, adapter: AdapterConfig) -> None:
     """Wrap `layered`'s block linears named by `adapter` in LoRA adapters, in place, while its parameters are
     on the meta device (`ptrun.models.lazy.parameters_on_meta` open); the units' parameter lists, the fixed
     base weights and the per-unit initialisation follow."""
+    # inner import: optional library (peft, for LoRA runs)
     from peft import inject_adapter_in_model
 
     from ptrun.models.lora_linear import fuse_lora_linears
@@ -131,8 +134,7 @@ def dora_magnitudes(layered, units) -> None:
     plus the adapter's product), computed once the units hold their real values: peft computes it when it
     wraps a module, and the model was then still on the meta device. Copied into the parameter the units
     already hold, so its name, storage and place in the optimizer stay."""
-    import torch
-    from peft.tuners.lora.dora import DoraLinearLayer
+    from peft.tuners.lora.dora import DoraLinearLayer  # inner import: optional library
 
     for u in units:
         for module in lora_layers(layered.units[u]):
@@ -175,8 +177,6 @@ def save_adapter(layered, out: Path, base: str | None = None) -> None:
     """peft's files of the trained adapters and head in `out` (its host copy of them must be current):
     `PeftModel.from_pretrained(base_model, out)` loads them without ptrun. `base`: the base model's name or
     directory, recorded as peft's `base_model_name_or_path`."""
-    from safetensors.torch import save_file
-
     config = copy.deepcopy(layered.adapter_config)
     config.modules_to_save = head_modules(layered) or None
     config.base_model_name_or_path = base
@@ -190,7 +190,7 @@ def peft_state_dict(layered) -> dict:
     """The trained tensors under the keys of peft's saved adapter: the adapters' as peft's public
     `get_peft_model_state_dict` names them (without the adapter's name; DoRA's magnitude as peft stores it),
     the task head's as a `modules_to_save` module's, all under `PEFT_PREFIX`."""
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model_state_dict  # inner import: optional library
 
     params = {n: p.detach().cpu().contiguous() for n, p in layered.model.named_parameters() if n not in layered.fixed}
     adapters = {n: params[n] for n in layered.adapters}

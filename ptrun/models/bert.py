@@ -10,6 +10,7 @@ but both names live in the head unit, so it needs no declaration.
 from __future__ import annotations
 
 from ptrun.config import ConfigError, ModelConfig
+from ptrun.models.hf import build_transformers
 from ptrun.models.layered import LayeredModel
 
 # name -> (layers L, hidden H, heads A); the intermediate size is 4H unless `mlp_ratio` is set.
@@ -45,9 +46,7 @@ def _preset_sizes(cfg: ModelConfig, vocab_size: int | None) -> dict:
 def build_bert(cfg: ModelConfig, *, num_classes: int, vocab_size: int | None) -> LayeredModel:
     """The preset `cfg.name`'s BertForSequenceClassification (task classification / regression),
     BertForQuestionAnswering (qa) or BertForMaskedLM (mlm), with random weights."""
-    from transformers import BertConfig
-
-    from ptrun.models.hf import build_transformers
+    from transformers import BertConfig  # inner import: optional library
 
     num_labels = 2 if cfg.task == "qa" else (cfg.num_classes or num_classes)
     config = BertConfig(

@@ -33,7 +33,10 @@ def attention_mask(config, layer: int, hidden: torch.Tensor, keep: torch.Tensor)
     """The mask the library model gives layer `layer`: causal, or sliding-window where the layer's type says
     so (`config.layer_types`, Qwen2/Qwen3) or the model has one window for all layers (Mistral). May be None,
     which the library's sdpa path runs as `is_causal`."""
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    from transformers.masking_utils import (  # inner import: optional library
+        create_causal_mask,
+        create_sliding_window_causal_mask,
+    )
 
     types = getattr(config, "layer_types", None)
     sliding = (types[layer] == "sliding_attention") if types else getattr(config, "sliding_window", None) is not None
@@ -126,7 +129,10 @@ class LastTokenHead(nn.Module):
 
 def split_decoder(model: nn.Module, task: str) -> list[nn.Module]:
     """The units of a GPT-2 or Llama-family task model."""
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    from transformers.masking_utils import (  # inner import: optional library
+        create_causal_mask,
+        create_sliding_window_causal_mask,
+    )
 
     for make in (create_causal_mask, create_sliding_window_causal_mask):
         mask_parameters(make)  # read now, eagerly: a compiled attention half only looks them up

@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors.torch import save_file
+
+from ptrun.models.adapters import merged, save_adapter
 from ptrun.models.layered import LayeredModel
 
 
 def save_quietly(model, out: Path) -> None:
     """`model.save_pretrained(out)` without the library's per-shard progress bar: the run's own end line says
     where the model went, and a bar for one file is noise in the run's output."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # inner import: optional library
 
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -51,12 +54,10 @@ def export_model(
     out.mkdir(parents=True, exist_ok=True)
     model = layered.model
     if layered.adapters:
-        from ptrun.models.adapters import merged, save_adapter
-
         if not merge:
             save_adapter(layered, out, base=base)
             if tokenizer_dir is not None:
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # inner import: optional library
 
                 AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
             return out
@@ -68,12 +69,10 @@ def export_model(
             config.label2id = {name: i for i, name in enumerate(class_names)}
         save_quietly(model, out)
         if tokenizer_dir is not None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # inner import: optional library
 
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
         return out
-    from safetensors.torch import save_file
-
     save_file(
         {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
         str(out / "model.safetensors"),

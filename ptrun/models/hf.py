@@ -18,7 +18,11 @@ from torch import nn
 
 from ptrun.config import ConfigError, ModelConfig
 from ptrun.config.model import DECODER_TASKS, DECODER_TYPES, ENCODER_TASKS, ENCODER_TYPES, HF_MODEL_TYPES
+from ptrun.models.deberta import shared_rel_embeddings, split_deberta
+from ptrun.models.decoders import split_decoder, tied_lm_head
+from ptrun.models.encoders import split_encoder
 from ptrun.models.layered import LayeredModel
+from ptrun.models.modernbert import split_modernbert
 
 AUTO_CLASSES = {
     "classification": "AutoModelForSequenceClassification",
@@ -87,7 +91,7 @@ def task_problem(kind: str, task: str) -> str | None:
 
 def build_transformers(cfg: ModelConfig, config, kind: str, *, task_class: str | None = None) -> LayeredModel:
     """The task model of `config` (a transformers config of family `kind`), split into units."""
-    import transformers
+    import transformers  # inner import: optional library
 
     problem = task_problem(kind, cfg.task)
     if problem is not None:
@@ -95,8 +99,6 @@ def build_transformers(cfg: ModelConfig, config, kind: str, *, task_class: str |
     cls = getattr(transformers, task_class or AUTO_CLASSES[cfg.task])
     model = cls.from_config(config)
     if FAMILIES[kind].decoder:
-        from ptrun.models.decoders import split_decoder, tied_lm_head
-
         units, tied = split_decoder(model, cfg.task), tied_lm_head(model, cfg.task)
         input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     else:
@@ -117,22 +119,16 @@ def build_transformers(cfg: ModelConfig, config, kind: str, *, task_class: str |
 def _split_encoder(model: nn.Module, kind: str, task: str) -> tuple[list[nn.Module], list[nn.Parameter]]:
     """An encoder's units and the parameters several of them use."""
     if kind == "deberta-v2":
-        from ptrun.models.deberta import shared_rel_embeddings, split_deberta
-
         return split_deberta(model, task), shared_rel_embeddings(model)
     if kind == "modernbert":
-        from ptrun.models.modernbert import split_modernbert
-
         return split_modernbert(model, task), []
-    from ptrun.models.encoders import split_encoder
-
     return split_encoder(model, task), (_tied_decoder(model) if task == "mlm" else [])
 
 
 def from_directory(cfg: ModelConfig, *, num_labels: int) -> LayeredModel:
     """The task model of the Hugging Face directory `cfg.pretrained`: its configuration with ptrun's task,
     labels, attention kernel and dropout; its weights are read per unit as units are filled."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # inner import: optional library
 
     path = str(Path(cfg.pretrained).expanduser())  # type: ignore[arg-type]
     kind = model_type(path)

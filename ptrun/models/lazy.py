@@ -24,6 +24,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ptrun.models.weights import load_pretrained
+
 
 @contextmanager
 def parameters_on_meta() -> Iterator[None]:
@@ -142,8 +144,6 @@ def init_units(layered, units: Iterable[int]) -> None:
             for p, value in zip(shared, kept, strict=True):  # a unit's own rule must not redraw its owner's values
                 p.copy_(value)
     if layered.weights is not None:  # pretrained values, read for these units only
-        from ptrun.models.weights import load_pretrained
-
         load_pretrained(layered, layered.weights, unit_names(layered, wanted | extra))
     if layered.after_values is not None:
         layered.after_values(sorted(wanted | extra))

@@ -48,6 +48,7 @@ class ModernBertAttnHalf(nn.Module):
 
     def mask(self, hidden: torch.Tensor, keep: torch.Tensor):
         """The library model's mask for this layer's type (None where sdpa needs none: no padding)."""
+        # inner import: optional library
         from transformers.masking_utils import create_bidirectional_mask, create_bidirectional_sliding_window_mask
 
         make = (

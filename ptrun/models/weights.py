@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ptrun.config import ConfigError
 from ptrun.models.adapters import library_name, peft_key
@@ -74,8 +75,6 @@ def _index_file(path: str) -> tuple[dict[str, tuple[int, ...]], Callable[[str], 
     when asked; a torch file is memory-mapped (`mmap=True`), so its pages are read only where touched."""
     try:
         if Path(path).suffix == ".safetensors":
-            from safetensors import safe_open
-
             handle = safe_open(path, framework="pt", device="cpu")
             shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
             return shapes, handle.get_tensor

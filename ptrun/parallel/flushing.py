@@ -29,7 +29,7 @@ class PipelineRuntime(StageRuntime):
 
     def __init__(self, parts: StageParts):
         super().__init__(parts)
-        import torch.distributed.pipelining as pipelining
+        import torch.distributed.pipelining as pipelining  # inner import: optional library
 
         plan, groups, device = parts.plan, parts.groups, parts.device
 

@@ -13,9 +13,11 @@ Gantt chart) and `tensorboard` (`TensorBoardLog`, a live writer).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ptrun.report.runs import ReportError, Run, find_runs, load_run
+from ptrun.report.summary import markdown
 
 __all__ = ["ReportError", "Run", "find_runs", "load_run", "write_report"]
 
@@ -25,8 +27,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path) -> dict[str, Path
 
     Raises ReportError (naming the path) for a missing directory or one without metrics.
     """
-    from ptrun.report.figures import run_figures  # matplotlib loads only when a report is drawn
-    from ptrun.report.summary import markdown
+    from ptrun.report.figures import run_figures  # inner import: optional library (matplotlib, to draw)
 
     runs = find_runs(paths)
     out = Path(out_dir)
@@ -40,9 +41,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path) -> dict[str, Path
 
 def timelines(runs, out: Path) -> dict[str, Path]:
     """A Gantt chart of the profiled step of each run that recorded one (`train.timeline_step`)."""
-    import json
-
-    from ptrun.report.figures import timeline_figure
+    from ptrun.report.figures import timeline_figure  # inner import: optional library (matplotlib)
 
     drawn = {}
     for run in runs:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ptrun.report.runs import Run
 
 
@@ -27,7 +29,6 @@ class RunSetup:
 
 def run_setup(run: Run) -> RunSetup | None:
     """The setup of `run` from RUN_DIR/config.yaml; None when the run has no readable config."""
-    import yaml
 
     try:
         cfg = yaml.safe_load((Path(run.path) / "config.yaml").read_text()) or {}

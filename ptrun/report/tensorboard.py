@@ -74,7 +74,7 @@ def _numbers(tags: dict[str, str], fields: dict[str, Any]) -> dict[str, float]:
 class TensorBoardLog:
     def __init__(self, run_dir: str | Path, config: Any = None):
         """Scalars into `run_dir` (the run's `config` is not written: TensorBoard shows scalars)."""
-        # torch's writer needs the `tensorboard` package; import it only when a run asks for this logger.
+        # inner import: optional library (torch's writer needs the `tensorboard` package)
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)

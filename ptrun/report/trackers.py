@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from ptrun.report.tensorboard import TEXT_EVENTS, event_scalars
 
 STATE_FILE = "trackers.json"
@@ -40,8 +42,6 @@ DEFAULT_PROJECT = "ptrun"
 
 def config_dict(config: Any) -> dict[str, Any]:
     """The run's config (a PtrunConfig, DictConfig or dict) as plain nested dicts."""
-    from omegaconf import OmegaConf
-
     return {} if config is None else OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
 
@@ -67,7 +67,7 @@ def _save_state(run_dir: Path, key: str, value: Any) -> None:
 
 class WandbLog:
     def __init__(self, run_dir: str | Path, config: Any = None):
-        import wandb
+        import wandb  # inner import: optional library
 
         self.run_dir = Path(run_dir)
         run_id = _load_state(self.run_dir).get("wandb")
@@ -105,6 +105,7 @@ class WandbLog:
 
 class MlflowLog:
     def __init__(self, run_dir: str | Path, config: Any = None):
+        # inner import: optional library
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
@@ -140,6 +141,7 @@ class MlflowLog:
     def _log_config(self, config: Any, logged: dict[str, str]) -> None:
         """The config as params; a resumed run's changed values (MLflow keeps a param's first value) as tags
         `resumed.KEY`."""
+        # inner import: optional library
         from mlflow.entities import Param, RunTag
         from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
 
@@ -154,7 +156,7 @@ class MlflowLog:
             )
 
     def write(self, event: str, **fields: Any) -> None:
-        from mlflow.entities import Metric, RunTag
+        from mlflow.entities import Metric, RunTag  # inner import: optional library
 
         step, values = event_scalars(event, fields)
         ms = int(fields.get("time", time.time()) * 1000)

@@ -142,9 +142,8 @@ def reports(errors: Path, *kinds: str) -> list[Path]:
 # ---- the launcher's lines ---------------------------------------------------------------------------------
 def _checkpoints():
     """`ptrun.train.checkpoint.lookup`, which each line reads the run's checkpoints with."""
-    # `ptrun --help` imports this module for its exit codes alone, and the lookup brings hashlib and logging.
-    # inner import: start-up
-    from ptrun.train.checkpoint import lookup
+    # `ptrun --help` imports this module for its exit codes alone, and the lookup brings hashlib and logging
+    from ptrun.train.checkpoint import lookup  # inner import: start-up
 
     return lookup
 

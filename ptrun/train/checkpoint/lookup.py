@@ -8,6 +8,8 @@ import json
 import logging
 from pathlib import Path
 
+from ptrun.config.adapter import RESUME_FREE
+
 log = logging.getLogger("ptrun.train.checkpoint")
 
 MANIFEST = "manifest.json"
@@ -65,7 +67,6 @@ def adapter_problem(ckpt: Path, settings: dict) -> str | None:
     adapters, so the two never resume each other; and adapters trained with other settings (a rank, a scale,
     targets, an init) would go on as another model than the one they began as. Every key the checkpoint
     recorded is compared, but those a resume may change (`RESUME_FREE`, what the export writes)."""
-    from ptrun.config.adapter import RESUME_FREE  # no torch there either
 
     try:
         model = json.loads((ckpt / TRAINER).read_text())["model"]
