@@ -18,7 +18,8 @@ for `ptrun train` and `ptrun plan`, the tests and the scripts alike; composition
    on several machines, a per-pipeline batch made the global one.
 
 Every step that touches the layout goes through its one entry, `ptrun.layout.fill.resolve(cfg, world,
-devices)`; the rules it checks are the config's (`ptrun.config.layout_rules`).
+devices)`, where `ptrun.layout.needs_resolve` says it has work; the rules it checks are the config's
+(`ptrun.config.layout_rules`).
 
 The yaml lives beside the package, not in it: `configs/` (the primary config and the groups `model/`, `data/`,
 `optim/`, `launcher/`) and `recipes/` (the presets chosen with `recipe=NAME`), as in torchtune. A wheel ships
@@ -67,6 +68,8 @@ from ptrun.config.launcher import worker_threads
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.config.training import check_compiler
 from ptrun.installed import check_tracker_ready
+from ptrun.layout import fill as layout
+from ptrun.layout import needs_resolve
 
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
 UNION_ALLOWED = {
@@ -255,8 +258,6 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     came to), which its workers read as they are; on one machine with an integer `pipe.length`, the global
     batch a `train.pipeline_batch_size` gives (`ptrun.layout.fill.resolve`; else the launch or the workers
     fill it once K and the world are known)."""
-    from ptrun.layout import fill as layout  # not imported by --help or a config refused before this step
-
     cfg = resolved.cfg
     lc = cfg.launcher
     check_machines(lc)
@@ -266,7 +267,7 @@ def for_this_machine(resolved: Resolved) -> Resolved:
     workers = workers_per_node(lc)
     lc = replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
     cfg = replace(cfg, launcher=lc)
-    if cfg.pipe.length != "auto" and parse_nnodes(lc.nnodes)[1] == 1:  # the width is known: the batch too
+    if needs_resolve(cfg.pipe, on_devices=False, fixed_world=parse_nnodes(lc.nnodes)[1] == 1):
         cfg, _ = layout.resolve(cfg, workers)
     return replace(resolved, cfg=cfg)
 
@@ -279,13 +280,10 @@ def for_launch(cfg: PtrunConfig, costs=None):
     itself when nothing is `auto`). The world is the machines the launcher waits for at least, times the
     workers of each (`launcher.nproc_per_node`); on a range of machines a per-pipeline batch waits for the
     world the workers count (`for_world`). ConfigError when no layout fits."""
-    from ptrun.layout import fill as layout
-
-    pipe, lc = cfg.pipe, cfg.launcher
-    fewest, most = parse_nnodes(lc.nnodes)
-    if pipe.length != "auto" and pipe.microbatches is not None and fewest != most:
+    fewest, most = parse_nnodes(cfg.launcher.nnodes)
+    if not needs_resolve(cfg.pipe, on_devices=True, fixed_world=fewest == most):
         return cfg, None
-    return layout.resolve(cfg, fewest * workers_per_node(lc), layout.this_machine(cfg, costs))
+    return layout.resolve(cfg, fewest * workers_per_node(cfg.launcher), layout.this_machine(cfg, costs))
 
 
 def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
@@ -294,9 +292,7 @@ def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
     checked against it (on one machine the config's validation checked it already), and a per-pipeline batch
     the launch could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of
     that world (`ptrun.layout.fill.resolve`)."""
-    from ptrun.layout import fill as layout
-
-    if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
+    if needs_resolve(cfg.pipe, on_devices=True, fixed_world=False):  # a choice left for the launch's devices
         raise ConfigError(
             "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
             "(ptrun.compose.for_launch, which ptrun train runs)"
@@ -311,15 +307,13 @@ def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunCo
     filled. The layout is checked against the cluster's world size: by the validation on one node, here on
     several (a start checks that in its workers, once the rendezvous has counted them). `pipe.length=auto` is
     chosen, and checked, by the plan itself, on the cluster's devices (`ptrun.sim.planning.plannable`)."""
-    from ptrun.layout import fill as layout
-
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
     check_adapter_overrides(cfg, overrides)
     cfg = resolve_hub_ids(cfg, full=False)
     validate(cfg, paths=False)
     check_adapter_model(cfg, files=False)
-    if cfg.pipe.length != "auto":
+    if needs_resolve(cfg.pipe, on_devices=False, fixed_world=True):
         cfg, _ = layout.resolve(cfg, nodes * gpus_per_node, check=nodes > 1)
     return with_defaults(cfg)
 

@@ -132,6 +132,36 @@ def test_the_layouts_resolve_returns_a_layout_that_obeys_the_rules():
     assert (good.pipe.length, good.pipe.microbatches, choice.length) == (1, 1, 1)
 
 
+def test_one_function_says_whether_the_layouts_resolve_runs():
+    """`ptrun.layout.needs_resolve`, which every caller of `resolve` asks: on devices, a K or M left to choose;
+    on a world of one size, an integer K whose batch to fill and layout to check; else nothing."""
+    import inspect
+
+    import ptrun.compose
+    import ptrun.sim.planning
+    from ptrun.layout import needs_resolve
+
+    pipe = PtrunConfig(run_dir="").pipe
+    given, auto_k = replace(pipe, length=2, microbatches=2), replace(pipe, length="auto")
+    unset_m = replace(pipe, length=2, microbatches=None)
+    for layout, on_devices, fixed_world, runs in [
+        (given, True, True, True),
+        (given, True, False, False),  # nothing to choose, a world of several sizes: the workers' world check
+        (given, False, True, True),
+        (given, False, False, False),
+        (auto_k, True, False, True),
+        (auto_k, False, True, False),  # K waits for the devices
+        (unset_m, True, False, True),
+        (unset_m, False, True, True),
+    ]:
+        assert needs_resolve(layout, on_devices=on_devices, fixed_world=fixed_world) is runs
+    # the callers ask it, and nothing else decides: no caller weighs `pipe.length=auto` itself
+    for module in (ptrun.compose, ptrun.sim.planning):
+        code = inspect.getsource(module)
+        assert "needs_resolve(" in code and 'pipe.length == "auto"' not in code, module.__name__
+        assert 'pipe.length != "auto"' not in code, module.__name__
+
+
 def schema_fields(cls=PtrunConfig, prefix=""):
     for f in fields(cls):
         default = f.default_factory() if callable(f.default_factory) else None

@@ -6,7 +6,8 @@
 - `microbatches`: M, the micro-batch count, by AutoPipe's table and the schedule's rules;
 - `fit`: K for `pipe.length=auto`, the shortest pipeline whose largest stage fits a device's memory;
 - `fill`: the one entry, `resolve(cfg, world, devices)`, which the launch, `ptrun plan` and the workers' world
-  check call (`ptrun.compose`'s steps), and the launching machine's devices (`this_machine`: the model's
+  check call (`ptrun.compose`'s steps) where `needs_resolve` (here) says it has work, and the launching machine's
+  devices (`this_machine`: the model's
   analytic costs from `ptrun.costs`, the devices' memory);
 - `first`: the first plan of a run, from `pipe.*` and the model's units;
 - `microtune`, `tuning`: `pipe.microbatches=auto`, the micro-batch counts timed on the engines the caller
@@ -14,3 +15,7 @@
 - `autopipe`: the next plan after a freeze (AutoPipe).
 
 It imports no runtime: the timing takes a factory of runtimes, and the costs sit below it (`ptrun.costs`)."""
+
+from ptrun.layout.fill import needs_resolve
+
+__all__ = ["needs_resolve"]
