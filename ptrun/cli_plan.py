@@ -19,6 +19,7 @@ def _plan_config(overrides: list[str], cluster) -> PtrunConfig:
 
 def run_plan(args: list[str]) -> None:
     """`ptrun plan ...` (see USAGE and ptrun/sim)."""
+    # inner import: start-up
     from ptrun.costs.adapters import trained_params
     from ptrun.layout.fit import stage_bytes
     from ptrun.sim import costs_from_config, get_cluster, load_profile

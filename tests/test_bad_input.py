@@ -525,11 +525,11 @@ def test_run_dir_probes_of_agents_sharing_it_do_not_race(tmp_path):
     directory of its own beside the missing one, so concurrent checks neither fail nor leave anything."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ptrun.cli_train import _check_run_dir_path
+    from ptrun.launcher.start import check_run_dir_path
 
     target = tmp_path / "shared" / "job"
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda _: _check_run_dir_path(str(target)), range(400)))
+        list(pool.map(lambda _: check_run_dir_path(str(target)), range(400)))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -135,6 +135,7 @@ def test_no_import_cycles():
 LAUNCHER = (
     "ptrun.cli_train",
     "ptrun.compose",
+    "ptrun.launcher.start",
     "ptrun.launcher.launch",
     "ptrun.launcher.worker",
     "ptrun.launcher.elastic_agent",

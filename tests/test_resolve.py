@@ -132,6 +132,58 @@ def test_the_layouts_resolve_returns_a_layout_that_obeys_the_rules():
     assert (good.pipe.length, good.pipe.microbatches, choice.length) == (1, 1, 1)
 
 
+@pytest.mark.slow
+def test_ptrun_train_finishes_its_workers_config_in_one_pass(tmp_path):
+    """`ptrun.launcher.start.finished_config`, the one entry `ptrun train` calls: it returns the config the
+    workers read (made for this machine, `pipe.length=auto` and the micro-batch count made numbers, the run
+    directory absolute) and makes nothing, the run directory included, which the command makes after it; the
+    first bad input is its one ConfigError."""
+    from ptrun.launcher.start import finished_config
+    from ptrun.launcher.worker_server import stop_worker_server
+
+    run_dir = (tmp_path / "runs" / "a").resolve()
+    args = ["recipe=digits_vit", *(o for o in TINY if not o.startswith("pipe.")), f"hydra.run.dir={run_dir}"]
+    try:
+        cfg = finished_config([*args, "pipe.length=auto", "launcher.nproc_per_node=2"], {})
+        with pytest.raises(ConfigError, match=r"^train.resume=true: .* holds no checkpoint to resume from"):
+            finished_config([*args, "train.resume=true"], {})
+    finally:
+        stop_worker_server()  # the start's pass started it; a command ends it as it ends
+    assert isinstance(cfg.pipe.length, int) and isinstance(cfg.pipe.microbatches, int)
+    assert (cfg.launcher.nproc_per_node, cfg.run_dir) == (2, str(run_dir))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_one_function_says_whether_the_layouts_resolve_runs():
+    """`ptrun.layout.needs_resolve`, which every caller of `resolve` asks: on devices, a K or M left to choose;
+    on a world of one size, an integer K whose batch to fill and layout to check; else nothing."""
+    import inspect
+
+    import ptrun.compose
+    import ptrun.sim.planning
+    from ptrun.layout import needs_resolve
+
+    pipe = PtrunConfig(run_dir="").pipe
+    given, auto_k = replace(pipe, length=2, microbatches=2), replace(pipe, length="auto")
+    unset_m = replace(pipe, length=2, microbatches=None)
+    for layout, on_devices, fixed_world, runs in [
+        (given, True, True, True),
+        (given, True, False, False),  # nothing to choose, a world of several sizes: the workers' world check
+        (given, False, True, True),
+        (given, False, False, False),
+        (auto_k, True, False, True),
+        (auto_k, False, True, False),  # K waits for the devices
+        (unset_m, True, False, True),
+        (unset_m, False, True, True),
+    ]:
+        assert needs_resolve(layout, on_devices=on_devices, fixed_world=fixed_world) is runs
+    # the callers ask it, and nothing else decides: no caller weighs `pipe.length=auto` itself
+    for module in (ptrun.compose, ptrun.sim.planning):
+        code = inspect.getsource(module)
+        assert "needs_resolve(" in code and 'pipe.length == "auto"' not in code, module.__name__
+        assert 'pipe.length != "auto"' not in code, module.__name__
+
+
 def schema_fields(cls=PtrunConfig, prefix=""):
     for f in fields(cls):
         default = f.default_factory() if callable(f.default_factory) else None

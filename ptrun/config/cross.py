@@ -11,8 +11,8 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path
-from ptrun.config.freezing import inside_epochs
+from ptrun.config.data import SOURCE_IMAGES, TEXT_MAX_LENGTH, TEXT_SOURCES, check_hf_path, data_defaults
+from ptrun.config.freezing import cache_dtype, inside_epochs
 from ptrun.config.model import (
     DECODER_TASKS,
     DECODER_TYPES,
@@ -411,3 +411,14 @@ def check_model_against_data(cfg) -> None:
                 + ("" if d.max_length else f" (null = {length} for data.name={d.name})"),
                 d.max_length,
             )
+
+
+def with_defaults(cfg):
+    """`cfg` with the values that default to other keys': a text source's `data.tokenizer` is the model's own
+    directory (`model.pretrained`) when unset; `cache.dtype=auto` the compute dtype of `train.precision`; the
+    data source's image size or token length (`data_defaults`).
+    Applied after validation, whose messages name the keys as given."""
+    if cfg.data.tokenizer is None and cfg.model.pretrained is not None and run_inputs(cfg) == "text":
+        cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.model.pretrained))
+    cache = replace(cfg.cache, dtype=cache_dtype(cfg.cache.dtype, cfg.train.precision))
+    return replace(cfg, data=data_defaults(cfg.data), cache=cache)

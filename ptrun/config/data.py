@@ -215,7 +215,7 @@ def check_hf_path(cfg) -> None:
 
 def data_defaults(d: DataConfig) -> DataConfig:
     """`d` with its source's defaults (`DATA_SOURCE_SPECS`) where unset: an image source's `image_size`, a text
-    source's `max_length`. Filled once, in resolution (`ptrun.compose.with_defaults`: the YAML the workers read
+    source's `max_length`. Filled once, in resolution (`ptrun.config.cross.with_defaults`: the YAML the workers read
     holds them), and for a `DataConfig` made without it where the data is built (`ptrun.data.build_datasets`).
     `hf`, whose columns say what it gives, keeps its own."""
     spec = DATA_SOURCE_SPECS.get(d.name)

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ptrun.config import LauncherConfig, PtrunConfig, check_concrete, data_parallel_width, parse_memory
+from ptrun.config import LauncherConfig, PipeConfig, PtrunConfig, check_concrete, data_parallel_width, parse_memory
 from ptrun.config.gpus import visible_gpu_memory_without_torch
 from ptrun.config.launcher import visible_gpus, workers_per_node
 from ptrun.config.layout_rules import batch_at, width_problem
@@ -157,6 +157,16 @@ def fill_batch(cfg: PtrunConfig, world: int) -> PtrunConfig:
     return replace(cfg, train=replace(t, global_batch_size=batch_at(t, data_parallel_width(cfg.pipe, world))))
 
 
+def needs_resolve(pipe: PipeConfig, *, on_devices: bool, fixed_world: bool) -> bool:
+    """Whether `resolve` has work, the one answer its every caller asks before calling it (and `resolve` itself,
+    for which of its parts runs): on the devices' memory (`on_devices`), a `pipe.length=auto` or an unset
+    `pipe.microbatches` to choose; with an integer `pipe.length` and a world of one size (`fixed_world`: one
+    machine, a plan's cluster, the world the rendezvous counted), the global batch to fill from a per-pipeline
+    one and the layout to check against that world."""
+    chooses = on_devices and (pipe.length == "auto" or pipe.microbatches is None)
+    return chooses or (fixed_world and pipe.length != "auto")
+
+
 def resolve(cfg: PtrunConfig, world: int, devices: Devices | None = None, *, check: bool = False):
     """`cfg`'s layout for `world` workers, and the choice when K was chosen (`ptrun.layout.fit.LengthChoice`;
     else None):
@@ -171,7 +181,7 @@ def resolve(cfg: PtrunConfig, world: int, devices: Devices | None = None, *, che
     `pipe.microbatches=auto` stays for the trainer to measure. ConfigError naming the key when the layout
     breaks a rule or no layout fits."""
     pipe = cfg.pipe
-    if devices is None or (pipe.length != "auto" and pipe.microbatches is not None):
+    if not needs_resolve(pipe, on_devices=devices is not None, fixed_world=False):  # nothing to choose
         cfg = fill_batch(cfg, world)
         if check:
             check_concrete(cfg.pipe, world, cfg.train.global_batch_size)

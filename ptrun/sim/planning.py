@@ -14,6 +14,7 @@ from ptrun.costs.units import ModelCosts
 from ptrun.freezing.policies import POLICIES
 from ptrun.freezing.policy import MEASURES
 from ptrun.layout import fill as layout
+from ptrun.layout import needs_resolve
 from ptrun.layout.fill import ACTIVATION_PER_OUTPUT, device_budget, fit_memory
 from ptrun.layout.first import starting_micro_batch
 from ptrun.layout.partition import NEEDS_PROFILE
@@ -66,7 +67,9 @@ def combination_config(cfg: PtrunConfig, name: str) -> PtrunConfig:
 def plannable(cfg: PtrunConfig, costs: ModelCosts | None = None, cluster: Cluster | None = None) -> PtrunConfig:
     """`cfg` with a freeze policy that needs no gradient norms (assumption 6), and with `pipe.length=auto`
     resolved for `cluster`'s devices from `costs` (what the trainer measures, estimated: see `fit_memory`)."""
-    if costs is not None and cluster is not None and (cfg.pipe.length == "auto" or cfg.pipe.microbatches is None):
+    on_devices = costs is not None and cluster is not None
+    # the global batch at the cluster's world is the config's already (`ptrun.compose.for_cluster` filled it)
+    if on_devices and needs_resolve(cfg.pipe, on_devices=True, fixed_world=False):
         cfg, _ = layout.resolve(
             cfg, cluster.world_size, layout.Devices(device_budget(cfg, cluster), fit_memory(costs, cfg))
         )
