@@ -89,3 +89,36 @@ def test_the_position_is_one_value_whose_tensors_travel_beside_its_json():
     older = {k: v for k, v in saved.items() if k not in ("global_batch", "interval")}
     legacy = TrainState.from_dict(older, None, interval=4, global_batch=16)
     assert (legacy.global_batch, legacy.interval, legacy.progress) == (16, 4, {})
+
+
+def test_the_position_is_a_value_that_nothing_changes_in_place():
+    """A TrainState handed to a checkpoint or a record stays as it was: each change makes a new one (its eval
+    remembered too), and no module of ptrun assigns to a field of one."""
+    import ast
+    from dataclasses import fields
+    from pathlib import Path
+
+    import ptrun
+    from ptrun.train.state import TrainState
+
+    state = TrainState(epoch=1)
+    better = state.remembered({"top1": 50.0})
+    assert (state.last_eval, state.best_eval) == ({}, {}) and better.best_eval == {"top1": 50.0, "epoch": 1}
+    assert better.remembered({"top1": 40.0}).best_eval == better.best_eval and better.remembered({}) is better
+    names = {f.name for f in fields(TrainState)}
+    changed = []
+    for path in sorted(Path(ptrun.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            changed += [
+                f"{path.name}:{node.lineno}"
+                for target in targets
+                for t in ast.walk(target)
+                if isinstance(t, ast.Attribute) and t.attr in names and ast.unparse(t.value).endswith("state")
+            ]
+    assert changed == []

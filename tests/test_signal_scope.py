@@ -95,3 +95,18 @@ def test_a_worker_records_ctrl_c_and_sigterm_only_while_installed(python_ctrl_c)
     assert [signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)] == found
     with pytest.raises(KeyboardInterrupt):  # the test session's Ctrl-C again
         signal.raise_signal(signal.SIGINT)
+
+
+def test_a_boundary_stops_on_the_agreed_signal_only_where_it_stops():
+    """The loop asks at each of its boundaries (one worker here: the agreement is its own word). One that does
+    not stop (the epoch's last step, a checkpoint between segments) answers 0 and leaves the agreed signal for
+    the next that does; after a step the answer is the poll's, and one that waits reads the signal at once."""
+    stops = StopRequests()
+    assert stops.at_boundary(poll=True, wait=True, stops=True) == 0
+    stops.received = signal.SIGTERM
+    assert stops.at_boundary(poll=True, wait=False, stops=False) == 0 and stops.agreed == signal.SIGTERM
+    assert stops.at_boundary(poll=True, wait=False, stops=True) == signal.SIGTERM
+    waiting = StopRequests()
+    waiting.received = signal.SIGINT
+    assert waiting.at_boundary(poll=False, wait=False, stops=True) == 0  # nothing read: no step, no wait
+    assert waiting.at_boundary(poll=False, wait=True, stops=True) == signal.SIGINT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import ClassVar
 
 import torch
 
@@ -17,7 +18,11 @@ def metric_key(result: dict) -> str:
 @dataclass
 class TrainState:
     """The run's position and what it has learnt of itself; the rest of a worker's state (weights, optimizer
-    state, the layout) is rebuilt from the checkpoint's files and the Plan."""
+    state, the layout) is rebuilt from the checkpoint's files and the Plan.
+
+    A value: each change makes a new one (`dataclasses.replace`, as `ptrun.train.step.train_step` does at each
+    step), and nothing changes one in place, so a state handed to a checkpoint or a record stays as it was.
+    Not frozen: a frozen dataclass's constructor would add microseconds to every step."""
 
     epoch: int = 0
     """The epoch being trained (the next one at a boundary)."""
@@ -53,27 +58,23 @@ class TrainState:
         """The state a checkpoint holds (its JSON part and its tensors). `interval` and `global_batch` stand in
         for a checkpoint written before they were saved. A checkpoint's position is its last checkpoint step."""
         known = {f.name for f in fields(cls)} - {"progress"}
-        state = cls(**{k: v for k, v in saved.items() if k in known}, progress=dict(progress or {}))
-        if "interval" not in saved:
-            state.interval = interval
-        if "global_batch" not in saved:
-            state.global_batch = global_batch
-        state.last_checkpoint_step = state.global_step
-        return state
+        values = {k: v for k, v in saved.items() if k in known}
+        values.setdefault("interval", interval)
+        values.setdefault("global_batch", global_batch)
+        values["last_checkpoint_step"] = values.get("global_step", 0)
+        return cls(**values, progress=dict(progress or {}))
 
-    def remember(self, ev: dict) -> None:
-        """Keep the newest eval, and the best one by its ranking metric."""
+    def remembered(self, ev: dict) -> TrainState:
+        """This state with the newest eval kept, and the best one by its ranking metric."""
         if not ev:
-            return
-        self.last_eval = ev
+            return self
         key = metric_key(ev)
         better = (
             (ev[key] > self.best_eval.get(key, -1))
             if key != "loss"
             else (ev[key] < self.best_eval.get(key, float("inf")))
         )
-        if better:
-            self.best_eval = {**ev, "epoch": self.epoch}
+        return replace(self, last_eval=ev, best_eval={**ev, "epoch": self.epoch} if better else self.best_eval)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,65 @@ class Due:
 
 _DUES = ((Due(False, False), Due(False, True)), (Due(True, False), Due(True, True)))
 """Every `Due`, by (segment_ends, checkpoint)."""
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the loop does at one kind of boundary, in this order (`ptrun.train.trainer.Trainer._boundary`):
+    decide, compile if it pays, checkpoint if due, stop if agreed. One value per kind, made once: the boundary
+    after each step allocates none."""
+
+    decides: bool = False
+    """The controller decides where a freeze interval has ended since its last decision."""
+    announce: bool = False
+    """A layout change decided here writes its own `plan` event (inside an epoch; an epoch's start writes one)."""
+    stops_cache: bool = False
+    """First, AutoCache stops where the epoch served its samples more slowly than recomputing them."""
+    compiles: bool = False
+    """`train.compile=auto` decides once the first steps are timed, between two segments of steps."""
+    polls: bool = False
+    """After a step of a synchronous runtime: the stop all-reduce started a step before is read, the next one
+    started (`ptrun.train.stop.StopRequests.poll`)."""
+    waits: bool = False
+    """Every worker's word up to now is read (`StopRequests.now`): no step's compute is left to hide the
+    all-reduce. A boundary with a checkpoint due waits too: a checkpoint never holds a diverged state."""
+    stops: bool = False
+    """A stop the workers agreed on ends the run here: a checkpoint if none is at this step, then Interrupted."""
+
+    # The kinds, one value each (set below).
+    EPOCH_STARTS: ClassVar[Boundary]
+    """Before the run's first epoch (nothing is recorded yet) and each next one: a stop agreed by then."""
+    RESUMES: ClassVar[Boundary]
+    """Where an epoch starts or resumes: a decision still due there (the epoch's `plan` event records it)."""
+    SEGMENT_STARTS: ClassVar[Boundary]
+    """Before each segment of an epoch's steps: a decision inside the epoch, `train.compile=auto`'s, and the
+    checkpoint due at the previous segment's end, written after them so that a restart resumes in the new layout."""
+    STEP_ENDS: ClassVar[Boundary]
+    """After a step of a synchronous runtime, inside the epoch: a checkpoint due, a stop."""
+    LAST_STEP_ENDS: ClassVar[Boundary]
+    """After an epoch's last step of a synchronous runtime: a stop polled there ends the run at the epoch's end."""
+    PIPELINED_STEP_ENDS: ClassVar[Boundary]
+    """After a step of an asynchronous runtime (later steps are in flight): a checkpoint due; a stop waits for the
+    epoch's end."""
+    TRAINED: ClassVar[Boundary]
+    """An epoch's steps or the run's end: the stop all-reduce in flight ends before the collectives that follow,
+    and the run stops on divergence or a full disk agreed by then."""
+    EPOCH_ENDS: ClassVar[Boundary]
+    """Between two epochs: AutoCache's stop, the next epoch's layout, then the checkpoint due, so that a restart
+    resumes in that layout (a stop is `EPOCH_STARTS`')."""
+    LAST_EPOCH_ENDS: ClassVar[Boundary]
+    """After the run's last epoch: the checkpoint due, and nothing decided."""
+
+
+Boundary.EPOCH_STARTS = Boundary(waits=True, stops=True)
+Boundary.RESUMES = Boundary(decides=True)
+Boundary.SEGMENT_STARTS = Boundary(decides=True, announce=True, compiles=True)
+Boundary.STEP_ENDS = Boundary(polls=True, stops=True)
+Boundary.LAST_STEP_ENDS = Boundary(polls=True)
+Boundary.PIPELINED_STEP_ENDS = Boundary()
+Boundary.TRAINED = Boundary(waits=True)
+Boundary.EPOCH_ENDS = Boundary(decides=True, stops_cache=True)
+Boundary.LAST_EPOCH_ENDS = Boundary()
 
 
 @dataclass

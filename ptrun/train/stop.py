@@ -104,6 +104,18 @@ class StopRequests:
         self._start()
         return self.settle()
 
+    def at_boundary(self, poll: bool, wait: bool, stops: bool) -> int:
+        """Collective, at one of the training loop's boundaries: where the boundary `stops`, the signal the
+        workers agreed to stop on there (0: go on; always 0 where it does not stop); Diverged or OutOfSpace
+        where they agreed on those. After a step of a synchronous runtime (`poll`) the stop is what the
+        all-reduce started a step before says (`poll`); every word up to now is read (`now`) where the
+        boundary `wait`s, or before the checkpoint of a polled stop."""
+        polled = self.poll() if poll else 0
+        if wait or (polled and stops):
+            agreed = self.now()
+            polled = polled if poll else agreed
+        return polled if stops else 0
+
     @staticmethod
     def _check(diverged: int, full: int) -> None:
         if diverged:

@@ -10,7 +10,9 @@ The trainer keeps the loop and the wiring; its parts each do one job with their 
   statistics and the savings line.
 Read `_train_segment` first: each step's bookkeeping before it, its passes in the runtime
 (`runtime.run_step`), which calls back for each update due (`ptrun.train.step.train_step`), its counts
-(`_count`) and what is due after it (`_after_step`). The run's position is one `TrainState`.
+(`_count`) and what is due after it (`_after_step`). Then `_boundary`, the one routine every boundary runs,
+after a step, between segments and epochs: decide, compile if it pays, checkpoint if due, stop if agreed. The
+run's position is one `TrainState`, a value the loop replaces.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ptrun.train.evaluation import evaluate
 from ptrun.train.plan_in_use import PlanInUse
 from ptrun.train.record import RunRecord
 from ptrun.train.run_end import Interrupted
-from ptrun.train.state import Due, EpochSums, TrainState
+from ptrun.train.state import Boundary, Due, EpochSums, TrainState
 from ptrun.train.step import Update, train_step
 from ptrun.train.stop import StopRequests
 
@@ -165,24 +167,21 @@ class Trainer:
                 state.step_in_epoch * state.global_batch - start * batch,
             )
         sums = self._epoch_sums(start)
-        state.progress, state.step_in_epoch, state.global_batch = {}, 0, batch
+        self.state = replace(state, progress={}, step_in_epoch=0, global_batch=batch)
         epoch_base = state.global_step - start  # the global step before this epoch's step 0
         skipped_before = self.scaler.skipped
         self.record.view.start_epoch(state.epoch, self.cfg.train.epochs, self.steps_per_epoch)
-        position, last_due = start, None
+        position, checkpoint = start, False
         while position < self.steps_per_epoch:
-            self._decide(position)  # a decision inside the epoch (or one a resume has not made yet)
-            self._compile_if_it_pays(position)
-            if last_due is not None and last_due.checkpoint:
-                # the checkpoint due at the segment's last step, written after the decision: a restart resumes
-                # in the new layout, at this step
-                self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=position)
+            # a decision inside the epoch (or one a resume has not made yet), then the checkpoint due where the
+            # last segment ended: a restart resumes in the new layout, at this step
+            self._boundary(Boundary.SEGMENT_STARTS, position, sums, checkpoint)
             end = self.in_use.positions.segment_end(state.epoch, position)
             end = self.in_use.compiling.segment_end(position, end, self.record.clock.steps)
-            last_due = self._train_segment(sums, position, end, epoch_base)
+            checkpoint = self._train_segment(sums, position, end, epoch_base).checkpoint
             position = end
         elapsed = time.perf_counter() - sums.t0
-        self.stops.now()  # the stop all-reduce in flight ends before the epoch's own collectives (or Diverged)
+        self._boundary(Boundary.TRAINED)  # the stop all-reduce in flight ends before the epoch's own collectives
         self.record.view.end_epoch()
         extra = {
             **stats.scaler_stats(self.scaler, skipped_before),
@@ -239,16 +238,16 @@ class Trainer:
             sums.seen.index_add_(0, item.extra["index"], item.extra["weight"].double())
 
     def _after_step(self, sums: EpochSums, step: int, due: Due) -> None:
-        """After step `step` of the epoch's update: a fault point, what is `due`, a stop, the live view."""
+        """After step `step` of the epoch's update: a fault point, its boundary (what is `due`), the live view."""
         faults.reached("step", self.state.global_step)
         # A stop is asked for from outside (a signal, a full disk), so it is polled here, not known in advance:
         # between the steps of a synchronous runtime; an asynchronous one has later steps in flight, so it
-        # stops at the epoch's end (in `fit`).
-        stop = not self.runtime.asynchronous and self.stops.poll() and step + 1 < self.steps_per_epoch
-        if due.checkpoint_now or stop:
-            self.save_checkpoint(sums.so_far(self.all_sum), step_in_epoch=step + 1)
-        if stop:
-            raise Interrupted(self.stops.agreed)
+        # stops at the epoch's end (in `fit`), as a stop polled after the epoch's last step does.
+        if self.runtime.asynchronous:
+            at = Boundary.PIPELINED_STEP_ENDS
+        else:
+            at = Boundary.STEP_ENDS if step + 1 < self.steps_per_epoch else Boundary.LAST_STEP_ENDS
+        self._boundary(at, step + 1, sums, due.checkpoint_now)
         self.record.live_update(step, sums, self.all_sum)
 
     def evaluate(self) -> dict:
@@ -257,90 +256,102 @@ class Trainer:
         batches = ((batch, *feed.inputs_and_target(batch, "eval")) for _, batch in feed.batches("eval"))
         return evaluate(self.runtime, batches, self.data, self.cfg.model.task, self.device, self.rank == 0)
 
-    def save_checkpoint(self, progress: dict[str, torch.Tensor] | None = None, step_in_epoch: int = 0) -> None:
+    def save_checkpoint(self, sums: EpochSums | None = None, step_in_epoch: int = 0) -> None:
         """Collective. At an epoch boundary (`step_in_epoch` 0), or mid-epoch after `step_in_epoch` steps with
-        the epoch's sums so far (`progress`, already summed over the ranks). What the freeze measurement has
-        measured of the open interval goes with it either way (an interval may span a boundary)."""
-        self.stops.now()  # never a diverged state: the workers agree on divergence first (Diverged)
+        the epoch's sums so far (`sums`, summed over the ranks here), once the workers agreed on no divergence
+        (`_boundary`). What the freeze measurement took of the open interval goes with it either way."""
+        progress = sums.so_far(self.all_sum) if sums is not None else {}
         position = replace(
             self.state,
             step_in_epoch=step_in_epoch,
             global_batch=self.in_use.train_sampler.global_batch_size,
-            progress={**(progress or {}), **self.decisions.measurement.progress(self.all_sum)},
+            progress={**progress, **self.decisions.measurement.progress(self.all_sum)},
         )
         self.checkpoints.save(self.in_use.engine, position)
-        self.state.last_checkpoint_step = self.state.global_step
+        self.state = replace(self.state, last_checkpoint_step=self.state.global_step)
 
     # ---- the run ------------------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train the remaining epochs; at each boundary let the controller change the layout, checkpoint, and
-        stop there if asked to. Returns the final eval."""
-        cfg = self.cfg
+        """Train the remaining epochs, with a boundary (`_boundary`) before, between and after them; returns the
+        final eval."""
+        epochs = self.cfg.train.epochs
         # A stop asked for while the workers started (a signal, or the agent re-forming the job for machines that
         # joined or left) ends them before they train: nothing is recorded, the run goes on from where it was.
-        if self.stops.now():
-            raise Interrupted(self.stops.agreed)
-        self.record.announce(
-            self.layered,
-            self.data,
-            self.world_size,
-            self.device,
-            self.plan,
-            self.in_use.builder.compiler,
-            self.in_use.compiling.decision,
-        )
+        self._boundary(Boundary.EPOCH_STARTS)
+        compiler, decision = self.in_use.builder.compiler, self.in_use.compiling.decision
+        self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan, compiler, decision)
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
         moved = stats.start_memory(self.in_use.unheld_bytes(), self.rank, self.world_size, self.device)
-        while self.state.epoch < cfg.train.epochs:
+        while self.state.epoch < epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
             # epochs, or a step a stop interrupted before its decision) comes first.
-            moved = self._decide(self.state.step_in_epoch, announce=False) or moved
+            moved = self._boundary(Boundary.RESUMES, self.state.step_in_epoch) or moved
             self.record.epoch_plan(self.state.epoch, self.state.step_in_epoch, moved, self.plan)
-            epoch_stats = self.train_epoch()
-            last = self.state.epoch == cfg.train.epochs - 1
-            t_eval = time.perf_counter()
-            ev = self.evaluate() if last or (self.state.epoch + 1) % cfg.train.eval_every_epochs == 0 else {}
-            epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
-            self.state.remember(ev)
-            epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
-            epoch_stats.update(stats.compile_stats(self.in_use.builder.compiler))
-            self.record.epoch_ended(self.state.epoch, epoch_stats, ev, self.plan)
-            self.state.epoch += 1
-            stopped = {} if last else self._stop_caching_if_slower()
-            # The boundary: decide the next layout and move to it before the checkpoint, so a restart resumes
-            # in the layout the next epoch was meant to run in.
-            moved = {} if last else (self._decide(0, announce=False) or stopped)
-            if self.checkpoints.due_at_boundary(self.state, last):
-                self.save_checkpoint()
-            if not last and self.stops.now():
-                if self.state.last_checkpoint_step != self.state.global_step:
-                    self.save_checkpoint()
-                raise Interrupted(self.stops.agreed)
+            last = self.state.epoch == epochs - 1
+            self._epoch_ended(self.train_epoch(), last)
+            # The next epoch's layout is decided and moved to before the checkpoint, so a restart resumes in the
+            # layout that epoch was meant to run in; then it starts unless a stop is agreed.
+            due = self.checkpoints.due_at_boundary(self.state, last)
+            moved = self._boundary(Boundary.LAST_EPOCH_ENDS if last else Boundary.EPOCH_ENDS, 0, None, due)
+            if not last:
+                self._boundary(Boundary.EPOCH_STARTS)
         total = time.perf_counter() - t_start
         self.record.training_ended()
-        if cfg.train.export:
+        if self.cfg.train.export:
             self.export()
         self._release_cache()
         self.record.ended(total, self.state)
-        self.stops.now()  # a file one worker found no room for since the last step ends the run all the same
+        # a file one worker found no room for since the last step ends the run all the same
+        self._boundary(Boundary.TRAINED)
         return self.state.last_eval
 
-    def _decide(self, position: int, announce: bool = True) -> dict:
+    def _epoch_ended(self, epoch_stats: dict, last: bool) -> None:
+        """Collective, once an epoch's steps are trained: its evaluation where one is due (`last`: the run's
+        last epoch), its event, and the state moved on to the next epoch."""
+        t_eval = time.perf_counter()
+        epoch = self.state.epoch
+        ev = self.evaluate() if last or (epoch + 1) % self.cfg.train.eval_every_epochs == 0 else {}
+        epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
+        self.state = self.state.remembered(ev)
+        epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
+        epoch_stats.update(stats.compile_stats(self.in_use.builder.compiler))
+        self.record.epoch_ended(epoch, epoch_stats, ev, self.plan)
+        self.state = replace(self.state, epoch=epoch + 1)
+
+    def _boundary(
+        self, at: Boundary, position: int = 0, sums: EpochSums | None = None, checkpoint: bool = False
+    ) -> dict | None:
+        """Collective, at a boundary of the loop of kind `at`, before step `position` of the epoch (`sums`: the
+        epoch's so far, inside one): decide, compile if it pays, checkpoint if due (`checkpoint`), stop if
+        agreed. Returns, where `at` decides, the cost of the transition made here for the next `plan` event
+        (empty where the layout stays)."""
+        cost = None
+        if at.decides:
+            stopped = self._stop_caching_if_slower() if at.stops_cache else {}
+            cost = self._decide(position, at.announce) or stopped
+        if at.compiles:
+            self._compile_if_it_pays(position)
+        stop = self.stops.at_boundary(at.polls, at.waits or checkpoint, at.stops)
+        if checkpoint or (stop and self.state.last_checkpoint_step != self.state.global_step):
+            self.save_checkpoint(sums, position)
+        if stop:
+            raise Interrupted(self.stops.agreed)
+        return cost
+
+    def _decide(self, position: int, announce: bool) -> dict:
         """Collective, before step `position` of the epoch: if a freeze interval has ended since the last
         decision, the decision on what the policy's measure found over it, moved to if it changes the layout
-        (`announce`: a `plan` event for a change inside an epoch; the epoch's own start writes one at a
-        boundary); then the next interval's measurement begins. Returns the transition's cost for that event:
-        its seconds and the bytes moved between the workers (nothing when nothing was decided or the layout
-        stays)."""
+        (`announce`: with its own `plan` event); then the next interval's measurement begins. Returns the
+        transition's cost: its seconds and the bytes moved (nothing when nothing was decided or moved)."""
         state = self.state
         decided = self.decisions.due(
             self.in_use.positions, state.epoch, position, state.interval, state.interval_steps, self.plan
         )
         if decided is None:
             return {}
-        state.interval, plan = decided
-        state.interval_steps = 0
+        interval, plan = decided
+        self.state = replace(state, interval=interval, interval_steps=0)
         plan = self._fitting(plan)
         cost = self._move_to(plan, position, announce) if plan != self.plan else {}
         self.decisions.interval_begins()
