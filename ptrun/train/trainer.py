@@ -6,8 +6,7 @@ The trainer keeps the loop and the wiring; its parts each do one job with their 
 - `in_use` (`ptrun.train.plan_in_use.PlanInUse`): the plan in use and what is made from it, `switch_to(plan)`;
 - `decisions` (`ptrun.auto.controller.Decisions`): when the controller decides and when the cache stops;
 - `checkpoints` (`ptrun.train.checkpoint.checkpoints.Checkpoints`): when one is due, save, resume, keep, export;
-- `record` (`ptrun.train.record.RunRecord`): events, terminal lines, the live view, the clocks, the epoch's
-  statistics and the savings line.
+- `record` (`ptrun.train.record.RunRecord`): events, lines, the live view, clocks, epoch statistics, savings.
 Read `_train_segment` first: each step's bookkeeping before it, its passes in the runtime
 (`runtime.run_step`), which calls back for each update due (`ptrun.train.step.train_step`), its counts
 (`_count`) and what is due after it (`_after_step`). Then `_boundary`, the one routine every boundary runs,
@@ -30,17 +29,15 @@ from ptrun.compose import for_world
 from ptrun.config import PtrunConfig
 from ptrun.config.model import FAMILY_SPECS, model_family
 from ptrun.freezing.measures import make_measurement
-from ptrun.layout import fit as room
 from ptrun.layout.fill import device_budget
-from ptrun.layout.fit import UnitMemory, state_copies
+from ptrun.layout.fit import UnitMemory, in_place, refusal, state_copies
 from ptrun.layout.plan import Plan
 from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.pipeline import Step
-from ptrun.train import epoch_stats as stats
-from ptrun.train import fault_injection as faults
-from ptrun.train import startup
+from ptrun.train import epoch_stats, startup
 from ptrun.train.checkpoint.checkpoints import Checkpoints, resume_step
 from ptrun.train.evaluation import evaluate
+from ptrun.train.fault_injection import reached as fault_point
 from ptrun.train.plan_in_use import PlanInUse
 from ptrun.train.record import RunRecord
 from ptrun.train.run_end import Interrupted
@@ -61,14 +58,14 @@ class Trainer:
         resume: bool,
         stops: StopRequests | None = None,
         decide: Decide | None = None,
-        start_clock: stats.StartClock | None = None,
+        start_clock: epoch_stats.StartClock | None = None,
         unit_memory: UnitMemory | None = None,
     ):
         cfg = for_world(cfg, world_size)  # the launcher filled the layout: the rendezvous's world checks it
         self.cfg, self.rank, self.world_size, self.device, self.unit_memory = cfg, rank, world_size, device, unit_memory
         # Ctrl-C / SIGTERM, recorded by the worker's handlers: the loop stops where every rank agrees to.
         self.stops = stops or StopRequests()
-        clock = start_clock or stats.StartClock()
+        clock = start_clock or epoch_stats.StartClock()
         self.data = startup.load_data(cfg, resume)
         clock.lap("data")
         self.layered = startup.build_units(cfg, self.data)
@@ -102,7 +99,7 @@ class Trainer:
         clock.lap("layout")
         if self.state.interval_steps == 0:  # the run starts (or resumes) where an interval begins
             self.decisions.interval_begins()
-        faults.reached("start", self.state.global_step)
+        fault_point("start", self.state.global_step)
         self.record.open()  # once the start has succeeded: a failed one leaves no new file in the run directory
 
     def _resume(self) -> tuple[TrainState, Plan, dict]:
@@ -142,7 +139,7 @@ class Trainer:
         return max(self.in_use.total_steps - self.state.global_step, 0)
 
     def all_sum(self, values: list[float] | torch.Tensor) -> torch.Tensor:
-        return stats.all_sum(values, self.device)
+        return epoch_stats.all_sum(values, self.device)
 
     def _due(self, epoch_base: int, step: int, segment_end: int) -> Due:
         """What falls after `step` of the epoch, in a segment that ends before `segment_end`."""
@@ -184,9 +181,9 @@ class Trainer:
         self._boundary(Boundary.TRAINED)  # the stop all-reduce in flight ends before the epoch's own collectives
         self.record.view.end_epoch()
         extra = {
-            **stats.scaler_stats(self.scaler, skipped_before),
-            **stats.stash_stats(self.runtime, self.device),
-            **stats.memory_stats(self.layered, self.in_use.engine, self.rank, self.device),
+            **epoch_stats.scaler_stats(self.scaler, skipped_before),
+            **epoch_stats.stash_stats(self.runtime, self.device),
+            **epoch_stats.memory_stats(self.layered, self.in_use.engine, self.rank, self.device),
         }
         return self.record.epoch_stats(sums, elapsed, self.steps_per_epoch, start, self.all_sum, extra)
 
@@ -239,7 +236,7 @@ class Trainer:
 
     def _after_step(self, sums: EpochSums, step: int, due: Due) -> None:
         """After step `step` of the epoch's update: a fault point, its boundary (what is `due`), the live view."""
-        faults.reached("step", self.state.global_step)
+        fault_point("step", self.state.global_step)
         # A stop is asked for from outside (a signal, a full disk), so it is polled here, not known in advance:
         # between the steps of a synchronous runtime; an asynchronous one has later steps in flight, so it
         # stops at the epoch's end (in `fit`), as a stop polled after the epoch's last step does.
@@ -282,7 +279,7 @@ class Trainer:
         self.record.announce(self.layered, self.data, self.world_size, self.device, self.plan, compiler, decision)
         t_start = time.perf_counter()
         # the last transition's cost, on the plan event of the epoch it led into (at the start: memory held)
-        moved = stats.start_memory(self.in_use.unheld_bytes(), self.rank, self.world_size, self.device)
+        moved = epoch_stats.start_memory(self.in_use.unheld_bytes(), self.rank, self.world_size, self.device)
         while self.state.epoch < epochs:
             # A decision still due where the run resumes (the last boundary of a finished run given more
             # epochs, or a step a stop interrupted before its decision) comes first.
@@ -306,17 +303,17 @@ class Trainer:
         self._boundary(Boundary.TRAINED)
         return self.state.last_eval
 
-    def _epoch_ended(self, epoch_stats: dict, last: bool) -> None:
+    def _epoch_ended(self, extras: dict, last: bool) -> None:
         """Collective, once an epoch's steps are trained: its evaluation where one is due (`last`: the run's
         last epoch), its event, and the state moved on to the next epoch."""
         t_eval = time.perf_counter()
         epoch = self.state.epoch
         ev = self.evaluate() if last or (epoch + 1) % self.cfg.train.eval_every_epochs == 0 else {}
-        epoch_stats["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
+        extras["eval_time_s"] = time.perf_counter() - t_eval if ev else 0.0
         self.state = self.state.remembered(ev)
-        epoch_stats.update(stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
-        epoch_stats.update(stats.compile_stats(self.in_use.builder.compiler))
-        self.record.epoch_ended(epoch, epoch_stats, ev, self.plan)
+        extras.update(epoch_stats.cache_stats(self.cache, self.plan, self.device))  # training's and eval's
+        extras.update(epoch_stats.compile_stats(self.in_use.builder.compiler))
+        self.record.epoch_ended(epoch, extras, ev, self.plan)
         self.state = replace(self.state, epoch=epoch + 1)
 
     def _boundary(
@@ -362,7 +359,7 @@ class Trainer:
         planner's memory model, its frozen prefix in the layout in use (one line says so)."""
         if plan == self.plan or self.unit_memory is None or (plan.pp, plan.dp) == (self.plan.pp, self.plan.dp):
             return plan
-        line = room.refusal(
+        line = refusal(
             self.unit_memory,
             self.plan,
             plan,
@@ -374,7 +371,7 @@ class Trainer:
             return plan
         if line is not None:
             self.record.print(line)
-        return room.in_place(self.plan, plan)
+        return in_place(self.plan, plan)
 
     def _stop_caching_if_slower(self) -> dict:
         """Collective, at an epoch boundary: if the epoch served cached samples more slowly than recomputing
