@@ -9,15 +9,18 @@ subprocess that imports torch, a real measurement), which `bash scripts/test.sh`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ptrun.launcher import leftovers
 from ptrun.launcher.worker_server import user_cache_dir
 
 # As `ptrun train` does, before anything imports torch._dynamo (its default cache is /tmp/torchinductor_USER).
@@ -114,7 +117,18 @@ leave none of it, nor a named semaphore in /dev/shm that nobody holds (`Semaphor
 
 def _litter() -> set[Path]:
     roots = [Path(tempfile.gettempdir()), Path("/dev/shm")]
-    return {path for root in roots if root.is_dir() for pattern in LITTER for path in root.glob(pattern)}
+    found = {path for root in roots if root.is_dir() for pattern in LITTER for path in root.glob(pattern)}
+    return {path for path in found if not held_by_another_live_run(path)}
+
+
+def held_by_another_live_run(path: Path) -> bool:
+    """Whether `path` is the AutoCache memory tier of a run that still runs, launched by another process than
+    this one: a `ptrun train` beside the test session (the session's own have ended when it looks)."""
+    try:
+        owner = json.loads((path / leftovers.OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(owner, dict) and owner.get("pid") != os.getpid() and not leftovers.owner_gone(owner)
 
 
 def semaphores() -> dict[int, Path]:
@@ -222,12 +236,21 @@ def _wind_down_multiprocessing() -> None:
     resource_tracker._resource_tracker._stop()
 
 
+_WATCH: SemaphoreWatch | None = None
+
+
+def process_watch() -> SemaphoreWatch:
+    """This process's one `SemaphoreWatch`, started on first use: the session's checks and the tests share it."""
+    global _WATCH
+    if _WATCH is None:
+        _WATCH = SemaphoreWatch()
+    return _WATCH
+
+
 @pytest.fixture(scope="session")
-def semaphore_watch():
-    """The session's `SemaphoreWatch`."""
-    watch = SemaphoreWatch()
-    yield watch
-    watch.stop()
+def semaphore_watch() -> SemaphoreWatch:
+    """The `SemaphoreWatch` of this test process (with pytest-xdist: of this worker and what it starts)."""
+    return process_watch()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -272,22 +295,65 @@ def signal_handlers_kept():
         )
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_litter_left(request, semaphore_watch):
-    before, semaphores_before = _litter(), set(semaphores().values())
-    yield
-    if request.session.exitstatus == pytest.ExitCode.INTERRUPTED:
-        # Ctrl-C: the session ends at once, without the checks (seconds of reading every process's mappings,
-        # on a busy machine); its processes end with it, and multiprocessing's resource tracker then removes
-        # the semaphores they registered.
+def runs_tests_itself(config) -> bool:
+    """Whether this pytest process runs the tests and no pytest-xdist worker does: a session without xdist. A
+    worker (`workerinput`) runs some of them; the controller of workers, none."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None) in (None, 0)
+
+
+def own_descendants() -> set[int]:
+    """The processes this one started, and theirs."""
+    parents, tree = _parents(), {os.getpid()}
+    grew = True
+    while grew:
+        grown = tree | {pid for pid, parent in parents.items() if parent in tree}
+        grew, tree = grown != tree, grown
+    return tree - {os.getpid()}
+
+
+SESSION_BEFORE = pytest.StashKey[tuple[set[Path], set[Path]]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """The whole test session's litter check starts in the process that sees it whole: pytest's own without
+    pytest-xdist, the controller with it (each worker sees only its share, and the other workers' files as they
+    run)."""
+    if hasattr(session.config, "workerinput"):
         return
-    left = sorted(str(p) for p in _litter() - before)
-    assert not left, f"the test session left these behind: {left}"
-    stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
-    stopping.start()
-    stopping.join(60)
-    leaked = sorted(map(str, semaphore_watch.leaked(semaphores_before)))
-    assert not leaked, f"the test session left these semaphores behind: {leaked}"
+    process_watch()
+    session.config.stash[SESSION_BEFORE] = (_litter(), set(semaphores().values()))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which ends the workers
+def pytest_sessionfinish(session, exitstatus):
+    """The session fails if it left a file of `LITTER`, or a named semaphore nobody holds, that was not there when
+    it started."""
+    before = session.config.stash.get(SESSION_BEFORE, None)
+    if before is None or exitstatus == pytest.ExitCode.INTERRUPTED:
+        # a worker's share; or Ctrl-C: the session ends at once, without the checks (seconds of reading every
+        # process's mappings, on a busy machine); its processes end with it, and multiprocessing's resource
+        # tracker then removes the semaphores they registered.
+        return
+    litter_before, semaphores_before = before
+    if runs_tests_itself(session.config):
+        stopping = threading.Thread(target=_wind_down_multiprocessing, daemon=True)
+        stopping.start()
+        stopping.join(60)
+    else:
+        # the workers have ended; their resource trackers unlink what their killed workers left as they exit
+        deadline = time.monotonic() + 60
+        while own_descendants() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    left = sorted(str(p) for p in _litter() - litter_before)
+    leaked = sorted(map(str, process_watch().leaked(semaphores_before)))
+    problems = [f"the test session left these behind: {left}"] if left else []
+    problems += [f"the test session left these semaphores behind: {leaked}"] if leaked else []
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for line in problems:
+            reporter.write_line(f"FAILED (session end): {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config):

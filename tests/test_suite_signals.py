@@ -59,7 +59,7 @@ def process_tree(root: int) -> dict[int, str]:
 def training(tmpdir: Path) -> bool:
     """Whether the launch's workers train: rank 0 has written the start event of the run (in the test's
     tmp_path, under the pytest's TMPDIR)."""
-    runs = {path.parent for path in tmpdir.glob("pytest-of-*/pytest-*/*/*/metrics.jsonl")}
+    runs = {path.parent for path in tmpdir.glob("pytest-of-*/pytest-*/**/metrics.jsonl")}  # xdist: popen-gwN/
     return any(run_events(run, "start", missing_ok=True) for run in runs)
 
 
@@ -141,23 +141,31 @@ def wait_for(condition, proc: subprocess.Popen, output: Path, timeout: float = 2
 
 
 @pytest.mark.parametrize(
-    "signum, moment",
+    "signum, moment, workers",
     [
         # Ctrl-C in elastic's handler: the launch stops, and pytest's KeyboardInterrupt follows
-        pytest.param(signal.SIGINT, "while_its_workers_run", id="ctrl_c_while_its_workers_run"),
+        pytest.param(signal.SIGINT, "while_its_workers_run", [], id="ctrl_c_while_its_workers_run"),
         # in a later test: the handler the launch restored (SIGTERM's default) ends pytest
-        pytest.param(signal.SIGTERM, "after_the_launch_passed", id="sigterm_after_the_launch_passed"),
+        pytest.param(signal.SIGTERM, "after_the_launch_passed", [], id="sigterm_after_the_launch_passed"),
+        # the README's test command: pytest-xdist's workers, one launching while the other sleeps
+        pytest.param(
+            signal.SIGINT, "while_its_workers_run", ["-n", "2", "--dist", "loadfile"], id="ctrl_c_to_xdist_workers"
+        ),
+        pytest.param(
+            signal.SIGTERM, "while_its_workers_run", ["-n", "2", "--dist", "loadfile"], id="sigterm_to_xdist_workers"
+        ),
     ],
-)  # the other two pairs check nothing these and `signal_handlers_kept` do not, for another launch each
-def test_a_signal_to_the_test_session_stops_it_at_once(tmp_path, signum, moment):
+)  # the other two pairs of the first two check nothing these and `signal_handlers_kept` do not
+def test_a_signal_to_the_test_session_stops_it_at_once(tmp_path, signum, moment, workers):
     tmpdir, output, started = tmp_path / "tmp", tmp_path / "pytest.out", tmp_path / "sleeper-started"
     tmpdir.mkdir()
     sleeper = tmp_path / "sleeper" / "test_sleeper.py"
     sleeper.parent.mkdir()
     sleeper.write_text(SLEEPER)
+    command = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", *workers, LAUNCH_TEST]
     with output.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", LAUNCH_TEST, str(sleeper)],
+            [*command, str(sleeper)],
             cwd=REPO,
             env=cli_env(TMPDIR=str(tmpdir), SLEEPER_STARTED=str(started), PYTHONUNBUFFERED="1"),
             stdout=out,
