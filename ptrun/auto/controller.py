@@ -191,15 +191,17 @@ def start(
     profile: UnitProfile | None = None,
     bandwidth: float | None = None,
     microbatch_table: Mapping[int, int] | None = None,
+    first_microbatches: int | None = None,
     steps_per_epoch: int | None = None,
 ) -> Controller:
     """The one start, for the trainer and `ptrun plan` alike: the first Plan (`Controller.first`) from the
     config, the model's units and, for the time-based partitioners, their profile on one micro-batch and the
     stage link's bandwidth; and the Controller that re-plans from it the same way. `microbatch_table` is the
-    measured M per pipeline length (`pipe.microbatches=auto`): the first plan's M and AutoPipe's picks;
-    `steps_per_epoch` turns `freeze.every_steps` into the policy's interval in epochs."""
+    M per pipeline length for AutoPipe's picks (`pipe.microbatches=auto`: the measured M, with the entries of
+    `auto.microbatch_table` laid over it, which apply after a change) and `first_microbatches` the first plan's
+    M where it was measured; `steps_per_epoch` turns `freeze.every_steps` into the policy's interval in epochs."""
     table = microbatch_table or cfg.auto.microbatch_table
-    m = starting_microbatches(cfg.pipe, world_size, cfg.train.global_batch_size, table)
+    m = first_microbatches or starting_microbatches(cfg.pipe, world_size, cfg.train.global_batch_size, table)
     first = first_plan(cfg.pipe, layered, world_size, profile=profile, bandwidth=bandwidth, microbatches=m)
     partition_kwargs = (
         {}

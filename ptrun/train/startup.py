@@ -188,7 +188,9 @@ def start_controller(
     if cfg.pipe.microbatches != "auto":
         return controller, None
     tuning = tune_microbatches(cfg, controller, builder, layered, data, world_size, builder.device)
-    return begin(microbatch_table=tuning.table), tuning
+    # the first layout runs at the M measured for it; `auto.microbatch_table`'s entries apply after a change
+    measured = tuning.choices[controller.first.pp].microbatches
+    return begin(microbatch_table=tuning.table, first_microbatches=measured), tuning
 
 
 def make_cache(
