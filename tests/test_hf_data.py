@@ -11,6 +11,7 @@ import json
 import random
 import shutil
 import time
+from contextlib import closing
 from pathlib import Path
 
 import datasets
@@ -439,11 +440,8 @@ def train(run_dir: Path, *overrides: str) -> tuple[list[dict], list[str]]:
 
     cfg = compose_config([*TRAIN_TINY, *overrides], run_dir)
     run_dir.mkdir(parents=True)
-    trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
-    try:
+    with closing(Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)) as trainer:
         trainer.fit()
-    finally:
-        trainer.close()
     return [e["eval"] for e in run_events(run_dir, "epoch")], trainer.data.class_names
 
 

@@ -7,6 +7,7 @@ never run)."""
 from __future__ import annotations
 
 import ast
+from importlib.util import resolve_name
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
@@ -58,10 +59,7 @@ def imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                root = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(root + ([node.module] if node.module else []))
+            base = resolve_name("." * node.level + (node.module or ""), package)
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         else:
             continue

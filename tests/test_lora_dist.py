@@ -151,7 +151,7 @@ def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_ano
     repacks it, AutoDP widens, AutoCache serves the frozen prefix): the start line says how many parameters
     train, the checkpoints hold the adapters and the head only, a resume on one worker goes on from them, and
     the export loads with peft alone onto the base model built from the run's own initial values."""
-    from conftest import run_events, run_ptrun
+    from conftest import final_params, run_events, run_ptrun
     from safetensors import safe_open
 
     run = tmp_path / "run"
@@ -180,11 +180,7 @@ def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_ano
 
     options = json.loads((run / "model" / "config.json").read_text())  # the export says how to build the base
     loaded = PeftModel.from_pretrained(timm.create_model(options.pop("model_name"), **options), run / "model")
-    final = sorted((run / "checkpoints").iterdir())[-1]
-    trained = {}
-    for f in final.glob("params-stage*.safetensors"):
-        with safe_open(str(f), framework="pt") as handle:
-            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    trained = final_params(run)
     theirs = dict(loaded.base_model.model.named_parameters())
     adapters = [n for n in trained if ".lora_" in n]
     assert adapters and all(torch.equal(theirs[n], trained[n]) for n in adapters)
@@ -198,9 +194,8 @@ def test_a_run_with_peft_options_checkpoints_resumes_and_exports_them(tmp_path):
     DoRA's magnitudes (computed from the units' base weights, not the meta device), a resume goes on from them
     with the same settings (and is refused with another), and the export loads with peft alone, its
     adapters those the run ended with."""
-    from conftest import run_events, run_ptrun
+    from conftest import final_params, run_events, run_ptrun
     from peft import PeftModel
-    from safetensors import safe_open
 
     options = ["adapter.dora=true", "adapter.rslora=true", "adapter.init=gaussian", "adapter.targets=[attn.qkv,fc2]"]
     run = tmp_path / "run"
@@ -217,11 +212,7 @@ def test_a_run_with_peft_options_checkpoints_resumes_and_exports_them(tmp_path):
     assert len({e["epoch"] for e in run_events(run, "epoch")}) == 2
     import timm
 
-    final = sorted((run / "checkpoints").iterdir())[-1]
-    trained = {}
-    for f in final.glob("params-stage*.safetensors"):
-        with safe_open(str(f), framework="pt") as handle:
-            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    trained = final_params(run)
     magnitudes = [n for n in trained if ".lora_magnitude_vector." in n]
     assert magnitudes and all(trained[n].abs().min() > 0 for n in magnitudes)
     assert {n.split(".lora_")[0].split(".", 2)[-1] for n in magnitudes} == {"attn.qkv", "mlp.fc2"}
