@@ -8,7 +8,7 @@ import json
 
 import pytest
 from conftest import TINY_MODEL
-from test_report import write_run
+from helpers.metrics import write_run
 from test_report_savings import epoch, first_epoch, plan, start
 
 from benchmarks import savings_check

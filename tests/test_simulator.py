@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import compose_config, with_test_recipe
+from helpers.metrics import write_simulated
 
 from ptrun.auto.controller import Controller
 from ptrun.cli import main
@@ -383,13 +384,7 @@ def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_pa
     costs = costs_from_config(cfg.model, cfg.data)
     replayed = replace(cfg, freeze=replace(cfg.freeze, policy="schedule", blocks=[0, 0, 2, 4], max_fraction=1.0))
     records = simulate_one(costs, cluster, replayed, 1437)
-    lines = [{"event": "start", "train_samples": 1437}]
-    for r in records:  # "measured": 1.25 x the simulated epoch
-        lines.append({"event": "plan", "epoch": r.epoch, "transition_s": r.transition_s, **r.plan.to_dict()})
-        lines.append(
-            {"event": "epoch", "epoch": r.epoch, "epoch_time_s": 1.25 * r.time_s - r.transition_s, "steps": r.steps}
-        )
-    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_simulated(run, records, slower=1.25)  # "measured": 1.25 x the simulated epoch
     report = vs.validate_combination("all_four", [run], None, cluster, 0.15)
     assert report["freeze_blocks"] == [0, 0, 2, 4] and not report["notes"]
     assert all(e["plan_matches"] for e in report["epochs"])
