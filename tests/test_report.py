@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import run_ptrun
 from helpers import metrics
-from helpers.metrics import event, write_run
+from helpers.metrics import write_run
 from PIL import Image
 
 from ptrun.report import ReportError, find_runs, load_run, write_report
@@ -34,38 +34,13 @@ def start(t, **kw):
 
 
 def plan(t, epoch, frozen, pp, dp, m, transition_s=0.0):
-    bounds = [[0, 7], [7, 14]] if pp == 2 else [[0, 14]]
-    return event(
-        "plan",
-        t,
-        epoch=epoch,
-        num_units=14,
-        frozen_units=frozen,
-        pp=pp,
-        dp=dp,
-        stage_bounds=bounds,
-        microbatches=m,
-        schedule="1F1B",
-        stages_per_rank=1,
-        transition_s=transition_s,
-    )
+    return metrics.plan(t, epoch, 14, frozen, pp, dp, m, transition_s, schedule="1F1B")
 
 
 def epoch(t, e, loss, sps, secs, top1):
-    return event(
-        "epoch",
-        t,
-        epoch=e,
-        train_loss=loss,
-        samples_per_s=sps,
-        epoch_time_s=secs,
-        lr=1e-3 / (e + 1),
-        steps=90,
-        samples=1437,
-        sample_uses_min=1,
-        sample_uses_max=1,
-        eval={"top1": top1, "loss": loss * 1.5} if top1 is not None else {},
-    )
+    evaluation = {"top1": top1, "loss": loss * 1.5} if top1 is not None else {}
+    lr, uses = 1e-3 / (e + 1), dict(sample_uses_min=1, sample_uses_max=1)
+    return metrics.epoch(t, e, loss, sps, secs, 90, 1437, evaluation, lr=lr, **uses)
 
 
 BASE = [

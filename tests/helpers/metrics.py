@@ -49,3 +49,62 @@ def start(t: float, num_units: int, **kw) -> dict:
         "resumed_from": None,
         **kw,
     }
+
+
+def plan(
+    t: float,
+    epoch: int,
+    num_units: int,
+    frozen: int,
+    pp: int,
+    dp: int,
+    m: int,
+    transition_s: float = 0.0,
+    schedule: str = "GPipe",
+    **fields,
+) -> dict:
+    """A plan event: `frozen` of `num_units` units frozen, all of them split evenly over `pp` stages (one or
+    two), each replicated `dp` times, `m` microbatches, after a change of `transition_s`; `fields` adds more."""
+    bounds = [[0, num_units // 2], [num_units // 2, num_units]] if pp == 2 else [[0, num_units]]
+    return event(
+        "plan",
+        t,
+        epoch=epoch,
+        num_units=num_units,
+        frozen_units=frozen,
+        pp=pp,
+        dp=dp,
+        stage_bounds=bounds,
+        microbatches=m,
+        schedule=schedule,
+        stages_per_rank=1,
+        transition_s=transition_s,
+        **fields,
+    )
+
+
+def epoch(
+    t: float,
+    e: int,
+    loss: float,
+    samples_per_s: float,
+    seconds: float,
+    steps: int,
+    samples: int,
+    evaluation: dict | None = None,
+    **fields,
+) -> dict:
+    """An epoch event: `steps` steps over `samples` samples in `seconds`, its `evaluation` (none by default);
+    `fields` adds more."""
+    return event(
+        "epoch",
+        t,
+        epoch=e,
+        train_loss=loss,
+        samples_per_s=samples_per_s,
+        epoch_time_s=seconds,
+        steps=steps,
+        samples=samples,
+        eval=evaluation or {},
+        **fields,
+    )
