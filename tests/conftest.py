@@ -9,6 +9,7 @@ subprocess that imports torch, a real measurement), which `bash scripts/test.sh`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -91,6 +92,16 @@ def run_workers(overrides: list[str], run_dir: Path) -> dict:
     except Interrupted as e:
         signal.raise_signal(e.signum)
         raise
+
+
+def run_killed(overrides: list[str], run_dir: Path, kills: list[dict], monkeypatch) -> dict:
+    """`run_workers` with ptrun's fault hook killing workers as `kills` says (`PTRUN_KILL_AT`: each a rank, a
+    point, a step), for this launch only."""
+    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(kills))
+    try:
+        return run_workers(overrides, run_dir)
+    finally:
+        monkeypatch.delenv("PTRUN_KILL_AT")
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:

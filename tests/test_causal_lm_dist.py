@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, final_params, run_events, run_workers
+from conftest import compose_config, final_params, run_events, run_killed, run_workers
 
 from ptrun.train.checkpoint import lookup, store
 
@@ -207,9 +207,9 @@ def test_a_causal_lm_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
     """Rank 1 (the last stage) SIGKILLed right after global step 12 (epoch 1, in the frozen layout): elastic
     restarts the workers, they resume from the step-11 checkpoint (weights, AdamW state, the epoch's order) and
     the run ends with exactly the weights and optimizer state of the run that was never stopped."""
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 1, "point": "step", "step": 12}]))
     path = tmp_path / "killed"
-    run_workers(overrides(*llama_and_text, *FROZEN, "launcher.max_restarts=1"), path)
+    kills = [{"rank": 1, "point": "step", "step": 12}]
+    run_killed(overrides(*llama_and_text, *FROZEN, "launcher.max_restarts=1"), path, kills, monkeypatch)
     starts = run_events(path, "start")
     assert len(starts) == 2 and starts[1]["resumed_from"].endswith("step_00000011"), starts
     assert [e.get("resumed_at_step") for e in run_events(path, "epoch")] == [None, 2, None]

@@ -20,6 +20,20 @@ from ptrun.numerics.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 
+FOUR_STAGES = [
+    "launcher.nproc_per_node=4",
+    "pipe.length=4",
+    "pipe.microbatches=4",
+    "pipe.schedule=GPipe",
+    "pipe.partition=params",
+    "model.mlp_ratio=4.0",
+    "data.eval_fraction=0.9",
+    "freeze.policy=schedule",
+    "freeze.max_fraction=1.0",
+]
+"""4 workers starting as a 4-stage GPipe pipeline, its stages split by parameters, freezing the blocks a
+forced schedule names: 180 training samples (12 steps an epoch, little drift)."""
+
 KINDS = ["vit", "bert", "bert_mlm"]
 
 
@@ -143,19 +157,7 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     """The trainer on 4 workers: the controller drives K = 4 -> 2 -> 1 (DP 1 -> 2 -> 4) with a forced freeze
     schedule; every epoch uses every sample exactly once; the final parameters equal the frozen-prefix
     single-process reference that freezes the same blocks at the same epochs."""
-    overrides = tiny + [
-        "launcher.nproc_per_node=4",
-        "pipe.length=4",
-        "pipe.microbatches=4",
-        "pipe.schedule=GPipe",
-        "pipe.partition=params",
-        "train.epochs=3",
-        "freeze.policy=schedule",
-        "freeze.blocks=[0,1,2]",
-        "freeze.max_fraction=1.0",
-        "model.mlp_ratio=4.0",
-        "data.eval_fraction=0.9",
-    ]  # 180 training samples: 12 steps an epoch, little drift
+    overrides = tiny + FOUR_STAGES + ["train.epochs=3", "freeze.blocks=[0,1,2]"]
     run_workers(overrides, tmp_path)
     events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
@@ -180,21 +182,16 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     training and evaluation alike, and training ends where the single-process reference without any cache
     does (float32 storage). The same run with `cache.eval=false` recomputes the eval samples' prefix at
     every evaluation and gets the same eval metrics. The cache files are gone after the run."""
-    overrides = tiny + [
-        "launcher.nproc_per_node=4",
-        "pipe.length=4",
-        "pipe.microbatches=4",
-        "pipe.schedule=GPipe",
-        "pipe.partition=params",
-        "train.epochs=4",
-        "freeze.policy=schedule",
-        "freeze.blocks=[0,1,2,2]",
-        "freeze.max_fraction=1.0",
-        "model.mlp_ratio=4.0",
-        "data.eval_fraction=0.9",
-        "auto.cache=true",
-        "cache.min_frozen_units=3",
-    ]
+    overrides = (
+        tiny
+        + FOUR_STAGES
+        + [
+            "train.epochs=4",
+            "freeze.blocks=[0,1,2,2]",
+            "auto.cache=true",
+            "cache.min_frozen_units=3",
+        ]
+    )
     run_workers(overrides, tmp_path)
     events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]

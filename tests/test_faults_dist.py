@@ -9,13 +9,12 @@ newest valid checkpoint at its exact step (`checkpoint.every_steps`).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 
 import pytest
 import torch
-from conftest import TINY, run_events, run_workers
+from conftest import TINY, run_events, run_killed, run_workers
 
 from ptrun.train.checkpoint import lookup, store
 
@@ -62,10 +61,8 @@ def starts_and_epochs(run_dir) -> tuple[list[dict], dict[int, dict]]:
 
 def test_ten_kills_at_random_points_change_nothing(tmp_path, monkeypatch):
     points = kill_points(int(os.environ.get("PTRUN_FAULT_SEED", "0")))
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(points))
     killed = tmp_path / "killed"
-    run_workers(OVERRIDES + ["launcher.max_restarts=10"], killed)
-    monkeypatch.delenv("PTRUN_KILL_AT")
+    run_killed(OVERRIDES + ["launcher.max_restarts=10"], killed, points, monkeypatch)
     clean = tmp_path / "clean"
     run_workers(OVERRIDES, clean)
 
