@@ -57,12 +57,14 @@ def llama_and_text(tmp_path_factory) -> tuple[Path, Path]:
     return root / "llama", text
 
 
+def on_the_tiny_llama(llama: Path, text: Path) -> list[str]:
+    """The causal_lm recipe on the tiny Llama and the repeated text, 16 tokens a sample."""
+    return ["recipe=causal_lm", f"model.pretrained={llama}", f"data.path={text}", "data.max_length=16"]
+
+
 def overrides(llama: Path, text: Path, *extra: str) -> list[str]:
     return [
-        "recipe=causal_lm",
-        f"model.pretrained={llama}",
-        f"data.path={text}",
-        "data.max_length=16",
+        *on_the_tiny_llama(llama, text),
         "data.eval_fraction=0.25",
         "train.epochs=3",
         "train.global_batch_size=8",
@@ -232,14 +234,7 @@ def test_plan_projects_a_decoder_directory(llama_and_text, cli, tmp_path):
     from ptrun.sim import costs_from_config
 
     llama, text = llama_and_text
-    args = [
-        "recipe=causal_lm",
-        f"model.pretrained={llama}",
-        f"data.path={text}",
-        "data.max_length=16",
-        "train.epochs=3",
-        "train.global_batch_size=32",
-    ]
+    args = [*on_the_tiny_llama(llama, text), "train.epochs=3", "train.global_batch_size=32"]
     out = cli("plan", *args, "cluster=paper", "--samples", "72")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("recipe causal_lm: transformers, 6 units,")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import compose_config, with_test_recipe
 from helpers.metrics import write_simulated
+from hf_families import LLAMA_3_8B
 
 from ptrun.auto.controller import Controller
 from ptrun.cli import main
@@ -68,9 +69,9 @@ PAPER_START = ("pipe.length=8", "pipe.microbatches=16")
 machine it starts on)."""
 
 
-def paper_config(recipe: str, tmp_path, *extra: str):
-    """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline 8 long, the global batch
-    of its two pipelines (`ptrun plan` fills it so for `cluster=paper`)."""
+def paper_config(recipe: str, tmp_path, *extra: str, start: tuple[str, ...] = PAPER_START):
+    """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline `start` (8 long), the
+    global batch of its two pipelines (`ptrun plan` fills it so for `cluster=paper`); its config and costs."""
     from ptrun.layout.fill import fill_batch
 
     cfg = compose(
@@ -79,7 +80,7 @@ def paper_config(recipe: str, tmp_path, *extra: str):
                 f"recipe={recipe}",
                 f"data.path={tmp_path}",
                 f"model.pretrained={tmp_path}",
-                *PAPER_START,
+                *start,
                 "launcher.nnodes=2",
                 *extra,
             ]
@@ -602,21 +603,7 @@ def test_decoder_costs_count_llama_3_8b_exactly(tmp_path):
     from ptrun.config import DataConfig, ModelConfig
     from ptrun.costs.from_config import costs_from_config
 
-    (tmp_path / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "num_hidden_layers": 32,
-                "hidden_size": 4096,
-                "intermediate_size": 14336,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-                "vocab_size": 128256,
-                "max_position_embeddings": 8192,
-                "tie_word_embeddings": False,
-            }
-        )
-    )
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B))
     costs = costs_from_config(
         ModelConfig(name="llama", pretrained=str(tmp_path), task="causal_lm"), DataConfig(max_length=2048)
     )
