@@ -96,6 +96,22 @@ class Case:
         return self.microbatches or 2 * self.pp
 
 
+def even_plan(n: int, pp: int, dp: int, m: int, schedule: str, per_rank: int = 1, frozen: int = 0, **fields):
+    """The checked plan of `n` units, the first `frozen` frozen, split evenly into `pp` x `per_rank` stages
+    (`per_rank` on each rank of a pipeline), `dp` pipelines, `m` micro-batches; `fields` sets the others."""
+    return Plan(
+        num_units=n,
+        frozen_units=frozen,
+        pp=pp,
+        dp=dp,
+        stage_bounds=even_bounds(n, pp * per_rank),
+        microbatches=m,
+        schedule=schedule,
+        stages_per_rank=per_rank,
+        **fields,
+    ).check()
+
+
 def model(kind: str, adapter=None):
     """The tiny model of `kind` (with `adapter`'s adapters, if given)."""
     torch.manual_seed(0)  # every process builds the same initial weights
@@ -177,17 +193,7 @@ def steps(layered, kind: str, first: int, count: int):
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layered = model(case.kind)
-    n = len(layered.units)
-    plan = Plan(
-        num_units=n,
-        frozen_units=0,
-        pp=case.pp,
-        dp=case.dp,
-        stage_bounds=even_bounds(n, case.pp * case.stages_per_rank),
-        microbatches=case.m,
-        schedule=case.schedule,
-        stages_per_rank=case.stages_per_rank,
-    ).check()
+    plan = even_plan(len(layered.units), case.pp, case.dp, case.m, case.schedule, case.stages_per_rank)
     groups = build_groups(plan, rank, layered.tied)
     loss = WeightedLoss(task(case.kind))
     runtime = flushing_runtime(StageParts(layered, plan, rank, groups, torch.device("cpu"), loss, case.recompute))
@@ -239,12 +245,7 @@ IN_PLACE = {2, 4}
 
 
 def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
-    return [
-        Plan(
-            num_units=n, frozen_units=f, pp=k, dp=dp, stage_bounds=even_bounds(n, k), microbatches=k, schedule=schedule
-        ).check()
-        for k, dp, f in TRANSITIONS
-    ]
+    return [even_plan(n, k, dp, k, schedule, frozen=f) for k, dp, f in TRANSITIONS]
 
 
 def run_transitions(kind: str, rank: int, out_dir: Path) -> None:

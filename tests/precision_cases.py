@@ -19,7 +19,7 @@ from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, optimizer_state_by_name
 from ptrun.config import OptimConfig
-from ptrun.layout.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.numerics.precision import LossScaler
 from ptrun.train.state import TrainState
@@ -35,9 +35,7 @@ differences."""
 def _layout(kind: str, pp: int, dp: int, rank: int, dtype: torch.dtype):
     layered = pc.model(kind)
     n = len(layered.units)
-    plan = Plan(
-        num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=2, schedule="GPipe"
-    ).check()
+    plan = pc.even_plan(n, pp, dp, 2, "GPipe")
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss(pc.task(kind))
     layout = build_engine(Builder(layered, rank, CPU, loss, SGD, name_of, compute_dtype=dtype), plan)
