@@ -104,6 +104,7 @@ def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind, local):
         assert torch.equal(a, w) and torch.equal(b, w)
 
 
+# the same kinds and stores as the test above: each property over every model family and store
 @STORES
 @pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
 def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind, local):

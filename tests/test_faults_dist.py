@@ -29,7 +29,8 @@ OVERRIDES = TINY + [
     "pipe.length=2",
     "pipe.microbatches=2",
     "pipe.schedule=1F1B",
-    # one more block frozen at each epoch boundary: two layout changes (K 2 -> 1, DP 1 -> 2), then caching
+    # one more block frozen at each epoch boundary: two layout changes (K 2 -> 1, DP 1 -> 2), then caching (the
+    # forced schedule spelled out, as in test_pipedream_dist.py's runs: the kill points follow from it)
     "freeze.policy=schedule",
     "freeze.blocks=[0,1,2]",
     "freeze.max_fraction=1.0",

@@ -35,6 +35,9 @@ def epoch(t: float, e: int, seconds: float) -> dict:
     return metrics.epoch(t, e, 1.0, 100.0, seconds, steps=40, samples=640, lr=1e-3)
 
 
+# Each test spells out its own events, alike as they look: its docstring works their numbers out by hand.
+
+
 def test_two_segments_the_second_with_half_the_units_frozen(tmp_path):
     """Epochs of 40 steps x 16 samples. Epoch 1 trains every unit for 20 steps in 4 s (1/80 s a sample), then
     freezes half the units (a 0.5 s change) and trains 20 more steps in 2.5 s; epoch 2 trains its 40 steps in

@@ -332,6 +332,7 @@ def test_cpu_sharing_stretches_a_busy_step_more():
     assert sharing_slowdown(k1, replace(shared, cores_per_node=0.0), busy_s=1.0, step_s=1.0) == 1.0
 
 
+# the measured profile's own round trip and bad field, in the form of the plain profile's test above
 def test_measured_profile_round_trip(tmp_path):
     from types import SimpleNamespace
 
@@ -490,6 +491,7 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     assert "(K = 8, M = 16)" in line and "stage 7 ~" in line and "of 26.8 GiB" in line
 
 
+# `ptrun plan`'s own bad input: the same form as test_cli.py's table for `ptrun train`, other keys and lines
 @pytest.mark.parametrize(
     "args, message",
     [
