@@ -67,7 +67,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     summed = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(summed)  # each step's loss: the last stage's share
     trained = sum(p.numel() for p in layout.optimizer.param_groups[0]["params"]) if layout.optimizer else 0
-    torch.save({"losses": summed.tolist(), "stray": stray, "trained": trained}, out_dir / f"{kind}.rank{rank}.pt")
+    process_group.save_rank({"losses": summed.tolist(), "stray": stray, "trained": trained}, out_dir, kind, rank)
     layout.groups.destroy()
 
 
@@ -109,7 +109,7 @@ def run_pipedream(kind: str, rank: int, out_dir: Path) -> None:
         "trained_bytes": trained_bytes(layered, held),
         "stage": runtime.stage,
     }
-    torch.save(saved, out_dir / f"pipedream-{kind}.rank{rank}.pt")
+    process_group.save_rank(saved, out_dir, f"pipedream-{kind}", rank)
     layout.groups.destroy()
 
 

@@ -133,7 +133,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         train(case.steps, count)
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}
-    torch.save(
+    process_group.save_rank(
         {
             "params": {k: params[k].detach().clone() for k in held},
             "traces": traces,
@@ -142,7 +142,9 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
             "stage": layout.runtime.stage,
             "lanes": layout.runtime.lanes,
         },
-        out_dir / f"{case.name}.rank{rank}.pt",
+        out_dir,
+        case.name,
+        rank,
     )
     layout.groups.destroy()
 

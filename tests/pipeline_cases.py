@@ -218,9 +218,11 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         name for u in runtime.unit_indices for name in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
     }
     params = dict(layered.model.named_parameters())
-    torch.save(
+    process_group.save_rank(
         {"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms},
-        out_dir / f"{case.name}.rank{rank}.pt",
+        out_dir,
+        case.name,
+        rank,
     )
     groups.destroy()
 
@@ -286,7 +288,7 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
             for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
         }
         params = dict(layered.model.named_parameters())
-        torch.save(
+        process_group.save_rank(
             {
                 "params": {k: params[k].detach().clone() for k in held},
                 "optim": optimizer_state_by_name(layout.optimizer, name_of),
@@ -294,7 +296,9 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
                 "same_groups": step > 0 and same_groups,
                 "materialized": sorted(n for n, p in params.items() if p.numel() > 0),
             },
-            out_dir / f"transition-{kind}-step{step}.rank{rank}.pt",
+            out_dir,
+            f"transition-{kind}-step{step}",
+            rank,
         )
     layout.groups.destroy()
 
@@ -328,7 +332,7 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
                 }
             )
     layout.groups.destroy()
-    torch.save(counts, out_dir / f"leaks.rank{rank}.pt")
+    process_group.save_rank(counts, out_dir, "leaks", rank)
 
 
 def run_all_transitions(rank: int, kinds: list[str], out_dir: Path) -> None:

@@ -77,7 +77,7 @@ def run_bf16(kind: str, rank: int, out_dir: Path) -> None:
         dist.all_reduce(share)
         losses.append(share.item())
     optim = optimizer_state_by_name(layout.optimizer, name_of)
-    torch.save(
+    process_group.save_rank(
         {
             "params": _held(layered, runtime),
             "losses": losses,
@@ -87,7 +87,9 @@ def run_bf16(kind: str, rank: int, out_dir: Path) -> None:
                 {str(v.dtype) for s in optim.values() for v in s.values() if torch.is_tensor(v) and v.ndim}
             ),
         },
-        out_dir / f"bf16-{kind}.rank{rank}.pt",
+        out_dir,
+        f"bf16-{kind}",
+        rank,
     )
     layout.groups.destroy()
 
@@ -127,9 +129,11 @@ def run_fp16(rank: int, out_dir: Path) -> None:
         runtime.forward_backward(inputs, target, denominator, big.scale)
         verdicts.append(step_or_skip(runtime, layout.optimizer, big, pc.CLIP))
     finite = all(torch.isfinite(p).all().item() for p in runtime.trainable_parameters())
-    torch.save(
+    process_group.save_rank(
         {"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite},
-        out_dir / f"fp16.rank{rank}.pt",
+        out_dir,
+        "fp16",
+        rank,
     )
     layout.groups.destroy()
 

@@ -15,6 +15,7 @@ import pipeline_cases as pc
 import pytest
 import torch
 from conftest import final_params, run_events, run_workers
+from helpers.process_group import load_rank
 
 from ptrun.numerics.optim import build_optimizer
 
@@ -90,7 +91,7 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
         for u in range(plans[step].frozen_units):
             frozen_names |= set(layered.unit_param_names(u))
         for rank in range(4):
-            held = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
+            held = load_rank(transitions, f"transition-{kind}-step{step}", rank)
             for name, value in held["params"].items():
                 torch.testing.assert_close(
                     value,
@@ -128,12 +129,12 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     owner = {n: u for u in range(len(layered.units)) for n in layered.unit_param_names(u)}
     moved_any = False
     for rank in range(4):  # after the start, too: each worker keeps only its first stage's parameters
-        first = torch.load(transitions / f"transition-{kind}-step0.rank{rank}.pt")
+        first = load_rank(transitions, f"transition-{kind}-step0", rank)
         assert first["materialized"] == sorted(first["params"]), rank
     for step in range(1, len(plans)):
         for rank in range(4):
-            old = set(torch.load(transitions / f"transition-{kind}-step{step - 1}.rank{rank}.pt")["params"])
-            now = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
+            old = set(load_rank(transitions, f"transition-{kind}-step{step - 1}", rank)["params"])
+            now = load_rank(transitions, f"transition-{kind}-step{step}", rank)
             new = set(now["params"]) - old
             want = sum(sizes[n] * (3 if owner[n] >= plans[step].frozen_units else 1) for n in new)
             assert now["received_bytes"] == want, (step, rank, sorted(new))
@@ -147,7 +148,7 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
 
 def test_32_layout_changes_leak_no_descriptors_or_threads(transitions):
     for rank in range(4):
-        after_2, after_32 = torch.load(transitions / f"leaks.rank{rank}.pt")
+        after_2, after_32 = load_rank(transitions, "leaks", rank)
         assert after_32["fds"] <= after_2["fds"], (rank, after_2, after_32)
         assert after_32["threads"] <= after_2["threads"], (rank, after_2, after_32)
         assert after_32["tasks"] <= after_2["tasks"], (rank, after_2, after_32)

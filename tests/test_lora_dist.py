@@ -15,6 +15,7 @@ import pipedream_cases as pd
 import pipeline_cases as pc
 import pytest
 import torch
+from helpers.process_group import load_rank, load_ranks
 
 from ptrun.layout.plan import even_bounds
 
@@ -74,10 +75,10 @@ def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(resul
     for kind in lc.KINDS:
         want = peft_losses(kind)
         for rank in (0, 1):
-            got = torch.load(results / f"{kind}.rank{rank}.pt")
+            got = load_rank(results, kind, rank)
             assert got["losses"] == pytest.approx(want, rel=1e-4), kind
             assert got["stray"] == [], kind
-        assert sum(torch.load(results / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
+        assert sum(held["trained"] for held in load_ranks(results, kind, 2)) > 0
 
 
 def pipedream_reference(kind: str) -> dict[str, torch.Tensor]:
@@ -116,7 +117,7 @@ def test_lora_under_pipedream_trains_as_its_semantics_and_stashes_only_what_trai
     """Each backward pass ran on its forward pass's weights, the parameters are the replayed reference's (the
     base weights unchanged), and the input stage held at most two versions of its adapters, never the base."""
     expected = pipedream_reference(kind)
-    ranks = [torch.load(results / f"pipedream-{kind}.rank{r}.pt") for r in (0, 1)]
+    ranks = load_ranks(results, f"pipedream-{kind}", 2)
     for saved in ranks:
         for name, value in saved["params"].items():
             torch.testing.assert_close(

@@ -21,6 +21,7 @@ import pipeline_cases as pc
 import pytest
 import torch
 from conftest import TINY_MODEL
+from helpers.process_group import load_ranks
 from pipedream_cases import Case, forward_versions
 from torch.func import functional_call
 
@@ -58,7 +59,7 @@ def results(tmp_path_factory):
 
 def load(results, name: str) -> list[dict]:
     world, _ = BY_NAME[name]
-    return [torch.load(results / f"{name}.rank{r}.pt") for r in range(world)]
+    return load_ranks(results, name, world)
 
 
 def reference(case: Case, vertical: bool | None = None) -> tuple[dict[str, torch.Tensor], list]:
