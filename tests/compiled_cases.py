@@ -90,17 +90,13 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     )
     summed = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(summed)  # each step's loss: the last stage's share (PipeDream: the last stage's only)
-    process_group.save_rank(
-        {
-            "losses": summed.tolist(),
-            "frozen_grads": [g is None for g in frozen_grads],
-            "compiles_after_freeze": compiles_after,
-            "eager_kinds": sorted(compiler.eager_kinds) if compiler else [],
-        },
-        out_dir,
-        case.name,
-        rank,
-    )
+    saved = {
+        "losses": summed.tolist(),
+        "frozen_grads": [g is None for g in frozen_grads],
+        "compiles_after_freeze": compiles_after,
+        "eager_kinds": sorted(compiler.eager_kinds) if compiler else [],
+    }
+    process_group.save_rank(saved, out_dir, case.name, rank)
     layout.groups.destroy()
 
 

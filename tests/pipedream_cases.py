@@ -133,19 +133,15 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         train(case.steps, count)
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}
-    process_group.save_rank(
-        {
-            "params": {k: params[k].detach().clone() for k in held},
-            "traces": traces,
-            "versions": versions,
-            "stash_peak": stash_peak,
-            "stage": layout.runtime.stage,
-            "lanes": layout.runtime.lanes,
-        },
-        out_dir,
-        case.name,
-        rank,
-    )
+    saved = {
+        "params": {k: params[k].detach().clone() for k in held},
+        "traces": traces,
+        "versions": versions,
+        "stash_peak": stash_peak,
+        "stage": layout.runtime.stage,
+        "lanes": layout.runtime.lanes,
+    }
+    process_group.save_rank(saved, out_dir, case.name, rank)
     layout.groups.destroy()
 
 

@@ -218,12 +218,8 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         name for u in runtime.unit_indices for name in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
     }
     params = dict(layered.model.named_parameters())
-    process_group.save_rank(
-        {"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms},
-        out_dir,
-        case.name,
-        rank,
-    )
+    saved = {"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms}
+    process_group.save_rank(saved, out_dir, case.name, rank)
     groups.destroy()
 
 
@@ -288,18 +284,14 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
             for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
         }
         params = dict(layered.model.named_parameters())
-        process_group.save_rank(
-            {
-                "params": {k: params[k].detach().clone() for k in held},
-                "optim": optimizer_state_by_name(layout.optimizer, name_of),
-                "received_bytes": layout.received_bytes,
-                "same_groups": step > 0 and same_groups,
-                "materialized": sorted(n for n, p in params.items() if p.numel() > 0),
-            },
-            out_dir,
-            f"transition-{kind}-step{step}",
-            rank,
-        )
+        saved = {
+            "params": {k: params[k].detach().clone() for k in held},
+            "optim": optimizer_state_by_name(layout.optimizer, name_of),
+            "received_bytes": layout.received_bytes,
+            "same_groups": step > 0 and same_groups,
+            "materialized": sorted(n for n, p in params.items() if p.numel() > 0),
+        }
+        process_group.save_rank(saved, out_dir, f"transition-{kind}-step{step}", rank)
     layout.groups.destroy()
 
 

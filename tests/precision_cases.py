@@ -77,20 +77,16 @@ def run_bf16(kind: str, rank: int, out_dir: Path) -> None:
         dist.all_reduce(share)
         losses.append(share.item())
     optim = optimizer_state_by_name(layout.optimizer, name_of)
-    process_group.save_rank(
-        {
-            "params": _held(layered, runtime),
-            "losses": losses,
-            "received": sorted(set(map(str, received))),
-            "param_dtypes": sorted({str(p.dtype) for p in runtime.trainable_parameters()}),
-            "state_dtypes": sorted(
-                {str(v.dtype) for s in optim.values() for v in s.values() if torch.is_tensor(v) and v.ndim}
-            ),
-        },
-        out_dir,
-        f"bf16-{kind}",
-        rank,
-    )
+    saved = {
+        "params": _held(layered, runtime),
+        "losses": losses,
+        "received": sorted(set(map(str, received))),
+        "param_dtypes": sorted({str(p.dtype) for p in runtime.trainable_parameters()}),
+        "state_dtypes": sorted(
+            {str(v.dtype) for s in optim.values() for v in s.values() if torch.is_tensor(v) and v.ndim}
+        ),
+    }
+    process_group.save_rank(saved, out_dir, f"bf16-{kind}", rank)
     layout.groups.destroy()
 
 
@@ -129,12 +125,8 @@ def run_fp16(rank: int, out_dir: Path) -> None:
         runtime.forward_backward(inputs, target, denominator, big.scale)
         verdicts.append(step_or_skip(runtime, layout.optimizer, big, pc.CLIP))
     finite = all(torch.isfinite(p).all().item() for p in runtime.trainable_parameters())
-    process_group.save_rank(
-        {"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite},
-        out_dir,
-        "fp16",
-        rank,
-    )
+    saved = {"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite}
+    process_group.save_rank(saved, out_dir, "fp16", rank)
     layout.groups.destroy()
 
 
