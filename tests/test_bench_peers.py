@@ -107,6 +107,7 @@ A, B, C, D, E = peer_runs.LABELS
 def rounds() -> list[list[dict]]:
     """Three rounds. The plain peers' best final top-1 (the target) is 96, 97, 96. In round 2 the faster
     plain peer by wall time (the loop) is not the faster one by training time (DDP)."""
+    # a table of rounds, one row a run: alike in form, each with the numbers the docstring's claims rest on
     return [
         peer_summary.measure(r)
         for r in (
