@@ -16,8 +16,6 @@ from helpers import process_group
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.compiling.compiler import UnitCompiler
 from ptrun.config import SCHEDULE_SPECS
-from ptrun.layout.partition import even_bounds
-from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
 from ptrun.numerics.precision import LossScaler, compute_dtype
 from ptrun.parallel.pipeline import Step
@@ -61,16 +59,7 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     )
     per_rank = SCHEDULE_SPECS[case.schedule].stages_per_rank or 2  # a looped schedule: two stages a rank
     microbatches = {"pipedream": 1, "1F1B": 2, "GPipe": 2}.get(case.schedule, 4)
-    plan = Plan(
-        num_units=n,
-        frozen_units=0,
-        pp=2,
-        dp=1,
-        stage_bounds=even_bounds(n, 2 * per_rank),
-        microbatches=microbatches,
-        schedule=case.schedule,
-        stages_per_rank=per_rank,
-    ).check()
+    plan = pc.even_plan(n, 2, 1, microbatches, case.schedule, per_rank)
     layout = build_engine(builder, plan)
     scaler = LossScaler(enabled=case.precision == "fp16")
     losses, frozen_grads, recompiles_after = [], [], None
@@ -101,15 +90,13 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
     )
     summed = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(summed)  # each step's loss: the last stage's share (PipeDream: the last stage's only)
-    torch.save(
-        {
-            "losses": summed.tolist(),
-            "frozen_grads": [g is None for g in frozen_grads],
-            "compiles_after_freeze": compiles_after,
-            "eager_kinds": sorted(compiler.eager_kinds) if compiler else [],
-        },
-        out_dir / f"{case.name}.rank{rank}.pt",
-    )
+    saved = {
+        "losses": summed.tolist(),
+        "frozen_grads": [g is None for g in frozen_grads],
+        "compiles_after_freeze": compiles_after,
+        "eager_kinds": sorted(compiler.eager_kinds) if compiler else [],
+    }
+    process_group.save_rank(saved, out_dir, case.name, rank)
     layout.groups.destroy()
 
 

@@ -96,6 +96,16 @@ def run_workers(overrides: list[str], run_dir: Path) -> dict:
         raise
 
 
+def run_killed(overrides: list[str], run_dir: Path, kills: list[dict], monkeypatch) -> dict:
+    """`run_workers` with ptrun's fault hook killing workers as `kills` says (`PTRUN_KILL_AT`: each a rank, a
+    point, a step), for this launch only."""
+    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(kills))
+    try:
+        return run_workers(overrides, run_dir)
+    finally:
+        monkeypatch.delenv("PTRUN_KILL_AT")
+
+
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     from ptrun.train.checkpoint import lookup, store
 

@@ -1,5 +1,5 @@
 """Tiny random configurations of every supported transformers family, built with the library's own config
-classes (imported by name by the tests and by spawned pipeline workers)."""
+classes (imported by name by the tests and by spawned pipeline workers), and the sizes of a full-size one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ DECODERS = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
 VARIANTS = {"deberta-v2-conv": "deberta-v2"}
 """Further tiny configurations of a family (name -> its model_type), for what its default one leaves out."""
 VOCAB = 100
+
+LLAMA_3_8B = {
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+"""The sizes in Meta-Llama-3-8B's config.json: what pricing and planning a hub model read, without its weights."""
 
 
 def tiny_config(kind: str, num_labels: int = 3):

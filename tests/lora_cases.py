@@ -17,8 +17,6 @@ from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import AdapterConfig
-from ptrun.layout.partition import even_bounds
-from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss
 from ptrun.parallel.pipeline import Step
 
@@ -39,9 +37,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     n = len(layered.units)
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     builder = Builder(layered, rank, torch.device("cpu"), WeightedLoss(pc.task(kind)), pc.OPTIM, name_of)
-    plan = Plan(
-        num_units=n, frozen_units=0, pp=2, dp=1, stage_bounds=even_bounds(n, 2), microbatches=2, schedule="1F1B"
-    ).check()
+    plan = pc.even_plan(n, 2, 1, 2, "1F1B")
     layout = build_engine(builder, plan)
     params = dict(layered.model.named_parameters())
     frozen = {name for u in range(FROZEN) for name in layered.unit_param_names(u)}
@@ -71,7 +67,7 @@ def run_case(kind: str, rank: int, out_dir: Path) -> None:
     summed = torch.tensor(losses, dtype=torch.float64)
     dist.all_reduce(summed)  # each step's loss: the last stage's share
     trained = sum(p.numel() for p in layout.optimizer.param_groups[0]["params"]) if layout.optimizer else 0
-    torch.save({"losses": summed.tolist(), "stray": stray, "trained": trained}, out_dir / f"{kind}.rank{rank}.pt")
+    process_group.save_rank({"losses": summed.tolist(), "stray": stray, "trained": trained}, out_dir, kind, rank)
     layout.groups.destroy()
 
 
@@ -113,7 +109,7 @@ def run_pipedream(kind: str, rank: int, out_dir: Path) -> None:
         "trained_bytes": trained_bytes(layered, held),
         "stage": runtime.stage,
     }
-    torch.save(saved, out_dir / f"pipedream-{kind}.rank{rank}.pt")
+    process_group.save_rank(saved, out_dir, f"pipedream-{kind}", rank)
     layout.groups.destroy()
 
 

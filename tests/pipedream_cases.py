@@ -18,7 +18,7 @@ from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, change_engine
 from ptrun.config import OptimConfig
-from ptrun.layout.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.parallel.pipedream import backwards_due
 from ptrun.parallel.pipeline import Step
@@ -78,16 +78,7 @@ def forward_versions(pp: int, first: int, count: int, drains) -> list[dict[int, 
 
 
 def plan_for(n: int, pp: int, dp: int, replicated: bool = False) -> Plan:
-    return Plan(
-        num_units=n,
-        frozen_units=0,
-        pp=pp,
-        dp=dp,
-        stage_bounds=even_bounds(n, pp),
-        microbatches=1,
-        schedule="pipedream",
-        replicate_first_only=replicated,
-    ).check()
+    return pc.even_plan(n, pp, dp, 1, "pipedream", replicate_first_only=replicated)
 
 
 def steps(layered, loss_task: str, plan: Plan, rank: int, kind: str, first: int, count: int):
@@ -142,17 +133,15 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         train(case.steps, count)
     params = dict(layered.model.named_parameters())
     held = {name for u in layout.runtime.unit_indices for name in layered.unit_param_names(u)}
-    torch.save(
-        {
-            "params": {k: params[k].detach().clone() for k in held},
-            "traces": traces,
-            "versions": versions,
-            "stash_peak": stash_peak,
-            "stage": layout.runtime.stage,
-            "lanes": layout.runtime.lanes,
-        },
-        out_dir / f"{case.name}.rank{rank}.pt",
-    )
+    saved = {
+        "params": {k: params[k].detach().clone() for k in held},
+        "traces": traces,
+        "versions": versions,
+        "stash_peak": stash_peak,
+        "stage": layout.runtime.stage,
+        "lanes": layout.runtime.lanes,
+    }
+    process_group.save_rank(saved, out_dir, case.name, rank)
     layout.groups.destroy()
 
 

@@ -96,6 +96,22 @@ class Case:
         return self.microbatches or 2 * self.pp
 
 
+def even_plan(n: int, pp: int, dp: int, m: int, schedule: str, per_rank: int = 1, frozen: int = 0, **fields):
+    """The checked plan of `n` units, the first `frozen` frozen, split evenly into `pp` x `per_rank` stages
+    (`per_rank` on each rank of a pipeline), `dp` pipelines, `m` micro-batches; `fields` sets the others."""
+    return Plan(
+        num_units=n,
+        frozen_units=frozen,
+        pp=pp,
+        dp=dp,
+        stage_bounds=even_bounds(n, pp * per_rank),
+        microbatches=m,
+        schedule=schedule,
+        stages_per_rank=per_rank,
+        **fields,
+    ).check()
+
+
 def model(kind: str, adapter=None):
     """The tiny model of `kind` (with `adapter`'s adapters, if given)."""
     torch.manual_seed(0)  # every process builds the same initial weights
@@ -177,17 +193,7 @@ def steps(layered, kind: str, first: int, count: int):
 
 def run_case(case: Case, rank: int, out_dir: Path) -> None:
     layered = model(case.kind)
-    n = len(layered.units)
-    plan = Plan(
-        num_units=n,
-        frozen_units=0,
-        pp=case.pp,
-        dp=case.dp,
-        stage_bounds=even_bounds(n, case.pp * case.stages_per_rank),
-        microbatches=case.m,
-        schedule=case.schedule,
-        stages_per_rank=case.stages_per_rank,
-    ).check()
+    plan = even_plan(len(layered.units), case.pp, case.dp, case.m, case.schedule, case.stages_per_rank)
     groups = build_groups(plan, rank, layered.tied)
     loss = WeightedLoss(task(case.kind))
     runtime = flushing_runtime(StageParts(layered, plan, rank, groups, torch.device("cpu"), loss, case.recompute))
@@ -212,10 +218,8 @@ def run_case(case: Case, rank: int, out_dir: Path) -> None:
         name for u in runtime.unit_indices for name in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
     }
     params = dict(layered.model.named_parameters())
-    torch.save(
-        {"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms},
-        out_dir / f"{case.name}.rank{rank}.pt",
-    )
+    saved = {"params": {k: params[k].detach().clone() for k in held}, "losses": losses, "norms": norms}
+    process_group.save_rank(saved, out_dir, case.name, rank)
     groups.destroy()
 
 
@@ -239,12 +243,7 @@ IN_PLACE = {2, 4}
 
 
 def transition_plans(n: int, schedule: str = "GPipe") -> list[Plan]:
-    return [
-        Plan(
-            num_units=n, frozen_units=f, pp=k, dp=dp, stage_bounds=even_bounds(n, k), microbatches=k, schedule=schedule
-        ).check()
-        for k, dp, f in TRANSITIONS
-    ]
+    return [even_plan(n, k, dp, k, schedule, frozen=f) for k, dp, f in TRANSITIONS]
 
 
 def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
@@ -285,16 +284,14 @@ def run_transitions(kind: str, rank: int, out_dir: Path) -> None:
             for n in layered.unit_param_names(u) + layered.unit_shared_param_names(u)
         }
         params = dict(layered.model.named_parameters())
-        torch.save(
-            {
-                "params": {k: params[k].detach().clone() for k in held},
-                "optim": optimizer_state_by_name(layout.optimizer, name_of),
-                "received_bytes": layout.received_bytes,
-                "same_groups": step > 0 and same_groups,
-                "materialized": sorted(n for n, p in params.items() if p.numel() > 0),
-            },
-            out_dir / f"transition-{kind}-step{step}.rank{rank}.pt",
-        )
+        saved = {
+            "params": {k: params[k].detach().clone() for k in held},
+            "optim": optimizer_state_by_name(layout.optimizer, name_of),
+            "received_bytes": layout.received_bytes,
+            "same_groups": step > 0 and same_groups,
+            "materialized": sorted(n for n, p in params.items() if p.numel() > 0),
+        }
+        process_group.save_rank(saved, out_dir, f"transition-{kind}-step{step}", rank)
     layout.groups.destroy()
 
 
@@ -327,7 +324,7 @@ def count_leaks(rank: int, out_dir: Path, changes: int = 32) -> None:
                 }
             )
     layout.groups.destroy()
-    torch.save(counts, out_dir / f"leaks.rank{rank}.pt")
+    process_group.save_rank(counts, out_dir, "leaks", rank)
 
 
 def run_all_transitions(rank: int, kinds: list[str], out_dir: Path) -> None:

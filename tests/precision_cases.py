@@ -19,7 +19,7 @@ from helpers import process_group
 
 from ptrun.auto.autodp import Builder, build_engine, optimizer_state_by_name
 from ptrun.config import OptimConfig
-from ptrun.layout.plan import Plan, even_bounds
+from ptrun.layout.plan import Plan
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.numerics.precision import LossScaler
 from ptrun.train.state import TrainState
@@ -35,9 +35,7 @@ differences."""
 def _layout(kind: str, pp: int, dp: int, rank: int, dtype: torch.dtype):
     layered = pc.model(kind)
     n = len(layered.units)
-    plan = Plan(
-        num_units=n, frozen_units=0, pp=pp, dp=dp, stage_bounds=even_bounds(n, pp), microbatches=2, schedule="GPipe"
-    ).check()
+    plan = pc.even_plan(n, pp, dp, 2, "GPipe")
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     loss = WeightedLoss(pc.task(kind))
     layout = build_engine(Builder(layered, rank, CPU, loss, SGD, name_of, compute_dtype=dtype), plan)
@@ -79,18 +77,16 @@ def run_bf16(kind: str, rank: int, out_dir: Path) -> None:
         dist.all_reduce(share)
         losses.append(share.item())
     optim = optimizer_state_by_name(layout.optimizer, name_of)
-    torch.save(
-        {
-            "params": _held(layered, runtime),
-            "losses": losses,
-            "received": sorted(set(map(str, received))),
-            "param_dtypes": sorted({str(p.dtype) for p in runtime.trainable_parameters()}),
-            "state_dtypes": sorted(
-                {str(v.dtype) for s in optim.values() for v in s.values() if torch.is_tensor(v) and v.ndim}
-            ),
-        },
-        out_dir / f"bf16-{kind}.rank{rank}.pt",
-    )
+    saved = {
+        "params": _held(layered, runtime),
+        "losses": losses,
+        "received": sorted(set(map(str, received))),
+        "param_dtypes": sorted({str(p.dtype) for p in runtime.trainable_parameters()}),
+        "state_dtypes": sorted(
+            {str(v.dtype) for s in optim.values() for v in s.values() if torch.is_tensor(v) and v.ndim}
+        ),
+    }
+    process_group.save_rank(saved, out_dir, f"bf16-{kind}", rank)
     layout.groups.destroy()
 
 
@@ -129,10 +125,8 @@ def run_fp16(rank: int, out_dir: Path) -> None:
         runtime.forward_backward(inputs, target, denominator, big.scale)
         verdicts.append(step_or_skip(runtime, layout.optimizer, big, pc.CLIP))
     finite = all(torch.isfinite(p).all().item() for p in runtime.trainable_parameters())
-    torch.save(
-        {"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite},
-        out_dir / f"fp16.rank{rank}.pt",
-    )
+    saved = {"rows": rows, "verdicts": verdicts, "final_scale": big.scale, "finite": finite}
+    process_group.save_rank(saved, out_dir, "fp16", rank)
     layout.groups.destroy()
 
 

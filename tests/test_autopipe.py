@@ -278,13 +278,20 @@ def test_plan_rejects_a_cache_beyond_the_frozen_prefix_or_the_first_stage():
         tight.check()
 
 
-def test_controller_caches_from_the_threshold_and_respects_fixed_stages():
-    from ptrun.auto.controller import Controller
+def caching_config():
+    """The default config with AutoCache on and a global batch of 64."""
     from ptrun.config import PtrunConfig
 
     cfg = PtrunConfig(run_dir="unused")
     cfg.auto.cache = True
     cfg.train.global_batch_size = 64
+    return cfg
+
+
+def test_controller_caches_from_the_threshold_and_respects_fixed_stages():
+    from ptrun.auto.controller import Controller
+
+    cfg = caching_config()
     first = start_plan()
     controller = Controller(cfg, 8, EQUAL, first)
     assert controller.min_cache_units == 5  # a quarter of 8 blocks: the embedding and 2 blocks
@@ -298,12 +305,10 @@ def test_controller_caches_from_the_threshold_and_respects_fixed_stages():
 
 def test_the_cache_stops_where_the_model_keeps_only_the_first_token():
     from ptrun.auto.controller import Controller, start
-    from ptrun.config import ModelConfig, PtrunConfig
+    from ptrun.config import ModelConfig
     from ptrun.models import build_model
 
-    cfg = PtrunConfig(run_dir="unused")
-    cfg.auto.cache = True
-    cfg.train.global_batch_size = 64
+    cfg = caching_config()
     first = start_plan()
     capped = Controller(cfg, 8, EQUAL, first, max_cached_units=15)  # units 15, 16 return the first token only
     assert capped.plan_for(first, 7, 8).cached_units == 15 and capped.plan_for(first, 6, 8).cached_units == 13
@@ -315,11 +320,9 @@ def test_the_cache_stops_where_the_model_keeps_only_the_first_token():
 
 def test_a_prefix_too_long_for_the_pipeline_is_cached_shorter_not_dropped():
     from ptrun.auto.controller import Controller
-    from ptrun.config import PtrunConfig
 
-    cfg = PtrunConfig(run_dir="unused")
-    cfg.auto.cache, cfg.auto.dp = True, False  # K stays 4: 4 stages need 4 uncached units
-    cfg.train.global_batch_size = 64
+    cfg = caching_config()
+    cfg.auto.dp = False  # K stays 4: 4 stages need 4 uncached units
     first = start_plan()
     plan = Controller(cfg, 8, EQUAL, first).plan_for(first, 8, 8)  # 17 of 18 units frozen
     assert plan.pp == 4 and plan.frozen_units == 17

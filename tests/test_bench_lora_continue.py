@@ -3,7 +3,7 @@ and the difference and its mean are the continued run's against the longer run's
 
 from __future__ import annotations
 
-import json
+from helpers.metrics import write_events
 
 from benchmarks.harness import final_top1
 from benchmarks.lora_continue import caption, table
@@ -14,7 +14,7 @@ def test_the_final_top1_is_the_end_events(tmp_path):
         {"event": "eval", "time": 1.0, "epoch": 0, "top1": 90.0},
         {"event": "end", "time": 2.0, "epochs": 1, "final_eval": {"top1": 97.5}, "best_eval": {"top1": 98.0}},
     ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    write_events(tmp_path, events)
     assert final_top1(tmp_path) == 97.5
 
 

@@ -9,39 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_report import write_run
+from helpers import metrics
+from helpers.metrics import write_run
 
 from benchmarks import oracle_loop, overhead
 from benchmarks.harness import label_rows
 
 
 def plan(t: float, epoch: int, step: int, frozen: int, transition_s: float = 0.0) -> dict:
-    return {
-        "event": "plan",
-        "time": t,
-        "epoch": epoch,
-        "step": step,
-        "frozen_units": frozen,
-        "pp": 1,
-        "dp": 2,
-        "stage_bounds": [[0, 10]],
-        "microbatches": 1,
-        "transition_s": transition_s,
-    }
+    return metrics.plan(t, epoch, 10, frozen, pp=1, dp=2, m=1, transition_s=transition_s, step=step)
 
 
 def epoch(t: float, e: int, seconds: float, loss: float = 1.0) -> dict:
-    return {
-        "event": "epoch",
-        "time": t,
-        "epoch": e,
-        "train_loss": loss,
-        "samples_per_s": 1.0,
-        "epoch_time_s": seconds,
-        "steps": 8,
-        "samples": 128,
-        "eval": {},
-    }
+    return metrics.epoch(t, e, loss, samples_per_s=1.0, seconds=seconds, steps=8, samples=128)
 
 
 START = {"event": "start", "time": 1000.0, "world_size": 2, "num_units": 10}

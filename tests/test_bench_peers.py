@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cli_env
+from helpers.metrics import write_events
 from hf_families import save_tiny_llama
 
 from benchmarks import peer_runs, peer_summary, results_contents, results_page
@@ -106,6 +107,7 @@ A, B, C, D, E = peer_runs.LABELS
 def rounds() -> list[list[dict]]:
     """Three rounds. The plain peers' best final top-1 (the target) is 96, 97, 96. In round 2 the faster
     plain peer by wall time (the loop) is not the faster one by training time (DDP)."""
+    # a table of rounds, one row a run: alike in form, each with the numbers the docstring's claims rest on
     return [
         peer_summary.measure(r)
         for r in (
@@ -430,7 +432,7 @@ def test_interval_sweep_rows_against_the_plain_loop(tmp_path):
     for e in events:
         if e["event"] == "plan":
             e.update(pp=1, dp=1, microbatches=1, stage_bounds=[[0, 4]])
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    write_events(tmp_path, events)
     from conftest import compose_config
     from omegaconf import OmegaConf
 
@@ -677,7 +679,7 @@ def test_a_ptrun_runs_measure_share_is_read_and_tabled(tmp_path):
         for e, s in enumerate([0.02, 0.06])
     ]
     events.append({"event": "end", "total_time_s": 4.5})
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    write_events(tmp_path, events)
     run = peer_runs.read_ptrun(tmp_path)
     assert run["measure_share"] == pytest.approx(0.08 / 4.0) and run["samples_per_s"] == pytest.approx(50.0)
     rows = [

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from conftest import TINY_MODEL
-from test_report import write_run
+from helpers.metrics import write_run
 from test_report_savings import epoch, first_epoch, plan, start
 
 from benchmarks import savings_check
@@ -47,6 +47,7 @@ def test_a_round_says_whether_the_measured_run_fell_in_the_line_s_range(tmp_path
     """The freezing run trains every unit for epochs 1-3 (10, 4 and 6 s; 40 steps each), then 1 epoch frozen:
     20 s measured and 640 samples at epochs 2-3's 10/1280 s a sample, estimate 25 s; at epoch 2's rate 24 s, at
     epoch 3's 26 s. A run without freezing of 25.5 s falls in that range, one of 27 s not."""
+    # spelled out, as test_report_savings.py's are: the docstring works these numbers out by hand
     on = [
         start(1000.0),
         plan(1000.0, 0, 0, 0, 1, 2, 1),

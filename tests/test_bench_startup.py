@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,8 @@ def test_a_real_runs_events_give_its_first_step_after_its_start(tmp_path, one_ra
         run_dir,
     )
     run_dir.mkdir()
-    trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
-    try:
+    with closing(Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)) as trainer:
         trainer.fit()
-    finally:
-        trainer.close()
     events = run_events(run_dir)
     marks = bench_startup.ptrun_marks(events)
     epochs = [e for e in events if e["event"] == "epoch"]

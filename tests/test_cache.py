@@ -37,6 +37,12 @@ def make_cache(layered, tmp_path: Path, local: bool = False, speaks: bool = Fals
     )
 
 
+def cached_model(kind: str, tmp_path: Path, local: bool):
+    """The tiny model of `kind`, a cache of its prefix, one batch of it (ids and weights, the raw inputs)."""
+    layered = pc.model(kind)
+    return layered, make_cache(layered, tmp_path, local), *make_batch(kind)
+
+
 STORES = pytest.mark.parametrize("local", [False, True], ids=["shared", "local"])
 """The node's shared store and a one-worker job's store on its own device: every entry behaves the same."""
 
@@ -86,9 +92,7 @@ DECODERS = ["llama_lm", "qwen3"]
 @STORES
 @pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
 def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind, local):
-    layered = pc.model(kind)
-    cache = make_cache(layered, tmp_path, local)
-    batch, raw = make_batch(kind)
+    layered, cache, batch, raw = cached_model(kind, tmp_path, local)
     cache.set_depth(3, tuple(r[:1] for r in raw))
     want = prefix(layered, 3, raw)
     first = inputs(cache, batch, raw)
@@ -100,12 +104,11 @@ def test_a_hit_equals_recomputing_the_prefix_exactly(tmp_path, kind, local):
         assert torch.equal(a, w) and torch.equal(b, w)
 
 
+# the same kinds and stores as the test above: each property over every model family and store
 @STORES
 @pytest.mark.parametrize("kind", ["vit", "bert", *DECODERS])
 def test_the_incremental_update_equals_a_full_recompute(tmp_path, kind, local):
-    layered = pc.model(kind)
-    cache = make_cache(layered, tmp_path, local)
-    batch, raw = make_batch(kind)
+    layered, cache, batch, raw = cached_model(kind, tmp_path, local)
     probe = tuple(r[:1] for r in raw)
     cache.set_depth(3, probe)
     inputs(cache, batch, raw)

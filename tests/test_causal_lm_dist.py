@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, final_params, run_events, run_workers
+from conftest import compose_config, final_params, run_events, run_killed, run_workers
 
 from ptrun.train.checkpoint import lookup, store
 
@@ -57,12 +57,14 @@ def llama_and_text(tmp_path_factory) -> tuple[Path, Path]:
     return root / "llama", text
 
 
+def on_the_tiny_llama(llama: Path, text: Path) -> list[str]:
+    """The causal_lm recipe on the tiny Llama and the repeated text, 16 tokens a sample."""
+    return ["recipe=causal_lm", f"model.pretrained={llama}", f"data.path={text}", "data.max_length=16"]
+
+
 def overrides(llama: Path, text: Path, *extra: str) -> list[str]:
     return [
-        "recipe=causal_lm",
-        f"model.pretrained={llama}",
-        f"data.path={text}",
-        "data.max_length=16",
+        *on_the_tiny_llama(llama, text),
         "data.eval_fraction=0.25",
         "train.epochs=3",
         "train.global_batch_size=8",
@@ -207,9 +209,9 @@ def test_a_causal_lm_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
     """Rank 1 (the last stage) SIGKILLed right after global step 12 (epoch 1, in the frozen layout): elastic
     restarts the workers, they resume from the step-11 checkpoint (weights, AdamW state, the epoch's order) and
     the run ends with exactly the weights and optimizer state of the run that was never stopped."""
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 1, "point": "step", "step": 12}]))
     path = tmp_path / "killed"
-    run_workers(overrides(*llama_and_text, *FROZEN, "launcher.max_restarts=1"), path)
+    kills = [{"rank": 1, "point": "step", "step": 12}]
+    run_killed(overrides(*llama_and_text, *FROZEN, "launcher.max_restarts=1"), path, kills, monkeypatch)
     starts = run_events(path, "start")
     assert len(starts) == 2 and starts[1]["resumed_from"].endswith("step_00000011"), starts
     assert [e.get("resumed_at_step") for e in run_events(path, "epoch")] == [None, 2, None]
@@ -232,14 +234,7 @@ def test_plan_projects_a_decoder_directory(llama_and_text, cli, tmp_path):
     from ptrun.sim import costs_from_config
 
     llama, text = llama_and_text
-    args = [
-        "recipe=causal_lm",
-        f"model.pretrained={llama}",
-        f"data.path={text}",
-        "data.max_length=16",
-        "train.epochs=3",
-        "train.global_batch_size=32",
-    ]
+    args = [*on_the_tiny_llama(llama, text), "train.epochs=3", "train.global_batch_size=32"]
     out = cli("plan", *args, "cluster=paper", "--samples", "72")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("recipe causal_lm: transformers, 6 units,")

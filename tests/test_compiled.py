@@ -133,6 +133,7 @@ def test_a_compiled_trainer_says_what_compiling_cost_and_counts_it_per_epoch(tmp
     profiles compiled steps; checkpoint keys are the library model's, as without compiling."""
     from ptrun.train.trainer import Trainer
 
+    # a one-rank trainer's overrides, spelled out like every in-process trainer's (test_cache.py's too)
     cfg = compose_config(
         TINY
         + [

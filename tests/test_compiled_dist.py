@@ -9,6 +9,7 @@ from __future__ import annotations
 import compiled_cases as cc
 import pytest
 import torch
+from helpers.process_group import load_rank
 
 CASES = [
     cc.Case("1F1B", c, precision, recompute)
@@ -29,9 +30,9 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-3}
 def test_compiled_pipelines_train_as_eager(tmp_path):
     cc.launch(CASES, tmp_path)
     for case in [c for c in CASES if c.compiled]:
-        eager = torch.load(tmp_path / f"{replace_compiled(case).name}.rank0.pt")
+        eager = load_rank(tmp_path, replace_compiled(case).name, 0)
         for rank in (0, 1):
-            got = torch.load(tmp_path / f"{case.name}.rank{rank}.pt")
+            got = load_rank(tmp_path, case.name, rank)
             assert got["losses"] == pytest.approx(eager["losses"], rel=TOLERANCE[case.precision]), case.name
             assert not got["eager_kinds"], case.name  # every unit kind ran compiled
             if case.freeze:

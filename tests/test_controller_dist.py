@@ -15,10 +15,25 @@ import pipeline_cases as pc
 import pytest
 import torch
 from conftest import final_params, run_events, run_workers
+from helpers.process_group import load_rank
 
 from ptrun.numerics.optim import build_optimizer
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
+
+FOUR_STAGES = [
+    "launcher.nproc_per_node=4",
+    "pipe.length=4",
+    "pipe.microbatches=4",
+    "pipe.schedule=GPipe",
+    "pipe.partition=params",
+    "model.mlp_ratio=4.0",
+    "data.eval_fraction=0.9",
+    "freeze.policy=schedule",
+    "freeze.max_fraction=1.0",
+]
+"""4 workers starting as a 4-stage GPipe pipeline, its stages split by parameters, freezing the blocks a
+forced schedule names: 180 training samples (12 steps an epoch, little drift)."""
 
 KINDS = ["vit", "bert", "bert_mlm"]
 
@@ -76,7 +91,7 @@ def test_every_transition_keeps_parameters_and_optimizer_state(transitions, kind
         for u in range(plans[step].frozen_units):
             frozen_names |= set(layered.unit_param_names(u))
         for rank in range(4):
-            held = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
+            held = load_rank(transitions, f"transition-{kind}-step{step}", rank)
             for name, value in held["params"].items():
                 torch.testing.assert_close(
                     value,
@@ -114,12 +129,12 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
     owner = {n: u for u in range(len(layered.units)) for n in layered.unit_param_names(u)}
     moved_any = False
     for rank in range(4):  # after the start, too: each worker keeps only its first stage's parameters
-        first = torch.load(transitions / f"transition-{kind}-step0.rank{rank}.pt")
+        first = load_rank(transitions, f"transition-{kind}-step0", rank)
         assert first["materialized"] == sorted(first["params"]), rank
     for step in range(1, len(plans)):
         for rank in range(4):
-            old = set(torch.load(transitions / f"transition-{kind}-step{step - 1}.rank{rank}.pt")["params"])
-            now = torch.load(transitions / f"transition-{kind}-step{step}.rank{rank}.pt")
+            old = set(load_rank(transitions, f"transition-{kind}-step{step - 1}", rank)["params"])
+            now = load_rank(transitions, f"transition-{kind}-step{step}", rank)
             new = set(now["params"]) - old
             want = sum(sizes[n] * (3 if owner[n] >= plans[step].frozen_units else 1) for n in new)
             assert now["received_bytes"] == want, (step, rank, sorted(new))
@@ -133,7 +148,7 @@ def test_a_transition_moves_only_what_changes_hands(transitions, kind):
 
 def test_32_layout_changes_leak_no_descriptors_or_threads(transitions):
     for rank in range(4):
-        after_2, after_32 = torch.load(transitions / f"leaks.rank{rank}.pt")
+        after_2, after_32 = load_rank(transitions, "leaks", rank)
         assert after_32["fds"] <= after_2["fds"], (rank, after_2, after_32)
         assert after_32["threads"] <= after_2["threads"], (rank, after_2, after_32)
         assert after_32["tasks"] <= after_2["tasks"], (rank, after_2, after_32)
@@ -143,19 +158,7 @@ def test_controller_run_changes_layout_and_covers_every_sample(tmp_path, tiny):
     """The trainer on 4 workers: the controller drives K = 4 -> 2 -> 1 (DP 1 -> 2 -> 4) with a forced freeze
     schedule; every epoch uses every sample exactly once; the final parameters equal the frozen-prefix
     single-process reference that freezes the same blocks at the same epochs."""
-    overrides = tiny + [
-        "launcher.nproc_per_node=4",
-        "pipe.length=4",
-        "pipe.microbatches=4",
-        "pipe.schedule=GPipe",
-        "pipe.partition=params",
-        "train.epochs=3",
-        "freeze.policy=schedule",
-        "freeze.blocks=[0,1,2]",
-        "freeze.max_fraction=1.0",
-        "model.mlp_ratio=4.0",
-        "data.eval_fraction=0.9",
-    ]  # 180 training samples: 12 steps an epoch, little drift
+    overrides = tiny + FOUR_STAGES + ["train.epochs=3", "freeze.blocks=[0,1,2]"]
     run_workers(overrides, tmp_path)
     events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]
@@ -180,21 +183,16 @@ def test_cached_run_matches_the_uncached_reference_through_a_transition(tmp_path
     training and evaluation alike, and training ends where the single-process reference without any cache
     does (float32 storage). The same run with `cache.eval=false` recomputes the eval samples' prefix at
     every evaluation and gets the same eval metrics. The cache files are gone after the run."""
-    overrides = tiny + [
-        "launcher.nproc_per_node=4",
-        "pipe.length=4",
-        "pipe.microbatches=4",
-        "pipe.schedule=GPipe",
-        "pipe.partition=params",
-        "train.epochs=4",
-        "freeze.policy=schedule",
-        "freeze.blocks=[0,1,2,2]",
-        "freeze.max_fraction=1.0",
-        "model.mlp_ratio=4.0",
-        "data.eval_fraction=0.9",
-        "auto.cache=true",
-        "cache.min_frozen_units=3",
-    ]
+    overrides = (
+        tiny
+        + FOUR_STAGES
+        + [
+            "train.epochs=4",
+            "freeze.blocks=[0,1,2,2]",
+            "auto.cache=true",
+            "cache.min_frozen_units=3",
+        ]
+    )
     run_workers(overrides, tmp_path)
     events = run_events(tmp_path)
     plans = [e for e in events if e["event"] == "plan"]

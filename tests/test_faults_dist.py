@@ -9,13 +9,12 @@ newest valid checkpoint at its exact step (`checkpoint.every_steps`).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 
 import pytest
 import torch
-from conftest import TINY, run_events, run_workers
+from conftest import TINY, run_events, run_killed, run_workers
 
 from ptrun.train.checkpoint import lookup, store
 
@@ -30,7 +29,8 @@ OVERRIDES = TINY + [
     "pipe.length=2",
     "pipe.microbatches=2",
     "pipe.schedule=1F1B",
-    # one more block frozen at each epoch boundary: two layout changes (K 2 -> 1, DP 1 -> 2), then caching
+    # one more block frozen at each epoch boundary: two layout changes (K 2 -> 1, DP 1 -> 2), then caching (the
+    # forced schedule spelled out, as in test_pipedream_dist.py's runs: the kill points follow from it)
     "freeze.policy=schedule",
     "freeze.blocks=[0,1,2]",
     "freeze.max_fraction=1.0",
@@ -62,10 +62,8 @@ def starts_and_epochs(run_dir) -> tuple[list[dict], dict[int, dict]]:
 
 def test_ten_kills_at_random_points_change_nothing(tmp_path, monkeypatch):
     points = kill_points(int(os.environ.get("PTRUN_FAULT_SEED", "0")))
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(points))
     killed = tmp_path / "killed"
-    run_workers(OVERRIDES + ["launcher.max_restarts=10"], killed)
-    monkeypatch.delenv("PTRUN_KILL_AT")
+    run_killed(OVERRIDES + ["launcher.max_restarts=10"], killed, points, monkeypatch)
     clean = tmp_path / "clean"
     run_workers(OVERRIDES, clean)
 

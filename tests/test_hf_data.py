@@ -11,6 +11,7 @@ import json
 import random
 import shutil
 import time
+from contextlib import closing
 from pathlib import Path
 
 import datasets
@@ -65,17 +66,18 @@ def toy_rows(per_class: int, seed: int, words: dict[str, list[str]] = TOPIC_WORD
 
 
 TOY_TRAIN, TOY_EVAL = toy_rows(16, seed=0), toy_rows(6, seed=1)
-TINY = [
+ONE_WORKER = [
     "model=bert_base",
     "model.pretrained=null",
     *TINY_MODEL,
-    "train.epochs=1",
     "train.global_batch_size=4",
     "train.export=false",
     "launcher.nproc_per_node=1",
     "pipe.length=1",
     "pipe.microbatches=1",
 ]
+"""A tiny BERT from scratch on one worker, batches of 4, nothing exported."""
+TINY = [*ONE_WORKER, "train.epochs=1"]
 
 
 @pytest.fixture(autouse=True)
@@ -411,17 +413,10 @@ def test_a_large_split_stays_memory_mapped(tmp_path, tokenizer_dir):
 # ---- training on each source ------------------------------------------------------------------------
 
 TRAIN_TINY = [
-    "model=bert_base",
-    "model.pretrained=null",
-    *TINY_MODEL,
+    *ONE_WORKER,
     "data.name=hf",
     "data.max_length=16",
     "train.epochs=40",
-    "train.global_batch_size=4",
-    "train.export=false",
-    "launcher.nproc_per_node=1",
-    "pipe.length=1",
-    "pipe.microbatches=1",
     "freeze.policy=none",
     "auto.cache=false",
     "optim.lr=5e-4",
@@ -439,11 +434,8 @@ def train(run_dir: Path, *overrides: str) -> tuple[list[dict], list[str]]:
 
     cfg = compose_config([*TRAIN_TINY, *overrides], run_dir)
     run_dir.mkdir(parents=True)
-    trainer = Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)
-    try:
+    with closing(Trainer(cfg, 0, 1, torch.device("cpu"), resume=False)) as trainer:
         trainer.fit()
-    finally:
-        trainer.close()
     return [e["eval"] for e in run_events(run_dir, "epoch")], trainer.data.class_names
 
 

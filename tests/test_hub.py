@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hf_families import save_tiny_bert
+from hf_families import LLAMA_3_8B, save_tiny_bert
 
 from ptrun.compose import for_cluster, resolve
 from ptrun.config import ConfigError
@@ -126,20 +126,7 @@ def test_plan_needs_only_the_config_json_of_an_id(hub, cli, tmp_path):
 
     sizes = tmp_path / "llama-sizes"
     sizes.mkdir()
-    (sizes / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "num_hidden_layers": 32,
-                "hidden_size": 4096,
-                "intermediate_size": 14336,
-                "num_attention_heads": 32,
-                "vocab_size": 128256,
-                "max_position_embeddings": 8192,
-            }
-        )
-    )
+    (sizes / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **LLAMA_3_8B}))
     snapshot = cache_repo(hub, "meta-llama/Meta-Llama-3-8B", sizes, MAIN)
     cfg = for_cluster([*TEXT, "model.pretrained=meta-llama/Meta-Llama-3-8B"], nodes=1, gpus_per_node=1)
     assert cfg.model.pretrained == str(snapshot)

@@ -33,6 +33,7 @@ CACHED = [
     "train.max_steps_per_epoch=10",
     "train.export=false",
     "launcher.nproc_per_node=2",
+    # the forced schedule each 2-worker run of a frozen block spells out (test_trackers.py's too)
     "freeze.policy=schedule",
     "freeze.blocks=[0,1]",
     "freeze.max_fraction=1.0",

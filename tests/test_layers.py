@@ -10,6 +10,7 @@ import ast
 import io
 import re
 import tokenize
+from importlib.util import resolve_name
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ptrun"
@@ -61,10 +62,7 @@ def imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                root = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(root + ([node.module] if node.module else []))
+            base = resolve_name("." * node.level + (node.module or ""), package)
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         else:
             continue

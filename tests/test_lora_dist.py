@@ -15,6 +15,7 @@ import pipedream_cases as pd
 import pipeline_cases as pc
 import pytest
 import torch
+from helpers.process_group import load_rank, load_ranks
 
 from ptrun.layout.plan import even_bounds
 
@@ -74,10 +75,10 @@ def test_lora_pipelines_train_as_peft_and_frozen_adapters_take_no_gradient(resul
     for kind in lc.KINDS:
         want = peft_losses(kind)
         for rank in (0, 1):
-            got = torch.load(results / f"{kind}.rank{rank}.pt")
+            got = load_rank(results, kind, rank)
             assert got["losses"] == pytest.approx(want, rel=1e-4), kind
             assert got["stray"] == [], kind
-        assert sum(torch.load(results / f"{kind}.rank{r}.pt")["trained"] for r in (0, 1)) > 0
+        assert sum(held["trained"] for held in load_ranks(results, kind, 2)) > 0
 
 
 def pipedream_reference(kind: str) -> dict[str, torch.Tensor]:
@@ -116,7 +117,7 @@ def test_lora_under_pipedream_trains_as_its_semantics_and_stashes_only_what_trai
     """Each backward pass ran on its forward pass's weights, the parameters are the replayed reference's (the
     base weights unchanged), and the input stage held at most two versions of its adapters, never the base."""
     expected = pipedream_reference(kind)
-    ranks = [torch.load(results / f"pipedream-{kind}.rank{r}.pt") for r in (0, 1)]
+    ranks = load_ranks(results, f"pipedream-{kind}", 2)
     for saved in ranks:
         for name, value in saved["params"].items():
             torch.testing.assert_close(
@@ -151,7 +152,7 @@ def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_ano
     repacks it, AutoDP widens, AutoCache serves the frozen prefix): the start line says how many parameters
     train, the checkpoints hold the adapters and the head only, a resume on one worker goes on from them, and
     the export loads with peft alone onto the base model built from the run's own initial values."""
-    from conftest import run_events, run_ptrun
+    from conftest import final_params, run_events, run_ptrun
     from safetensors import safe_open
 
     run = tmp_path / "run"
@@ -180,11 +181,7 @@ def test_a_lora_run_freezes_caches_checkpoints_its_adapters_and_resumes_into_ano
 
     options = json.loads((run / "model" / "config.json").read_text())  # the export says how to build the base
     loaded = PeftModel.from_pretrained(timm.create_model(options.pop("model_name"), **options), run / "model")
-    final = sorted((run / "checkpoints").iterdir())[-1]
-    trained = {}
-    for f in final.glob("params-stage*.safetensors"):
-        with safe_open(str(f), framework="pt") as handle:
-            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    trained = final_params(run)
     theirs = dict(loaded.base_model.model.named_parameters())
     adapters = [n for n in trained if ".lora_" in n]
     assert adapters and all(torch.equal(theirs[n], trained[n]) for n in adapters)
@@ -198,9 +195,8 @@ def test_a_run_with_peft_options_checkpoints_resumes_and_exports_them(tmp_path):
     DoRA's magnitudes (computed from the units' base weights, not the meta device), a resume goes on from them
     with the same settings (and is refused with another), and the export loads with peft alone, its
     adapters those the run ended with."""
-    from conftest import run_events, run_ptrun
+    from conftest import final_params, run_events, run_ptrun
     from peft import PeftModel
-    from safetensors import safe_open
 
     options = ["adapter.dora=true", "adapter.rslora=true", "adapter.init=gaussian", "adapter.targets=[attn.qkv,fc2]"]
     run = tmp_path / "run"
@@ -217,11 +213,7 @@ def test_a_run_with_peft_options_checkpoints_resumes_and_exports_them(tmp_path):
     assert len({e["epoch"] for e in run_events(run, "epoch")}) == 2
     import timm
 
-    final = sorted((run / "checkpoints").iterdir())[-1]
-    trained = {}
-    for f in final.glob("params-stage*.safetensors"):
-        with safe_open(str(f), framework="pt") as handle:
-            trained |= {k: handle.get_tensor(k) for k in handle.keys()}
+    trained = final_params(run)
     magnitudes = [n for n in trained if ".lora_magnitude_vector." in n]
     assert magnitudes and all(trained[n].abs().min() > 0 for n in magnitudes)
     assert {n.split(".lora_")[0].split(".", 2)[-1] for n in magnitudes} == {"attn.qkv", "mlp.fc2"}

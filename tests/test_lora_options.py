@@ -241,21 +241,16 @@ def test_the_export_of_the_options_loads_with_peft_alone(kind, task, tmp_path):
         torch.testing.assert_close(library_out(model, inputs, task), want, rtol=0, atol=1e-5)
 
 
-def test_hub_targets_are_checked_against_the_models_own_family(tmp_path, monkeypatch, cli):
+def test_hub_targets_are_checked_against_the_models_own_family(tmp_path, hub, cli):
     """A hub id is not a family: its targets are checked once its config.json resolves from the hub cache (a
     temporary HF_HOME, offline), against its own `model_type`, never against a guessed one (BERT's)."""
     from test_hub import MAIN, cache_repo
 
     from ptrun.compose import for_cluster
 
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)
     sizes = tmp_path / "sizes"
     tiny_config("qwen2").save_pretrained(sizes)
-    snapshot = cache_repo(tmp_path / "hf" / "hub", "Qwen/Qwen2.5-0.5B", sizes, MAIN)
+    snapshot = cache_repo(hub, "Qwen/Qwen2.5-0.5B", sizes, MAIN)
     args = ["recipe=causal_lm", "model.pretrained=Qwen/Qwen2.5-0.5B", "data.path=x.jsonl", "data.max_length=32"]
     args.append("adapter=lora")
     cfg = for_cluster([*args, "adapter.targets=[q_proj,v_proj]"], nodes=1, gpus_per_node=1)

@@ -152,17 +152,17 @@ def planned(*entries: dict) -> dict[str, str]:
     return {"PTRUN_KILL_AT": json.dumps(list(entries))}
 
 
+def train_injected(tmp_path, *entries: dict):
+    """`ptrun train` of `INJECTED` in `tmp_path`/run with the faults `entries` planned: the run directory and
+    the finished command."""
+    run_dir = tmp_path / "run"
+    return run_dir, run_ptrun("train", *INJECTED, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=planned(*entries))
+
+
 def test_out_of_memory_at_a_step_and_a_transition_is_one_line_with_keys_that_fit(tmp_path):
     """OOM at step 12 on rank 1: one line with keys that fit; resumed with the first of them (its command), an
     OOM in the transition at the epoch boundary; resumed again, the run finishes with every sample used once."""
-    run_dir = tmp_path / "run"
-    out = run_ptrun(
-        "train",
-        *INJECTED,
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-        env=planned({"point": "step", "step": 12, "rank": 1, "oom": True}),
-    )
+    run_dir, out = train_injected(tmp_path, {"point": "step", "step": 12, "rank": 1, "oom": True})
     line = one_line(out, "out of memory on cpu in a step: ")
     assert "keys that would fit, by the planner's memory model: pipe.microbatches=2 (~" in line, line
     assert f"newest good checkpoint {run_dir}/checkpoints/step_00000010" in line
@@ -189,14 +189,7 @@ def test_out_of_memory_at_a_step_and_a_transition_is_one_line_with_keys_that_fit
 def test_no_space_for_metrics_a_checkpoint_or_the_export_is_one_line(tmp_path):
     """Injected ENOSPC: metrics.jsonl (rank 0 alone: the workers stop at the next step), a checkpoint on rank
     1 (its peers learn it in the checkpoint's own collective), the export at the end."""
-    run_dir = tmp_path / "run"
-    out = run_ptrun(
-        "train",
-        *INJECTED,
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-        env=planned({"point": "checkpoint", "step": 15, "rank": 1, "errno": 28}),
-    )
+    run_dir, out = train_injected(tmp_path, {"point": "checkpoint", "step": 15, "rank": 1, "errno": 28})
     line = one_line(out, f"no space left on the disk of {run_dir}/checkpoints/step_00000015 to write the checkpoint")
     assert f"newest good checkpoint {run_dir}/checkpoints/step_00000010" in line
     no_partial_files(run_dir)

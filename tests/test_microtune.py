@@ -224,26 +224,14 @@ def test_bad_microbatches_is_one_line_naming_the_key(tmp_path, overrides, messag
 
 def test_the_planner_runs_auto_with_autopipes_table(tmp_path):
     """`ptrun plan` measures nothing: auto plans like the M AutoPipe's (the paper's) table gives at K0."""
-    from ptrun.compose import compose
-    from ptrun.layout.fill import fill_batch
-    from ptrun.sim import costs_from_config, get_cluster
+    from test_simulator import paper_config
+
+    from ptrun.sim import get_cluster
     from ptrun.sim.simulate import plan_epochs
 
-    def plans(*extra):  # the paper's start: two machines of 8 GPUs, the first pipeline 8 long
-        cfg = compose(
-            [
-                "recipe=vit_imagenet",
-                f"data.path={tmp_path}",
-                f"model.pretrained={tmp_path}",
-                "pipe.length=8",
-                "launcher.nnodes=2",
-                *extra,
-            ],
-            run_dir=tmp_path,
-            recipe="test",
-        )
-        cfg = fill_batch(cfg, 16)
-        return plan_epochs(costs_from_config(cfg.model, cfg.data), get_cluster("paper"), cfg)[1]
+    def plans(*extra):  # the paper's start, its micro-batches as `extra` says
+        cfg, costs = paper_config("vit_imagenet", tmp_path, "pipe.length=8", *extra, start=())
+        return plan_epochs(costs, get_cluster("paper"), cfg)[1]
 
     auto = plans("pipe.microbatches=auto")
     assert auto[0].microbatches == 16 and auto == plans("pipe.microbatches=16")

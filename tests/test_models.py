@@ -295,21 +295,21 @@ def test_load_pretrained_errors(tmp_path):
         make("vit", pretrained=str(wrong))
 
 
-def test_bert_from_hugging_face_directory(tmp_path):
-    from transformers import BertConfig, BertForSequenceClassification
+def saved_bert(path, model_class, **config):
+    """A tiny eager BERT (seed 0) of the library's `model_class`, saved at `path` as a Hugging Face directory."""
+    from transformers import BertConfig
 
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=4,
-        attn_implementation="eager",
-    )
-    source = BertForSequenceClassification(config).eval()
-    source.save_pretrained(tmp_path)
+    sizes = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    source = model_class(BertConfig(**sizes, attn_implementation="eager", **config)).eval()
+    source.save_pretrained(path)  # a tied weight is written once
+    return source
+
+
+def test_bert_from_hugging_face_directory(tmp_path):
+    from transformers import BertForSequenceClassification
+
+    source = saved_bert(tmp_path, BertForSequenceClassification, num_labels=4)
     cfg = dict(name="my-bert", family="bert", pretrained=str(tmp_path), attention="eager")  # as the source
 
     torch.manual_seed(1)
@@ -327,19 +327,9 @@ def test_bert_from_hugging_face_directory(tmp_path):
 
 
 def test_bert_mlm_from_hugging_face_directory(tmp_path):
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import BertForMaskedLM
 
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        attn_implementation="eager",
-    )
-    source = BertForMaskedLM(config).eval()
-    source.save_pretrained(tmp_path)  # writes the tied weight once
+    source = saved_bert(tmp_path, BertForMaskedLM)
 
     torch.manual_seed(1)
     layered = build_model(

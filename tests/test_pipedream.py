@@ -73,16 +73,8 @@ def test_a_replicated_first_stage_places_replicas_then_one_shared_rank_per_stage
     from ptrun.config import ConfigError
     from ptrun.layout.plan import Plan, even_bounds
 
-    plan = Plan(
-        num_units=6,
-        frozen_units=0,
-        pp=3,
-        dp=2,
-        stage_bounds=even_bounds(6, 3),
-        microbatches=1,
-        schedule="pipedream",
-        replicate_first_only=True,
-    ).check()
+    shape = dict(num_units=6, frozen_units=0, pp=3, dp=2, stage_bounds=even_bounds(6, 3), replicate_first_only=True)
+    plan = Plan(**shape, microbatches=1, schedule="pipedream").check()
     assert plan.world_size == 4  # "2-1-1"
     assert [plan.coords(r) for r in range(4)] == [(0, 0), (1, 0), (0, 1), (0, 2)]
     assert [plan.lanes(r) for r in range(4)] == [[0], [1], [0, 1], [0, 1]]
@@ -90,13 +82,4 @@ def test_a_replicated_first_stage_places_replicas_then_one_shared_rank_per_stage
     assert [plan.stage_ranks(s) for s in range(3)] == [[0, 1], [2], [3]]
     assert Plan.from_dict(plan.to_dict()) == plan
     with pytest.raises(ConfigError, match="stage replication needs pipedream"):
-        Plan(
-            num_units=6,
-            frozen_units=0,
-            pp=3,
-            dp=2,
-            stage_bounds=even_bounds(6, 3),
-            microbatches=3,
-            schedule="1F1B",
-            replicate_first_only=True,
-        ).check()
+        Plan(**shape, microbatches=3, schedule="1F1B").check()

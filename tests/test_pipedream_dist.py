@@ -21,6 +21,7 @@ import pipeline_cases as pc
 import pytest
 import torch
 from conftest import TINY_MODEL
+from helpers.process_group import load_ranks
 from pipedream_cases import Case, forward_versions
 from torch.func import functional_call
 
@@ -58,7 +59,7 @@ def results(tmp_path_factory):
 
 def load(results, name: str) -> list[dict]:
     world, _ = BY_NAME[name]
-    return [torch.load(results / f"{name}.rank{r}.pt") for r in range(world)]
+    return load_ranks(results, name, world)
 
 
 def reference(case: Case, vertical: bool | None = None) -> tuple[dict[str, torch.Tensor], list]:
@@ -120,12 +121,19 @@ def max_rel_diff(ranks: list[dict], expected: dict[str, torch.Tensor]) -> float:
     )
 
 
-@pytest.mark.parametrize("name", ["vit-stash", "vit-K4-stash", "bert-K2-DP2"])
-def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, name):
+def as_reference(results, name: str):
+    """The case `name` and what its ranks saved, with the versions each stage used in the reference, once
+    the parameters every rank ended with are checked against the reference's."""
     _, case = BY_NAME[name]
     ranks = load(results, name)
     expected, used = reference(case)
     assert_params(ranks, expected)
+    return case, ranks, used
+
+
+@pytest.mark.parametrize("name", ["vit-stash", "vit-K4-stash", "bert-K2-DP2"])
+def test_with_weight_stashing_each_backward_uses_its_forward_weights(results, name):
+    case, ranks, used = as_reference(results, name)
     for saved in ranks:
         records = saved["traces"][0]
         assert len(records) == case.steps
@@ -173,10 +181,7 @@ def test_with_vertical_sync_every_stage_uses_the_input_stages_version(results):
 
 
 def test_a_drain_before_a_layout_change_loses_no_update(results):
-    _, case = BY_NAME["vit-drain-change"]
-    ranks = load(results, "vit-drain-change")
-    expected, used = reference(case)
-    assert_params(ranks, expected)
+    case, ranks, used = as_reference(results, "vit-drain-change")
     for saved in ranks:
         assert saved["versions"] == [case.steps, case.then[2]]  # every step updated once in each layout
         before, after = saved["traces"]
@@ -191,10 +196,7 @@ def test_a_replicated_first_stage_trains_like_the_grid_and_routes_each_gradient_
     """The reference is the K x DP semantics on the whole batch. Had a later stage sent lane d's gradient to
     another replica, that replica would have back-propagated it through the wrong activations and the
     parameters would differ."""
-    _, case = BY_NAME[name]
-    ranks = load(results, name)
-    expected, used = reference(case)
-    assert_params(ranks, expected)
+    case, ranks, used = as_reference(results, name)
     first = [s for s in ranks if s["stage"] == 0]
     shared = [s for s in ranks if s["stage"] > 0]
     assert [s["lanes"] for s in first] == [[d] for d in range(case.dp)]  # rank d runs replica d's input stage
@@ -244,16 +246,12 @@ KILLS = [
 
 
 def test_the_trainer_drains_for_checkpoints_and_layout_changes_and_survives_kills(tmp_path, monkeypatch):
-    import json
-
-    from conftest import run_events, run_workers
+    from conftest import run_events, run_killed, run_workers
 
     from ptrun.train.checkpoint import lookup, store
 
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(KILLS))
     killed = tmp_path / "killed"
-    run_workers(TRAIN + ["launcher.max_restarts=3"], killed)
-    monkeypatch.delenv("PTRUN_KILL_AT")
+    run_killed(TRAIN + ["launcher.max_restarts=3"], killed, KILLS, monkeypatch)
     clean = tmp_path / "clean"
     run_workers(TRAIN + ["launcher.max_restarts=0"], clean)
 
@@ -336,16 +334,14 @@ def test_the_trainer_with_a_replicated_first_stage_trains_like_two_pipelines(tmp
     """3 workers (the input stage on two, the last stage on one) against 4 (two 2-stage pipelines), through
     freezing, AutoCache, a mid-epoch checkpoint and a killed shared-stage worker: the same parameters,
     every sample used once per epoch."""
-    import json
+    from conftest import final_params, run_events, run_killed, run_workers
 
-    from conftest import final_params, run_events, run_workers
-
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 2, "point": "step", "step": 13}]))
-    run_workers(
+    run_killed(
         REPLICATED + ["launcher.nproc_per_node=3", "pipe.first_stage_replicas=2", "launcher.max_restarts=1"],
         tmp_path / "replicated",
+        [{"rank": 2, "point": "step", "step": 13}],
+        monkeypatch,
     )
-    monkeypatch.delenv("PTRUN_KILL_AT")
     run_workers(REPLICATED + ["launcher.nproc_per_node=4", "launcher.max_restarts=0"], tmp_path / "grid")
 
     events = run_events(tmp_path / "replicated")

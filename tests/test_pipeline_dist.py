@@ -10,6 +10,7 @@ from __future__ import annotations
 import pipeline_cases as pc
 import pytest
 import torch
+from helpers.process_group import load_ranks
 from pipeline_cases import Case
 
 from ptrun.numerics.optim import build_optimizer
@@ -94,7 +95,7 @@ def cached_reference(kind: str):
 @pytest.mark.parametrize("world,case", ALL, ids=[f"w{w}-{c.name}" for w, c in ALL])
 def test_pipeline_equals_single_process(results, world, case):
     want_losses, want_norms, want_params = cached_reference(case.kind)
-    ranks = [torch.load(results / f"{case.name}.rank{r}.pt") for r in range(world)]
+    ranks = load_ranks(results, case.name, world)
     for held in ranks:
         assert held["losses"] == pytest.approx(want_losses, rel=1e-5, abs=4e-5)
         assert held["norms"] == pytest.approx(want_norms, rel=1e-5, abs=4e-5)
@@ -122,7 +123,7 @@ TIED = {
 )
 def test_tied_weight_is_identical_on_every_holder(results, world, case):
     name = TIED[case.kind]
-    copies = [torch.load(results / f"{case.name}.rank{r}.pt")["params"].get(name) for r in range(world)]
+    copies = [held["params"].get(name) for held in load_ranks(results, case.name, world)]
     copies = [c for c in copies if c is not None]
     assert len(copies) >= 2 or case.pp == 1
     first = pc.model(case.kind).model.get_parameter(name).detach()

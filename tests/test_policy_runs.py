@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from contextlib import closing
 
 import pytest
 import torch
@@ -66,10 +67,8 @@ def train_on_one_rank(run_dir, *changes: str, resume: bool = False) -> tuple[lis
         return decide(interval, current, values)
 
     trainer.controller.decide = spy
-    try:
+    with closing(trainer):
         trainer.fit()
-    finally:
-        trainer.close()
     return measured, trainer
 
 

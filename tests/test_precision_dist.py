@@ -15,6 +15,7 @@ import pipeline_cases as pc
 import precision_cases as prc
 import pytest
 import torch
+from helpers.process_group import load_ranks
 
 from ptrun.numerics.optim import build_optimizer
 
@@ -32,7 +33,7 @@ def bf16_results(tmp_path_factory):
 def fp16_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fp16")
     prc.launch("fp16", 4, out)
-    return [torch.load(out / f"fp16.rank{r}.pt", weights_only=False) for r in range(4)]
+    return load_ranks(out, "fp16", 4, weights_only=False)
 
 
 def reference(kind: str, dtype: torch.dtype | None) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -54,7 +55,7 @@ def reference(kind: str, dtype: torch.dtype | None) -> tuple[list[float], dict[s
 
 @pytest.mark.parametrize("kind", ["vit", "bert"])
 def test_bf16_pipeline_matches_single_process_bf16(bf16_results, kind):
-    ranks = [torch.load(bf16_results / f"bf16-{kind}.rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = load_ranks(bf16_results, f"bf16-{kind}", 2, weights_only=False)
     ref_losses, ref_params = reference(kind, torch.bfloat16)
     fp32_losses, _ = reference(kind, None)
     losses = ranks[0]["losses"]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import run_ptrun
+from helpers import metrics
+from helpers.metrics import write_run
 from PIL import Image
 
 from ptrun.report import ReportError, find_runs, load_run, write_report
@@ -28,51 +30,17 @@ from ptrun.report.tensorboard import TensorBoardLog
 
 
 def start(t, **kw):
-    return {
-        "event": "start",
-        "time": t,
-        "world_size": 2,
-        "recipe": "digits_vit",
-        "model": "vit_tiny",
-        "num_units": 14,
-        "resumed_from": None,
-        **kw,
-    }
+    return metrics.start(t, num_units=14, **kw)
 
 
 def plan(t, epoch, frozen, pp, dp, m, transition_s=0.0):
-    bounds = [[0, 7], [7, 14]] if pp == 2 else [[0, 14]]
-    return {
-        "event": "plan",
-        "time": t,
-        "epoch": epoch,
-        "num_units": 14,
-        "frozen_units": frozen,
-        "pp": pp,
-        "dp": dp,
-        "stage_bounds": bounds,
-        "microbatches": m,
-        "schedule": "1F1B",
-        "stages_per_rank": 1,
-        "transition_s": transition_s,
-    }
+    return metrics.plan(t, epoch, 14, frozen, pp, dp, m, transition_s, schedule="1F1B")
 
 
 def epoch(t, e, loss, sps, secs, top1):
-    return {
-        "event": "epoch",
-        "time": t,
-        "epoch": e,
-        "train_loss": loss,
-        "samples_per_s": sps,
-        "epoch_time_s": secs,
-        "lr": 1e-3 / (e + 1),
-        "steps": 90,
-        "samples": 1437,
-        "sample_uses_min": 1,
-        "sample_uses_max": 1,
-        "eval": {"top1": top1, "loss": loss * 1.5} if top1 is not None else {},
-    }
+    evaluation = {"top1": top1, "loss": loss * 1.5} if top1 is not None else {}
+    lr, uses = 1e-3 / (e + 1), dict(sample_uses_min=1, sample_uses_max=1)
+    return metrics.epoch(t, e, loss, sps, secs, 90, 1437, evaluation, lr=lr, **uses)
 
 
 BASE = [
@@ -110,12 +78,6 @@ FAST = [
         "best_eval": {"top1": 93.0, "epoch": 3},
     },
 ]
-
-
-def write_run(run_dir: Path, events: list[dict], tail: str = "") -> Path:
-    run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + tail)
-    return run_dir
 
 
 @pytest.fixture

@@ -10,62 +10,32 @@ from pathlib import Path
 
 import pytest
 from conftest import run_events
+from helpers import metrics
+from helpers.metrics import write_run
 from test_bad_input import BASE_RUN, changed, ptrun_train
-from test_report import BASE, write_run
+from test_report import BASE
 
 from ptrun.report import load_run, write_report
 from ptrun.report.savings import MIN_STEADY_STEPS, Savings, freezing_savings
 
 
 def start(t: float, **kw) -> dict:
-    return {
-        "event": "start",
-        "time": t,
-        "world_size": 2,
-        "recipe": "digits_vit",
-        "model": "vit_tiny",
-        "num_units": 6,
-        "resumed_from": None,
-        **kw,
-    }
+    return metrics.start(t, num_units=6, **kw)
 
 
 def plan(
     t: float, epoch: int, step: int, frozen: int, pp: int, dp: int, m: int, transition_s: float = 0.0, cached: int = 0
 ) -> dict:
-    bounds = [[0, 3], [3, 6]] if pp == 2 else [[0, 6]]
-    return {
-        "event": "plan",
-        "time": t,
-        "epoch": epoch,
-        "step": step,
-        "num_units": 6,
-        "frozen_units": frozen,
-        "pp": pp,
-        "dp": dp,
-        "stage_bounds": bounds,
-        "microbatches": m,
-        "schedule": "GPipe",
-        "stages_per_rank": 1,
-        "cached_units": cached,
-        "replicate_first_only": False,
-        "transition_s": transition_s,
-    }
+    return metrics.plan(
+        t, epoch, 6, frozen, pp, dp, m, transition_s, step=step, cached_units=cached, replicate_first_only=False
+    )
 
 
 def epoch(t: float, e: int, seconds: float) -> dict:
-    return {
-        "event": "epoch",
-        "time": t,
-        "epoch": e,
-        "train_loss": 1.0,
-        "samples_per_s": 100.0,
-        "epoch_time_s": seconds,
-        "lr": 1e-3,
-        "steps": 40,
-        "samples": 640,
-        "eval": {},
-    }
+    return metrics.epoch(t, e, 1.0, 100.0, seconds, steps=40, samples=640, lr=1e-3)
+
+
+# Each test spells out its own events, alike as they look: its docstring works their numbers out by hand.
 
 
 def test_two_segments_the_second_with_half_the_units_frozen(tmp_path):

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from ptrun.auto.autodp import Builder, build_engine
-from ptrun.layout.plan import Plan, even_bounds
 from ptrun.models.losses import WeightedLoss, loss_weight, make_target
 from ptrun.numerics.precision import LossScaler
 from ptrun.parallel.flushing import LocalRuntime, PipelineRuntime
@@ -64,17 +63,7 @@ def test_the_protocol_declares_everything_the_trainer_and_the_step_use_on_a_runt
 
 def build(kind, layered) -> object:
     schedule, per_rank, m = KINDS[kind]
-    n = len(layered.units)
-    plan = Plan(
-        num_units=n,
-        frozen_units=0,
-        pp=1,
-        dp=1,
-        stage_bounds=even_bounds(n, per_rank),
-        microbatches=m,
-        schedule=schedule,
-        stages_per_rank=per_rank,
-    ).check()
+    plan = pc.even_plan(len(layered.units), 1, 1, m, schedule, per_rank)
     name_of = {id(p): name for name, p in layered.model.named_parameters()}
     builder = Builder(layered, 0, torch.device("cpu"), WeightedLoss(pc.task("vit")), pc.OPTIM, name_of)
     return build_engine(builder, plan)

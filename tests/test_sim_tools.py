@@ -8,6 +8,7 @@ import json
 
 import pytest
 from conftest import compose_config, write_config
+from helpers.metrics import write_simulated
 
 from ptrun.sim import costs_from_config, get_cluster, load_profile
 from ptrun.sim.simulate import simulate_one
@@ -22,18 +23,7 @@ def fake_runs(root, slower: float) -> None:
         cfg = compose_config(["recipe=digits_vit", "train.epochs=2", *extra], run)
         write_config(cfg)
         records = simulate_one(costs_from_config(cfg.model, cfg.data), cluster, cfg, 1437)
-        lines = [{"event": "start", "train_samples": 1437}]
-        for r in records:
-            lines.append({"event": "plan", "epoch": r.epoch, "transition_s": r.transition_s, **r.plan.to_dict()})
-            lines.append(
-                {
-                    "event": "epoch",
-                    "epoch": r.epoch,
-                    "epoch_time_s": slower * r.time_s - r.transition_s,
-                    "steps": r.steps,
-                }
-            )
-        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        write_simulated(run, records, slower)
 
 
 @pytest.mark.slow

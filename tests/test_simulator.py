@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 from conftest import compose_config, with_test_recipe
+from helpers.metrics import write_simulated
+from hf_families import LLAMA_3_8B
 
 from ptrun.auto.controller import Controller
 from ptrun.cli import main
@@ -67,9 +69,9 @@ PAPER_START = ("pipe.length=8", "pipe.microbatches=16")
 machine it starts on)."""
 
 
-def paper_config(recipe: str, tmp_path, *extra: str):
-    """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline 8 long, the global batch
-    of its two pipelines (`ptrun plan` fills it so for `cluster=paper`)."""
+def paper_config(recipe: str, tmp_path, *extra: str, start: tuple[str, ...] = PAPER_START):
+    """A paper recipe as the paper ran it: two machines of 8 GPUs, the first pipeline `start` (8 long), the
+    global batch of its two pipelines (`ptrun plan` fills it so for `cluster=paper`); its config and costs."""
     from ptrun.layout.fill import fill_batch
 
     cfg = compose(
@@ -78,7 +80,7 @@ def paper_config(recipe: str, tmp_path, *extra: str):
                 f"recipe={recipe}",
                 f"data.path={tmp_path}",
                 f"model.pretrained={tmp_path}",
-                *PAPER_START,
+                *start,
                 "launcher.nnodes=2",
                 *extra,
             ]
@@ -330,6 +332,7 @@ def test_cpu_sharing_stretches_a_busy_step_more():
     assert sharing_slowdown(k1, replace(shared, cores_per_node=0.0), busy_s=1.0, step_s=1.0) == 1.0
 
 
+# the measured profile's own round trip and bad field, in the form of the plain profile's test above
 def test_measured_profile_round_trip(tmp_path):
     from types import SimpleNamespace
 
@@ -383,13 +386,7 @@ def test_the_validator_replays_the_runs_freeze_schedule_and_fits_the_load(tmp_pa
     costs = costs_from_config(cfg.model, cfg.data)
     replayed = replace(cfg, freeze=replace(cfg.freeze, policy="schedule", blocks=[0, 0, 2, 4], max_fraction=1.0))
     records = simulate_one(costs, cluster, replayed, 1437)
-    lines = [{"event": "start", "train_samples": 1437}]
-    for r in records:  # "measured": 1.25 x the simulated epoch
-        lines.append({"event": "plan", "epoch": r.epoch, "transition_s": r.transition_s, **r.plan.to_dict()})
-        lines.append(
-            {"event": "epoch", "epoch": r.epoch, "epoch_time_s": 1.25 * r.time_s - r.transition_s, "steps": r.steps}
-        )
-    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_simulated(run, records, slower=1.25)  # "measured": 1.25 x the simulated epoch
     report = vs.validate_combination("all_four", [run], None, cluster, 0.15)
     assert report["freeze_blocks"] == [0, 0, 2, 4] and not report["notes"]
     assert all(e["plan_matches"] for e in report["epochs"])
@@ -494,6 +491,7 @@ def test_cli_prints_the_tables_and_the_papers_numbers(capsys):
     assert "(K = 8, M = 16)" in line and "stage 7 ~" in line and "of 26.8 GiB" in line
 
 
+# `ptrun plan`'s own bad input: the same form as test_cli.py's table for `ptrun train`, other keys and lines
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -607,21 +605,7 @@ def test_decoder_costs_count_llama_3_8b_exactly(tmp_path):
     from ptrun.config import DataConfig, ModelConfig
     from ptrun.costs.from_config import costs_from_config
 
-    (tmp_path / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "num_hidden_layers": 32,
-                "hidden_size": 4096,
-                "intermediate_size": 14336,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-                "vocab_size": 128256,
-                "max_position_embeddings": 8192,
-                "tie_word_embeddings": False,
-            }
-        )
-    )
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B))
     costs = costs_from_config(
         ModelConfig(name="llama", pretrained=str(tmp_path), task="causal_lm"), DataConfig(max_length=2048)
     )

@@ -5,11 +5,10 @@ steps, for sample coverage, and through SIGKILLed workers."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from conftest import compose_config, final_params, run_events, run_workers
+from conftest import compose_config, final_params, run_events, run_killed, run_workers
+from test_controller_dist import FOUR_STAGES
 from test_train_dist import assert_params_close, reference_params
 
 from ptrun.train.checkpoint import lookup, store
@@ -19,20 +18,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]  # every test launches workers
 STEPS = 12  # 180 training samples in global batches of 16 (the last one padded)
 HALF = STEPS // 2
 BLOCKS = [0, 1, 1, 2]  # per half epoch: block 0 frozen at epoch 0 step 6, block 1 at epoch 1 step 6
-LAYOUT = [
-    "launcher.nproc_per_node=4",
-    "pipe.length=4",
-    "pipe.microbatches=4",
-    "pipe.schedule=GPipe",
-    "pipe.partition=params",
-    "model.mlp_ratio=4.0",
-    "data.eval_fraction=0.9",
-    "train.epochs=2",
-    "freeze.policy=schedule",
-    f"freeze.blocks=[{','.join(map(str, BLOCKS))}]",
-    "freeze.max_fraction=1.0",
-    "freeze.every=0.5",
-]
+LAYOUT = [*FOUR_STAGES, "train.epochs=2", f"freeze.blocks=[{','.join(map(str, BLOCKS))}]", "freeze.every=0.5"]
 
 # The held-out split is the other 90% of digits (1,617 samples): evaluating it costs several epochs of these
 # 12 steps. Where nothing reads an epoch's evaluation (a forced schedule decides without one), only the run's
@@ -80,9 +66,8 @@ def test_transitions_inside_epochs_match_the_reference_and_survive_kills(tmp_pat
         {"rank": 2, "point": "step", "step": HALF + 1},  # right after the first mid-epoch transition
         {"rank": 1, "point": "transition", "step": STEPS + HALF},
     ]  # inside the second one
-    monkeypatch.setenv("PTRUN_KILL_AT", json.dumps(kills))
     killed = tmp_path / "killed"
-    run_workers(overrides + ["launcher.max_restarts=2"], killed)
+    run_killed(overrides + ["launcher.max_restarts=2"], killed, kills, monkeypatch)
     starts = events(killed, "start")
     assert len(starts) == 3 and all(s["resumed_from"] for s in starts[1:])
     resumed = [e.get("resumed_at_step") for e in events(killed, "epoch")]

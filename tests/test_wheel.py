@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.util import resolve_name
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -83,10 +84,7 @@ def imported(module: str, is_package: bool, source: str) -> tuple[set[str], set[
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                root = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(root + ([base] if base else []))
+            base = resolve_name("." * node.level + (node.module or ""), package)
             modules.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -1,11 +1,13 @@
 """The harness of the tests that run cases in real worker processes: `nproc` processes started by
 torch.distributed.elastic on localhost, one gloo process group among them, each running a job function of a
-`*_cases.py` module (imported by name by the spawned workers) with its rank, the cases in order."""
+`*_cases.py` module (imported by name by the spawned workers) with its rank, the cases in order; each rank
+saves what it holds as `NAME.rankR.pt` for the test to read back (`save_rank`, `load_rank`, `load_ranks`)."""
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -64,3 +66,18 @@ def launch_cases(run_case, cases: list, nproc: int, name: str, out_dir, minutes:
     """`run_case(case, rank, out_dir)` for every case in order, on `nproc` real worker processes in one gloo
     group (`launch`)."""
     launch(each_case, nproc, name, run_case, cases, out_dir, minutes=minutes)
+
+
+def save_rank(held, out_dir, name: str, rank: int) -> None:
+    """What rank `rank` holds at the end of the case `name`, written for the test to read back (`load_rank`)."""
+    torch.save(held, Path(out_dir) / f"{name}.rank{rank}.pt")
+
+
+def load_rank(out_dir, name: str, rank: int, **kw):
+    """What rank `rank` saved for the case `name` (`save_rank`); `kw` goes to `torch.load`."""
+    return torch.load(Path(out_dir) / f"{name}.rank{rank}.pt", **kw)
+
+
+def load_ranks(out_dir, name: str, world: int, **kw) -> list:
+    """What each of `world` ranks saved for the case `name`, in rank order."""
+    return [load_rank(out_dir, name, rank, **kw) for rank in range(world)]
