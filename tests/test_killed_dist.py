@@ -150,7 +150,8 @@ def test_failed_and_killed_workers_are_one_line_each_and_leave_nothing(tmp_path,
     so and that the workers restart, its traceback goes to train.log. Then one worker SIGKILLed from outside,
     with no restart left: one line names it, and the rest of the run ends as after a killed launcher."""
     monkeypatch.setenv("PTRUN_KILL_AT", json.dumps([{"rank": 1, "point": "step", "step": 15, "errno": 5}]))
-    proc, tier = start_caching([*CACHED, "launcher.max_restarts=1"], tmp_path)
+    # epochs enough that the restarted workers still train when they are looked for, however busy the machine
+    proc, tier = start_caching([*CACHED, "launcher.max_restarts=1", "train.epochs=1000"], tmp_path)
     run_dir = tmp_path / "run"
     deadline = time.monotonic() + 120
     while len(run_events(run_dir, "start", missing_ok=True)) < 2:  # restarted after the failure
@@ -203,16 +204,19 @@ def test_the_sweep_removes_a_dead_owners_memory_tier_and_leaves_a_live_ones(tmp_
     assert leftovers.sweep(root) == (0, 0) and leftovers.sweep_line(0, 0, root) is None
 
 
-def test_a_launch_sweeps_what_killed_runs_left_and_claims_its_own_memory_tier(tmp_path, capsys):
+def test_a_launch_sweeps_what_killed_runs_left_and_claims_its_own_memory_tier(tmp_path, capsys, monkeypatch):
     """What a launch does before its workers start and after they end, around them (no worker here): the sweep
-    of this machine's /dev/shm in one line on stderr (a tier whose launcher ended goes, a live one's stays), its
-    own memory tier claimed for it while it runs, and removed after it."""
+    of the node's shared memory in one line on stderr (a tier whose launcher ended goes, a live one's stays), its
+    own memory tier claimed for it while it runs, and removed after it. The shared memory is a directory of the
+    test's own: in /dev/shm, another test's launch running meanwhile would sweep the ended launcher's tier first."""
     from conftest import compose_config
 
-    from ptrun.auto.autocache import shared_memory_root
+    from ptrun.auto import autocache
     from ptrun.launcher.launch import _janitor, _no_cache_left
 
-    root = shared_memory_root()
+    root = tmp_path / "shm"
+    root.mkdir()
+    monkeypatch.setattr(autocache, "shared_memory_root", lambda: root)
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     owner = {**leftovers.this_process(), "pid": ended.pid, "start": leftovers.start_time(ended.pid)}
     ended.wait()
