@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S+?\.py)(::\S.*)?$")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([0-9.]+)s")
 
 KINDS = (
     ("process launches (`*_dist.py`: real workers through elastic)", lambda f: f.endswith("_dist.py")),
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         per_file[path].append(seconds)
         per_kind[kind(path)].append(seconds)
     slowest = sorted(per_test.items(), key=lambda t: -t[1])[: args.top]
-    print(f"{len(per_test)} tests, {total:.0f} s in all\n")
+    summaries = [m for line in args.log.read_text(errors="replace").splitlines() if (m := SUMMARY.match(line))]
+    # with pytest-xdist the tests' seconds add up over its workers, each sharing the machine with the others
+    ended = f"; the session: {summaries[-1][1]}, {float(summaries[-1][2]):.0f} s wall" if summaries else ""
+    print(f"{len(per_test)} tests timed, {total:.0f} s of test time in all{ended}\n")
     print(table(("test", "s"), ((f"`{t}`", f"{s:.1f}") for t, s in slowest)) + "\n")
     files = sorted(per_file.items(), key=lambda f: -sum(f[1]))
     print(

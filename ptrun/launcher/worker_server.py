@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+from multiprocessing import util
 from pathlib import Path
 
 from ptrun.config import PtrunConfig
@@ -60,6 +62,26 @@ def launchers_import_path():
             del os.environ["PYTHONSAFEPATH"]
 
 
+SOCKET_PATH_MAX = 107
+"""The characters a Unix socket's path may have on Linux (108 bytes with its NUL)."""
+SOCKET_NAME = len("/pymp-abcdefgh/listener-abcdefgh")
+"""What multiprocessing adds to the temp directory for the forkserver's socket: its own directory and the name."""
+
+
+def give_the_socket_room() -> None:
+    """The forkserver listens on a Unix socket in multiprocessing's temp directory, which it makes in TMPDIR on
+    first use. Where TMPDIR's path leaves no room for a socket's (a scheduler's per-job directory, a test's), that
+    directory is made in /tmp instead, as Python 3.13's multiprocessing does itself, so the workers still start
+    from the forkserver rather than each importing torch again. Nothing changes where it was made already."""
+    if len(tempfile.gettempdir()) + SOCKET_NAME <= SOCKET_PATH_MAX or not os.access("/tmp", os.W_OK | os.X_OK):
+        return
+    kept, tempfile.tempdir = tempfile.tempdir, "/tmp"  # read by `get_temp_dir`'s mkdtemp, this once
+    try:
+        util.get_temp_dir()
+    finally:
+        tempfile.tempdir = kept
+
+
 def start_worker_server(cfg: PtrunConfig) -> str:
     """The workers' start method, with their server started now: `ptrun train` calls this as soon as the
     config is checked, so the server imports `worker_modules` while the launcher reads the data file it
@@ -81,10 +103,11 @@ def start_worker_server(cfg: PtrunConfig) -> str:
 
     # ptrun.launcher.lifeline first: the server dies with the launcher (a SIGKILLed one included)
     multiprocessing.set_forkserver_preload(["ptrun.launcher.lifeline", *worker_modules(cfg)])
+    give_the_socket_room()
     try:
         with launchers_import_path(), server_parent(), quiet_tracker():
             forkserver.ensure_running()
-    except OSError:  # its Unix socket lives under TMPDIR, whose path may be too long for one (~107 bytes)
+    except OSError:  # no socket (multiprocessing's temp directory made elsewhere first, with a path too long)
         return "spawn"
     return "forkserver"
 
