@@ -18,7 +18,7 @@ LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S+?\.py)(::\S.*)?$"
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in ([0-9.]+)s")
 
 KINDS = (
-    ("process launches (`*_dist.py`: real workers through elastic)", lambda f: f.endswith("_dist.py")),
+    ("process launches (`tests/*_dist.py`: real workers through elastic)", lambda f: f.endswith("_dist.py")),
     ("torch.compile (`test_compile*`)", lambda f: "test_compile" in f),
     ("benchmarks' own tests (`test_bench_*`)", lambda f: "test_bench_" in f),
     ("the rest (in-process, and `ptrun` subprocesses)", lambda f: True),
