@@ -311,14 +311,15 @@ def runs_tests_itself(config) -> bool:
     return not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None) in (None, 0)
 
 
-def own_descendants() -> set[int]:
-    """The processes this one started, and theirs."""
-    parents, tree = _parents(), {os.getpid()}
-    grew = True
-    while grew:
-        grown = tree | {pid for pid, parent in parents.items() if parent in tree}
-        grew, tree = grown != tree, grown
-    return tree - {os.getpid()}
+def process_tree(root: int) -> set[int]:
+    """`root` and every process descended from it, from /proc."""
+    parents, tree = _parents(), {root}
+    grown = True
+    while grown:
+        children = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return tree
 
 
 SESSION_BEFORE = pytest.StashKey[tuple[set[Path], set[Path]]]()
@@ -353,7 +354,7 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         # the workers have ended; their resource trackers unlink what their killed workers left as they exit
         deadline = time.monotonic() + 60
-        while own_descendants() and time.monotonic() < deadline:
+        while process_tree(os.getpid()) != {os.getpid()} and time.monotonic() < deadline:
             time.sleep(0.1)
     left = sorted(str(p) for p in _litter() - litter_before)
     leaked = sorted(map(str, process_watch().leaked(semaphores_before)))

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, _parents, mapped_shm_inodes, run_events, semaphores, start_ptrun
+from conftest import TINY, _parents, mapped_shm_inodes, process_tree, run_events, semaphores, start_ptrun
 
 from ptrun.auto.autocache import cache_dirs
 from ptrun.config import CacheConfig
@@ -72,17 +72,6 @@ def start_caching(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, Pa
     tier = memory_tier(run_dir)
     assert any(tier.glob("entries-*.mem")), sorted(tier.iterdir())
     return proc, tier
-
-
-def process_tree(root: int) -> set[int]:
-    """`root` and every process descended from it, from /proc."""
-    parents, tree = _parents(), {root}
-    grown = True
-    while grown:
-        children = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= children
-        grown = bool(children)
-    return tree
 
 
 def restarted_workers(launcher: int) -> list[int]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LITTER, REPO, _parents, cli_env, run_events
+from conftest import LITTER, REPO, cli_env, process_tree, run_events
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # one short launch per case, in a pytest of its own
 
@@ -44,15 +44,10 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def process_tree(root: int) -> dict[int, str]:
+def started_tree(root: int) -> dict[int, str]:
     """`root` and every process descended from it, each with its start time (which tells it from a later process
     that got the same pid)."""
-    parents, tree = _parents(), {root}
-    grew = True
-    while grew:
-        grown = tree | {pid for pid, parent in parents.items() if parent in tree}
-        grew, tree = grown != tree, grown
-    stats = {pid: _stat(pid) for pid in tree}
+    stats = {pid: _stat(pid) for pid in process_tree(root)}
     return {pid: s[19] for pid, s in stats.items() if s is not None}
 
 
@@ -112,7 +107,7 @@ class ShmWatch:
 
     def _run(self, root: int) -> None:
         while not self._done.wait(0.1):
-            self.entries.update(mapped_shm_entries(process_tree(root)))
+            self.entries.update(mapped_shm_entries(started_tree(root)))
 
     def stop(self) -> None:
         self._done.set()
@@ -181,7 +176,7 @@ def test_a_signal_to_the_test_session_stops_it_at_once(tmp_path, signum, moment,
             wait_for(lambda: training(tmpdir), proc, output)
         else:
             wait_for(started.exists, proc, output)
-        processes = process_tree(proc.pid)
+        processes = started_tree(proc.pid)
         os.killpg(proc.pid, signum)  # Ctrl-C: the terminal signals every process of the foreground job
         signalled = time.monotonic()
         with contextlib.suppress(subprocess.TimeoutExpired):
